@@ -1,0 +1,16 @@
+# The two commands of the README. Each does all set-up first (scripts/setup.sh).
+VENV ?= .venv
+export RLPOST_VENV := $(VENV)
+
+.PHONY: setup demo test test-fast
+setup:
+	@bash scripts/setup.sh
+
+demo: setup      ## GRPO on the embedded SmolLM2-135M-Instruct, held-out accuracy before/after
+	$(VENV)/bin/rlpost train
+
+test: setup      ## the whole test suite (slow tests included), as CI runs it
+	$(VENV)/bin/python -m pytest -q
+
+test-fast: setup ## skip tests marked slow
+	$(VENV)/bin/python -m pytest -q -m "not slow"

@@ -1,0 +1,44 @@
+"""Algorithms: each is an object with ``advantages(batch) -> ((B, T), metrics)``,
+``loss(logp, batch) -> (loss, metrics)`` and ``needs_reference``. ``build(cfg)`` picks one."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Protocol
+
+from torch import Tensor
+
+from rlpost.algorithms import core
+from rlpost.batch import Rollouts
+
+
+class Algorithm(Protocol):
+    needs_reference: bool
+
+    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]: ...  # (B, T) token advantages
+
+    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]: ...  # scalar, metrics
+
+
+def aggregator(name: str, max_new_tokens: int) -> core.Aggregator:
+    table = {
+        "token_mean": core.token_mean,
+        "seq_mean_token_mean": core.seq_mean_token_mean,
+        "seq_mean_token_sum": core.seq_mean_token_sum,
+        "const_norm": partial(core.const_norm, max_len=max_new_tokens),
+    }
+    return table[name]
+
+
+def build(cfg) -> Algorithm:
+    """The algorithm named by cfg.algo.name, with its knobs from the config."""
+    from rlpost.algorithms.grpo import GRPO
+
+    a = cfg.algo
+    if a.name == "grpo":
+        return GRPO(
+            group_size=cfg.rollout.group_size, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
+            clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
+            aggregate=aggregator(a.loss_agg, cfg.rollout.max_new_tokens),
+        )
+    raise ValueError(f"unknown algorithm {a.name!r}")

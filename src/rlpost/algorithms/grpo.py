@@ -1,0 +1,100 @@
+"""GRPO (Shao et al. 2024, arXiv:2402.03300, "DeepSeekMath"), as implemented here.
+
+Patch over PPO: no critic. The baseline for a completion is the mean reward of the K completions
+sampled for the same prompt; the advantage is that difference, optionally divided by the group's
+std, and every token of the completion gets it. The policy loss is PPO's clipped surrogate;
+the KL anchor to the frozen reference is a separate term in the loss (k3 estimator), not a
+penalty folded into the reward.
+
+Deviations and choices, each a config key:
+1. ``scale_by_std`` (default true, as in the paper). False gives Dr. GRPO's plain r - mean, which
+   does not up-weight prompts whose group rewards barely differ.
+2. ``clip_eps_low`` / ``clip_eps_high`` may differ (DAPO's clip-higher); equal by default.
+3. ``loss_agg`` picks the aggregator function (algorithms/core.py). Default 'token_mean' (DAPO,
+   verl); the paper's is 'seq_mean_token_mean'.
+4. KL only when ``kl_coef > 0``; then the reference model is loaded, otherwise it never is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from rlpost.algorithms import core
+from rlpost.batch import Rollouts
+
+
+def grpo_advantages(reward: Tensor, group_size: int, scale_by_std: bool, eps: float = 1e-6) -> Tensor:
+    """Sequence-level GRPO advantage, Eq. in Sec. 4.1.2: (r_i - mean(r_group)) / std(r_group)."""
+    adv_seq = core.group_centred(reward, group_size)  # (B,)
+    if scale_by_std:
+        adv_seq = adv_seq / (core.group_std(reward, group_size) + eps)  # (B,)
+    return adv_seq
+
+
+def clipped_pg_loss(
+    logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO's clipped surrogate per token (Schulman et al. 2017, Eq. 7), negated for descent.
+
+    Returns (per-token loss (B, T), per-token 'was clipped' (B, T) bool, ratio (B, T))."""
+    ratio = (logp - old_logp).exp()  # (B, T)
+    unclipped = ratio * adv_tok  # (B, T)
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv_tok  # (B, T)
+    per_tok = -torch.min(unclipped, clipped)  # (B, T)
+    was_clipped = (clipped < unclipped) & mask  # the min picked the clipped branch: no gradient
+    return per_tok, was_clipped, ratio
+
+
+@dataclass
+class GRPO:
+    group_size: int
+    scale_by_std: bool = True
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    aggregate: core.Aggregator = core.token_mean
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+        """(B, T) token advantages and metrics; reward and advantage are different variables (R10)."""
+        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
+        adv_tok = core.to_tokens(adv_seq, batch.completion_mask)  # (B, T)
+        std = core.group_std(batch.reward, self.group_size).view(-1, self.group_size)[:, 0]  # (n_prompts,)
+        metrics = {
+            "critic/advantages/mean": adv_seq.mean().item(),
+            "critic/advantages/max": adv_seq.max().item(),
+            "critic/advantages/min": adv_seq.min().item(),
+            "reward/group_std": std.mean().item(),
+            "reward/zero_std_frac": (std == 0).float().mean().item(),  # groups with no signal
+        }
+        return adv_tok, metrics
+
+    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+        """Scalar loss for this (micro-)batch, already normalised by mini-batch totals."""
+        mask = batch.completion_mask
+        agg = partial(self.aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
+        per_tok, was_clipped, ratio = clipped_pg_loss(
+            logp, batch.old_logp, batch.advantages, mask, self.clip_eps_low, self.clip_eps_high
+        )  # (B, T) each
+        pg_loss = agg(per_tok, mask)  # ()
+        metrics = {
+            "actor/pg_loss": pg_loss.item(),
+            "actor/pg_clipfrac": core.masked_mean(was_clipped.float(), mask).item(),
+            "actor/ppo_kl": core.masked_mean(batch.old_logp - logp.detach(), mask).item(),
+            "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
+        }
+        loss = pg_loss
+        if self.kl_coef > 0:
+            kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
+            kl_loss = agg(kl_tok, mask)  # ()
+            loss = loss + self.kl_coef * kl_loss
+            metrics["actor/kl"] = core.masked_mean(kl_tok.detach(), mask).item()
+            metrics["actor/kl_loss"] = kl_loss.item()
+        return loss, metrics

@@ -1,0 +1,84 @@
+"""The one object that crosses every role boundary.
+
+Rollout creates a ``Rollouts``; the verifier fills ``reward``; the reference fills ``ref_logp``;
+the algorithm fills ``advantages``; the trainer fills ``old_logp`` and consumes the rest. Each role
+reads and writes named, typed fields, never positional tuples, so a role can move behind a
+process boundary by pickling this object (every field is a tensor, a list or a number).
+
+Shapes: B = sequences (prompts x group_size), P = padded prompt length, T = padded completion
+length (<= max_new_tokens). Prompts are LEFT-padded so every prompt ends at column P-1 and every
+completion starts at column P; completions are RIGHT-padded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollouts:
+    # --- written by the rollout role ------------------------------------------------------------
+    prompt_ids: Tensor  # (B, P) int64, chat-templated prompt tokens, left-padded
+    prompt_mask: Tensor  # (B, P) bool, True on real prompt tokens
+    completion_ids: Tensor  # (B, T) int64, sampled tokens, right-padded with pad_token_id
+    completion_mask: Tensor  # (B, T) bool, True on tokens that get a loss: sampled, up to and incl. EOS
+    sampler_logp: Tensor  # (B, T) float32, log pi_sampler(token) recorded at sampling time (0 on pad)
+    truncated: Tensor  # (B,) bool, True when the completion hit max_new_tokens without an EOS
+    group_ids: Tensor  # (B,) int64, index of the prompt each row answers; a group's rows are contiguous
+    rows: list[dict]  # B task rows (prompt messages, answer, metadata), repeated across each group
+    completions: list[str]  # B decoded completions (special tokens dropped)
+    policy_version: int = 0  # trainer step whose weights produced these samples
+    # --- written by later roles ----------------------------------------------------------------
+    reward: Tensor | None = None  # (B,) float32, sequence-level reward from the verifier
+    ref_logp: Tensor | None = None  # (B, T) float32, frozen reference log-probs (KL anchor)
+    old_logp: Tensor | None = None  # (B, T) float32, trainer log-probs under the sampling weights
+    advantages: Tensor | None = None  # (B, T) float32, token-level advantage (0 where mask is 0)
+    # --- loss normalisers, set by the trainer when it slices micro-batches ----------------------
+    # Totals over the optimizer mini-batch this slice belongs to. Aggregators divide by these, so
+    # summing micro-batch losses reproduces the full mini-batch loss exactly (accumulation
+    # invariance). None = this object is the whole mini-batch.
+    norm_tokens: float | None = None
+    norm_seqs: int | None = None
+    infos: list[dict] = field(default_factory=list)  # B verifier info dicts
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def group_size(self) -> int:
+        return len(self) // int(self.group_ids.unique().numel())
+
+    @property
+    def loss_tokens(self) -> float:
+        return self.norm_tokens if self.norm_tokens is not None else float(self.completion_mask.sum())
+
+    @property
+    def loss_seqs(self) -> int:
+        return self.norm_seqs if self.norm_seqs is not None else len(self)
+
+    def input_ids(self) -> Tensor:  # (B, P+T) int64
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    def attention_mask(self) -> Tensor:  # (B, P+T) int64
+        # Completion columns stay 1 after EOS, as in `generate`: those positions come after every
+        # loss token, so under causal attention they cannot influence any loss term.
+        ones = torch.ones_like(self.completion_ids)
+        return torch.cat([self.prompt_mask.long(), ones], dim=1)
+
+    def select(self, idx: Tensor | slice) -> "Rollouts":
+        """Rows `idx` of every per-row field; scalars and normalisers are kept."""
+        if isinstance(idx, slice):
+            idx = torch.arange(len(self))[idx]
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                out[f.name] = v[idx]
+            elif isinstance(v, list) and len(v) == len(self):
+                out[f.name] = [v[i] for i in idx.tolist()]
+            else:
+                out[f.name] = v
+        return replace(self, **out)

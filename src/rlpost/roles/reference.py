@@ -1,0 +1,30 @@
+"""Reference role: a frozen copy of the starting policy, giving per-token log-probs for the KL
+anchor. The controller builds it only when the algorithm asks for one (kl_coef > 0), so a run
+without KL never pays its memory or its forward pass."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+
+from rlpost.batch import Rollouts
+from rlpost.logprobs import completion_logprobs
+
+
+class Reference:
+    def __init__(self, model: torch.nn.Module, temperature: float, micro_batch_size: int, autocast_bf16: bool):
+        self.model = model.float().eval()
+        self.model.requires_grad_(False)
+        self.temperature, self.micro, self.autocast_bf16 = temperature, micro_batch_size, autocast_bf16
+
+    @torch.no_grad()
+    def logprobs(self, batch: Rollouts) -> Tensor:  # (B, T) float32
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else nullcontext()
+        with ctx:
+            parts = [
+                completion_logprobs(self.model, batch.select(slice(i, i + self.micro)), self.temperature)[0]
+                for i in range(0, len(batch), self.micro)
+            ]
+        return torch.cat(parts) * batch.completion_mask

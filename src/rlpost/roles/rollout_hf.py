@@ -1,0 +1,109 @@
+"""Rollout role on transformers `generate`: K samples per prompt, and the sampler's own log-probs.
+
+The sampler holds its own copy of the policy, in ``dtype`` (bf16 by default: ~2x faster
+generation on these CPUs than fp32), and receives the trainer's float32 weights through
+``load_weights`` after each update.
+
+Sampling is set up so that we know exactly which distribution drew each token: `generate` gets
+temperature 1, top-k off, top-p off, and our own processors do the rest. ``_RecordLogp`` divides
+the raw logits by the temperature and remembers log softmax of the result, which is the policy
+the trainer optimises; the top-p processor (if any) runs after it. The recorded log-prob of
+token t is read one call later, once `generate` has appended token t to ``input_ids``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, TopPLogitsWarper
+
+from rlpost.batch import Rollouts
+
+
+class _RecordLogp(LogitsProcessor):
+    """Temperature-scales scores and records log pi(token) of each sampled token."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev: Tensor | None = None  # (B, V) log-probs of the step before
+        self.logp: list[Tensor] = []  # T entries of (B,)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.prev is not None:
+            self.collect(input_ids[:, -1])
+        scores = scores / self.temperature
+        self.prev = scores.float().log_softmax(-1)  # (B, V)
+        return scores
+
+    def collect(self, tokens: Tensor) -> None:
+        self.logp.append(self.prev.gather(-1, tokens[:, None]).squeeze(-1))  # (B,)
+        self.prev = None
+
+
+class HFRollout:
+    def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype = torch.bfloat16):
+        self.model = model.to(dtype).eval()
+        self.model.requires_grad_(False)
+        self.tok = tokenizer
+        self.dtype = dtype
+        self.eos_ids = _eos_ids(model, tokenizer)
+
+    def render(self, rows: list[dict]) -> list[str]:
+        """Apply the chat template to each row's messages, ending with the assistant turn."""
+        return [self.tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False) for r in rows]
+
+    @torch.no_grad()
+    def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
+        """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
+        enc = self.tok(self.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
+        P = enc.input_ids.shape[1]
+        greedy = temperature == 0
+        recorder = None if greedy else _RecordLogp(temperature)
+        procs = LogitsProcessorList([] if greedy else [recorder])
+        if not greedy and top_p < 1.0:
+            procs.append(TopPLogitsWarper(top_p))
+        # A fresh GenerationConfig, not the model's: a model may ship top_k / top_p / repetition
+        # penalties in its generation_config.json, which would silently change the distribution.
+        gen_cfg = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=not greedy, num_return_sequences=n,
+            pad_token_id=self.tok.pad_token_id, eos_token_id=self.eos_ids.tolist(),
+        )
+        out = self.model.generate(
+            input_ids=enc.input_ids, attention_mask=enc.attention_mask, generation_config=gen_cfg, logits_processor=procs
+        )  # (B, P+T)
+        completion = out[:, P:]  # (B, T)
+        B, T = completion.shape
+        if recorder is not None and recorder.prev is not None:
+            recorder.collect(completion[:, len(recorder.logp)])  # the last sampled token
+        mask = self.completion_mask(completion)  # (B, T)
+        sampler_logp = torch.stack(recorder.logp, dim=1) if recorder else torch.zeros(B, T)  # (B, T)
+        return Rollouts(
+            prompt_ids=enc.input_ids.repeat_interleave(n, dim=0),
+            prompt_mask=enc.attention_mask.bool().repeat_interleave(n, dim=0),
+            completion_ids=completion,
+            completion_mask=mask,
+            sampler_logp=sampler_logp.float() * mask,
+            truncated=~torch.isin(completion, self.eos_ids).any(dim=1),
+            group_ids=torch.arange(len(rows)).repeat_interleave(n),
+            rows=[r for r in rows for _ in range(n)],
+            completions=self.tok.batch_decode(completion * mask + self.tok.pad_token_id * ~mask, skip_special_tokens=True),
+        )
+
+    def completion_mask(self, completion: Tensor) -> Tensor:  # (B, T) bool
+        """True up to and including the first EOS; all True if there is none (truncated)."""
+        is_eos = torch.isin(completion, self.eos_ids)  # (B, T)
+        after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0  # strictly after the first EOS
+        return ~after_eos
+
+    @torch.no_grad()
+    def load_weights(self, state: dict[str, Tensor]) -> None:
+        """Weight sync: copy the trainer's (float32) weights into the sampler's copy, casting."""
+        own = self.model.state_dict()
+        for name, value in state.items():
+            own[name].copy_(value)
+
+
+def _eos_ids(model, tokenizer) -> Tensor:
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, list) else [ids]) | {tokenizer.eos_token_id}
+    return torch.tensor(sorted(i for i in ids if i is not None))

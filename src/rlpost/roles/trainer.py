@@ -1,0 +1,137 @@
+"""Trainer role: forward, backward, optimizer step. It knows nothing about which algorithm runs:
+``update(batch, loss_fn)`` takes the loss as a function of (logp, micro-batch).
+
+One rollout batch is consumed as  epochs x mini-batches (one optimizer step each) x micro-batches
+(one forward/backward each, gradients accumulated). The loss aggregators divide by mini-batch
+totals, which the trainer writes on each micro-batch (``norm_tokens``, ``norm_seqs``), so the
+accumulated gradient equals the gradient of the whole mini-batch at once.
+
+``old_logp`` (the ratio's denominator) is the trainer's own log-prob under the weights that
+sampled the batch, not the sampler's: a bf16 sampler and a float32 trainer disagree by a few
+hundredths of a nat per token, and using the sampler's numbers would make the first ratio != 1
+and clip tokens for no reason. When the batch is used in exactly one optimizer step, the first
+forward already runs under those weights, so old_logp = logp.detach() costs nothing; otherwise
+it is recomputed once, without grad, before the first step.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from rlpost.algorithms.core import masked_mean
+from rlpost.batch import Rollouts
+from rlpost.logprobs import completion_logprobs
+
+LossFn = Callable[[Tensor, Rollouts], tuple[Tensor, dict]]
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based)."""
+    if step < warmup:
+        return (step + 1) / warmup  # linear warm-up, never exactly 0
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - (1.0 - min_ratio) * progress
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, tcfg, temperature: float, mini_batch_size: int,
+                 micro_batch_size: int, total_optimizer_steps: int, gradient_checkpointing: bool = False):
+        self.model = model.float().train()
+        self.cfg, self.temperature = tcfg, temperature
+        self.mini, self.micro = mini_batch_size, micro_batch_size
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(
+            self.params, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), weight_decay=tcfg.weight_decay, fused=False
+        )
+        sched = lambda s: lr_lambda(s, tcfg.warmup_steps, total_optimizer_steps, tcfg.schedule, tcfg.min_lr_ratio)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, sched)
+
+    def autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16) if self.cfg.autocast_bf16 else nullcontext()
+
+    def logprobs(self, batch: Rollouts, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        with self.autocast():
+            return completion_logprobs(self.model, batch, self.temperature, with_entropy)
+
+    @torch.no_grad()
+    def recompute_old_logp(self, batch: Rollouts) -> Tensor:  # (B, T)
+        parts = [self.logprobs(batch.select(slice(i, i + self.micro)))[0] for i in range(0, len(batch), self.micro)]
+        return torch.cat(parts)
+
+    def update(self, batch: Rollouts, loss_fn: LossFn) -> dict:
+        """Consume one rollout batch (epochs x mini-batches optimizer steps); return metrics."""
+        n_mini = len(batch) // self.mini
+        lr = self.opt.param_groups[0]["lr"]  # the lr these steps use (the scheduler moves it after)
+        single_step = self.cfg.epochs == 1 and n_mini == 1
+        if not single_step:
+            batch.old_logp = self.recompute_old_logp(batch)
+        sums: dict[str, float] = {}
+        grad_norms, diffs = [], []
+        for epoch in range(self.cfg.epochs):
+            for m in range(n_mini):
+                mini = batch.select(slice(m * self.mini, (m + 1) * self.mini))
+                metrics = self.accumulate(mini, loss_fn, first_epoch=epoch == 0, diffs=diffs)
+                for k, v in metrics.items():  # average over the epochs x mini-batches
+                    runs = 1 if k == "actor/entropy" else self.cfg.epochs
+                    sums[k] = sums.get(k, 0.0) + v / (n_mini * runs)
+                grad_norms.append(self.step())
+        # How far the sampler's recorded log-probs are from the trainer's under the same weights
+        # (bf16 sampler vs float32 trainer): the silent mismatch the importance ratio would absorb.
+        diff = torch.cat(diffs)
+        sums["actor/logp_diff_sampler_mean"] = diff.mean().item() if diff.numel() else 0.0
+        sums["actor/logp_diff_sampler_max"] = diff.max().item() if diff.numel() else 0.0
+        sums["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        sums["actor/lr"] = lr
+        return sums
+
+    def accumulate(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool = True, diffs: list | None = None) -> dict:
+        """Forward/backward over the micro-batches of one mini-batch; gradients add up in .grad.
+
+        Writes the mini-batch totals on each micro-batch so the aggregator normalises by them."""
+        mini.norm_tokens, mini.norm_seqs = float(mini.completion_mask.sum()), len(mini)
+        sums: dict[str, float] = {}
+        for i in range(0, len(mini), self.micro):
+            mb = mini.select(slice(i, i + self.micro))
+            logp, entropy = self.logprobs(mb, with_entropy=first_epoch)  # (b, T) each
+            if mb.old_logp is None:  # single optimizer step: this forward runs under the sampling weights
+                mb.old_logp = logp.detach()
+            loss, metrics = loss_fn(logp, mb)
+            loss.backward()
+            if first_epoch:
+                metrics["actor/entropy"] = masked_mean(entropy, mb.completion_mask).item()
+                if diffs is not None:
+                    diffs.append((mb.old_logp - mb.sampler_logp).abs()[mb.completion_mask])
+            share = float(mb.completion_mask.sum()) / max(mini.norm_tokens, 1.0)  # token share of the mini-batch
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + share * v
+        return sums
+
+    def step(self) -> float:
+        """Clip, step, zero; return the pre-clip global grad norm."""
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def weights(self) -> dict[str, Tensor]:
+        """What the rollout needs for weight sync (shared tensors; the receiver copies)."""
+        return self.model.state_dict()
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])

@@ -1,0 +1,95 @@
+"""GRPO advantages and loss, worked by hand."""
+
+import math
+
+import torch
+
+from rlpost.algorithms import core
+from rlpost.algorithms.grpo import GRPO, clipped_pg_loss, grpo_advantages
+from rlpost.batch import Rollouts
+
+t = torch.tensor
+
+
+def test_advantages_with_std():
+    # group [1, 0, 0, 1]: mean 0.5, centred +-0.5; unbiased std = sqrt(4 * 0.25 / 3) = 0.57735
+    # -> advantages +-0.5 / 0.57735 = +-0.86603
+    adv = grpo_advantages(t([1.0, 0.0, 0.0, 1.0]), group_size=4, scale_by_std=True)
+    assert torch.allclose(adv, t([0.86603, -0.86603, -0.86603, 0.86603]), atol=1e-4)
+
+
+def test_advantages_without_std_and_zero_variance_group():
+    # group 1 [3, 1]: mean 2 -> [1, -1]; group 2 [5, 5]: no signal -> [0, 0] (std 0 does not blow up)
+    r = t([3.0, 1.0, 5.0, 5.0])
+    assert torch.allclose(grpo_advantages(r, 2, scale_by_std=False), t([1.0, -1.0, 0.0, 0.0]))
+    assert torch.allclose(grpo_advantages(r, 2, scale_by_std=True)[2:], t([0.0, 0.0]))
+
+
+def test_clipped_loss_by_hand():
+    mask = t([[True, True, True]])
+    adv = t([[1.0, 1.0, -1.0]])
+    # token 0: ratio e^0 = 1, A = 1 -> loss -1
+    # token 1: ratio e^1 = 2.718 > 1.2, A = 1 -> min(2.718, 1.2) = 1.2 -> loss -1.2, clipped
+    # token 2: ratio e^-1 = 0.368 < 0.8, A = -1 -> min(-0.368, -0.8) = -0.8 -> loss 0.8, clipped
+    logp, old = t([[0.0, 1.0, -1.0]]), t([[0.0, 0.0, 0.0]])
+    per_tok, clipped, ratio = clipped_pg_loss(logp, old, adv, mask, 0.2, 0.2)
+    assert torch.allclose(per_tok, t([[-1.0, -1.2, 0.8]]))
+    assert clipped.tolist() == [[False, True, True]]
+    # ratio below 1 - eps with a POSITIVE advantage is not clipped (the min keeps the smaller, unclipped)
+    per_tok, clipped, _ = clipped_pg_loss(t([[-1.0]]), t([[0.0]]), t([[1.0]]), t([[True]]), 0.2, 0.2)
+    assert math.isclose(per_tok.item(), -math.exp(-1), rel_tol=1e-6) and not clipped.item()
+
+
+def test_clip_higher_uses_eps_high():
+    # ratio e^0.25 = 1.284 lies inside [1 - 0.2, 1 + 0.3] = [0.8, 1.3]: not clipped, loss = -1.284
+    per_tok, clipped, _ = clipped_pg_loss(t([[0.25]]), t([[0.0]]), t([[1.0]]), t([[True]]), 0.2, 0.3)
+    assert math.isclose(per_tok.item(), -math.exp(0.25), rel_tol=1e-6) and not clipped.item()
+
+
+def _batch(logp_old, adv, mask, ref=None):
+    B, T = mask.shape
+    return Rollouts(
+        prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.bool),
+        completion_ids=torch.zeros(B, T, dtype=torch.long), completion_mask=mask, sampler_logp=logp_old,
+        truncated=torch.zeros(B, dtype=torch.bool), group_ids=torch.arange(B), rows=[{}] * B,
+        completions=[""] * B, old_logp=logp_old, advantages=adv, ref_logp=ref,
+    )
+
+
+def test_grpo_loss_token_mean_with_kl_by_hand():
+    # 2 sequences; row 0 has 2 tokens, row 1 has 1 token (3 loss tokens).
+    mask = t([[True, True], [True, False]])
+    old = torch.zeros(2, 2)
+    logp = torch.zeros(2, 2, requires_grad=True)  # ratio 1 everywhere
+    adv = t([[1.0, 1.0], [-2.0, 0.0]])
+    ref = t([[math.log(0.5), 0.0], [0.0, 0.0]])  # token (0,0): pi = 1, ref = 0.5
+    algo = GRPO(group_size=2, kl_coef=0.1, aggregate=core.token_mean)
+    loss, m = algo.loss(logp, _batch(old, adv, mask, ref))
+    # pg per token: -1, -1, +2 -> token mean (-1 - 1 + 2) / 3 = 0
+    # k3 at (0,0): r = 0.5 -> 0.5 - 1 - log 0.5 = 0.19315; others 0 -> mean 0.19315 / 3 = 0.064382
+    # loss = 0 + 0.1 * 0.064382 = 0.0064382
+    assert math.isclose(loss.item(), 0.1 * (0.5 - 1 + math.log(2)) / 3, rel_tol=1e-5)
+    assert math.isclose(m["actor/pg_loss"], 0.0, abs_tol=1e-7)
+    # gradient of the pg part w.r.t. logp is -A / 3 per token (ratio = 1): row 1 token 0 -> +2/3,
+    # plus KL: d k3 / d logp = 1 - r = 0.5 at (0,0), times 0.1 / 3
+    loss.backward()
+    assert torch.allclose(logp.grad, t([[-1 / 3 + 0.1 * 0.5 / 3, -1 / 3], [2 / 3, 0.0]]), atol=1e-6)
+
+
+def test_grpo_loss_seq_mean_token_mean_by_hand():
+    mask = t([[True, True], [True, False]])
+    logp = torch.zeros(2, 2)
+    adv = t([[1.0, 1.0], [-2.0, 0.0]])
+    algo = GRPO(group_size=2, aggregate=core.seq_mean_token_mean)
+    loss, _ = algo.loss(logp, _batch(torch.zeros(2, 2), adv, mask))
+    # row 0: mean(-1, -1) = -1; row 1: +2; mean over sequences (-1 + 2) / 2 = 0.5
+    assert math.isclose(loss.item(), 0.5, rel_tol=1e-6)
+
+
+def test_advantages_role_fills_tokens_and_metrics():
+    mask = t([[True, False], [True, True], [True, True], [True, True]])
+    b = _batch(torch.zeros(4, 2), None, mask)
+    b.reward = t([1.0, 0.0, 1.0, 1.0])  # group 1 has signal, group 2 does not
+    adv_tok, m = GRPO(group_size=2, scale_by_std=False).advantages(b)
+    assert torch.allclose(adv_tok, t([[0.5, 0.0], [-0.5, -0.5], [0.0, 0.0], [0.0, 0.0]]))
+    assert m["reward/zero_std_frac"] == 0.5

@@ -1,0 +1,33 @@
+from rlpost import config
+from rlpost.envs.arithmetic import _evaluate, build_splits, score
+
+
+def test_score_last_integer():
+    row = {"answer": "19"}
+    assert score("12 + 7 = 19", row) == (1.0, {"correct": True, "parsed": True})
+    assert score("19, no wait, 20", row)[0] == 0.0
+    assert score("The answer is nineteen.", row) == (0.0, {"correct": False, "parsed": False})
+    assert score("1,019", {"answer": "1019"})[0] == 1.0
+
+
+def test_precedence_without_eval():
+    assert _evaluate("2 + 3 * 4") == 14 and _evaluate("10 - 2 - 3") == 5 and _evaluate("7") == 7
+
+
+def test_splits_are_fixed_disjoint_and_sized():
+    tcfg = config.load(None, ["task.n_train=300", "task.n_heldout=50"]).task
+    train, heldout = build_splits(tcfg)
+    again = build_splits(tcfg)[1]
+    assert heldout == again  # the held-out split is fixed by the seed
+    assert len(train) == 300 and len(heldout) == 50
+    assert not {r["expr"] for r in train} & {r["expr"] for r in heldout}
+    for r in heldout[:20]:
+        a, b = r["expr"].split(" + ")
+        assert int(a) + int(b) == int(r["answer"]) and 10 <= int(a) <= 99 and 1 <= int(b) <= 9
+        assert r["messages"][-1]["content"] == f"What is {r['expr']}? Reply with only the number."
+
+
+def test_subtraction_stays_non_negative():
+    tcfg = config.load(None, ["task.ops=-", "task.min_a=0", "task.max_a=9", "task.min_b=0", "task.max_b=9"]).task
+    train, heldout = build_splits(tcfg)
+    assert all(int(r["answer"]) >= 0 for r in train + heldout)

@@ -1,0 +1,63 @@
+"""The rollout role on transformers generate, with the tiny model."""
+
+import copy
+
+import torch
+
+from rlpost.logprobs import completion_logprobs
+from rlpost.roles.rollout_hf import HFRollout
+
+
+def rows(n):
+    return [{"messages": [{"role": "user", "content": f"{i}+{i}="}], "answer": str(2 * i)} for i in range(n)]
+
+
+def test_groups_masks_and_sampler_logp_match_trainer(tiny):
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    torch.manual_seed(0)
+    b = ro.generate(rows(3), n=4, temperature=0.8, top_p=1.0, max_new_tokens=8)
+    assert len(b) == 12 and b.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    assert all(b.rows[i] is b.rows[4 * (i // 4)] for i in range(12))  # a group shares its row
+    # the trainer's recomputation in float32 equals what the sampler recorded
+    with torch.no_grad():
+        logp, _ = completion_logprobs(tiny.model, b, temperature=0.8)
+    assert torch.allclose(logp[b.completion_mask], b.sampler_logp[b.completion_mask], atol=1e-5)
+    assert (b.sampler_logp[~b.completion_mask] == 0).all()
+
+
+def test_completion_mask_stops_after_first_eos(tiny):
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    eos, pad, x = tiny.tokenizer.eos_token_id, tiny.tokenizer.pad_token_id, 10
+    completion = torch.tensor([[x, eos, pad, pad], [x, x, x, x], [eos, x, eos, x]])
+    # row 0: tokens up to and including EOS; row 1: no EOS -> all (truncated); row 2: only the first EOS
+    assert ro.completion_mask(completion).tolist() == [
+        [True, True, False, False], [True, True, True, True], [True, False, False, False]]
+
+
+def test_truncation_flag_and_greedy_is_deterministic(tiny):
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    b1 = ro.generate(rows(2), n=1, temperature=0.0, top_p=1.0, max_new_tokens=5)
+    b2 = ro.generate(rows(2), n=1, temperature=0.0, top_p=1.0, max_new_tokens=5)
+    assert torch.equal(b1.completion_ids, b2.completion_ids)
+    has_eos = torch.isin(b1.completion_ids, ro.eos_ids).any(1)
+    assert torch.equal(b1.truncated, ~has_eos)
+
+
+def test_prompts_left_padded_with_chat_template(tiny):
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    b = ro.generate([{"messages": [{"role": "user", "content": "1+1="}]},
+                     {"messages": [{"role": "user", "content": "12+13="}]}], n=1, temperature=0.0,
+                    top_p=1.0, max_new_tokens=2)
+    assert b.prompt_mask[:, -1].all()  # every prompt ends at the last column
+    assert not b.prompt_mask[0, 0]  # the short one is padded on the left
+    text = tiny.tokenizer.decode(b.prompt_ids[1][b.prompt_mask[1]])
+    assert text == "<|user|>12+13=<|assistant|>"
+
+
+def test_load_weights_casts_into_sampler_copy(tiny):
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.bfloat16)
+    state = {k: v + 1.0 for k, v in tiny.model.state_dict().items()}
+    ro.load_weights(state)
+    name = "model.embed_tokens.weight"
+    assert ro.model.state_dict()[name].dtype == torch.bfloat16
+    assert torch.equal(ro.model.state_dict()[name], state[name].to(torch.bfloat16))

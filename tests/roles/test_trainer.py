@@ -1,0 +1,109 @@
+"""Trainer: accumulation invariance, no gradient through prompt or pad tokens, schedules."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from rlpost.algorithms import core
+from rlpost.algorithms.grpo import GRPO
+from rlpost.roles.rollout_hf import HFRollout
+from rlpost.roles.trainer import Trainer, lr_lambda
+from tests_helpers import tcfg
+
+
+def make_batch(tiny, n_prompts=4, k=4, seed=0):
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    torch.manual_seed(seed)
+    rows = [{"messages": [{"role": "user", "content": f"{i}+{2 * i}="}]} for i in range(n_prompts)]
+    b = ro.generate(rows, n=k, temperature=1.0, top_p=1.0, max_new_tokens=7)
+    b.reward = torch.rand(len(b))
+    return b
+
+
+@pytest.mark.parametrize("agg", [core.token_mean, core.seq_mean_token_mean, core.seq_mean_token_sum])
+def test_micro_batch_times_accumulation_equals_full_batch(tiny, agg):
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4, aggregate=agg)
+    batch.advantages, _ = algo.advantages(batch)
+    grads = []
+    for micro in (16, 4, 1):
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        b = copy.deepcopy(batch)
+        tr.accumulate(b, algo.loss)
+        grads.append([p.grad.clone() for p in tr.params])
+    for g in grads[1:]:
+        assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(grads[0], g))
+    assert any(g.abs().sum() > 0 for g in grads[0])
+
+
+def test_prompt_and_pad_tokens_carry_no_gradient(tiny):
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4)
+    batch.advantages, _ = algo.advantages(batch)
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=1)
+    grads_at = {}
+    emb = tr.model.get_input_embeddings()
+
+    def keep_grad(module, inputs, out):
+        out.register_hook(lambda g: grads_at.setdefault("g", g))
+
+    h = emb.register_forward_hook(keep_grad)
+    tr.accumulate(copy.deepcopy(batch), algo.loss)
+    h.remove()
+    g = grads_at["g"].abs().sum(-1)  # (B, P+T) gradient magnitude at each input position
+    P = batch.prompt_ids.shape[1]
+    pad_prompt = ~batch.prompt_mask  # left padding
+    mask = batch.completion_mask
+    # The last loss token's own input never matters (it predicts nothing that is scored), nor does
+    # anything after it: post-EOS pads. Positions that do feed a loss token: real prompt tokens and
+    # completion tokens before the last loss token.
+    last = mask.long().cumsum(1).argmax(1)  # index of the last loss token per row
+    after_last = torch.arange(mask.shape[1])[None, :] >= last[:, None]
+    assert (g[:, :P][pad_prompt] == 0).all(), "left-pad prompt tokens received gradient"
+    assert (g[:, P:][after_last] == 0).all(), "pad / post-EOS tokens received gradient"
+    assert (g[:, :P][batch.prompt_mask] > 0).any()
+
+
+def test_changing_pad_contents_changes_nothing(tiny):
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4)
+    batch.advantages, _ = algo.advantages(batch)
+    other = copy.deepcopy(batch)
+    other.prompt_ids[~other.prompt_mask] = 17  # garbage in the left padding
+    other.completion_ids[~other.completion_mask] = 23  # garbage after EOS
+    losses = []
+    for b in (batch, other):
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=1)
+        m = tr.accumulate(copy.deepcopy(b), algo.loss)
+        losses.append((m["actor/pg_loss"], [p.grad.clone() for p in tr.params]))
+    assert losses[0][0] == losses[1][0]
+    assert all(torch.allclose(a, c, atol=1e-7) for a, c in zip(losses[0][1], losses[1][1]))
+
+
+def test_update_changes_weights_and_reports_metrics(tiny):
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4)
+    batch.advantages, _ = algo.advantages(batch)
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(lr=1e-2), 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4)
+    before = [p.detach().clone() for p in tr.params]
+    m = tr.update(batch, algo.loss)
+    assert any(not torch.equal(a, p) for a, p in zip(before, tr.params))
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "actor/lr",
+                "actor/logp_diff_sampler_mean"):
+        assert key in m and math.isfinite(m[key])
+    # two mini-batches -> the old log-probs were recomputed before the first step, and the second
+    # mini-batch sees a ratio != 1 after the first step moved the weights
+    assert batch.old_logp is not None
+    assert m["actor/logp_diff_sampler_mean"] < 1e-5  # float32 sampler == trainer
+
+
+def test_lr_schedules_by_hand():
+    # warm-up of 2: steps 0, 1 -> 1/2, 2/2
+    assert lr_lambda(0, 2, 10, "constant", 0.1) == 0.5 and lr_lambda(1, 2, 10, "constant", 0.1) == 1.0
+    # linear from 1 to 0.1 over steps 2..10: at step 6 progress = 4/8 -> 1 - 0.9 * 0.5 = 0.55
+    assert math.isclose(lr_lambda(6, 2, 10, "linear", 0.1), 0.55)
+    # cosine at progress 0.5: 0.1 + 0.9 * 0.5 * (1 + cos(pi/2)) = 0.55; at the end: 0.1
+    assert math.isclose(lr_lambda(6, 2, 10, "cosine", 0.1), 0.55)
+    assert math.isclose(lr_lambda(10, 2, 10, "cosine", 0.1), 0.1)

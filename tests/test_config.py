@@ -1,0 +1,61 @@
+"""Config: typed, validated, one-line errors naming the key, exit status 2 from the CLI."""
+
+import pytest
+
+from conftest import run_cli
+from rlpost import config
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("rollout.group_sise=4", "rollout.group_sise: unknown key"),
+    ("rollout.group_size=four", "rollout.group_size: expected an integer >= 1, got 'four'"),
+    ("trainer.lr=-1", "trainer.lr: expected a number > 0, got -1.0"),
+    ("rollout.top_p=1.5", "rollout.top_p: expected a number > 0 and <= 1, got 1.5"),
+    ("algo.loss_agg=mean", "algo.loss_agg: expected one of token_mean"),
+    ("run.progress=maybe", "run.progress: expected true or false"),
+    ("nosuch.key=1", "nosuch: unknown section"),
+    ("trainer.micro_batch_size=7", "trainer.micro_batch_size: expected a divisor of the mini-batch (128), got 7"),
+    ("rollout.group_size=1", "rollout.group_size: expected >= 2 for GRPO"),
+])
+def test_bad_values_name_the_key(override, expected):
+    with pytest.raises(config.ConfigError) as e:
+        config.load(None, [override])
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value)
+
+
+def test_yaml_recipe_and_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rollout:\n  group_size: 4\ntrainer:\n  lr: 3e-6\n")
+    cfg = config.load(recipe, ["rollout.group_size=6"])
+    assert cfg.rollout.group_size == 6 and cfg.trainer.lr == 3e-6  # YAML's '3e-6' string becomes a float
+    config.save(cfg, tmp_path / "saved.yaml")
+    assert config.load(tmp_path / "saved.yaml") == cfg  # the saved effective config round-trips
+
+
+def test_bad_yaml_names_the_line(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rollout:\n  group_size: [4\n")
+    with pytest.raises(config.ConfigError, match=r"line \d+: not valid YAML"):
+        config.load(recipe)
+
+
+def test_every_field_has_help():
+    text = config.help_text()
+    for section in ("model", "task", "rollout", "algo", "trainer", "run"):
+        cls = config._section_cls(section)
+        docs = config.field_docs(cls)
+        assert set(docs) == {f.name for f in config.fields(cls)}, f"{section} has fields without a docstring"
+    assert "rollout.group_size=8" in text
+
+
+@pytest.mark.parametrize("args", [
+    ["train", "trainer.lr=abc"],
+    ["train", "recipes/does_not_exist.yaml"],
+    ["train", "model.name=/no/such/model", "run.out_dir=/tmp/rlpost-test-runs"],
+    ["eval", "/no/such/model"],
+])
+def test_cli_bad_input_is_one_line_exit_2(args):
+    r = run_cli(*args)
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("rlpost: error:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
