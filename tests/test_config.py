@@ -59,3 +59,12 @@ def test_cli_bad_input_is_one_line_exit_2(args):
     assert r.returncode == 2, r.stderr
     lines = [l for l in r.stderr.splitlines() if l.startswith("rlpost: error:")]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_every_recipe_validates():
+    from conftest import ROOT
+
+    recipes = sorted((ROOT / "recipes").glob("*.yaml"))
+    assert recipes
+    for r in recipes:
+        config.load(r)

@@ -48,10 +48,6 @@ class Rollouts:
         return self.completion_ids.shape[0]
 
     @property
-    def group_size(self) -> int:
-        return len(self) // int(self.group_ids.unique().numel())
-
-    @property
     def loss_tokens(self) -> float:
         return self.norm_tokens if self.norm_tokens is not None else float(self.completion_mask.sum())
 

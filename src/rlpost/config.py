@@ -50,15 +50,15 @@ class ModelConfig:
 class TaskConfig:
     name: Literal["arithmetic"] = "arithmetic"
     """task family that supplies prompts, answers and the verifier"""
-    ops: str = "+"
+    ops: str = "+-*"
     """operators to draw from, e.g. '+', '+-', '+-*'"""
-    min_a: int = knob(10, ge=0)
+    min_a: int = knob(2, ge=0)
     """smallest first operand"""
-    max_a: int = knob(99, ge=0)
+    max_a: int = knob(20, ge=0)
     """largest first operand"""
-    min_b: int = knob(1, ge=0)
+    min_b: int = knob(2, ge=0)
     """smallest second operand"""
-    max_b: int = knob(9, ge=0)
+    max_b: int = knob(20, ge=0)
     """largest second operand"""
     n_terms: int = knob(2, ge=2, le=6)
     """operands per problem (a op b op c ...); operands after the first use the b range"""
@@ -136,6 +136,8 @@ class TrainerConfig:
     """sequences per forward/backward; gradients accumulate up to the mini-batch; 0 = the mini-batch"""
     autocast_bf16: bool = True
     """run the trainer's forward and backward under bf16 autocast (float32 master weights)"""
+    share_prompt_prefix: bool = True
+    """run each prompt once per micro-batch and reuse its KV cache for the group's completions (same maths, ~3x fewer tokens in the demo)"""
 
 
 @dataclass(frozen=True)

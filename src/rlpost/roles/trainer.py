@@ -48,8 +48,11 @@ class Trainer:
         self.model = model.float().train()
         self.cfg, self.temperature = tcfg, temperature
         self.mini, self.micro = mini_batch_size, micro_batch_size
-        if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if gradient_checkpointing:  # transformers v5 renamed it (and its kwargs); accept both names
+            if hasattr(self.model, "activation_checkpointing_enable"):
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(
             self.params, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), weight_decay=tcfg.weight_decay, fused=False
@@ -62,7 +65,7 @@ class Trainer:
 
     def logprobs(self, batch: Rollouts, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         with self.autocast():
-            return completion_logprobs(self.model, batch, self.temperature, with_entropy)
+            return completion_logprobs(self.model, batch, self.temperature, with_entropy, self.cfg.share_prompt_prefix)
 
     @torch.no_grad()
     def recompute_old_logp(self, batch: Rollouts) -> Tensor:  # (B, T)
