@@ -53,6 +53,8 @@ def test_every_field_has_help():
     ["train", "recipes/does_not_exist.yaml"],
     ["train", "model.name=/no/such/model", "run.out_dir=/tmp/rlpost-test-runs"],
     ["eval", "/no/such/model"],
+    ["train", "model.name=tiny", "task.verifier=no_such_module:score"],
+    ["train", "model.name=tiny", "task.verifier=toy_verifiers:no_such_function"],
 ])
 def test_cli_bad_input_is_one_line_exit_2(args):
     r = run_cli(*args)

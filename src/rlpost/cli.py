@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     except (config.ConfigError, ModelLoadError) as e:
         print(f"rlpost: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("\nrlpost: interrupted; `rlpost train --resume RUN_DIR` continues from the last checkpoint",
+              file=sys.stderr)
+        return 130
 
 
 def cmd_train(args) -> int:

@@ -84,11 +84,11 @@ class RolloutConfig:
     """prompts sampled per training step"""
     group_size: int = knob(8, ge=1)
     """completions per prompt (K, the 'G' of the GRPO paper)"""
-    temperature: float = knob(1.0, gt=0)
+    temperature: float = knob(0.7, gt=0)
     """sampling temperature; the trained policy is softmax(logits / temperature)"""
     top_p: float = knob(1.0, gt=0, le=1)
     """nucleus sampling mass (1.0 = off)"""
-    max_new_tokens: int = knob(32, ge=1)
+    max_new_tokens: int = knob(16, ge=1)
     """completion length cap; a completion that hits it is 'truncated'"""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """weights of the sampler's copy of the policy (the trainer keeps float32 master weights)"""
@@ -132,8 +132,8 @@ class TrainerConfig:
     """optimisation passes over each rollout batch (PPO epochs)"""
     mini_batch_size: int = knob(0, ge=0)
     """sequences per optimizer step; 0 = the whole rollout batch in one step"""
-    micro_batch_size: int = knob(0, ge=0)
-    """sequences per forward/backward; gradients accumulate up to the mini-batch; 0 = the mini-batch"""
+    micro_batch_size: int = knob(32, ge=0)
+    """at most this many sequences per forward/backward (gradients accumulate up to the mini-batch); 0 = the mini-batch"""
     autocast_bf16: bool = True
     """run the trainer's forward and backward under bf16 autocast (float32 master weights)"""
     share_prompt_prefix: bool = True
@@ -142,7 +142,7 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    steps: int = knob(40, ge=1)
+    steps: int = knob(25, ge=1)
     """training steps (one rollout batch each)"""
     seed: int = 0
     """seed of sampling and shuffling"""
@@ -150,7 +150,7 @@ class RunConfig:
     """run folder name under out_dir; empty = <task>-<algo>-<timestamp>"""
     out_dir: str = "runs"
     """parent folder of run folders"""
-    eval_every: int = knob(0, ge=0)
+    eval_every: int = knob(10, ge=0)
     """evaluate held-out accuracy every N steps (0 = only before and after)"""
     eval_n: int = knob(0, ge=0)
     """held-out problems used for evaluation; 0 = all of task.n_heldout"""
@@ -192,7 +192,7 @@ class Derived:
 def derived(cfg: Config) -> Derived:
     batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     mini = cfg.trainer.mini_batch_size or batch
-    micro = cfg.trainer.micro_batch_size or mini
+    micro = min(cfg.trainer.micro_batch_size or mini, mini)  # a cap: a small batch runs in one piece
     steps = cfg.run.steps * cfg.trainer.epochs * (batch // mini)
     return Derived(batch, mini, micro, steps)
 

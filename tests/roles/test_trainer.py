@@ -123,3 +123,18 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny):
         tr.accumulate(copy.deepcopy(batch), algo.loss)
         grads.append([p.grad.clone() for p in tr.params])
     assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*grads))
+
+
+def test_reported_metrics_do_not_depend_on_micro_batching(tiny):
+    # actor/loss adds up micro-batch shares; the intensive metrics are token-share weighted, so
+    # both read the same whether the mini-batch runs in 1 or 4 micro-batches.
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4, kl_coef=0.1)
+    batch.advantages, _ = algo.advantages(batch)
+    batch.ref_logp = torch.zeros_like(batch.sampler_logp)
+    reports = []
+    for micro in (16, 4):
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        reports.append(tr.update(copy.deepcopy(batch), algo.loss))
+    for key in ("actor/loss", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/pg_clipfrac"):
+        assert math.isclose(reports[0][key], reports[1][key], rel_tol=1e-4, abs_tol=1e-7), key

@@ -83,18 +83,17 @@ class GRPO:
         per_tok, was_clipped, ratio = clipped_pg_loss(
             logp, batch.old_logp, batch.advantages, mask, self.clip_eps_low, self.clip_eps_high
         )  # (B, T) each
-        pg_loss = agg(per_tok, mask)  # ()
+        loss = agg(per_tok, mask)  # ()
+        # Metrics are intensive (token means of this micro-batch) so the trainer can average them by
+        # token share; the aggregated loss itself is reported by the trainer as actor/loss.
         metrics = {
-            "actor/pg_loss": pg_loss.item(),
+            "actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
             "actor/pg_clipfrac": core.masked_mean(was_clipped.float(), mask).item(),
             "actor/ppo_kl": core.masked_mean(batch.old_logp - logp.detach(), mask).item(),
             "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
         }
-        loss = pg_loss
         if self.kl_coef > 0:
             kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
-            kl_loss = agg(kl_tok, mask)  # ()
-            loss = loss + self.kl_coef * kl_loss
+            loss = loss + self.kl_coef * agg(kl_tok, mask)  # ()
             metrics["actor/kl"] = core.masked_mean(kl_tok.detach(), mask).item()
-            metrics["actor/kl_loss"] = kl_loss.item()
         return loss, metrics

@@ -22,5 +22,21 @@ def build_task(cfg) -> Task:
         from rlpost.envs import arithmetic
 
         train, heldout = arithmetic.build_splits(cfg.task)
-        return Task(train, heldout, cfg.task.verifier or "rlpost.envs.arithmetic:score")
-    raise ValueError(f"unknown task {cfg.task.name!r}")
+        task = Task(train, heldout, cfg.task.verifier or "rlpost.envs.arithmetic:score")
+    else:
+        raise ValueError(f"unknown task {cfg.task.name!r}")
+    check_verifier(task.verifier)
+    return task
+
+
+def check_verifier(path: str) -> None:
+    """Import the verifier once in this process, so a typo stops the run before any work."""
+    from rlpost.config import ConfigError
+    from rlpost.envs.worker import import_function
+
+    try:
+        fn = import_function(path)
+    except Exception as e:  # noqa: BLE001 - any import failure of user code is a config error
+        raise ConfigError(f"task.verifier: cannot import {path!r} ({type(e).__name__}: {e})") from None
+    if not callable(fn):
+        raise ConfigError(f"task.verifier: {path!r} is not a function")

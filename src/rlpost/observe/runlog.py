@@ -27,8 +27,13 @@ class RunLog:
         self.metrics_path = self.dir / "metrics.jsonl"
         self.truncate_after(start_step)
         self.history = [json.loads(l) for l in self.metrics_path.read_text().splitlines()] if self.metrics_path.exists() else []
-        self.bar = tqdm(total=steps, initial=start_step, desc="train", unit="step", disable=not progress,
-                        file=sys.stderr, dynamic_ncols=True)
+        self.steps, self.start_step, self.progress = steps, start_step, progress
+        self.bar = None
+
+    def begin(self) -> None:
+        """Show the progress bar (after any messages printed before training starts)."""
+        self.bar = tqdm(total=self.steps, initial=self.start_step, desc="train", unit="step",
+                        disable=not self.progress, file=sys.stderr, dynamic_ncols=True)
 
     def truncate_after(self, step: int) -> None:
         if not self.metrics_path.exists():
@@ -57,7 +62,8 @@ class RunLog:
         self.bar.set_postfix(post)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
     def summary(self, before: float, after: float, minutes: float, extra: dict) -> dict:
         rewards = [h["reward/mean"] for h in self.history]

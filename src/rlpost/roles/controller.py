@@ -130,6 +130,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
         before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
         say(f"held-out accuracy before training: {before:.3f}")
+    log.begin()
     for step in range(start + 1, cfg.run.steps + 1):
         timings: dict = {}
         with timed("gen", timings):

@@ -54,8 +54,10 @@ class Trainer:
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # fused=True: one kernel over all parameters. Measured on 135M parameters here: 0.11 s per
+        # step against 1.34 s for the default per-tensor loop on CPU (benchmarks/README.md).
         self.opt = torch.optim.AdamW(
-            self.params, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), weight_decay=tcfg.weight_decay, fused=False
+            self.params, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), weight_decay=tcfg.weight_decay, fused=True
         )
         sched = lambda s: lr_lambda(s, tcfg.warmup_steps, total_optimizer_steps, tcfg.schedule, tcfg.min_lr_ratio)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, sched)
@@ -111,11 +113,13 @@ class Trainer:
                 mb.old_logp = logp.detach()
             loss, metrics = loss_fn(logp, mb)
             loss.backward()
+            sums["actor/loss"] = sums.get("actor/loss", 0.0) + loss.item()  # micro-batch losses add up
             if first_epoch:
                 metrics["actor/entropy"] = masked_mean(entropy, mb.completion_mask).item()
                 if diffs is not None:
                     diffs.append((mb.old_logp - mb.sampler_logp).abs()[mb.completion_mask])
-            share = float(mb.completion_mask.sum()) / max(mini.norm_tokens, 1.0)  # token share of the mini-batch
+            # The algorithm's metrics are per-token means: weight each by its micro-batch's token share.
+            share = float(mb.completion_mask.sum()) / max(mini.norm_tokens, 1.0)
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + share * v
         return sums
