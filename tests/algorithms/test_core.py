@@ -57,3 +57,43 @@ def test_to_tokens_masks():
     adv = t([2.0, -1.0])
     mask = t([[True, True, False], [True, False, False]])
     assert torch.equal(core.to_tokens(adv, mask), t([[2.0, 2.0, 0.0], [-1.0, 0.0, 0.0]]))
+
+
+def test_whiten_and_hybrid_by_hand():
+    # [1, 3]: mean 2, unbiased std sqrt(2) -> [-0.7071, 0.7071]
+    assert torch.allclose(core.whiten(t([1.0, 3.0])), t([-0.70711, 0.70711]), atol=1e-4)
+    # groups [1, 0] and [1, 1]: centred [0.5, -0.5, 0, 0]; batch std of [1, 0, 1, 1] = 0.5
+    # -> [1, -1, 0, 0] (a plain GRPO std would make the unanimous group 0/0 and the first +-0.707)
+    r = t([1.0, 0.0, 1.0, 1.0])
+    assert torch.allclose(core.group_mean_batch_std(r, 2), t([1.0, -1.0, 0.0, 0.0]), atol=1e-4)
+
+
+def test_entropy_from_logits_by_hand():
+    # uniform over 4 -> log 4 = 1.3863; one-hot -> 0
+    assert torch.isclose(core.entropy_from_logits(torch.zeros(4)), t(math.log(4)))
+    assert core.entropy_from_logits(t([0.0, -1e4, -1e4])).item() < 1e-6
+
+
+def test_adaptive_kl_controller_by_hand():
+    ctl = core.AdaptiveKLController(init_coef=0.1, target=6.0, horizon=10_000)
+    # KL 12 vs target 6: error = 12/6 - 1 = 1 -> clipped to 0.2; n = 1000 -> 0.1 * (1 + 0.2 * 0.1) = 0.102
+    assert math.isclose(ctl.update(kl=12.0, n_samples=1000), 0.102)
+    # KL 3: error -0.5 -> -0.2 -> 0.102 * (1 - 0.02) = 0.09996
+    assert math.isclose(ctl.update(kl=3.0, n_samples=1000), 0.102 * 0.98)
+
+
+def test_truncated_is_weight_by_hand():
+    mask = t([[True, True, False]])
+    old = t([[0.0, 0.0, 5.0]])
+    samp = t([[math.log(0.5), math.log(2.0), 0.0]])
+    # token: ratios 1/0.5 = 2 -> capped at 1.5; 1/2 = 0.5; masked -> 0
+    assert torch.allclose(core.truncated_is_weight(old, samp, mask, cap=1.5), t([[1.5, 0.5, 0.0]]))
+    # sequence: log-ratios log 2 + log 0.5 = 0 -> weight 1 on every real token
+    assert torch.allclose(core.truncated_is_weight(old, samp, mask, cap=1.5, level="sequence"), t([[1.0, 1.0, 0.0]]))
+
+
+def test_pass_rate_and_learnable_band():
+    # groups of 3: [1,1,1] all pass, [0,1,0] p = 1/3, [0,0,0] all fail
+    r = t([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    assert torch.allclose(core.pass_rate(r, 3), t([1.0, 1 / 3, 0.0]))
+    assert core.learnable_groups(r, 3).tolist() == [False, True, False]

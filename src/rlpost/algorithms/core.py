@@ -96,3 +96,77 @@ def group_std(reward: Tensor, group_size: int) -> Tensor:
 def to_tokens(adv_seq: Tensor, mask: Tensor) -> Tensor:
     """Broadcast a sequence-level advantage (B,) to its completion tokens (B, T)."""
     return adv_seq[:, None] * mask.to(adv_seq.dtype)  # (B, T)
+
+
+# --- advantage normalisation -----------------------------------------------------------------
+
+
+def whiten(adv: Tensor, eps: float = 1e-6) -> Tensor:
+    """(a - mean) / std over the whole batch (REINFORCE++'s global normalisation)."""
+    return (adv - adv.mean()) / (adv.std() + eps)  # same shape as adv
+
+
+def group_mean_batch_std(reward: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """Hybrid: centre within each group, scale by the std of the whole batch. Keeps GRPO's
+    per-prompt baseline without GRPO's up-weighting of near-unanimous groups."""
+    centred = group_centred(reward, group_size)  # (B,)
+    return centred / (reward.std() + eps)  # (B,)
+
+
+# --- entropy, KL control ---------------------------------------------------------------------
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Per-position entropy of softmax(logits), differentiable (for an entropy bonus)."""
+    logp = logits.float().log_softmax(-1)  # (..., V)
+    return -(logp.exp() * logp).sum(-1)  # (...)
+
+
+class AdaptiveKLController:
+    """Ziegler et al. 2019 (Eq. 2): beta <- beta * (1 + clip((KL - target) / target, -0.2, 0.2) * n / horizon).
+    KL above target raises beta, below lowers it, at most 20% per horizon's worth of samples."""
+
+    def __init__(self, init_coef: float, target: float, horizon: int):
+        self.coef, self.target, self.horizon = init_coef, target, horizon
+
+    def update(self, kl: float, n_samples: int) -> float:
+        error = max(-0.2, min(0.2, kl / self.target - 1.0))
+        self.coef *= 1.0 + error * n_samples / self.horizon
+        return self.coef
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef = state["coef"]
+
+
+# --- off-policy corrections against the sampler ----------------------------------------------
+
+
+def truncated_is_weight(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float, level: str = "token") -> Tensor:
+    """min(pi_old / pi_sampler, cap), without gradient (TIS, Yao et al. 2025).
+
+    When the sampler (bf16, vLLM) and the trainer disagree, the samples come from pi_sampler while
+    the loss assumes pi_old; this weight corrects the mismatch, truncated so it cannot blow up.
+    level='token': one weight per token (B, T). level='sequence': exp of the summed log-ratio per
+    sequence, broadcast to its tokens (B, T)."""
+    log_w = (old_logp - sampler_logp).detach() * mask  # (B, T)
+    if level == "sequence":
+        log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)  # (B, T)
+    return log_w.exp().clamp(max=cap) * mask  # (B, T)
+
+
+# --- prompt filtering ------------------------------------------------------------------------
+
+
+def pass_rate(reward: Tensor, group_size: int, threshold: float = 1.0) -> Tensor:
+    """Fraction of each group's samples with reward >= threshold, per prompt (n_prompts,)."""
+    return (reward.view(-1, group_size) >= threshold).float().mean(1)  # (n_prompts,)
+
+
+def learnable_groups(reward: Tensor, group_size: int, low: float = 0.0, high: float = 1.0) -> Tensor:
+    """Keep prompts whose pass rate p lies strictly inside (low, high): where p(1 - p) > 0 the group
+    has reward variance and a group baseline gives a non-zero gradient. Returns (n_prompts,) bool."""
+    p = pass_rate(reward, group_size)  # (n_prompts,)
+    return (p > low) & (p < high)
