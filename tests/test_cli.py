@@ -40,3 +40,13 @@ def test_help_lists_every_option():
     assert r.returncode == 0
     assert "rollout.group_size" in r.stdout and "completions per prompt" in r.stdout
     assert "--resume" in r.stdout
+
+
+def test_every_recipe_runs_two_steps_on_the_tiny_model(tmp_path):
+    from conftest import ROOT
+
+    for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
+        r = run_cli("train", str(recipe), *TINY, f"run.out_dir={tmp_path}", f"run.name={recipe.stem}",
+                    "task.verifier=toy_verifiers:odd_length")
+        assert r.returncode == 0, (recipe.name, r.stderr[-2000:])
+        assert len((tmp_path / recipe.stem / "metrics.jsonl").read_text().splitlines()) == 2, recipe.name

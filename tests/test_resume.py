@@ -45,3 +45,13 @@ def test_new_run_refuses_to_overwrite_checkpoints(tmp_path):
     assert ok.returncode == 0, ok.stderr[-2000:]
     again = run_cli("train", *TINY, "run.steps=1", f"run.out_dir={tmp_path}", "run.name=x")
     assert again.returncode == 2 and "--resume" in again.stderr
+
+
+def test_reinforce_baseline_state_survives_resume(tmp_path):
+    args = [*TINY, "run.steps=3", "run.checkpoint_every=1", "algo.name=reinforce", "task.verifier=toy_verifiers:odd_length"]
+    full = run_cli("train", *args, f"run.out_dir={tmp_path}", "run.name=full")
+    killed = run_cli("train", *args, f"run.out_dir={tmp_path}", "run.name=cut", env={"RLPOST_KILL_AFTER_STEP": "2"})
+    assert full.returncode == 0 and killed.returncode == -signal.SIGKILL, full.stderr[-2000:]
+    resumed = run_cli("train", "--resume", str(tmp_path / "cut"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert metric_lines(tmp_path / "full") == metric_lines(tmp_path / "cut")  # includes critic/baseline

@@ -96,8 +96,8 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    name: Literal["grpo"] = "grpo"
-    """algorithm: advantages + loss (see docs/algorithms.md)"""
+    name: Literal["grpo", "rloo", "reinforce"] = "grpo"
+    """algorithm: advantages + loss, one file each in src/rlpost/algorithms/"""
     scale_by_std: bool = True
     """divide group-centred rewards by the group's std (GRPO); false = Dr. GRPO's plain r - mean"""
     clip_eps_low: float = knob(0.2, ge=0, lt=1)
@@ -106,6 +106,10 @@ class AlgoConfig:
     """PPO clip: ratio may not go above 1 + clip_eps_high where the advantage is positive"""
     kl_coef: float = knob(0.0, ge=0)
     """weight of the k3 KL(pi || pi_ref) term in the loss; 0 = no reference model is loaded"""
+    baseline: Literal["none", "moving_average"] = "moving_average"
+    """REINFORCE only: no baseline, or a moving average of the batch mean reward"""
+    baseline_decay: float = knob(0.9, ge=0, lt=1)
+    """REINFORCE only: weight of the old value in the moving-average baseline"""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "const_norm"] = "token_mean"
     """how per-token losses become one number: mean over all tokens of the mini-batch (DAPO), mean of per-sequence means (original GRPO), per-sequence sums averaged, or sum / (sequences * max_new_tokens) (Dr. GRPO)"""
 
@@ -203,8 +207,10 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(f"trainer.mini_batch_size: expected a divisor of the rollout batch ({d.batch_size}), got {d.mini_batch_size}")
     if d.mini_batch_size % d.micro_batch_size:
         raise ConfigError(f"trainer.micro_batch_size: expected a divisor of the mini-batch ({d.mini_batch_size}), got {d.micro_batch_size}")
-    if cfg.algo.name == "grpo" and cfg.rollout.group_size < 2:
-        raise ConfigError(f"rollout.group_size: expected >= 2 for GRPO (the baseline is the group mean), got {cfg.rollout.group_size}")
+    if cfg.algo.name in ("grpo", "rloo") and cfg.rollout.group_size < 2:
+        raise ConfigError(f"rollout.group_size: expected >= 2 for {cfg.algo.name.upper()} (the baseline comes from the group), got {cfg.rollout.group_size}")
+    if cfg.algo.name == "reinforce" and (cfg.trainer.epochs > 1 or d.mini_batch_size < d.batch_size):
+        raise ConfigError("trainer.epochs: REINFORCE has no importance ratio, so it is on-policy only: expected epochs=1 and mini_batch_size=0")
     if cfg.task.min_a > cfg.task.max_a:
         raise ConfigError(f"task.min_a: expected <= task.max_a ({cfg.task.max_a}), got {cfg.task.min_a}")
     if cfg.task.min_b > cfg.task.max_b:

@@ -19,6 +19,9 @@ class Algorithm(Protocol):
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]: ...  # scalar, metrics
 
+    # Optional: an algorithm with state (a moving baseline, an adaptive KL coefficient) also has
+    # state_dict() / load_state_dict(), which the controller saves in every checkpoint.
+
 
 def aggregator(name: str, max_new_tokens: int) -> core.Aggregator:
     table = {
@@ -33,12 +36,16 @@ def aggregator(name: str, max_new_tokens: int) -> core.Aggregator:
 def build(cfg) -> Algorithm:
     """The algorithm named by cfg.algo.name, with its knobs from the config."""
     from rlpost.algorithms.grpo import GRPO
+    from rlpost.algorithms.reinforce import Reinforce
+    from rlpost.algorithms.rloo import RLOO
 
-    a = cfg.algo
+    a, K = cfg.algo, cfg.rollout.group_size
+    agg = aggregator(a.loss_agg, cfg.rollout.max_new_tokens)
     if a.name == "grpo":
-        return GRPO(
-            group_size=cfg.rollout.group_size, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
-            clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
-            aggregate=aggregator(a.loss_agg, cfg.rollout.max_new_tokens),
-        )
+        return GRPO(group_size=K, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
+                    clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, aggregate=agg)
+    if a.name == "rloo":
+        return RLOO(group_size=K, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, aggregate=agg)
+    if a.name == "reinforce":
+        return Reinforce(baseline=a.baseline, baseline_decay=a.baseline_decay, aggregate=agg)
     raise ValueError(f"unknown algorithm {a.name!r}")

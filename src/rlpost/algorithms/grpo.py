@@ -78,22 +78,28 @@ class GRPO:
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         """Scalar loss for this (micro-)batch, already normalised by mini-batch totals."""
-        mask = batch.completion_mask
-        agg = partial(self.aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
-        per_tok, was_clipped, ratio = clipped_pg_loss(
-            logp, batch.old_logp, batch.advantages, mask, self.clip_eps_low, self.clip_eps_high
-        )  # (B, T) each
-        loss = agg(per_tok, mask)  # ()
-        # Metrics are intensive (token means of this micro-batch) so the trainer can average them by
-        # token share; the aggregated loss itself is reported by the trainer as actor/loss.
-        metrics = {
-            "actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
-            "actor/pg_clipfrac": core.masked_mean(was_clipped.float(), mask).item(),
-            "actor/ppo_kl": core.masked_mean(batch.old_logp - logp.detach(), mask).item(),
-            "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
-        }
-        if self.kl_coef > 0:
-            kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
-            loss = loss + self.kl_coef * agg(kl_tok, mask)  # ()
-            metrics["actor/kl"] = core.masked_mean(kl_tok.detach(), mask).item()
-        return loss, metrics
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate)
+
+
+def clipped_loss_with_kl(
+    logp: Tensor, batch: Rollouts, eps_low: float, eps_high: float, kl_coef: float, aggregate: core.Aggregator
+) -> tuple[Tensor, dict]:
+    """GRPO's loss: clipped surrogate on batch.advantages, plus kl_coef * k3 KL to the reference.
+    RLOO and the other group-baseline methods reuse it with their own advantages."""
+    mask = batch.completion_mask
+    agg = partial(aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
+    per_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask, eps_low, eps_high)
+    loss = agg(per_tok, mask)  # ()
+    # Metrics are intensive (token means of this micro-batch) so the trainer can average them by
+    # token share; the aggregated loss itself is reported by the trainer as actor/loss.
+    metrics = {
+        "actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
+        "actor/pg_clipfrac": core.masked_mean(was_clipped.float(), mask).item(),
+        "actor/ppo_kl": core.masked_mean(batch.old_logp - logp.detach(), mask).item(),
+        "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
+    }
+    if kl_coef > 0:
+        kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
+        loss = loss + kl_coef * agg(kl_tok, mask)  # ()
+        metrics["actor/kl"] = core.masked_mean(kl_tok.detach(), mask).item()
+    return loss, metrics

@@ -123,6 +123,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         roles.trainer.load_state_dict(trainer_state)
         stream.load_state_dict(state["stream"])
         torch.set_rng_state(state["torch_rng"])
+        if state.get("algo") is not None:
+            roles.algo.load_state_dict(state["algo"])
     start = state.get("step", 0)
     log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress)
     before = state.get("heldout_before")
@@ -180,7 +182,8 @@ def say(message: str) -> None:
 def save_checkpoint(run_dir: Path, cfg, step: int, roles: Roles, stream: PromptStream, before: float,
                     minutes: float) -> None:
     state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
-             "heldout_before": before, "minutes": minutes}
+             "heldout_before": before, "minutes": minutes,
+             "algo": roles.algo.state_dict() if hasattr(roles.algo, "state_dict") else None}
     checkpoint.save(run_dir, step, roles.trainer.weights(), roles.trainer.state_dict(), state, cfg.run.keep_checkpoints)
 
 

@@ -1,0 +1,52 @@
+"""REINFORCE (Williams 1992), the root of the family: loss = -A * log pi(token), with
+A = reward - baseline for every token of the completion.
+
+Baseline (``algo.baseline``): 'none' (A = r: unbiased, highest variance) or 'moving_average'
+(b <- decay * b + (1 - decay) * mean(batch reward), updated *after* the batch's advantages are
+formed, so b never depends on the samples it scores). No ratio and no clipping: REINFORCE is
+on-policy, so use it with trainer.epochs = 1 and one mini-batch. The moving-average baseline is
+state: it is saved in checkpoints (state_dict) for exact resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from torch import Tensor
+
+from rlpost.algorithms import core
+from rlpost.batch import Rollouts
+
+
+def reinforce_advantages(reward: Tensor, baseline: float) -> Tensor:
+    return reward - baseline  # (B,)
+
+
+@dataclass
+class Reinforce:
+    baseline: str = "moving_average"  # 'none' | 'moving_average'
+    baseline_decay: float = 0.9
+    aggregate: core.Aggregator = core.token_mean
+    needs_reference: bool = False
+    b: float | None = None  # the moving average; None until the first batch
+
+    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+        b = 0.0 if self.baseline == "none" or self.b is None else self.b
+        adv_seq = reinforce_advantages(batch.reward, b)  # (B,)
+        if self.baseline == "moving_average":
+            mean = batch.reward.mean().item()
+            self.b = mean if self.b is None else self.baseline_decay * self.b + (1 - self.baseline_decay) * mean
+        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/baseline": b}
+
+    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        per_tok = -batch.advantages * logp  # (B, T): the score-function estimator, nothing else
+        loss = self.aggregate(per_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
+        return loss, {"actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item()}
+
+    def state_dict(self) -> dict:
+        return {"b": self.b}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.b = state["b"]

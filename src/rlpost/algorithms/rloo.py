@@ -1,0 +1,47 @@
+"""RLOO: REINFORCE Leave-One-Out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
+
+Patch over GRPO: the baseline for completion i is the mean reward of the *other* K-1 completions
+of its prompt, not the mean of all K. Because the baseline no longer contains r_i, it is
+independent of the sample it scores, and the gradient estimate is unbiased; GRPO's own-inclusive
+mean shrinks every advantage by (K-1)/K (tests/algorithms/test_bandit.py shows both). No division
+by the group std. Everything else (clipped surrogate, optional k3 KL in the loss, aggregator) is
+GRPO's, reused from grpo.py.
+
+    A_i = r_i - (sum_j r_j - r_i) / (K - 1) = K / (K - 1) * (r_i - mean(r))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from rlpost.algorithms import core
+from rlpost.algorithms.grpo import clipped_loss_with_kl
+from rlpost.batch import Rollouts
+
+
+def rloo_advantages(reward: Tensor, group_size: int) -> Tensor:
+    """Sequence-level leave-one-out advantage (B,)."""
+    K = group_size
+    return core.group_centred(reward, K) * K / (K - 1)  # (B,)
+
+
+@dataclass
+class RLOO:
+    group_size: int
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    aggregate: core.Aggregator = core.token_mean
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+        adv_seq = rloo_advantages(batch.reward, self.group_size)  # (B,)
+        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/advantages/mean": adv_seq.mean().item()}
+
+    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate)
