@@ -96,7 +96,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    name: Literal["grpo", "rloo", "reinforce"] = "grpo"
+    name: Literal["grpo", "rloo", "reinforce", "reinforce_pp", "dr_grpo", "gspo", "cispo"] = "grpo"
     """algorithm: advantages + loss, one file each in src/rlpost/algorithms/"""
     scale_by_std: bool = True
     """divide group-centred rewards by the group's std (GRPO); false = Dr. GRPO's plain r - mean"""
@@ -104,6 +104,10 @@ class AlgoConfig:
     """PPO clip: ratio may not go below 1 - clip_eps_low where the advantage is negative"""
     clip_eps_high: float = knob(0.2, ge=0)
     """PPO clip: ratio may not go above 1 + clip_eps_high where the advantage is positive"""
+    seq_clip_eps_low: float = knob(3e-4, ge=0, lt=1)
+    """GSPO only: the sequence ratio may not go below 1 - seq_clip_eps_low (the paper's 3e-4)"""
+    seq_clip_eps_high: float = knob(4e-4, ge=0)
+    """GSPO only: the sequence ratio may not go above 1 + seq_clip_eps_high (the paper's 4e-4)"""
     kl_coef: float = knob(0.0, ge=0)
     """weight of the k3 KL(pi || pi_ref) term in the loss; 0 = no reference model is loaded"""
     baseline: Literal["none", "moving_average"] = "moving_average"
@@ -207,7 +211,7 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(f"trainer.mini_batch_size: expected a divisor of the rollout batch ({d.batch_size}), got {d.mini_batch_size}")
     if d.mini_batch_size % d.micro_batch_size:
         raise ConfigError(f"trainer.micro_batch_size: expected a divisor of the mini-batch ({d.mini_batch_size}), got {d.micro_batch_size}")
-    if cfg.algo.name in ("grpo", "rloo") and cfg.rollout.group_size < 2:
+    if cfg.algo.name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo") and cfg.rollout.group_size < 2:
         raise ConfigError(f"rollout.group_size: expected >= 2 for {cfg.algo.name.upper()} (the baseline comes from the group), got {cfg.rollout.group_size}")
     if cfg.algo.name == "reinforce" and (cfg.trainer.epochs > 1 or d.mini_batch_size < d.batch_size):
         raise ConfigError("trainer.epochs: REINFORCE has no importance ratio, so it is on-policy only: expected epochs=1 and mini_batch_size=0")

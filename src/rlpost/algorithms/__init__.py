@@ -35,8 +35,12 @@ def aggregator(name: str, max_new_tokens: int) -> core.Aggregator:
 
 def build(cfg) -> Algorithm:
     """The algorithm named by cfg.algo.name, with its knobs from the config."""
+    from rlpost.algorithms.cispo import CISPO
+    from rlpost.algorithms.dr_grpo import DrGRPO
     from rlpost.algorithms.grpo import GRPO
+    from rlpost.algorithms.gspo import GSPO
     from rlpost.algorithms.reinforce import Reinforce
+    from rlpost.algorithms.reinforce_pp import ReinforcePP
     from rlpost.algorithms.rloo import RLOO
 
     a, K = cfg.algo, cfg.rollout.group_size
@@ -48,4 +52,14 @@ def build(cfg) -> Algorithm:
         return RLOO(group_size=K, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, aggregate=agg)
     if a.name == "reinforce":
         return Reinforce(baseline=a.baseline, baseline_decay=a.baseline_decay, aggregate=agg)
+    if a.name == "reinforce_pp":
+        return ReinforcePP(clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, aggregate=agg)
+    if a.name == "dr_grpo":  # its aggregator is the constant normaliser by definition: loss_agg is not read
+        return DrGRPO(group_size=K, max_new_tokens=cfg.rollout.max_new_tokens, clip_eps_low=a.clip_eps_low,
+                      clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef)
+    if a.name == "gspo":
+        return GSPO(group_size=K, clip_eps_low=a.seq_clip_eps_low, clip_eps_high=a.seq_clip_eps_high,
+                    kl_coef=a.kl_coef, scale_by_std=a.scale_by_std)
+    if a.name == "cispo":
+        return CISPO(group_size=K, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, aggregate=agg)
     raise ValueError(f"unknown algorithm {a.name!r}")

@@ -1,0 +1,57 @@
+"""CISPO: Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv:2506.13585, Sec. 3.1).
+
+Patch over GRPO/PPO: clip the importance weight, not the update. PPO's min(r A, clip(r) A) sets
+the gradient of a token to zero once its ratio leaves the clip range, and the tokens that leave
+first are often rare, decisive ones ("However", "Wait"). CISPO instead uses
+
+    loss_t = - sg(clip(r_t, 1 - eps_low, 1 + eps_high)) * A * log pi(y_t)
+
+so every token keeps a REINFORCE gradient, weighted by its (bounded, stop-gradient) importance
+weight. Token-mean aggregation, as in the paper. Advantages are GRPO's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from rlpost.algorithms import core
+from rlpost.algorithms.grpo import grpo_advantages
+from rlpost.batch import Rollouts
+
+
+def cispo_per_token(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    weight = (logp - old_logp).exp().clamp(1 - eps_low, 1 + eps_high).detach()  # (B, T), no gradient
+    return -weight * adv_tok * logp  # (B, T): gradient flows through log pi on every token
+
+
+@dataclass
+class CISPO:
+    group_size: int
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    aggregate: core.Aggregator = core.token_mean
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+        adv_seq = grpo_advantages(batch.reward, self.group_size, scale_by_std=True)  # (B,)
+        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/advantages/mean": adv_seq.mean().item()}
+
+    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        per_tok = cispo_per_token(logp, batch.old_logp, batch.advantages, self.clip_eps_low, self.clip_eps_high)
+        loss = self.aggregate(per_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
+        ratio = (logp - batch.old_logp).detach().exp()
+        out_of_range = ((ratio < 1 - self.clip_eps_low) | (ratio > 1 + self.clip_eps_high)).float()
+        metrics = {"actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
+                   "actor/is_weight_clipfrac": core.masked_mean(out_of_range, mask).item()}
+        if self.kl_coef > 0:
+            kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
+            loss = loss + self.kl_coef * self.aggregate(kl_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
+            metrics["actor/kl"] = core.masked_mean(kl_tok.detach(), mask).item()
+        return loss, metrics

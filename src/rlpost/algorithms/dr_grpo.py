@@ -1,0 +1,42 @@
+"""Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
+
+Patch over GRPO, two removals:
+1. no division by the group's reward std: A_i = r_i - mean(r_group). Dividing by std up-weights
+   prompts that are nearly always or never solved (their std is small): a difficulty bias.
+2. no division by each completion's own length: the loss is sum over tokens / (sequences *
+   max_new_tokens), a constant. Dividing by |o_i| makes a long wrong answer's tokens cheap
+   (so wrong answers drift longer) and a short right answer's tokens dear: a length bias.
+The clipped surrogate and the optional k3 KL term are GRPO's, reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from torch import Tensor
+
+from rlpost.algorithms import core
+from rlpost.algorithms.grpo import clipped_loss_with_kl, grpo_advantages
+from rlpost.batch import Rollouts
+
+
+@dataclass
+class DrGRPO:
+    group_size: int
+    max_new_tokens: int
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+        adv_seq = grpo_advantages(batch.reward, self.group_size, scale_by_std=False)  # (B,)
+        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/advantages/mean": adv_seq.mean().item()}
+
+    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+        const = partial(core.const_norm, max_len=self.max_new_tokens)  # sum / (B * max_new_tokens)
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, const)

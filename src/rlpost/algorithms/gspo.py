@@ -1,0 +1,62 @@
+"""GSPO: Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
+
+Patch over GRPO: the importance ratio and its clipping move from tokens to sequences. The reward
+is given per sequence, so the ratio is too:
+
+    s_i = (pi(y_i) / pi_old(y_i)) ** (1 / |y_i|) = exp(mean_t (log pi - log pi_old))
+
+the geometric mean of the token ratios (length-normalised, so long and short answers have
+comparable ratios). The loss is -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i), averaged
+over sequences. A whole sequence is kept or clipped; token-level ratios, whose noise grows with
+length and with sampler/trainer mismatch, never clip single tokens. The clip range is therefore
+far narrower than PPO's (the paper: 3e-4 / 4e-4). Advantages are GRPO's group-normalised ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlpost.algorithms import core
+from rlpost.algorithms.grpo import grpo_advantages
+from rlpost.batch import Rollouts
+
+
+def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """(B,) geometric mean of the token ratios of each sequence."""
+    return core.masked_mean(logp - old_logp, mask, dim=-1).exp()  # (B,)
+
+
+@dataclass
+class GSPO:
+    group_size: int
+    clip_eps_low: float = 3e-4
+    clip_eps_high: float = 4e-4
+    kl_coef: float = 0.0
+    scale_by_std: bool = True
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
+        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/advantages/mean": adv_seq.mean().item()}
+
+    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        adv_seq = batch.advantages.sum(-1) / mask.sum(-1).clamp(min=1)  # (B,) back from the token broadcast
+        s = sequence_ratio(logp, batch.old_logp, mask)  # (B,)
+        clipped = s.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high) * adv_seq  # (B,)
+        per_seq = -torch.min(s * adv_seq, clipped)  # (B,)
+        loss = per_seq.sum() / batch.loss_seqs  # () mean over the mini-batch's sequences
+        metrics = {"actor/pg_loss": per_seq.detach().mean().item(),
+                   "actor/pg_clipfrac": (clipped < s * adv_seq).float().mean().item(),
+                   "actor/seq_ratio_max": s.detach().max().item()}
+        if self.kl_coef > 0:
+            kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
+            loss = loss + self.kl_coef * core.seq_mean_token_mean(kl_tok, mask, batch.loss_tokens, batch.loss_seqs)
+            metrics["actor/kl"] = core.masked_mean(kl_tok.detach(), mask).item()
+        return loss, metrics
