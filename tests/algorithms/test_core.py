@@ -97,3 +97,27 @@ def test_pass_rate_and_learnable_band():
     r = t([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
     assert torch.allclose(core.pass_rate(r, 3), t([1.0, 1 / 3, 0.0]))
     assert core.learnable_groups(r, 3).tolist() == [False, True, False]
+
+
+def test_gae_lambda_1_is_monte_carlo_return_minus_value():
+    # rewards [0, 0, 1], gamma 0.9: returns G = [0.81, 0.9, 1]; V = [0.5, 0.2, 0.4]
+    r, v, m = t([[0.0, 0.0, 1.0]]), t([[0.5, 0.2, 0.4]]), t([[True, True, True]])
+    adv, ret = core.gae(r, v, m, gamma=0.9, lam=1.0)
+    assert torch.allclose(adv, t([[0.81 - 0.5, 0.9 - 0.2, 1.0 - 0.4]]))
+    assert torch.allclose(ret, t([[0.81, 0.9, 1.0]]))
+
+
+def test_gae_lambda_0_is_the_td_error():
+    # delta_t = r_t + 0.9 V_{t+1} - V_t: [0 + 0.18 - 0.5, 0 + 0.36 - 0.2, 1 + 0 - 0.4] = [-0.32, 0.16, 0.6]
+    r, v, m = t([[0.0, 0.0, 1.0]]), t([[0.5, 0.2, 0.4]]), t([[True, True, True]])
+    adv, _ = core.gae(r, v, m, gamma=0.9, lam=0.0)
+    assert torch.allclose(adv, t([[-0.32, 0.16, 0.6]]))
+
+
+def test_gae_ignores_padding_after_the_last_token():
+    # the same sequence with two pads appended (value garbage there) gives the same advantages
+    r, v = t([[0.0, 0.0, 1.0, 0.0, 0.0]]), t([[0.5, 0.2, 0.4, 7.0, 7.0]])
+    m = t([[True, True, True, False, False]])
+    adv, _ = core.gae(r, v, m, gamma=0.9, lam=0.95)
+    ref, _ = core.gae(r[:, :3], v[:, :3], m[:, :3], gamma=0.9, lam=0.95)
+    assert torch.allclose(adv[:, :3], ref) and (adv[:, 3:] == 0).all()

@@ -170,3 +170,29 @@ def learnable_groups(reward: Tensor, group_size: int, low: float = 0.0, high: fl
     has reward variance and a group baseline gives a non-zero gradient. Returns (n_prompts,) bool."""
     p = pass_rate(reward, group_size)  # (n_prompts,)
     return (p > low) & (p < high)
+
+
+# --- generalised advantage estimation (Schulman et al. 2016, arXiv:1506.02438) ---------------
+
+
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Token-level advantages and returns, (B, T) each.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t, with V after the last loss token = 0 (episode ends);
+    A_t = delta_t + gamma * lam * A_{t+1} (Eq. 16), computed backwards; returns = A + V.
+    lam = 1 gives the Monte-Carlo return minus V; lam = 0 gives the TD(0) error."""
+    B, T = rewards.shape
+    mask_f = mask.to(values.dtype)
+    values = values * mask_f
+    adv = torch.zeros_like(values)
+    next_value = torch.zeros(B, dtype=values.dtype)  # (B,)
+    next_adv = torch.zeros(B, dtype=values.dtype)  # (B,)
+    for t in reversed(range(T)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
+        a = delta + gamma * lam * next_adv  # (B,)
+        m = mask_f[:, t]
+        adv[:, t] = a * m
+        # padding after the last loss token leaves the running values untouched
+        next_value = values[:, t] * m + next_value * (1 - m)
+        next_adv = a * m + next_adv * (1 - m)
+    return adv, adv + values
