@@ -44,6 +44,9 @@ def test_docs_algorithm_table_points_at_real_lines():
     doc = (SRC.parents[1] / "docs" / "algorithms.md").read_text()
     refs = re.findall(r"`([a-z_]+\.py):(\d+)`", doc)
     assert len(refs) >= 8
+    core_refs = re.findall(r"\(:(\d+)\)", doc)  # the shared-machinery paragraph points into core.py
+    assert len(core_refs) >= 5
+    refs += [("core.py", line) for line in core_refs]
     for fname, line in refs:
         text = (SRC / "algorithms" / fname).read_text().splitlines()[int(line) - 1]
         assert text.startswith(("def ", "class ")), f"docs/algorithms.md: {fname}:{line} is not a definition: {text!r}"

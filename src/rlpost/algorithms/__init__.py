@@ -61,5 +61,6 @@ def build(cfg) -> Algorithm:
         return GSPO(group_size=K, clip_eps_low=a.seq_clip_eps_low, clip_eps_high=a.seq_clip_eps_high,
                     kl_coef=a.kl_coef, scale_by_std=a.scale_by_std)
     if a.name == "cispo":
-        return CISPO(group_size=K, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, aggregate=agg)
+        return CISPO(group_size=K, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
+                     scale_by_std=a.scale_by_std, aggregate=agg)
     raise ValueError(f"unknown algorithm {a.name!r}")

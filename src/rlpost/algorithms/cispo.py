@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import grpo_advantages
+from rlpost.algorithms.grpo import grpo_advantages, kl_in_loss
 from rlpost.batch import Rollouts
 
 
@@ -32,6 +32,7 @@ class CISPO:
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
+    scale_by_std: bool = True
     aggregate: core.Aggregator = core.token_mean
 
     @property
@@ -39,8 +40,8 @@ class CISPO:
         return self.kl_coef > 0
 
     def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
-        adv_seq = grpo_advantages(batch.reward, self.group_size, scale_by_std=True)  # (B,)
-        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/advantages/mean": adv_seq.mean().item()}
+        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
+        return core.token_advantages(adv_seq, batch.completion_mask)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
@@ -51,7 +52,6 @@ class CISPO:
         metrics = {"actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
                    "actor/is_weight_clipfrac": core.masked_mean(out_of_range, mask).item()}
         if self.kl_coef > 0:
-            kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
-            loss = loss + self.kl_coef * self.aggregate(kl_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
-            metrics["actor/kl"] = core.masked_mean(kl_tok.detach(), mask).item()
+            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, self.aggregate)
+            loss = loss + self.kl_coef * kl_loss
         return loss, metrics

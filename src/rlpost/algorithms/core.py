@@ -98,6 +98,11 @@ def to_tokens(adv_seq: Tensor, mask: Tensor) -> Tensor:
     return adv_seq[:, None] * mask.to(adv_seq.dtype)  # (B, T)
 
 
+def token_advantages(adv_seq: Tensor, mask: Tensor) -> tuple[Tensor, dict]:
+    """What an algorithm's advantages() returns for a sequence-level advantage: (B, T) and metrics."""
+    return to_tokens(adv_seq, mask), {"critic/advantages/mean": adv_seq.mean().item()}
+
+
 # --- advantage normalisation -----------------------------------------------------------------
 
 

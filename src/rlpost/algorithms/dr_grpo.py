@@ -35,7 +35,7 @@ class DrGRPO:
 
     def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
         adv_seq = grpo_advantages(batch.reward, self.group_size, scale_by_std=False)  # (B,)
-        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/advantages/mean": adv_seq.mean().item()}
+        return core.token_advantages(adv_seq, batch.completion_mask)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         const = partial(core.const_norm, max_len=self.max_new_tokens)  # sum / (B * max_new_tokens)

@@ -99,7 +99,15 @@ def clipped_loss_with_kl(
         "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
     }
     if kl_coef > 0:
-        kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
-        loss = loss + kl_coef * agg(kl_tok, mask)  # ()
-        metrics["actor/kl"] = core.masked_mean(kl_tok.detach(), mask).item()
+        kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, aggregate)
+        loss = loss + kl_coef * kl_loss  # ()
     return loss, metrics
+
+
+def kl_in_loss(logp: Tensor, batch: Rollouts, aggregate: core.Aggregator) -> tuple[Tensor, float]:
+    """GRPO's KL anchor: k3 KL(pi || pi_ref) per token, aggregated like the policy loss.
+    Returns (the term to scale by kl_coef, its token mean for the actor/kl metric)."""
+    mask = batch.completion_mask
+    kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
+    term = aggregate(kl_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
+    return term, core.masked_mean(kl_tok.detach(), mask).item()

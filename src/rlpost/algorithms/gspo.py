@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import grpo_advantages
+from rlpost.algorithms.grpo import grpo_advantages, kl_in_loss
 from rlpost.batch import Rollouts
 
 
@@ -43,7 +43,7 @@ class GSPO:
 
     def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
         adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
-        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/advantages/mean": adv_seq.mean().item()}
+        return core.token_advantages(adv_seq, batch.completion_mask)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
@@ -55,8 +55,7 @@ class GSPO:
         metrics = {"actor/pg_loss": per_seq.detach().mean().item(),
                    "actor/pg_clipfrac": (clipped < s * adv_seq).float().mean().item(),
                    "actor/seq_ratio_max": s.detach().max().item()}
-        if self.kl_coef > 0:
-            kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
-            loss = loss + self.kl_coef * core.seq_mean_token_mean(kl_tok, mask, batch.loss_tokens, batch.loss_seqs)
-            metrics["actor/kl"] = core.masked_mean(kl_tok.detach(), mask).item()
+        if self.kl_coef > 0:  # per sequence, like its policy loss
+            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, core.seq_mean_token_mean)
+            loss = loss + self.kl_coef * kl_loss
         return loss, metrics

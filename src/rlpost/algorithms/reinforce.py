@@ -11,7 +11,6 @@ state: it is saved in checkpoints (state_dict) for exact resume.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 from torch import Tensor
 

@@ -41,7 +41,7 @@ class RLOO:
 
     def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
         adv_seq = rloo_advantages(batch.reward, self.group_size)  # (B,)
-        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/advantages/mean": adv_seq.mean().item()}
+        return core.token_advantages(adv_seq, batch.completion_mask)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate)

@@ -112,7 +112,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     ``task`` replaces the config's task family (library use: your own rows and verifier)."""
     torch.set_num_threads(cfg.run.threads or os.cpu_count())
     task = task or build_task(cfg)
-    d, t_start = config.derived(cfg), time.perf_counter()
+    t_start = time.perf_counter()
+    elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
     ckpt = checkpoint.latest(run_dir) if resume else None
     weights, trainer_state, state = checkpoint.load(ckpt) if ckpt else (None, None, {})
     roles = build_roles(cfg, task.verifier, weights)
@@ -160,14 +161,13 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         log.step(step, {**batch_metrics(batch), **v_metrics, **a_metrics, **u_metrics, **timings, **perf,
                         "training/epoch": stream.epoch}, batch)
         if step == cfg.run.steps or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
-            minutes = (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)
-            save_checkpoint(run_dir, cfg, step, roles, stream, before, minutes)
+            save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed())
         _test_fault_hook(step)
     log.close()
     say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
     after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
     roles.verifier.close()
-    minutes = (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)
+    minutes = elapsed()
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": len(heldout),
                                                    "peak_rss_gb": round(peak_rss_gb, 2)})
