@@ -16,10 +16,16 @@ from rlpost import config
     ("nosuch.key=1", "nosuch: unknown section"),
     ("trainer.micro_batch_size=7", "trainer.micro_batch_size: expected a divisor of the mini-batch (128), got 7"),
     ("rollout.group_size=1", "rollout.group_size: expected >= 2 for GRPO"),
+    ("algo.kl_target=0.01", "algo.kl_target: adaptive KL starts from kl_coef"),
+    ("algo.overlong_buffer=17", "algo.overlong_buffer: expected <= rollout.max_new_tokens (16), got 17"),
+    ("algo.critic=both", "algo.critic: expected one of separate, shared"),
+    ("rollout.filter_min_pass_rate=0.9 rollout.filter_max_pass_rate=0.5", "rollout.filter_min_pass_rate: expected <="),
+    ("algo.name=reinforce algo.kl_coef=0.1", "algo.kl_coef: plain REINFORCE has no KL term"),
+    ("algo.name=dapo rollout.group_size=1", "rollout.group_size: expected >= 2 for DAPO"),
 ])
 def test_bad_values_name_the_key(override, expected):
     with pytest.raises(config.ConfigError) as e:
-        config.load(None, [override])
+        config.load(None, override.split())
     assert str(e.value).startswith(expected) and "\n" not in str(e.value)
 
 

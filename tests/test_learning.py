@@ -1,10 +1,12 @@
 """A tiny random model must learn a toy verifiable task through the real loop, in seconds."""
 
+import json
 import random
 
 from conftest import tiny_cfg
 from rlpost.envs import Task
 from rlpost.roles.controller import train
+from rlpost.roles.trainer import Trainer
 
 
 def digit_rows(n, seed):
@@ -24,3 +26,38 @@ def test_tiny_model_learns_to_copy_a_digit(tmp_path):
     assert summary["heldout_accuracy_before"] < 0.2
     assert summary["heldout_accuracy_after"] >= 0.8, summary
     assert summary["reward_mean_last"] >= 0.8 > summary["reward_mean_first"] + 0.5
+
+
+def test_ppo_with_a_critic_learns_the_same_task(tmp_path):
+    # Same task, PPO: a separate critic (zero-initialised head) learns V while GAE advantages train
+    # the policy. Measured: 1.0 held-out after 80 steps (13 s); the bar leaves room for noise.
+    task = Task(digit_rows(200, 0), digit_rows(50, 1), "toy_verifiers:first_char_digit")
+    cfg = tiny_cfg("algo.name=ppo", "algo.critic_lr=3e-3", "run.steps=80", "rollout.prompts_per_step=16",
+                   "rollout.group_size=8", "rollout.max_new_tokens=2", "trainer.lr=3e-3", "run.eval_every=0")
+    summary = train(cfg, tmp_path / "run", task=task)
+    assert summary["heldout_accuracy_after"] >= 0.8, summary
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # V starts at 0 and must follow the success rate up (returns near 1 by the end)
+    assert rows[0]["critic/values/mean"] == 0.0 and rows[-1]["critic/values/mean"] > 0.5, rows[-1]
+
+
+def test_dapo_refills_and_never_trains_on_a_zero_variance_group(tmp_path, monkeypatch):
+    # At the start the random model almost never starts with the right digit, so most groups are
+    # all-fail: DAPO must drop them, sample more prompts, and hand the trainer only varied groups.
+    seen = []
+    real_update = Trainer.update
+
+    def spy(self, batch, loss_fn):
+        seen.append(batch.reward.view(-1, 8).clone())
+        return real_update(self, batch, loss_fn)
+
+    monkeypatch.setattr(Trainer, "update", spy)
+    task = Task(digit_rows(200, 0), digit_rows(20, 1), "toy_verifiers:first_char_digit")
+    cfg = tiny_cfg("algo.name=dapo", "run.steps=12", "rollout.prompts_per_step=4", "rollout.group_size=8",
+                   "rollout.max_new_tokens=2", "trainer.lr=3e-3", "run.eval_every=0", "rollout.max_refill_rounds=4")
+    train(cfg, tmp_path / "run", task=task)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert seen and all((g.max(1).values > g.min(1).values).all() for g in seen)
+    assert max(r["rollout/refill_rounds"] for r in rows) > 0
+    assert min(r["rollout/kept_groups_frac"] for r in rows) < 1.0
+    assert all(len(g) <= 4 for g in seen)  # the surplus of a refill round is cut

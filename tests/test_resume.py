@@ -55,3 +55,22 @@ def test_reinforce_baseline_state_survives_resume(tmp_path):
     resumed = run_cli("train", "--resume", str(tmp_path / "cut"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert metric_lines(tmp_path / "full") == metric_lines(tmp_path / "cut")  # includes critic/baseline
+
+
+def test_ppo_critic_and_adaptive_kl_survive_resume(tmp_path):
+    # The critic's weights and optimizer state, and the adapted KL coefficient, are run state too.
+    args = [*TINY, "run.steps=3", "run.checkpoint_every=1", "algo.name=ppo", "algo.kl_coef=0.1",
+            "algo.kl_target=1e-4", "algo.critic_lr=1e-3", "trainer.epochs=2", "trainer.mini_batch_size=8",
+            "task.verifier=toy_verifiers:odd_length"]
+    full = run_cli("train", *args, f"run.out_dir={tmp_path}", "run.name=full")
+    killed = run_cli("train", *args, f"run.out_dir={tmp_path}", "run.name=cut", env={"RLPOST_KILL_AFTER_STEP": "2"})
+    assert full.returncode == 0 and killed.returncode == -signal.SIGKILL, full.stderr[-2000:]
+    resumed = run_cli("train", "--resume", str(tmp_path / "cut"))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    lines = metric_lines(tmp_path / "full")
+    assert lines == metric_lines(tmp_path / "cut")  # includes critic/vpred_mean and actor/kl_coef
+    coefs = [m["actor/kl_coef"] for m in lines]
+    # Step 1 samples from the reference itself (KL 0 < target): the coefficient falls, by
+    # 0.2 * 16 / 10000 = 0.032%; once the policy has moved (KL > target) it rises again.
+    assert abs(coefs[0] - 0.1 * (1 - 0.2 * 16 / 10000)) < 1e-9
+    assert coefs[2] > coefs[1] > coefs[0]

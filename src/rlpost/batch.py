@@ -1,9 +1,10 @@
 """The one object that crosses every role boundary.
 
 Rollout creates a ``Rollouts``; the verifier fills ``reward``; the reference fills ``ref_logp``;
-the algorithm fills ``advantages``; the trainer fills ``old_logp`` and consumes the rest. Each role
-reads and writes named, typed fields, never positional tuples, so a role can move behind a
-process boundary by pickling this object (every field is a tensor, a list or a number).
+the algorithm fills ``advantages`` (PPO also ``returns``); the trainer fills ``old_logp`` (and
+``old_values`` when it has a critic) and consumes the rest. Each role reads and writes named,
+typed fields, never positional tuples, so a role can move behind a process boundary by pickling
+this object (every field is a tensor, a list or a number).
 
 Shapes: B = sequences (prompts x group_size), P = padded prompt length, T = padded completion
 length (<= max_new_tokens). Prompts are LEFT-padded so every prompt ends at column P-1 and every
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -36,6 +38,8 @@ class Rollouts:
     ref_logp: Tensor | None = None  # (B, T) float32, frozen reference log-probs (KL anchor)
     old_logp: Tensor | None = None  # (B, T) float32, trainer log-probs under the sampling weights
     advantages: Tensor | None = None  # (B, T) float32, token-level advantage (0 where mask is 0)
+    old_values: Tensor | None = None  # (B, T) float32, critic's V(prefix) under the sampling weights (PPO)
+    returns: Tensor | None = None  # (B, T) float32, the critic's regression target (PPO: GAE advantage + V)
     # --- loss normalisers, set by the trainer when it slices micro-batches ----------------------
     # Totals over the optimizer mini-batch this slice belongs to. Aggregators divide by these, so
     # summing micro-batch losses reproduces the full mini-batch loss exactly (accumulation
@@ -78,3 +82,30 @@ class Rollouts:
             else:
                 out[f.name] = v
         return replace(self, **out)
+
+    @staticmethod
+    def cat(parts: list["Rollouts"]) -> "Rollouts":
+        """Rows of several batches as one (DAPO's refill). Prompts are re-padded on the left and
+        completions on the right (pad id 0: padded positions are masked out or come after every
+        loss token); group ids are renumbered so groups stay distinct and contiguous."""
+        P = max(p.prompt_ids.shape[1] for p in parts)
+        T = max(p.completion_ids.shape[1] for p in parts)
+        out, offset, gids = {}, 0, []
+        for p in parts:
+            gids.append(p.group_ids - p.group_ids.min() + offset if len(p) else p.group_ids)
+            offset = int(gids[-1].max()) + 1 if len(p) else offset
+        for f in fields(Rollouts):
+            vals = [getattr(p, f.name) for p in parts]
+            if f.name == "group_ids":
+                out[f.name] = torch.cat(gids)
+            elif isinstance(vals[0], Tensor) and vals[0].dim() == 2:
+                left = f.name.startswith("prompt_")
+                width = P if left else T
+                out[f.name] = torch.cat([F.pad(v, (width - v.shape[1], 0) if left else (0, width - v.shape[1])) for v in vals])
+            elif isinstance(vals[0], Tensor):
+                out[f.name] = torch.cat(vals)
+            elif isinstance(vals[0], list):
+                out[f.name] = [x for v in vals for x in v]
+            else:  # scalars: the oldest policy version; normalisers reset
+                out[f.name] = min(vals) if f.name == "policy_version" else None
+        return Rollouts(**out)

@@ -92,11 +92,19 @@ class RolloutConfig:
     """completion length cap; a completion that hits it is 'truncated'"""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """weights of the sampler's copy of the policy (the trainer keeps float32 master weights)"""
+    filter_groups: bool = False
+    """drop groups with no learning signal (all rewards equal, or pass rate outside [filter_min_pass_rate, filter_max_pass_rate]) and sample more prompts to refill the batch (DAPO's dynamic sampling; always on for algo.name=dapo)"""
+    max_refill_rounds: int = knob(3, ge=0)
+    """with filter_groups: extra generate rounds allowed per step to refill the batch; if still short, train on the groups kept (0 = drop only)"""
+    filter_min_pass_rate: float = knob(0.0, ge=0, le=1)
+    """with filter_groups: keep a prompt only if at least this fraction of its group is correct (reward >= 1)"""
+    filter_max_pass_rate: float = knob(1.0, ge=0, le=1)
+    """with filter_groups: keep a prompt only if at most this fraction of its group is correct"""
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    name: Literal["grpo", "rloo", "reinforce", "reinforce_pp", "dr_grpo", "gspo", "cispo"] = "grpo"
+    name: Literal["grpo", "ppo", "rloo", "reinforce", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo"] = "grpo"
     """algorithm: advantages + loss, one file each in src/rlpost/algorithms/"""
     scale_by_std: bool = True
     """divide group-centred rewards by the group's std (GRPO); false = Dr. GRPO's plain r - mean"""
@@ -109,7 +117,41 @@ class AlgoConfig:
     seq_clip_eps_high: float = knob(4e-4, ge=0)
     """GSPO only: the sequence ratio may not go above 1 + seq_clip_eps_high (the paper's 4e-4)"""
     kl_coef: float = knob(0.0, ge=0)
-    """weight of the k3 KL(pi || pi_ref) term in the loss; 0 = no reference model is loaded"""
+    """weight of the KL(pi || pi_ref) penalty: a term in the loss (GRPO family) or a per-token penalty in the reward (PPO, REINFORCE++); 0 = no reference model is loaded"""
+    kl_estimator: Literal["auto", "k1", "k2", "k3"] = "auto"
+    """per-token KL estimator (Schulman 2020); auto = k1 in the reward (PPO, REINFORCE++), k3 in the loss (the rest)"""
+    kl_target: float = knob(0.0, ge=0)
+    """adaptive KL (Ziegler et al. 2019): move kl_coef so the measured per-token KL tracks this target; 0 = fixed kl_coef"""
+    kl_horizon: int = knob(10000, ge=1)
+    """adaptive KL: samples over which kl_coef may change by at most 20%"""
+    entropy_coef: float = knob(0.0, ge=0)
+    """entropy bonus: subtract entropy_coef * (aggregated per-token entropy) from the loss"""
+    tis_cap: float = knob(0.0, ge=0)
+    """truncated importance sampling against the sampler's recorded log-probs: scale advantages by min(pi_old / pi_sampler, tis_cap); 0 = off"""
+    tis_level: Literal["token", "sequence"] = "token"
+    """TIS weight per token, or one per sequence (exp of the summed log-ratio)"""
+    gamma: float = knob(1.0, ge=0, le=1)
+    """PPO: discount per token in GAE"""
+    lam: float = knob(1.0, ge=0, le=1)
+    """PPO: GAE lambda (1 = Monte-Carlo return minus V, verl's default for LLMs; 0 = TD(0) error)"""
+    critic: Literal["separate", "shared"] = "separate"
+    """PPO: value model = a copy of the policy's trunk with a scalar head, or a head on the policy's own trunk (one forward, less memory)"""
+    critic_lr: float = knob(1e-5, gt=0)
+    """PPO: learning rate of the critic's own parameters (its head, and its trunk when separate)"""
+    vf_coef: float = knob(0.5, ge=0)
+    """PPO: weight of the value loss"""
+    value_clip: float = knob(0.2, ge=0)
+    """PPO: new values may move at most this far from the rollout's values in the clipped value loss; 0 = no value clipping"""
+    whiten_advantages: bool = True
+    """PPO: normalise GAE advantages to mean 0, std 1 over the batch's loss tokens"""
+    dapo_clip_eps_high: float = knob(0.28, ge=0)
+    """DAPO only: clip-higher, the upper clip of the ratio (clip_eps_low stays the lower one)"""
+    overlong_buffer: int = knob(0, ge=0)
+    """overlong soft penalty (DAPO): over the last overlong_buffer tokens before max_new_tokens the reward falls linearly by up to overlong_penalty; 0 = off"""
+    overlong_penalty: float = knob(1.0, ge=0)
+    """overlong soft penalty: reward lost by a completion that reaches max_new_tokens"""
+    overlong_filter: bool = False
+    """overlong filtering (DAPO): truncated completions get no loss (they still count in their group's baseline)"""
     baseline: Literal["none", "moving_average"] = "moving_average"
     """REINFORCE only: no baseline, or a moving average of the batch mean reward"""
     baseline_decay: float = knob(0.9, ge=0, lt=1)
@@ -211,10 +253,21 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(f"trainer.mini_batch_size: expected a divisor of the rollout batch ({d.batch_size}), got {d.mini_batch_size}")
     if d.mini_batch_size % d.micro_batch_size:
         raise ConfigError(f"trainer.micro_batch_size: expected a divisor of the mini-batch ({d.mini_batch_size}), got {d.micro_batch_size}")
-    if cfg.algo.name in ("grpo", "rloo", "dr_grpo", "gspo", "cispo") and cfg.rollout.group_size < 2:
+    if cfg.algo.name in ("grpo", "rloo", "dapo", "dr_grpo", "gspo", "cispo") and cfg.rollout.group_size < 2:
         raise ConfigError(f"rollout.group_size: expected >= 2 for {cfg.algo.name.upper()} (the baseline comes from the group), got {cfg.rollout.group_size}")
     if cfg.algo.name == "reinforce" and (cfg.trainer.epochs > 1 or d.mini_batch_size < d.batch_size):
         raise ConfigError("trainer.epochs: REINFORCE has no importance ratio, so it is on-policy only: expected epochs=1 and mini_batch_size=0")
+    r, a = cfg.rollout, cfg.algo
+    if (r.filter_groups or a.name == "dapo") and r.group_size < 2:
+        raise ConfigError(f"rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), got {r.group_size}")
+    if r.filter_min_pass_rate > r.filter_max_pass_rate:
+        raise ConfigError(f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({r.filter_max_pass_rate}), got {r.filter_min_pass_rate}")
+    if a.overlong_buffer > r.max_new_tokens:
+        raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({r.max_new_tokens}), got {a.overlong_buffer}")
+    if a.name == "reinforce" and a.kl_coef > 0:
+        raise ConfigError("algo.kl_coef: plain REINFORCE has no KL term; use algo.name=reinforce_pp (KL in the reward) or grpo")
+    if a.kl_target > 0 and a.kl_coef == 0:
+        raise ConfigError("algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0")
     if cfg.task.min_a > cfg.task.max_a:
         raise ConfigError(f"task.min_a: expected <= task.max_a ({cfg.task.max_a}), got {cfg.task.min_a}")
     if cfg.task.min_b > cfg.task.max_b:

@@ -17,6 +17,8 @@ third of the tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -28,27 +30,75 @@ def position_ids(attention_mask: Tensor) -> Tensor:  # (B, L) int64
     return pos.clamp(min=0)  # left pads get 0; they are masked out of attention anyway
 
 
+@dataclass
+class PolicyForward:
+    logp: Tensor  # (B, T) float32, log pi(token); differentiable when grad is on
+    entropy: Tensor | None  # (B, T) float32, entropy of pi at each position, or None when not asked
+    values: Tensor | None  # (B, T) float32, V(state before token t) from a value head sharing the trunk
+
+
+def policy_forward(
+    model: torch.nn.Module, batch: Rollouts, temperature: float, *, entropy: str = "none",
+    share_prefix: bool = True, value_head: torch.nn.Module | None = None,
+) -> PolicyForward:
+    """One forward of the policy over the completions.
+
+    entropy: 'none', 'detached' (a diagnostic) or 'grad' (an entropy bonus in the loss).
+    value_head: PPO's critic on the policy's own trunk: the head reads the same final hidden
+    states the logits come from, so policy and value cost one forward."""
+    if value_head is None:
+        logits = completion_states(model, batch, share_prefix, _causal_lm)  # (B, T, V)
+    else:
+        hidden = completion_states(model.get_decoder(), batch, share_prefix, _backbone)  # (B, T, H)
+        logits = model.get_output_embeddings()(hidden)  # (B, T, V)
+    logp_all = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T, V)
+    logp = logp_all.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    ent = None
+    if entropy != "none":
+        with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
+            ent = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
+    values = value_head(hidden).squeeze(-1).float() if value_head is not None else None  # (B, T)
+    return PolicyForward(logp, ent, values)
+
+
 def completion_logprobs(
     model: torch.nn.Module, batch: Rollouts, temperature: float, with_entropy: bool = False,
     share_prefix: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """log pi(completion token | prefix) for every completion position.
+    """(logp (B, T), entropy (B, T) without grad or None): the reference's and the tests' view."""
+    out = policy_forward(model, batch, temperature, entropy="detached" if with_entropy else "none",
+                         share_prefix=share_prefix)
+    return out.logp, out.entropy
 
-    Returns logp (B, T) float32 (differentiable if grad is on) and, if asked, the policy's
-    per-token entropy (B, T) float32 without grad (a diagnostic, not a loss term here)."""
+
+def completion_values(decoder: torch.nn.Module, head: torch.nn.Module, batch: Rollouts, share_prefix: bool = True) -> Tensor:
+    """(B, T) float32 values from a separate critic: its own trunk (a decoder) and a scalar head."""
+    hidden = completion_states(decoder, batch, share_prefix, _backbone)  # (B, T, H)
+    return head(hidden).squeeze(-1).float()
+
+
+def completion_states(module, batch: Rollouts, share_prefix: bool, run) -> Tensor:  # (B, T, D)
+    """What ``module`` outputs at the T positions that predict the completion tokens: logits
+    (a *ForCausalLM, run=_causal_lm) or final hidden states (its decoder, run=_backbone)."""
     first, row_to_group = prompt_groups(batch) if share_prefix else (None, None)
     # With activation checkpointing, transformers turns the KV cache off, so share nothing then.
-    if first is not None and len(first) < len(batch) and not checkpointing(model):
-        logits = _logits_shared_prefix(model, batch, first, row_to_group)  # (B, T, V)
-    else:
-        logits = _logits_full(model, batch)  # (B, T, V)
-    logp_all = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T, V)
-    logp = logp_all.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
-    return logp, entropy
+    if first is not None and len(first) < len(batch) and not checkpointing(module):
+        return _shared_prefix(module, batch, first, row_to_group, run)
+    return _full(module, batch, run)
+
+
+def _causal_lm(model, keep: int, **kw):
+    """(logits of the last `keep` positions, cache). logits_to_keep skips the lm_head (a
+    576 x 49152 matmul per token) on positions we do not score."""
+    out = model(logits_to_keep=keep, **kw)
+    return out.logits, out.past_key_values
+
+
+def _backbone(decoder, keep: int, **kw):
+    """(final hidden states of the last `keep` positions (0 = all), cache)."""
+    out = decoder(**kw)
+    h = out.last_hidden_state
+    return (h[:, -keep:] if keep else h), out.past_key_values
 
 
 def checkpointing(model) -> bool:
@@ -67,29 +117,27 @@ def prompt_groups(batch: Rollouts) -> tuple[Tensor | None, Tensor | None]:
     return (first, row_to_group) if same else (None, None)
 
 
-def _logits_full(model, batch: Rollouts) -> Tensor:  # (B, T, V)
+def _full(module, batch: Rollouts, run) -> Tensor:  # (B, T, D)
     T = batch.completion_ids.shape[1]
     ids, attn = batch.input_ids(), batch.attention_mask()  # (B, P+T) each
-    # Only the last T+1 positions' logits are needed: position P-1+t predicts completion token t.
-    # logits_to_keep skips the lm_head (a 576 x 49152 matmul per token) on the prompt.
-    out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn), logits_to_keep=T + 1, use_cache=False)
-    return out.logits[:, :-1, :]
+    # Position P-1+t predicts completion token t: the last T+1 positions, minus the very last.
+    states, _ = run(module, T + 1, input_ids=ids, attention_mask=attn, position_ids=position_ids(attn), use_cache=False)
+    return states[:, :-1, :]
 
 
-def _logits_shared_prefix(model, batch: Rollouts, first: Tensor, row_to_group: Tensor) -> Tensor:  # (B, T, V)
+def _shared_prefix(module, batch: Rollouts, first: Tensor, row_to_group: Tensor, run) -> Tensor:  # (B, T, D)
     T = batch.completion_ids.shape[1]
     p_ids, p_mask = batch.prompt_ids[first], batch.prompt_mask[first]  # (G, P) each
-    # 1. Each distinct prompt once. Its last position's logits predict completion token 0.
-    out_p = model(input_ids=p_ids, attention_mask=p_mask.long(), position_ids=position_ids(p_mask),
-                  use_cache=True, logits_to_keep=1)
-    cache = out_p.past_key_values
+    # 1. Each distinct prompt once. Its last position predicts completion token 0.
+    first_states, cache = run(module, 1, input_ids=p_ids, attention_mask=p_mask.long(),
+                              position_ids=position_ids(p_mask), use_cache=True)
     cache.batch_select_indices(row_to_group)  # (G, ...) -> (B, ...) rows; differentiable indexing
-    first_logits = out_p.logits[row_to_group]  # (B, 1, V)
+    first_states = first_states[row_to_group]  # (B, 1, D)
     if T == 1:
-        return first_logits
+        return first_states
     # 2. The completions (all but the last token, which predicts nothing we score) on top of it.
     attn = batch.attention_mask()[:, :-1]  # (B, P+T-1)
     pos = position_ids(attn)[:, -(T - 1):]  # (B, T-1): positions continue after each prompt
-    out_c = model(input_ids=batch.completion_ids[:, :-1], attention_mask=attn, position_ids=pos,
-                  past_key_values=cache, use_cache=True)
-    return torch.cat([first_logits, out_c.logits], dim=1)  # (B, T, V)
+    states, _ = run(module, 0, input_ids=batch.completion_ids[:, :-1], attention_mask=attn, position_ids=pos,
+                    past_key_values=cache, use_cache=True)
+    return torch.cat([first_states, states], dim=1)  # (B, T, D)

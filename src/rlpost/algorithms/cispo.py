@@ -32,6 +32,7 @@ class CISPO:
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
+    kl_estimator: core.KLEstimator = core.kl_k3
     scale_by_std: bool = True
     aggregate: core.Aggregator = core.token_mean
 
@@ -52,6 +53,6 @@ class CISPO:
         metrics = {"actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
                    "actor/is_weight_clipfrac": core.masked_mean(out_of_range, mask).item()}
         if self.kl_coef > 0:
-            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, self.aggregate)
+            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, self.aggregate, self.kl_estimator)
             loss = loss + self.kl_coef * kl_loss
         return loss, metrics

@@ -78,6 +78,34 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return log_r.exp() - 1.0 - log_r
 
 
+KLEstimator = Callable[[Tensor, Tensor], Tensor]  # (logp, ref_logp) -> per-token KL estimate (B, T)
+KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+# --- token-level rewards (KL in the reward: InstructGPT, PPO, REINFORCE++) --------------------
+
+
+def last_token(mask: Tensor) -> Tensor:
+    """(B, T) bool: True on each row's last loss token (no True in an all-masked row)."""
+    m = mask.long()
+    idx = (m.cumsum(1) * m).argmax(1)  # (B,) column of the last 1 (0 for an empty row)
+    return torch.zeros_like(mask).scatter_(1, idx[:, None], True) & mask
+
+
+def token_rewards(score: Tensor, mask: Tensor, kl_tok: Tensor | None = None, kl_coef: float = 0.0) -> Tensor:
+    """(B, T): the sequence score on the last loss token, minus kl_coef * KL on every loss token
+    (Ziegler et al. 2019; Ouyang et al. 2022, Eq. 2)."""
+    r = score[:, None] * last_token(mask).to(score.dtype)  # (B, T)
+    if kl_tok is not None and kl_coef > 0:
+        r = r - kl_coef * kl_tok.detach() * mask.to(score.dtype)
+    return r
+
+
+def returns_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """(B, T) sum_{s >= t} gamma^(s-t) r_s over loss tokens: GAE with V = 0 and lambda = 1."""
+    return gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)[0]
+
+
 # --- group baselines (sequence level: one value per completion) ------------------------------
 
 
@@ -109,6 +137,13 @@ def token_advantages(adv_seq: Tensor, mask: Tensor) -> tuple[Tensor, dict]:
 def whiten(adv: Tensor, eps: float = 1e-6) -> Tensor:
     """(a - mean) / std over the whole batch (REINFORCE++'s global normalisation)."""
     return (adv - adv.mean()) / (adv.std() + eps)  # same shape as adv
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
+    """(x - mean) / std over the loss tokens only (B, T); 0 off the mask. PPO's advantage whitening."""
+    mean = masked_mean(x, mask)  # ()
+    var = masked_mean((x - mean) ** 2, mask)  # ()
+    return (x - mean) / (var.sqrt() + eps) * mask.to(x.dtype)  # (B, T)
 
 
 def group_mean_batch_std(reward: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:

@@ -28,6 +28,7 @@ class DrGRPO:
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
+    kl_estimator: core.KLEstimator = core.kl_k3
 
     @property
     def needs_reference(self) -> bool:
@@ -39,4 +40,4 @@ class DrGRPO:
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         const = partial(core.const_norm, max_len=self.max_new_tokens)  # sum / (B * max_new_tokens)
-        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, const)
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, const, self.kl_estimator)

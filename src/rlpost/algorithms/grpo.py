@@ -57,6 +57,7 @@ class GRPO:
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     aggregate: core.Aggregator = core.token_mean
+    kl_estimator: core.KLEstimator = core.kl_k3
 
     @property
     def needs_reference(self) -> bool:
@@ -78,13 +79,15 @@ class GRPO:
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         """Scalar loss for this (micro-)batch, already normalised by mini-batch totals."""
-        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate)
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate,
+                                    self.kl_estimator)
 
 
 def clipped_loss_with_kl(
-    logp: Tensor, batch: Rollouts, eps_low: float, eps_high: float, kl_coef: float, aggregate: core.Aggregator
+    logp: Tensor, batch: Rollouts, eps_low: float, eps_high: float, kl_coef: float, aggregate: core.Aggregator,
+    kl_estimator: core.KLEstimator = core.kl_k3,
 ) -> tuple[Tensor, dict]:
-    """GRPO's loss: clipped surrogate on batch.advantages, plus kl_coef * k3 KL to the reference.
+    """GRPO's loss: clipped surrogate on batch.advantages, plus kl_coef * KL to the reference (k3 by default).
     RLOO and the other group-baseline methods reuse it with their own advantages."""
     mask = batch.completion_mask
     agg = partial(aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
@@ -99,15 +102,16 @@ def clipped_loss_with_kl(
         "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
     }
     if kl_coef > 0:
-        kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, aggregate)
+        kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, aggregate, kl_estimator)
         loss = loss + kl_coef * kl_loss  # ()
     return loss, metrics
 
 
-def kl_in_loss(logp: Tensor, batch: Rollouts, aggregate: core.Aggregator) -> tuple[Tensor, float]:
-    """GRPO's KL anchor: k3 KL(pi || pi_ref) per token, aggregated like the policy loss.
+def kl_in_loss(logp: Tensor, batch: Rollouts, aggregate: core.Aggregator,
+               estimator: core.KLEstimator = core.kl_k3) -> tuple[Tensor, float]:
+    """GRPO's KL anchor: KL(pi || pi_ref) per token (k3 in the paper), aggregated like the policy loss.
     Returns (the term to scale by kl_coef, its token mean for the actor/kl metric)."""
     mask = batch.completion_mask
-    kl_tok = core.kl_k3(logp, batch.ref_logp)  # (B, T)
+    kl_tok = estimator(logp, batch.ref_logp)  # (B, T)
     term = aggregate(kl_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
     return term, core.masked_mean(kl_tok.detach(), mask).item()

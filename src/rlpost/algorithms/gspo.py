@@ -35,6 +35,7 @@ class GSPO:
     clip_eps_low: float = 3e-4
     clip_eps_high: float = 4e-4
     kl_coef: float = 0.0
+    kl_estimator: core.KLEstimator = core.kl_k3
     scale_by_std: bool = True
 
     @property
@@ -56,6 +57,6 @@ class GSPO:
                    "actor/pg_clipfrac": (clipped < s * adv_seq).float().mean().item(),
                    "actor/seq_ratio_max": s.detach().max().item()}
         if self.kl_coef > 0:  # per sequence, like its policy loss
-            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, core.seq_mean_token_mean)
+            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, core.seq_mean_token_mean, self.kl_estimator)
             loss = loss + self.kl_coef * kl_loss
         return loss, metrics

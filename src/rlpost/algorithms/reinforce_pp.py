@@ -3,8 +3,11 @@
 Patch over REINFORCE: PPO's clipped surrogate (so a batch may be reused for several optimizer
 steps), and advantages normalised across the *whole batch* instead of per prompt: every loss
 token's advantage A = r of its sequence, then A <- (A - mean) / std over all loss tokens of the
-batch. No per-group baseline and no critic, so no bias from small groups. The optional k3 KL
-term is GRPO's, reused (the paper also allows KL in the reward; that lands with PPO).
+batch. No per-group baseline and no critic, so no bias from small groups.
+
+KL, as in the paper, is a per-token penalty in the reward (k1 by default): each token's reward
+is -kl_coef * KL_t, plus the score on the last token; a token's advantage is then its return to
+go (the sum of the rewards from it on), whitened over the batch. So KL is not in the loss.
 """
 
 from __future__ import annotations
@@ -32,14 +35,27 @@ class ReinforcePP:
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     aggregate: core.Aggregator = core.token_mean
+    kl_estimator: core.KLEstimator = core.kl_k1
 
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
+    @property
+    def needs_old_logp(self) -> bool:  # the KL reward is measured under the sampling weights
+        return self.kl_coef > 0
+
     def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
-        adv_tok = global_token_whitened(batch.reward, batch.completion_mask)  # (B, T)
-        return adv_tok, {"critic/advantages/max": adv_tok.max().item()}
+        mask = batch.completion_mask
+        if self.kl_coef == 0:
+            adv_tok = global_token_whitened(batch.reward, mask)  # (B, T)
+            return adv_tok, {"critic/advantages/max": adv_tok.max().item()}
+        kl_tok = self.kl_estimator(batch.old_logp, batch.ref_logp) * mask  # (B, T)
+        rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef)  # (B, T)
+        adv_tok = core.masked_whiten(core.returns_to_go(rewards, mask), mask)  # (B, T)
+        return adv_tok, {"critic/advantages/max": adv_tok.max().item(), "critic/kl": core.masked_mean(kl_tok, mask).item(),
+                         "critic/kl_coef": self.kl_coef}
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
-        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate)
+        # kl_coef=0 here: the KL is already in the advantages.
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, 0.0, self.aggregate)

@@ -33,6 +33,7 @@ class RLOO:
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
+    kl_estimator: core.KLEstimator = core.kl_k3
     aggregate: core.Aggregator = core.token_mean
 
     @property
@@ -44,4 +45,5 @@ class RLOO:
         return core.token_advantages(adv_seq, batch.completion_mask)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
-        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate)
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate,
+                                    self.kl_estimator)

@@ -50,7 +50,7 @@ class RunLog:
             f.write(json.dumps(line) + "\n")
         self.history.append(line)
         with open(self.dir / "samples" / f"step_{step:06d}.jsonl", "w") as f:
-            for row, completion, reward in zip(batch.rows, batch.completions, batch.reward.tolist()):
+            for row, completion, reward in zip(batch.rows, batch.completions, batch.reward.tolist()) if batch else ():
                 prompt = row["messages"][-1]["content"]
                 f.write(json.dumps({"prompt": prompt, "completion": completion, "reward": reward,
                                     "answer": row.get("answer")}) + "\n")

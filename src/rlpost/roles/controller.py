@@ -1,7 +1,8 @@
 """Controller role: builds the other five roles and runs the loop.
 
-``train`` is the whole algorithm-independent RL loop, visible in one function: rollout ->
-verifier -> reference -> algorithm (advantages) -> trainer (update with the algorithm's loss) ->
+``train`` is the whole algorithm-independent RL loop: ``collect`` (rollout -> verifier, with
+DAPO's group filtering and refill) -> reference -> trainer's old log-probs and values (when the
+advantages need them) -> algorithm (advantages) -> trainer (update with the algorithm's loss) ->
 weight sync. Every role is called through one or two verbs on objects that hold no reference to
 each other, so any of them can later live behind a process boundary without touching the loop.
 Wall-clock per role goes into ``timing_s/<role>``.
@@ -23,12 +24,14 @@ from pathlib import Path
 import torch
 
 from rlpost import algorithms, checkpoint, config
+from rlpost.algorithms import core, dapo
 from rlpost.batch import Rollouts
 from rlpost.data import PromptStream
 from rlpost.envs import Task, build_task
 from rlpost.envs.runner import VerifierRunner
 from rlpost.models import load_policy
 from rlpost.observe.runlog import RunLog, closing_table
+from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
 from rlpost.roles.rollout_hf import HFRollout
 from rlpost.roles.trainer import Trainer
@@ -66,9 +69,11 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     if weights is not None:
         loaded.model.load_state_dict(weights)
     rollout = HFRollout(copy.deepcopy(loaded.model), loaded.tokenizer, dtype=DTYPES[cfg.rollout.dtype])
+    critic = Critic(loaded.model, cfg.algo.critic) if algorithms.flag(algo, "needs_values") else None
     trainer = Trainer(
         loaded.model, cfg.trainer, cfg.rollout.temperature, d.mini_batch_size, d.micro_batch_size,
-        d.optimizer_steps, cfg.model.gradient_checkpointing,
+        d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic, critic_lr=cfg.algo.critic_lr,
+        entropy_grad=cfg.algo.entropy_coef > 0,
     )
     return Roles(rollout, VerifierRunner(verifier_path, cfg.task.verifier_timeout_s), reference, algo, trainer)
 
@@ -106,6 +111,74 @@ def batch_metrics(batch: Rollouts) -> dict:
     }
 
 
+def collect(roles: Roles, stream: PromptStream, cfg: config.Config, step: int, timings: dict) -> tuple[Rollouts, dict]:
+    """Generate and score one rollout batch, with the reward shaping and group filtering asked for.
+
+    With group filtering (DAPO's dynamic sampling) groups that carry no signal are dropped and more
+    prompts are generated, at most ``max_refill_rounds`` extra times, until ``prompts_per_step``
+    groups are kept; the surplus of the last round is cut. If still short, the step trains on the
+    groups it has (an empty batch skips the update)."""
+    r, a, K = cfg.rollout, cfg.algo, cfg.rollout.group_size
+    filtering = r.filter_groups or algorithms.flag(roles.algo, "filters_groups")
+    kept, n_kept, rounds, metrics, first = [], 0, 0, {}, None
+    while True:
+        with timed("gen", timings):
+            b = roles.rollout.generate(stream.next(), n=K, temperature=r.temperature, top_p=r.top_p,
+                                       max_new_tokens=r.max_new_tokens)
+            b.policy_version = step - 1
+        with timed("reward", timings):
+            b.reward, b.infos, v_metrics = roles.verifier.score(b)
+        for k, v in v_metrics.items():  # counts add up over refill rounds
+            metrics[k] = metrics.get(k, 0) + v if not k.startswith("timing_s") else v
+        if a.overlong_buffer > 0:  # DAPO's soft overlong penalty, part of the reward from here on
+            penalty = dapo.overlong_penalty(b.completion_mask.sum(1), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+            b.reward = b.reward + penalty
+            metrics["reward/overlong_penalty_mean"] = penalty.mean().item()
+        first = first or batch_metrics(b)  # what the policy produced, before any filtering
+        if not filtering:
+            return b, {**metrics, **first}
+        keep = dapo.keep_groups(b.reward, K, r.filter_min_pass_rate, r.filter_max_pass_rate)  # (n_prompts,)
+        kept.append(b.select(keep.repeat_interleave(K).nonzero().squeeze(1)))
+        n_kept += int(keep.sum())
+        if rounds == 0:
+            metrics["rollout/kept_groups_frac"] = keep.float().mean().item()
+        if n_kept >= r.prompts_per_step or rounds >= r.max_refill_rounds:
+            break
+        rounds += 1
+    batch = Rollouts.cat(kept)
+    batch = batch.select(slice(0, r.prompts_per_step * K))  # whole groups: every part holds whole groups
+    metrics.update({"rollout/refill_rounds": rounds, "rollout/groups_trained": len(batch) // K,
+                    "reward/mean_before_filter": first["reward/mean"]})
+    return batch, {**metrics, **(batch_metrics(batch) if len(batch) else first)}
+
+
+def loss_setup(cfg: config.Config, roles: Roles, state: dict):
+    """(the loss the trainer minimises, the adaptive KL controller or None, whether the trainer's
+    old log-probs are needed before the advantages)."""
+    a = cfg.algo
+    loss_fn = roles.algo.loss
+    if a.entropy_coef > 0:
+        loss_fn = algorithms.with_entropy_bonus(loss_fn, a.entropy_coef, algorithms.aggregator(a.loss_agg, cfg.rollout.max_new_tokens))
+    kl_ctl = core.AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target > 0 else None
+    if kl_ctl and state.get("kl_coef") is not None:  # resume: continue from the adapted coefficient
+        kl_ctl.coef = roles.algo.kl_coef = state["kl_coef"]
+    # Old log-probs (and values) are needed before the advantages when the KL is in the reward,
+    # for a critic, for TIS, and to measure the KL that adaptive control tracks.
+    early_old = any(algorithms.flag(roles.algo, f) for f in ("needs_old_logp", "needs_values")) or a.tis_cap > 0 or kl_ctl is not None
+    return loss_fn, kl_ctl, early_old
+
+
+def apply_tis(batch: Rollouts, cap: float, level: str) -> dict:
+    """Truncated importance sampling: scale advantages by min(pi_old / pi_sampler, cap). Folding the
+    (gradient-free, non-negative) weight into the advantage is exact for every loss here."""
+    w = core.truncated_is_weight(batch.old_logp, batch.sampler_logp, batch.completion_mask, cap, level)  # (B, T)
+    batch.advantages = batch.advantages * w
+    mask = batch.completion_mask
+    raw = (batch.old_logp - batch.sampler_logp).exp()
+    return {"actor/tis_weight_mean": core.masked_mean(w, mask).item(),
+            "actor/tis_capped_frac": core.masked_mean((raw > cap).float(), mask).item()}
+
+
 def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | None = None) -> dict:
     """The RL loop. Returns the run summary (also written to run_dir/summary.json).
 
@@ -134,21 +207,33 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
         say(f"held-out accuracy before training: {before:.3f}")
     log.begin()
+    loss_fn, kl_ctl, early_old = loss_setup(cfg, roles, state)
+    log.begin()
     for step in range(start + 1, cfg.run.steps + 1):
         timings: dict = {}
-        with timed("gen", timings):
-            batch = roles.rollout.generate(stream.next(), n=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
-                                           top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens)
-            batch.policy_version = step - 1
-        with timed("reward", timings):
-            batch.reward, batch.infos, v_metrics = roles.verifier.score(batch)
+        batch, c_metrics = collect(roles, stream, cfg, step, timings)
+        if len(batch) == 0:  # every group was filtered out, even after refills: nothing to learn from
+            log.step(step, {**c_metrics, **timings, "timing_s/step": sum(timings.values())}, None)
+            continue
         if roles.reference is not None:
             with timed("ref", timings):
                 batch.ref_logp = roles.reference.logprobs(batch)
+        if early_old:
+            with timed("old", timings):
+                batch.old_logp, batch.old_values = roles.trainer.recompute(batch)
         with timed("adv", timings):
             batch.advantages, a_metrics = roles.algo.advantages(batch)
+            if cfg.algo.tis_cap > 0:
+                a_metrics.update(apply_tis(batch, cfg.algo.tis_cap, cfg.algo.tis_level))
+            if cfg.algo.overlong_filter:  # after the advantages: truncated rows still count in their group
+                batch.completion_mask = batch.completion_mask & ~batch.truncated[:, None]
+                batch.advantages = batch.advantages * batch.completion_mask
         with timed("update", timings):
-            u_metrics = roles.trainer.update(batch, roles.algo.loss)
+            u_metrics = roles.trainer.update(batch, loss_fn)
+        if kl_ctl:
+            measured = u_metrics.get("actor/kl", a_metrics.get("critic/kl"))
+            roles.algo.kl_coef = kl_ctl.update(measured, len(batch))
+            u_metrics["actor/kl_coef"] = roles.algo.kl_coef
         with timed("sync", timings):
             roles.rollout.load_weights(roles.trainer.weights())
         if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step != cfg.run.steps:
@@ -158,10 +243,9 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         tokens = float(batch.completion_mask.sum() + batch.prompt_mask.sum())
         perf = {"perf/throughput": tokens / timings["timing_s/step"],
                 "perf/gen_tokens_per_s": float(batch.completion_mask.sum()) / timings["timing_s/gen"]}
-        log.step(step, {**batch_metrics(batch), **v_metrics, **a_metrics, **u_metrics, **timings, **perf,
-                        "training/epoch": stream.epoch}, batch)
+        log.step(step, {**c_metrics, **a_metrics, **u_metrics, **timings, **perf, "training/epoch": stream.epoch}, batch)
         if step == cfg.run.steps or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
-            save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed())
+            save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed(), kl_ctl)
         _test_fault_hook(step)
     log.close()
     say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
@@ -180,9 +264,9 @@ def say(message: str) -> None:
 
 
 def save_checkpoint(run_dir: Path, cfg, step: int, roles: Roles, stream: PromptStream, before: float,
-                    minutes: float) -> None:
+                    minutes: float, kl_ctl=None) -> None:
     state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
-             "heldout_before": before, "minutes": minutes,
+             "heldout_before": before, "minutes": minutes, "kl_coef": kl_ctl.coef if kl_ctl else None,
              "algo": roles.algo.state_dict() if hasattr(roles.algo, "state_dict") else None}
     checkpoint.save(run_dir, step, roles.trainer.weights(), roles.trainer.state_dict(), state, cfg.run.keep_checkpoints)
 

@@ -1,0 +1,106 @@
+"""PPO for language models (Schulman et al. 2017, arXiv:1707.06347; the RLHF form of Ziegler et al.
+2019 and Ouyang et al. 2022 "InstructGPT").
+
+Patch over REINFORCE: a learned baseline and a trust region.
+1. A critic V(prefix) predicts the return from every prefix. It is a scalar head on a copy of the
+   policy's trunk (``algo.critic=separate``) or on the policy's own trunk (``shared``: one forward,
+   one model in memory, but policy and value gradients meet in the trunk). The trainer owns it
+   (roles/critic.py) and hands its values to ``loss``.
+2. Token-level rewards: the verifier's score sits on the last completion token; every token pays
+   kl_coef * KL(pi_old || pi_ref) (k1 by default) to the frozen reference: the KL lives in the
+   reward, not in the loss.
+3. GAE(gamma, lambda) turns rewards and the rollout-time values into per-token advantages and
+   returns (core.gae); advantages are whitened over the batch's loss tokens.
+4. The clipped surrogate lets one rollout batch feed several epochs x mini-batches of updates;
+   the value loss is clipped the same way around the rollout-time values.
+
+PPO needs old log-probs and old values *before* its advantages (for the KL reward and for GAE),
+so it sets needs_old_logp / needs_values, and the controller asks the trainer for both first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from rlpost.algorithms import core
+from rlpost.algorithms.grpo import clipped_pg_loss
+from rlpost.batch import Rollouts
+
+
+def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> tuple[Tensor, Tensor]:
+    """Per-token 0.5 * max((V - R)^2, (V_clipped - R)^2) with V_clipped = V_old + clip(V - V_old, +-clip)
+    (the PPO2 baselines form; clip = 0 gives the plain squared error). Returns (loss (B, T), clipped (B, T))."""
+    unclipped = (values - returns) ** 2  # (B, T)
+    if clip <= 0:
+        return 0.5 * unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    v_clipped = old_values + (values - old_values).clamp(-clip, clip)  # (B, T)
+    clipped = (v_clipped - returns) ** 2  # (B, T)
+    return 0.5 * torch.max(unclipped, clipped), clipped > unclipped
+
+
+@dataclass
+class PPO:
+    gamma: float = 1.0
+    lam: float = 1.0
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    value_clip: float = 0.2
+    vf_coef: float = 0.5
+    kl_coef: float = 0.0
+    kl_estimator: core.KLEstimator = core.kl_k1
+    whiten_advantages: bool = True
+    aggregate: core.Aggregator = core.token_mean
+    needs_old_logp: bool = field(default=True, init=False)
+    needs_values: bool = field(default=True, init=False)
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+        """GAE advantages (B, T); also writes batch.returns, the critic's regression target."""
+        mask = batch.completion_mask
+        kl_tok = self.kl_estimator(batch.old_logp, batch.ref_logp) * mask if self.kl_coef > 0 else None  # (B, T)
+        rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef)  # (B, T)
+        adv, batch.returns = core.gae(rewards, batch.old_values, mask, self.gamma, self.lam)  # (B, T) each
+        if self.whiten_advantages:
+            adv = core.masked_whiten(adv, mask)
+        metrics = {
+            "critic/advantages/mean": core.masked_mean(adv, mask).item(),
+            "critic/returns/mean": core.masked_mean(batch.returns, mask).item(),
+            "critic/values/mean": core.masked_mean(batch.old_values, mask).item(),
+            "critic/explained_variance": explained_variance(batch.old_values, batch.returns, mask),
+        }
+        if kl_tok is not None:
+            metrics["critic/kl"] = core.masked_mean(kl_tok, mask).item()  # per token, in the reward
+            metrics["critic/kl_coef"] = self.kl_coef
+        return adv, metrics
+
+    def loss(self, logp: Tensor, batch: Rollouts, values: Tensor) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        agg = partial(self.aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
+        pg_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask,
+                                                     self.clip_eps_low, self.clip_eps_high)  # (B, T) each
+        vf_tok, v_clipped = clipped_value_loss(values, batch.old_values, batch.returns, self.value_clip)  # (B, T)
+        loss = agg(pg_tok, mask) + self.vf_coef * agg(vf_tok, mask)  # ()
+        metrics = {
+            "actor/pg_loss": core.masked_mean(pg_tok.detach(), mask).item(),
+            "actor/pg_clipfrac": core.masked_mean(was_clipped.float(), mask).item(),
+            "actor/ppo_kl": core.masked_mean(batch.old_logp - logp.detach(), mask).item(),
+            "critic/vf_loss": core.masked_mean(vf_tok.detach(), mask).item(),
+            "critic/vf_clipfrac": core.masked_mean(v_clipped.float(), mask).item(),
+            "critic/vpred_mean": core.masked_mean(values.detach(), mask).item(),
+        }
+        return loss, metrics
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over loss tokens: 1 = perfect critic, 0 = no better than a constant."""
+    var_r = core.masked_mean((returns - core.masked_mean(returns, mask)) ** 2, mask)
+    resid = returns - values
+    var_resid = core.masked_mean((resid - core.masked_mean(resid, mask)) ** 2, mask)
+    return (1.0 - var_resid / var_r).item() if var_r > 0 else 0.0
