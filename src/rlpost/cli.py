@@ -3,6 +3,8 @@
   rlpost train [RECIPE.yaml] [section.key=value ...]   train (no recipe = the demo defaults)
   rlpost train --resume RUN_DIR [section.key=value ...] continue a run from its last checkpoint
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
+  rlpost report RUN_DIR [--out FILE]                    self-contained HTML report with plots
+  rlpost doctor RUN_DIR                                 training-health findings and the knob for each
 
 Bad input (config, model path) ends with one line on stderr naming what is wrong and exit
 status 2, never a traceback.
@@ -48,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("target", metavar="MODEL_OR_RUN_DIR", help="'embedded', 'tiny', a model folder, a hub id, or a run folder")
     e.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides")
     e.add_argument("--n", type=int, default=0, help="held-out problems to use (0 = all)")
+    r = sub.add_parser("report", help="write RUN_DIR/report.html: plots, health findings, samples")
+    r.add_argument("run_dir", metavar="RUN_DIR")
+    r.add_argument("--out", metavar="FILE", help="where to write the HTML (default RUN_DIR/report.html)")
+    d = sub.add_parser("doctor", help="what went wrong in a run, and which knob addresses it")
+    d.add_argument("run_dir", metavar="RUN_DIR")
+    d.add_argument("--json", action="store_true", help="findings as JSON")
     return p
 
 
@@ -56,9 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlpost.models import ModelLoadError
 
     try:
-        if args.command == "train":
-            return cmd_train(args)
-        return cmd_eval(args)
+        commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor}
+        return commands[args.command](args)
     except (config.ConfigError, ModelLoadError) as e:
         print(f"rlpost: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -118,6 +125,32 @@ def cmd_eval(args) -> int:
     acc = evaluate(roles, rows, cfg)
     roles.verifier.close()
     print(json.dumps({"target": str(args.target), "heldout_accuracy": acc, "n": len(rows)}))
+    return 0
+
+
+def _run_folder(path: str) -> Path:
+    run_dir = Path(path)
+    if not (run_dir / "metrics.jsonl").exists():
+        raise config.ConfigError(f"RUN_DIR {run_dir}: no metrics.jsonl there; is it a run folder?")
+    return run_dir
+
+
+def cmd_report(args) -> int:
+    from rlpost.observe.report import write_report
+
+    out = write_report(_run_folder(args.run_dir), args.out)
+    print(f"rlpost: report written to {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from rlpost.observe import diagnostics
+
+    run_dir = _run_folder(args.run_dir)
+    if args.json:
+        print(json.dumps(diagnostics.as_dicts(diagnostics.doctor(run_dir)[0])))
+    else:
+        print(diagnostics.doctor_text(run_dir))
     return 0
 
 

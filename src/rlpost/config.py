@@ -214,6 +214,8 @@ class RunConfig:
     """torch CPU threads; 0 = all cores"""
     progress: bool = True
     """show a progress bar with live metrics"""
+    loggers: str = ""
+    """extra metric sinks, comma-separated: console, tensorboard, wandb (offline by default), mlflow; metrics.jsonl is always written"""
 
 
 @dataclass(frozen=True)

@@ -138,3 +138,12 @@ def test_reported_metrics_do_not_depend_on_micro_batching(tiny):
         reports.append(tr.update(copy.deepcopy(batch), algo.loss))
     for key in ("actor/loss", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/pg_clipfrac"):
         assert math.isclose(reports[0][key], reports[1][key], rel_tol=1e-4, abs_tol=1e-7), key
+
+
+def test_ratio_histogram_bins():
+    from rlpost.roles.trainer import RATIO_EDGES, ratio_histogram
+
+    # 0.3 -> [0, 0.5); 1.0 twice -> [0.99, 1.01); 1.02 -> [1.01, 1.05); 3.0 -> [2, inf)
+    counts = ratio_histogram(torch.tensor([1.0, 1.0, 0.3, 3.0, 1.02]))
+    assert len(counts) == len(RATIO_EDGES) - 1 and sum(counts) == 5
+    assert counts[0] == 1 and counts[5] == 2 and counts[6] == 1 and counts[-1] == 1

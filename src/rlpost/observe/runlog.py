@@ -16,13 +16,17 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rlpost.checkpoint import write_atomic
+from rlpost.observe.diagnostics import Health
+from rlpost.observe.loggers import Loggers
 
 TIMING_PREFIXES = ("timing_s/", "perf/")  # wall-clock figures: differ run to run by nature
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, steps: int, start_step: int, progress: bool):
+    def __init__(self, run_dir: Path, steps: int, start_step: int, progress: bool, sinks: Loggers | None = None):
         self.dir = Path(run_dir)
+        self.sinks = sinks
+        self.health = Health(warn=lambda msg: tqdm.write(f"rlpost: {msg}", file=sys.stderr))
         (self.dir / "samples").mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.truncate_after(start_step)
@@ -46,6 +50,9 @@ class RunLog:
 
     def step(self, step: int, metrics: dict, batch) -> None:
         line = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
+        line.update(self.health.metrics(self.history + [line]))  # health/<check>: 1.0 once it fires
+        if self.sinks is not None:
+            self.sinks.log(step, line)
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(line) + "\n")
         self.history.append(line)
@@ -64,6 +71,8 @@ class RunLog:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        if self.sinks is not None:
+            self.sinks.close()
 
     def summary(self, before: float, after: float, minutes: float, extra: dict) -> dict:
         rewards = [h["reward/mean"] for h in self.history]
@@ -94,5 +103,7 @@ def closing_table(summary: dict) -> str:
 
 
 def _clean(v):
+    if isinstance(v, list):  # histograms: counts per bin
+        return [_clean(x) for x in v]
     v = float(v) if not isinstance(v, (int, float)) else v
     return None if isinstance(v, float) and not math.isfinite(v) else v

@@ -30,6 +30,8 @@ from rlpost.data import PromptStream
 from rlpost.envs import Task, build_task
 from rlpost.envs.runner import VerifierRunner
 from rlpost.models import load_policy
+from rlpost.observe.loggers import Loggers
+from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table
 from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
@@ -96,9 +98,13 @@ def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | No
     return sum(correct) / max(1, len(correct))
 
 
-def batch_metrics(batch: Rollouts) -> dict:
+def batch_metrics(batch: Rollouts, group_size: int) -> dict:
     length = batch.completion_mask.sum(1).float()  # (B,)
+    p = core.pass_rate(batch.reward, group_size)  # (n_prompts,) share of each group with reward >= 1
     return {
+        "reward/all_pass_frac": (p == 1).float().mean().item(),
+        "reward/all_fail_frac": (p == 0).float().mean().item(),
+        "reward/outside_band_frac": ((p == 0) | (p == 1)).float().mean().item(),  # p(1 - p) = 0
         "reward/mean": batch.reward.mean().item(),
         "reward/std": batch.reward.std().item() if len(batch) > 1 else 0.0,
         "reward/max": batch.reward.max().item(),
@@ -134,7 +140,7 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, step: int, t
             penalty = dapo.overlong_penalty(b.completion_mask.sum(1), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
             b.reward = b.reward + penalty
             metrics["reward/overlong_penalty_mean"] = penalty.mean().item()
-        first = first or batch_metrics(b)  # what the policy produced, before any filtering
+        first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
         if not filtering:
             return b, {**metrics, **first}
         keep = dapo.keep_groups(b.reward, K, r.filter_min_pass_rate, r.filter_max_pass_rate)  # (n_prompts,)
@@ -149,7 +155,7 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, step: int, t
     batch = batch.select(slice(0, r.prompts_per_step * K))  # whole groups: every part holds whole groups
     metrics.update({"rollout/refill_rounds": rounds, "rollout/groups_trained": len(batch) // K,
                     "reward/mean_before_filter": first["reward/mean"]})
-    return batch, {**metrics, **(batch_metrics(batch) if len(batch) else first)}
+    return batch, {**metrics, **(batch_metrics(batch, K) if len(batch) else first)}
 
 
 def loss_setup(cfg: config.Config, roles: Roles, state: dict):
@@ -184,6 +190,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
 
     ``task`` replaces the config's task family (library use: your own rows and verifier)."""
     torch.set_num_threads(cfg.run.threads or os.cpu_count())
+    sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here
     task = task or build_task(cfg)
     t_start = time.perf_counter()
     elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
@@ -200,7 +207,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         if state.get("algo") is not None:
             roles.algo.load_state_dict(state["algo"])
     start = state.get("step", 0)
-    log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress)
+    log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks)
     before = state.get("heldout_before")
     if before is None:
         say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
@@ -256,6 +263,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": len(heldout),
                                                    "peak_rss_gb": round(peak_rss_gb, 2)})
     print(closing_table(summary))
+    say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     return summary
 
 

@@ -43,6 +43,16 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
 
 
+# Bin edges of the importance-ratio histogram pi_trainer / pi_sampler (metric hist/sampler_ratio,
+# one count per bin between consecutive edges): a healthy run has nearly all tokens in 0.99-1.01.
+RATIO_EDGES = [0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.01, 1.05, 1.1, 1.25, 2.0, float("inf")]
+
+
+def ratio_histogram(ratio: Tensor) -> list[int]:
+    idx = torch.bucketize(ratio, torch.tensor(RATIO_EDGES[1:-1]), right=True)  # (n,) bin of each ratio
+    return torch.bincount(idx, minlength=len(RATIO_EDGES) - 1).tolist()
+
+
 class Trainer:
     def __init__(self, model: torch.nn.Module, tcfg, temperature: float, mini_batch_size: int,
                  micro_batch_size: int, total_optimizer_steps: int, gradient_checkpointing: bool = False,
@@ -121,9 +131,10 @@ class Trainer:
                     critic_norms.append(norms[1])
         # How far the sampler's recorded log-probs are from the trainer's under the same weights
         # (bf16 sampler vs float32 trainer): the silent mismatch the importance ratio would absorb.
-        diff = torch.cat(diffs)
-        sums["actor/logp_diff_sampler_mean"] = diff.mean().item() if diff.numel() else 0.0
-        sums["actor/logp_diff_sampler_max"] = diff.max().item() if diff.numel() else 0.0
+        diff = torch.cat(diffs)  # (n_tokens,) log pi_trainer - log pi_sampler
+        sums["actor/logp_diff_sampler_mean"] = diff.abs().mean().item() if diff.numel() else 0.0
+        sums["actor/logp_diff_sampler_max"] = diff.abs().max().item() if diff.numel() else 0.0
+        sums["hist/sampler_ratio"] = ratio_histogram(diff.exp())
         sums["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         sums["actor/lr"] = lr
         if critic_norms:
@@ -153,7 +164,7 @@ class Trainer:
             if first_epoch:
                 metrics["actor/entropy"] = masked_mean(entropy.detach(), mb.completion_mask).item()
                 if diffs is not None:
-                    diffs.append((mb.old_logp - mb.sampler_logp).abs()[mb.completion_mask])
+                    diffs.append((mb.old_logp - mb.sampler_logp)[mb.completion_mask])
             # The algorithm's metrics are per-token means: weight each by its micro-batch's token share.
             share = float(mb.completion_mask.sum()) / max(mini.norm_tokens, 1.0)
             for k, v in metrics.items():

@@ -1,0 +1,161 @@
+"""Training-health checks: the failure modes of RL post-training, read off the metric history.
+
+Each check is a pure function of the list of per-step metric dicts (metrics.jsonl, oldest first)
+that returns a Finding or None. The same functions run during training (``Health``: the
+findings become ``health/<name>`` metrics and one warning line each, the first time they fire)
+and afterwards (``rlpost doctor RUN_DIR``), so what the run warned about and what the doctor
+says never disagree. Thresholds are module constants, named and documented here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import median
+from typing import Callable
+
+# --- thresholds ------------------------------------------------------------------------------
+MISMATCH_MEAN = 0.05  # nats: mean |log pi_sampler - log pi_trainer| per token above this is a bug smell
+MISMATCH_MAX = 2.0  # nats: one token this far off means a different distribution, not rounding
+ENTROPY_COLLAPSE = 0.2  # mean entropy below this fraction of its early value
+KL_EXPLOSION = 1.0  # nats per token: far beyond any useful trust region
+KL_SPIKE = 10.0  # x the median KL of the steps before
+LENGTH_INFLATION = 2.0  # x the early mean response length ...
+TRUNCATION = 0.2  # ... together with this share of completions hitting the length cap
+PROXY_REWARD_GAIN = 0.05  # reward mean up by this much between two held-out evaluations ...
+PROXY_HELDOUT_DROP = 0.02  # ... while held-out accuracy fell by this much
+OUTSIDE_BAND = 0.8  # share of groups with pass rate 0 or 1 (no gradient from a group baseline)
+EARLY = 3  # steps averaged as the "early" reference value
+
+
+@dataclass
+class Finding:
+    name: str  # short id, also the health/<name> metric
+    step: int  # first step where it was seen
+    what: str  # what was measured
+    knob: str  # which setting addresses it
+
+
+def _series(history: list[dict], key: str) -> list[tuple[int, float]]:
+    return [(h["step"], h[key]) for h in history if h.get(key) is not None]
+
+
+def _early(points: list[tuple[int, float]]) -> float:
+    first = [v for _, v in points[:EARLY]]
+    return sum(first) / len(first)
+
+
+def sampler_mismatch(history: list[dict]) -> Finding | None:
+    for h in history:
+        mean, mx = h.get("actor/logp_diff_sampler_mean"), h.get("actor/logp_diff_sampler_max")
+        if (mean is not None and mean > MISMATCH_MEAN) or (mx is not None and mx > MISMATCH_MAX):
+            return Finding("sampler_mismatch", h["step"],
+                           f"sampler vs trainer log-prob gap: mean {mean:.3f}, max {mx:.3f} nats per token",
+                           "rollout.dtype=float32 (same precision as the trainer), or algo.tis_cap=2 to correct for it")
+    return None
+
+
+def entropy_collapse(history: list[dict]) -> Finding | None:
+    pts = _series(history, "actor/entropy")
+    if len(pts) <= EARLY:
+        return None
+    ref = _early(pts)
+    for step, v in pts[EARLY:]:
+        if ref > 0 and v < ENTROPY_COLLAPSE * ref:
+            return Finding("entropy_collapse", step, f"entropy {v:.3f} vs {ref:.3f} early (< {ENTROPY_COLLAPSE:.0%})",
+                           "algo.entropy_coef > 0, a higher rollout.temperature, or clip-higher (algo.clip_eps_high / dapo)")
+    return None
+
+
+def kl_explosion(history: list[dict]) -> Finding | None:
+    for key in ("actor/kl", "critic/kl", "actor/ppo_kl"):
+        pts = _series(history, key)
+        for i, (step, v) in enumerate(pts):
+            before = [abs(x) for _, x in pts[max(0, i - 10):i]]
+            spike = len(before) >= EARLY and median(before) > 0 and abs(v) > KL_SPIKE * median(before)
+            if abs(v) > KL_EXPLOSION or spike:
+                return Finding("kl_explosion", step, f"{key} = {v:.3f} (median of the steps before: "
+                               f"{median(before) if before else 0:.3f})",
+                               "a lower trainer.lr, a higher algo.kl_coef (or algo.kl_target), fewer trainer.epochs")
+    return None
+
+
+def length_inflation(history: list[dict]) -> Finding | None:
+    pts = _series(history, "response_length/mean")
+    if len(pts) <= EARLY:
+        return None
+    ref = _early(pts)
+    trunc = dict(_series(history, "response_length/clip_ratio"))
+    for step, v in pts[EARLY:]:
+        if v > LENGTH_INFLATION * ref and trunc.get(step, 0.0) > TRUNCATION:
+            return Finding("length_inflation", step, f"mean length {v:.1f} vs {ref:.1f} early, "
+                           f"{trunc[step]:.0%} truncated", "algo.overlong_buffer (soft penalty), algo.overlong_filter, "
+                           "or algo.name=dr_grpo (no length bias)")
+    return None
+
+
+def proxy_overfit(history: list[dict]) -> Finding | None:
+    evals = [(h["step"], h["eval/heldout_accuracy"]) for h in history if "eval/heldout_accuracy" in h]
+    reward = dict(_series(history, "reward/mean"))
+    for (s0, a0), (s1, a1) in zip(evals, evals[1:]):
+        r0 = sum(reward.get(s, 0.0) for s in range(max(1, s0 - 2), s0 + 1)) / 3
+        r1 = sum(reward.get(s, 0.0) for s in range(max(1, s1 - 2), s1 + 1)) / 3
+        if r1 - r0 > PROXY_REWARD_GAIN and a0 - a1 > PROXY_HELDOUT_DROP:
+            return Finding("proxy_overfit", s1, f"reward {r0:.3f} -> {r1:.3f} while held-out {a0:.3f} -> {a1:.3f}",
+                           "look at the samples for reward hacking; harden the verifier; a higher algo.kl_coef")
+    return None
+
+
+def outside_learnable_band(history: list[dict]) -> Finding | None:
+    pts = _series(history, "reward/outside_band_frac")
+    for step, v in pts[EARLY:] if len(pts) > EARLY else []:
+        if v > OUTSIDE_BAND and _early(pts) > OUTSIDE_BAND:
+            return Finding("outside_learnable_band", step, f"{v:.0%} of groups all-pass or all-fail: no signal from them",
+                           "algo.name=dapo or rollout.filter_groups=true; an easier or harder task mix")
+    return None
+
+
+CHECKS: list[Callable[[list[dict]], Finding | None]] = [
+    sampler_mismatch, entropy_collapse, kl_explosion, length_inflation, proxy_overfit, outside_learnable_band,
+]
+
+
+def diagnose(history: list[dict]) -> list[Finding]:
+    return [f for f in (check(history) for check in CHECKS) if f is not None]
+
+
+class Health:
+    """During training: health/<name> metrics every step, one warning line per new finding."""
+
+    def __init__(self, warn: Callable[[str], None]):
+        self.warn, self.seen = warn, set()
+
+    def metrics(self, history: list[dict]) -> dict:
+        found = {f.name: f for f in diagnose(history)}
+        for name, f in found.items():
+            if name not in self.seen:
+                self.seen.add(name)
+                self.warn(f"health: {f.what} (step {f.step}); try {f.knob}")
+        return {f"health/{check.__name__}": float(check.__name__ in found) for check in CHECKS}
+
+
+def doctor(run_dir: Path) -> tuple[list[Finding], int]:
+    """(findings, steps read) for a run folder's metrics.jsonl."""
+    path = Path(run_dir) / "metrics.jsonl"
+    history = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return diagnose(history), len(history)
+
+
+def doctor_text(run_dir: Path) -> str:
+    findings, n = doctor(run_dir)
+    if not findings:
+        return f"{run_dir}: {n} steps, no health problems found ({len(CHECKS)} checks)"
+    lines = [f"{run_dir}: {n} steps, {len(findings)} finding(s)"]
+    for f in findings:
+        lines += [f"- {f.name} (from step {f.step}): {f.what}", f"    knob: {f.knob}"]
+    return "\n".join(lines)
+
+
+def as_dicts(findings: list[Finding]) -> list[dict]:
+    return [asdict(f) for f in findings]

@@ -1,0 +1,172 @@
+"""`rlpost report RUN_DIR`: one self-contained HTML page (inline SVG plots, no external files or
+scripts) from what a run folder already holds: metrics.jsonl, summary.json, config.yaml and
+samples/. It can be written while the run is going (it reads only complete lines).
+
+Plots: reward and held-out accuracy; KL; entropy; response length and truncation; clip
+fractions; the sampler/trainer importance-ratio histogram; group reward std and the all-pass /
+all-fail shares; grad norm; throughput; wall-clock per role per step, stacked. Then the health
+findings (observe/diagnostics.py) and, for a few steps, the top-reward and random samples for a
+human audit.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import random
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: render to SVG text
+import matplotlib.pyplot as plt  # noqa: E402
+
+from rlpost.checkpoint import write_atomic  # noqa: E402
+from rlpost.observe.diagnostics import diagnose  # noqa: E402
+
+ROLES = ["gen", "reward", "ref", "old", "adv", "update", "sync", "eval"]  # timing_s/<role>, stacked in this order
+# (title, [(metric, label)], y label): one line plot each; a plot with no data is left out.
+LINE_PLOTS = [
+    ("KL to the reference", [("actor/kl", "in the loss"), ("critic/kl", "in the reward"),
+                             ("actor/ppo_kl", "old -> new (PPO)")], "nats / token"),
+    ("Policy entropy", [("actor/entropy", "mean entropy")], "nats / token"),
+    ("Response length", [("response_length/mean", "mean"), ("response_length/max", "max")], "tokens"),
+    ("Clip fractions", [("actor/pg_clipfrac", "PPO ratio clipped"), ("response_length/clip_ratio", "truncated"),
+                        ("actor/is_weight_clipfrac", "IS weight clipped (CISPO)")], "share"),
+    ("Group reward spread", [("reward/group_std", "group reward std"), ("reward/all_pass_frac", "all-pass groups"),
+                             ("reward/all_fail_frac", "all-fail groups")], ""),
+    ("Gradient norm (pre-clip)", [("actor/grad_norm", "policy"), ("critic/grad_norm", "critic")], ""),
+    ("Throughput", [("perf/gen_tokens_per_s", "generated tokens / s"), ("perf/throughput", "all tokens / s")], "tokens / s"),
+]
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog and doctype: inline in HTML
+
+
+def _series(history, key):
+    pts = [(h["step"], h[key]) for h in history if isinstance(h.get(key), (int, float))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def line_plot(history, title, keys, ylabel) -> str | None:
+    fig, ax = plt.subplots(figsize=(5.2, 3.0))
+    drawn = 0
+    for key, label in keys:
+        x, y = _series(history, key)
+        if x:
+            ax.plot(x, y, marker="." if len(x) < 40 else None, label=f"{label} ({key})")
+            drawn += 1
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set(title=title, xlabel="step", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _svg(fig)
+
+
+def reward_plot(history, summary) -> str:
+    fig, ax = plt.subplots(figsize=(5.2, 3.0))
+    x, y = _series(history, "reward/mean")
+    ax.plot(x, y, label="train reward (mean)")
+    ex, ey = _series(history, "eval/heldout_accuracy")
+    if summary:  # before training = step 0, after = the last step
+        ex = [0, *ex, summary.get("steps", x[-1] if x else 0)]
+        ey = [summary["heldout_accuracy_before"], *ey, summary["heldout_accuracy_after"]]
+    if ex:
+        ax.plot(ex, ey, marker="o", label="held-out accuracy (greedy)")
+    ax.set(title="Reward and held-out accuracy", xlabel="step", ylim=(-0.05, 1.05))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _svg(fig)
+
+
+def ratio_plot(history) -> str | None:
+    from rlpost.roles.trainer import RATIO_EDGES
+
+    hists = [h["hist/sampler_ratio"] for h in history if isinstance(h.get("hist/sampler_ratio"), list)]
+    if not hists:
+        return None
+    counts = [sum(c) for c in zip(*hists)]
+    labels = [f"{a:g}-{b:g}" for a, b in zip(RATIO_EDGES, RATIO_EDGES[1:])]
+    fig, ax = plt.subplots(figsize=(5.2, 3.0))
+    ax.bar(range(len(counts)), counts)
+    ax.set_xticks(range(len(counts)), labels, rotation=45, fontsize=7)
+    ax.set(title="pi_trainer / pi_sampler per token, all steps", ylabel="tokens", yscale="log")
+    return _svg(fig)
+
+
+def timing_plot(history) -> str | None:
+    steps = [h["step"] for h in history]
+    if not steps:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 3.0))
+    bottom = [0.0] * len(steps)
+    for role in ROLES:
+        vals = [h.get(f"timing_s/{role}", 0.0) or 0.0 for h in history]
+        if any(vals):
+            ax.bar(steps, vals, bottom=bottom, label=role, width=0.9)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set(title="Wall-clock per role per step", xlabel="step", ylabel="seconds")
+    ax.legend(fontsize=7, ncol=4)
+    return _svg(fig)
+
+
+def sample_section(run_dir: Path, history, n: int = 3, seed: int = 0) -> str:
+    steps = sorted({history[0]["step"], history[len(history) // 2]["step"], history[-1]["step"]}) if history else []
+    rng = random.Random(seed)
+    parts = []
+    for step in steps:
+        path = run_dir / "samples" / f"step_{step:06d}.jsonl"
+        if not path.exists():
+            continue
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+        top = sorted(rows, key=lambda r: -r["reward"])[:n]
+        rand = rng.sample(rows, min(n, len(rows)))
+        parts.append(f"<h3>step {step}</h3>" + _sample_table("top reward", top) + _sample_table("random", rand))
+    return "".join(parts) or "<p>no samples</p>"
+
+
+def _sample_table(title: str, rows: list[dict]) -> str:
+    body = "".join(f"<tr><td>{html.escape(str(r['prompt']))}</td><td><pre>{html.escape(str(r['completion']))}</pre></td>"
+                   f"<td>{html.escape(str(r.get('answer')))}</td><td>{r['reward']:.3f}</td></tr>" for r in rows)
+    return (f"<h4>{title}</h4><table><tr><th>prompt</th><th>completion</th><th>answer</th><th>reward</th></tr>"
+            f"{body}</table>")
+
+
+CSS = """body{font-family:sans-serif;max-width:1150px;margin:auto;padding:1em}
+.grid{display:flex;flex-wrap:wrap;gap:8px}.grid>div{flex:0 0 560px}svg{max-width:100%;height:auto}
+table{border-collapse:collapse;font-size:13px;margin-bottom:8px}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
+pre{margin:0;white-space:pre-wrap}.warn{color:#a40}"""
+
+
+def build_html(run_dir: Path) -> str:
+    run_dir = Path(run_dir)
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else None
+    plots = [reward_plot(history, summary), *(line_plot(history, *p) for p in LINE_PLOTS), ratio_plot(history),
+             timing_plot(history)]
+    findings = diagnose(history)
+    health = "".join(f"<li class='warn'><b>{f.name}</b> (step {f.step}): {html.escape(f.what)}<br>knob: "
+                      f"{html.escape(f.knob)}</li>" for f in findings) or "<li>no problems found</li>"
+    summary_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in (summary or {}).items())
+    config = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>rlpost report: {html.escape(run_dir.name)}</title>"
+            f"<style>{CSS}</style></head><body><h1>rlpost run {html.escape(run_dir.name)}</h1>"
+            f"<p>{len(history)} steps{'' if summary else ' (run in progress or stopped: no summary yet)'}</p>"
+            f"<table>{summary_rows}</table><h2>Health</h2><ul>{health}</ul><h2>Plots</h2><div class='grid'>"
+            + "".join(f"<div>{p}</div>" for p in plots if p)
+            + f"</div><h2>Samples</h2>{sample_section(run_dir, history)}"
+            f"<h2>Config</h2><pre>{html.escape(config)}</pre></body></html>")
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> Path:
+    out = Path(out) if out else Path(run_dir) / "report.html"
+    write_atomic(out, build_html(run_dir))
+    return out

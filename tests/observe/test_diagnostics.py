@@ -1,0 +1,56 @@
+"""Each health check fires on a constructed history showing its failure and stays quiet on a
+healthy one; `rlpost doctor` prints the finding and its knob."""
+
+import json
+
+from conftest import run_cli
+from rlpost.observe import diagnostics as dg
+
+
+def healthy(n=12):
+    return [{"step": s, "actor/logp_diff_sampler_mean": 0.01, "actor/logp_diff_sampler_max": 0.3,
+             "actor/entropy": 1.0 - 0.02 * s, "actor/kl": 0.01 + 0.001 * s, "response_length/mean": 8.0,
+             "response_length/clip_ratio": 0.01, "reward/mean": 0.3 + 0.02 * s, "reward/outside_band_frac": 0.4,
+             **({"eval/heldout_accuracy": 0.4 + 0.01 * s} if s % 4 == 0 else {})} for s in range(1, n + 1)]
+
+
+def test_a_healthy_run_has_no_findings():
+    assert dg.diagnose(healthy()) == []
+
+
+def test_each_check_fires_on_its_failure():
+    cases = {
+        "sampler_mismatch": lambda h: h[5].update({"actor/logp_diff_sampler_max": 3.5}),
+        "entropy_collapse": lambda h: h[8].update({"actor/entropy": 0.1}),  # < 20% of ~0.96 early
+        "kl_explosion": lambda h: h[9].update({"actor/kl": 0.3}),  # > 10 x median of the steps before (~0.015)
+        "length_inflation": lambda h: h[7].update({"response_length/mean": 20.0, "response_length/clip_ratio": 0.5}),
+        # held-out evaluations at steps 4, 8: reward up (means over steps 2-4 vs 6-8), accuracy down 0.44 -> 0.30
+        "proxy_overfit": lambda h: h[7].update({"eval/heldout_accuracy": 0.30}),
+        "outside_learnable_band": lambda h: [r.update({"reward/outside_band_frac": 0.95}) for r in h],
+    }
+    for name, breaks in cases.items():
+        h = healthy()
+        breaks(h)
+        found = [f.name for f in dg.diagnose(h)]
+        assert found == [name], (name, found)
+
+
+def test_health_metrics_warn_once():
+    warnings = []
+    health = dg.Health(warnings.append)
+    h = healthy()
+    h[5]["actor/logp_diff_sampler_mean"] = 0.2
+    for i in range(len(h)):
+        m = health.metrics(h[: i + 1])
+    assert m["health/sampler_mismatch"] == 1.0 and m["health/entropy_collapse"] == 0.0
+    assert len(warnings) == 1 and "rollout.dtype=float32" in warnings[0]
+
+
+def test_doctor_cli(tmp_path):
+    h = healthy()
+    h[9]["actor/kl"] = 2.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in h))
+    r = run_cli("doctor", str(tmp_path))
+    assert r.returncode == 0 and "kl_explosion (from step 10)" in r.stdout and "trainer.lr" in r.stdout
+    r = run_cli("doctor", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "no metrics.jsonl" in r.stderr

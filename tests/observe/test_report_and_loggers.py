@@ -1,0 +1,99 @@
+"""A real tiny run with every logger on: the same metrics reach TensorBoard and W&B (offline), and
+`rlpost report` writes a self-contained page that headless Chromium renders."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import TINY, run_cli
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    r = run_cli("train", *TINY, "run.steps=4", "run.eval_every=2", "algo.kl_coef=0.1", f"run.out_dir={out}",
+                "run.name=r", "run.loggers=console,tensorboard,wandb", "task.verifier=toy_verifiers:odd_length")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rlpost: step 4 reward/mean=" in r.stderr  # the console logger
+    return out / "r"
+
+
+def test_tensorboard_gets_the_jsonl_metrics(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    tb = {e.step: e.value for e in acc.Scalars("reward/mean")}
+    assert tb == pytest.approx({m["step"]: m["reward/mean"] for m in lines})
+    assert "actor/kl" in acc.Tags()["scalars"] and "health/kl_explosion" in acc.Tags()["scalars"]
+    assert "hist/sampler_ratio" in acc.Tags()["histograms"]
+
+
+def test_wandb_offline_run_is_written(run):
+    runs = list((run / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_unknown_or_missing_logger_is_a_config_error(tmp_path):
+    r = run_cli("train", *TINY, f"run.out_dir={tmp_path}", "run.loggers=tensorbored")
+    assert r.returncode == 2 and "run.loggers: unknown logger 'tensorbored'" in r.stderr
+
+
+def test_report_has_every_plot_and_samples(run):
+    r = run_cli("report", str(run))
+    assert r.returncode == 0, r.stderr
+    page = (run / "report.html").read_text()
+    assert "<script" not in page and "src=" not in page  # self-contained
+    for title in ("Reward and held-out accuracy", "KL to the reference", "Policy entropy", "Response length",
+                  "Clip fractions", "Group reward spread", "Gradient norm", "Throughput",
+                  "pi_trainer / pi_sampler", "Wall-clock per role per step"):
+        assert title in page, title
+    assert page.count("<svg") == 10  # reward, 7 line plots, ratio histogram, timing
+    assert "top reward" in page and "random" in page and "Health" in page
+
+
+def _chromium():
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if shutil.which("apt-get"):  # Debian: install it once; refresh the package lists if that fails
+        for cmd in (["apt-get", "install", "-y", "-q", "chromium"], ["apt-get", "update", "-q"],
+                    ["apt-get", "install", "-y", "-q", "chromium"]):
+            if shutil.which("chromium"):
+                break
+            subprocess.run(cmd, capture_output=True, timeout=900, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    return shutil.which("chromium")
+
+
+def test_report_renders_in_headless_chromium(run, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no Chromium and it could not be installed")
+    (run / "report.html").exists() or run_cli("report", str(run))
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          (run / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert len(re.findall(r"<svg", dom.stdout)) == 10  # the browser parsed every inline plot
+    shot = tmp_path / "report.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1200,2400", (run / "report.html").as_uri()], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 20_000  # a page with pictures, not a blank one
+
+
+def test_mlflow_file_store_gets_the_metrics(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    from conftest import tiny_cfg
+    from rlpost.roles.controller import train
+
+    train(tiny_cfg("run.loggers=mlflow", "run.steps=2", "task.verifier=toy_verifiers:odd_length"), tmp_path)
+    client = mlflow.tracking.MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    run = client.search_runs([client.get_experiment_by_name("rlpost").experiment_id])[0]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    got = [m.value for m in client.get_metric_history(run.info.run_id, "reward.mean")]
+    assert got == pytest.approx([m["reward/mean"] for m in lines])
+    assert run.data.params["rollout.group_size"] == "4"
