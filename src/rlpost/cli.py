@@ -5,6 +5,7 @@
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
   rlpost report RUN_DIR [--out FILE]                    self-contained HTML report with plots
   rlpost doctor RUN_DIR                                 training-health findings and the knob for each
+  rlpost plan [--model M | --params 7B | --from RUN_DIR] ...   memory and step-time estimate
 
 Bad input (config, model path) ends with one line on stderr naming what is wrong and exit
 status 2, never a traceback.
@@ -56,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="what went wrong in a run, and which knob addresses it")
     d.add_argument("run_dir", metavar="RUN_DIR")
     d.add_argument("--json", action="store_true", help="findings as JSON")
+    from rlpost.observe import planner
+
+    planner.add_arguments(sub.add_parser("plan", help="estimate memory and step time (vs a measured run with --from)",
+                                         description=planner.__doc__.split("\n\n")[0]))
     return p
 
 
@@ -64,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlpost.models import ModelLoadError
 
     try:
-        commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor}
+        commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor, "plan": cmd_plan}
         return commands[args.command](args)
     except (config.ConfigError, ModelLoadError) as e:
         print(f"rlpost: error: {e}", file=sys.stderr)
@@ -152,6 +157,12 @@ def cmd_doctor(args) -> int:
     else:
         print(diagnostics.doctor_text(run_dir))
     return 0
+
+
+def cmd_plan(args) -> int:
+    from rlpost.observe import planner
+
+    return planner.run(args)
 
 
 if __name__ == "__main__":

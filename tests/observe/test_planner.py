@@ -1,0 +1,242 @@
+"""The planner's formulas, checked by hand, and its calibration against a (fake) run folder.
+
+No model is loaded and nothing is timed: every figure here is arithmetic on shapes."""
+
+import argparse
+import json
+from dataclasses import replace
+
+import pytest
+
+from rlpost import config
+from rlpost.config import ConfigError
+from rlpost.observe import planner
+from rlpost.observe.planner import CPU, EMBEDDED, GPUS, Shape, Workload
+
+GiB = 2**30
+
+
+def args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    planner.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+# --- parameter counts -------------------------------------------------------------------------
+
+
+def test_embedded_param_count_is_smollm2_135m():
+    # embedding 49152 x 576                                      = 28,311,552 (tied: also the lm_head)
+    # per layer: q, o 576 x 576 = 331,776 each; k, v 576 x 192 = 110,592 each  -> 884,736
+    #            gate, up, down 3 x 576 x 1536                                -> 2,654,208
+    #            2 RMSNorms 2 x 576                                           -> 1,152
+    #            = 3,540,096; x 30 layers                                     = 106,202,880
+    # final norm 576;  total 28,311,552 + 106,202,880 + 576                   = 134,515,008
+    assert EMBEDDED.params == 134_515_008
+    assert abs(EMBEDDED.params - 134.5e6) / 134.5e6 < 0.01
+
+
+def test_config_json_gives_the_same_count(tmp_path):
+    cfg = {"num_hidden_layers": 30, "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert planner.resolve_model(str(tmp_path)) == EMBEDDED
+    # untied: one more 49152 x 576 matrix
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    assert planner.resolve_model(str(tmp_path)).params == 134_515_008 + 28_311_552
+
+
+def test_params_size_string_gives_a_7b_shape():
+    assert planner.parse_size("135M") == 135e6 and planner.parse_size("1.5B") == 1.5e9
+    # d = 128 x 32 = 4096, f = ceil(8 x 4096 / 3 / 256) x 256 = 11008, vocab 32000, untied:
+    # embeddings 2 x 32000 x 4096 = 262,144,000; per layer 4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096
+    # = 202,383,360, x 32 = 6,476,267,520; final norm 4,096 -> 6,738,415,616 (LLaMA-2 7B), 3.7% under 7e9
+    shape = planner.shape_from_size(planner.parse_size("7B"))
+    assert (shape.layers, shape.hidden, shape.intermediate) == (32, 4096, 11008)
+    assert shape.params == 6_738_415_616
+    assert abs(shape.params - 7e9) / 7e9 < 0.10
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+
+def test_adamw_is_8_bytes_per_param_and_weights_grads_4():
+    mem = planner.memory(EMBEDDED, Workload(), CPU)
+    P = 134_515_008
+    assert mem["adamw"] == 8 * P  # exp_avg + exp_avg_sq, fp32 each
+    assert mem["weights"] == mem["grads"] == 4 * P
+    assert mem["sampler"] == 2 * P  # bf16 sampler copy
+    assert planner.memory(EMBEDDED, Workload(sampler_bf16=False), CPU)["sampler"] == 4 * P
+
+
+def test_fsdp_divides_sharded_states_by_n():
+    w = Workload(reference=True, critic="separate", early_old=True, prompts=32)
+    one, eight = planner.memory(EMBEDDED, w, GPUS["h100"], 1), planner.memory(EMBEDDED, w, GPUS["h100"], 8)
+    for k in ("weights", "grads", "adamw", "reference", "critic"):
+        assert eight[k] == pytest.approx(one[k] / 8), k
+    assert eight["sampler"] == one["sampler"]  # the sampler keeps a full copy on every GPU
+    assert eight["kv_cache"] == pytest.approx(one["kv_cache"] / 8)  # and generates B / 8 rows
+
+
+def test_kv_cache_hand_worked():
+    # 2 layers, 2 kv heads of 64 / 4 = 16 dims -> kv_dim 32; 3 rows of 6 + 4 = 10 tokens, bf16:
+    # 2 (K and V) x 2 layers x 32 x 10 tokens x 3 rows x 2 bytes = 7,680 bytes
+    s = Shape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=76, tied=True)
+    assert planner.kv_cache_bytes(s, rows=3, ctx=10, bytes_per=2) == 7680
+    w = Workload(prompts=1, group=3, prompt_len=6, new_tokens=4)
+    assert planner.memory(s, w, CPU)["kv_cache"] == 7680
+
+
+def test_logits_are_16_bytes_per_vocab_entry():
+    # micro-batch 32 rows x 16 scored positions x 49152 vocab x 16 B = 402,653,184 B = 0.375 GiB
+    mem = planner.memory(EMBEDDED, Workload(), CPU)
+    assert mem["logits"] == 32 * 16 * 49152 * 16
+    assert mem["logits"] / GiB == pytest.approx(0.375)
+
+
+def test_reference_and_critic_appear_only_when_asked():
+    plain = planner.plan(EMBEDDED, Workload())
+    assert "reference" not in plain["memory_bytes"] and "critic" not in plain["memory_bytes"]
+    assert set(plain["time_s"]) == {"gen", "update", "sync", "step"}
+    kl = planner.plan(EMBEDDED, planner.workload_from_args(args("--kl-coef", "0.01")))
+    assert kl["memory_bytes"]["reference"] == 4 * EMBEDDED.params and "ref" in kl["time_s"]
+    ppo = planner.plan(EMBEDDED, planner.workload_from_args(args("--algo", "ppo")))
+    # tied embedding: the critic's trunk keeps it; + a 576 -> 1 head; x 16 B (weights, grads, AdamW)
+    assert ppo["memory_bytes"]["critic"] == 16 * (EMBEDDED.params + 577)
+    assert "old" in ppo["time_s"] and "reference" not in ppo["memory_bytes"]
+    shared = planner.plan(EMBEDDED, planner.workload_from_args(args("--algo", "ppo", "--critic", "shared")))
+    assert "critic" not in shared["memory_bytes"]
+
+
+def test_grad_checkpointing_trades_activations_for_update_time():
+    w = Workload()
+    ckpt = replace(w, grad_ckpt=True)
+    assert planner.memory(EMBEDDED, ckpt, CPU)["activations"] < planner.memory(EMBEDDED, w, CPU)["activations"] / 3
+    assert planner.step_time(EMBEDDED, ckpt)["update"] > planner.step_time(EMBEDDED, w)["update"]
+
+
+# --- time -------------------------------------------------------------------------------------
+
+
+def test_forward_flops_hand_worked():
+    # 1 layer, d 4, f 8, 1 head of 4, vocab 10: trunk = 2*4*4 (q, o) + 2*4*4 (k, v) + 3*4*8 = 160
+    # 1 row, prompt 2 + completion 3, no shared prefix:
+    #   matmuls 2 x 160 x 5 tokens = 1600; lm_head at 3 scored positions 2 x 40 x 3 = 240
+    #   attention 4 x 1 layer x 4 dims x ctx x tokens: prompt ctx 1 x 2 = 32, completion ctx 3.5 x 3 = 168
+    s = Shape(layers=1, hidden=4, intermediate=8, heads=1, kv_heads=1, vocab=10, tied=True)
+    w = Workload(prompts=1, group=1, prompt_len=2, new_tokens=3, share_prefix=False)
+    assert planner.forward_flops(s, w, rows=1) == 1600 + 240 + 32 + 168
+    assert planner.update_flops(s, w) == 3 * 2040  # forward + backward = 6N per token
+
+
+def test_update_time_scales_linearly_with_tokens():
+    w = Workload()
+    flops = [planner.update_flops(EMBEDDED, replace(w, prompts=k * 16)) for k in (1, 2, 3)]
+    assert flops[1] == pytest.approx(2 * flops[0]) and flops[2] == pytest.approx(3 * flops[0])
+    # the time is affine: equal steps per 16 more prompts, plus the fixed AdamW step
+    t = [planner.step_time(EMBEDDED, replace(w, prompts=k * 16))["update"] for k in (1, 2, 3)]
+    assert t[2] - t[1] == pytest.approx(t[1] - t[0])
+    assert t[1] < 2 * t[0]
+
+
+def test_more_gpus_is_faster_and_h100_faster_than_cpu():
+    w = Workload(prompts=64, prompt_len=256, new_tokens=512)
+    cpu = planner.step_time(EMBEDDED, w)["step"]
+    one, eight = (planner.step_time(EMBEDDED, w, GPUS["h100"], n)["step"] for n in (1, 8))
+    assert eight < one < cpu
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--model", "/no/such/folder"], "--model"),
+    (["--gpu", "tpu-v9"], "--gpu"),
+    (["--device", "h1000"], "--device"),
+    (["--params", "7 gazillion"], "--params"),
+    (["--params=-3B"], "--params"),
+    (["--from", "/no/such/run"], "--from"),
+    (["--prompts", "0"], "--prompts"),
+    (["--gpus", "2"], "--gpus"),  # more than one on cpu
+    (["--eff", "update=7"], "--eff"),
+])
+def test_bad_input_raises_config_error_naming_the_argument(argv, named):
+    with pytest.raises(ConfigError, match=f"^{named}:"):
+        planner.run(args(*argv))
+
+
+def test_unreadable_config_json_names_model(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="^--model: cannot read"):
+        planner.run(args("--model", str(tmp_path)))
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ConfigError, match="^--model: .* has no"):
+        planner.run(args("--model", str(tmp_path)))
+    assert planner.main(["--model", str(tmp_path)]) == 2  # the standalone entry point: exit 2, one line
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_main_prints_a_table_and_json(capsys):
+    assert planner.main([]) == 0
+    out = capsys.readouterr().out
+    assert "AdamW states" in out and "total (peak)" in out and "rollout" in out
+    assert planner.main(["--params", "1.5B", "--gpu", "h100", "--gpus", "2", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert abs(p["params"] - 1.5e9) / 1.5e9 < 0.10 and p["fits"] is True and p["gpus"] == 2
+
+
+# --- calibration ------------------------------------------------------------------------------
+
+
+def fake_run(tmp_path, overrides, metrics, peak_gb=None):
+    config.save(config.load(None, overrides), tmp_path / "config.yaml")
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **m}) + "\n" for i, m in enumerate(metrics)))
+    if peak_gb is not None:
+        (tmp_path / "summary.json").write_text(json.dumps({"peak_rss_gb": peak_gb}))
+    return tmp_path
+
+
+def test_calibrate_returns_predicted_measured_and_ratio(tmp_path):
+    metrics = [{"timing_s/gen": g, "timing_s/update": u, "timing_s/sync": 0.01, "timing_s/step": g + u,
+                "prompt_length/mean": 20.0, "response_length/max": 6} for g, u in ((1.0, 2.0), (3.0, 4.0), (2.0, 9.0))]
+    run = fake_run(tmp_path, ["model.name=tiny"], metrics, peak_gb=1.5)
+    cal = planner.calibrate(run)
+    rows = {r["name"]: r for r in cal["rows"]}
+    assert set(rows) == {"timing_s/gen", "timing_s/update", "timing_s/sync", "timing_s/step", "peak memory"}
+    assert rows["timing_s/gen"]["measured"] == 2.0  # median of 1, 3, 2
+    assert rows["timing_s/update"]["measured"] == 4.0  # median of 2, 4, 9
+    for r in rows.values():
+        assert r["predicted"] > 0 and r["ratio"] == pytest.approx(r["measured"] / r["predicted"])
+    assert cal["plan"]["workload"]["prompt_len"] == 20 and cal["plan"]["workload"]["response_len"] == 6
+    assert "predicted" in planner.format_calibration(cal).splitlines()[2]
+
+
+def test_calibrate_ppo_run_has_old_and_critic_and_tolerates_missing_summary(tmp_path):
+    run = fake_run(tmp_path, ["model.name=tiny", "algo.name=ppo", "algo.kl_coef=0.05"], [{"timing_s/old": 0.5}])
+    cal = planner.calibrate(run)
+    rows = {r["name"]: r for r in cal["rows"]}
+    assert rows["timing_s/old"]["measured"] == 0.5 and rows["timing_s/ref"]["measured"] is None
+    assert rows["peak memory"]["measured"] is None and rows["peak memory"]["ratio"] is None
+    assert "critic" in cal["plan"]["memory_bytes"] and "reference" in cal["plan"]["memory_bytes"]
+
+
+def test_the_measured_demo_is_predicted_within_25_percent(tmp_path):
+    # The demo (make demo, 2026-11-22): 16 x 8 rows, prompt ~46.2, longest completion 16, bf16
+    # sampler, bf16 autocast, shared prefix, micro-batch 32: gen 10.5 s, update 13.9 s, sync
+    # 0.034 s, peak RSS 4.52 GiB. These are the numbers the CPU efficiencies were set from.
+    demo = {"timing_s/gen": 10.5, "timing_s/update": 13.9, "timing_s/sync": 0.034, "timing_s/step": 24.7,
+            "prompt_length/mean": 46.2, "response_length/max": 16}
+    cal = planner.calibrate(fake_run(tmp_path, ["model.name=embedded"], [demo], peak_gb=4.52))
+    for r in cal["rows"]:
+        assert 0.8 < r["ratio"] < 1.25, r
+
+
+def test_plan_through_the_cli():
+    from conftest import run_cli
+
+    r = run_cli("plan", "--model", "embedded", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out  # a JSON plan
+    bad = run_cli("plan", "--params", "lots")
+    assert bad.returncode == 2 and bad.stderr.startswith("rlpost: error: --params")
