@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="write RUN_DIR/report.html: plots, health findings, samples")
     r.add_argument("run_dir", metavar="RUN_DIR")
     r.add_argument("--out", metavar="FILE", help="where to write the HTML (default RUN_DIR/report.html)")
+    r.add_argument("--steps", metavar="N,M", help="steps whose samples to list (default: first, middle, last)")
     d = sub.add_parser("doctor", help="what went wrong in a run, and which knob addresses it")
     d.add_argument("run_dir", metavar="RUN_DIR")
     d.add_argument("--json", action="store_true", help="findings as JSON")
@@ -143,7 +144,11 @@ def _run_folder(path: str) -> Path:
 def cmd_report(args) -> int:
     from rlpost.observe.report import write_report
 
-    out = write_report(_run_folder(args.run_dir), args.out)
+    try:
+        steps = [int(x) for x in args.steps.split(",")] if args.steps else None
+    except ValueError:
+        raise config.ConfigError(f"--steps: expected comma-separated step numbers, got {args.steps!r}") from None
+    out = write_report(_run_folder(args.run_dir), args.out, steps)
     print(f"rlpost: report written to {out}", file=sys.stderr)
     return 0
 

@@ -55,6 +55,9 @@ def test_report_has_every_plot_and_samples(run):
         assert title in page, title
     assert page.count("<svg") == 10  # reward, 7 line plots, ratio histogram, timing
     assert "top reward" in page and "random" in page and "Health" in page
+    assert [int(x) for x in re.findall(r"<h3>step (\d+)</h3>", page)] == [1, 3, 4]  # first, middle, last
+    r = run_cli("report", str(run), "--steps", "2", "--out", str(run / "two.html"))
+    assert r.returncode == 0 and re.findall(r"<h3>step (\d+)</h3>", (run / "two.html").read_text()) == ["2"]
 
 
 def _chromium():

@@ -118,8 +118,10 @@ def timing_plot(history) -> str | None:
     return _svg(fig)
 
 
-def sample_section(run_dir: Path, history, n: int = 3, seed: int = 0) -> str:
-    steps = sorted({history[0]["step"], history[len(history) // 2]["step"], history[-1]["step"]}) if history else []
+def sample_section(run_dir: Path, history, steps: list[int] | None = None, n: int = 3, seed: int = 0) -> str:
+    """Top-reward and random samples of `steps` (default: the first, middle and last step)."""
+    if steps is None:
+        steps = sorted({history[0]["step"], history[len(history) // 2]["step"], history[-1]["step"]}) if history else []
     rng = random.Random(seed)
     parts = []
     for step in steps:
@@ -146,7 +148,7 @@ table{border-collapse:collapse;font-size:13px;margin-bottom:8px}td,th{border:1px
 pre{margin:0;white-space:pre-wrap}.warn{color:#a40}"""
 
 
-def build_html(run_dir: Path) -> str:
+def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
     run_dir = Path(run_dir)
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else None
@@ -162,11 +164,11 @@ def build_html(run_dir: Path) -> str:
             f"<p>{len(history)} steps{'' if summary else ' (run in progress or stopped: no summary yet)'}</p>"
             f"<table>{summary_rows}</table><h2>Health</h2><ul>{health}</ul><h2>Plots</h2><div class='grid'>"
             + "".join(f"<div>{p}</div>" for p in plots if p)
-            + f"</div><h2>Samples</h2>{sample_section(run_dir, history)}"
+            + f"</div><h2>Samples</h2>{sample_section(run_dir, history, sample_steps)}"
             f"<h2>Config</h2><pre>{html.escape(config)}</pre></body></html>")
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> Path:
+def write_report(run_dir: Path, out: Path | None = None, sample_steps: list[int] | None = None) -> Path:
     out = Path(out) if out else Path(run_dir) / "report.html"
-    write_atomic(out, build_html(run_dir))
+    write_atomic(out, build_html(run_dir, sample_steps))
     return out
