@@ -3,6 +3,8 @@
   rlpost train [RECIPE.yaml] [section.key=value ...]   train (no recipe = the demo defaults)
   rlpost train --resume RUN_DIR [section.key=value ...] continue a run from its last checkpoint
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
+  rlpost sft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, preference, reward-model training
+  rlpost pipeline PIPELINE.yaml                         SFT -> (RM) -> DPO -> RL, one table at the end
   rlpost report RUN_DIR [--out FILE]                    self-contained HTML report with plots
   rlpost doctor RUN_DIR                                 training-health findings and the knob for each
   rlpost plan [--model M | --params 7B | --from RUN_DIR] ...   memory and step-time estimate
@@ -51,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("target", metavar="MODEL_OR_RUN_DIR", help="'embedded', 'tiny', a model folder, a hub id, or a run folder")
     e.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides")
     e.add_argument("--n", type=int, default=0, help="held-out problems to use (0 = all)")
+    for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
+                       ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
+                       ("rm", "Bradley-Terry reward model (a scalar head on the LM)")):
+        k = sub.add_parser(kind, help=what, epilog=options, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description=f"{what.capitalize()}, on pref.data (or rows built from the task). Writes RUN_DIR/model.")
+        k.add_argument("args", nargs="*", metavar="RECIPE|key=value", help="a recipe YAML, then dotted overrides")
+    pl = sub.add_parser("pipeline", help="SFT -> (RM) -> DPO -> RL from one recipe, with a stage table")
+    pl.add_argument("recipe", metavar="PIPELINE.yaml")
     r = sub.add_parser("report", help="write RUN_DIR/report.html: plots, health findings, samples")
     r.add_argument("run_dir", metavar="RUN_DIR")
     r.add_argument("--out", metavar="FILE", help="where to write the HTML (default RUN_DIR/report.html)")
@@ -70,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlpost.models import ModelLoadError
 
     try:
-        commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor, "plan": cmd_plan}
+        commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor, "plan": cmd_plan,
+                    "sft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline}
         return commands[args.command](args)
     except (config.ConfigError, ModelLoadError) as e:
         print(f"rlpost: error: {e}", file=sys.stderr)
@@ -129,7 +140,7 @@ def cmd_eval(args) -> int:
     roles = build_roles(cfg_eval, task.verifier, weights)
     rows = task.heldout[: args.n or None]
     acc = evaluate(roles, rows, cfg)
-    roles.verifier.close()
+    roles.close()
     print(json.dumps({"target": str(args.target), "heldout_accuracy": acc, "n": len(rows)}))
     return 0
 
@@ -161,6 +172,25 @@ def cmd_doctor(args) -> int:
         print(json.dumps(diagnostics.as_dicts(diagnostics.doctor(run_dir)[0])))
     else:
         print(diagnostics.doctor_text(run_dir))
+    return 0
+
+
+def cmd_offline(args) -> int:
+    from rlpost.preference.offline import train_offline
+
+    recipe, overrides = _split(args.args)
+    cfg = config.load(recipe, overrides)
+    run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
+    print(f"rlpost: run folder {run_dir}", file=sys.stderr)
+    summary = train_offline(cfg, run_dir, args.command)
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_pipeline(args) -> int:
+    from rlpost.preference.pipeline import run_pipeline
+
+    run_pipeline(args.recipe)
     return 0
 
 

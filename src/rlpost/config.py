@@ -74,6 +74,8 @@ class TaskConfig:
     """seed of the problem generator; the held-out split is fixed by it"""
     verifier: str = ""
     """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the family's"""
+    reward_model: str = ""
+    """RLHF: the model folder written by `rlpost rm`; its score replaces the verifier's reward in training (held-out accuracy still uses the verifier)"""
     verifier_timeout_s: float = knob(2.0, gt=0)
     """seconds one verifier call may take before it scores 0 and is counted as a timeout"""
 
@@ -191,6 +193,36 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class PrefConfig:
+    data: str = ""
+    """training rows: a .jsonl / .parquet file or a `datasets` folder; empty = built from the task (correct answer chosen, a wrong one rejected)"""
+    eval_data: str = ""
+    """held-out rows in the same format; empty = the last heldout_frac of data"""
+    heldout_frac: float = knob(0.1, gt=0, lt=1)
+    """share of data held out when eval_data is empty"""
+    loss: Literal["dpo", "ipo", "kto", "orpo", "simpo"] = "dpo"
+    """rlpost dpo: the preference loss (pure functions in preference/losses.py)"""
+    beta: float = knob(0.1, gt=0)
+    """DPO/IPO/KTO: strength of the implicit KL to the reference; SimPO: reward scale (2.0 in the paper)"""
+    label_smoothing: float = knob(0.0, ge=0, lt=0.5)
+    """DPO: assumed share of flipped labels (conservative DPO)"""
+    simpo_gamma: float = knob(0.5, ge=0)
+    """SimPO: target reward margin"""
+    orpo_lambda: float = knob(0.1, ge=0)
+    """ORPO: weight of the odds-ratio term next to the SFT loss"""
+    rm_margin: float = knob(0.0, ge=0)
+    """rlpost rm: required score margin in the Bradley-Terry loss (0 = plain)"""
+    epochs: int = knob(1, ge=1)
+    """passes over the training rows"""
+    batch_size: int = knob(16, ge=1)
+    """rows (SFT) or pairs (DPO, RM) per optimizer step"""
+    max_len: int = knob(256, ge=2)
+    """completion tokens kept per row (longer ones are cut; EOS is always appended)"""
+    on_bad_row: Literal["refuse", "skip"] = "refuse"
+    """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     steps: int = knob(25, ge=1)
     """training steps (one rollout batch each)"""
@@ -225,6 +257,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    pref: PrefConfig = field(default_factory=PrefConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 

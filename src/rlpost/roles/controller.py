@@ -51,10 +51,16 @@ def timed(name: str, timings: dict):
 @dataclass
 class Roles:
     rollout: HFRollout
-    verifier: VerifierRunner
+    verifier: VerifierRunner  # the training reward: the task's verifier, or a learned reward model (RLHF)
     reference: Reference | None
     algo: algorithms.Algorithm
     trainer: Trainer
+    judge: VerifierRunner | None = None  # held-out accuracy: always the task's verifier
+
+    def close(self) -> None:
+        self.verifier.close()
+        if self.judge is not None:
+            self.judge.close()
 
 
 def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = None) -> Roles:
@@ -77,7 +83,13 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
         d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic, critic_lr=cfg.algo.critic_lr,
         entropy_grad=cfg.algo.entropy_coef > 0,
     )
-    return Roles(rollout, VerifierRunner(verifier_path, cfg.task.verifier_timeout_s), reference, algo, trainer)
+    verifier = VerifierRunner(verifier_path, cfg.task.verifier_timeout_s)
+    reward = verifier  # what training optimises; the verifier always judges held-out accuracy
+    if cfg.task.reward_model:
+        from rlpost.roles.reward_model import RewardModelScorer
+
+        reward = RewardModelScorer(cfg.task.reward_model, d.micro_batch_size, cfg.trainer.autocast_bf16)
+    return Roles(rollout, reward, reference, algo, trainer, judge=verifier)
 
 
 def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | None = None) -> float:
@@ -87,7 +99,7 @@ def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | No
     for i in range(0, len(rows), bs):
         batch = roles.rollout.generate(rows[i : i + bs], n=1, temperature=0.0, top_p=1.0,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
-        rewards, infos, _ = roles.verifier.score(batch)
+        rewards, infos, _ = (roles.judge or roles.verifier).score(batch)
         for row, completion, r, info in zip(batch.rows, batch.completions, rewards.tolist(), infos):
             ok = bool(info.get("correct", r >= 1.0))
             correct.append(ok)
@@ -257,7 +269,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     log.close()
     say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
     after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
-    roles.verifier.close()
+    roles.close()
     minutes = elapsed()
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": len(heldout),
