@@ -182,7 +182,12 @@ def cmd_offline(args) -> int:
     cfg = config.load(recipe, overrides)
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
     print(f"rlpost: run folder {run_dir}", file=sys.stderr)
-    summary = train_offline(cfg, run_dir, args.command)
+    if args.command == "dpo" and cfg.pref.online_rounds > 0:
+        from rlpost.preference.online import run_online_dpo
+
+        summary = run_online_dpo(cfg, run_dir)
+    else:
+        summary = train_offline(cfg, run_dir, args.command)
     print(json.dumps(summary))
     return 0
 

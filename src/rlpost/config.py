@@ -218,6 +218,10 @@ class PrefConfig:
     """rows (SFT) or pairs (DPO, RM) per optimizer step"""
     max_len: int = knob(256, ge=2)
     """completion tokens kept per row (longer ones are cut; EOS is always appended)"""
+    online_rounds: int = knob(0, ge=0)
+    """rlpost dpo: rounds of on-policy pairs (sample group_size completions per prompt, best vs worst by the verifier or reward model) and one DPO pass each; 0 = the fixed data"""
+    online_prompts: int = knob(64, ge=1)
+    """online DPO: prompts sampled per round"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
 

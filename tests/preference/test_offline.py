@@ -73,3 +73,36 @@ def test_bad_rows_are_named_or_skipped(tmp_path):
     assert s["skipped_rows"] == 1 and s["rows"] + s["heldout_rows"] == 19
     r = run_cli("dpo", *TINY, f"pref.data={data}", f"run.out_dir={tmp_path}")
     assert r.returncode == 2 and "bad.jsonl:7" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_rows_from_jsonl_parquet_and_a_datasets_folder_agree(tmp_path):
+    import datasets
+
+    from rlpost.preference.data import read_rows
+
+    rows = digit_pairs(10, 3)
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    ds.save_to_disk(str(tmp_path / "folder"))
+    plain = [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in read_rows(write_jsonl(tmp_path / "d.jsonl", rows))]
+    assert plain == rows
+    assert read_rows(tmp_path / "d.parquet") == rows and read_rows(tmp_path / "folder") == rows
+    with pytest.raises(ConfigError, match="file not found"):
+        read_rows(tmp_path / "missing.jsonl")
+
+
+def test_online_dpo_builds_pairs_from_the_policys_own_samples(tmp_path):
+    from rlpost.preference.online import run_online_dpo
+
+    # odd_length rewards vary inside every group whatever the model, so every prompt gives a pair
+    cfg = tiny_cfg("pref.online_rounds=2", "pref.online_prompts=8", "task.verifier=toy_verifiers:odd_length",
+                   "pref.batch_size=4")
+    s = run_online_dpo(cfg, tmp_path)
+    assert [r["round"] for r in s["rounds"]] == [0, 1, 2]
+    pairs = [json.loads(l) for l in (tmp_path / "round_1" / "pairs.jsonl").read_text().splitlines()]
+    assert len(pairs) == s["rounds"][1]["online/pairs"] > 0
+    assert all(len(p["chosen"]) % 2 == 1 and len(p["rejected"]) % 2 == 0 for p in pairs)  # best odd, worst even
+    import yaml
+
+    # round 2 samples from, and starts from, round 1's model
+    assert yaml.safe_load((tmp_path / "round_2" / "config.yaml").read_text())["model"]["name"].endswith("round_1/model")

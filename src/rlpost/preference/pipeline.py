@@ -90,6 +90,10 @@ def run_pipeline(recipe: str | Path) -> list[dict]:
             sdir.mkdir(parents=True, exist_ok=True)
             config.save(cfg, sdir / "config.yaml")
             summary = train(cfg, sdir)
+        elif st["kind"] == "dpo" and cfg.pref.online_rounds > 0:
+            from rlpost.preference.online import run_online_dpo
+
+            summary = run_online_dpo(cfg, sdir)
         else:
             summary = train_offline(cfg, sdir, st["kind"])
         out = save_rl_model(sdir) if st["kind"] == "rl" else summary["model"]
@@ -124,6 +128,8 @@ def save_rl_model(sdir: Path) -> str:
 def _stage_metric(kind: str, s: dict) -> str:
     if kind == "rm":
         return f"pairwise accuracy {s['heldout_before'].get('rm/accuracy', 0):.3f} -> {s['heldout_after'].get('rm/accuracy', 0):.3f}"
+    if kind == "dpo" and "rounds" in s:
+        return f"online DPO: {len(s['rounds']) - 1} rounds, pairs per round {[r.get('online/pairs') for r in s['rounds'][1:]]}"
     if kind == "dpo":
         return (f"{s['loss']}: reward accuracy {s['heldout_before'].get('rewards/accuracy', 0):.3f} -> "
                 f"{s['heldout_after'].get('rewards/accuracy', 0):.3f}, margin {s['heldout_after'].get('rewards/margin', 0):+.3f}")
