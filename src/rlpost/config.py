@@ -216,6 +216,8 @@ class PrefConfig:
     """passes over the training rows"""
     batch_size: int = knob(16, ge=1)
     """rows (SFT) or pairs (DPO, RM) per optimizer step"""
+    group_by_length: bool = True
+    """batch rows of similar completion length together (less padding), in random batch order"""
     max_len: int = knob(256, ge=2)
     """completion tokens kept per row (longer ones are cut; EOS is always appended)"""
     online_rounds: int = knob(0, ge=0)

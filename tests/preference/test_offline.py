@@ -106,3 +106,15 @@ def test_online_dpo_builds_pairs_from_the_policys_own_samples(tmp_path):
 
     # round 2 samples from, and starts from, round 1's model
     assert yaml.safe_load((tmp_path / "round_2" / "config.yaml").read_text())["model"]["name"].endswith("round_1/model")
+
+
+def test_length_grouped_batches_are_a_permutation_with_less_padding():
+    from rlpost.preference.offline import batch_order
+
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 100) for _ in range(400)]
+    grouped = batch_order(lengths, 8, True, random.Random(1))
+    plain = batch_order(lengths, 8, False, random.Random(1))
+    assert sorted(grouped) == sorted(plain) == list(range(400))
+    pad = lambda order: sum(max(lengths[i] for i in order[b:b + 8]) * 8 for b in range(0, 400, 8)) - sum(lengths)
+    assert pad(grouped) < 0.2 * pad(plain)

@@ -129,6 +129,21 @@ def make_dpo_loss(p: config.PrefConfig):
     return loss_fn
 
 
+def batch_order(lengths: list[int], batch_size: int, by_length: bool, rng: random.Random) -> list[int]:
+    """A shuffled row order. With by_length, rows are sorted by length inside windows of 50
+    batches and the batches are shuffled: rows of similar length share a batch, so less padding
+    is computed, while batch order stays random (length-grouped sampling, as TRL/HF Trainer do)."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    if not by_length:
+        return order
+    window = 50 * batch_size
+    order = [i for w in range(0, len(order), window) for i in sorted(order[w:w + window], key=lengths.__getitem__)]
+    batches = [order[b:b + batch_size] for b in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return [i for b in batches for i in b]
+
+
 # --- the loop --------------------------------------------------------------------------------
 
 
@@ -164,8 +179,8 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
     history, rng = [], random.Random(cfg.run.seed)
     bar = tqdm(total=steps_per_epoch * p.epochs, desc=kind, unit="step", disable=not cfg.run.progress, file=sys.stderr)
     for epoch in range(p.epochs):
-        order = list(range(len(rows)))
-        rng.shuffle(order)
+        order = batch_order(train_b.completion_mask.view(len(rows), -1).sum(1).tolist(), p.batch_size,
+                            p.group_by_length, rng)
         for s in range(steps_per_epoch):
             idx = [r * rows_per_seq + j for r in order[s * p.batch_size:(s + 1) * p.batch_size] for j in range(rows_per_seq)]
             mb = train_b.select(torch.tensor(idx))
