@@ -452,9 +452,7 @@ def _check_range(key: str, value, meta: dict) -> None:
         raise ConfigError(f"{key}: expected {kind}{_range_text(meta)}, got {value!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Saving, help text
-# ---------------------------------------------------------------------------------------------
+# --- saving, help text ------------------------------------------------------------------------
 
 
 def to_dict(cfg: Config) -> dict:
