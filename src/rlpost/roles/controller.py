@@ -188,7 +188,9 @@ def loss_setup(cfg: config.Config, roles: Roles, state: dict):
 
 def apply_tis(batch: Rollouts, cap: float, level: str) -> dict:
     """Truncated importance sampling: scale advantages by min(pi_old / pi_sampler, cap). Folding the
-    (gradient-free, non-negative) weight into the advantage is exact for every loss here."""
+    (gradient-free, non-negative) weight into the advantage is exact for the token-level losses
+    (min(r wA, clip(r) wA) = w min(rA, clip(r)A)); GSPO reads a sequence's mean weight (use
+    algo.tis_level=sequence there)."""
     w = core.truncated_is_weight(batch.old_logp, batch.sampler_logp, batch.completion_mask, cap, level)  # (B, T)
     batch.advantages = batch.advantages * w
     mask = batch.completion_mask
