@@ -3,6 +3,8 @@
 import json
 import random
 
+import torch
+
 from conftest import tiny_cfg
 from rlpost.envs import Task
 from rlpost.roles.controller import train
@@ -48,16 +50,19 @@ def test_dapo_refills_and_never_trains_on_a_zero_variance_group(tmp_path, monkey
     real_update = Trainer.update
 
     def spy(self, batch, loss_fn):
-        seen.append(batch.reward.view(-1, 8).clone())
+        seen.append(torch.tensor([i["correct"] for i in batch.infos]).view(-1, 8))  # the verifier's verdicts
         return real_update(self, batch, loss_fn)
 
     monkeypatch.setattr(Trainer, "update", spy)
     task = Task(digit_rows(200, 0), digit_rows(20, 1), "toy_verifiers:first_char_digit")
+    # The overlong penalty makes rewards differ by length inside all-wrong groups: filtering must
+    # look at the verifier's score, not the shaped reward, or those groups would slip through.
     cfg = tiny_cfg("algo.name=dapo", "run.steps=12", "rollout.prompts_per_step=4", "rollout.group_size=8",
-                   "rollout.max_new_tokens=2", "trainer.lr=3e-3", "run.eval_every=0", "rollout.max_refill_rounds=4")
+                   "rollout.max_new_tokens=2", "trainer.lr=3e-3", "run.eval_every=0", "rollout.max_refill_rounds=4",
+                   "algo.overlong_buffer=1")
     train(cfg, tmp_path / "run", task=task)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert seen and all((g.max(1).values > g.min(1).values).all() for g in seen)
+    assert seen and all((g.any(1) & ~g.all(1)).all() for g in seen)  # every group: some right, some wrong
     assert max(r["rollout/refill_rounds"] for r in rows) > 0
     assert min(r["rollout/kept_groups_frac"] for r in rows) < 1.0
     assert all(len(g) <= 4 for g in seen)  # the surplus of a refill round is cut

@@ -148,6 +148,7 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, step: int, t
             b.reward, b.infos, v_metrics = roles.verifier.score(b)
         for k, v in v_metrics.items():  # counts add up over refill rounds
             metrics[k] = metrics.get(k, 0) + v if not k.startswith("timing_s") else v
+        score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
         if a.overlong_buffer > 0:  # DAPO's soft overlong penalty, part of the reward from here on
             penalty = dapo.overlong_penalty(b.completion_mask.sum(1), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
             b.reward = b.reward + penalty
@@ -155,7 +156,7 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, step: int, t
         first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
         if not filtering:
             return b, {**metrics, **first}
-        keep = dapo.keep_groups(b.reward, K, r.filter_min_pass_rate, r.filter_max_pass_rate)  # (n_prompts,)
+        keep = dapo.keep_groups(score, K, r.filter_min_pass_rate, r.filter_max_pass_rate)  # (n_prompts,)
         kept.append(b.select(keep.repeat_interleave(K).nonzero().squeeze(1)))
         n_kept += int(keep.sum())
         if rounds == 0:
