@@ -120,8 +120,7 @@ def cmd_eval(args) -> int:
     import torch
 
     from rlpost import checkpoint
-    from rlpost.envs import build_task
-    from rlpost.roles.controller import build_roles, evaluate
+    from rlpost.roles.controller import heldout_accuracy
 
     target = Path(args.target)
     weights = None
@@ -134,14 +133,8 @@ def cmd_eval(args) -> int:
     else:
         cfg = config.load(None, [f"model.name={args.target}", *args.args])
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
-    task = build_task(cfg)
-    # Evaluation needs neither the optimizer nor the reference: build with KL off.
-    cfg_eval = config.with_overrides(cfg, ["algo.kl_coef=0"])
-    roles = build_roles(cfg_eval, task.verifier, weights)
-    rows = task.heldout[: args.n or None]
-    acc = evaluate(roles, rows, cfg)
-    roles.close()
-    print(json.dumps({"target": str(args.target), "heldout_accuracy": acc, "n": len(rows)}))
+    acc, n = heldout_accuracy(cfg, weights, args.n)
+    print(json.dumps({"target": str(args.target), "heldout_accuracy": acc, "n": n}))
     return 0
 
 
@@ -176,18 +169,13 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_offline(args) -> int:
-    from rlpost.preference.offline import train_offline
+    from rlpost.preference.offline import train_stage
 
     recipe, overrides = _split(args.args)
     cfg = config.load(recipe, overrides)
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
     print(f"rlpost: run folder {run_dir}", file=sys.stderr)
-    if args.command == "dpo" and cfg.pref.online_rounds > 0:
-        from rlpost.preference.online import run_online_dpo
-
-        summary = run_online_dpo(cfg, run_dir)
-    else:
-        summary = train_offline(cfg, run_dir, args.command)
+    summary = train_stage(cfg, run_dir, args.command)
     print(json.dumps(summary))
     return 0
 

@@ -23,10 +23,7 @@ from rlpost.batch import Rollouts
 
 def global_token_whitened(reward: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
     """(B, T): each token gets its sequence's reward, whitened over all loss tokens of the batch."""
-    adv_tok = core.to_tokens(reward, mask)  # (B, T)
-    mean = core.masked_mean(adv_tok, mask)  # ()
-    var = core.masked_mean((adv_tok - mean) ** 2, mask)  # ()
-    return (adv_tok - mean) / (var.sqrt() + eps) * mask  # (B, T)
+    return core.masked_whiten(core.to_tokens(reward, mask), mask, eps)  # (B, T)
 
 
 @dataclass

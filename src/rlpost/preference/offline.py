@@ -201,6 +201,16 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
     return summary
 
 
+def train_stage(cfg: config.Config, run_dir: Path, kind: str) -> dict:
+    """`rlpost sft|rm|dpo` and a pipeline stage: online DPO when kind='dpo' and pref.online_rounds > 0
+    (preference/online.py), else training on fixed rows."""
+    if kind == "dpo" and cfg.pref.online_rounds > 0:
+        from rlpost.preference.online import run_online_dpo
+
+        return run_online_dpo(cfg, run_dir)
+    return train_offline(cfg, run_dir, kind)
+
+
 @torch.no_grad()
 def evaluate_offline(trainer: Trainer, held: Rollouts, loss_fn) -> dict:
     """Held-out loss and (DPO) the implicit reward accuracy and margin, micro-batch by micro-batch."""

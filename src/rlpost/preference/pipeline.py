@@ -58,20 +58,13 @@ def stage_config(tree: dict, st: dict, model: str, outputs: dict, run_dir: Path)
 
 
 def heldout_accuracy(cfg: config.Config, model: str) -> float:
-    from rlpost.envs import build_task
-    from rlpost.roles.controller import build_roles, evaluate
+    from rlpost.roles.controller import heldout_accuracy as measure
 
-    cfg = config.with_overrides(cfg, [f"model.name={model}", "algo.kl_coef=0", "algo.name=grpo", "task.reward_model="])
-    task = build_task(cfg)
-    roles = build_roles(cfg, task.verifier)
-    try:
-        return evaluate(roles, task.heldout[: cfg.run.eval_n or None], cfg)
-    finally:
-        roles.close()
+    return measure(config.with_overrides(cfg, [f"model.name={model}"]), n=cfg.run.eval_n)[0]
 
 
 def run_pipeline(recipe: str | Path) -> list[dict]:
-    from rlpost.preference.offline import train_offline
+    from rlpost.preference.offline import train_stage
     from rlpost.roles.controller import train
 
     tree = read_pipeline(recipe)
@@ -90,12 +83,8 @@ def run_pipeline(recipe: str | Path) -> list[dict]:
             sdir.mkdir(parents=True, exist_ok=True)
             config.save(cfg, sdir / "config.yaml")
             summary = train(cfg, sdir)
-        elif st["kind"] == "dpo" and cfg.pref.online_rounds > 0:
-            from rlpost.preference.online import run_online_dpo
-
-            summary = run_online_dpo(cfg, sdir)
         else:
-            summary = train_offline(cfg, sdir, st["kind"])
+            summary = train_stage(cfg, sdir, st["kind"])
         out = save_rl_model(sdir) if st["kind"] == "rl" else summary["model"]
         outputs[st["name"]] = out
         other = _stage_metric(st["kind"], summary)

@@ -63,8 +63,9 @@ class Roles:
             self.judge.close()
 
 
-def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = None) -> Roles:
-    """Load the policy once; the sampler and the reference are copies of it."""
+def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = None, for_eval: bool = False) -> Roles:
+    """Load the policy once; the sampler and the reference are copies of it. for_eval builds no
+    reference, critic or reward model: held-out evaluation needs only the sampler and the verifier."""
     d = config.derived(cfg)
     loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
     algo = algorithms.build(cfg)
@@ -72,12 +73,12 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     reference = (
         Reference(copy.deepcopy(loaded.model), cfg.rollout.temperature, d.micro_batch_size, cfg.trainer.autocast_bf16,
                   cfg.trainer.share_prompt_prefix)
-        if algo.needs_reference else None
+        if algo.needs_reference and not for_eval else None
     )
     if weights is not None:
         loaded.model.load_state_dict(weights)
     rollout = HFRollout(copy.deepcopy(loaded.model), loaded.tokenizer, dtype=DTYPES[cfg.rollout.dtype])
-    critic = Critic(loaded.model, cfg.algo.critic) if algorithms.flag(algo, "needs_values") else None
+    critic = Critic(loaded.model, cfg.algo.critic) if algorithms.flag(algo, "needs_values") and not for_eval else None
     trainer = Trainer(
         loaded.model, cfg.trainer, cfg.rollout.temperature, d.mini_batch_size, d.micro_batch_size,
         d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic, critic_lr=cfg.algo.critic_lr,
@@ -85,7 +86,7 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     )
     verifier = VerifierRunner(verifier_path, cfg.task.verifier_timeout_s)
     reward = verifier  # what training optimises; the verifier always judges held-out accuracy
-    if cfg.task.reward_model:
+    if cfg.task.reward_model and not for_eval:
         from rlpost.roles.reward_model import RewardModelScorer
 
         reward = RewardModelScorer(cfg.task.reward_model, d.micro_batch_size, cfg.trainer.autocast_bf16)
@@ -108,6 +109,18 @@ def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | No
     if dump is not None:
         dump.write_text("".join(json.dumps(r) + "\n" for r in records))
     return sum(correct) / max(1, len(correct))
+
+
+def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0) -> tuple[float, int]:
+    """(greedy held-out accuracy, problems used) of cfg.model, with checkpoint `weights` if given;
+    n = 0 uses every held-out problem. `rlpost eval`, the pipeline and online DPO all use this."""
+    task = build_task(cfg)
+    roles = build_roles(cfg, task.verifier, weights, for_eval=True)
+    rows = task.heldout[: n or None]
+    try:
+        return evaluate(roles, rows, cfg), len(rows)
+    finally:
+        roles.close()
 
 
 def batch_metrics(batch: Rollouts, group_size: int) -> dict:
