@@ -1,12 +1,74 @@
-"""The prompt stream: an endless, resumable walk over training rows, reshuffled every epoch.
+"""Data rows in, prompts out: reading row files, and the prompt stream.
 
-Its whole state is (epoch, position), saved in every checkpoint, so a resumed run draws exactly
-the prompts the uninterrupted run would have drawn.
+``read_rows`` reads JSONL, parquet or a ``datasets.save_to_disk`` folder; a JSONL row remembers
+its line number (``_line``) so that any later complaint about it can name ``file:line``.
+
+The prompt stream is an endless, resumable walk over training rows, reshuffled every epoch. Its
+whole state is (epoch, position), saved in every checkpoint, so a resumed run draws exactly the
+prompts the uninterrupted run would have drawn.
 """
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
+
+from rlpost.config import ConfigError
+
+
+class DataError(ConfigError):
+    """A bad data file or row; str(error) names the file and line."""
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows of a .jsonl / .parquet file or a `datasets` folder saved to disk."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"data: file not found: {path}")
+    if path.is_dir():
+        import datasets
+
+        return [dict(r) for r in datasets.load_from_disk(str(path))]
+    if path.suffix == ".parquet":
+        import datasets
+
+        return [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{i}: expected a JSON object per line")
+        row["_line"] = i
+        rows.append(row)
+    return rows
+
+
+def _where(row: dict, source: str) -> str:
+    return f"{source}:{row['_line']}" if "_line" in row else f"{source} row"
+
+
+def check_rows(rows: list[dict], parse, source: str, on_error: str = "refuse") -> tuple[list[dict], int]:
+    """(the rows that parse, number skipped). on_error='refuse' raises on the first bad row
+    (naming its line), 'skip' drops it and counts it."""
+    keep, skipped = [], 0
+    for r in rows:
+        try:
+            parse(r, source)
+            keep.append(r)
+        except DataError:
+            if on_error == "refuse":
+                raise
+            skipped += 1
+    return keep, skipped
+
+
+
 
 
 class PromptStream:

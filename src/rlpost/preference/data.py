@@ -21,43 +21,7 @@ from pathlib import Path
 import torch
 
 from rlpost.batch import Rollouts
-from rlpost.config import ConfigError
-
-
-class DataError(ConfigError):
-    """A bad data file or row; str(error) names the file and line."""
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a .jsonl / .parquet file or a `datasets` folder saved to disk."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"data: file not found: {path}")
-    if path.is_dir():
-        import datasets
-
-        return [dict(r) for r in datasets.load_from_disk(str(path))]
-    if path.suffix == ".parquet":
-        import datasets
-
-        return [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{i}: expected a JSON object per line")
-        row["_line"] = i
-        rows.append(row)
-    return rows
-
-
-def _where(row: dict, source: str) -> str:
-    return f"{source}:{row['_line']}" if "_line" in row else f"{source} row"
+from rlpost.data import DataError, _where, check_rows, read_rows  # noqa: F401 - re-exported
 
 
 def prompt_messages(row: dict, source: str) -> list[dict]:
@@ -107,21 +71,6 @@ def encode(tokenizer, prompts: list[list[dict]], completions: list[str], group_i
         truncated=torch.zeros(B, dtype=torch.bool), group_ids=torch.tensor(group_ids),
         rows=[{"messages": m} for m in prompts], completions=list(completions),
     )
-
-
-def check_rows(rows: list[dict], parse, source: str, on_error: str = "refuse") -> tuple[list[dict], int]:
-    """(the rows that parse, number skipped). on_error='refuse' raises on the first bad row
-    (naming its line), 'skip' drops it and counts it."""
-    keep, skipped = [], 0
-    for r in rows:
-        try:
-            parse(r, source)
-            keep.append(r)
-        except DataError:
-            if on_error == "refuse":
-                raise
-            skipped += 1
-    return keep, skipped
 
 
 def encode_sft(tokenizer, rows: list[dict], max_len: int = 256) -> Rollouts:
