@@ -38,3 +38,20 @@ def first_char_digit(completion, row):
 def odd_length(completion, row):
     """Rewards that vary within a group whatever the model: 1 for an odd-length completion."""
     return float(len(completion) % 2), {}
+
+
+def trl_style(prompts, completions, answer, **kwargs):
+    """A TRL reward function: lists in, a list out; None = does not apply to this row."""
+    out = []
+    for prompt, completion, gold in zip(prompts, completions, answer):
+        text = completion[0]["content"] if isinstance(completion, list) else completion
+        if text == "skip":
+            out.append(None)
+        else:
+            # 1.0 for the right answer; +0.5 when the prompt came as chat messages
+            out.append(float(text.strip() == gold) + 0.5 * isinstance(prompt, list))
+    return out
+
+
+def half(completion, row):
+    return 0.5, {"half": True}

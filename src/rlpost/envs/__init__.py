@@ -3,11 +3,28 @@
 A row is a dict with ``messages`` (chat messages ending with the user turn) and whatever the
 verifier needs (``answer``, metadata). The verifier is named by import path so that it can run
 in a separate worker process (envs/runner.py).
+
+Families (``task.name``):
+  arithmetic  generated ``a op b`` problems, last-integer verifier (the demo)
+  dataset     rows from ``task.data``; ``task.verifier`` or exact match on ``task.answer_column``
+  math        math-verify answer equivalence; ``task.data`` or generated fraction problems
+  gym         any reasoning-gym dataset (``task.gym_name`` / ``task.gym_config``), its own scorer
+  code        Python run against hidden tests in the sandbox (envs/sandbox.py)
+  tools       multi-turn episodes with calculator / Python tools (envs/tools.py)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+DEFAULT_VERIFIER = {
+    "arithmetic": "rlpost.envs.arithmetic:score",
+    "dataset": "rlpost.envs.dataset:exact_match",
+    "math": "rlpost.envs.math:score",
+    "gym": "rlpost.envs.gym:score",
+    "code": "rlpost.envs.code:score",
+    "tools": "rlpost.envs.tools:score",
+}
 
 
 @dataclass
@@ -15,18 +32,59 @@ class Task:
     train: list[dict]
     heldout: list[dict]
     verifier: str  # "module:function" with signature (completion: str, row: dict) -> (float, dict)
+    skipped_rows: int = 0  # malformed data rows skipped (task.on_bad_row=skip)
+    multi_turn: bool = False  # episodes with tool calls (task.name=tools): rollout goes through envs/tools.py
 
 
 def build_task(cfg) -> Task:
-    if cfg.task.name == "arithmetic":
-        from rlpost.envs import arithmetic
+    t = cfg.task
+    skipped = 0
+    if t.data and t.name in ("dataset", "math", "code"):
+        from rlpost.envs import dataset
 
-        train, heldout = arithmetic.build_splits(cfg.task)
-        task = Task(train, heldout, cfg.task.verifier or "rlpost.envs.arithmetic:score")
+        train, heldout, skipped = dataset.build_splits(t)
+    elif t.name == "dataset":
+        raise ValueError("task.data is required for task.name=dataset")  # config.check_task says so first
     else:
-        raise ValueError(f"unknown task {cfg.task.name!r}")
+        train, heldout = _generated_splits(cfg)
+    task = Task(train, heldout, t.verifier or DEFAULT_VERIFIER[t.name], skipped, multi_turn=t.name == "tools")
     check_verifier(task.verifier)
     return task
+
+
+def _generated_splits(cfg) -> tuple[list[dict], list[dict]]:
+    from rlpost.config import ConfigError
+
+    t = cfg.task
+    if t.name == "arithmetic":
+        from rlpost.envs import arithmetic
+
+        return arithmetic.build_splits(t)
+    if t.name == "math":
+        from rlpost.envs import mathgen
+
+        return mathgen.build_splits(t)
+    if t.name == "gym":
+        import yaml
+
+        try:
+            from rlpost.envs import gym
+        except ImportError as e:
+            raise ConfigError(f"task.name=gym needs reasoning-gym ({e}); install it with: pip install 'rlpost[envs]'") from None
+
+        # reasoning-gym's own system prompt asks for <answer> tags, which its scorers expect
+        try:
+            return gym.build_splits(t.gym_name, yaml.safe_load(t.gym_config) or {}, t.n_train, t.n_heldout, t.seed,
+                                    t.system_prompt or "default")
+        except ValueError as e:
+            raise ConfigError(f"task.{'gym_config' if 'config' in str(e) else 'gym_name'}: {e}") from None
+    if t.name == "code":
+        from rlpost.envs import code
+
+        return code.build_splits(t.n_train, t.n_heldout, t.seed)
+    from rlpost.envs import tools
+
+    return tools.build_splits(t)
 
 
 def check_verifier(path: str) -> None:

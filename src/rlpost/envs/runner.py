@@ -32,6 +32,12 @@ class VerifierRunner:
         import_function(fn_path)  # fail now, in the parent, with a clear message, if it is wrong
         self.fn_path, self.timeout_s = fn_path, timeout_s
         self.proc: subprocess.Popen | None = None
+        self.fresh = True  # a fresh worker's first call also imports the verifier's module
+
+    # Importing a verifier's module can take seconds (reasoning-gym ~1 s, math-verify ~0.5 s, more
+    # on a loaded machine); that is start-up, not the verifier hanging, so a fresh worker's first
+    # call gets this much extra time.
+    IMPORT_GRACE_S = 20.0
 
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -49,10 +55,11 @@ class VerifierRunner:
     def score_one(self, completion: str, row: dict) -> tuple[float, dict, str]:
         """(reward, info, status) with status in {'ok', 'error', 'timeout'}."""
         if self.proc is None or self.proc.poll() is not None:
-            self.proc = self._start()
+            self.proc, self.fresh = self._start(), True
         try:
             _send(self.proc.stdin, (self.fn_path, completion, row))
-            ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout_s)
+            grace, self.fresh = self.IMPORT_GRACE_S if self.fresh else 0.0, False
+            ready, _, _ = select.select([self.proc.stdout], [], [], self.timeout_s + grace)
             if not ready:
                 self._kill()
                 return 0.0, {"timeout": True}, "timeout"

@@ -1,0 +1,78 @@
+"""Tasks from user data: rows of a JSONL / parquet file or a `datasets` folder become prompts.
+
+A data row has a prompt column (``task.prompt_column``: a string, which becomes the user message,
+or a list of chat messages) and an answer column (``task.answer_column``, copied to
+``row['answer']``); every other column rides along in the row, so a verifier or a TRL-style reward
+function can read it (TRL passes dataset columns to reward functions as keyword arguments; so do
+we, see envs/worker.py). A row that does not fit is reported as ``file:line`` and either stops the
+run (``task.on_bad_row=refuse``) or is skipped and counted (``skip``).
+
+The held-out split is ``task.eval_data`` when given, else ``task.n_heldout`` rows of a seeded
+shuffle of ``task.data`` (at most half of it), so before/after accuracy never sees training rows.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from rlpost.data import DataError, _where, check_rows, read_rows
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def exact_match(completion: str, row: dict) -> tuple[float, dict]:
+    """The default verifier of a dataset task: the completion's last line (or its last number, for
+    a numeric answer) equals the answer, ignoring case and surrounding whitespace."""
+    answer = str(row["answer"]).strip()
+    if NUMBER.fullmatch(answer.replace(",", "")):
+        found = NUMBER.findall(completion.replace(",", ""))
+        correct = bool(found) and float(found[-1]) == float(answer.replace(",", ""))
+    else:
+        lines = [s.strip() for s in completion.strip().splitlines() if s.strip()]
+        correct = bool(lines) and lines[-1].rstrip(".").lower() == answer.lower()
+    return float(correct), {"correct": correct}
+
+
+def to_row(raw: dict, tcfg, source: str) -> dict:
+    """One data row -> a task row: ``messages`` (ending with the user turn), ``answer``, the rest."""
+    prompt = raw.get(tcfg.prompt_column)
+    if isinstance(prompt, str) and prompt.strip():
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt):
+        if prompt[-1]["role"] != "user":
+            raise DataError(f"{_where(raw, source)}: '{tcfg.prompt_column}' must end with a user message")
+        messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    else:
+        raise DataError(f"{_where(raw, source)}: '{tcfg.prompt_column}' must be a non-empty string or a list of chat messages"
+                        f" (task.prompt_column; columns here: {', '.join(k for k in raw if k != '_line')})")
+    if tcfg.system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": tcfg.system_prompt}, *messages]
+    row = {k: v for k, v in raw.items() if k != tcfg.prompt_column}
+    row.update(messages=messages, prompt=prompt)
+    if tcfg.answer_column:
+        if raw.get(tcfg.answer_column) in (None, ""):
+            raise DataError(f"{_where(raw, source)}: missing '{tcfg.answer_column}' (task.answer_column; set it to '' if the verifier needs none)")
+        row["answer"] = raw[tcfg.answer_column] if isinstance(raw[tcfg.answer_column], str) else str(raw[tcfg.answer_column])
+    return row
+
+
+def load_rows(path: str, tcfg) -> tuple[list[dict], int]:
+    """(task rows, rows skipped as malformed) of one data file."""
+    rows, skipped = check_rows(read_rows(path), lambda r, src: to_row(r, tcfg, src), path, tcfg.on_bad_row)
+    return [to_row(r, tcfg, path) for r in rows], skipped
+
+
+def build_splits(tcfg) -> tuple[list[dict], list[dict], int]:
+    """(train rows, held-out rows, rows skipped)."""
+    rows, skipped = load_rows(tcfg.data, tcfg)
+    if tcfg.eval_data:
+        heldout, bad = load_rows(tcfg.eval_data, tcfg)
+        skipped += bad
+    else:
+        random.Random(tcfg.seed).shuffle(rows)
+        n = min(tcfg.n_heldout, len(rows) // 2)
+        heldout, rows = rows[:n], rows[n:]
+    if not rows or not heldout:
+        raise DataError(f"{tcfg.data}: too few usable rows ({len(rows)} train, {len(heldout)} held-out)")
+    return rows[: tcfg.n_train], heldout[: tcfg.n_heldout], skipped

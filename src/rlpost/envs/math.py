@@ -1,0 +1,151 @@
+"""Math answers checked for equivalence with Hugging Face's math-verify, plus the DeepSeek-R1
+format reward and the R1 reward stack (accuracy + 0.2 x format).
+
+Why math-verify rather than "last number": competition answers come as LaTeX (\\frac{1}{2},
+\\sqrt{3}/2, 50\\%, intervals, sets), and a string or last-integer match scores most correct
+answers 0. math-verify parses both sides to SymPy and compares them numerically and
+symbolically; it is what TRL's ``accuracy_reward``, Open-R1 and verl use.
+
+How answers are found:
+- gold: the row's ``answer``. math-verify only reads LaTeX inside a maths environment, so a bare
+  answer ("\\frac{1}{2}", "50\\%") is wrapped in ``\\boxed{}`` first, as verl does, and parsed with
+  the LaTeX and expression configs.
+- prediction, in order: the last ``\\boxed{}`` anywhere in the completion; else the content of
+  the last ``<answer>...</answer>``; else the last expression in the whole completion.
+
+Timeouts: math-verify bounds each parse and each comparison with ``signal.alarm``
+(``parsing_timeout`` / ``timeout_seconds``). A pathological answer such as ``9^{9^{9^{9}}}`` or
+300 nested \\frac is cut off after PARSE_TIMEOUT_S / VERIFY_TIMEOUT_S and scores 0 instead of
+hanging. Two consequences:
+- signals only work in a process's main thread; math-verify raises ValueError when called from
+  any other thread. The verifier worker (envs/runner.py) calls verifiers on its main thread.
+- the alarms are whole seconds and one call may run up to ~2 parses and ~2 comparisons, so a
+  worst-case call takes ~4 s. The runner's own per-call deadline (kill + restart the worker) is
+  the backstop behind these.
+
+Light at import: math_verify (and SymPy, ANTLR) is imported on first use, so ``format_score``
+alone and ``check_verifier`` in the trainer process do not pay for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+PARSE_TIMEOUT_S = 1  # seconds per math-verify parse() call (signal.alarm takes whole seconds)
+VERIFY_TIMEOUT_S = 1  # seconds per (gold, prediction) comparison inside verify()
+ACCURACY_WEIGHT = 1.0  # R1 stack: reward = 1.0 * accuracy + 0.2 * format
+FORMAT_WEIGHT = 0.2
+
+# The DeepSeek-R1-Zero template (arXiv:2501.12948, Table 1), used as a system prompt the way
+# Open-R1 and TRL's GRPO examples do.
+R1_SYSTEM_PROMPT = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
+    "The assistant first thinks about the reasoning process in the mind and then provides the user with "
+    "the answer. The reasoning process and answer are enclosed within <think> </think> and "
+    "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> "
+    "<answer> answer here </answer>."
+)
+
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# R1 format: think block, then answer block, nothing else but whitespace around them. The
+# tempered dots forbid extra tags inside a block, so "<answer>1</answer> <answer>2</answer>" and
+# a second <think> cannot ride along inside one lazy ".*?" (Open-R1's pattern allows that).
+_NO_TAG = r"(?:(?!</?think>|</?answer>).)*"
+R1_FORMAT = re.compile(rf"\s*<think>{_NO_TAG}</think>\s*<answer>{_NO_TAG}</answer>\s*", re.DOTALL)
+# A maths environment math-verify's LaTeX extractor can see without help.
+_MATH_ENV = re.compile(r"\$|\\\(|\\\[|\\boxed|\\begin\{")
+# A word of 2+ letters that is not a LaTeX command: prose ("The answer is 42") rather than a bare
+# answer. Bare answers get wrapped in \boxed{}; prose is searched for its last expression instead.
+_PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
+
+
+def score(completion: str, row: dict) -> tuple[float, dict]:
+    """1.0 if the completion's final answer is mathematically equal to ``row["answer"]``.
+
+    info: ``correct`` (bool) and ``parsed`` (the prediction math-verify read, as a string, or
+    None when nothing could be parsed)."""
+    from math_verify import verify
+
+    gold = _parse_gold(str(row["answer"]))
+    pred = _parse_prediction(completion)
+    # verify(gold, pred) is not symmetric (the gold decides e.g. how intervals are read):
+    # math-verify's README insists on this order.
+    correct = bool(gold and pred and verify(list(gold), pred, timeout_seconds=VERIFY_TIMEOUT_S))
+    return float(correct), {"correct": correct, "parsed": _as_text(pred)}
+
+
+def format_score(completion: str, row: dict) -> tuple[float, dict]:
+    """R1 format reward: 1.0 when the completion is exactly <think>...</think> <answer>...</answer>
+    (whitespace allowed around and between the blocks), else 0.0. ``row`` is unused."""
+    ok = R1_FORMAT.fullmatch(completion) is not None
+    return float(ok), {"format": ok}
+
+
+def r1_score(completion: str, row: dict) -> tuple[float, dict]:
+    """The DeepSeek-R1 rule-based reward: 1.0 x accuracy + 0.2 x format, so the values are
+    1.2 (right, well formed), 1.0 (right), 0.2 (wrong, well formed) and 0.0."""
+    accuracy, info = score(completion, row)
+    fmt, _ = format_score(completion, row)
+    reward = ACCURACY_WEIGHT * accuracy + FORMAT_WEIGHT * fmt
+    return reward, {**info, "accuracy": accuracy, "format": fmt}
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+
+def _configs(boxed_first: bool = False):
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    # boxed_match_priority 0 makes \boxed{} win over "final answer is ..." anchors (default 50).
+    latex = LatexExtractionConfig(boxed_match_priority=0) if boxed_first else LatexExtractionConfig()
+    return [latex, ExprExtractionConfig()]
+
+
+def _parse(text: str, boxed_first: bool = False) -> list:
+    """math-verify parse with our timeout; [] when nothing parses (it never raises on bad input)."""
+    from math_verify import parse
+
+    return parse(text, extraction_config=_configs(boxed_first), parsing_timeout=PARSE_TIMEOUT_S)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(answer: str) -> tuple:
+    """Parsed gold answer, cached: a group of G completions shares one gold string. A tuple, so
+    the cached value cannot be mutated by a caller."""
+    return tuple(_parse_bare(answer))
+
+
+def _parse_bare(text: str) -> list:
+    """Parse a short answer (a gold answer, or what is inside <answer> tags)."""
+    text = text.strip()
+    if not text:
+        return []
+    if _MATH_ENV.search(text):  # already "$...$" or "\boxed{...}": math-verify reads it as is
+        return _parse(text, boxed_first=True)
+    if not _PROSE_WORD.search(text):  # a bare formula: make it LaTeX math so it parses whole
+        found = _parse(f"\\boxed{{{text}}}", boxed_first=True)
+        if found:
+            return found
+    return _parse(text)  # prose: take its last expression, as for a whole completion
+
+
+def _parse_prediction(completion: str) -> list:
+    """The completion's final answer: last \\boxed{}, else last <answer> block, else last expression."""
+    if "\\boxed" in completion:
+        found = _parse(completion, boxed_first=True)
+        if found:
+            return found
+    tagged = ANSWER_TAG.findall(completion)
+    if tagged:
+        found = _parse_bare(tagged[-1])
+        if found:
+            return found
+    return _parse(completion)
+
+
+def _as_text(parsed: list) -> str | None:
+    """What the prediction was read as: the text math-verify extracted (it returns [SymPy value,
+    extracted string]). Never str() of the SymPy value: printing an evaluated huge number such
+    as 9^(9^9) runs outside any timeout (math-verify's own code avoids it for the same reason)."""
+    return next((p for p in parsed if isinstance(p, str)), None)

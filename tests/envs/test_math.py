@@ -1,0 +1,88 @@
+"""math-verify answers, the R1 format reward and the R1 reward stack, on hand-picked cases."""
+
+import pytest
+
+pytest.importorskip("math_verify")
+
+from rlpost.envs.math import R1_SYSTEM_PROMPT, format_score, r1_score, score  # noqa: E402
+
+
+@pytest.mark.parametrize("completion, answer", [
+    ("\\boxed{\\frac{1}{2}}", "0.5"),  # LaTeX fraction vs decimal
+    ("1/2", "\\frac{1}{2}"),  # plain fraction vs bare LaTeX gold (wrapped in \boxed for parsing)
+    ("The answer is 42.", "42"),  # last expression in prose
+    ("<answer>3</answer>", "3"),  # math-verify alone finds nothing in "<answer>3</answer>"
+    ("<think>7 + 5</think> <answer>\\frac{\\sqrt{3}}{2}</answer>", "\\frac{\\sqrt{3}}{2}"),
+    ("<answer>50\\%</answer>", "0.5"),  # percentages
+    ("<answer>x = 3</answer>", "3"),  # an assignment reads as its value
+    ("<answer>1,000</answer>", "1000"),
+    ("$2\\sqrt{2}$", "\\sqrt{8}"),  # symbolic equality
+])
+def test_equivalent_answers_score_one(completion, answer):
+    reward, info = score(completion, {"answer": answer})
+    assert reward == 1.0 and info["correct"] is True and isinstance(info["parsed"], str)
+
+
+@pytest.mark.parametrize("completion, answer", [
+    ("The answer is 41.", "42"),
+    ("<answer>-3</answer>", "3"),
+    ("\\boxed{\\frac{1}{3}}", "0.5"),
+    ("<answer>0.333</answer>", "\\frac{1}{3}"),  # math-verify rounds to 6 places; 3 is not enough
+])
+def test_wrong_answers_score_zero(completion, answer):
+    reward, info = score(completion, {"answer": answer})
+    assert reward == 0.0 and info["correct"] is False and info["parsed"] is not None  # read, but wrong
+
+
+def test_nothing_to_parse():
+    assert score("I do not know.", {"answer": "3"}) == (0.0, {"correct": False, "parsed": None})
+    assert score("", {"answer": "3"})[1]["parsed"] is None
+
+
+def test_boxed_wins_over_answer_tags_and_last_expression():
+    # \boxed{} first, then <answer>, then the last expression (here "9")
+    assert score("\\boxed{4} <answer>5</answer> 9", {"answer": "4"})[0] == 1.0
+    assert score("<answer>5</answer> then 9", {"answer": "5"})[0] == 1.0
+    assert score("4, no, 9", {"answer": "9"})[0] == 1.0
+
+
+def test_pathological_answer_is_cut_off_not_hung():
+    # 9^(9^(9^9)) cannot be compared in time: math-verify's 1 s alarm stops it and it scores 0.
+    reward, info = score("\\boxed{9^{9^{9^{9}}}}", {"answer": "3"})
+    assert reward == 0.0 and info["parsed"] == "9^{9^{9^{9}}}"
+
+
+@pytest.mark.parametrize("completion", [
+    "<think>2 + 1 = 3</think><answer>3</answer>",
+    "  <think>\nstep\n</think>\n\n<answer>\n3\n</answer>\n",  # whitespace around and between blocks
+])
+def test_format_reward_positive(completion):
+    assert format_score(completion, {}) == (1.0, {"format": True})
+
+
+@pytest.mark.parametrize("completion", [
+    "<answer>3</answer>",  # no think block
+    "<think>a</think>",  # no answer block
+    "<answer>3</answer><think>a</think>",  # wrong order
+    "<think>a</think><answer>3</answer> and more",  # text after the answer
+    "<think>a</think><answer>3</answer><answer>4</answer>",  # a second answer block
+    "<think>a<think>b</think><answer>3</answer>",  # nested think
+])
+def test_format_reward_negative(completion):
+    assert format_score(completion, {})[0] == 0.0
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("<think>1 + 2</think><answer>3</answer>", 1.2),  # 1.0 * 1 + 0.2 * 1
+    ("so it is 3", 1.0),  # 1.0 * 1 + 0.2 * 0
+    ("<think>1 + 2</think><answer>4</answer>", 0.2),  # 1.0 * 0 + 0.2 * 1
+    ("so it is 4", 0.0),  # 1.0 * 0 + 0.2 * 0
+])
+def test_r1_stack(completion, expected):
+    reward, info = r1_score(completion, {"answer": "3"})
+    assert reward == pytest.approx(expected)
+    assert info["accuracy"] + 0.2 * info["format"] == pytest.approx(expected)
+
+
+def test_system_prompt_names_both_tags():
+    assert "<think>" in R1_SYSTEM_PROMPT and "<answer>" in R1_SYSTEM_PROMPT

@@ -1,0 +1,90 @@
+"""Hand-worked numbers for the fixed-budget metrics (STYLE R11)."""
+
+import math
+
+import pytest
+
+from rlpost.search.metrics import best_of_n, maj_at_k, majority_vote, pass_at_k, weighted_best_of_n
+
+
+def test_pass_at_1_is_the_fraction_correct():
+    # 1 - C(3,1)/C(5,1) = 1 - 3/5 = 0.4
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
+
+
+def test_pass_at_2_counts_pairs():
+    # 1 - C(3,2)/C(5,2) = 1 - 3/10 = 0.7   (product form: 1 - (1 - 2/4)(1 - 2/5) = 1 - 0.5 * 0.6)
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+
+
+def test_pass_at_k_edges():
+    assert pass_at_k(4, 0, 2) == 0.0  # no correct sample: C(4,2)/C(4,2) = 1, so 1 - 1 = 0
+    assert pass_at_k(4, 4, 2) == 1.0  # n - c = 0 < k: every pair holds a correct sample
+    assert pass_at_k(4, 3, 2) == 1.0  # one wrong sample cannot fill a pair on its own
+    # n = k: pass@n is 1 as soon as one sample is correct
+    assert pass_at_k(3, 1, 3) == 1.0
+
+
+def test_pass_at_k_is_stable_for_large_n():
+    # C(1000, 100) overflows a float; the product form does not. Check against exact integers.
+    exact = 1 - math.comb(990, 100) / math.comb(1000, 100)
+    assert pass_at_k(1000, 10, 100) == pytest.approx(exact, rel=1e-12)
+
+
+def test_pass_at_k_rejects_bad_counts():
+    with pytest.raises(ValueError, match="n >= k"):
+        pass_at_k(3, 1, 4)
+    with pytest.raises(ValueError):
+        pass_at_k(3, 4, 1)  # c > n
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 0)
+
+
+def test_majority_vote_counts_and_skips_none():
+    # "4": 2 votes, "5": 1 vote, None: no vote
+    assert majority_vote(["4", None, "5", "4", None]) == "4"
+    assert majority_vote([None, None]) is None
+    assert majority_vote([]) is None
+
+
+def test_majority_vote_tie_goes_to_first_seen():
+    # "b" and "a" both have 2 votes; "b" appeared first
+    assert majority_vote(["b", "a", "a", "b"]) == "b"
+    assert majority_vote([None, "a", "b"]) == "a"
+
+
+def test_weighted_vote():
+    # "x": 0.2 + 0.3 = 0.5, "y": 0.9  ->  "y" wins although "x" has more votes
+    assert majority_vote(["x", "y", "x"], weights=[0.2, 0.9, 0.3]) == "y"
+    # "x": 0.5 + 0.5 = 1.0 ties "y": 1.0 -> first seen ("x")
+    assert majority_vote(["x", "y", "x"], weights=[0.5, 1.0, 0.5]) == "x"
+    with pytest.raises(ValueError):
+        majority_vote(["x"], weights=[1.0, 2.0])
+
+
+def test_maj_at_k_uses_the_first_k_samples():
+    answers = ["3", "7", "7", "3", "3"]
+    # first 3: "7" has 2 votes -> wrong; all 5: "3" has 3 votes -> right
+    assert maj_at_k(answers, {"3": True}, k=3) == 0.0
+    assert maj_at_k(answers, {"3": True, "7": False}, k=5) == 1.0
+    assert maj_at_k(answers, lambda a: int(a) == 3, k=5) == 1.0
+    assert maj_at_k([None, None, "3"], {"3": True}, k=2) == 0.0  # no majority among the first 2
+    with pytest.raises(ValueError):
+        maj_at_k(answers, {"3": True}, k=6)
+
+
+def test_best_of_n_first_on_ties():
+    assert best_of_n([0.1, 0.9, 0.3]) == 1
+    assert best_of_n([0.5, 0.9, 0.9]) == 1
+    assert best_of_n([-2.0]) == 0
+    with pytest.raises(ValueError):
+        best_of_n([])
+
+
+def test_weighted_best_of_n_sums_scores_per_answer():
+    # best single sample is "12" (0.8), but "10" sums to 0.6 + 0.5 + 0.4 = 1.5 > 0.8
+    answers, scores = ["10", "12", "10", None, "10"], [0.6, 0.8, 0.5, 1.0, 0.4]
+    assert best_of_n(scores) == 3 and answers[best_of_n(scores)] is None  # the unparsed sample
+    assert weighted_best_of_n(answers, scores) == "10"
+    with pytest.raises(ValueError):
+        weighted_best_of_n(["a"], [])
