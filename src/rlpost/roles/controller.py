@@ -27,8 +27,9 @@ from rlpost import algorithms, checkpoint, config
 from rlpost.algorithms import core, dapo
 from rlpost.batch import Rollouts
 from rlpost.data import PromptStream
-from rlpost.envs import Task, build_task
+from rlpost.envs import Task, build_task, stack
 from rlpost.envs.runner import VerifierRunner
+from rlpost.envs.tools import ToolRollout
 from rlpost.models import load_policy
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
@@ -51,16 +52,16 @@ def timed(name: str, timings: dict):
 @dataclass
 class Roles:
     rollout: HFRollout
-    verifier: VerifierRunner  # the training reward: the task's verifier, or a learned reward model (RLHF)
+    verifier: VerifierRunner  # the training reward: the verifier, or a reward stack / reward model / LLM judge (envs/stack.py)
     reference: Reference | None
     algo: algorithms.Algorithm
     trainer: Trainer
-    judge: VerifierRunner | None = None  # held-out accuracy: always the task's verifier
+    grader: VerifierRunner | None = None  # held-out accuracy: always the task's verifier
 
     def close(self) -> None:
         self.verifier.close()
-        if self.judge is not None:
-            self.judge.close()
+        if self.grader is not None:
+            self.grader.close()
 
 
 def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = None, for_eval: bool = False) -> Roles:
@@ -78,6 +79,8 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     if weights is not None:
         loaded.model.load_state_dict(weights)
     rollout = HFRollout(copy.deepcopy(loaded.model), loaded.tokenizer, dtype=DTYPES[cfg.rollout.dtype])
+    if cfg.task.name == "tools":  # multi-turn episodes: same generate() contract, tool calls inside
+        rollout = ToolRollout(rollout, cfg.task)
     critic = Critic(loaded.model, cfg.algo.critic) if algorithms.flag(algo, "needs_values") and not for_eval else None
     trainer = Trainer(
         loaded.model, cfg.trainer, cfg.rollout.temperature, d.mini_batch_size, d.micro_batch_size,
@@ -85,12 +88,9 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
         entropy_grad=cfg.algo.entropy_coef > 0,
     )
     verifier = VerifierRunner(verifier_path, cfg.task.verifier_timeout_s)
-    reward = verifier  # what training optimises; the verifier always judges held-out accuracy
-    if cfg.task.reward_model and not for_eval:
-        from rlpost.roles.reward_model import RewardModelScorer
-
-        reward = RewardModelScorer(cfg.task.reward_model, d.micro_batch_size, cfg.trainer.autocast_bf16)
-    return Roles(rollout, reward, reference, algo, trainer, judge=verifier)
+    # What training optimises: the verifier, or a reward stack; the verifier always judges held-out accuracy.
+    reward = verifier if for_eval else stack.build_reward(cfg, verifier, d.micro_batch_size)
+    return Roles(rollout, reward, reference, algo, trainer, grader=verifier)
 
 
 def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | None = None) -> float:
@@ -100,7 +100,7 @@ def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | No
     for i in range(0, len(rows), bs):
         batch = roles.rollout.generate(rows[i : i + bs], n=1, temperature=0.0, top_p=1.0,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
-        rewards, infos, _ = (roles.judge or roles.verifier).score(batch)
+        rewards, infos, _ = (roles.grader or roles.verifier).score(batch)
         for row, completion, r, info in zip(batch.rows, batch.completions, rewards.tolist(), infos):
             ok = bool(info.get("correct", r >= 1.0))
             correct.append(ok)
@@ -149,7 +149,7 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, step: int, t
     prompts are generated, at most ``max_refill_rounds`` extra times, until ``prompts_per_step``
     groups are kept; the surplus of the last round is cut. If still short, the step trains on the
     groups it has (an empty batch skips the update)."""
-    r, a, K = cfg.rollout, cfg.algo, cfg.rollout.group_size
+    r, K = cfg.rollout, cfg.rollout.group_size
     filtering = r.filter_groups or algorithms.flag(roles.algo, "filters_groups")
     kept, n_kept, rounds, metrics, first = [], 0, 0, {}, None
     while True:
@@ -157,15 +157,13 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, step: int, t
             b = roles.rollout.generate(stream.next(), n=K, temperature=r.temperature, top_p=r.top_p,
                                        max_new_tokens=r.max_new_tokens)
             b.policy_version = step - 1
+            metrics.update(getattr(roles.rollout, "last_metrics", {}))
         with timed("reward", timings):
             b.reward, b.infos, v_metrics = roles.verifier.score(b)
         for k, v in v_metrics.items():  # counts add up over refill rounds
             metrics[k] = metrics.get(k, 0) + v if not k.startswith("timing_s") else v
         score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
-        if a.overlong_buffer > 0:  # DAPO's soft overlong penalty, part of the reward from here on
-            penalty = dapo.overlong_penalty(b.completion_mask.sum(1), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
-            b.reward = b.reward + penalty
-            metrics["reward/overlong_penalty_mean"] = penalty.mean().item()
+        stack.shape(b, cfg, metrics)  # overlong penalty and length shaping, part of the reward from here on
         first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
         if not filtering:
             return b, {**metrics, **first}

@@ -49,6 +49,7 @@ class HFRollout:
         self.tok = tokenizer
         self.dtype = dtype
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_set = set(self.eos_ids.tolist())
 
     def render(self, rows: list[dict]) -> list[str]:
         """Apply the chat template to each row's messages, ending with the assistant turn."""
@@ -58,7 +59,24 @@ class HFRollout:
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
         enc = self.tok(self.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
-        P = enc.input_ids.shape[1]
+        completion, sampler_logp = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p, max_new_tokens)
+        mask = self.completion_mask(completion)  # (B, T)
+        return Rollouts(
+            prompt_ids=enc.input_ids.repeat_interleave(n, dim=0),
+            prompt_mask=enc.attention_mask.bool().repeat_interleave(n, dim=0),
+            completion_ids=completion,
+            completion_mask=mask,
+            sampler_logp=sampler_logp * mask,
+            truncated=~torch.isin(completion, self.eos_ids).any(dim=1),
+            group_ids=torch.arange(len(rows)).repeat_interleave(n),
+            rows=[r for r in rows for _ in range(n)],
+            completions=self.tok.batch_decode(completion * mask + self.tok.pad_token_id * ~mask, skip_special_tokens=True),
+        )
+
+    def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
+                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor]:
+        """(completion (B*n, T) int64, sampler log-probs (B*n, T) float32; zeros when greedy)."""
+        P = input_ids.shape[1]
         greedy = temperature == 0
         recorder = None if greedy else _RecordLogp(temperature)
         procs = LogitsProcessorList([] if greedy else [recorder])
@@ -68,28 +86,46 @@ class HFRollout:
         # penalties in its generation_config.json, which would silently change the distribution.
         gen_cfg = GenerationConfig(
             max_new_tokens=max_new_tokens, do_sample=not greedy, num_return_sequences=n,
-            pad_token_id=self.tok.pad_token_id, eos_token_id=self.eos_ids.tolist(),
+            pad_token_id=self.tok.pad_token_id, eos_token_id=self.eos_ids.tolist(), stop_strings=stop_strings,
         )
         out = self.model.generate(
-            input_ids=enc.input_ids, attention_mask=enc.attention_mask, generation_config=gen_cfg, logits_processor=procs
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_cfg, logits_processor=procs,
+            tokenizer=self.tok if stop_strings else None,
         )  # (B, P+T)
         completion = out[:, P:]  # (B, T)
         B, T = completion.shape
         if recorder is not None and recorder.prev is not None:
             recorder.collect(completion[:, len(recorder.logp)])  # the last sampled token
-        mask = self.completion_mask(completion)  # (B, T)
         sampler_logp = torch.stack(recorder.logp, dim=1) if recorder else torch.zeros(B, T)  # (B, T)
-        return Rollouts(
-            prompt_ids=enc.input_ids.repeat_interleave(n, dim=0),
-            prompt_mask=enc.attention_mask.bool().repeat_interleave(n, dim=0),
-            completion_ids=completion,
-            completion_mask=mask,
-            sampler_logp=sampler_logp.float() * mask,
-            truncated=~torch.isin(completion, self.eos_ids).any(dim=1),
-            group_ids=torch.arange(len(rows)).repeat_interleave(n),
-            rows=[r for r in rows for _ in range(n)],
-            completions=self.tok.batch_decode(completion * mask + self.tok.pad_token_id * ~mask, skip_special_tokens=True),
-        )
+        return completion, sampler_logp.float()
+
+    @torch.no_grad()
+    def sample_ids(self, seqs: list[list[int]], temperature: float, top_p: float, max_new_tokens: int,
+                   stop_strings: list[str]) -> list[tuple[list[int], list[float], str]]:
+        """Continue each token sequence once: (new token ids, their sampler log-probs, how it ended).
+
+        A continuation ends at the first EOS ('eos', kept), at the token that completes one of
+        ``stop_strings`` ('stop', kept, nothing after it), or at ``max_new_tokens`` ('length').
+        Multi-turn episodes (envs/tools.py) call this once per turn on token ids they already hold,
+        so no earlier token is ever re-tokenised."""
+        width = max(map(len, seqs))
+        pad = self.tok.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs])  # left-padded
+        attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+        completion, logp = self._sample(ids, attn, 1, temperature, top_p, max_new_tokens, stop_strings)
+        out = []
+        for toks, lps in zip(completion.tolist(), logp.tolist()):
+            end, how = len(toks), "length"
+            for k, t in enumerate(toks):
+                if t in self.eos_set:
+                    end, how = k + 1, "eos"
+                    break
+                tail = self.tok.decode(toks[max(0, k - 15) : k + 1])  # stop strings are a few tokens long
+                if any(tail.endswith(s) for s in stop_strings):
+                    end, how = k + 1, "stop"
+                    break
+            out.append((toks[:end], lps[:end], how))
+        return out
 
     def completion_mask(self, completion: Tensor) -> Tensor:  # (B, T) bool
         """True up to and including the first EOS; all True if there is none (truncated)."""
