@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("target", metavar="MODEL_OR_RUN_DIR", help="'embedded', 'tiny', a model folder, a hub id, or a run folder")
     e.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides")
     e.add_argument("--n", type=int, default=0, help="held-out problems to use (0 = all)")
+    e.add_argument("--samples", type=int, default=0, help="also draw S samples per problem at rollout.temperature: pass@k, maj@k")
+    e.add_argument("--k", default="", help="comma-separated k for pass@k and maj@k (default: 1 and S)")
+    e.add_argument("--out", default="", help="per-sample results (JSONL); default RUN_DIR/eval_samples.jsonl or ./eval_samples.jsonl")
     for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
                        ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
                        ("rm", "Bradley-Terry reward model (a scalar head on the LM)")):
@@ -133,8 +136,12 @@ def cmd_eval(args) -> int:
     else:
         cfg = config.load(None, [f"model.name={args.target}", *args.args])
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
-    acc, n = heldout_accuracy(cfg, weights, args.n)
-    print(json.dumps({"target": str(args.target), "heldout_accuracy": acc, "n": n}))
+    out = Path(args.out or (target / "eval_samples.jsonl" if weights is not None else "eval_samples.jsonl"))
+    ks = sorted({int(k) for k in args.k.split(",") if k} or {1, max(1, args.samples)})
+    if args.samples and max(ks) > args.samples:
+        raise config.ConfigError(f"--k: every k must be <= --samples ({args.samples}), got {args.k}")
+    acc, n, summary = heldout_accuracy(cfg, weights, args.n, samples=args.samples, ks=ks, dump=out)
+    print(json.dumps({"target": str(args.target), "heldout_accuracy": acc, "n": n, **summary, "samples_file": str(out)}))
     return 0
 
 

@@ -179,6 +179,8 @@ class AlgoConfig:
     """overlong soft penalty (DAPO): over the last overlong_buffer tokens before max_new_tokens the reward falls linearly by up to overlong_penalty; 0 = off"""
     overlong_penalty: float = knob(1.0, ge=0)
     """overlong soft penalty: reward lost by a completion that reaches max_new_tokens"""
+    prime_coef: float = knob(0.0, ge=0)
+    """PRIME-style implicit process reward: beta of the dense token reward beta * log(pi / pi_ref), RLOO-centred and added to the advantages (0 = off; needs a reference, built when > 0)"""
     overlong_filter: bool = False
     """overlong filtering (DAPO): truncated completions get no loss (they still count in their group's baseline)"""
     baseline: Literal["none", "moving_average"] = "moving_average"

@@ -106,6 +106,16 @@ def returns_to_go(rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
     return gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)[0]
 
 
+def prime_advantages(implicit: Tensor, mask: Tensor, group_size: int) -> Tensor:
+    """PRIME's process advantage from implicit token rewards r_t = beta * log(pi(y_t) / pi_ref(y_t)):
+    A_t = sum_{s >= t} (r_s - b_i), b_i = the mean over the group's OTHER completions of their
+    per-token mean implicit reward (PRIME eq. 6, gamma = 1). Added to the outcome advantage."""
+    per_token = (implicit * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B,)
+    grouped = per_token.view(-1, group_size)
+    loo = (grouped.sum(1, keepdim=True) - grouped) / max(1, group_size - 1)  # (n_prompts, K)
+    return returns_to_go((implicit - loo.view(-1, 1)) * mask, mask)
+
+
 # --- group baselines (sequence level: one value per completion) ------------------------------
 
 

@@ -23,7 +23,7 @@ def score(completion: str, row: dict) -> tuple[float, dict]:
     found = INT.findall(completion.replace(",", ""))
     pred = found[-1] if found else None
     correct = pred is not None and int(pred) == int(row["answer"])
-    return float(correct), {"correct": correct, "parsed": pred is not None}
+    return float(correct), {"correct": correct, "parsed": pred is not None, "pred": pred}
 
 
 def make_problem(rng: random.Random, ops: str, a_range, b_range, n_terms: int) -> tuple[str, int]:

@@ -28,7 +28,7 @@ import operator
 import random
 import re
 
-CALL = re.compile(r"<(calculator|python)>(.*?)</\1>\s*$", re.S)
+CALL = re.compile(r"<(calculator|python)>(.*?)</\1>", re.S)
 STOPS = ["</calculator>", "</python>"]
 RESULT_CHARS = 300  # an observation is capped: a tool printing megabytes must not flood the context
 
@@ -100,10 +100,10 @@ TOOLS = {"calculator": calculator, "python": python}
 
 def observe(text: str, allowed: set[str]) -> str | None:
     """The observation for a turn that ended in a tool call, or None if the turn made no call."""
-    m = CALL.search(text)
-    if m is None:
+    calls = CALL.findall(text)  # the turn stopped at the first closing tag: its call is the last one
+    if not calls:
         return None
-    name, arg = m.group(1), m.group(2)
+    name, arg = calls[-1]
     out = TOOLS[name](arg) if name in allowed else f"error: the {name} tool is not available"
     return f"\n<result>{out[:RESULT_CHARS]}</result>\n"
 

@@ -74,7 +74,7 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     reference = (
         Reference(copy.deepcopy(loaded.model), cfg.rollout.temperature, d.micro_batch_size, cfg.trainer.autocast_bf16,
                   cfg.trainer.share_prompt_prefix)
-        if algo.needs_reference and not for_eval else None
+        if (algo.needs_reference or cfg.algo.prime_coef > 0) and not for_eval else None
     )
     if weights is not None:
         loaded.model.load_state_dict(weights)
@@ -111,14 +111,27 @@ def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | No
     return sum(correct) / max(1, len(correct))
 
 
-def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0) -> tuple[float, int]:
-    """(greedy held-out accuracy, problems used) of cfg.model, with checkpoint `weights` if given;
-    n = 0 uses every held-out problem. `rlpost eval`, the pipeline and online DPO all use this."""
+def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0, samples: int = 0,
+                     ks: list[int] = (), dump: Path | None = None) -> tuple[float, int, dict]:
+    """(greedy held-out accuracy, problems used, sampled summary) of cfg.model, with checkpoint
+    `weights` if given; n = 0 uses every held-out problem. With samples > 0 it also draws that many
+    completions per problem at rollout.temperature and reports pass@1, pass@k and maj@k for each
+    k in ks (search/evaluate.py); `dump` receives every record. `rlpost eval`, the pipeline and
+    online DPO all use this."""
+    from rlpost.search import evaluate as sampled
+
     task = build_task(cfg)
     roles = build_roles(cfg, task.verifier, weights, for_eval=True)
     rows = task.heldout[: n or None]
     try:
-        return evaluate(roles, rows, cfg), len(rows)
+        acc = evaluate(roles, rows, cfg, dump if not samples else None)
+        if not samples:
+            return acc, len(rows), {}
+        r = cfg.rollout
+        records = sampled.sample_records(roles, rows, samples, r.temperature, r.top_p, r.max_new_tokens, cfg.run.eval_batch_size)
+        if dump is not None:
+            sampled.write_records(records, dump)
+        return acc, len(rows), {"samples": samples, "temperature": r.temperature, **sampled.summarise(records, list(ks))}
     finally:
         roles.close()
 
@@ -198,6 +211,24 @@ def loss_setup(cfg: config.Config, roles: Roles, state: dict):
     return loss_fn, kl_ctl, early_old
 
 
+def adjust_advantages(batch: Rollouts, cfg: config.Config) -> dict:
+    """What the shared knobs add to any algorithm's advantages: PRIME's implicit process reward,
+    truncated IS, DAPO's overlong filter."""
+    a, metrics = cfg.algo, {}
+    if a.prime_coef > 0:  # dense reward beta * log(pi / pi_ref) per token, RLOO-centred (core.prime_advantages)
+        policy_logp = batch.old_logp if batch.old_logp is not None else batch.sampler_logp
+        implicit = a.prime_coef * (policy_logp - batch.ref_logp) * batch.completion_mask
+        dense = core.prime_advantages(implicit, batch.completion_mask, cfg.rollout.group_size)
+        batch.advantages = batch.advantages + dense
+        metrics["reward/implicit_prm_mean"] = (implicit.sum(1)).mean().item()
+    if a.tis_cap > 0:
+        metrics.update(apply_tis(batch, a.tis_cap, a.tis_level))
+    if a.overlong_filter:  # after the advantages: truncated rows still count in their group
+        batch.completion_mask = batch.completion_mask & ~batch.truncated[:, None]
+        batch.advantages = batch.advantages * batch.completion_mask
+    return metrics
+
+
 def apply_tis(batch: Rollouts, cap: float, level: str) -> dict:
     """Truncated importance sampling: scale advantages by min(pi_old / pi_sampler, cap). Folding the
     (gradient-free, non-negative) weight into the advantage is exact for the token-level losses
@@ -256,11 +287,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                 batch.old_logp, batch.old_values = roles.trainer.recompute(batch)
         with timed("adv", timings):
             batch.advantages, a_metrics = roles.algo.advantages(batch)
-            if cfg.algo.tis_cap > 0:
-                a_metrics.update(apply_tis(batch, cfg.algo.tis_cap, cfg.algo.tis_level))
-            if cfg.algo.overlong_filter:  # after the advantages: truncated rows still count in their group
-                batch.completion_mask = batch.completion_mask & ~batch.truncated[:, None]
-                batch.advantages = batch.advantages * batch.completion_mask
+            a_metrics.update(adjust_advantages(batch, cfg))
         with timed("update", timings):
             u_metrics = roles.trainer.update(batch, loss_fn)
         if kl_ctl:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, TopPLogitsWarper
+from transformers import (
+    GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TopPLogitsWarper,
+)
 
 from rlpost.batch import Rollouts
 
@@ -38,6 +40,20 @@ class _RecordLogp(LogitsProcessor):
     def collect(self, tokens: Tensor) -> None:
         self.logp.append(self.prev.gather(-1, tokens[:, None]).squeeze(-1))  # (B,)
         self.prev = None
+
+
+class _StopOnText(StoppingCriteria):
+    """Per-row stop once the row's generated text contains a stop string. transformers' own
+    ``stop_strings`` needs the string's characters as token pieces of the vocabulary, which a small
+    tokenizer may not have; decoding works for any tokenizer. 'Contains', not 'ends with': a token
+    may carry the stop string's last characters and more ('>' + newline as one token)."""
+
+    def __init__(self, tok, stops: list[str], prompt_len: int):
+        self.tok, self.stops, self.P = tok, stops, prompt_len
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs) -> Tensor:
+        texts = self.tok.batch_decode(input_ids[:, self.P :])
+        return torch.tensor([any(s in t for s in self.stops) for t in texts], device=input_ids.device)
 
 
 class HFRollout:
@@ -86,11 +102,12 @@ class HFRollout:
         # penalties in its generation_config.json, which would silently change the distribution.
         gen_cfg = GenerationConfig(
             max_new_tokens=max_new_tokens, do_sample=not greedy, num_return_sequences=n,
-            pad_token_id=self.tok.pad_token_id, eos_token_id=self.eos_ids.tolist(), stop_strings=stop_strings,
+            pad_token_id=self.tok.pad_token_id, eos_token_id=self.eos_ids.tolist(),
         )
+        stopping = StoppingCriteriaList([_StopOnText(self.tok, stop_strings, P)] if stop_strings else [])
         out = self.model.generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=gen_cfg, logits_processor=procs,
-            tokenizer=self.tok if stop_strings else None,
+            stopping_criteria=stopping,
         )  # (B, P+T)
         completion = out[:, P:]  # (B, T)
         B, T = completion.shape
@@ -105,7 +122,8 @@ class HFRollout:
         """Continue each token sequence once: (new token ids, their sampler log-probs, how it ended).
 
         A continuation ends at the first EOS ('eos', kept), at the token that completes one of
-        ``stop_strings`` ('stop', kept, nothing after it), or at ``max_new_tokens`` ('length').
+        ``stop_strings`` ('stop', kept, nothing after it; that token may carry a few characters past
+        the stop string), or at ``max_new_tokens`` ('length').
         Multi-turn episodes (envs/tools.py) call this once per turn on token ids they already hold,
         so no earlier token is ever re-tokenised."""
         width = max(map(len, seqs))
@@ -120,8 +138,8 @@ class HFRollout:
                 if t in self.eos_set:
                     end, how = k + 1, "eos"
                     break
-                tail = self.tok.decode(toks[max(0, k - 15) : k + 1])  # stop strings are a few tokens long
-                if any(tail.endswith(s) for s in stop_strings):
+                text = self.tok.decode(toks[: k + 1])
+                if any(s in text for s in stop_strings):
                     end, how = k + 1, "stop"
                     break
             out.append((toks[:end], lps[:end], how))
