@@ -63,8 +63,8 @@ class TaskConfig:
     """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the family's"""
     reward_model: str = ""
     """RLHF: the model folder written by `rlpost rm`; its score replaces the verifier's reward in training (held-out accuracy still uses the verifier)"""
-    verifier_timeout_s: float = knob(2.0, gt=0)
-    """seconds one verifier call may take before it scores 0 and is counted as a timeout"""
+    verifier_timeout_s: float = knob(0.0, ge=0)
+    """seconds one verifier call may take before it scores 0 and is counted as a timeout; 0 = the family's default (2 s; 10 s for math and gym; 60 s for code, which runs every hidden test)"""
     data: str = ""
     """training rows (dataset/math/code tasks): a .jsonl or .parquet file or a `datasets` folder saved on disk"""
     eval_data: str = ""

@@ -27,6 +27,13 @@ DEFAULT_VERIFIER = {
 }
 
 
+DEFAULT_TIMEOUT_S = {"math": 10.0, "gym": 10.0, "code": 60.0}
+
+
+def verifier_timeout(cfg) -> float:
+    return cfg.task.verifier_timeout_s or DEFAULT_TIMEOUT_S.get(cfg.task.name, 2.0)
+
+
 @dataclass
 class Task:
     train: list[dict]

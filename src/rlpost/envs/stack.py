@@ -60,12 +60,13 @@ def build_reward(cfg, verifier, micro_batch_size: int):
     Parts: each of task.reward_funcs (weights task.reward_weights), the reward model
     (task.reward_model), the judge (task.judge_model, weight task.judge_weight). With none of
     them the verifier is the reward; name the verifier in task.reward_funcs to stack it too."""
+    from rlpost.envs import verifier_timeout
     from rlpost.envs.runner import VerifierRunner
 
     t = cfg.task
     funcs = [f.strip() for f in t.reward_funcs.split(",") if f.strip()]
     weights = [float(w) for w in t.reward_weights.split(",")] if t.reward_weights else [1.0] * len(funcs)
-    parts = [(part_name(f), VerifierRunner(f, t.verifier_timeout_s), w) for f, w in zip(funcs, weights)]
+    parts = [(part_name(f), VerifierRunner(f, verifier_timeout(cfg)), w) for f, w in zip(funcs, weights)]
     if t.reward_model:
         from rlpost.roles.reward_model import RewardModelScorer
 

@@ -24,7 +24,7 @@ KL_SPIKE = 10.0  # x the median KL of the steps before
 LENGTH_INFLATION = 2.0  # x the early mean response length ...
 TRUNCATION = 0.2  # ... together with this share of completions hitting the length cap
 PROXY_REWARD_GAIN = 0.05  # reward mean up by this much between two held-out evaluations ...
-PROXY_HELDOUT_DROP = 0.02  # ... while held-out accuracy fell by this much
+PROXY_HELDOUT_FLAT = 0.01  # ... while held-out accuracy rose by less than this (flat or down): likely reward hacking
 OUTSIDE_BAND = 0.8  # share of groups with pass rate 0 or 1 (no gradient from a group baseline)
 EARLY = 3  # steps averaged as the "early" reference value
 
@@ -101,7 +101,7 @@ def proxy_overfit(history: list[dict]) -> Finding | None:
     for (s0, a0), (s1, a1) in zip(evals, evals[1:]):
         r0 = sum(reward.get(s, 0.0) for s in range(max(1, s0 - 2), s0 + 1)) / 3
         r1 = sum(reward.get(s, 0.0) for s in range(max(1, s1 - 2), s1 + 1)) / 3
-        if r1 - r0 > PROXY_REWARD_GAIN and a0 - a1 > PROXY_HELDOUT_DROP:
+        if r1 - r0 > PROXY_REWARD_GAIN and a1 - a0 < PROXY_HELDOUT_FLAT:
             return Finding("proxy_overfit", s1, f"reward {r0:.3f} -> {r1:.3f} while held-out {a0:.3f} -> {a1:.3f}",
                            "look at the samples for reward hacking; harden the verifier; a higher algo.kl_coef")
     return None

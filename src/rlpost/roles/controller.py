@@ -27,7 +27,7 @@ from rlpost import algorithms, checkpoint, config
 from rlpost.algorithms import core, dapo
 from rlpost.batch import Rollouts
 from rlpost.data import PromptStream
-from rlpost.envs import Task, build_task, stack
+from rlpost.envs import Task, build_task, stack, verifier_timeout
 from rlpost.envs.runner import VerifierRunner
 from rlpost.envs.tools import ToolRollout
 from rlpost.models import load_policy
@@ -87,7 +87,7 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
         d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic, critic_lr=cfg.algo.critic_lr,
         entropy_grad=cfg.algo.entropy_coef > 0,
     )
-    verifier = VerifierRunner(verifier_path, cfg.task.verifier_timeout_s)
+    verifier = VerifierRunner(verifier_path, verifier_timeout(cfg))
     # What training optimises: the verifier, or a reward stack; the verifier always judges held-out accuracy.
     reward = verifier if for_eval else stack.build_reward(cfg, verifier, d.micro_batch_size)
     return Roles(rollout, reward, reference, algo, trainer, grader=verifier)
