@@ -4,9 +4,9 @@ from rlpost.envs.arithmetic import _evaluate, build_splits, score
 
 def test_score_last_integer():
     row = {"answer": "19"}
-    assert score("12 + 7 = 19", row) == (1.0, {"correct": True, "parsed": True})
+    assert score("12 + 7 = 19", row) == (1.0, {"correct": True, "parsed": True, "pred": "19"})
     assert score("19, no wait, 20", row)[0] == 0.0
-    assert score("The answer is nineteen.", row) == (0.0, {"correct": False, "parsed": False})
+    assert score("The answer is nineteen.", row) == (0.0, {"correct": False, "parsed": False, "pred": None})
     assert score("1,019", {"answer": "1019"})[0] == 1.0
 
 
