@@ -4,10 +4,12 @@ majority and PRM step-level beam search, at an equal sampling budget.
     nice -n 10 .venv/bin/python benchmarks/search.py                      # the defaults below
     nice -n 10 .venv/bin/python benchmarks/search.py --train 8 --eval 8   # a quick smoke run
 
-Why this task: the embedded SmolLM2-135M barely follows "step by step" instructions, so the prompt
-carries two worked examples as earlier chat turns (3-term +/- problems with operands 2-9): the
-model then writes "a + b = x", "x - c = y", "Answer: y", three lines, and is right roughly a third
-of the time when sampling; room for a verifier-free selector to help.
+Why this task: the embedded SmolLM2-135M barely follows "step by step" instructions on their own
+(0-15% correct, answers in prose), so the prompt carries two worked examples as earlier chat turns
+(3-term +/- problems, operands 2-9). The model then writes "a + b = x", "x - c = y", "Answer: y":
+three lines, ~23 tokens, right ~1/3 of the time when sampling at T=0.7 (~0.45 greedy), so a
+selector has room to help. The prompt is kept short (~127 tokens): every MC continuation
+re-reads it, and its prefill is most of the labelling cost on CPU.
 
 Phases (each timed): 1. sample N solutions of each training problem and label every step by M
 Monte-Carlo continuations (search/prm.py); 2. train a PRM on the soft step labels and an ORM on the
@@ -41,18 +43,20 @@ from rlpost.search.prm import agg_last, agg_min, auc, mc_step_labels, outcome_ex
 from rlpost.sections import TaskConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = "Compute {expr} step by step, one step per line, then give the answer on the last line."
+SYSTEM = "Work step by step, one step per line; end with the answer."
+PROMPT = "Compute {expr}."
 SHOTS = [("5 + 3 + 4", "5 + 3 = 8\n8 + 4 = 12\nAnswer: 12"), ("7 + 6 - 2", "7 + 6 = 13\n13 - 2 = 11\nAnswer: 11")]
 
 
 def task_rows(n_train: int, n_eval: int) -> tuple[list[dict], list[dict]]:
-    """Arithmetic rows (build_splits, 3 terms, +/-, 2-9) with the two worked examples prepended."""
+    """Arithmetic rows (build_splits: 3 terms, +/-, operands 2-9), the two worked examples inserted
+    as chat turns between the system message and the question."""
     tc = replace(TaskConfig(), n_terms=3, ops="+-", min_a=2, max_a=9, min_b=2, max_b=9, prompt=PROMPT,
-                 n_train=n_train, n_heldout=n_eval)
+                 system_prompt=SYSTEM, n_train=n_train, n_heldout=n_eval)
     train, held = build_splits(tc)
     shots = [m for expr, sol in SHOTS for m in ({"role": "user", "content": PROMPT.format(expr=expr)},
                                                  {"role": "assistant", "content": sol})]
-    add = lambda rs: [{**r, "messages": shots + r["messages"]} for r in rs]
+    add = lambda rs: [{**r, "messages": r["messages"][:1] + shots + r["messages"][1:]} for r in rs]
     return add(train), add(held)
 
 
@@ -129,14 +133,15 @@ def markdown(table: dict, baseline: str) -> str:
     """Accuracy ± standard error, the paired difference to ``baseline`` ± its standard error, budget."""
     mean = lambda xs: sum(xs) / len(xs)
     base = table[baseline]["correct"]
-    out = ["| method | accuracy ± s.e. | Δ vs " + baseline + " (paired) ± s.e. | tokens / problem | samples / problem |",
+    out = [f"| method | accuracy ± s.e. | Δ vs {baseline} (paired) ± s.e. | tokens / problem | samples / problem |",
            "|---|---|---|---|---|"]
     for name, t in table.items():
         c, n = t["correct"], len(t["correct"])
         p = mean(c)
         d = [a - b for a, b in zip(c, base)]
         sd = math.sqrt(sum((x - mean(d)) ** 2 for x in d) / max(1, n - 1) / n)
-        out.append(f"| {name} | {p:.3f} ± {math.sqrt(p * (1 - p) / n):.3f} | {100 * mean(d):+.1f} ± {100 * sd:.1f} pts | "
+        se = math.sqrt(p * (1 - p) / n)
+        out.append(f"| {name} | {p:.3f} ± {se:.3f} | {100 * mean(d):+.1f} ± {100 * sd:.1f} pts | "
                    f"{mean(t['tokens']):.1f} | {mean(t['samples']):.1f} |")
     return "\n".join(out)
 
@@ -149,7 +154,8 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=4, help="MC continuations per step")
     ap.add_argument("--beam-width", type=int, default=2, help="beam width; each beam expands n / beam_width")
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--max-steps", type=int, default=4, help="beam rounds; max_steps * max_step_tokens = max_new_tokens")
+    ap.add_argument("--max-steps", type=int, default=4,
+                    help="beam rounds; max_steps * max_step_tokens = max_new_tokens")
     ap.add_argument("--max-step-tokens", type=int, default=12)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--epochs", type=int, default=2)
@@ -178,13 +184,15 @@ def main() -> None:
 def write(args, md, table, quality, stats, examples, timings) -> None:
     command = "nice -n 10 .venv/bin/python " + " ".join(["benchmarks/search.py", *sys.argv[1:]])
     env = (f"{time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()} {torch.get_num_threads()} threads, "
-           f"torch {torch.__version__}, transformers {transformers.__version__}, SmolLM2-135M-Instruct (embedded), bf16 sampler")
+           f"torch {torch.__version__}, transformers {transformers.__version__}, "
+           "SmolLM2-135M-Instruct (embedded), bf16 sampler")
     phases = " · ".join(f"{k.removeprefix('timing_s/')} {v:.0f} s" for k, v in timings.items())
+    rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()}
     text = (f"# Search and process rewards\n\n`{command}`\n\n{env}\n\nPhase times: {phases}\n\n"
-            f"Training data: {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()})}\n\n"
-            f"Scorer quality on the held-out samples (ROC AUC against correctness): PRM min {quality['auc_prm_min']:.3f}, "
-            f"PRM last {quality['auc_prm_last']:.3f}, ORM {quality['auc_orm']:.3f}; sampled accuracy "
-            f"{quality['sample_accuracy']:.3f}\n\n{md}\n")
+            f"Training data: {json.dumps(rounded)}\n\n"
+            "Scorer quality on the held-out samples (ROC AUC against correctness): "
+            f"PRM min {quality['auc_prm_min']:.3f}, PRM last {quality['auc_prm_last']:.3f}, "
+            f"ORM {quality['auc_orm']:.3f}; sampled accuracy {quality['sample_accuracy']:.3f}\n\n{md}\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)
     raw = {"command": command, "env": env, "args": {k: str(v) for k, v in vars(args).items()}, "timings": timings,

@@ -38,7 +38,8 @@ def rows(n):
 def test_step_ends_by_hand(tiny):
     tok = tiny.tokenizer
     ends = lambda text, eos=True: step_ends(token_texts(tok, ids(tok, text, eos)))
-    # a b \n c d \n \n e f </s>  -> tokens 0..9: lines end at 2 and 5; the blank line (6) joins "ef", which ends at EOS (9)
+    # a b \n c d \n \n e f </s> = tokens 0..9: lines end at 2 and 5; the blank line (6) joins "ef",
+    # which ends at EOS (9)
     assert ends("ab\ncd\n\nef") == [2, 5, 9]
     # a b \n </s>: nothing but EOS after the newline, so the one step runs to the final token (3)
     assert ends("ab\n") == [3]
@@ -75,7 +76,8 @@ class ScriptedContinuations:
 def test_mc_labels_equal_a_hand_count(tiny, chunk):
     tok = tiny.tokenizer
     prompt = ids(tok, "<|user|>q<|assistant|>")
-    sols = [ids(tok, "ab\nc0\nd", eos=True), ids(tok, "ab\ncd", eos=True)]  # a b \n c 0 \n d </s>: ends [2, 5, 7]; a b \n c d </s>: [2, 5]
+    # a b \n c 0 \n d </s>: steps end at [2, 5, 7];  a b \n c d </s>: at [2, 5]
+    sols = [ids(tok, "ab\nc0\nd", eos=True), ids(tok, "ab\ncd", eos=True)]
     batch = make_batch([prompt, prompt], sols, tok.pad_token_id)
     batch.completions, batch.rows = [tok.decode(s, skip_special_tokens=True) for s in sols], [{}, {}]
     ro = ScriptedContinuations(tok)
