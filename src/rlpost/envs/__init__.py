@@ -27,6 +27,12 @@ DEFAULT_VERIFIER = {
 }
 
 
+def is_correct(info: dict, reward: float) -> bool:
+    """Whether a scored completion counts as correct: the verifier's own ``correct`` when its info
+    has one, else reward >= 1. Held-out accuracy, pass@k / maj@k and length shaping all use this."""
+    return bool(info.get("correct", reward >= 1.0))
+
+
 DEFAULT_TIMEOUT_S = {"math": 10.0, "gym": 10.0, "code": 60.0}
 
 

@@ -58,25 +58,34 @@ def _evaluate(expr: str) -> int:
     return total
 
 
-def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
-    """(train rows, held-out rows); rows carry chat messages and the answer."""
-    rng = random.Random(tcfg.seed)
-    draw = lambda: make_problem(rng, tcfg.ops, (tcfg.min_a, tcfg.max_a), (tcfg.min_b, tcfg.max_b), tcfg.n_terms)
-    heldout: dict[str, int] = {}
-    for _ in range(tcfg.n_heldout * 20):
-        if len(heldout) == tcfg.n_heldout:
+def disjoint_splits(draw, n_train: int, n_heldout: int) -> tuple[list[tuple], list[tuple]]:
+    """(train, held-out) lists of (expr, value) from ``draw()``: the held-out split is drawn first,
+    distinct, and every training draw whose expression is held out is dropped. Each loop makes at
+    most 20x its target draws, so a small problem space gives fewer rows instead of hanging.
+    Shared by every generated task family (arithmetic, mathgen, tools)."""
+    heldout: dict = {}
+    for _ in range(n_heldout * 20):
+        if len(heldout) == n_heldout:
             break
         expr, value = draw()
         heldout.setdefault(expr, value)
     train = []
-    for _ in range(tcfg.n_train * 20):
-        if len(train) == tcfg.n_train:
+    for _ in range(n_train * 20):
+        if len(train) == n_train:
             break
         expr, value = draw()
         if expr not in heldout:
             train.append((expr, value))
+    return train, list(heldout.items())
+
+
+def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows); rows carry chat messages and the answer."""
+    rng = random.Random(tcfg.seed)
+    draw = lambda: make_problem(rng, tcfg.ops, (tcfg.min_a, tcfg.max_a), (tcfg.min_b, tcfg.max_b), tcfg.n_terms)
+    train, heldout = disjoint_splits(draw, tcfg.n_train, tcfg.n_heldout)
     to_row = lambda e, v: {"messages": _messages(tcfg, e), "answer": str(v), "expr": e}
-    return [to_row(e, v) for e, v in train], [to_row(e, v) for e, v in heldout.items()]
+    return [to_row(e, v) for e, v in train], [to_row(e, v) for e, v in heldout]
 
 
 def _messages(tcfg, expr: str) -> list[dict]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
+from rlpost.envs.arithmetic import disjoint_splits
+
 PROMPT = "What is {expr}? Give the answer as a fraction in lowest terms, inside \\boxed{{}}."
 
 
@@ -30,23 +32,11 @@ def latex(value: Fraction) -> str:
 def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows), disjoint by expression, fixed by task.seed."""
     rng = random.Random(tcfg.seed)
-    heldout: dict[str, Fraction] = {}
-    for _ in range(tcfg.n_heldout * 20):
-        if len(heldout) == tcfg.n_heldout:
-            break
-        expr, value = problem(rng)
-        heldout.setdefault(expr, value)
-    train = []
-    for _ in range(tcfg.n_train * 20):
-        if len(train) == tcfg.n_train:
-            break
-        expr, value = problem(rng)
-        if expr not in heldout:
-            train.append((expr, value))
+    train, heldout = disjoint_splits(lambda: problem(rng), tcfg.n_train, tcfg.n_heldout)
 
     def row(expr: str, value: Fraction) -> dict:
         user = {"role": "user", "content": PROMPT.format(expr=expr)}
         system = [{"role": "system", "content": tcfg.system_prompt}] if tcfg.system_prompt else []
         return {"messages": system + [user], "answer": latex(value), "expr": expr}
 
-    return [row(e, v) for e, v in train], [row(e, v) for e, v in heldout.items()]
+    return [row(e, v) for e, v in train], [row(e, v) for e, v in heldout]

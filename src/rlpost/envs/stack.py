@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms import dapo
+from rlpost.envs import is_correct
 
 
 class RewardStack:
@@ -102,7 +103,8 @@ def shape(batch, cfg, metrics: dict) -> None:
     """Add DAPO's overlong penalty and the length shaping to batch.reward, logging each."""
     a, r = cfg.algo, cfg.rollout
     lengths = batch.completion_mask.sum(1)
-    correct = torch.tensor([bool(i.get("correct", s >= 1)) for i, s in zip(batch.infos, batch.reward.tolist())])
+    if cfg.task.length_penalty != "none":  # judged on the unshaped reward, before the overlong penalty
+        correct = torch.tensor([is_correct(i, s) for i, s in zip(batch.infos, batch.reward.tolist())])
     if a.overlong_buffer > 0:  # DAPO's soft overlong penalty
         penalty = dapo.overlong_penalty(lengths, r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
         batch.reward = batch.reward + penalty

@@ -193,7 +193,7 @@ def assemble(prompts: list[list[int]], episodes: list[Episode], rows: list[dict]
 
 def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
     """Multiplications too big for a small model to do in its head (3-digit x 2-digit)."""
-    from rlpost.envs.arithmetic import make_problem
+    from rlpost.envs.arithmetic import disjoint_splits, make_problem
 
     rng = random.Random(tcfg.seed)
     system = [{"role": "system", "content": tcfg.system_prompt}] if tcfg.system_prompt else []
@@ -202,12 +202,5 @@ def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
         user = {"role": "user", "content": PROMPT.format(expr=expr)}
         return {"messages": [*system, *ONE_SHOT, user], "answer": str(value), "expr": expr}
 
-    heldout: dict[str, int] = {}
-    while len(heldout) < tcfg.n_heldout:
-        heldout.setdefault(*make_problem(rng, "*", (100, 999), (11, 99), 2))
-    train = []
-    while len(train) < tcfg.n_train:
-        expr, value = make_problem(rng, "*", (100, 999), (11, 99), 2)
-        if expr not in heldout:
-            train.append(row(expr, value))
-    return train, [row(e, v) for e, v in heldout.items()]
+    train, heldout = disjoint_splits(lambda: make_problem(rng, "*", (100, 999), (11, 99), 2), tcfg.n_train, tcfg.n_heldout)
+    return [row(e, v) for e, v in train], [row(e, v) for e, v in heldout]

@@ -27,7 +27,7 @@ from rlpost import algorithms, checkpoint, config
 from rlpost.algorithms import core, dapo
 from rlpost.batch import Rollouts
 from rlpost.data import PromptStream
-from rlpost.envs import Task, build_task, stack, verifier_timeout
+from rlpost.envs import Task, build_task, is_correct, stack, verifier_timeout
 from rlpost.envs.runner import VerifierRunner
 from rlpost.envs.tools import ToolRollout
 from rlpost.models import load_policy
@@ -102,7 +102,7 @@ def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | No
                                        max_new_tokens=cfg.rollout.max_new_tokens)
         rewards, infos, _ = (roles.grader or roles.verifier).score(batch)
         for row, completion, r, info in zip(batch.rows, batch.completions, rewards.tolist(), infos):
-            ok = bool(info.get("correct", r >= 1.0))
+            ok = is_correct(info, r)
             correct.append(ok)
             records.append({"prompt": row["messages"][-1]["content"], "completion": completion,
                             "answer": row.get("answer"), "correct": ok})

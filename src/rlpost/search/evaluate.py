@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlpost.envs import is_correct
 from rlpost.search.metrics import maj_at_k, pass_at_k
 
 
@@ -41,7 +42,7 @@ def sample_records(roles, rows: list[dict], samples: int, temperature: float, to
             records.append({"problem": i + j // samples, "sample": j % samples,
                             "prompt": row["messages"][-1]["content"], "completion": completion,
                             "gold": row.get("answer"), "answer": answer_key(info, completion), "reward": r,
-                            "correct": bool(info.get("correct", r >= 1.0))})
+                            "correct": is_correct(info, r)})
     return records
 
 
