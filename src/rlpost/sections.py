@@ -119,6 +119,8 @@ class RolloutConfig:
     """nucleus sampling mass (1.0 = off)"""
     max_new_tokens: int = knob(16, ge=1)
     """completion length cap; a completion that hits it is 'truncated'"""
+    engine: Literal["auto", "fast", "hf"] = "auto"
+    """sampler: 'fast' = rlpost's own decode loop (Llama/Qwen2: fused projections, preallocated KV, prompt prefilled once per group, finished rows leave the batch; ~2-3x `generate`), 'hf' = transformers `generate`, 'auto' = fast where supported"""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """weights of the sampler's copy of the policy (the trainer keeps float32 master weights)"""
     filter_groups: bool = False

@@ -36,6 +36,7 @@ from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table
 from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
+from rlpost.roles.rollout_fast import build_rollout
 from rlpost.roles.rollout_hf import HFRollout
 from rlpost.roles.trainer import Trainer
 
@@ -78,7 +79,7 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     )
     if weights is not None:
         loaded.model.load_state_dict(weights)
-    rollout = HFRollout(copy.deepcopy(loaded.model), loaded.tokenizer, dtype=DTYPES[cfg.rollout.dtype])
+    rollout = build_rollout(cfg.rollout.engine, copy.deepcopy(loaded.model), loaded.tokenizer, DTYPES[cfg.rollout.dtype])
     if cfg.task.name == "tools":  # multi-turn episodes: same generate() contract, tool calls inside
         rollout = ToolRollout(rollout, cfg.task)
     critic = Critic(loaded.model, cfg.algo.critic) if algorithms.flag(algo, "needs_values") and not for_eval else None

@@ -1,0 +1,265 @@
+"""Rollout role on rlpost's own decode loop for Llama-family models: the same sampling maths as
+``HFRollout``, several times the tokens per second on CPU.
+
+Why a loop of our own. At batch 32 one decode step of the 135M model is ~9 GFLOP, ~13 ms at this
+machine's bf16 matmul peak, but a `generate` step takes ~100 ms: the rest is per-op overhead
+(cache objects, mask building, logits processors, ~20 small ops per layer). This loop does the
+same maths with fewer, larger ops (benchmarks/README.md measures each lever):
+
+* **fused projections**: q/k/v is one matmul, gate/up is one matmul. The fused tensors *are* the
+  weights: the HF module's ``q_proj.weight`` etc. are views into them, so weight sync through the
+  HF state dict (``load_weights``) writes straight into what the loop reads, and no second copy
+  of the model is held.
+* **a preallocated KV cache**: one (layers, 2, B, kv_heads, P+T, head_dim) tensor, written in place.
+* **prefill once per prompt**: each distinct prompt runs once and its KV is copied to its group's
+  K rows (the group shares the prompt, so its K first-token distributions are the same row).
+* **finished rows leave the batch**: when enough rows have hit EOS the cache is compacted, so the
+  tail of long completions does not pay for the short ones.
+* **logits only where sampled**: the lm_head (576 x 49152, a fifth of the model's FLOPs per token)
+  runs on the last position only.
+
+What is sampled is exactly ``HFRollout``'s distribution: softmax(logits / T), top-p after, and
+the recorded sampler log-prob is log softmax(logits / T) of the drawn token. Numerics mirror
+transformers' bf16 forward (RMSNorm in float32, RoPE in the weights' dtype), so greedy completions
+match `generate` token for token (tests/test_rollout_fast.py). Architectures: ``llama``, and
+``qwen2`` without sliding window (q/k/v biases); anything else falls back to ``HFRollout``.
+Stop strings (multi-turn tool episodes) also go through ``HFRollout``'s path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlpost.logprobs import position_ids
+from rlpost.roles.rollout_hf import HFRollout
+from rlpost.sections import ConfigError
+
+SUPPORTED = ("llama", "qwen2")
+# Compact the decode batch once this fraction of its rows has finished: compaction copies the
+# whole cache, so doing it on every finished row would cost more than it saves.
+COMPACT_FRACTION = 0.25
+
+
+def build_rollout(engine: str, model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> HFRollout:
+    """The rollout role for ``rollout.engine``: 'fast' (this loop), 'hf' (`generate`), or 'auto'
+    (this loop when the architecture is supported, else `generate`)."""
+    if engine == "hf" or (engine == "auto" and not supported(model)):
+        return HFRollout(model, tokenizer, dtype=dtype)
+    if not supported(model):
+        raise ConfigError(f"rollout.engine=fast supports model types {', '.join(SUPPORTED)}, not "
+                         f"{model.config.model_type!r}; use rollout.engine=auto or hf")
+    return FastRollout(model, tokenizer, dtype=dtype)
+
+
+def supported(model) -> bool:
+    c = model.config
+    return (c.model_type in SUPPORTED and getattr(c, "hidden_act", "silu") == "silu"
+            and not getattr(c, "use_sliding_window", False) and getattr(c, "mlp_bias", False) is False)
+
+
+class _Linear:
+    """y = x W^T (+ b) with W in oneDNN's blocked layout when this torch build has it.
+
+    Repacking a bf16 weight once for oneDNN measured 1.2-1.6x faster per matmul here than
+    F.linear, which reorders on every call (the lm_head: 5.7 ms against 8.8 ms at batch 32). The
+    packed copy is opaque, so ``repack`` runs after every weight sync."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None):
+        self.weight, self.bias, self.packed = weight, bias, None
+        self.repack()
+
+    def repack(self) -> None:
+        try:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 32)
+        except (AttributeError, RuntimeError):  # a build without oneDNN: plain F.linear
+            self.packed = None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class _Layer:
+    """One decoder layer's weights: fused q/k/v (and bias), o, fused gate/up, down, the two norms."""
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias") if attn.q_proj.bias is not None else None
+        self.qkv = _Linear(_fuse([attn.q_proj, attn.k_proj, attn.v_proj]), bias)
+        self.o = _Linear(attn.o_proj.weight)
+        self.gate_up = _Linear(_fuse([mlp.gate_proj, mlp.up_proj]))
+        self.down = _Linear(mlp.down_proj.weight)
+        self.norm_in, self.norm_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.linears = [self.qkv, self.o, self.gate_up, self.down]
+
+
+def _fuse(linears, attr: str = "weight") -> Tensor:
+    """Concatenate the linears' weights (or biases) along the output dim, and make each linear's own
+    parameter a view into the fused tensor, so the model holds one copy and a state-dict copy_ into
+    the HF parameter updates the fused weights too."""
+    parts = [getattr(m, attr) for m in linears]
+    fused = torch.cat([p.detach() for p in parts], dim=0).contiguous()
+    start = 0
+    for m, p in zip(linears, parts):
+        view = fused[start : start + p.shape[0]]
+        setattr(m, attr, torch.nn.Parameter(view, requires_grad=p.requires_grad))
+        start += p.shape[0]
+    return fused
+
+
+class FastRollout(HFRollout):
+    def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype = torch.bfloat16):
+        super().__init__(model, tokenizer, dtype)
+        c = self.model.config
+        self.nh, self.nkv = c.num_attention_heads, c.num_key_value_heads
+        self.hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.eps = c.rms_norm_eps
+        core = self.model.model
+        self.layers = [_Layer(layer) for layer in core.layers]
+        self.embed, self.norm = core.embed_tokens.weight, core.norm.weight
+        self.lm_head = _Linear(self.model.get_output_embeddings().weight)  # the embedding itself when tied
+        self.rotary = core.rotary_emb
+
+    # --- the forward, mirroring transformers' Llama numerics -------------------------------------
+
+    def _rms(self, x: Tensor, w: Tensor) -> Tensor:
+        return w * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x (b, h, s, hd); cos/sin (b, 1, s, hd)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, cache: tuple[Tensor, Tensor], at: int,
+                kmask: Tensor) -> Tensor:
+        """Run all layers on x (b, s, H) whose tokens sit at cache slots [at, at+s); attention sees
+        slots [0, at+s) where kmask (b, 1, s, at+s) is True. Writes the new K/V into the cache:
+        keys transposed (layers, B, nkv, hd, L), so a decode step's q @ K needs no copy, and values
+        (layers, B, nkv, L, hd)."""
+        kc, vc = cache
+        b, s, _ = x.shape
+        nq, nk = self.nh * self.hd, self.nkv * self.hd
+        for i, L in enumerate(self.layers):
+            h = self._rms(x, L.norm_in)
+            qkv = L.qkv(h)  # (b, s, nq + 2 nk)
+            q = qkv[..., :nq].view(b, s, self.nh, self.hd).transpose(1, 2)
+            k = qkv[..., nq : nq + nk].view(b, s, self.nkv, self.hd).transpose(1, 2)
+            v = qkv[..., nq + nk :].view(b, s, self.nkv, self.hd).transpose(1, 2)
+            kc[i, :b, :, :, at : at + s] = self._rope(k, cos, sin).transpose(-1, -2)
+            vc[i, :b, :, at : at + s] = v
+            o = self._attend(self._rope(q, cos, sin), kc[i, :b, :, :, : at + s], vc[i, :b, :, : at + s], kmask)
+            x = x + L.o(o.transpose(1, 2).reshape(b, s, nq))
+            gate, up = L.gate_up(self._rms(x, L.norm_post)).chunk(2, dim=-1)
+            x = x + L.down(F.silu(gate) * up)
+        return x
+
+    def _attend(self, q: Tensor, kt: Tensor, v: Tensor, kmask: Tensor) -> Tensor:  # -> (b, nh, s, hd)
+        """Attention of q (b, nh, s, hd) over keys kt (b, nkv, hd, L) and values v (b, nkv, L, hd) where kmask (b, 1, s, L) is True.
+        Prefill (s > 1) uses SDPA; a decode step (s = 1) uses two small matmuls, which measured
+        ~10x faster than CPU SDPA's flash kernel at this size. Each kv head serves nh / nkv
+        consecutive query heads (transformers' repeat_kv order); softmax in float32 as in eager."""
+        b, _, s, _ = q.shape
+        if s > 1:
+            return F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=kmask, enable_gqa=self.nkv != self.nh)
+        q = q.view(b, self.nkv, self.nh // self.nkv, self.hd)  # (b, nkv, g, hd)
+        scores = (q @ kt).float() * self.hd**-0.5  # (b, nkv, g, L)
+        scores = scores.masked_fill(~kmask, float("-inf")).softmax(-1).to(v.dtype)
+        return (scores @ v).view(b, self.nh, 1, self.hd)
+
+    def _logits(self, x: Tensor) -> Tensor:  # (b, H) last-position states -> (b, V) float32
+        return self.lm_head(self._rms(x, self.norm)).float()
+
+    def _cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:  # pos (b, s) -> (b, 1, s, hd) each
+        cos, sin = self.rotary(self.embed[:1], pos)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    # --- sampling -----------------------------------------------------------------------------
+
+    def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
+                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor]:
+        if stop_strings:
+            return super()._sample(input_ids, attention_mask, n, temperature, top_p, max_new_tokens, stop_strings)
+        with torch.inference_mode():
+            return self._decode(input_ids, attention_mask.bool(), n, temperature, top_p, max_new_tokens)
+
+    def _decode(self, ids: Tensor, mask: Tensor, n: int, temperature: float, top_p: float,
+                max_new: int) -> tuple[Tensor, Tensor]:
+        """(completion (G*n, T) int64 padded after EOS, sampler log-probs (G*n, T) float32)."""
+        G, P = ids.shape
+        B = G * n
+        layers = len(self.layers)
+        cache = (torch.empty(layers, B, self.nkv, self.hd, P + max_new, dtype=self.dtype),
+                 torch.empty(layers, B, self.nkv, P + max_new, self.hd, dtype=self.dtype))
+        # 1. Prefill each distinct prompt once (rows of a group share it).
+        pos = position_ids(mask)  # (G, P)
+        causal = torch.ones(P, P, dtype=torch.bool).tril()
+        kmask = causal & mask[:, None, None, :]  # (G, 1, P, P)
+        kmask |= torch.eye(P, dtype=torch.bool)  # a left pad attends itself (never read; avoids NaN)
+        x = self._layers(self.embed[ids], *self._cos_sin(pos), cache, 0, kmask)  # (G, P, H)
+        if n > 1:
+            cache[0][:, :B, :, :, :P] = cache[0][:, :G, :, :, :P].repeat_interleave(n, dim=1)  # group g's KV -> its n rows
+            cache[1][:, :B, :, :P] = cache[1][:, :G, :, :P].repeat_interleave(n, dim=1)
+        logits = self._logits(x[:, -1]).repeat_interleave(n, dim=0)  # (B, V)
+        # 2. Decode. `rows` maps the live decode rows to output rows; a row that has drawn EOS
+        # writes nothing more and leaves the batch at the next compaction.
+        out = torch.full((B, max_new), self.tok.pad_token_id, dtype=torch.long)
+        logp_out = torch.zeros(B, max_new)
+        rows = torch.arange(B)
+        kmask = torch.ones(B, P + max_new, dtype=torch.bool)
+        kmask[:, :P] = mask.repeat_interleave(n, dim=0)
+        next_pos = pos[:, -1].repeat_interleave(n) + 1  # (B,) position of the first new token
+        finished = torch.zeros(B, dtype=torch.bool)
+        T = 0
+        for t in range(max_new):
+            tok, lp = self._draw(logits, temperature, top_p)
+            live = ~finished
+            out[rows[live], t], logp_out[rows[live], t] = tok[live], lp[live]
+            finished |= torch.isin(tok, self.eos_ids)
+            T = t + 1
+            if bool(finished.all()) or t == max_new - 1:
+                break
+            if finished.float().mean() >= COMPACT_FRACTION:  # drop finished rows from the batch
+                keep = (~finished).nonzero().squeeze(1)
+                for c in cache:
+                    c[:, : len(keep)] = c[:, keep]
+                kmask[: len(keep)], next_pos, rows, tok, finished = kmask[keep], next_pos[keep], rows[keep], tok[keep], finished[keep]
+            b = len(rows)
+            cos, sin = self._cos_sin((next_pos + t)[:, None])
+            x = self._layers(self.embed[tok][:, None], cos, sin, cache, P + t, kmask[:b, None, None, : P + t + 1])
+            logits = self._logits(x[:, 0])
+        return out[:, :T], logp_out[:, :T]
+
+    def _draw(self, logits: Tensor, temperature: float, top_p: float) -> tuple[Tensor, Tensor]:
+        """(token (b,), its log-prob under softmax(logits / T)); greedy when temperature is 0."""
+        if temperature == 0:
+            return logits.argmax(-1), torch.zeros(len(logits))
+        logp = (logits / temperature).log_softmax(-1)  # (b, V) the policy the trainer optimises
+        draw_from = logp if top_p >= 1.0 else _top_p(logp, top_p)
+        # Inverse-CDF sampling: one uniform per row against the cumulative distribution. Exact,
+        # and ~20x faster here than torch.multinomial, whose exponential draws over the whole
+        # 49152-token vocabulary took 25 ms per step.
+        cdf = draw_from.exp().cumsum(-1)  # (b, V)
+        u = torch.rand(len(cdf), 1) * cdf[:, -1:]
+        tok = torch.searchsorted(cdf, u, side="right").squeeze(1).clamp(max=cdf.shape[1] - 1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(1)
+
+    @torch.no_grad()
+    def load_weights(self, state: dict[str, Tensor]) -> None:
+        """Weight sync: the HF parameters are views into the fused weights, so the copy lands
+        there; then re-pack the oneDNN copies."""
+        super().load_weights(state)
+        for lin in [self.lm_head, *(lin for L in self.layers for lin in L.linears)]:
+            lin.repack()
+
+
+def _top_p(logp: Tensor, top_p: float) -> Tensor:
+    """Keep the smallest set of tokens whose mass reaches top_p (transformers' TopPLogitsWarper rule:
+    drop a token when the mass of the tokens less likely than it is <= 1 - top_p); -inf elsewhere."""
+    sorted_lp, idx = logp.sort(dim=-1)  # ascending
+    drop_sorted = sorted_lp.exp().cumsum(-1) <= 1 - top_p
+    drop_sorted[:, -1] = False  # always keep the most likely token
+    return logp.masked_fill(drop_sorted.scatter(1, idx, drop_sorted), float("-inf"))
+
