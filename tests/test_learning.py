@@ -32,10 +32,13 @@ def test_tiny_model_learns_to_copy_a_digit(tmp_path):
 
 def test_ppo_with_a_critic_learns_the_same_task(tmp_path):
     # Same task, PPO: a separate critic (zero-initialised head) learns V while GAE advantages train
-    # the policy. Measured: 1.0 held-out after 80 steps (13 s); the bar leaves room for noise.
+    # the policy. This run is seed-sensitive: once sampling stopped silently truncating to the top
+    # 50 tokens (HFRollout) the 80-step setting it used reached 0.44-0.84 across seeds. At T = 1.0
+    # and 120 steps: 0.84 (seed 0, this test), 1.0 (seed 1).
     task = Task(digit_rows(200, 0), digit_rows(50, 1), "toy_verifiers:first_char_digit")
-    cfg = tiny_cfg("algo.name=ppo", "algo.critic_lr=3e-3", "run.steps=80", "rollout.prompts_per_step=16",
-                   "rollout.group_size=8", "rollout.max_new_tokens=2", "trainer.lr=3e-3", "run.eval_every=0")
+    cfg = tiny_cfg("algo.name=ppo", "algo.critic_lr=3e-3", "run.steps=120", "rollout.prompts_per_step=16",
+                   "rollout.group_size=8", "rollout.max_new_tokens=2", "trainer.lr=3e-3", "run.eval_every=0",
+                   "rollout.temperature=1.0")
     summary = train(cfg, tmp_path / "run", task=task)
     assert summary["heldout_accuracy_after"] >= 0.8, summary
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

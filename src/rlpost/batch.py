@@ -83,6 +83,31 @@ class Rollouts:
                 out[f.name] = v
         return replace(self, **out)
 
+    def trimmed(self) -> "Rollouts":
+        """The same rows without all-padding columns: leading prompt columns no row uses and
+        trailing completion columns after every row's last loss token. The forward then costs the
+        micro-batch's own lengths, not the whole batch's (length-bucketed micro-batches)."""
+        P = int(self.prompt_mask.any(0).long().argmax()) if self.prompt_mask.any() else 0  # first used column
+        T = int(self.completion_mask.any(0).nonzero().max()) + 1 if self.completion_mask.any() else 1
+        if P == 0 and T == self.completion_ids.shape[1]:
+            return self
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor) and v.dim() == 2:
+                out[f.name] = v[:, P:] if f.name.startswith("prompt_") else v[:, :T]
+        return replace(self, **out)
+
+    def length_order(self) -> Tensor:  # (B,) int64
+        """Row order that puts groups of similar length together: groups sorted by their longest
+        completion, each group's rows kept contiguous (so the shared prompt prefix still applies)."""
+        lengths = self.completion_mask.sum(1)  # (B,)
+        _, row_to_group = torch.unique_consecutive(self.group_ids, return_inverse=True)
+        longest = torch.zeros(int(row_to_group.max()) + 1 if len(self) else 0, dtype=lengths.dtype)
+        longest.scatter_reduce_(0, row_to_group, lengths, reduce="amax")
+        # A stable sort on the group's length keeps each group's rows contiguous and in order.
+        return torch.sort(longest[row_to_group], stable=True).indices
+
     @staticmethod
     def cat(parts: list["Rollouts"]) -> "Rollouts":
         """Rows of several batches as one (DAPO's refill). Prompts are re-padded on the left and

@@ -61,3 +61,13 @@ def test_load_weights_casts_into_sampler_copy(tiny):
     name = "model.embed_tokens.weight"
     assert ro.model.state_dict()[name].dtype == torch.bfloat16
     assert torch.equal(ro.model.state_dict()[name], state[name].to(torch.bfloat16))
+
+
+def test_sampling_draws_from_the_whole_vocabulary(tiny):
+    # generate's own default top_k=50 once truncated sampling while the recorded log-probs (and the
+    # trainer) used the full softmax. The random tiny model spreads mass over all 76 tokens.
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    torch.manual_seed(0)
+    b = ro.generate([{"messages": [{"role": "user", "content": "7"}]}], n=3000, temperature=1.0, top_p=1.0,
+                    max_new_tokens=1)
+    assert len(set(b.completion_ids[:, 0].tolist())) > 60

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost import algorithms, checkpoint, config
+from rlpost import algorithms, checkpoint, config, heap
 from rlpost.algorithms import core, dapo
 from rlpost.batch import Rollouts
 from rlpost.data import PromptStream
@@ -277,6 +277,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     for step in range(start + 1, cfg.run.steps + 1):
         timings: dict = {}
         batch, c_metrics = collect(roles, stream, cfg, step, timings)
+        heap.trim()
         if len(batch) == 0:  # every group was filtered out, even after refills: nothing to learn from
             log.step(step, {**c_metrics, **timings, "timing_s/step": sum(timings.values())}, None)
             continue

@@ -182,7 +182,7 @@ class FastRollout(HFRollout):
                 max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor]:
         if stop_strings:
             return super()._sample(input_ids, attention_mask, n, temperature, top_p, max_new_tokens, stop_strings)
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference_mode: its tensors could not enter the trainer's autograd graph
             return self._decode(input_ids, attention_mask.bool(), n, temperature, top_p, max_new_tokens)
 
     def _decode(self, ids: Tensor, mask: Tensor, n: int, temperature: float, top_p: float,

@@ -103,6 +103,11 @@ class HFRollout:
         gen_cfg = GenerationConfig(
             max_new_tokens=max_new_tokens, do_sample=not greedy, num_return_sequences=n,
             pad_token_id=self.tok.pad_token_id, eos_token_id=self.eos_ids.tolist(),
+            # top_k=0 spelled out: `generate` fills unset fields from the model's generation_config
+            # and then from its own defaults, where top_k is 50. Until this was set, HFRollout drew
+            # from the top 50 tokens while recording (and training) the full softmax: on the tiny
+            # model 50 distinct first tokens were drawn where the policy gives all 76 mass.
+            **({} if greedy else {"top_k": 0}),
         )
         stopping = StoppingCriteriaList([_StopOnText(self.tok, stop_strings, P)] if stop_strings else [])
         out = self.model.generate(

@@ -23,9 +23,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from rlpost import heap
 from rlpost.algorithms.core import masked_mean
 from rlpost.batch import Rollouts
-from rlpost.logprobs import PolicyForward, policy_forward
+from rlpost.logprobs import PolicyForward, clear_cast_cache, policy_forward
 from rlpost.roles.critic import Critic
 
 LossFn = Callable[[Tensor, Rollouts], tuple[Tensor, dict]]
@@ -53,6 +54,16 @@ def ratio_histogram(ratio: Tensor) -> list[int]:
     return torch.bincount(idx, minlength=len(RATIO_EDGES) - 1).tolist()
 
 
+def sparse_tied_embedding(model: torch.nn.Module) -> None:
+    """When the input embedding is the lm_head's weight (tied, as in SmolLM2), let the embedding
+    lookup produce a sparse gradient. The head's dense gradient arrives first in the backward and
+    the lookup's rows are added into it, where a dense lookup gradient costs a zero-filled
+    49152 x 576 tensor and a full add per micro-batch (~0.1 s each, measured in the update profile)."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if isinstance(emb, torch.nn.Embedding) and head is not None and emb.weight is head.weight:
+        emb.sparse = True
+
+
 class Trainer:
     def __init__(self, model: torch.nn.Module, tcfg, temperature: float, mini_batch_size: int,
                  micro_batch_size: int, total_optimizer_steps: int, gradient_checkpointing: bool = False,
@@ -68,6 +79,7 @@ class Trainer:
                     m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        sparse_tied_embedding(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad] if critic is not None else []
         groups = [{"params": self.params, "lr": tcfg.lr}]
@@ -99,9 +111,12 @@ class Trainer:
     @torch.no_grad()
     def recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
         """(old_logp (B, T), old_values (B, T) or None) under the current weights, before any step."""
-        outs = [self.forward(batch.select(slice(i, i + self.micro))) for i in range(0, len(batch), self.micro)]
-        values = torch.cat([o.values for o in outs]) * batch.completion_mask if self.critic is not None else None
-        return torch.cat([o.logp for o in outs]), values
+        T = batch.completion_ids.shape[1]
+        with self.autocast():  # one bf16 cast of the weights for all micro-batches
+            outs = [self.forward(batch.select(slice(i, i + self.micro)).trimmed()) for i in range(0, len(batch), self.micro)]
+        pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
+        values = torch.cat([pad(o.values) for o in outs]) * batch.completion_mask if self.critic is not None else None
+        return torch.cat([pad(o.logp) for o in outs]), values
 
     def recompute_old_logp(self, batch: Rollouts) -> Tensor:  # (B, T)
         return self.recompute(batch)[0]
@@ -139,6 +154,7 @@ class Trainer:
         sums["actor/lr"] = lr
         if critic_norms:
             sums["critic/grad_norm"] = sum(critic_norms) / len(critic_norms)
+        heap.trim()  # the activations are gone: hand their pages back before the next rollout
         return sums
 
     def accumulate(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool = True, diffs: list | None = None) -> dict:
@@ -147,9 +163,24 @@ class Trainer:
         Writes the mini-batch totals on each micro-batch so the aggregator normalises by them."""
         mini.norm_tokens, mini.norm_seqs = float(mini.completion_mask.sum()), len(mini)
         sums: dict[str, float] = {}
-        for i in range(0, len(mini), self.micro):
-            mb = mini.select(slice(i, i + self.micro))
-            out = self.forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none")
+        # Micro-batches of similar length, each cut to its own longest completion (sums, not means,
+        # cross micro-batch boundaries, so the order does not change the accumulated gradient).
+        order = mini.length_order() if self.micro < len(mini) else torch.arange(len(mini))
+        with self.autocast():  # open across the micro-batches: the weights' bf16 casts are made once
+            for i in range(0, len(mini), self.micro):
+                sums = self._micro(mini.select(order[i : i + self.micro]).trimmed(), mini, loss_fn, first_epoch, diffs, sums)
+        return sums
+
+    def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None,
+               sums: dict) -> dict:
+        """Forward and backward of one micro-batch; adds its metrics into ``sums``.
+
+        Called inside the mini-batch's autocast context; everything but the forward runs with
+        autocast off. Autocast caches its bf16 copy of each weight until the *outermost* context
+        exits, so one cast serves every micro-batch of the mini-batch (the weights do not change
+        before the optimizer step), where a context per forward re-cast all 135M weights each time."""
+        out = self.forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none")
+        with torch.autocast("cpu", enabled=False):
             logp, entropy = out.logp, out.entropy  # (b, T) each
             if mb.old_logp is None:  # single optimizer step: this forward runs under the sampling weights
                 mb.old_logp = logp.detach()
@@ -160,21 +191,25 @@ class Trainer:
                 extra["entropy"] = entropy
             loss, metrics = loss_fn(logp, mb, **extra)
             loss.backward()
-            sums["actor/loss"] = sums.get("actor/loss", 0.0) + loss.item()  # micro-batch losses add up
-            if first_epoch:
-                metrics["actor/entropy"] = masked_mean(entropy.detach(), mb.completion_mask).item()
-                if diffs is not None:
-                    diffs.append((mb.old_logp - mb.sampler_logp)[mb.completion_mask])
-            # The algorithm's metrics are per-token means: weight each by its micro-batch's token share.
-            share = float(mb.completion_mask.sum()) / max(mini.norm_tokens, 1.0)
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + share * v
+        sums["actor/loss"] = sums.get("actor/loss", 0.0) + loss.item()  # micro-batch losses add up
+        if first_epoch:
+            metrics["actor/entropy"] = masked_mean(entropy.detach(), mb.completion_mask).item()
+            if diffs is not None:
+                diffs.append((mb.old_logp - mb.sampler_logp)[mb.completion_mask])
+        # The algorithm's metrics are per-token means: weight each by its micro-batch's token share.
+        share = float(mb.completion_mask.sum()) / max(mini.norm_tokens, 1.0)
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + share * v
         return sums
 
     def step(self) -> list[float]:
         """Clip, step, zero; return the pre-clip grad norms (the policy's, then the critic's own)."""
+        for p in self.params:
+            if p.grad is not None and p.grad.is_sparse:  # only a sparse embedding grad reached it
+                p.grad = p.grad.to_dense()
         norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)) for g in self.opt.param_groups]
         self.opt.step()
+        clear_cast_cache()  # the weights changed in place (fused AdamW leaves _version alone)
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         return norms

@@ -1,0 +1,108 @@
+"""How close each phase of a GRPO step is to this machine's limits.
+
+    .venv/bin/python benchmarks/roofline.py        # reads benchmarks/results/vs_trl.json (run vs_trl.py first)
+
+Measures the machine's ceilings here (bf16 and fp32 2048^3 GEMM, and memory bandwidth as a
+112 MB copy), counts the work of one step of the speed benchmark's configuration from the
+model's shape and the measured completion lengths, and divides by the measured phase times.
+
+* Rollout: prefill is compute (2 x params FLOPs per prompt token, each prompt once); each decode
+  step reads every bf16 weight once whatever the batch (32 rows x 576 is far too little work per
+  weight byte to be compute bound), so its floor is weight bytes / bandwidth per decode step.
+* Update: forward + backward = 6 x params FLOPs per token, on the trunk for prompt and completion
+  tokens and on the lm_head for completion tokens only (ChunkedLogp scores only those).
+Writes benchmarks/results/roofline.md.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def gemm_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / min(times) / 1e9
+
+
+def bandwidth_gbs(mb: int = 112, reps: int = 10) -> float:
+    src = torch.randn(mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t = min(_timed(lambda: dst.copy_(src)) for _ in range(reps))
+    return 2 * src.numel() * 4 / t / 1e9  # read + write
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def model_shape() -> dict:
+    from rlpost.models import embedded_model_dir
+
+    c = json.loads((embedded_model_dir() / "config.json").read_text())
+    H, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    hd = c.get("head_dim") or H // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * hd
+    per_layer = H * H * 2 + H * kv * 2 + 3 * H * I  # q, o, k, v, gate, up, down
+    return {"trunk": per_layer * L, "head": V * H, "layers": L, "kv": kv}
+
+
+def main() -> None:
+    torch.set_num_threads(torch.get_num_threads())
+    peak_bf16, peak_fp32, bw = gemm_gflops(torch.bfloat16), gemm_gflops(torch.float32), bandwidth_gbs()
+    bench = json.loads((HERE / "results" / "vs_trl.json").read_text())
+    m = model_shape()
+    from rlpost import config
+    from rlpost.envs import build_task
+    from rlpost.models import load_tokenizer
+
+    tok = load_tokenizer("embedded")
+    rows = build_task(config.load(None, [])).train[:64]
+    prompt_len = statistics.mean(len(tok.apply_chat_template(r["messages"], add_generation_prompt=True)) for r in rows)
+    steps = [s for r in bench["runs"]["rlpost"] for s in r["steps"][1:]]
+    gen_tokens = statistics.median(s["tokens"] for s in steps)  # completion tokens per step (32 rows)
+    prompts, rows_n, max_new = 8, 32, 64
+    # Rollout: prefill FLOPs at bf16 peak + one read of the bf16 weights per decode step at the measured bandwidth.
+    prefill_flops = 2 * m["trunk"] * prompts * prompt_len
+    weight_bytes = 2 * (m["trunk"] + m["head"])
+    rollout_floor = prefill_flops / (peak_bf16 * 1e9) + max_new * weight_bytes / (bw * 1e9)
+    decode_flops = 2 * (m["trunk"] + m["head"]) * gen_tokens
+    # Update: 6 x params per token; trunk over every prompt once plus each row's completion, head on completion tokens.
+    update_flops = 6 * m["trunk"] * (prompts * prompt_len + gen_tokens) + 6 * m["head"] * gen_tokens
+    update_floor = update_flops / (peak_bf16 * 1e9)
+    ours, trl = bench["rlpost"], bench["trl"]
+    lines = [
+        f"Machine: bf16 GEMM {peak_bf16:.0f} GFLOP/s, fp32 GEMM {peak_fp32:.0f} GFLOP/s (2048^3), "
+        f"memory copy {bw:.1f} GB/s (read + write).",
+        f"Step (speed benchmark): {prompts} prompts x 4, prompt {prompt_len:.0f} tokens, "
+        f"{gen_tokens:.0f} completion tokens (median), at most {max_new} decode steps.", "",
+        "| phase | work | floor on this machine | rlpost measured | % of limit | TRL measured | % of limit |",
+        "|---|---|---|---|---|---|---|",
+        f"| rollout | prefill {prefill_flops / 1e9:.0f} GFLOP + {max_new} reads of {weight_bytes / 1e6:.0f} MB bf16 weights "
+        f"(decode {decode_flops / 1e9:.0f} GFLOP) | {rollout_floor:.2f} s | {ours['gen_s']:.2f} s | "
+        f"{100 * rollout_floor / ours['gen_s']:.0f}% | {trl['gen_s']:.2f} s | {100 * rollout_floor / trl['gen_s']:.0f}% |",
+        f"| update | {update_flops / 1e12:.2f} TFLOP (fwd + bwd) | {update_floor:.2f} s at bf16 peak | {ours['update_s']:.2f} s | "
+        f"{100 * update_floor / ours['update_s']:.0f}% | {trl['update_s']:.2f} s | {100 * update_floor / trl['update_s']:.0f}% |",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (HERE / "results" / "roofline.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""rlpost against TRL's GRPOTrainer: same model, task and configuration, run alternately in one invocation.
+
+    .venv/bin/python benchmarks/vs_trl.py                   # 2 rounds x (TRL, rlpost) x 6 steps, + the generate comparison
+    .venv/bin/python benchmarks/vs_trl.py --rounds 1 --steps 3
+
+TRL is installed only for this benchmark, into benchmarks/.trl (pip --no-deps --target: its
+dependencies, transformers, accelerate and datasets, are rlpost's own), and imported only by the
+TRL child process. Each run is a child process, so its peak RSS is its own (os.wait4's
+ru_maxrss); the order alternates each round so drift on a shared machine hits both sides.
+
+Configuration, both sides: the embedded SmolLM2-135M-Instruct, the demo arithmetic task and its
+verifier, 8 prompts x 4 completions per step, at most 64 new tokens, temperature 0.7, GRPO loss
+(sequence mean of token means; TRL loss_type="grpo"), rewards centred and scaled by the group's
+std, no KL (beta 0), one optimizer step per batch, AdamW lr 1e-5 constant, betas (0.9, 0.99),
+grad clip 1.0, full fine-tune, bf16 autocast with float32 master weights, no gradient
+checkpointing (TRL's default turns it on; it trades update time for memory).
+
+Also measured, on the same 8 x 4 x 64 batch: tokens/s of rlpost's rollout engine against plain
+transformers `generate` with bf16 weights (dynamic cache and static cache).
+Writes benchmarks/results/vs_trl.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TRL_DIR = HERE / ".trl"
+TRL_VERSION = "1.16.0"
+PROMPTS, GROUP, MAX_NEW, TEMPERATURE, LR = 8, 4, 64, 0.7, 1e-5
+
+
+def ensure_trl() -> None:
+    if (TRL_DIR / "trl" / "__init__.py").exists():
+        return
+    print(f"installing trl=={TRL_VERSION} into {TRL_DIR} (benchmark only)", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(TRL_DIR),
+                    f"trl=={TRL_VERSION}"], check=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Children: one run each, results as JSON on the path given
+# ---------------------------------------------------------------------------------------------
+
+
+def child_trl(steps: int, seed: int, out: Path) -> None:
+    sys.path.insert(0, str(TRL_DIR))
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlpost import config
+    from rlpost.envs import arithmetic, build_task
+    from rlpost.models import embedded_model_dir, load_tokenizer
+
+    torch.set_num_threads(os.cpu_count())
+    task = build_task(config.load(None, []))
+    data = Dataset.from_list([{"prompt": r["messages"], "answer": r["answer"]} for r in task.train])
+
+    def reward(prompts, completions, answer, **_):
+        return [arithmetic.score(c[0]["content"], {"answer": a})[0] for c, a in zip(completions, answer)]
+
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32)
+    gen_s = [0.0]
+    plain_generate = model.generate
+
+    def timed_generate(*a, **k):
+        t = time.perf_counter()
+        try:
+            return plain_generate(*a, **k)
+        finally:
+            gen_s[0] += time.perf_counter() - t
+
+    model.generate = timed_generate
+    steps_log: list[dict] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t, gen_s[0] = time.perf_counter(), 0.0
+
+        def on_step_end(self, args, state, control, **kw):
+            steps_log.append({"step_s": time.perf_counter() - self.t, "gen_s": gen_s[0]})
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "reward" in logs and steps_log:
+                steps_log[-1].update(reward=logs["reward"], mean_length=logs.get("completions/mean_length"))
+
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=True, per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP, max_completion_length=MAX_NEW, temperature=TEMPERATURE, top_p=1.0,
+        learning_rate=LR, lr_scheduler_type="constant", adam_beta2=0.99, beta=0.0, loss_type="grpo",
+        scale_rewards="group", gradient_checkpointing=False, max_steps=steps, logging_steps=1,
+        save_strategy="no", report_to=[], seed=seed, disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                          processing_class=load_tokenizer("embedded"), callbacks=[Timer()])
+    trainer.train()
+    for s in steps_log:
+        s["tokens"] = s.get("mean_length", 0) * PROMPTS * GROUP
+        s["update_s"] = s["step_s"] - s["gen_s"]  # reward time (microseconds here) included
+    out.write_text(json.dumps({"steps": steps_log}))
+
+
+def child_rlpost(steps: int, seed: int, out: Path) -> None:
+    from rlpost import cli
+
+    run_dir = Path(tempfile.mkdtemp()) / "run"
+    code = cli.main([
+        "train", f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
+        f"rollout.max_new_tokens={MAX_NEW}", f"rollout.temperature={TEMPERATURE}", f"trainer.lr={LR}",
+        f"run.steps={steps}", f"run.seed={seed}", "run.eval_every=0", "run.checkpoint_every=0",
+        "task.n_heldout=16", "run.progress=false", f"run.out_dir={run_dir.parent}", "run.name=run",
+        "trainer.micro_batch_size=8",  # length-bucketed micro-batches: same gradient, ~30% less peak memory
+    ])
+    assert code == 0, f"rlpost train exited {code}"
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_log = [{
+        "step_s": m["timing_s/step"], "gen_s": m["timing_s/gen"], "update_s": m["timing_s/update"],
+        "reward": m["reward/mean"], "mean_length": m["response_length/mean"],
+        "tokens": m["response_length/mean"] * PROMPTS * GROUP,
+        "logp_diff_mean": m["actor/logp_diff_sampler_mean"], "logp_diff_max": m["actor/logp_diff_sampler_max"],
+    } for m in rows if "timing_s/update" in m]
+    out.write_text(json.dumps({"steps": steps_log}))
+
+
+def child_generate(reps: int, seed: int, out: Path) -> None:
+    """Tokens/s on one 8 x 4 x 64 batch: rlpost's engine vs `generate` (bf16, dynamic / static cache)."""
+    import copy
+
+    import torch
+    from transformers import GenerationConfig
+
+    from rlpost import config
+    from rlpost.envs import build_task
+    from rlpost.models import load_policy
+    from rlpost.roles.rollout_fast import FastRollout
+
+    torch.set_num_threads(os.cpu_count())
+    loaded = load_policy("embedded")
+    rows = build_task(config.load(None, [])).train[:PROMPTS]
+    fast = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
+    hf = copy.deepcopy(loaded.model).to(torch.bfloat16).eval()
+    enc = loaded.tokenizer(fast.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def run_hf(cache):
+        g = GenerationConfig(max_new_tokens=MAX_NEW, do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0,
+                             num_return_sequences=GROUP, pad_token_id=loaded.tokenizer.pad_token_id,
+                             eos_token_id=loaded.tokenizer.eos_token_id, cache_implementation=cache)
+        with torch.no_grad():
+            ids = hf.generate(input_ids=enc.input_ids, attention_mask=enc.attention_mask, generation_config=g)
+        return fast.completion_mask(ids[:, enc.input_ids.shape[1]:]).sum().item()
+
+    def run_fast():
+        return fast.generate(rows, GROUP, TEMPERATURE, 1.0, MAX_NEW).completion_mask.sum().item()
+
+    engines = {"rlpost": run_fast, "generate_static": lambda: run_hf("static"), "generate_dynamic": lambda: run_hf(None)}
+    result = {k: [] for k in engines}
+    for r in range(reps + 1):  # rep 0 warms up (static cache allocation, oneDNN primitives)
+        for name, fn in engines.items():
+            torch.manual_seed(seed + r)
+            t = time.perf_counter()
+            tokens = fn()
+            if r:
+                result[name].append(tokens / (time.perf_counter() - t))
+    out.write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent: alternate, collect, report
+# ---------------------------------------------------------------------------------------------
+
+
+def spawn(kind: str, steps: int, seed: int) -> dict:
+    out = Path(tempfile.mkstemp(suffix=".json")[1])
+    cmd = [sys.executable, __file__, "--child", kind, "--steps", str(steps), "--seed", str(seed), "--out", str(out)]
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        raise SystemExit(f"{kind} child failed:\n{proc.stderr.read()[-3000:]}")
+    result = json.loads(out.read_text())
+    result.update(peak_rss_gb=usage.ru_maxrss / 2**20, wall_s=time.perf_counter() - t)
+    print(f"  {kind}: {result['wall_s']:.0f} s, peak RSS {result['peak_rss_gb']:.2f} GiB", flush=True)
+    return result
+
+
+def summarise(runs: list[dict]) -> dict:
+    # The first step of each run warms up (oneDNN primitives, allocator): medians skip it.
+    steps = [s for r in runs for s in r["steps"][1:]]
+    med = lambda k: statistics.median(s[k] for s in steps)
+    out = {"step_s": med("step_s"), "gen_s": med("gen_s"), "update_s": med("update_s"),
+           "gen_tok_s": statistics.median(s["tokens"] / s["gen_s"] for s in steps),
+           "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
+           "reward_by_step": [statistics.mean(r["steps"][i]["reward"] for r in runs) for i in range(len(runs[0]["steps"]))]}
+    if "logp_diff_mean" in steps[0]:
+        out["logp_diff_mean"] = statistics.mean(s["logp_diff_mean"] for s in steps)
+        out["logp_diff_max"] = max(s["logp_diff_max"] for s in steps)
+    return out
+
+
+def report(trl: dict, ours: dict, gen: dict, args) -> str:
+    ratio = lambda k: ours[k] / trl[k]
+    g = {k: statistics.median(v) for k, v in gen.items()}
+    lines = [
+        f"{args.rounds} rounds x {args.steps} steps each, alternating; medians over steps 2..{args.steps} of every run.",
+        "", "| | TRL GRPOTrainer | rlpost | rlpost / TRL |", "|---|---|---|---|",
+        f"| median step time (s) | {trl['step_s']:.1f} | {ours['step_s']:.1f} | **{ratio('step_s'):.2f}** |",
+        f"| median generation time (s) | {trl['gen_s']:.1f} | {ours['gen_s']:.1f} | {ratio('gen_s'):.2f} |",
+        f"| generation tok/s (completion tokens) | {trl['gen_tok_s']:.0f} | {ours['gen_tok_s']:.0f} | {ratio('gen_tok_s'):.2f} |",
+        f"| median update time (s) | {trl['update_s']:.1f} | {ours['update_s']:.1f} | {ratio('update_s'):.2f} |",
+        f"| peak RSS (GiB) | {trl['peak_rss_gb']:.2f} | {ours['peak_rss_gb']:.2f} | **{ratio('peak_rss_gb'):.2f}** |",
+        f"| mean reward by step | {' '.join(f'{x:.2f}' for x in trl['reward_by_step'])} | "
+        f"{' '.join(f'{x:.2f}' for x in ours['reward_by_step'])} | |",
+        "", f"Sampler vs trainer log-probs (rlpost, same weights): mean |diff| {ours['logp_diff_mean']:.4f}, "
+        f"max |diff| {ours['logp_diff_max']:.3f} nats per token.",
+        "", f"Same 8 x 4 x 64 batch, {args.gen_reps} reps each, alternating (tokens up to EOS per second):", "",
+        "| engine | tok/s | vs generate (static cache) |", "|---|---|---|",
+    ]
+    for k in ("generate_dynamic", "generate_static", "rlpost"):
+        lines.append(f"| {k} | {g[k]:.0f} | {g[k] / g['generate_static']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--gen-reps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--child", choices=["trl", "rlpost", "generate"])
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.child:
+        {"trl": child_trl, "rlpost": child_rlpost, "generate": child_generate}[args.child](args.steps, args.seed, args.out)
+        return
+    ensure_trl()
+    runs: dict[str, list] = {"trl": [], "rlpost": []}
+    for r in range(args.rounds):
+        print(f"round {r + 1}/{args.rounds}", flush=True)
+        for kind in (["trl", "rlpost"] if r % 2 == 0 else ["rlpost", "trl"]):
+            runs[kind].append(spawn(kind, args.steps, args.seed + r))
+    gen = spawn("generate", args.gen_reps, args.seed)
+    gen.pop("peak_rss_gb"), gen.pop("wall_s")
+    trl, ours = summarise(runs["trl"]), summarise(runs["rlpost"])
+    text = report(trl, ours, gen, args)
+    print(text)
+    results = HERE / "results"
+    results.mkdir(exist_ok=True)
+    (results / "vs_trl.json").write_text(json.dumps({"trl": trl, "rlpost": ours, "generate": gen, "runs": runs}, indent=1))
+    (results / "vs_trl.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
