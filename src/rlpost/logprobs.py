@@ -142,7 +142,7 @@ class ChunkedLogp(torch.autograd.Function):
             if dz_all is not None:
                 dz_all[sl] = dz
         grad_w = None
-        if dz_all is not None:  # (V, H); zeros when there are no tokens (see Trainer's sparse embedding)
+        if dz_all is not None:  # (V, H); zeros when there are no tokens
             grad_w = (dz_all.T @ h.to(ctx.dtype)).to(weight.dtype) if len(h) else torch.zeros_like(weight)
         return grad_h, grad_w, None, None, None, None
 

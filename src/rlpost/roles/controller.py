@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost import algorithms, checkpoint, config, heap
+from rlpost import algorithms, checkpoint, config, heap, lora
 from rlpost.algorithms import core, dapo
 from rlpost.batch import Rollouts
 from rlpost.data import PromptStream
@@ -77,14 +77,17 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
                   cfg.trainer.share_prompt_prefix)
         if (algo.needs_reference or cfg.algo.prime_coef > 0) and not for_eval else None
     )
-    if weights is not None:
+    use_lora = cfg.model.lora_r > 0 and not for_eval
+    # With LoRA the base stays the pretrained model: a checkpoint's merged weights would count the
+    # adapters twice once the trainer loads them back (lora.py).
+    if weights is not None and not use_lora:
         loaded.model.load_state_dict(weights)
     rollout = build_rollout(cfg.rollout.engine, copy.deepcopy(loaded.model), loaded.tokenizer, DTYPES[cfg.rollout.dtype])
     if cfg.task.name == "tools":  # multi-turn episodes: same generate() contract, tool calls inside
         rollout = ToolRollout(rollout, cfg.task)
     critic = Critic(loaded.model, cfg.algo.critic) if algorithms.flag(algo, "needs_values") and not for_eval else None
     trainer = Trainer(
-        loaded.model, cfg.trainer, cfg.rollout.temperature, d.mini_batch_size, d.micro_batch_size,
+        lora.wrap(loaded.model, cfg.model, cfg.run.seed) if use_lora else loaded.model, cfg.trainer, cfg.rollout.temperature, d.mini_batch_size, d.micro_batch_size,
         d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic, critic_lr=cfg.algo.critic_lr,
         entropy_grad=cfg.algo.entropy_coef > 0,
     )
@@ -264,6 +267,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         torch.set_rng_state(state["torch_rng"])
         if state.get("algo") is not None:
             roles.algo.load_state_dict(state["algo"])
+        if cfg.model.lora_r > 0:  # the sampler started from the base; give it base + adapters
+            roles.rollout.load_weights(roles.trainer.weights())
     start = state.get("step", 0)
     log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks)
     before = state.get("heldout_before")

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from rlpost import heap
+from rlpost import heap, lora
 from rlpost.algorithms.core import masked_mean
 from rlpost.batch import Rollouts
 from rlpost.logprobs import PolicyForward, clear_cast_cache, policy_forward
@@ -54,14 +54,22 @@ def ratio_histogram(ratio: Tensor) -> list[int]:
     return torch.bincount(idx, minlength=len(RATIO_EDGES) - 1).tolist()
 
 
-def sparse_tied_embedding(model: torch.nn.Module) -> None:
-    """When the input embedding is the lm_head's weight (tied, as in SmolLM2), let the embedding
-    lookup produce a sparse gradient. The head's dense gradient arrives first in the backward and
-    the lookup's rows are added into it, where a dense lookup gradient costs a zero-filled
-    49152 x 576 tensor and a full add per micro-batch (~0.1 s each, measured in the update profile)."""
+def split_tied_embedding(model: torch.nn.Module) -> torch.nn.Parameter | None:
+    """When the input embedding is the lm_head's weight (tied, as in SmolLM2), give the lookup its
+    own leaf over the same storage, with a sparse gradient; return that leaf.
+
+    Autograd sums the two uses of one tied leaf into a fresh dense 49152 x 576 tensor on every
+    micro-batch (measured ~0.18 s each in the update profile, most of it first-touch page faults).
+    As separate leaves, the head gets its dense gradient, the lookup a sparse one (a few hundred
+    rows), and ``Trainer.step`` adds the rows into the head's gradient once per optimizer step.
+    The optimizer holds only the head's leaf, so the shared storage is updated once."""
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if isinstance(emb, torch.nn.Embedding) and head is not None and emb.weight is head.weight:
-        emb.sparse = True
+    if not (isinstance(emb, torch.nn.Embedding) and head is not None and emb.weight is head.weight
+            and head.weight.requires_grad):
+        return None
+    emb.sparse = True
+    emb.weight = torch.nn.Parameter(head.weight.detach(), requires_grad=True)  # same storage, own leaf
+    return emb.weight
 
 
 class Trainer:
@@ -79,8 +87,8 @@ class Trainer:
                     m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        sparse_tied_embedding(self.model)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.lookup = split_tied_embedding(self.model)
+        self.params = [p for p in self.model.parameters() if p.requires_grad and p is not self.lookup]
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad] if critic is not None else []
         groups = [{"params": self.params, "lr": tcfg.lr}]
         if self.critic_params:  # its own learning rate and its own gradient clipping
@@ -204,9 +212,10 @@ class Trainer:
 
     def step(self) -> list[float]:
         """Clip, step, zero; return the pre-clip grad norms (the policy's, then the critic's own)."""
-        for p in self.params:
-            if p.grad is not None and p.grad.is_sparse:  # only a sparse embedding grad reached it
-                p.grad = p.grad.to_dense()
+        if self.lookup is not None and self.lookup.grad is not None:  # fold the lookup's rows into the head's gradient
+            head = self.model.get_output_embeddings().weight
+            head.grad = self.lookup.grad.to_dense() if head.grad is None else head.grad.add_(self.lookup.grad)
+            self.lookup.grad = None
         norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)) for g in self.opt.param_groups]
         self.opt.step()
         clear_cast_cache()  # the weights changed in place (fused AdamW leaves _version alone)
@@ -215,11 +224,14 @@ class Trainer:
         return norms
 
     def weights(self) -> dict[str, Tensor]:
-        """What the rollout needs for weight sync (shared tensors; the receiver copies)."""
-        return self.model.state_dict()
+        """What the rollout needs for weight sync (shared tensors; the receiver copies); with
+        LoRA, the base with the adapters folded in, under the plain model's key names."""
+        return lora.merged_state(self.model) if lora.is_lora(self.model) else self.model.state_dict()
 
     def state_dict(self) -> dict:
         state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+        if lora.is_lora(self.model):
+            state["lora"] = lora.adapter_state(self.model)
         if self.critic is not None:  # the head, and the trunk when separate (a shared trunk is the policy)
             state["critic"] = self.critic.state_dict()
         return state
@@ -227,5 +239,8 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
+        if "lora" in state:
+            missing = self.model.load_state_dict(state["lora"], strict=False)
+            assert not missing.unexpected_keys, missing.unexpected_keys
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])

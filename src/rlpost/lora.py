@@ -1,0 +1,58 @@
+"""LoRA through ``peft`` (``model.lora_r > 0``): the trainer trains low-rank adapters on a frozen
+base; everything outside the trainer still sees a plain transformers model.
+
+* The trainer's model is the ``peft`` wrapper. Only the adapters require grad, so AdamW holds
+  state for them alone (the memory saving: no float32 gradients or moments for the base).
+* ``merged_state`` gives the weights in the plain model's key names with each adapter folded in
+  (W + scale * B A, computed without touching W). That is what weight sync sends to the sampler
+  and what checkpoints store, so ``rlpost eval RUN`` and the sampler never need ``peft``.
+* The adapters themselves travel in the trainer's state (``adapter_state``); on resume the base
+  is the original pretrained model and the adapters are loaded back, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def wrap(model: torch.nn.Module, mcfg, seed: int) -> torch.nn.Module:
+    """The peft model; the adapters' random init (A; B starts at 0) is drawn from ``seed``, so two
+    runs of one config start from the same adapters."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise ImportError("model.lora_r > 0 needs peft: pip install 'rlpost[lora]' (or pip install peft)") from e
+    targets = mcfg.lora_targets if mcfg.lora_targets == "all-linear" else [t.strip() for t in mcfg.lora_targets.split(",")]
+    cfg = LoraConfig(r=mcfg.lora_r, lora_alpha=mcfg.lora_alpha, lora_dropout=mcfg.lora_dropout,
+                     target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return get_peft_model(model, cfg)
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+@torch.no_grad()
+def merged_state(model: torch.nn.Module) -> dict[str, Tensor]:
+    """Plain-model state dict with every adapter folded into its base weight."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    out: dict[str, Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            weight = module.get_base_layer().weight
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
+            out[f"{name}.weight"] = weight + delta.to(weight.dtype)
+    for key, value in base.state_dict().items():
+        if "lora_" in key:
+            continue
+        out.setdefault(key.replace(".base_layer.", "."), value)
+    return out
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, Tensor]:
+    return {k: v for k, v in model.state_dict().items() if "lora_" in k}
