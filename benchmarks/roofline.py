@@ -73,7 +73,8 @@ def main() -> None:
 
     tok = load_tokenizer("embedded")
     rows = build_task(config.load(None, [])).train[:64]
-    prompt_len = statistics.mean(len(tok.apply_chat_template(r["messages"], add_generation_prompt=True)) for r in rows)
+    prompt_len = statistics.mean(len(tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
+                                         add_special_tokens=False).input_ids) for r in rows)
     steps = [s for r in bench["runs"]["rlpost"] for s in r["steps"][1:]]
     gen_tokens = statistics.median(s["tokens"] for s in steps)  # completion tokens per step (32 rows)
     prompts, rows_n, max_new = 8, 32, 64
