@@ -28,9 +28,9 @@ from rlpost.envs import build_task
 from rlpost.models import load_policy
 from rlpost.roles import rollout_fast
 from rlpost.roles.rollout_fast import FastRollout
+from vs_trl import GROUP, MAX_NEW, PROMPTS, TEMPERATURE, generate_tokens  # the speed benchmark's batch
 
 HERE = Path(__file__).resolve().parent
-PROMPTS, GROUP, MAX_NEW, TEMPERATURE = 8, 4, 64, 0.7
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     rows = build_task(config.load(None, [])).train[:PROMPTS]
     fast = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
     unpacked = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
-    for lin in [unpacked.lm_head, *(x for L in unpacked.layers for x in L.linears)]:
+    for lin in unpacked.linears():
         lin.packed = None
     hf = copy.deepcopy(loaded.model).to(torch.bfloat16).eval()
     enc = loaded.tokenizer(fast.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
@@ -65,14 +65,7 @@ def main() -> None:
         if name == "no_prefix_sharing":  # each of the 32 rows is its own 'group' of one
             return run(fast, [r for r in rows for _ in range(GROUP)], 1)
         if name == "generate_static":
-            from transformers import GenerationConfig
-
-            g = GenerationConfig(max_new_tokens=MAX_NEW, do_sample=True, temperature=TEMPERATURE, top_k=0,
-                                 num_return_sequences=GROUP, pad_token_id=loaded.tokenizer.pad_token_id,
-                                 eos_token_id=loaded.tokenizer.eos_token_id, cache_implementation="static")
-            with torch.no_grad():
-                ids = hf.generate(input_ids=enc.input_ids, attention_mask=enc.attention_mask, generation_config=g)
-            return fast.completion_mask(ids[:, enc.input_ids.shape[1]:]).sum().item()
+            return generate_tokens(hf, loaded.tokenizer, enc, fast, "static")
         return run(fast, rows, GROUP)
 
     names = ["shipped", "no_compaction", "no_packed_weights", "no_prefix_sharing", "multinomial", "one_thread",

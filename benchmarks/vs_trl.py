@@ -137,7 +137,6 @@ def child_generate(reps: int, seed: int, out: Path) -> None:
     import copy
 
     import torch
-    from transformers import GenerationConfig
 
     from rlpost import config
     from rlpost.envs import build_task
@@ -151,18 +150,11 @@ def child_generate(reps: int, seed: int, out: Path) -> None:
     hf = copy.deepcopy(loaded.model).to(torch.bfloat16).eval()
     enc = loaded.tokenizer(fast.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
 
-    def run_hf(cache):
-        g = GenerationConfig(max_new_tokens=MAX_NEW, do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0,
-                             num_return_sequences=GROUP, pad_token_id=loaded.tokenizer.pad_token_id,
-                             eos_token_id=loaded.tokenizer.eos_token_id, cache_implementation=cache)
-        with torch.no_grad():
-            ids = hf.generate(input_ids=enc.input_ids, attention_mask=enc.attention_mask, generation_config=g)
-        return fast.completion_mask(ids[:, enc.input_ids.shape[1]:]).sum().item()
-
     def run_fast():
         return fast.generate(rows, GROUP, TEMPERATURE, 1.0, MAX_NEW).completion_mask.sum().item()
 
-    engines = {"rlpost": run_fast, "generate_static": lambda: run_hf("static"), "generate_dynamic": lambda: run_hf(None)}
+    engines = {"rlpost": run_fast, "generate_static": lambda: generate_tokens(hf, loaded.tokenizer, enc, fast, "static"),
+               "generate_dynamic": lambda: generate_tokens(hf, loaded.tokenizer, enc, fast, None)}
     result = {k: [] for k in engines}
     for r in range(reps + 1):  # rep 0 warms up (static cache allocation, oneDNN primitives)
         for name, fn in engines.items():
@@ -172,6 +164,20 @@ def child_generate(reps: int, seed: int, out: Path) -> None:
             if r:
                 result[name].append(tokens / (time.perf_counter() - t))
     out.write_text(json.dumps(result))
+
+
+def generate_tokens(hf, tokenizer, enc, rollout, cache: str | None) -> int:
+    """Completion tokens (up to EOS) of one plain `generate` call on the benchmark batch: bf16
+    weights, full-softmax sampling (top_k=0), ``cache`` = 'static' or None (dynamic)."""
+    import torch
+    from transformers import GenerationConfig
+
+    g = GenerationConfig(max_new_tokens=MAX_NEW, do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0,
+                         num_return_sequences=GROUP, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, cache_implementation=cache)
+    with torch.no_grad():
+        ids = hf.generate(input_ids=enc.input_ids, attention_mask=enc.attention_mask, generation_config=g)
+    return rollout.completion_mask(ids[:, enc.input_ids.shape[1]:]).sum().item()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Rollout role on rlpost's own decode loop for Llama-family models: the same sampling maths as
-``HFRollout``, several times the tokens per second on CPU.
+``HFRollout``, about twice the tokens per second of `generate` with a static cache on CPU.
 
 Why a loop of our own. At batch 32 one decode step of the 135M model is ~9 GFLOP, ~13 ms at this
 machine's bf16 matmul peak, but a `generate` step takes ~100 ms: the rest is per-op overhead
@@ -8,9 +8,10 @@ same maths with fewer, larger ops (benchmarks/README.md measures each lever):
 
 * **fused projections**: q/k/v is one matmul, gate/up is one matmul. The fused tensors *are* the
   weights: the HF module's ``q_proj.weight`` etc. are views into them, so weight sync through the
-  HF state dict (``load_weights``) writes straight into what the loop reads, and no second copy
-  of the model is held.
-* **a preallocated KV cache**: one (layers, 2, B, kv_heads, P+T, head_dim) tensor, written in place.
+  HF state dict (``load_weights``) writes straight into what the loop reads. The one extra copy
+  is the oneDNN-packed layout of each matmul weight (``_Linear``), rebuilt after every sync.
+* **a preallocated KV cache**: keys (layers, B, kv_heads, head_dim, P+T) and values
+  (layers, B, kv_heads, P+T, head_dim), written in place.
 * **prefill once per prompt**: each distinct prompt runs once and its KV is copied to its group's
   K rows (the group shares the prompt, so its K first-token distributions are the same row).
 * **finished rows leave the batch**: when enough rows have hit EOS the cache is compacted, so the
@@ -31,6 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from transformers import TopPLogitsWarper
 
 from rlpost.logprobs import position_ids
 from rlpost.roles.rollout_hf import HFRollout
@@ -238,9 +241,9 @@ class FastRollout(HFRollout):
             return logits.argmax(-1), torch.zeros(len(logits))
         logp = (logits / temperature).log_softmax(-1)  # (b, V) the policy the trainer optimises
         draw_from = logp if top_p >= 1.0 else _top_p(logp, top_p)
-        # Inverse-CDF sampling: one uniform per row against the cumulative distribution. Exact,
-        # and ~20x faster here than torch.multinomial, whose exponential draws over the whole
-        # 49152-token vocabulary took 25 ms per step.
+        # Inverse-CDF sampling: one uniform per row against the cumulative distribution. Exact;
+        # the profiler charged torch.multinomial 25 ms per step, but end to end the two measured
+        # the same (benchmarks/rollout_levers.py: 1.02x).
         cdf = draw_from.exp().cumsum(-1)  # (b, V)
         u = torch.rand(len(cdf), 1) * cdf[:, -1:]
         tok = torch.searchsorted(cdf, u, side="right").squeeze(1).clamp(max=cdf.shape[1] - 1)
@@ -251,15 +254,16 @@ class FastRollout(HFRollout):
         """Weight sync: the HF parameters are views into the fused weights, so the copy lands
         there; then re-pack the oneDNN copies."""
         super().load_weights(state)
-        for lin in [self.lm_head, *(lin for L in self.layers for lin in L.linears)]:
+        for lin in self.linears():
             lin.repack()
+
+    def linears(self) -> list[_Linear]:
+        """Every packed matmul weight: each layer's four, then the lm_head."""
+        return [*(lin for L in self.layers for lin in L.linears), self.lm_head]
 
 
 def _top_p(logp: Tensor, top_p: float) -> Tensor:
-    """Keep the smallest set of tokens whose mass reaches top_p (transformers' TopPLogitsWarper rule:
-    drop a token when the mass of the tokens less likely than it is <= 1 - top_p); -inf elsewhere."""
-    sorted_lp, idx = logp.sort(dim=-1)  # ascending
-    drop_sorted = sorted_lp.exp().cumsum(-1) <= 1 - top_p
-    drop_sorted[:, -1] = False  # always keep the most likely token
-    return logp.masked_fill(drop_sorted.scatter(1, idx, drop_sorted), float("-inf"))
+    """Keep the smallest set of tokens whose mass reaches top_p, -inf elsewhere: transformers' own
+    TopPLogitsWarper, the one HFRollout applies, on log-probs (softmax(logp) = softmax(logits))."""
+    return TopPLogitsWarper(top_p)(None, logp)
 
