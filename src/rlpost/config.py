@@ -1,7 +1,7 @@
 """Typed run configuration: frozen dataclasses, YAML recipes, dotted ``key=value`` overrides.
 
 A config is one ``Config`` made of sections (``model``, ``task``, ``rollout``, ``algo``,
-``trainer``, ``pref``, ``run``), defined in sections.py. Each field's docstring (the string literal
+``trainer``, ``pref``, ``run``, ``dist``), defined in sections.py. Each field's docstring (the string literal
 under it) is its ``--help`` text, so nothing is documented twice. Ranges and choices live next to
 the field, in ``metadata``; cross-field rules live here in ``check_consistency``; derived numbers
 live in ``derived``.
@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc.
-    AlgoConfig, Config, ConfigError, ModelConfig, PrefConfig, RolloutConfig, RunConfig, TaskConfig, TrainerConfig, knob,
+    AlgoConfig, Config, ConfigError, DistConfig, ModelConfig, PrefConfig, RolloutConfig, RunConfig, TaskConfig, TrainerConfig, knob,
 )
 
 
@@ -40,6 +40,7 @@ class Derived:
     mini_batch_size: int  # sequences per optimizer step
     micro_batch_size: int  # sequences per forward/backward
     optimizer_steps: int  # optimizer steps over the whole run (for the lr schedule)
+    tis_cap: float  # algo.tis_cap; under dist.topology=async 2.0 when unset: stale samples need the correction
 
 
 def derived(cfg: Config) -> Derived:
@@ -47,7 +48,14 @@ def derived(cfg: Config) -> Derived:
     mini = cfg.trainer.mini_batch_size or batch
     micro = min(cfg.trainer.micro_batch_size or mini, mini)  # a cap: a small batch runs in one piece
     steps = cfg.run.steps * cfg.trainer.epochs * (batch // mini)
-    return Derived(batch, mini, micro, steps)
+    tis_cap = cfg.algo.tis_cap or (ASYNC_TIS_CAP if cfg.dist.topology == "async" else 0.0)
+    return Derived(batch, mini, micro, steps, tis_cap)
+
+
+# Truncation of the importance weight pi_trainer / pi_sampler when an async run leaves algo.tis_cap
+# unset. V-trace's rho-bar (Espeholt et al. 2018) is 1; 2 keeps more of the signal of the tokens
+# the stale sampler under-weighted and still bounds the variance.
+ASYNC_TIS_CAP = 2.0
 
 
 def check_consistency(cfg: Config) -> None:

@@ -296,6 +296,26 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class DistConfig:
+    topology: Literal["colocated", "disaggregated", "async"] = "colocated"
+    """where the roles run: colocated = one process; disaggregated = rollout workers and the trainer in their own Ray actors, the loop unchanged; async = the same actors, with workers generating up to dist.max_staleness steps ahead of the trainer (distributed/pool.py)"""
+    rollout_workers: int = knob(1, ge=1)
+    """disaggregated/async: Ray actors that sample (each holds a copy of the policy in rollout.dtype)"""
+    max_staleness: int = knob(1, ge=0)
+    """async: the most trainer steps a trained sample may lag the policy being trained (0 = synchronous); older ones are dropped and regenerated"""
+    sync_every: int = knob(1, ge=1)
+    """push the trainer's weights to the rollout every N updates (versioned; staleness counts steps since the last push)"""
+    chunk_prompts: int = knob(0, ge=0)
+    """disaggregated/async: prompts per work item handed to a worker; 0 = prompts_per_step / rollout_workers, rounded up (smaller chunks balance long-tailed lengths)"""
+    rollout_threads: int = knob(0, ge=0)
+    """torch threads per rollout worker; 0 = all cores (disaggregated, phases alternate) or the cores left by the trainer, split among workers (async)"""
+    trainer_threads: int = knob(0, ge=0)
+    """torch threads of the trainer actor; 0 = all cores (disaggregated) or half of them (async)"""
+    ray_address: str = ""
+    """Ray cluster to join ('auto', 'ray://host:port'); empty = start a local one"""
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -304,4 +324,5 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     pref: PrefConfig = field(default_factory=PrefConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 

@@ -119,8 +119,12 @@ class ToolRollout:
         self.allowed = set(filter(None, tcfg.tools.split(",")))
         self.max_turns, self.max_tokens = tcfg.max_turns, tcfg.max_episode_tokens
 
-    def load_weights(self, state) -> None:
-        self.inner.load_weights(state)
+    def load_weights(self, state, version: int | None = None) -> None:
+        self.inner.load_weights(state, version)
+
+    @property
+    def version(self) -> int:
+        return getattr(self.inner, "version", 0)
 
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int):
         rows = [r for r in rows for _ in range(n)]
@@ -149,7 +153,7 @@ class ToolRollout:
                     e.add(obs_ids[: self.max_tokens - len(e.ids)], None, model=False)
                     e.done = len(e.ids) >= self.max_tokens
         batch = assemble(prompts, episodes, rows, n, self.tok)
-        batch.infos = []
+        batch.infos, batch.policy_version = [], self.version
         self.last_metrics = {"tools/calls_per_episode": calls / len(rows), "tools/errors": errors,
                              "tools/turns_mean": sum(e.turns for e in episodes) / len(rows)}
         return batch

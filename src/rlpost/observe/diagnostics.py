@@ -48,6 +48,8 @@ def _early(points: list[tuple[int, float]]) -> float:
 
 def sampler_mismatch(history: list[dict]) -> Finding | None:
     for h in history:
+        if h.get("async/staleness_max"):  # stale samples (async): the gap is the policy's lag, and TIS is on
+            continue
         mean, mx = h.get("actor/logp_diff_sampler_mean"), h.get("actor/logp_diff_sampler_max")
         if (mean is not None and mean > MISMATCH_MEAN) or (mx is not None and mx > MISMATCH_MAX):
             return Finding("sampler_mismatch", h["step"],

@@ -56,45 +56,71 @@ class Roles:
     verifier: VerifierRunner  # the training reward: the verifier, or a reward stack / reward model / LLM judge (envs/stack.py)
     reference: Reference | None
     algo: algorithms.Algorithm
-    trainer: Trainer
+    trainer: Trainer | None  # None when built for evaluation only
     grader: VerifierRunner | None = None  # held-out accuracy: always the task's verifier
 
     def close(self) -> None:
         self.verifier.close()
         if self.grader is not None:
             self.grader.close()
+        for role in (self.rollout, self.trainer):  # Ray actors (distributed/) end with the run
+            if hasattr(role, "close"):
+                role.close()
 
 
 def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = None, for_eval: bool = False) -> Roles:
     """Load the policy once; the sampler and the reference are copies of it. for_eval builds no
-    reference, critic or reward model: held-out evaluation needs only the sampler and the verifier."""
-    d = config.derived(cfg)
+    reference, critic or reward model: held-out evaluation needs only the sampler and the verifier.
+    Under dist.topology=disaggregated/async the sampler and the trainer are Ray actors instead
+    (distributed/topology.py); the Roles they return have the same verbs."""
+    if cfg.dist.topology != "colocated" and not for_eval:
+        from rlpost.distributed.topology import build_remote_roles
+
+        return build_remote_roles(cfg, verifier_path, weights)
     loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
     algo = algorithms.build(cfg)
     # The reference is the *starting* policy: copy it before any checkpoint weights are loaded.
-    reference = (
-        Reference(copy.deepcopy(loaded.model), cfg.rollout.temperature, d.micro_batch_size, cfg.trainer.autocast_bf16,
-                  cfg.trainer.share_prompt_prefix)
-        if (algo.needs_reference or cfg.algo.prime_coef > 0) and not for_eval else None
-    )
+    reference = make_reference(cfg, algo, loaded.model) if not for_eval else None
     use_lora = cfg.model.lora_r > 0 and not for_eval
     # With LoRA the base stays the pretrained model: a checkpoint's merged weights would count the
     # adapters twice once the trainer loads them back (lora.py).
     if weights is not None and not use_lora:
         loaded.model.load_state_dict(weights)
-    rollout = build_rollout(cfg.rollout.engine, copy.deepcopy(loaded.model), loaded.tokenizer, DTYPES[cfg.rollout.dtype])
-    if cfg.task.name == "tools":  # multi-turn episodes: same generate() contract, tool calls inside
-        rollout = ToolRollout(rollout, cfg.task)
-    critic = Critic(loaded.model, cfg.algo.critic) if algorithms.flag(algo, "needs_values") and not for_eval else None
-    trainer = Trainer(
-        lora.wrap(loaded.model, cfg.model, cfg.run.seed) if use_lora else loaded.model, cfg.trainer, cfg.rollout.temperature, d.mini_batch_size, d.micro_batch_size,
-        d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic, critic_lr=cfg.algo.critic_lr,
-        entropy_grad=cfg.algo.entropy_coef > 0,
-    )
+    rollout = make_rollout(cfg, copy.deepcopy(loaded.model), loaded.tokenizer)
+    trainer = make_trainer(cfg, algo, loaded.model, use_lora) if not for_eval else None
     verifier = VerifierRunner(verifier_path, verifier_timeout(cfg))
     # What training optimises: the verifier, or a reward stack; the verifier always judges held-out accuracy.
-    reward = verifier if for_eval else stack.build_reward(cfg, verifier, d.micro_batch_size)
+    reward = verifier if for_eval else stack.build_reward(cfg, verifier, config.derived(cfg).micro_batch_size)
     return Roles(rollout, reward, reference, algo, trainer, grader=verifier)
+
+
+def make_reference(cfg: config.Config, algo, model: torch.nn.Module) -> Reference | None:
+    """A frozen copy of `model` when the algorithm (or PRIME) needs reference log-probs, else None."""
+    if not (algo.needs_reference or cfg.algo.prime_coef > 0):
+        return None
+    return Reference(copy.deepcopy(model), cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
+                     cfg.trainer.autocast_bf16, cfg.trainer.share_prompt_prefix)
+
+
+def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
+    """The sampler over `model` (which it casts to rollout.dtype): own decode loop or `generate`,
+    wrapped in tool episodes for the tools task."""
+    rollout = build_rollout(cfg.rollout.engine, model, tokenizer, DTYPES[cfg.rollout.dtype])
+    if cfg.task.name == "tools":  # multi-turn episodes: same generate() contract, tool calls inside
+        rollout = ToolRollout(rollout, cfg.task)
+    return rollout
+
+
+def make_trainer(cfg: config.Config, algo, model: torch.nn.Module, use_lora: bool, **kwargs) -> Trainer:
+    """The trainer over `model` (float32 master weights), with a critic when the algorithm needs
+    values and LoRA adapters when model.lora_r > 0; kwargs go to Trainer (e.g. data_parallel)."""
+    d = config.derived(cfg)
+    critic = Critic(model, cfg.algo.critic) if algorithms.flag(algo, "needs_values") else None
+    return Trainer(
+        lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer, cfg.rollout.temperature,
+        d.mini_batch_size, d.micro_batch_size, d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic,
+        critic_lr=cfg.algo.critic_lr, entropy_grad=cfg.algo.entropy_coef > 0, **kwargs,
+    )
 
 
 def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | None = None) -> float:
@@ -171,9 +197,11 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, step: int, t
     kept, n_kept, rounds, metrics, first = [], 0, 0, {}, None
     while True:
         with timed("gen", timings):
-            b = roles.rollout.generate(stream.next(), n=K, temperature=r.temperature, top_p=r.top_p,
-                                       max_new_tokens=r.max_new_tokens)
-            b.policy_version = step - 1
+            kw = dict(n=K, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+            if hasattr(roles.rollout, "generate_ahead"):  # async topology: workers are already sampling the
+                b = roles.rollout.generate_ahead(stream, **kw)  # next batches; take the oldest (distributed/pool.py)
+            else:
+                b = roles.rollout.generate(stream.next(), **kw)
             metrics.update(getattr(roles.rollout, "last_metrics", {}))
         with timed("reward", timings):
             b.reward, b.infos, v_metrics = roles.verifier.score(b)
@@ -211,7 +239,8 @@ def loss_setup(cfg: config.Config, roles: Roles, state: dict):
         kl_ctl.coef = roles.algo.kl_coef = state["kl_coef"]
     # Old log-probs (and values) are needed before the advantages when the KL is in the reward,
     # for a critic, for TIS, and to measure the KL that adaptive control tracks.
-    early_old = any(algorithms.flag(roles.algo, f) for f in ("needs_old_logp", "needs_values")) or a.tis_cap > 0 or kl_ctl is not None
+    tis = config.derived(cfg).tis_cap > 0
+    early_old = any(algorithms.flag(roles.algo, f) for f in ("needs_old_logp", "needs_values")) or tis or kl_ctl is not None
     return loss_fn, kl_ctl, early_old
 
 
@@ -225,8 +254,9 @@ def adjust_advantages(batch: Rollouts, cfg: config.Config) -> dict:
         dense = core.prime_advantages(implicit, batch.completion_mask, cfg.rollout.group_size)
         batch.advantages = batch.advantages + dense
         metrics["reward/implicit_prm_mean"] = (implicit.sum(1)).mean().item()
-    if a.tis_cap > 0:
-        metrics.update(apply_tis(batch, a.tis_cap, a.tis_level))
+    cap = config.derived(cfg).tis_cap  # async runs get one by default: their samples are off-policy
+    if cap > 0:
+        metrics.update(apply_tis(batch, cap, a.tis_level))
     if a.overlong_filter:  # after the advantages: truncated rows still count in their group
         batch.completion_mask = batch.completion_mask & ~batch.truncated[:, None]
         batch.advantages = batch.advantages * batch.completion_mask
@@ -267,16 +297,15 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         torch.set_rng_state(state["torch_rng"])
         if state.get("algo") is not None:
             roles.algo.load_state_dict(state["algo"])
-        if cfg.model.lora_r > 0:  # the sampler started from the base; give it base + adapters
-            roles.rollout.load_weights(roles.trainer.weights())
     start = state.get("step", 0)
+    if ckpt:  # the sampler holds the checkpoint's weights (with LoRA: only the base): give it the trainer's, versioned
+        roles.rollout.load_weights(roles.trainer.weights(), version=start)
     log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks)
     before = state.get("heldout_before")
     if before is None:
         say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
         before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
         say(f"held-out accuracy before training: {before:.3f}")
-    log.begin()
     loss_fn, kl_ctl, early_old = loss_setup(cfg, roles, state)
     log.begin()
     for step in range(start + 1, cfg.run.steps + 1):
@@ -301,9 +330,11 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
             measured = u_metrics.get("actor/kl", a_metrics.get("critic/kl"))
             roles.algo.kl_coef = kl_ctl.update(measured, len(batch))
             u_metrics["actor/kl_coef"] = roles.algo.kl_coef
-        with timed("sync", timings):
-            roles.rollout.load_weights(roles.trainer.weights())
-        if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step != cfg.run.steps:
+        evaluating = cfg.run.eval_every and step % cfg.run.eval_every == 0 and step != cfg.run.steps
+        if step % cfg.dist.sync_every == 0 or step == cfg.run.steps or evaluating:  # evaluation samples the newest weights
+            with timed("sync", timings):  # remote trainer: the time to publish the weights to the object store
+                roles.rollout.load_weights(roles.trainer.weights(), version=step)
+        if evaluating:
             with timed("eval", timings):
                 u_metrics["eval/heldout_accuracy"] = evaluate(roles, heldout, cfg)
         timings["timing_s/step"] = sum(timings.values())
@@ -336,7 +367,12 @@ def save_checkpoint(run_dir: Path, cfg, step: int, roles: Roles, stream: PromptS
     state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
              "heldout_before": before, "minutes": minutes, "kl_coef": kl_ctl.coef if kl_ctl else None,
              "algo": roles.algo.state_dict() if hasattr(roles.algo, "state_dict") else None}
-    checkpoint.save(run_dir, step, roles.trainer.weights(), roles.trainer.state_dict(), state, cfg.run.keep_checkpoints)
+    weights = roles.trainer.weights()
+    if not isinstance(weights, dict):  # a remote trainer's weights are a Ray object reference
+        import ray
+
+        weights = ray.get(weights)
+    checkpoint.save(run_dir, step, weights, roles.trainer.state_dict(), state, cfg.run.keep_checkpoints)
 
 
 def _test_fault_hook(step: int) -> None:

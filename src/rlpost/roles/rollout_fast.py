@@ -250,10 +250,10 @@ class FastRollout(HFRollout):
         return tok, logp.gather(-1, tok[:, None]).squeeze(1)
 
     @torch.no_grad()
-    def load_weights(self, state: dict[str, Tensor]) -> None:
+    def load_weights(self, state: dict[str, Tensor], version: int | None = None) -> None:
         """Weight sync: the HF parameters are views into the fused weights, so the copy lands
         there; then re-pack the oneDNN copies."""
-        super().load_weights(state)
+        super().load_weights(state, version)
         for lin in self.linears():
             lin.repack()
 

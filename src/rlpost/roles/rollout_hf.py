@@ -66,6 +66,7 @@ class HFRollout:
         self.dtype = dtype
         self.eos_ids = _eos_ids(model, tokenizer)
         self.eos_set = set(self.eos_ids.tolist())
+        self.version = 0  # trainer step of the weights held (set by load_weights); stamped on every batch
 
     def render(self, rows: list[dict]) -> list[str]:
         """Apply the chat template to each row's messages, ending with the assistant turn."""
@@ -87,6 +88,7 @@ class HFRollout:
             group_ids=torch.arange(len(rows)).repeat_interleave(n),
             rows=[r for r in rows for _ in range(n)],
             completions=self.tok.batch_decode(completion * mask + self.tok.pad_token_id * ~mask, skip_special_tokens=True),
+            policy_version=self.version,
         )
 
     def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
@@ -157,11 +159,14 @@ class HFRollout:
         return ~after_eos
 
     @torch.no_grad()
-    def load_weights(self, state: dict[str, Tensor]) -> None:
-        """Weight sync: copy the trainer's (float32) weights into the sampler's copy, casting."""
+    def load_weights(self, state: dict[str, Tensor], version: int | None = None) -> None:
+        """Weight sync: copy the trainer's (float32) weights into the sampler's copy, casting;
+        `version` is the trainer step they come from."""
         own = self.model.state_dict()
         for name, value in state.items():
             own[name].copy_(value)
+        if version is not None:
+            self.version = version
 
 
 def _eos_ids(model, tokenizer) -> Tensor:

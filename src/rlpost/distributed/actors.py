@@ -1,0 +1,128 @@
+"""The two roles that move into Ray actors, and the trainer's proxy in the driver.
+
+``RolloutWorker`` and ``TrainerWorker`` are plain classes (``ray.remote`` is applied in
+topology.py), each building its role with the same functions the colocated run uses
+(``controller.make_rollout`` / ``make_trainer``), so a worker samples and trains exactly as the
+single process does. ``RemoteTrainer`` gives the loop the trainer's verbs over an actor handle.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import ray
+import torch
+
+from rlpost import algorithms, heap
+from rlpost.models import load_policy
+
+
+def _policy(cfg, weights: dict | None):
+    """The starting policy (seeded), with `weights` loaded when given."""
+    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
+    if weights is not None:
+        loaded.model.load_state_dict(weights)
+    return loaded
+
+
+class RolloutWorker:
+    """One sampler in its own process: the rollout role and the version of the weights it holds."""
+
+    def __init__(self, cfg, weights: dict | None, threads: int, fault: str = ""):
+        from rlpost.roles.controller import make_rollout
+
+        torch.set_num_threads(threads)
+        loaded = _policy(cfg, weights)
+        self.rollout = make_rollout(cfg, loaded.model, loaded.tokenizer)
+        self.seed, self.sync_s = cfg.run.seed, 0.0
+        self.fault = fault  # tests: 'chunk_id:marker_file' = die on that chunk, once
+
+    def load_weights(self, state: dict, version: int) -> None:
+        t0 = time.perf_counter()
+        self.rollout.load_weights(state, version)
+        heap.trim()
+        self.sync_s += time.perf_counter() - t0
+
+    def generate(self, chunk_id: int, rows: list[dict], n: int, kw: dict):
+        """(the chunk's Rollouts, {seconds spent loading weights since the last chunk, metrics})."""
+        self._fault_hook(chunk_id)
+        torch.manual_seed(self.seed * 1_000_003 + chunk_id)  # the same samples on any worker
+        batch = self.rollout.generate(rows, n, **kw)
+        info = {"sync_s": self.sync_s, "metrics": getattr(self.rollout, "last_metrics", {})}
+        self.sync_s = 0.0
+        return batch, info
+
+    def _fault_hook(self, chunk_id: int) -> None:
+        if self.fault and int(self.fault.split(":")[0]) == chunk_id:
+            marker = Path(self.fault.split(":", 1)[1])
+            if not marker.exists():
+                marker.write_text("killed")
+                os._exit(1)
+
+
+class TrainerWorker:
+    """The trainer role in its own process; returns its busy seconds with each result."""
+
+    def __init__(self, cfg, weights: dict | None, threads: int):
+        from rlpost.roles.controller import DTYPES, make_trainer
+
+        torch.set_num_threads(threads)
+        use_lora = cfg.model.lora_r > 0  # with LoRA the base stays the pretrained model (controller.build_roles)
+        loaded = _policy(cfg, None if use_lora else weights)
+        self.trainer = make_trainer(cfg, algorithms.build(cfg), loaded.model, use_lora)
+        self.sampler_dtype = DTYPES[cfg.rollout.dtype]
+
+    def recompute(self, batch):
+        t0 = time.perf_counter()
+        return self.trainer.recompute(batch), time.perf_counter() - t0
+
+    def update(self, batch, loss_fn):
+        t0 = time.perf_counter()
+        return self.trainer.update(batch, loss_fn), time.perf_counter() - t0
+
+    def weights(self) -> dict:
+        """In the sampler's dtype: the workers cast to it anyway, and bf16 halves the bytes moved."""
+        return {k: v.detach().to(self.sampler_dtype) for k, v in self.trainer.weights().items()}
+
+    def state_dict(self) -> dict:
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trainer.load_state_dict(state)
+
+
+class RemoteTrainer:
+    """The trainer's verbs over an actor handle. ``weights()`` returns an object reference: the
+    workers fetch the weights from the object store, never through the driver."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.busy_s, self.t_last = 0.0, None
+
+    def recompute(self, batch):
+        out, busy = ray.get(self.handle.recompute.remote(batch))
+        self.busy_s += busy
+        return out
+
+    def update(self, batch, loss_fn) -> dict:
+        metrics, busy = ray.get(self.handle.update.remote(batch, loss_fn))
+        self.busy_s += busy
+        now = time.perf_counter()
+        if self.t_last is not None:  # share of the time since the last update the trainer sat waiting
+            metrics["async/trainer_idle_frac"] = max(0.0, 1 - self.busy_s / (now - self.t_last))
+        self.busy_s, self.t_last = 0.0, now
+        return metrics
+
+    def weights(self):
+        return self.handle.weights.remote()
+
+    def state_dict(self) -> dict:
+        return ray.get(self.handle.state_dict.remote())
+
+    def load_state_dict(self, state: dict) -> None:
+        ray.get(self.handle.load_state_dict.remote(state))
+
+    def close(self) -> None:
+        ray.kill(self.handle)

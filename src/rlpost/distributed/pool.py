@@ -1,0 +1,255 @@
+"""The driver's face of the rollout workers: the loop's ``generate`` / ``load_weights`` verbs over
+Ray actors, and ``generate_ahead`` for the async topology.
+
+Work. A batch of prompts is cut into chunks (a few prompts x n samples each). A pump thread keeps
+every worker busy with one chunk at a time. Before it hands a chunk to a worker whose weights are
+older than the newest published version, it queues ``load_weights`` on that worker first: an actor
+runs its calls in order, so weights change only between chunks and every chunk knows the policy
+version that sampled it (``Rollouts.policy_version``). Each chunk is sampled under its own seed
+(run seed, chunk id), so which worker runs it, or a re-run after a crash, changes nothing.
+
+Staleness (async). ``generate_ahead`` keeps ``max_staleness + 1`` batches in the pipeline: it
+queues the next prompts from the stream and returns the oldest batch. A batch is queued after the
+weights of the step before it were published and consumed at most ``max_staleness`` steps later,
+so by construction no sample lags the trained policy by more than the bound (admission control);
+the lag is still measured when a batch is consumed, and a chunk over the bound is dropped,
+counted and sampled again with the newest weights. ``max_staleness = 0`` is the synchronous loop:
+nothing is queued before the weights it should use exist. Staleness counts weight versions
+published after the one that sampled the chunk, i.e. trainer steps when ``dist.sync_every = 1``.
+
+Failure. A worker whose process dies (``RayActorError``) is replaced by a fresh one, which gets the
+newest weights before its first chunk, and the chunk it held is queued again at the front. A chunk
+whose ``generate`` raised is retried once on any worker, then dropped (its groups are missing from
+that step's batch, which trains on the rest). Both are logged and counted in the metrics.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import ray
+import torch
+
+from rlpost.batch import Rollouts
+
+
+@dataclass
+class Chunk:
+    id: int  # also the sampling seed's offset
+    rows: list[dict]  # the prompts' task rows
+    n: int  # samples per prompt
+    kw: dict  # temperature, top_p, max_new_tokens
+    attempts: int = 0  # generate calls that raised
+    done: bool = False  # finished (result set) or dropped after a second failure (result None)
+    result: Rollouts | None = None
+    metrics: dict = field(default_factory=dict)  # the worker rollout's own last_metrics
+
+
+@dataclass
+class Batch:
+    chunks: list[Chunk]
+    bound: int | None  # staleness bound checked when the batch is consumed (None: not checked)
+
+
+class RolloutPool:
+    versioned = True  # the batches carry the version of the weights that sampled them
+
+    def __init__(self, spawn: Callable, n_workers: int, chunk_prompts: int, max_staleness: int,
+                 initial_weights=None, version: int = 0, say: Callable[[str], None] = print):
+        """spawn(i, weights) starts worker actor i (weights: an object ref, or None for the
+        starting policy)."""
+        self.spawn, self.say = spawn, say
+        self.initial = initial_weights  # what a worker starts from until the first push
+        self.workers = [spawn(i, initial_weights) for i in range(n_workers)]
+        self.held = [version] * n_workers  # weight version each worker has (or has queued)
+        self.weights_ref, self.version, self.pushes = None, version, [version]
+        self.chunk_prompts, self.max_staleness = chunk_prompts, max_staleness
+        self.pending: deque[Chunk] = deque()  # chunks waiting for a worker
+        self.running: dict = {}  # ObjectRef -> (worker index, chunk, submit time)
+        self.ahead: deque[Batch] = deque()  # async: batches for the coming steps, oldest first
+        self.next_id = 0
+        self.cv = threading.Condition()
+        self.busy_s, self.window_t0, self.sync_s = 0.0, time.perf_counter(), []
+        self.counts = {"async/worker_restarts": 0, "async/dropped_stale_seqs": 0, "async/dropped_chunks": 0}
+        self.last_metrics: dict = {}
+        self.error: BaseException | None = None
+        self.closed = False
+        self.thread = threading.Thread(target=self._pump, name="rollout-pool", daemon=True)
+        self.thread.start()
+
+    # --- the verbs the loop calls -------------------------------------------------------------
+
+    def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
+        """n completions of each row, spread over the workers; returns when all are done. Goes
+        before any batch queued ahead (held-out evaluation in an async run does not wait)."""
+        kw = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+        return self._take(self._enqueue(rows, n, kw, front=True, bound=None))
+
+    def generate_ahead(self, stream, n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
+        """Async: keep max_staleness + 1 batches of the stream's prompts in the pipeline and
+        return the oldest one once it is sampled."""
+        kw = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+        while len(self.ahead) < self.max_staleness + 1:
+            self.ahead.append(self._enqueue(stream.next(), n, kw, front=False, bound=self.max_staleness))
+        batch = self._take(self.ahead[0])
+        self.ahead.popleft()
+        return batch
+
+    def load_weights(self, state, version: int | None = None) -> None:
+        """Publish new weights (a dict, or an object ref from a remote trainer); each worker loads
+        them before its next chunk. Returns once they are in the object store."""
+        ref = state if isinstance(state, ray.ObjectRef) else ray.put(state)
+        ray.wait([ref], fetch_local=False)
+        with self.cv:
+            self.weights_ref, self.initial = ref, None
+            if version is not None and version != self.version:
+                self.version = version
+                self.pushes.append(version)
+            self.cv.notify_all()
+
+    def close(self) -> None:
+        self.closed = True
+        self.thread.join(timeout=5)
+        for w in self.workers:
+            ray.kill(w)
+
+    # --- queueing and consuming ----------------------------------------------------------------
+
+    def _enqueue(self, rows: list[dict], n: int, kw: dict, front: bool, bound: int | None) -> Batch:
+        size = self.chunk_prompts or math.ceil(len(rows) / len(self.workers))
+        chunks = []
+        for i in range(0, len(rows), size):
+            chunks.append(Chunk(self.next_id, rows[i : i + size], n, kw))
+            self.next_id += 1
+        with self.cv:
+            if front:
+                self.pending.extendleft(reversed(chunks))
+            else:
+                self.pending.extend(chunks)
+            self.cv.notify_all()
+        return Batch(chunks, bound)
+
+    def staleness(self, version: int) -> int:
+        """Weight versions published after `version`: how far a sample lags the trained policy."""
+        return len(self.pushes) - bisect.bisect_right(self.pushes, version)
+
+    def _take(self, batch: Batch) -> Rollouts:
+        """Wait for the batch's chunks; send any over the staleness bound back to be sampled again."""
+        while True:
+            with self.cv:
+                self.cv.wait_for(lambda: self.error is not None or all(c.done for c in batch.chunks))
+                if self.error is not None:
+                    raise RuntimeError("rollout pool stopped") from self.error
+                stale = [c for c in batch.chunks if c.result is not None and batch.bound is not None
+                         and self.staleness(c.result.policy_version) > batch.bound]
+                for c in stale:  # over-age: counted, then sampled again with the newest weights
+                    self.counts["async/dropped_stale_seqs"] += len(c.result)
+                    c.done, c.result = False, None
+                self.pending.extendleft(reversed(stale))
+                self.cv.notify_all()
+                if not stale:
+                    break
+        parts = [c for c in batch.chunks if c.result is not None]
+        if not parts:
+            raise RuntimeError("every chunk of a rollout batch failed twice; the worker errors are logged above")
+        out = Rollouts.cat([c.result for c in parts])
+        self.last_metrics = self._metrics(parts, batch)
+        return out
+
+    def _metrics(self, parts: list[Chunk], batch: Batch) -> dict:
+        lag = torch.tensor([self.staleness(c.result.policy_version) for c in parts for _ in range(len(c.result))])
+        now = time.perf_counter()
+        with self.cv:
+            wall, busy = now - self.window_t0, self.busy_s
+            self.window_t0, self.busy_s = now, 0.0
+            # sampled sequences of later batches, waiting for the trainer
+            waiting = sum(len(c.result) for b in self.ahead if b is not batch for c in b.chunks if c.result is not None)
+            sync_s, self.sync_s = self.sync_s, []
+        m = {"async/staleness_mean": lag.float().mean().item(), "async/staleness_max": int(lag.max()),
+             "async/queue_depth": waiting,
+             "async/rollout_idle_frac": min(1.0, max(0.0, 1 - busy / (len(self.workers) * wall))), **self.counts}
+        if batch.bound is not None:  # sequences per staleness 0..bound
+            m["hist/staleness"] = torch.bincount(lag, minlength=batch.bound + 1).tolist()
+        if sync_s:
+            m["timing_s/worker_weight_load"] = sum(sync_s) / len(sync_s)
+        for k in {k for c in parts for k in c.metrics}:  # the worker rollouts' own (e.g. tool calls)
+            m[k] = sum(c.metrics.get(k, 0.0) for c in parts) / len(parts)
+        return m
+
+    # --- the pump thread -----------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        try:
+            while not self.closed:
+                with self.cv:
+                    self._dispatch()
+                    refs = list(self.running)
+                    if not refs:
+                        self.cv.wait(0.05)
+                        continue
+                done, _ = ray.wait(refs, num_returns=1, timeout=0.05)
+                for ref in done:
+                    self._finish(ref)
+        except BaseException as e:  # surfaced in the loop's thread by _take
+            with self.cv:
+                self.error = e
+                self.cv.notify_all()
+
+    def _dispatch(self) -> None:
+        """Give each idle worker the next chunk, after the newest weights if it lacks them."""
+        busy = {i for i, _, _ in self.running.values()}
+        for i in range(len(self.workers)):
+            if i in busy or not self.pending:
+                continue
+            chunk = self.pending.popleft()
+            if self.held[i] != self.version and self.weights_ref is not None:
+                self.workers[i].load_weights.remote(self.weights_ref, self.version)
+                self.held[i] = self.version
+            ref = self.workers[i].generate.remote(chunk.id, chunk.rows, chunk.n, chunk.kw)
+            self.running[ref] = (i, chunk, time.perf_counter())
+
+    def _finish(self, ref) -> None:
+        i, chunk, t0 = self.running[ref]
+        try:
+            result, info = ray.get(ref)
+        except ray.exceptions.RayActorError as e:  # the process died: a new worker, the same chunk
+            with self.cv:
+                del self.running[ref]
+                self._restart(i, e)
+                self.pending.appendleft(chunk)
+                self.cv.notify_all()
+            return
+        except ray.exceptions.RayTaskError as e:  # generate raised on this chunk: once more, then drop it
+            chunk.attempts += 1
+            self.say(f"rollout chunk {chunk.id} failed on worker {i} ({str(e).strip().splitlines()[-1]}); "
+                     + ("retrying" if chunk.attempts < 2 else "dropping its prompts from this step"))
+            result, info = None, {}
+        with self.cv:
+            del self.running[ref]
+            self.busy_s += time.perf_counter() - t0
+            if result is None and chunk.attempts < 2:
+                self.pending.appendleft(chunk)
+            else:
+                chunk.done, chunk.result = True, result
+                chunk.metrics = info.get("metrics", {})
+                self.counts["async/dropped_chunks"] += result is None
+                if info.get("sync_s"):
+                    self.sync_s.append(info["sync_s"])
+            self.cv.notify_all()
+
+    def _restart(self, i: int, error: BaseException) -> None:
+        """Called with the lock held: replace dead worker i; it syncs before its first chunk."""
+        self.say(f"rollout worker {i} died ({type(error).__name__}); restarting it and re-issuing its chunk")
+        try:
+            ray.kill(self.workers[i])
+        except Exception:  # already gone
+            pass
+        self.workers[i] = self.spawn(i, self.initial)
+        self.held[i] = -1 if self.weights_ref is not None else self.version
+        self.counts["async/worker_restarts"] += 1
