@@ -12,12 +12,20 @@ hundredths of a nat per token, and using the sampler's numbers would make the fi
 and clip tokens for no reason. When the batch is used in exactly one optimizer step, the first
 forward already runs under those weights, so old_logp = logp.detach() costs nothing; otherwise
 it is recomputed once, without grad, before the first step.
+
+Data parallelism (``data_parallel=True``, FSDP2 via distributed/fsdp.py). Every rank builds the
+same Trainer and is handed the same full batch; each trains on its own contiguous rows of every
+mini-batch, with the loss normalised by the whole mini-batch's totals, so the per-rank gradients
+SUM to the full-batch gradient (FSDP's reduce-scatter is set to sum, once per optimizer step).
+Metrics are summed over the ranks, which gives the 1-rank numbers (they are token-share weighted
+by the whole mini-batch). ``recompute`` and ``weights`` return full tensors on every rank.
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from functools import partial
 from typing import Callable
 
 import torch
@@ -26,6 +34,7 @@ from torch import Tensor
 from rlpost import heap, lora
 from rlpost.algorithms.core import masked_mean
 from rlpost.batch import Rollouts
+from rlpost.distributed import fsdp
 from rlpost.logprobs import PolicyForward, clear_cast_cache, policy_forward
 from rlpost.roles.critic import Critic
 
@@ -54,6 +63,30 @@ def ratio_histogram(ratio: Tensor) -> list[int]:
     return torch.bincount(idx, minlength=len(RATIO_EDGES) - 1).tolist()
 
 
+def sampler_diff_metrics(diff: Tensor, data_parallel: bool) -> dict:
+    """How far the sampler's recorded log-probs are from the trainer's, from the per-token
+    differences log pi_trainer - log pi_sampler (n_tokens,); with data parallelism, over all
+    ranks' tokens (sums and maxima reduced before the mean is taken)."""
+    sums = torch.tensor([diff.abs().sum().item(), diff.numel(), *ratio_histogram(diff.exp())], dtype=torch.float64)
+    top = torch.tensor([diff.abs().max().item() if diff.numel() else 0.0], dtype=torch.float64)
+    if data_parallel:
+        fsdp.all_reduce(sums)
+        fsdp.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
+    n = sums[1].item()
+    return {"actor/logp_diff_sampler_mean": sums[0].item() / n if n else 0.0,
+            "actor/logp_diff_sampler_max": top.item(), "hist/sampler_ratio": [int(c) for c in sums[2:].tolist()]}
+
+
+def blank_row(batch: Rollouts) -> Rollouts:
+    """Row 0 of ``batch`` with an empty completion mask and zero advantages: a forward/backward
+    on it contributes nothing to a loss aggregated over the mask (data-parallel padding)."""
+    row = batch.select(slice(0, 1))
+    row.completion_mask = torch.zeros_like(row.completion_mask)
+    if row.advantages is not None:
+        row.advantages = torch.zeros_like(row.advantages)
+    return row
+
+
 def split_tied_embedding(model: torch.nn.Module) -> torch.nn.Parameter | None:
     """When the input embedding is the lm_head's weight (tied, as in SmolLM2), give the lookup its
     own leaf over the same storage, with a sparse gradient; return that leaf.
@@ -75,7 +108,10 @@ def split_tied_embedding(model: torch.nn.Module) -> torch.nn.Parameter | None:
 class Trainer:
     def __init__(self, model: torch.nn.Module, tcfg, temperature: float, mini_batch_size: int,
                  micro_batch_size: int, total_optimizer_steps: int, gradient_checkpointing: bool = False,
-                 critic: Critic | None = None, critic_lr: float = 1e-5, entropy_grad: bool = False):
+                 critic: Critic | None = None, critic_lr: float = 1e-5, entropy_grad: bool = False,
+                 data_parallel: bool = False):
+        """data_parallel: shard the model over the ranks of the already initialised process group
+        (module docstring); every rank must construct it with the same model and arguments."""
         self.model = model.float().train()
         self.critic = critic.float().train() if critic is not None else None
         self.cfg, self.temperature = tcfg, temperature
@@ -87,27 +123,52 @@ class Trainer:
                     m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.lookup = split_tied_embedding(self.model)
+        self.dp = data_parallel
+        if data_parallel:
+            self._shard()
+        else:
+            self.lookup = split_tied_embedding(self.model)
+            self._policy_forward = partial(policy_forward, self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad and p is not self.lookup]
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad] if critic is not None else []
         groups = [{"params": self.params, "lr": tcfg.lr}]
         if self.critic_params:  # its own learning rate and its own gradient clipping
             groups.append({"params": self.critic_params, "lr": critic_lr})
         # fused=True: one kernel over all parameters. Measured on 135M parameters here: 0.11 s per
-        # step against 1.34 s for the default per-tensor loop on CPU (benchmarks/README.md).
+        # step against 1.34 s for the default per-tensor loop on CPU (benchmarks/README.md). It
+        # takes FSDP's DTensor shards too (torch 2.13 CPU; tests/distributed/test_fsdp.py).
         self.opt = torch.optim.AdamW(groups, betas=(tcfg.beta1, tcfg.beta2), weight_decay=tcfg.weight_decay, fused=True)
         sched = lambda s: lr_lambda(s, tcfg.warmup_steps, total_optimizer_steps, tcfg.schedule, tcfg.min_lr_ratio)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, sched)
 
+    def _shard(self) -> None:
+        """FSDP2 over the policy. The tied embedding is NOT split into its own leaf here: that
+        leaf would be a second Parameter over the head's storage, which sharding cannot keep
+        shared; the tied Parameter is sharded once in the root unit and gets one dense gradient.
+        ``policy_forward`` is registered as a root forward method so the head weight it hands
+        to ``ChunkedLogp`` is the gathered full tensor, not this rank's shard."""
+        if self.critic is not None or lora.is_lora(self.model):
+            raise NotImplementedError("data_parallel supports the policy alone: no critic, no LoRA")
+        self.lookup = None
+        fsdp.shard_causal_lm(self.model)
+        fsdp.add_forward_method(self.model, "policy_forward", policy_forward)
+        self._policy_forward = self.model.policy_forward
+
     def autocast(self):
-        return torch.autocast("cpu", dtype=torch.bfloat16) if self.cfg.autocast_bf16 else nullcontext()
+        # Data parallel: no cast cache. FSDP frees and re-gathers each layer's weights around
+        # every forward; with the cache, bf16 casts reused across micro-batches gave the layers'
+        # linear weights wrong gradients (measured: 2-rank gradient off by 0.08 at a 0.19 max
+        # against 1e-3 of bf16 noise; exact with one micro-batch). Each forward casts afresh.
+        if not self.cfg.autocast_bf16:
+            return nullcontext()
+        return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=not self.dp)
 
     def forward(self, batch: Rollouts, entropy: str = "none") -> PolicyForward:
         """Policy log-probs (and the critic's values when there is one) for a micro-batch."""
         shared_head = self.critic.head if self.critic is not None and self.critic.shared else None
         with self.autocast():
-            out = policy_forward(self.model, batch, self.temperature, entropy=entropy,
-                                 share_prefix=self.cfg.share_prompt_prefix, value_head=shared_head)
+            out = self._policy_forward(batch, self.temperature, entropy=entropy,
+                                       share_prefix=self.cfg.share_prompt_prefix, value_head=shared_head)
             if self.critic is not None and not self.critic.shared:
                 out.values = self.critic.values(batch, self.cfg.share_prompt_prefix)
         return out
@@ -120,11 +181,43 @@ class Trainer:
     def recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
         """(old_logp (B, T), old_values (B, T) or None) under the current weights, before any step."""
         T = batch.completion_ids.shape[1]
+        pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
+        if self.dp:
+            return self._recompute_rows(batch, pad), None
         with self.autocast():  # one bf16 cast of the weights for all micro-batches
             outs = [self.forward(batch.select(slice(i, i + self.micro)).trimmed()) for i in range(0, len(batch), self.micro)]
-        pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
         values = torch.cat([pad(o.values) for o in outs]) * batch.completion_mask if self.critic is not None else None
         return torch.cat([pad(o.logp) for o in outs]), values
+
+    def _recompute_rows(self, batch: Rollouts, pad: Callable) -> Tensor:  # (B, T)
+        """recompute's log-probs under data parallelism: each rank runs its own rows, then the
+        ranks all-gather, so every rank returns the full (B, T) at 1/world of the compute."""
+        with self.autocast():
+            outs = [(pad(self.forward(mb.trimmed()).logp), real) for mb, real in self._rank_micro_batches(batch, False)]
+        # No backward follows: free the root's gathered weights now (FSDP keeps the root unit
+        # unsharded after forward, expecting a backward to reshard it).
+        self.model.reshard()
+        mine = [lp for lp, real in outs if real]
+        return fsdp.all_gather_rows(torch.cat(mine) if mine else batch.sampler_logp[:0], len(batch))
+
+    def _rank_micro_batches(self, mini: Rollouts, by_length: bool) -> list[tuple[Rollouts, bool]]:
+        """This rank's contiguous share of ``mini`` cut into micro-batches, as (rows, real) pairs.
+
+        Every rank gets the same number of micro-batches: each FSDP forward and backward is a
+        collective all ranks must join. A rank with too few rows for that count runs a one-row
+        stand-in (real=False) whose completion mask is empty, so it adds nothing to any loss,
+        gradient or metric. by_length: order the share's rows by length first, as ``accumulate``."""
+        rank, world = fsdp.rank_world()
+        bounds = fsdp.row_bounds(len(mini), world)
+        mine = mini.select(slice(bounds[rank], bounds[rank + 1]))
+        n_micro = fsdp.micro_count(len(mini), world, self.micro)
+        order = mine.length_order() if by_length and len(mine) > 1 else torch.arange(len(mine))
+        cuts = fsdp.row_bounds(len(mine), n_micro)
+        out = []
+        for i in range(n_micro):
+            idx = order[cuts[i] : cuts[i + 1]]
+            out.append((mine.select(idx), True) if len(idx) else (blank_row(mini), False))
+        return out
 
     def recompute_old_logp(self, batch: Rollouts) -> Tensor:  # (B, T)
         return self.recompute(batch)[0]
@@ -154,10 +247,7 @@ class Trainer:
                     critic_norms.append(norms[1])
         # How far the sampler's recorded log-probs are from the trainer's under the same weights
         # (bf16 sampler vs float32 trainer): the silent mismatch the importance ratio would absorb.
-        diff = torch.cat(diffs)  # (n_tokens,) log pi_trainer - log pi_sampler
-        sums["actor/logp_diff_sampler_mean"] = diff.abs().mean().item() if diff.numel() else 0.0
-        sums["actor/logp_diff_sampler_max"] = diff.abs().max().item() if diff.numel() else 0.0
-        sums["hist/sampler_ratio"] = ratio_histogram(diff.exp())
+        sums.update(sampler_diff_metrics(torch.cat(diffs), self.dp))  # diffs: (n_tokens,) each
         sums["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         sums["actor/lr"] = lr
         if critic_norms:
@@ -170,6 +260,8 @@ class Trainer:
 
         Writes the mini-batch totals on each micro-batch so the aggregator normalises by them."""
         mini.norm_tokens, mini.norm_seqs = float(mini.completion_mask.sum()), len(mini)
+        if self.dp:  # totals above are the whole mini-batch's, written before this rank's slice
+            return self._accumulate_rows(mini, loss_fn, first_epoch, diffs)
         sums: dict[str, float] = {}
         # Micro-batches of similar length, each cut to its own longest completion (sums, not means,
         # cross micro-batch boundaries, so the order does not change the accumulated gradient).
@@ -178,6 +270,19 @@ class Trainer:
             for i in range(0, len(mini), self.micro):
                 sums = self._micro(mini.select(order[i : i + self.micro]).trimmed(), mini, loss_fn, first_epoch, diffs, sums)
         return sums
+
+    def _accumulate_rows(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None) -> dict:
+        """``accumulate`` under data parallelism: this rank's rows only, gradients reduce-scattered
+        (summed) once, after the last micro-batch. Each rank's metrics are shares of the whole
+        mini-batch (token shares over ``mini.norm_tokens``), so their sum over ranks is the
+        1-rank value; ``actor/loss`` likewise adds up to the whole mini-batch loss."""
+        sums: dict[str, float] = {}
+        mbs = self._rank_micro_batches(mini, by_length=True)
+        with self.autocast():
+            for i, (mb, _) in enumerate(mbs):
+                self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # local accumulation until then
+                sums = self._micro(mb.trimmed(), mini, loss_fn, first_epoch, diffs, sums)
+        return fsdp.all_reduce_sums(sums)
 
     def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None,
                sums: dict) -> dict:
@@ -216,7 +321,9 @@ class Trainer:
             head = self.model.get_output_embeddings().weight
             head.grad = self.lookup.grad.to_dense() if head.grad is None else head.grad.add_(self.lookup.grad)
             self.lookup.grad = None
-        norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)) for g in self.opt.param_groups]
+        # Under FSDP the norm is a DTensor over the sharded gradients: full_tensor() is the global norm.
+        norms = [float(fsdp.full_tensor(torch.nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)))
+                 for g in self.opt.param_groups]
         self.opt.step()
         clear_cast_cache()  # the weights changed in place (fused AdamW leaves _version alone)
         self.sched.step()
@@ -225,11 +332,17 @@ class Trainer:
 
     def weights(self) -> dict[str, Tensor]:
         """What the rollout needs for weight sync (shared tensors; the receiver copies); with
-        LoRA, the base with the adapters folded in, under the plain model's key names."""
+        LoRA, the base with the adapters folded in, under the plain model's key names. Under data
+        parallelism, the gathered full tensors on every rank (a collective: call it on all)."""
+        if self.dp:
+            return fsdp.full_state_dict(self.model)
         return lora.merged_state(self.model) if lora.is_lora(self.model) else self.model.state_dict()
 
     def state_dict(self) -> dict:
-        state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+        # Data parallel: the full, unsharded optimizer state keyed by parameter name, the same on
+        # every rank (a collective), so rank 0 alone can write it and every rank can load it.
+        opt = fsdp.optimizer_state(self.model, self.opt) if self.dp else self.opt.state_dict()
+        state = {"optimizer": opt, "scheduler": self.sched.state_dict()}
         if lora.is_lora(self.model):
             state["lora"] = lora.adapter_state(self.model)
         if self.critic is not None:  # the head, and the trunk when separate (a shared trunk is the policy)
@@ -237,7 +350,10 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.opt.load_state_dict(state["optimizer"])
+        if self.dp:
+            fsdp.load_optimizer_state(self.model, self.opt, state["optimizer"])
+        else:
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         if "lora" in state:
             missing = self.model.load_state_dict(state["lora"], strict=False)
