@@ -79,7 +79,16 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError("algo.kl_coef: plain REINFORCE has no KL term; use algo.name=reinforce_pp (KL in the reward) or grpo")
     if a.kl_target > 0 and a.kl_coef == 0:
         raise ConfigError("algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0")
+    check_dist(cfg)
     check_task(cfg)
+
+
+def check_dist(cfg: Config) -> None:
+    d = cfg.dist
+    if d.topology == "colocated" and (d.rollout_workers > 1 or d.trainer_ranks > 1):
+        raise ConfigError(f"dist.topology: rollout_workers/trainer_ranks > 1 need dist.topology=disaggregated or async, got {d.topology}")
+    if d.trainer_ranks > 1 and (cfg.model.lora_r > 0 or cfg.algo.name == "ppo"):
+        raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic (ppo) or LoRA")
 
 
 def check_task(cfg: Config) -> None:

@@ -305,6 +305,8 @@ class DistConfig:
     """async: the most trainer steps a trained sample may lag the policy being trained (0 = synchronous); older ones are dropped and regenerated"""
     sync_every: int = knob(1, ge=1)
     """push the trainer's weights to the rollout every N updates (versioned; staleness counts steps since the last push)"""
+    trainer_ranks: int = knob(1, ge=1)
+    """disaggregated/async: trainer actors; > 1 shards the policy over them with FSDP2 data parallelism (gloo on CPU, NCCL on GPU; no critic or LoRA)"""
     chunk_prompts: int = knob(0, ge=0)
     """disaggregated/async: prompts per work item handed to a worker; 0 = prompts_per_step / rollout_workers, rounded up (smaller chunks balance long-tailed lengths)"""
     rollout_threads: int = knob(0, ge=0)

@@ -93,3 +93,25 @@ def test_a_killed_rollout_worker_is_restarted_and_the_run_is_unchanged(tmp_path,
     assert killed[-1]["async/worker_restarts"] == 1 and clean[-1]["async/worker_restarts"] == 0
     # Its chunk was re-issued under the same seed and weights: nothing about the run changed.
     assert learning(clean) == learning(killed)
+
+
+def test_two_fsdp_trainer_ranks_train_as_one(tmp_path):
+    # The same run with the trainer sharded over 2 Ray actors (FSDP2 on gloo) and with 1: the
+    # samples depend on the weights, so equal rewards at every step mean the updates agree.
+    args = [*LEARN, "run.steps=3", "dist.topology=disaggregated", "dist.rollout_workers=1"]
+    train(tiny_cfg(*args), tmp_path / "one", task=DIGITS)
+    train(tiny_cfg(*args, "dist.trainer_ranks=2"), tmp_path / "two", task=DIGITS)
+    one, two = lines(tmp_path / "one"), lines(tmp_path / "two")
+    assert [r["reward/mean"] for r in one] == [r["reward/mean"] for r in two]
+    for a, b in zip(one, two):
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4)
+        assert b["actor/loss"] == pytest.approx(a["actor/loss"], rel=1e-4, abs=1e-7)
+
+
+def test_topology_settings_are_checked():
+    from rlpost.config import ConfigError
+
+    with pytest.raises(ConfigError, match="dist.topology"):
+        tiny_cfg("dist.rollout_workers=2")
+    with pytest.raises(ConfigError, match="dist.trainer_ranks"):
+        tiny_cfg("dist.topology=async", "dist.trainer_ranks=2", "algo.name=ppo")

@@ -63,15 +63,22 @@ class RolloutWorker:
 
 
 class TrainerWorker:
-    """The trainer role in its own process; returns its busy seconds with each result."""
+    """The trainer role in its own process; returns its busy seconds with each result. With
+    world > 1 it is one rank of an FSDP2 data-parallel trainer (distributed/fsdp.py): every rank
+    gets every call, and rank 0's answer is the one used."""
 
-    def __init__(self, cfg, weights: dict | None, threads: int):
+    def __init__(self, cfg, weights: dict | None, threads: int, rank: int = 0, world: int = 1, master: str = ""):
         from rlpost.roles.controller import DTYPES, make_trainer
 
         torch.set_num_threads(threads)
+        if world > 1:  # gloo on CPU, NCCL when the actor has a GPU
+            host, port = master.rsplit(":", 1)
+            os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
+            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world)
+        self.rank = rank
         use_lora = cfg.model.lora_r > 0  # with LoRA the base stays the pretrained model (controller.build_roles)
         loaded = _policy(cfg, None if use_lora else weights)
-        self.trainer = make_trainer(cfg, algorithms.build(cfg), loaded.model, use_lora)
+        self.trainer = make_trainer(cfg, algorithms.build(cfg), loaded.model, use_lora, data_parallel=world > 1)
         self.sampler_dtype = DTYPES[cfg.rollout.dtype]
 
     def recompute(self, batch):
@@ -82,32 +89,42 @@ class TrainerWorker:
         t0 = time.perf_counter()
         return self.trainer.update(batch, loss_fn), time.perf_counter() - t0
 
-    def weights(self) -> dict:
-        """In the sampler's dtype: the workers cast to it anyway, and bf16 halves the bytes moved."""
-        return {k: v.detach().to(self.sampler_dtype) for k, v in self.trainer.weights().items()}
+    def weights(self) -> dict | None:
+        """In the sampler's dtype: the workers cast to it anyway, and bf16 halves the bytes moved.
+        Every rank gathers (a collective); only rank 0's copy goes to the object store."""
+        w = self.trainer.weights()
+        return {k: v.detach().to(self.sampler_dtype) for k, v in w.items()} if self.rank == 0 else None
 
-    def state_dict(self) -> dict:
-        return self.trainer.state_dict()
+    def state_dict(self) -> dict | None:
+        state = self.trainer.state_dict()  # a collective under data parallelism
+        return state if self.rank == 0 else None
 
     def load_state_dict(self, state: dict) -> None:
         self.trainer.load_state_dict(state)
 
 
 class RemoteTrainer:
-    """The trainer's verbs over an actor handle. ``weights()`` returns an object reference: the
-    workers fetch the weights from the object store, never through the driver."""
+    """The trainer's verbs over actor handles (one per data-parallel rank; each call goes to all
+    of them, rank 0 answers). ``weights()`` returns an object reference: the workers fetch the
+    weights from the object store, never through the driver."""
 
-    def __init__(self, handle):
-        self.handle = handle
+    def __init__(self, handles: list):
+        self.handles = handles
         self.busy_s, self.t_last = 0.0, None
 
+    def _all(self, verb: str, *args):
+        """Call `verb` on every rank; rank 0's result (the ranks hold the same numbers)."""
+        if len(self.handles) > 1:  # the batch goes into the object store once, not once per rank
+            args = [ray.put(a) for a in args]
+        return ray.get([getattr(h, verb).remote(*args) for h in self.handles])[0]
+
     def recompute(self, batch):
-        out, busy = ray.get(self.handle.recompute.remote(batch))
+        out, busy = self._all("recompute", batch)
         self.busy_s += busy
         return out
 
     def update(self, batch, loss_fn) -> dict:
-        metrics, busy = ray.get(self.handle.update.remote(batch, loss_fn))
+        metrics, busy = self._all("update", batch, loss_fn)
         self.busy_s += busy
         now = time.perf_counter()
         if self.t_last is not None:  # share of the time since the last update the trainer sat waiting
@@ -116,13 +133,14 @@ class RemoteTrainer:
         return metrics
 
     def weights(self):
-        return self.handle.weights.remote()
+        return [h.weights.remote() for h in self.handles][0]
 
     def state_dict(self) -> dict:
-        return ray.get(self.handle.state_dict.remote())
+        return self._all("state_dict")
 
     def load_state_dict(self, state: dict) -> None:
-        ray.get(self.handle.load_state_dict.remote(state))
+        self._all("load_state_dict", state)
 
     def close(self) -> None:
-        ray.kill(self.handle)
+        for h in self.handles:
+            ray.kill(h)

@@ -2,7 +2,7 @@
 
 The loop (controller.train) is the same function for every topology; only what ``Roles`` holds
 changes. Here the rollout is a ``RolloutPool`` over ``dist.rollout_workers`` Ray actors and the
-trainer a ``RemoteTrainer`` over one actor; the verifier, the reference and the algorithm stay in
+trainer a ``RemoteTrainer`` over ``dist.trainer_ranks`` actors (FSDP2 data parallel when > 1); the verifier, the reference and the algorithm stay in
 the driver (they are light, or a subprocess pool already). Actors ask Ray for no CPUs
 (``num_cpus=0``): their torch thread counts are set here, so a 2-core machine can host a trainer and
 a worker without Ray holding one of them back.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 
 from rlpost import algorithms, config
 from rlpost.distributed.actors import RemoteTrainer, RolloutWorker, TrainerWorker
@@ -29,9 +30,16 @@ def threads(cfg: config.Config) -> tuple[int, int]:
     turns, so each gets every core; async ones run at once, so the cores are split."""
     d, cores = cfg.dist, cfg.run.threads or os.cpu_count()
     if d.topology == "async":
-        trainer = d.trainer_threads or max(1, cores // 2)
-        return trainer, d.rollout_threads or max(1, (cores - trainer) // d.rollout_workers)
-    return d.trainer_threads or cores, d.rollout_threads or max(1, cores // d.rollout_workers)
+        trainer = d.trainer_threads or max(1, cores // 2 // d.trainer_ranks)
+        return trainer, d.rollout_threads or max(1, (cores - trainer * d.trainer_ranks) // d.rollout_workers)
+    return d.trainer_threads or max(1, cores // d.trainer_ranks), d.rollout_threads or max(1, cores // d.rollout_workers)
+
+
+def free_port() -> int:
+    """A free TCP port for the trainer ranks' process group (they run on this node)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def start_ray(cfg: config.Config) -> None:
@@ -50,7 +58,9 @@ def build_remote_roles(cfg: config.Config, verifier_path: str, weights: dict | N
     start_ray(cfg)
     t_threads, r_threads = threads(cfg)
     initial = ray.put(weights) if weights is not None else None
-    trainer = RemoteTrainer(ray.remote(num_cpus=0)(TrainerWorker).remote(cfg, initial, t_threads))
+    ranks, master = cfg.dist.trainer_ranks, f"127.0.0.1:{free_port()}"
+    trainer_cls = ray.remote(num_cpus=0)(TrainerWorker)
+    trainer = RemoteTrainer([trainer_cls.remote(cfg, initial, t_threads, r, ranks, master) for r in range(ranks)])
     worker_cls = ray.remote(num_cpus=0, max_restarts=0)(RolloutWorker)
     fault = os.environ.get(FAULT_ENV, "")
     spawn = lambda i, w: worker_cls.remote(cfg, w, r_threads, fault)
@@ -65,5 +75,5 @@ def build_remote_roles(cfg: config.Config, verifier_path: str, weights: dict | N
     verifier = VerifierRunner(verifier_path, verifier_timeout(cfg))
     reward = stack.build_reward(cfg, verifier, config.derived(cfg).micro_batch_size)
     say(f"topology {d.topology}: {d.rollout_workers} rollout worker(s) x {r_threads} thread(s), "
-        f"trainer actor x {t_threads}" + (f", max_staleness {d.max_staleness}" if d.topology == "async" else ""))
+        f"{ranks} trainer rank(s) x {t_threads}" + (f", max_staleness {d.max_staleness}" if d.topology == "async" else ""))
     return Roles(pool, reward, reference, algo, trainer, grader=verifier)
