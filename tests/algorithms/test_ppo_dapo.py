@@ -5,11 +5,10 @@ import math
 
 import torch
 
-from rlpost.algorithms import core, with_entropy_bonus
+from rlpost.algorithms import core, with_entropy_bonus, with_tis
 from rlpost.algorithms.dapo import keep_groups, overlong_penalty
 from rlpost.algorithms.ppo import PPO, clipped_value_loss, explained_variance
 from rlpost.batch import Rollouts
-from rlpost.roles.controller import apply_tis
 
 t = torch.tensor
 
@@ -105,11 +104,18 @@ def test_entropy_bonus_subtracts_aggregated_entropy():
 
 
 def test_truncated_importance_weight_scales_advantages():
+    seen = {}
+
+    def inner(logp, batch):  # records the advantages the wrapped loss is given
+        seen["adv"] = batch.advantages
+        return torch.tensor(0.0), {}
+
     b = _batch(t([[True, True]]), old_logp=t([[0.0, math.log(2.0)]]), advantages=t([[1.0, 1.0]]))
-    m = apply_tis(b, cap=1.5, level="token")
+    _, m = with_tis(inner, cap=1.5, level="token")(None, b)
     # pi_old / pi_sampler = [1, 2] -> capped at 1.5
-    assert torch.allclose(b.advantages, t([[1.0, 1.5]]))
-    assert m["actor/tis_capped_frac"] == 0.5
+    assert torch.allclose(seen["adv"], t([[1.0, 1.5]]))
+    assert m["actor/tis_capped_frac"] == 0.5 and math.isclose(m["actor/tis_weight_mean"], 1.25)
+    assert torch.equal(b.advantages, t([[1.0, 1.0]]))  # the batch itself is left alone
     b = _batch(t([[True, True]]), old_logp=t([[math.log(1.1), math.log(1.2)]]), advantages=t([[1.0, 1.0]]))
-    apply_tis(b, cap=5.0, level="sequence")  # one weight per sequence: 1.1 * 1.2 = 1.32
-    assert torch.allclose(b.advantages, t([[1.32, 1.32]]))
+    with_tis(inner, cap=5.0, level="sequence")(None, b)  # one weight per sequence: 1.1 * 1.2 = 1.32
+    assert torch.allclose(seen["adv"], t([[1.32, 1.32]]))

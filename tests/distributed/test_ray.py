@@ -34,6 +34,18 @@ def lines(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+# The synchronous run the others are compared with. Samples are seeded per chunk, so neither the
+# number of rollout workers nor which worker runs a chunk changes them. TIS on: async turns it on.
+SYNC = [*LEARN, "run.steps=3", "algo.tis_cap=2", "dist.topology=disaggregated"]
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("sync") / "run"
+    summary = train(tiny_cfg(*SYNC), run, task=DIGITS)
+    return lines(run), summary
+
+
 def learning(rows):
     """Metrics that are a function of the samples and the weights alone (no clocks, no queue)."""
     keep = ("reward/", "actor/", "response_length/")
@@ -54,14 +66,12 @@ def test_async_run_learns_and_keeps_the_staleness_bound(tmp_path):
     assert summary["heldout_accuracy_before"] < 0.2 and summary["heldout_accuracy_after"] >= 0.5, summary
 
 
-def test_async_with_max_staleness_0_is_the_synchronous_run(tmp_path):
-    both = [*LEARN, "run.steps=4", "algo.tis_cap=2"]  # async would turn TIS on by itself
-    sync = train(tiny_cfg(*both, "dist.topology=disaggregated"), tmp_path / "sync", task=DIGITS)
-    zero = train(tiny_cfg(*both, "dist.topology=async", "dist.max_staleness=0"), tmp_path / "zero", task=DIGITS)
-    a, b = lines(tmp_path / "sync"), lines(tmp_path / "zero")
-    assert all(r["async/staleness_max"] == 0 for r in b)
-    assert learning(a) == learning(b)
-    assert sync["heldout_accuracy_after"] == zero["heldout_accuracy_after"]
+def test_async_with_max_staleness_0_is_the_synchronous_run(tmp_path, sync_run):
+    zero = train(tiny_cfg(*SYNC, "dist.topology=async", "dist.max_staleness=0"), tmp_path / "zero", task=DIGITS)
+    rows = lines(tmp_path / "zero")
+    assert all(r["async/staleness_max"] == 0 for r in rows)
+    assert learning(rows) == learning(sync_run[0])
+    assert zero["heldout_accuracy_after"] == sync_run[1]["heldout_accuracy_after"]
 
 
 def test_over_age_chunks_are_dropped_and_sampled_again():
@@ -81,27 +91,34 @@ def test_over_age_chunks_are_dropped_and_sampled_again():
         roles.close()
 
 
-def test_a_killed_rollout_worker_is_restarted_and_the_run_is_unchanged(tmp_path, monkeypatch, capsys):
-    args = [*LEARN, "run.steps=3", "dist.topology=disaggregated"]
-    train(tiny_cfg(*args), tmp_path / "clean", task=DIGITS)
-    # Chunk 9 is the second chunk of step 1's rollout batch (chunks 0-1: held-out evaluation).
+def test_a_killed_rollout_worker_is_restarted_and_the_run_is_unchanged(tmp_path, monkeypatch, capsys, sync_run):
+    # Chunk 9 is the last of step 2's four (chunks 0-1: held-out evaluation, 2-5: step 1).
     monkeypatch.setenv(FAULT_ENV, f"9:{tmp_path / 'killed'}")
-    train(tiny_cfg(*args), tmp_path / "killed_run", task=DIGITS)
+    train(tiny_cfg(*SYNC), tmp_path / "run", task=DIGITS)
     assert (tmp_path / "killed").exists()  # the worker really died
     assert "rollout worker" in capsys.readouterr().err
-    clean, killed = lines(tmp_path / "clean"), lines(tmp_path / "killed_run")
-    assert killed[-1]["async/worker_restarts"] == 1 and clean[-1]["async/worker_restarts"] == 0
+    killed = lines(tmp_path / "run")
+    assert killed[-1]["async/worker_restarts"] == 1 and sync_run[0][-1]["async/worker_restarts"] == 0
     # Its chunk was re-issued under the same seed and weights: nothing about the run changed.
-    assert learning(clean) == learning(killed)
+    assert learning(killed) == learning(sync_run[0])
 
 
-def test_two_fsdp_trainer_ranks_train_as_one(tmp_path):
-    # The same run with the trainer sharded over 2 Ray actors (FSDP2 on gloo) and with 1: the
-    # samples depend on the weights, so equal rewards at every step mean the updates agree.
-    args = [*LEARN, "run.steps=3", "dist.topology=disaggregated", "dist.rollout_workers=1"]
-    train(tiny_cfg(*args), tmp_path / "one", task=DIGITS)
-    train(tiny_cfg(*args, "dist.trainer_ranks=2"), tmp_path / "two", task=DIGITS)
-    one, two = lines(tmp_path / "one"), lines(tmp_path / "two")
+def test_a_chunk_that_keeps_failing_is_dropped_and_the_step_trains_on_the_rest(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(FAULT_ENV, "9:raise")  # chunk 9: 4 of step 2's 16 prompts
+    train(tiny_cfg(*SYNC), tmp_path / "run", task=DIGITS)
+    rows = lines(tmp_path / "run")
+    assert [r["async/dropped_chunks"] for r in rows] == [0, 1, 1]
+    err = capsys.readouterr().err
+    assert "injected failure on chunk 9" in err and "retrying" in err and "dropping its prompts" in err
+    steps = [json.loads(x) for x in (tmp_path / "run" / "samples" / "step_000002.jsonl").read_text().splitlines()]
+    assert len(steps) == 12 * 8  # 12 prompts x 8 samples trained at step 2
+
+
+def test_two_fsdp_trainer_ranks_train_as_one(tmp_path, sync_run):
+    # The trainer sharded over 2 Ray actors (FSDP2 on gloo) against 1: the samples depend on the
+    # weights, so equal rewards at every step mean the updates agree.
+    train(tiny_cfg(*SYNC, "dist.trainer_ranks=2"), tmp_path / "two", task=DIGITS)
+    one, two = sync_run[0], lines(tmp_path / "two")
     assert [r["reward/mean"] for r in one] == [r["reward/mean"] for r in two]
     for a, b in zip(one, two):
         assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4)

@@ -147,3 +147,31 @@ def test_ratio_histogram_bins():
     counts = ratio_histogram(torch.tensor([1.0, 1.0, 0.3, 3.0, 1.02]))
     assert len(counts) == len(RATIO_EDGES) - 1 and sum(counts) == 5
     assert counts[0] == 1 and counts[5] == 2 and counts[6] == 1 and counts[-1] == 1
+
+
+def test_tis_inside_the_loss_needs_no_old_logprob_pass(tiny):
+    # One optimizer step: the trainer takes old_logp from its first forward, so TIS in the loss
+    # (algorithms.with_tis) must give what it gives with old_logp recomputed beforehand. The
+    # sampler's log-probs are perturbed so that the weights are not all 1 and some are capped.
+    from rlpost.algorithms import with_tis
+
+    batch = make_batch(tiny)
+    torch.manual_seed(1)
+    batch.sampler_logp = (batch.sampler_logp + 0.3 * torch.randn_like(batch.sampler_logp)) * batch.completion_mask
+    algo = GRPO(group_size=4, aggregate=core.token_mean)
+    batch.advantages, _ = algo.advantages(batch)
+    loss_fn = with_tis(algo.loss, cap=1.2, level="token")
+    grads, metrics = [], []
+    for precompute in (False, True):
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4, total_optimizer_steps=1)
+        b = copy.deepcopy(batch)
+        if precompute:
+            b.old_logp = tr.recompute_old_logp(b)
+        metrics.append(tr.accumulate(b, loss_fn))
+        grads.append([p.grad.clone() for p in tr.params])
+    assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(*grads))
+    assert 0 < metrics[0]["actor/tis_capped_frac"] < 1
+    assert metrics[0]["actor/tis_weight_mean"] == pytest.approx(metrics[1]["actor/tis_weight_mean"], rel=1e-5)
+    plain = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4, total_optimizer_steps=1)
+    plain.accumulate(copy.deepcopy(batch), algo.loss)  # without TIS the gradient differs: the weights did something
+    assert not all(torch.allclose(a.grad, c, atol=1e-6) for a, c in zip(plain.params, grads[0]))

@@ -7,6 +7,7 @@ the trainer then passes ``values=`` to ``loss``), ``filters_groups`` (DAPO's dyn
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Protocol
 
@@ -55,6 +56,28 @@ def with_entropy_bonus(loss_fn, coef: float, aggregate: core.Aggregator):
         base, metrics = loss_fn(logp, batch, **kw)
         ent = aggregate(entropy, batch.completion_mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
         return base - coef * ent, metrics
+
+    return loss
+
+
+def with_tis(loss_fn, cap: float, level: str):
+    """Truncated importance sampling (TIS) inside the loss: the advantages are scaled by
+    w = min(pi_old / pi_sampler, cap) (``core.truncated_is_weight``) before ``loss_fn`` sees them.
+
+    Folding the (gradient-free, non-negative) weight into the advantage is exact for the token-level
+    losses: min(r wA, clip(r) wA) = w min(rA, clip(r)A). GSPO reads a sequence's mean weight (use
+    algo.tis_level=sequence there). It runs here, not before the advantages, because pi_old is
+    the trainer's own log-prob under the sampling step's weights: when the batch is one optimizer
+    step the trainer takes it from its first forward (``old_logp = logp.detach()``), so TIS costs
+    no extra pass over the batch (it used to cost a full no-grad forward)."""
+
+    def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        w = core.truncated_is_weight(batch.old_logp, batch.sampler_logp, mask, cap, level)  # (B, T)
+        base, metrics = loss_fn(logp, replace(batch, advantages=batch.advantages * w), **kw)
+        raw = (batch.old_logp - batch.sampler_logp).exp()
+        return base, {**metrics, "actor/tis_weight_mean": core.masked_mean(w, mask).item(),
+                      "actor/tis_capped_frac": core.masked_mean((raw > cap).float(), mask).item()}
 
     return loss
 

@@ -37,7 +37,7 @@ class RolloutWorker:
         loaded = _policy(cfg, weights)
         self.rollout = make_rollout(cfg, loaded.model, loaded.tokenizer)
         self.seed, self.sync_s = cfg.run.seed, 0.0
-        self.fault = fault  # tests: 'chunk_id:marker_file' = die on that chunk, once
+        self.fault = fault  # tests only: see _fault_hook
 
     def load_weights(self, state: dict, version: int) -> None:
         t0 = time.perf_counter()
@@ -55,11 +55,16 @@ class RolloutWorker:
         return batch, info
 
     def _fault_hook(self, chunk_id: int) -> None:
-        if self.fault and int(self.fault.split(":")[0]) == chunk_id:
-            marker = Path(self.fault.split(":", 1)[1])
-            if not marker.exists():
-                marker.write_text("killed")
-                os._exit(1)
+        """Tests: 'k:raise' = generate raises on chunk k, every time; 'k:FILE' = the process
+        exits on chunk k once (FILE marks that it did)."""
+        if not self.fault or int(self.fault.split(":")[0]) != chunk_id:
+            return
+        what = self.fault.split(":", 1)[1]
+        if what == "raise":
+            raise RuntimeError(f"injected failure on chunk {chunk_id}")
+        if not Path(what).exists():
+            Path(what).write_text("killed")
+            os._exit(1)
 
 
 class TrainerWorker:

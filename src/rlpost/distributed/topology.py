@@ -21,7 +21,7 @@ from rlpost.envs import stack, verifier_timeout
 from rlpost.envs.runner import VerifierRunner
 from rlpost.models import load_policy
 
-# Tests set this to 'chunk_id:marker_file' to make a rollout worker die on that chunk, once.
+# Tests set this to make a rollout worker fail on one chunk (actors.RolloutWorker._fault_hook).
 FAULT_ENV = "RLPOST_KILL_ROLLOUT_CHUNK"
 
 

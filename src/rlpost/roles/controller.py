@@ -234,19 +234,21 @@ def loss_setup(cfg: config.Config, roles: Roles, state: dict):
     loss_fn = roles.algo.loss
     if a.entropy_coef > 0:
         loss_fn = algorithms.with_entropy_bonus(loss_fn, a.entropy_coef, algorithms.aggregator(a.loss_agg, cfg.rollout.max_new_tokens))
+    cap = config.derived(cfg).tis_cap  # async runs get one by default: their samples are off-policy
+    if cap > 0:  # inside the loss, where the trainer's old log-probs are at hand (algorithms.with_tis)
+        loss_fn = algorithms.with_tis(loss_fn, cap, a.tis_level)
     kl_ctl = core.AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target > 0 else None
     if kl_ctl and state.get("kl_coef") is not None:  # resume: continue from the adapted coefficient
         kl_ctl.coef = roles.algo.kl_coef = state["kl_coef"]
     # Old log-probs (and values) are needed before the advantages when the KL is in the reward,
-    # for a critic, for TIS, and to measure the KL that adaptive control tracks.
-    tis = config.derived(cfg).tis_cap > 0
-    early_old = any(algorithms.flag(roles.algo, f) for f in ("needs_old_logp", "needs_values")) or tis or kl_ctl is not None
+    # for a critic, and to measure the KL that adaptive control tracks.
+    early_old = any(algorithms.flag(roles.algo, f) for f in ("needs_old_logp", "needs_values")) or kl_ctl is not None
     return loss_fn, kl_ctl, early_old
 
 
 def adjust_advantages(batch: Rollouts, cfg: config.Config) -> dict:
     """What the shared knobs add to any algorithm's advantages: PRIME's implicit process reward,
-    truncated IS, DAPO's overlong filter."""
+    DAPO's overlong filter. (Truncated IS scales them later, inside the loss: algorithms.with_tis.)"""
     a, metrics = cfg.algo, {}
     if a.prime_coef > 0:  # dense reward beta * log(pi / pi_ref) per token, RLOO-centred (core.prime_advantages)
         policy_logp = batch.old_logp if batch.old_logp is not None else batch.sampler_logp
@@ -254,26 +256,10 @@ def adjust_advantages(batch: Rollouts, cfg: config.Config) -> dict:
         dense = core.prime_advantages(implicit, batch.completion_mask, cfg.rollout.group_size)
         batch.advantages = batch.advantages + dense
         metrics["reward/implicit_prm_mean"] = (implicit.sum(1)).mean().item()
-    cap = config.derived(cfg).tis_cap  # async runs get one by default: their samples are off-policy
-    if cap > 0:
-        metrics.update(apply_tis(batch, cap, a.tis_level))
     if a.overlong_filter:  # after the advantages: truncated rows still count in their group
         batch.completion_mask = batch.completion_mask & ~batch.truncated[:, None]
         batch.advantages = batch.advantages * batch.completion_mask
     return metrics
-
-
-def apply_tis(batch: Rollouts, cap: float, level: str) -> dict:
-    """Truncated importance sampling: scale advantages by min(pi_old / pi_sampler, cap). Folding the
-    (gradient-free, non-negative) weight into the advantage is exact for the token-level losses
-    (min(r wA, clip(r) wA) = w min(rA, clip(r)A)); GSPO reads a sequence's mean weight (use
-    algo.tis_level=sequence there)."""
-    w = core.truncated_is_weight(batch.old_logp, batch.sampler_logp, batch.completion_mask, cap, level)  # (B, T)
-    batch.advantages = batch.advantages * w
-    mask = batch.completion_mask
-    raw = (batch.old_logp - batch.sampler_logp).exp()
-    return {"actor/tis_weight_mean": core.masked_mean(w, mask).item(),
-            "actor/tis_capped_frac": core.masked_mean((raw > cap).float(), mask).item()}
 
 
 def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | None = None) -> dict:
