@@ -38,6 +38,10 @@ LINE_PLOTS = [
                              ("reward/all_fail_frac", "all-fail groups")], ""),
     ("Gradient norm (pre-clip)", [("actor/grad_norm", "policy"), ("critic/grad_norm", "critic")], ""),
     ("Throughput", [("perf/gen_tokens_per_s", "generated tokens / s"), ("perf/throughput", "all tokens / s")], "tokens / s"),
+    # Ray topologies only (docs/distributed.md); a plot with no data is not drawn.
+    ("Staleness of trained samples", [("async/staleness_mean", "mean"), ("async/staleness_max", "max")], "versions behind"),
+    ("Idle time", [("async/trainer_idle_frac", "trainer"), ("async/rollout_idle_frac", "rollout workers")], "share"),
+    ("Rollout queue", [("async/queue_depth", "sampled sequences waiting")], "sequences"),
 ]
 
 
