@@ -37,6 +37,8 @@ def lines(run):
 # The synchronous run the others are compared with. Samples are seeded per chunk, so neither the
 # number of rollout workers nor which worker runs a chunk changes them. TIS on: async turns it on.
 SYNC = [*LEARN, "run.steps=3", "algo.tis_cap=2", "dist.topology=disaggregated"]
+# Chunks of 4 prompts, numbered in order: 0-12 the 50 held-out problems, 13-16 step 1, 17-20 step 2.
+STEP2_CHUNK = 19
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +94,7 @@ def test_over_age_chunks_are_dropped_and_sampled_again():
 
 
 def test_a_killed_rollout_worker_is_restarted_and_the_run_is_unchanged(tmp_path, monkeypatch, capsys, sync_run):
-    # Chunk 9 is the last of step 2's four (chunks 0-1: held-out evaluation, 2-5: step 1).
-    monkeypatch.setenv(FAULT_ENV, f"9:{tmp_path / 'killed'}")
+    monkeypatch.setenv(FAULT_ENV, f"{STEP2_CHUNK}:{tmp_path / 'killed'}")
     train(tiny_cfg(*SYNC), tmp_path / "run", task=DIGITS)
     assert (tmp_path / "killed").exists()  # the worker really died
     assert "rollout worker" in capsys.readouterr().err
@@ -104,12 +105,12 @@ def test_a_killed_rollout_worker_is_restarted_and_the_run_is_unchanged(tmp_path,
 
 
 def test_a_chunk_that_keeps_failing_is_dropped_and_the_step_trains_on_the_rest(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(FAULT_ENV, "9:raise")  # chunk 9: 4 of step 2's 16 prompts
+    monkeypatch.setenv(FAULT_ENV, f"{STEP2_CHUNK}:raise")  # 4 of step 2's 16 prompts
     train(tiny_cfg(*SYNC), tmp_path / "run", task=DIGITS)
     rows = lines(tmp_path / "run")
     assert [r["async/dropped_chunks"] for r in rows] == [0, 1, 1]
     err = capsys.readouterr().err
-    assert "injected failure on chunk 9" in err and "retrying" in err and "dropping its prompts" in err
+    assert f"injected failure on chunk {STEP2_CHUNK}" in err and "retrying" in err and "dropping its prompts" in err
     steps = [json.loads(x) for x in (tmp_path / "run" / "samples" / "step_000002.jsonl").read_text().splitlines()]
     assert len(steps) == 12 * 8  # 12 prompts x 8 samples trained at step 2
 
