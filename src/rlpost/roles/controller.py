@@ -74,8 +74,10 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     Under dist.topology=disaggregated/async the sampler and the trainer are Ray actors instead
     (distributed/topology.py); the Roles they return have the same verbs."""
     if cfg.dist.topology != "colocated" and not for_eval:
-        from rlpost.distributed.topology import build_remote_roles
-
+        try:
+            from rlpost.distributed.topology import build_remote_roles
+        except ImportError as e:  # Ray is an extra: say how to get it, in one line
+            raise config.ConfigError(f"dist.topology: {cfg.dist.topology} runs on Ray ({e}); pip install 'rlpost[dist]'") from None
         return build_remote_roles(cfg, verifier_path, weights)
     loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
     algo = algorithms.build(cfg)
