@@ -304,7 +304,7 @@ class DistConfig:
     max_staleness: int = knob(1, ge=0)
     """async: the most trainer steps a trained sample may lag the policy being trained (0 = synchronous); older ones are dropped and regenerated"""
     sync_every: int = knob(1, ge=1)
-    """push the trainer's weights to the rollout every N updates (versioned; staleness counts steps since the last push)"""
+    """push the trainer's weights to the rollout every N updates (versioned; a sample's staleness counts the pushes made after its version)"""
     trainer_ranks: int = knob(1, ge=1)
     """disaggregated/async: trainer actors; > 1 shards the policy over them with FSDP2 data parallelism (gloo on CPU, NCCL on GPU; no critic or LoRA)"""
     chunk_prompts: int = knob(0, ge=0)
