@@ -308,7 +308,7 @@ class DistConfig:
     trainer_ranks: int = knob(1, ge=1)
     """disaggregated/async: trainer actors; > 1 shards the policy over them with FSDP2 data parallelism (gloo on CPU, NCCL on GPU; no critic or LoRA)"""
     chunk_prompts: int = knob(0, ge=0)
-    """disaggregated/async: prompts per work item handed to a worker; 0 = prompts_per_step / rollout_workers, rounded up (smaller chunks balance long-tailed lengths)"""
+    """disaggregated/async: prompts per work item handed to a worker; 0 = each batch split evenly over the workers (smaller chunks balance long-tailed lengths)"""
     rollout_threads: int = knob(0, ge=0)
     """torch threads per rollout worker; 0 = all cores (disaggregated, phases alternate) or the cores left by the trainer, split among workers (async)"""
     trainer_threads: int = knob(0, ge=0)

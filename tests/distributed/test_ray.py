@@ -133,3 +133,16 @@ def test_topology_settings_are_checked():
         tiny_cfg("dist.rollout_workers=2")
     with pytest.raises(ConfigError, match="dist.trainer_ranks"):
         tiny_cfg("dist.topology=async", "dist.trainer_ranks=2", "algo.name=ppo")
+
+
+def test_checkpoints_of_a_remote_trainer_hold_the_float32_master_weights():
+    # The sampler gets a bf16 copy through the object store; a checkpoint must not (a resumed
+    # trainer would lose its master weights' precision).
+    roles = build_remote_roles(tiny_cfg("dist.topology=disaggregated", "rollout.dtype=bfloat16"), "toy_verifiers:odd_length")
+    try:
+        synced, saved = ray.get(roles.trainer.weights()), roles.trainer.checkpoint_weights()
+        assert synced.keys() == saved.keys()
+        assert {v.dtype for v in synced.values()} == {torch.bfloat16}
+        assert {v.dtype for v in saved.values()} == {torch.float32}
+    finally:
+        roles.close()

@@ -94,11 +94,14 @@ class TrainerWorker:
         t0 = time.perf_counter()
         return self.trainer.update(batch, loss_fn), time.perf_counter() - t0
 
-    def weights(self) -> dict | None:
-        """In the sampler's dtype: the workers cast to it anyway, and bf16 halves the bytes moved.
-        Every rank gathers (a collective); only rank 0's copy goes to the object store."""
+    def weights(self, for_sampler: bool = True) -> dict | None:
+        """for_sampler: in the sampler's dtype (the workers cast to it anyway, and bf16 halves the
+        bytes moved); else the float32 master weights, for a checkpoint. Every rank gathers (a
+        collective); only rank 0's copy goes to the object store."""
         w = self.trainer.weights()
-        return {k: v.detach().to(self.sampler_dtype) for k, v in w.items()} if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        return {k: v.detach().to(self.sampler_dtype) if for_sampler else v.detach() for k, v in w.items()}
 
     def state_dict(self) -> dict | None:
         state = self.trainer.state_dict()  # a collective under data parallelism
@@ -139,6 +142,10 @@ class RemoteTrainer:
 
     def weights(self):
         return [h.weights.remote() for h in self.handles][0]
+
+    def checkpoint_weights(self) -> dict:
+        """The float32 master weights (``weights()`` is the sampler's bf16 copy)."""
+        return self._all("weights", False)
 
     def state_dict(self) -> dict:
         return self._all("state_dict")

@@ -122,9 +122,7 @@ def row_bounds(n: int, world: int) -> list[int]:
 def micro_count(n: int, world: int, micro: int) -> int:
     """Micro-batches per rank for a mini-batch of n rows: the same number on every rank, since
     each FSDP forward and backward is a collective that all ranks must join."""
-    bounds = row_bounds(n, world)
-    longest = max(bounds[r + 1] - bounds[r] for r in range(world))
-    return max(1, math.ceil(longest / micro))
+    return max(1, math.ceil(math.ceil(n / world) / micro))  # ceil(n / world): the largest share
 
 
 def all_gather_rows(part: Tensor, n: int) -> Tensor:
@@ -132,8 +130,7 @@ def all_gather_rows(part: Tensor, n: int) -> Tensor:
     tensor on every rank. Shares differ by at most a row, so pad to the longest and cut back."""
     rank, world = rank_world()
     bounds = row_bounds(n, world)
-    longest = max(bounds[r + 1] - bounds[r] for r in range(world))
-    padded = part.new_zeros((longest, *part.shape[1:]))
+    padded = part.new_zeros((math.ceil(n / world), *part.shape[1:]))  # the largest share
     padded[: len(part)] = part
     chunks = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(chunks, padded)

@@ -122,6 +122,7 @@ class RolloutPool:
     # --- queueing and consuming ----------------------------------------------------------------
 
     def _enqueue(self, rows: list[dict], n: int, kw: dict, front: bool, bound: int | None) -> Batch:
+        # dist.chunk_prompts, or the batch split evenly over the workers (held-out evaluation too)
         size = self.chunk_prompts or math.ceil(len(rows) / len(self.workers))
         chunks = []
         for i in range(0, len(rows), size):

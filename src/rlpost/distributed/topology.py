@@ -10,7 +10,6 @@ a worker without Ray holding one of them back.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 
@@ -53,7 +52,7 @@ def start_ray(cfg: config.Config) -> None:
 def build_remote_roles(cfg: config.Config, verifier_path: str, weights: dict | None = None):
     import ray
 
-    from rlpost.roles.controller import Roles, make_reference, say
+    from rlpost.roles.controller import Roles, make_reference, needs_reference, say
 
     start_ray(cfg)
     t_threads, r_threads = threads(cfg)
@@ -65,13 +64,11 @@ def build_remote_roles(cfg: config.Config, verifier_path: str, weights: dict | N
     fault = os.environ.get(FAULT_ENV, "")
     spawn = lambda i, w: worker_cls.remote(cfg, w, r_threads, fault)
     d = cfg.dist
-    chunk = d.chunk_prompts or math.ceil(cfg.rollout.prompts_per_step / d.rollout_workers)
-    pool = RolloutPool(spawn, d.rollout_workers, chunk, d.max_staleness if d.topology == "async" else 0,
+    pool = RolloutPool(spawn, d.rollout_workers, d.chunk_prompts, d.max_staleness if d.topology == "async" else 0,
                        initial_weights=initial, say=say)
     algo = algorithms.build(cfg)
     # The reference is the starting policy, so a fresh load is it (checkpoint weights never go in).
-    reference = make_reference(cfg, algo, load_policy(cfg.model.name, seed=cfg.run.seed).model) \
-        if algo.needs_reference or cfg.algo.prime_coef > 0 else None
+    reference = make_reference(cfg, load_policy(cfg.model.name, seed=cfg.run.seed).model) if needs_reference(cfg, algo) else None
     verifier = VerifierRunner(verifier_path, verifier_timeout(cfg))
     reward = stack.build_reward(cfg, verifier, config.derived(cfg).micro_batch_size)
     say(f"topology {d.topology}: {d.rollout_workers} rollout worker(s) x {r_threads} thread(s), "

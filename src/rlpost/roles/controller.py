@@ -82,7 +82,7 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
     algo = algorithms.build(cfg)
     # The reference is the *starting* policy: copy it before any checkpoint weights are loaded.
-    reference = make_reference(cfg, algo, loaded.model) if not for_eval else None
+    reference = make_reference(cfg, loaded.model) if needs_reference(cfg, algo) and not for_eval else None
     use_lora = cfg.model.lora_r > 0 and not for_eval
     # With LoRA the base stays the pretrained model: a checkpoint's merged weights would count the
     # adapters twice once the trainer loads them back (lora.py).
@@ -96,10 +96,13 @@ def build_roles(cfg: config.Config, verifier_path: str, weights: dict | None = N
     return Roles(rollout, reward, reference, algo, trainer, grader=verifier)
 
 
-def make_reference(cfg: config.Config, algo, model: torch.nn.Module) -> Reference | None:
-    """A frozen copy of `model` when the algorithm (or PRIME) needs reference log-probs, else None."""
-    if not (algo.needs_reference or cfg.algo.prime_coef > 0):
-        return None
+def needs_reference(cfg: config.Config, algo) -> bool:
+    """Whether the algorithm (its KL term) or PRIME's implicit reward reads reference log-probs."""
+    return algo.needs_reference or cfg.algo.prime_coef > 0
+
+
+def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
+    """A frozen copy of `model` that gives reference log-probs."""
     return Reference(copy.deepcopy(model), cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
                      cfg.trainer.autocast_bf16, cfg.trainer.share_prompt_prefix)
 
@@ -355,12 +358,8 @@ def save_checkpoint(run_dir: Path, cfg, step: int, roles: Roles, stream: PromptS
     state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
              "heldout_before": before, "minutes": minutes, "kl_coef": kl_ctl.coef if kl_ctl else None,
              "algo": roles.algo.state_dict() if hasattr(roles.algo, "state_dict") else None}
-    weights = roles.trainer.weights()
-    if not isinstance(weights, dict):  # a remote trainer's weights are a Ray object reference
-        import ray
-
-        weights = ray.get(weights)
-    checkpoint.save(run_dir, step, weights, roles.trainer.state_dict(), state, cfg.run.keep_checkpoints)
+    checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
+                    cfg.run.keep_checkpoints)
 
 
 def _test_fault_hook(step: int) -> None:

@@ -338,6 +338,11 @@ class Trainer:
             return fsdp.full_state_dict(self.model)
         return lora.merged_state(self.model) if lora.is_lora(self.model) else self.model.state_dict()
 
+    def checkpoint_weights(self) -> dict[str, Tensor]:
+        """What a checkpoint stores: the float32 master weights, as ``weights()`` gives them here
+        (a remote trainer's ``weights()`` is the sampler's copy; distributed/actors.py)."""
+        return self.weights()
+
     def state_dict(self) -> dict:
         # Data parallel: the full, unsharded optimizer state keyed by parameter name, the same on
         # every rank (a collective), so rank 0 alone can write it and every rank can load it.
