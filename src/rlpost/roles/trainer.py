@@ -124,6 +124,7 @@ class Trainer:
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.dp = data_parallel
+        self.updates = 0  # update() calls in this process, for the heap trims
         if data_parallel:
             self._shard()
         else:
@@ -252,7 +253,9 @@ class Trainer:
         sums["actor/lr"] = lr
         if critic_norms:
             sums["critic/grad_norm"] = sum(critic_norms) / len(critic_norms)
-        heap.trim()  # the activations are gone: hand their pages back before the next rollout
+        self.updates += 1
+        if self.updates % heap.TRIM_EVERY == 0:  # bound the heap's fragmentation (heap.py)
+            heap.trim()
         return sums
 
     def accumulate(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool = True, diffs: list | None = None) -> dict:
