@@ -42,8 +42,7 @@ def main() -> None:
     rows = build_task(config.load(None, [])).train[:PROMPTS]
     fast = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
     unpacked = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
-    for lin in unpacked.linears():
-        lin.packed = None
+    unpacked.pack_weights = False
     hf = copy.deepcopy(loaded.model).to(torch.bfloat16).eval()
     enc = loaded.tokenizer(fast.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
     real_draw, real_fraction = FastRollout._draw, rollout_fast.COMPACT_FRACTION

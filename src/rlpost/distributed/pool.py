@@ -113,6 +113,9 @@ class RolloutPool:
                 self.pushes.append(version)
             self.cv.notify_all()
 
+    def sleep(self, discard_weights: bool = False) -> None:
+        """Nothing to free here: the workers are their own processes."""
+
     def close(self) -> None:
         self.closed = True
         self.thread.join(timeout=5)

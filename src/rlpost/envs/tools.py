@@ -122,6 +122,9 @@ class ToolRollout:
     def load_weights(self, state, version: int | None = None) -> None:
         self.inner.load_weights(state, version)
 
+    def sleep(self, discard_weights: bool = False) -> None:
+        self.inner.sleep(discard_weights)
+
     @property
     def version(self) -> int:
         return getattr(self.inner, "version", 0)

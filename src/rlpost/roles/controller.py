@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost import algorithms, checkpoint, config, heap, lora
+from rlpost import algorithms, checkpoint, config, lora
 from rlpost.algorithms import core, dapo
 from rlpost.batch import Rollouts
 from rlpost.data import PromptStream
@@ -302,10 +302,11 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     for step in range(start + 1, cfg.run.steps + 1):
         timings: dict = {}
         batch, c_metrics = collect(roles, stream, cfg, step, timings)
-        heap.trim()
         if len(batch) == 0:  # every group was filtered out, even after refills: nothing to learn from
             log.step(step, {**c_metrics, **timings, "timing_s/step": sum(timings.values())}, None)
             continue
+        evaluating, syncing = schedule(cfg, step)
+        roles.rollout.sleep(discard_weights=syncing)  # frees memory for the update, the peak (HFRollout.sleep)
         if roles.reference is not None:
             with timed("ref", timings):
                 batch.ref_logp = roles.reference.logprobs(batch)
@@ -321,8 +322,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
             measured = u_metrics.get("actor/kl", a_metrics.get("critic/kl"))
             roles.algo.kl_coef = kl_ctl.update(measured, len(batch))
             u_metrics["actor/kl_coef"] = roles.algo.kl_coef
-        evaluating = cfg.run.eval_every and step % cfg.run.eval_every == 0 and step != cfg.run.steps
-        if step % cfg.dist.sync_every == 0 or step == cfg.run.steps or evaluating:  # evaluation samples the newest weights
+        if syncing:
             with timed("sync", timings):  # remote trainer: the time to publish the weights to the object store
                 roles.rollout.load_weights(roles.trainer.weights(), version=step)
         if evaluating:
@@ -347,6 +347,13 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     return summary
+
+
+def schedule(cfg: config.Config, step: int) -> tuple[bool, bool]:
+    """(whether this step evaluates, whether it syncs the sampler's weights): every
+    dist.sync_every updates, at the end, and before every evaluation (which samples the newest)."""
+    evaluating = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != cfg.run.steps
+    return evaluating, step % cfg.dist.sync_every == 0 or step == cfg.run.steps or evaluating
 
 
 def say(message: str) -> None:

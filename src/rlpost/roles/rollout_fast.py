@@ -9,7 +9,7 @@ same maths with fewer, larger ops (benchmarks/README.md measures each lever):
 * **fused projections**: q/k/v is one matmul, gate/up is one matmul. The fused tensors *are* the
   weights: the HF module's ``q_proj.weight`` etc. are views into them, so weight sync through the
   HF state dict (``load_weights``) writes straight into what the loop reads. The one extra copy
-  is the oneDNN-packed layout of each matmul weight (``_Linear``), rebuilt after every sync.
+  is the oneDNN-packed layout of each matmul weight (``_Linear``), made for each `generate` call.
 * **a preallocated KV cache**: keys (layers, B, kv_heads, head_dim, P+T) and values
   (layers, B, kv_heads, P+T, head_dim), written in place.
 * **prefill once per prompt**: each distinct prompt runs once and its KV is copied to its group's
@@ -63,17 +63,18 @@ def supported(model) -> bool:
 
 
 class _Linear:
-    """y = x W^T (+ b) with W in oneDNN's blocked layout when this torch build has it.
+    """y = x W^T (+ b) with W in oneDNN's blocked layout while sampling, when this torch build has it.
 
     Repacking a bf16 weight once for oneDNN measured 1.2-1.6x faster per matmul here than
     F.linear, which reorders on every call (the lm_head: 5.7 ms against 8.8 ms at batch 32). The
-    packed copy is opaque, so ``repack`` runs after every weight sync."""
+    packed copy is opaque, so it is stale after every weight sync, and it is 0.27 GB for the 135M
+    model: ``FastRollout`` packs on the first ``generate`` after a sync (0.2 s) and frees the
+    copies in ``sleep``, which the loop calls before the trainer's update (the run's memory peak)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None):
         self.weight, self.bias, self.packed = weight, bias, None
-        self.repack()
 
-    def repack(self) -> None:
+    def pack(self) -> None:
         try:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 32)
         except (AttributeError, RuntimeError):  # a build without oneDNN: plain F.linear
@@ -125,6 +126,8 @@ class FastRollout(HFRollout):
         self.embed, self.norm = core.embed_tokens.weight, core.norm.weight
         self.lm_head = _Linear(self.model.get_output_embeddings().weight)  # the embedding itself when tied
         self.rotary = core.rotary_emb
+        self.pack_weights = True  # oneDNN-packed matmul weights while sampling (_Linear); False for the levers benchmark
+        self.packed = False
 
     # --- the forward, mirroring transformers' Llama numerics -------------------------------------
 
@@ -185,6 +188,11 @@ class FastRollout(HFRollout):
                 max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor]:
         if stop_strings:
             return super()._sample(input_ids, attention_mask, n, temperature, top_p, max_new_tokens, stop_strings)
+        self._check_awake()
+        if self.pack_weights and not self.packed:
+            for lin in self.linears():
+                lin.pack()  # the current weights in oneDNN's layout, until the next sync or sleep (_Linear)
+            self.packed = True
         with torch.no_grad():  # not inference_mode: its tensors could not enter the trainer's autograd graph
             return self._decode(input_ids, attention_mask.bool(), n, temperature, top_p, max_new_tokens)
 
@@ -249,13 +257,22 @@ class FastRollout(HFRollout):
         tok = torch.searchsorted(cdf, u, side="right").squeeze(1).clamp(max=cdf.shape[1] - 1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(1)
 
-    @torch.no_grad()
     def load_weights(self, state: dict[str, Tensor], version: int | None = None) -> None:
         """Weight sync: the HF parameters are views into the fused weights, so the copy lands
-        there; then re-pack the oneDNN copies."""
+        there; the packed copies are stale and go."""
         super().load_weights(state, version)
+        self._unpack()
+
+    def sleep(self, discard_weights: bool = False) -> None:
+        """Free the packed weight copies (0.27 GB here) until the next ``generate``, and the
+        weights too when asked (HFRollout.sleep)."""
+        self._unpack()
+        super().sleep(discard_weights)
+
+    def _unpack(self) -> None:
         for lin in self.linears():
-            lin.repack()
+            lin.packed = None
+        self.packed = False
 
     def linears(self) -> list[_Linear]:
         """Every packed matmul weight: each layer's four, then the lm_head."""
