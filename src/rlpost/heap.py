@@ -9,9 +9,10 @@ Trimming after *every* update cost more than it saved: the next update touches t
 and faulting ~2.5 GB back in took 2-3 s of system time per update (~630K minor faults; 13% of the
 update's CPU time in the profile, mostly in the bf16<->float32 casts of fresh tensors). Kept
 resident, the next update reuses them (~200K faults, from the tensors over glibc's 32 MB mmap
-limit): 6% faster updates, same batches, same process, alternating (benchmarks/README.md). What
-that costs is fragmentation: without any trim the resident size after an update crept up by
-~0.05 GB per step. ``TRIM_EVERY`` bounds that creep. Elsewhere than glibc this does nothing.
+limit): updates 0.94-0.96x as long, same batches, alternating in one process
+(benchmarks/heap_trim.py). What that costs is fragmentation: without any trim the resident size
+after an update crept up by ~0.05 GB per step. ``TRIM_EVERY`` bounds that creep. Elsewhere than
+glibc this does nothing.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ same maths with fewer, larger ops (benchmarks/README.md measures each lever):
 * **fused projections**: q/k/v is one matmul, gate/up is one matmul. The fused tensors *are* the
   weights: the HF module's ``q_proj.weight`` etc. are views into them, so weight sync through the
   HF state dict (``load_weights``) writes straight into what the loop reads. The one extra copy
-  is the oneDNN-packed layout of each matmul weight (``_Linear``), made for each `generate` call.
+  is the oneDNN-packed layout of each matmul weight (``_Linear``), made on the first `generate`
+  after a sync or a ``sleep``.
 * **a preallocated KV cache**: keys (layers, B, kv_heads, head_dim, P+T) and values
   (layers, B, kv_heads, P+T, head_dim), written in place.
 * **prefill once per prompt**: each distinct prompt runs once and its KV is copied to its group's
