@@ -19,10 +19,11 @@ import time
 
 import torch
 
-from rlpost import config, heap
-from rlpost.data import PromptStream
+from rlpost import build, config
 from rlpost.envs import build_task
-from rlpost.roles import controller
+from rlpost.envs.data import PromptStream
+from rlpost.model import heap
+from rlpost.recipes import rl
 
 OVERRIDES = ["rollout.prompts_per_step=8", "rollout.group_size=4", "rollout.max_new_tokens=64",
              "rollout.temperature=0.7", "trainer.lr=1e-5", "trainer.micro_batch_size=8", "task.n_heldout=16"]
@@ -35,15 +36,15 @@ def main() -> None:
     heap.TRIM_EVERY = 10**9  # the benchmark decides when to trim
     cfg = config.load(None, OVERRIDES)
     task = build_task(cfg)
-    roles = controller.build_roles(cfg, task.verifier)
+    roles = build.build_roles(cfg, task)
     stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed)
     torch.manual_seed(0)
-    loss_fn, _, _ = controller.loss_setup(cfg, roles, {})
+    loss_fn = roles.algo.loss
     per_token: dict[str, list[float]] = {"trim": [], "warm": []}
     for step in range(args.steps):
-        batch, _ = controller.collect(roles, stream, cfg, step, {})
+        batch, _ = rl.collect(roles, stream, cfg, {})
         roles.rollout.sleep(discard_weights=True)
-        batch.advantages, _ = roles.algo.advantages(batch)
+        batch.advantages = roles.algo.advantages(batch).tokens
         for mode in (["trim", "warm"] if step % 2 == 0 else ["warm", "trim"]):
             batch.old_logp = None
             if mode == "trim":

@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 import torch
+from vs_trl import GROUP, MAX_NEW, PROMPTS, TEMPERATURE, generate_tokens  # the speed benchmark's batch
 
 from rlpost import config
 from rlpost.envs import build_task
-from rlpost.models import load_policy
+from rlpost.model.load import load_policy
 from rlpost.roles import rollout_fast
 from rlpost.roles.rollout_fast import FastRollout
-from vs_trl import GROUP, MAX_NEW, PROMPTS, TEMPERATURE, generate_tokens  # the speed benchmark's batch
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,7 +42,8 @@ def main() -> None:
     rows = build_task(config.load(None, [])).train[:PROMPTS]
     fast = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
     unpacked = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
-    unpacked.pack_weights = False
+    for lin in unpacked.linears():  # never packed: plain F.linear, which reorders the weight on every call
+        lin.pack = lambda: None
     hf = copy.deepcopy(loaded.model).to(torch.bfloat16).eval()
     enc = loaded.tokenizer(fast.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
     real_draw, real_fraction = FastRollout._draw, rollout_fast.COMPACT_FRACTION

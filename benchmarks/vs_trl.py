@@ -60,7 +60,7 @@ def child_trl(steps: int, seed: int, out: Path) -> None:
 
     from rlpost import config
     from rlpost.envs import arithmetic, build_task
-    from rlpost.models import embedded_model_dir, load_tokenizer
+    from rlpost.model.load import embedded_model_dir, load_tokenizer
 
     torch.set_num_threads(os.cpu_count())
     task = build_task(config.load(None, []))
@@ -140,7 +140,7 @@ def child_generate(reps: int, seed: int, out: Path) -> None:
 
     from rlpost import config
     from rlpost.envs import build_task
-    from rlpost.models import load_policy
+    from rlpost.model.load import load_policy
     from rlpost.roles.rollout_fast import FastRollout
 
     torch.set_num_threads(os.cpu_count())

@@ -3,10 +3,10 @@
 import json
 
 import torch
+from helpers import TINY, run_cli
 from safetensors.torch import load_file
 
-from conftest import TINY, run_cli
-from rlpost.models import load_policy
+from rlpost.model.load import load_policy
 
 
 def test_train_two_steps_then_eval(tmp_path):
@@ -47,7 +47,8 @@ def test_every_recipe_runs_two_steps_on_the_tiny_model(tmp_path, monkeypatch):
     # recipe); the verifier's worker process finds toy_verifiers through PYTHONPATH.
     import os
 
-    from conftest import ROOT
+    from helpers import ROOT
+
     from rlpost import cli
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))

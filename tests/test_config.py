@@ -1,9 +1,9 @@
 """Config: typed, validated, one-line errors naming the key, exit status 2 from the CLI."""
 
 import pytest
+from helpers import run_cli
 
-from conftest import run_cli
-from rlpost import config
+from rlpost import build, config
 
 
 @pytest.mark.parametrize("override,expected", [
@@ -20,12 +20,15 @@ from rlpost import config
     ("algo.overlong_buffer=17", "algo.overlong_buffer: expected <= rollout.max_new_tokens (16), got 17"),
     ("algo.critic=both", "algo.critic: expected one of separate, shared"),
     ("rollout.filter_min_pass_rate=0.9 rollout.filter_max_pass_rate=0.5", "rollout.filter_min_pass_rate: expected <="),
-    ("algo.name=reinforce algo.kl_coef=0.1", "algo.kl_coef: plain REINFORCE has no KL term"),
+    ("algo.name=reinforce algo.kl_coef=0.1", "algo.kl_coef: REINFORCE has no KL term"),
+    ("algo.name=reinforce trainer.epochs=2", "trainer.epochs: REINFORCE has no importance ratio"),
+    ("algo.name=nosuch", "algo.name: expected one of reinforce, ppo, reinforce_pp, grpo"),
     ("algo.name=dapo rollout.group_size=1", "rollout.group_size: expected >= 2 for DAPO"),
 ])
 def test_bad_values_name_the_key(override, expected):
+    # config.load checks what holds for any algorithm; build.check adds what the algorithm needs.
     with pytest.raises(config.ConfigError) as e:
-        config.load(None, override.split())
+        build.check(config.load(None, override.split()))
     assert str(e.value).startswith(expected) and "\n" not in str(e.value)
 
 
@@ -70,13 +73,13 @@ def test_cli_bad_input_is_one_line_exit_2(args):
 
 
 def test_every_recipe_validates():
-    from conftest import ROOT
+    from helpers import ROOT
 
     recipes = sorted((ROOT / "recipes").glob("*.yaml"))
     assert recipes
     for r in recipes:
         if "stages:" in r.read_text():  # a pipeline recipe: its stages are checked stage by stage
-            from rlpost.preference.pipeline import read_pipeline, stage_config
+            from rlpost.recipes.pipeline import read_pipeline, stage_config
 
             tree = read_pipeline(r)
             for st in tree["stages"]:

@@ -1,20 +1,13 @@
 """A tiny random model must learn a toy verifiable task through the real loop, in seconds."""
 
 import json
-import random
 
 import torch
+from helpers import digit_rows, tiny_cfg
 
-from conftest import tiny_cfg
 from rlpost.envs import Task
-from rlpost.roles.controller import train
+from rlpost.recipes.rl import train
 from rlpost.roles.trainer import Trainer
-
-
-def digit_rows(n, seed):
-    rng = random.Random(seed)
-    return [{"messages": [{"role": "user", "content": str(d)}], "answer": str(d)}
-            for d in (rng.randint(0, 9) for _ in range(n))]
 
 
 def test_tiny_model_learns_to_copy_a_digit(tmp_path):

@@ -4,9 +4,8 @@ import json
 import signal
 
 import torch
+from helpers import TINY, run_cli, run_cli_killed_after
 from safetensors.torch import load_file
-
-from conftest import TINY, run_cli
 
 ARGS = [*TINY, "run.steps=5", "run.checkpoint_every=2", "run.keep_checkpoints=2", "trainer.epochs=2",
         "trainer.mini_batch_size=8", "trainer.micro_batch_size=4", "algo.kl_coef=0.05", "trainer.warmup_steps=2",
@@ -25,7 +24,7 @@ def test_sigkill_then_resume_is_exact(tmp_path):
     full = run_cli("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=full")
     assert full.returncode == 0, full.stderr[-3000:]
     # Killed after step 3: the last checkpoint is step 2, and step 3's metric line must be discarded.
-    killed = run_cli("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=cut", env={"RLPOST_KILL_AFTER_STEP": "3"})
+    killed = run_cli_killed_after(3, "train", *ARGS, f"run.out_dir={tmp_path}", "run.name=cut")
     assert killed.returncode == -signal.SIGKILL
     assert len((tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()) == 3
     resumed = run_cli("train", "--resume", str(tmp_path / "cut"))
@@ -50,7 +49,7 @@ def test_new_run_refuses_to_overwrite_checkpoints(tmp_path):
 def test_reinforce_baseline_state_survives_resume(tmp_path):
     args = [*TINY, "run.steps=3", "run.checkpoint_every=1", "algo.name=reinforce", "task.verifier=toy_verifiers:odd_length"]
     full = run_cli("train", *args, f"run.out_dir={tmp_path}", "run.name=full")
-    killed = run_cli("train", *args, f"run.out_dir={tmp_path}", "run.name=cut", env={"RLPOST_KILL_AFTER_STEP": "2"})
+    killed = run_cli_killed_after(2, "train", *args, f"run.out_dir={tmp_path}", "run.name=cut")
     assert full.returncode == 0 and killed.returncode == -signal.SIGKILL, full.stderr[-2000:]
     resumed = run_cli("train", "--resume", str(tmp_path / "cut"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -63,7 +62,7 @@ def test_ppo_critic_and_adaptive_kl_survive_resume(tmp_path):
             "algo.kl_target=1e-4", "algo.critic_lr=1e-3", "trainer.epochs=2", "trainer.mini_batch_size=8",
             "task.verifier=toy_verifiers:odd_length"]
     full = run_cli("train", *args, f"run.out_dir={tmp_path}", "run.name=full")
-    killed = run_cli("train", *args, f"run.out_dir={tmp_path}", "run.name=cut", env={"RLPOST_KILL_AFTER_STEP": "2"})
+    killed = run_cli_killed_after(2, "train", *args, f"run.out_dir={tmp_path}", "run.name=cut")
     assert full.returncode == 0 and killed.returncode == -signal.SIGKILL, full.stderr[-2000:]
     resumed = run_cli("train", "--resume", str(tmp_path / "cut"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from rlpost import config
+from rlpost.types.errors import ModelLoadError
 
 EXIT_BAD_INPUT = 2
 
@@ -71,19 +72,22 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="what went wrong in a run, and which knob addresses it")
     d.add_argument("run_dir", metavar="RUN_DIR")
     d.add_argument("--json", action="store_true", help="findings as JSON")
-    from rlpost.observe import planner
-
-    planner.add_arguments(sub.add_parser("plan", help="estimate memory and step time (vs a measured run with --from)",
-                                         description=planner.__doc__.split("\n\n")[0]))
+    # The planner parses its own options (main() hands them over; `rlpost plan --help` lists them):
+    # importing it here would load torch (it reads the algorithms' traits) before any command's
+    # config is checked.
+    sub.add_parser("plan", help="estimate memory and step time (vs a measured run with --from); rlpost plan --help")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    from rlpost.models import ModelLoadError
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"]:
+        from rlpost.observe import planner
 
+        return planner.main(argv[1:])
+    args = _parser().parse_args(argv)
     try:
-        commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor, "plan": cmd_plan,
+        commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
                     "sft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline}
         return commands[args.command](args)
     except (config.ConfigError, ModelLoadError) as e:
@@ -95,8 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+# Each command imports its recipe when it runs, not at the top: the config is read and checked
+# first, so a mistake in it is reported before torch and transformers load (seconds).
+
+
 def cmd_train(args) -> int:
-    from rlpost.roles.controller import train
+    from rlpost import build
+    from rlpost.recipes.rl import train
 
     recipe, overrides = _split(args.args)
     if args.resume:
@@ -105,9 +114,9 @@ def cmd_train(args) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / "config.yaml").exists():
             raise config.ConfigError(f"--resume {run_dir}: no config.yaml there; is it a run folder?")
-        cfg = config.load(run_dir / "config.yaml", overrides)
+        cfg = build.check(config.load(run_dir / "config.yaml", overrides))
     else:
-        cfg = config.load(recipe, overrides)
+        cfg = build.check(config.load(recipe, overrides))
         name = cfg.run.name or f"{cfg.task.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         run_dir = Path(cfg.run.out_dir) / name
         if (run_dir / "checkpoints").exists():
@@ -122,19 +131,20 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     import torch
 
-    from rlpost import checkpoint
-    from rlpost.roles.controller import heldout_accuracy
+    from rlpost import build
+    from rlpost.model import checkpoint
+    from rlpost.recipes.evaluate import heldout_accuracy
 
     target = Path(args.target)
     weights = None
     if (target / "config.yaml").exists():  # a run folder: its own config and latest weights
-        cfg = config.load(target / "config.yaml", args.args)
+        cfg = build.check(config.load(target / "config.yaml", args.args))
         ckpt = checkpoint.latest(target)
         if ckpt is None:
             raise config.ConfigError(f"{target}: run folder has no checkpoint yet")
         weights = checkpoint.load(ckpt)[0]
     else:
-        cfg = config.load(None, [f"model.name={args.target}", *args.args])
+        cfg = build.check(config.load(None, [f"model.name={args.target}", *args.args]))
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
     out = Path(args.out or (target / "eval_samples.jsonl" if weights is not None else "eval_samples.jsonl"))
     ks = sorted({int(k) for k in args.k.split(",") if k} or {1, max(1, args.samples)})
@@ -176,7 +186,7 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_offline(args) -> int:
-    from rlpost.preference.offline import train_stage
+    from rlpost.recipes.pipeline import train_stage
 
     recipe, overrides = _split(args.args)
     cfg = config.load(recipe, overrides)
@@ -188,16 +198,10 @@ def cmd_offline(args) -> int:
 
 
 def cmd_pipeline(args) -> int:
-    from rlpost.preference.pipeline import run_pipeline
+    from rlpost.recipes.pipeline import run_pipeline
 
     run_pipeline(args.recipe)
     return 0
-
-
-def cmd_plan(args) -> int:
-    from rlpost.observe import planner
-
-    return planner.run(args)
 
 
 if __name__ == "__main__":

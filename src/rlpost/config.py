@@ -25,9 +25,18 @@ from typing import Any, Literal
 import yaml
 
 from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc.
-    AlgoConfig, Config, ConfigError, DistConfig, ModelConfig, PrefConfig, RolloutConfig, RunConfig, TaskConfig, TrainerConfig, knob,
+    AlgoConfig,
+    Config,
+    ConfigError,
+    DistConfig,
+    ModelConfig,
+    PrefConfig,
+    RolloutConfig,
+    RunConfig,
+    TaskConfig,
+    TrainerConfig,
+    knob,
 )
-
 
 # ---------------------------------------------------------------------------------------------
 # Derived values and cross-field rules (each defined exactly once)
@@ -59,24 +68,18 @@ ASYNC_TIS_CAP = 2.0
 
 
 def check_consistency(cfg: Config) -> None:
+    """Cross-field rules that hold for every algorithm. What one algorithm cannot run is refused by
+    ``algorithms.check`` (its traits), when the roles are built or by the CLI right after loading."""
     d = derived(cfg)
     if d.batch_size % d.mini_batch_size:
         raise ConfigError(f"trainer.mini_batch_size: expected a divisor of the rollout batch ({d.batch_size}), got {d.mini_batch_size}")
     if d.mini_batch_size % d.micro_batch_size:
         raise ConfigError(f"trainer.micro_batch_size: expected a divisor of the mini-batch ({d.mini_batch_size}), got {d.micro_batch_size}")
-    if cfg.algo.name in ("grpo", "rloo", "dapo", "dr_grpo", "gspo", "cispo") and cfg.rollout.group_size < 2:
-        raise ConfigError(f"rollout.group_size: expected >= 2 for {cfg.algo.name.upper()} (the baseline comes from the group), got {cfg.rollout.group_size}")
-    if cfg.algo.name == "reinforce" and (cfg.trainer.epochs > 1 or d.mini_batch_size < d.batch_size):
-        raise ConfigError("trainer.epochs: REINFORCE has no importance ratio, so it is on-policy only: expected epochs=1 and mini_batch_size=0")
     r, a = cfg.rollout, cfg.algo
-    if (r.filter_groups or a.name == "dapo") and r.group_size < 2:
-        raise ConfigError(f"rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), got {r.group_size}")
     if r.filter_min_pass_rate > r.filter_max_pass_rate:
         raise ConfigError(f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({r.filter_max_pass_rate}), got {r.filter_min_pass_rate}")
     if a.overlong_buffer > r.max_new_tokens:
         raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({r.max_new_tokens}), got {a.overlong_buffer}")
-    if a.name == "reinforce" and a.kl_coef > 0:
-        raise ConfigError("algo.kl_coef: plain REINFORCE has no KL term; use algo.name=reinforce_pp (KL in the reward) or grpo")
     if a.kl_target > 0 and a.kl_coef == 0:
         raise ConfigError("algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0")
     check_dist(cfg)
@@ -87,8 +90,8 @@ def check_dist(cfg: Config) -> None:
     d = cfg.dist
     if d.topology == "colocated" and (d.rollout_workers > 1 or d.trainer_ranks > 1):
         raise ConfigError(f"dist.topology: rollout_workers/trainer_ranks > 1 need dist.topology=disaggregated or async, got {d.topology}")
-    if d.trainer_ranks > 1 and (cfg.model.lora_r > 0 or cfg.algo.name == "ppo"):
-        raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic (ppo) or LoRA")
+    if d.trainer_ranks > 1 and cfg.model.lora_r > 0:
+        raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with LoRA")
 
 
 def check_task(cfg: Config) -> None:

@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-
-class ConfigError(ValueError):
-    """A bad config value; str(error) is one line naming the key."""
+from rlpost.types.errors import ConfigError  # noqa: F401 - raised by the loader, re-exported
 
 
 def knob(default, *, ge=None, gt=None, le=None, lt=None):
@@ -92,7 +90,7 @@ class TaskConfig:
     reward_weights: str = ""
     """weights of task.reward_funcs, comma-separated; empty = all 1.0"""
     length_penalty: Literal["none", "linear", "ratio"] = "none"
-    """length shaping added to the reward: linear = -coef * (tokens over length_target) / (max_new_tokens - length_target); ratio = Kimi k1.5's group-relative length reward (see envs/stack.py)"""
+    """length shaping added to the reward: linear = -coef * (tokens over length_target) / (max_new_tokens - length_target); ratio = Kimi k1.5's group-relative length reward (see rewards/stack.py)"""
     length_coef: float = knob(0.1, ge=0)
     """weight of task.length_penalty"""
     length_target: int = knob(0, ge=0)
@@ -143,8 +141,8 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    name: Literal["grpo", "ppo", "rloo", "reinforce", "reinforce_pp", "dapo", "dr_grpo", "gspo", "cispo"] = "grpo"
-    """algorithm: advantages + loss, one file each in src/rlpost/algorithms/"""
+    name: str = "grpo"
+    """algorithm: advantages + loss, one file each in src/rlpost/algorithms/ (the file's name; `rlpost train --help` lists them)"""
     scale_by_std: bool = True
     """divide group-centred rewards by the group's std (GRPO); false = Dr. GRPO's plain r - mean"""
     clip_eps_low: float = knob(0.2, ge=0, lt=1)
@@ -240,7 +238,7 @@ class PrefConfig:
     heldout_frac: float = knob(0.1, gt=0, lt=1)
     """share of data held out when eval_data is empty"""
     loss: Literal["dpo", "ipo", "kto", "orpo", "simpo"] = "dpo"
-    """rlpost dpo: the preference loss (pure functions in preference/losses.py)"""
+    """rlpost dpo: the preference loss (pure functions in algorithms/preference.py)"""
     beta: float = knob(0.1, gt=0)
     """DPO/IPO/KTO: strength of the implicit KL to the reference; SimPO: reward scale (2.0 in the paper)"""
     label_smoothing: float = knob(0.0, ge=0, lt=0.5)

@@ -3,10 +3,10 @@
 import math
 
 import torch
+from helpers import loss_batch
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import GRPO, clipped_pg_loss, grpo_advantages
-from rlpost.batch import Rollouts
 
 t = torch.tensor
 
@@ -46,16 +46,6 @@ def test_clip_higher_uses_eps_high():
     assert math.isclose(per_tok.item(), -math.exp(0.25), rel_tol=1e-6) and not clipped.item()
 
 
-def _batch(logp_old, adv, mask, ref=None):
-    B, T = mask.shape
-    return Rollouts(
-        prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.bool),
-        completion_ids=torch.zeros(B, T, dtype=torch.long), completion_mask=mask, sampler_logp=logp_old,
-        truncated=torch.zeros(B, dtype=torch.bool), group_ids=torch.arange(B), rows=[{}] * B,
-        completions=[""] * B, old_logp=logp_old, advantages=adv, ref_logp=ref,
-    )
-
-
 def test_grpo_loss_token_mean_with_kl_by_hand():
     # 2 sequences; row 0 has 2 tokens, row 1 has 1 token (3 loss tokens).
     mask = t([[True, True], [True, False]])
@@ -64,7 +54,7 @@ def test_grpo_loss_token_mean_with_kl_by_hand():
     adv = t([[1.0, 1.0], [-2.0, 0.0]])
     ref = t([[math.log(0.5), 0.0], [0.0, 0.0]])  # token (0,0): pi = 1, ref = 0.5
     algo = GRPO(group_size=2, kl_coef=0.1, aggregate=core.token_mean)
-    loss, m = algo.loss(logp, _batch(old, adv, mask, ref))
+    loss, m = algo.loss(logp, loss_batch(old, adv, mask, ref))
     # pg per token: -1, -1, +2 -> token mean (-1 - 1 + 2) / 3 = 0
     # k3 at (0,0): r = 0.5 -> 0.5 - 1 - log 0.5 = 0.19315; others 0 -> mean 0.19315 / 3 = 0.064382
     # loss = 0 + 0.1 * 0.064382 = 0.0064382
@@ -81,15 +71,16 @@ def test_grpo_loss_seq_mean_token_mean_by_hand():
     logp = torch.zeros(2, 2)
     adv = t([[1.0, 1.0], [-2.0, 0.0]])
     algo = GRPO(group_size=2, aggregate=core.seq_mean_token_mean)
-    loss, _ = algo.loss(logp, _batch(torch.zeros(2, 2), adv, mask))
+    loss, _ = algo.loss(logp, loss_batch(torch.zeros(2, 2), adv, mask))
     # row 0: mean(-1, -1) = -1; row 1: +2; mean over sequences (-1 + 2) / 2 = 0.5
     assert math.isclose(loss.item(), 0.5, rel_tol=1e-6)
 
 
 def test_advantages_role_fills_tokens_and_metrics():
     mask = t([[True, False], [True, True], [True, True], [True, True]])
-    b = _batch(torch.zeros(4, 2), None, mask)
+    b = loss_batch(torch.zeros(4, 2), None, mask)
     b.reward = t([1.0, 0.0, 1.0, 1.0])  # group 1 has signal, group 2 does not
-    adv_tok, m = GRPO(group_size=2, scale_by_std=False).advantages(b)
+    out = GRPO(group_size=2, scale_by_std=False).advantages(b)
+    adv_tok, m = out.tokens, out.metrics
     assert torch.allclose(adv_tok, t([[0.5, 0.0], [-0.5, -0.5], [0.0, 0.0], [0.0, 0.0]]))
     assert m["reward/zero_std_frac"] == 0.5

@@ -5,10 +5,11 @@ import math
 
 import torch
 
-from rlpost.algorithms import core, with_entropy_bonus, with_tis
+from rlpost.algorithms import core
 from rlpost.algorithms.dapo import keep_groups, overlong_penalty
 from rlpost.algorithms.ppo import PPO, clipped_value_loss, explained_variance
-from rlpost.batch import Rollouts
+from rlpost.algorithms.wrappers import with_entropy_bonus, with_tis
+from rlpost.types.batch import Rollouts
 
 t = torch.tensor
 
@@ -52,14 +53,14 @@ def test_ppo_advantages_are_gae_on_kl_penalised_token_rewards():
     b = _batch(mask, reward=t([1.0]), old_logp=t([[-1.0, -2.0]]), ref_logp=t([[-1.5, -1.0]]),
                old_values=t([[0.2, 0.5]]))
     ppo = PPO(gamma=1.0, lam=1.0, kl_coef=0.1, whiten_advantages=False)
-    adv, m = ppo.advantages(b)
+    out = ppo.advantages(b)
     # k1 = old - ref = [.5, -1]; rewards = [-.05, 1 + .1] = [-.05, 1.1]
     # lam = 1: returns = [1.05, 1.1]; advantages = returns - V = [.85, .6]
-    assert torch.allclose(b.returns, t([[1.05, 1.1]]))
-    assert torch.allclose(adv, t([[0.85, 0.6]]))
-    assert math.isclose(m["critic/kl"], -0.25, abs_tol=1e-6)
+    assert torch.allclose(out.returns, t([[1.05, 1.1]]))
+    assert torch.allclose(out.tokens, t([[0.85, 0.6]]))
+    assert math.isclose(out.metrics["critic/kl"], -0.25, abs_tol=1e-6)
     # lam = 0: TD errors. delta_0 = -.05 + .5 - .2 = .25 ; delta_1 = 1.1 - .5 = .6
-    adv0, _ = PPO(gamma=1.0, lam=0.0, kl_coef=0.1, whiten_advantages=False).advantages(b)
+    adv0 = PPO(gamma=1.0, lam=0.0, kl_coef=0.1, whiten_advantages=False).advantages(b).tokens
     assert torch.allclose(adv0, t([[0.25, 0.6]]))
 
 

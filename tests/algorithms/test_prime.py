@@ -3,10 +3,10 @@
 import json
 
 import torch
+from helpers import tiny_cfg
 
-from conftest import tiny_cfg
 from rlpost.algorithms import core
-from rlpost.roles.controller import train
+from rlpost.recipes.rl import train
 
 
 def test_prime_advantages_by_hand():

@@ -4,18 +4,26 @@ One Ray instance serves the module (starting one costs ~5 s on 2 cores); each ru
 kills its own actors."""
 
 import json
+import os
+import sys
+from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
 
 ray = pytest.importorskip("ray")
 
-from conftest import tiny_cfg  # noqa: E402
-from rlpost.data import PromptStream  # noqa: E402
-from rlpost.distributed.topology import FAULT_ENV, build_remote_roles  # noqa: E402
+from helpers import (
+    digit_rows,  # noqa: E402
+    tiny_cfg,  # noqa: E402
+)
+
+from rlpost.build import build_roles  # noqa: E402
+from rlpost.distributed.actors import RolloutWorker  # noqa: E402
 from rlpost.envs import Task  # noqa: E402
-from rlpost.roles.controller import train  # noqa: E402
-from test_learning import digit_rows  # noqa: E402
+from rlpost.envs.data import PromptStream  # noqa: E402
+from rlpost.recipes.rl import train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 DIGITS = Task(digit_rows(200, 0), digit_rows(50, 1), "toy_verifiers:first_char_digit")
@@ -23,9 +31,33 @@ LEARN = ["rollout.prompts_per_step=16", "rollout.group_size=8", "rollout.max_new
          "run.eval_every=0", "dist.rollout_workers=2", "dist.chunk_prompts=4"]
 
 
+class FailingWorker(RolloutWorker):
+    """A rollout worker that fails on chunk ``CHUNK``: raising every time (MARK = None), or by its
+    process exiting once (MARK = a file that records that it did)."""
+
+    CHUNK, MARK = -1, None
+
+    def generate(self, chunk_id: int, rows, n: int, kw: dict):
+        if chunk_id == self.CHUNK:
+            if self.MARK is None:
+                raise RuntimeError(f"injected failure on chunk {chunk_id}")
+            if not Path(self.MARK).exists():
+                Path(self.MARK).write_text("killed")
+                os._exit(1)
+        return super().generate(chunk_id, rows, n, kw)
+
+
+def failing(chunk: int, mark: str | None):
+    """build_roles with rollout workers that fail on `chunk` (FailingWorker)."""
+    worker = type("Failing", (FailingWorker,), {"CHUNK": chunk, "MARK": mark})
+    return partial(build_roles, rollout_worker=worker)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    # The workers import this module (FailingWorker) and the toy verifiers: give them the test paths.
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
     yield
     ray.shutdown()
 
@@ -78,24 +110,24 @@ def test_async_with_max_staleness_0_is_the_synchronous_run(tmp_path, sync_run):
 
 def test_over_age_chunks_are_dropped_and_sampled_again():
     cfg = tiny_cfg("dist.topology=async", "dist.max_staleness=1", "dist.rollout_workers=2")
-    roles = build_remote_roles(cfg, "toy_verifiers:odd_length")
+    stream = PromptStream(DIGITS.train, 4, 0)
+    roles = build_roles(cfg, DIGITS, stream=stream)
     try:
-        pool, stream = roles.rollout, PromptStream(DIGITS.train, 4, 0)
+        pool = roles.rollout
         kw = dict(n=4, temperature=1.0, top_p=1.0, max_new_tokens=4)
-        first = pool.generate_ahead(stream, **kw)  # queues two batches, returns the first
+        first = pool.generate(stream.next(), **kw)  # queues the next step's prompts too, returns the first
         assert first.policy_version == 0 and len(pool.ahead) == 1
         for version in (1, 2, 3):  # three pushes: the queued batch (sampled at 0) is now 3 versions old
             pool.load_weights(roles.trainer.weights(), version=version)
-        again = pool.generate_ahead(stream, **kw)
+        again = pool.generate(stream.next(), **kw)
         assert again.policy_version == 3 and len(again) == 16
         assert pool.last_metrics["async/dropped_stale_seqs"] == 16 and pool.last_metrics["async/staleness_max"] == 0
     finally:
         roles.close()
 
 
-def test_a_killed_rollout_worker_is_restarted_and_the_run_is_unchanged(tmp_path, monkeypatch, capsys, sync_run):
-    monkeypatch.setenv(FAULT_ENV, f"{STEP2_CHUNK}:{tmp_path / 'killed'}")
-    train(tiny_cfg(*SYNC), tmp_path / "run", task=DIGITS)
+def test_a_killed_rollout_worker_is_restarted_and_the_run_is_unchanged(tmp_path, capsys, sync_run):
+    train(tiny_cfg(*SYNC), tmp_path / "run", task=DIGITS, make_roles=failing(STEP2_CHUNK, str(tmp_path / "killed")))
     assert (tmp_path / "killed").exists()  # the worker really died
     assert "rollout worker" in capsys.readouterr().err
     killed = lines(tmp_path / "run")
@@ -104,9 +136,9 @@ def test_a_killed_rollout_worker_is_restarted_and_the_run_is_unchanged(tmp_path,
     assert learning(killed) == learning(sync_run[0])
 
 
-def test_a_chunk_that_keeps_failing_is_dropped_and_the_step_trains_on_the_rest(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(FAULT_ENV, f"{STEP2_CHUNK}:raise")  # 4 of step 2's 16 prompts
-    train(tiny_cfg(*SYNC), tmp_path / "run", task=DIGITS)
+def test_a_chunk_that_keeps_failing_is_dropped_and_the_step_trains_on_the_rest(tmp_path, capsys):
+    # 4 of step 2's 16 prompts
+    train(tiny_cfg(*SYNC), tmp_path / "run", task=DIGITS, make_roles=failing(STEP2_CHUNK, None))
     rows = lines(tmp_path / "run")
     assert [r["async/dropped_chunks"] for r in rows] == [0, 1, 1]
     err = capsys.readouterr().err
@@ -127,18 +159,19 @@ def test_two_fsdp_trainer_ranks_train_as_one(tmp_path, sync_run):
 
 
 def test_topology_settings_are_checked():
+    from rlpost import algorithms
     from rlpost.config import ConfigError
 
     with pytest.raises(ConfigError, match="dist.topology"):
         tiny_cfg("dist.rollout_workers=2")
     with pytest.raises(ConfigError, match="dist.trainer_ranks"):
-        tiny_cfg("dist.topology=async", "dist.trainer_ranks=2", "algo.name=ppo")
+        algorithms.check(tiny_cfg("dist.topology=async", "dist.trainer_ranks=2", "algo.name=ppo"))
 
 
 def test_checkpoints_of_a_remote_trainer_hold_the_float32_master_weights():
     # The sampler gets a bf16 copy through the object store; a checkpoint must not (a resumed
     # trainer would lose its master weights' precision).
-    roles = build_remote_roles(tiny_cfg("dist.topology=disaggregated", "rollout.dtype=bfloat16"), "toy_verifiers:odd_length")
+    roles = build_roles(tiny_cfg("dist.topology=disaggregated", "rollout.dtype=bfloat16"), DIGITS)
     try:
         synced, saved = ray.get(roles.trainer.weights()), roles.trainer.checkpoint_weights()
         assert synced.keys() == saved.keys()

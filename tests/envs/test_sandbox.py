@@ -19,8 +19,8 @@ import pytest
 
 from rlpost.envs import sandbox
 from rlpost.envs.code import TEMPLATES, build_splits, extract_program, make_row, score
-from rlpost.envs.runner import VerifierRunner
 from rlpost.envs.sandbox import Limits, guarantees, run_python
+from rlpost.rewards.runner import VerifierRunner
 
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(10, 1) == 11", "assert add(7, 7) == 14"]
 FAST = {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 256}

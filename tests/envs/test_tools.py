@@ -3,8 +3,9 @@
 import torch
 
 from rlpost.envs import tools
+from rlpost.model.load import load_policy, load_tokenizer
+from rlpost.roles import rollout_tools
 from rlpost.roles.rollout_hf import HFRollout
-from rlpost.models import load_policy, load_tokenizer
 
 
 def test_calculator():
@@ -29,6 +30,8 @@ def test_observe_and_score():
 
 class Scripted:
     """A sampler that replays fixed token ids, recording what it was asked to continue."""
+
+    version = 0
 
     def __init__(self, tok, turns):
         self.tok, self.turns, self.seen = tok, list(turns), []
@@ -55,7 +58,7 @@ def test_episode_is_token_exact_and_masks_tool_tokens():
     assert call != tok(tok.decode(call), add_special_tokens=False).input_ids  # the drift we must avoid
     sampler = Scripted(tok, [(call, "stop"), (final, "eos")])
     rows = [{"messages": [{"role": "user", "content": "What is 347 * 29?"}], "answer": "10063"}]
-    batch = tools.ToolRollout(sampler, TCfg()).generate(rows, n=2, temperature=1.0, top_p=1.0, max_new_tokens=64)
+    batch = rollout_tools.ToolRollout(sampler, TCfg()).generate(rows, n=2, temperature=1.0, top_p=1.0, max_new_tokens=64)
 
     obs = tok("\n<result>10063</result>\n", add_special_tokens=False).input_ids
     prompt = tok(sampler.render(rows)[0], add_special_tokens=False).input_ids
@@ -83,12 +86,12 @@ def test_episode_limits_end_unfinished():
     # turn limit: every turn calls the tool, so the episode never answers
     cfg = TCfg()
     cfg.max_turns = 2
-    batch = tools.ToolRollout(Scripted(tok, [(call, "stop")] * 2), cfg).generate(rows, 1, 1.0, 1.0, 64)
+    batch = rollout_tools.ToolRollout(Scripted(tok, [(call, "stop")] * 2), cfg).generate(rows, 1, 1.0, 1.0, 64)
     assert batch.truncated.all() and int(batch.completion_mask.sum()) == 2 * len(call)
     # token limit: the episode is cut at max_episode_tokens, model and tool tokens together
     cfg = TCfg()
     cfg.max_episode_tokens = len(call) + 3
-    batch = tools.ToolRollout(Scripted(tok, [(call, "stop")] * 4), cfg).generate(rows, 1, 1.0, 1.0, 64)
+    batch = rollout_tools.ToolRollout(Scripted(tok, [(call, "stop")] * 4), cfg).generate(rows, 1, 1.0, 1.0, 64)
     assert batch.completion_ids.shape[1] == len(call) + 3 and batch.truncated.all()
     assert batch.completion_mask[0].tolist() == [True] * len(call) + [False] * 3
 

@@ -3,7 +3,8 @@ healthy one; `rlpost doctor` prints the finding and its knob."""
 
 import json
 
-from conftest import run_cli
+from helpers import run_cli
+
 from rlpost.observe import diagnostics as dg
 
 

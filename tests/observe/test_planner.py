@@ -232,7 +232,7 @@ def test_the_measured_demo_is_predicted_within_25_percent(tmp_path):
 
 
 def test_plan_through_the_cli():
-    from conftest import run_cli
+    from helpers import run_cli
 
     r = run_cli("plan", "--model", "embedded", "--json")
     assert r.returncode == 0, r.stderr

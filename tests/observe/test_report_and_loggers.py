@@ -8,8 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-
-from conftest import TINY, run_cli
+from helpers import TINY, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +89,9 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
 
 def test_mlflow_file_store_gets_the_metrics(tmp_path):
     mlflow = pytest.importorskip("mlflow")
-    from conftest import tiny_cfg
-    from rlpost.roles.controller import train
+    from helpers import tiny_cfg
+
+    from rlpost.recipes.rl import train
 
     train(tiny_cfg("run.loggers=mlflow", "run.steps=2", "task.verifier=toy_verifiers:odd_length"), tmp_path)
     client = mlflow.tracking.MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())

@@ -4,14 +4,14 @@ critic is a real copy, and a PPO update through the trainer moves both policy an
 import copy
 
 import torch
+from helpers import tcfg
+from roles.test_trainer import make_batch
 
 from rlpost.algorithms.ppo import PPO
-from rlpost.batch import Rollouts
-from rlpost.logprobs import completion_logprobs, completion_values, policy_forward
+from rlpost.model.logprobs import completion_logprobs, completion_values, policy_forward
 from rlpost.roles.critic import Critic
 from rlpost.roles.trainer import Trainer
-from roles.test_trainer import make_batch
-from tests_helpers import tcfg
+from rlpost.types.batch import Rollouts
 
 
 def test_trunk_plus_lm_head_equals_the_causal_lm_forward(tiny):
@@ -52,7 +52,8 @@ def test_ppo_update_trains_policy_and_critic(tiny):
         batch = _ppo_batch(tiny)
         algo = PPO(whiten_advantages=True)
         batch.old_logp, batch.old_values = tr.recompute(batch)
-        batch.advantages, _ = algo.advantages(batch)
+        adv = algo.advantages(batch)
+        batch.advantages, batch.returns = adv.tokens, adv.returns
         head_before = critic.head.weight.detach().clone()
         policy_before = [p.detach().clone() for p in tr.params]
         m = tr.update(batch, algo.loss)

@@ -4,7 +4,7 @@ import copy
 
 import torch
 
-from rlpost.logprobs import completion_logprobs
+from rlpost.model.logprobs import completion_logprobs
 from rlpost.roles.rollout_hf import HFRollout
 
 

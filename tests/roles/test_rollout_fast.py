@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TopPLogitsWarper
 
-from rlpost.logprobs import completion_logprobs
+from rlpost.model.logprobs import completion_logprobs
 from rlpost.roles.rollout_fast import FastRollout, _top_p, build_rollout
 from rlpost.roles.rollout_hf import HFRollout
 from rlpost.sections import ConfigError
@@ -36,7 +36,7 @@ def test_sampler_logp_match_trainer_with_groups_and_finished_rows_leaving(tiny, 
     _, fast = pair(tiny)
     # Make a third of the vocabulary count as EOS so rows finish at different steps and the
     # decode batch is compacted several times (COMPACT_FRACTION), the path most likely to misplace a row.
-    fast.eos_ids = torch.arange(5, len(tiny.tokenizer), 3)
+    fast.hf.eos_ids = torch.arange(5, len(tiny.tokenizer), 3)
     torch.manual_seed(0)
     b = fast.generate(rows(4), n=4, temperature=0.9, top_p=top_p, max_new_tokens=16)
     lengths = b.completion_mask.sum(1)

@@ -7,9 +7,9 @@ import json
 
 import pytest
 import torch
+from helpers import tiny_cfg
 
-from conftest import tiny_cfg
-from rlpost.roles.controller import train
+from rlpost.recipes.rl import train
 from rlpost.roles.rollout_fast import FastRollout
 from rlpost.roles.rollout_hf import HFRollout
 

@@ -5,13 +5,13 @@ import math
 
 import pytest
 import torch
+from helpers import tcfg
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import GRPO
-from rlpost.logprobs import completion_logprobs
+from rlpost.model.logprobs import completion_logprobs
 from rlpost.roles.rollout_hf import HFRollout
 from rlpost.roles.trainer import Trainer, lr_lambda
-from tests_helpers import tcfg
 
 
 def make_batch(tiny, n_prompts=4, k=4, seed=0):
@@ -27,12 +27,12 @@ def make_batch(tiny, n_prompts=4, k=4, seed=0):
 def test_micro_batch_times_accumulation_equals_full_batch(tiny, agg):
     batch = make_batch(tiny)
     algo = GRPO(group_size=4, aggregate=agg)
-    batch.advantages, _ = algo.advantages(batch)
+    batch.advantages = algo.advantages(batch).tokens
     grads = []
     for micro in (16, 4, 1):
         tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
         b = copy.deepcopy(batch)
-        tr.accumulate(b, algo.loss)
+        tr._accumulate(b, algo.loss)
         grads.append([p.grad.clone() for p in tr.params])
     for g in grads[1:]:
         assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(grads[0], g))
@@ -44,7 +44,7 @@ def test_prompt_and_pad_tokens_carry_no_gradient(tiny):
     # (one embedding call covering prompt + completion).
     batch = make_batch(tiny)
     algo = GRPO(group_size=4)
-    batch.advantages, _ = algo.advantages(batch)
+    batch.advantages = algo.advantages(batch).tokens
     model = copy.deepcopy(tiny.model)
     grads_at = {}
 
@@ -72,14 +72,14 @@ def test_prompt_and_pad_tokens_carry_no_gradient(tiny):
 def test_changing_pad_contents_changes_nothing(tiny):
     batch = make_batch(tiny)
     algo = GRPO(group_size=4)
-    batch.advantages, _ = algo.advantages(batch)
+    batch.advantages = algo.advantages(batch).tokens
     other = copy.deepcopy(batch)
     other.prompt_ids[~other.prompt_mask] = 17  # garbage in the left padding
     other.completion_ids[~other.completion_mask] = 23  # garbage after EOS
     losses = []
     for b in (batch, other):
         tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=1)
-        m = tr.accumulate(copy.deepcopy(b), algo.loss)
+        m = tr._accumulate(copy.deepcopy(b), algo.loss)
         losses.append((m["actor/pg_loss"], [p.grad.clone() for p in tr.params]))
     assert losses[0][0] == losses[1][0]
     assert all(torch.allclose(a, c, atol=1e-7) for a, c in zip(losses[0][1], losses[1][1]))
@@ -88,7 +88,7 @@ def test_changing_pad_contents_changes_nothing(tiny):
 def test_update_changes_weights_and_reports_metrics(tiny):
     batch = make_batch(tiny)
     algo = GRPO(group_size=4)
-    batch.advantages, _ = algo.advantages(batch)
+    batch.advantages = algo.advantages(batch).tokens
     tr = Trainer(copy.deepcopy(tiny.model), tcfg(lr=1e-2), 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4)
     before = [p.detach().clone() for p in tr.params]
     m = tr.update(batch, algo.loss)
@@ -96,9 +96,10 @@ def test_update_changes_weights_and_reports_metrics(tiny):
     for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "actor/lr",
                 "actor/logp_diff_sampler_mean"):
         assert key in m and math.isfinite(m[key])
-    # two mini-batches -> the old log-probs were recomputed before the first step, and the second
-    # mini-batch sees a ratio != 1 after the first step moved the weights
-    assert batch.old_logp is not None
+    # two mini-batches -> the old log-probs were recomputed before the first step, so the first
+    # mini-batch's ratio is exactly 1 (ppo_kl 0) and the second's is not (the first step moved the
+    # weights): their average ppo_kl is the second's half, not 0
+    assert abs(m["actor/ppo_kl"]) > 1e-6 and batch.old_logp is None  # the caller's batch is not written
     assert m["actor/logp_diff_sampler_mean"] < 1e-5  # float32 sampler == trainer
 
 
@@ -115,12 +116,12 @@ def test_lr_schedules_by_hand():
 def test_gradient_checkpointing_gives_the_same_gradients(tiny):
     batch = make_batch(tiny)
     algo = GRPO(group_size=4)
-    batch.advantages, _ = algo.advantages(batch)
+    batch.advantages = algo.advantages(batch).tokens
     grads = []
     for gc in (False, True):
         tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=8,
                      total_optimizer_steps=1, gradient_checkpointing=gc)
-        tr.accumulate(copy.deepcopy(batch), algo.loss)
+        tr._accumulate(copy.deepcopy(batch), algo.loss)
         grads.append([p.grad.clone() for p in tr.params])
     assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*grads))
 
@@ -130,7 +131,7 @@ def test_reported_metrics_do_not_depend_on_micro_batching(tiny):
     # both read the same whether the mini-batch runs in 1 or 4 micro-batches.
     batch = make_batch(tiny)
     algo = GRPO(group_size=4, kl_coef=0.1)
-    batch.advantages, _ = algo.advantages(batch)
+    batch.advantages = algo.advantages(batch).tokens
     batch.ref_logp = torch.zeros_like(batch.sampler_logp)
     reports = []
     for micro in (16, 4):
@@ -141,7 +142,7 @@ def test_reported_metrics_do_not_depend_on_micro_batching(tiny):
 
 
 def test_ratio_histogram_bins():
-    from rlpost.roles.trainer import RATIO_EDGES, ratio_histogram
+    from rlpost.algorithms.core import RATIO_EDGES, ratio_histogram
 
     # 0.3 -> [0, 0.5); 1.0 twice -> [0.99, 1.01); 1.02 -> [1.01, 1.05); 3.0 -> [2, inf)
     counts = ratio_histogram(torch.tensor([1.0, 1.0, 0.3, 3.0, 1.02]))
@@ -153,25 +154,25 @@ def test_tis_inside_the_loss_needs_no_old_logprob_pass(tiny):
     # One optimizer step: the trainer takes old_logp from its first forward, so TIS in the loss
     # (algorithms.with_tis) must give what it gives with old_logp recomputed beforehand. The
     # sampler's log-probs are perturbed so that the weights are not all 1 and some are capped.
-    from rlpost.algorithms import with_tis
+    from rlpost.algorithms.wrappers import with_tis
 
     batch = make_batch(tiny)
     torch.manual_seed(1)
     batch.sampler_logp = (batch.sampler_logp + 0.3 * torch.randn_like(batch.sampler_logp)) * batch.completion_mask
     algo = GRPO(group_size=4, aggregate=core.token_mean)
-    batch.advantages, _ = algo.advantages(batch)
+    batch.advantages = algo.advantages(batch).tokens
     loss_fn = with_tis(algo.loss, cap=1.2, level="token")
     grads, metrics = [], []
     for precompute in (False, True):
         tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4, total_optimizer_steps=1)
         b = copy.deepcopy(batch)
         if precompute:
-            b.old_logp = tr.recompute_old_logp(b)
-        metrics.append(tr.accumulate(b, loss_fn))
+            b.old_logp = tr.recompute(b)[0]
+        metrics.append(tr._accumulate(b, loss_fn))
         grads.append([p.grad.clone() for p in tr.params])
     assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(*grads))
     assert 0 < metrics[0]["actor/tis_capped_frac"] < 1
     assert metrics[0]["actor/tis_weight_mean"] == pytest.approx(metrics[1]["actor/tis_weight_mean"], rel=1e-5)
     plain = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4, total_optimizer_steps=1)
-    plain.accumulate(copy.deepcopy(batch), algo.loss)  # without TIS the gradient differs: the weights did something
+    plain._accumulate(copy.deepcopy(batch), algo.loss)  # without TIS the gradient differs: the weights did something
     assert not all(torch.allclose(a.grad, c, atol=1e-6) for a, c in zip(plain.params, grads[0]))

@@ -1,122 +1,79 @@
-"""Algorithms: each is an object with ``advantages(batch) -> ((B, T), metrics)``,
-``loss(logp, batch) -> (loss, metrics)`` and ``needs_reference``. ``build(cfg)`` picks one.
+"""Algorithms: one file each, readable top to bottom, each naming the patch it applies to its
+predecessor (docs/algorithms.md has the table). Every algorithm class has
 
-Optional flags the controller reads (absent = False): ``needs_old_logp`` (the advantages use the
-trainer's log-probs under the sampling weights: KL in the reward), ``needs_values`` (a critic:
-the trainer then passes ``values=`` to ``loss``), ``filters_groups`` (DAPO's dynamic sampling)."""
+  name, traits         its config name and what it needs from the loop (types/roles.py: Traits)
+  from_config(cfg)     itself, with its knobs read from the config
+  advantages(batch)    -> Advantages: (B, T) token advantages and metrics
+  loss(logp, batch)    -> (loss, metrics), normalised by mini-batch totals
+
+``ALGORITHMS`` is the registry; ``build(cfg)`` returns the ``Objective`` the loop calls (the
+algorithm with the shared knobs around it, objective.py); ``check(cfg)`` refuses configurations an
+algorithm cannot run, reading only traits, so nothing outside this package names an algorithm.
+"""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from functools import partial
-from typing import Protocol
-
-from torch import Tensor
-
+from rlpost import config
 from rlpost.algorithms import core
-from rlpost.batch import Rollouts
+from rlpost.algorithms.cispo import CISPO
+from rlpost.algorithms.dapo import DAPO
+from rlpost.algorithms.dr_grpo import DrGRPO
+from rlpost.algorithms.grpo import GRPO
+from rlpost.algorithms.gspo import GSPO
+from rlpost.algorithms.objective import Objective, old_logp_first
+from rlpost.algorithms.ppo import PPO
+from rlpost.algorithms.reinforce import Reinforce
+from rlpost.algorithms.reinforce_pp import ReinforcePP
+from rlpost.algorithms.rloo import RLOO
+from rlpost.algorithms.wrappers import with_entropy_bonus, with_tis
+from rlpost.types.errors import ConfigError
+from rlpost.types.roles import Traits
+
+# In the order of docs/algorithms.md: the root, then each patch.
+ALGORITHMS = {cls.name: cls for cls in (Reinforce, PPO, ReinforcePP, GRPO, RLOO, DAPO, DrGRPO, GSPO, CISPO)}
+
+__all__ = ["ALGORITHMS", "Objective", "build", "check", "traits", "needs_old_logp_first"]
 
 
-class Algorithm(Protocol):
-    needs_reference: bool
-
-    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]: ...  # (B, T) token advantages
-
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]: ...  # scalar, metrics
-
-    # Optional: an algorithm with state (a moving baseline, an adaptive KL coefficient) also has
-    # state_dict() / load_state_dict(), which the controller saves in every checkpoint.
+def traits(cfg) -> Traits:
+    """The traits of cfg.algo.name (which ``check`` has accepted)."""
+    return ALGORITHMS[cfg.algo.name].traits
 
 
-def aggregator(name: str, max_new_tokens: int) -> core.Aggregator:
-    table = {
-        "token_mean": core.token_mean,
-        "seq_mean_token_mean": core.seq_mean_token_mean,
-        "seq_mean_token_sum": core.seq_mean_token_sum,
-        "const_norm": partial(core.const_norm, max_len=max_new_tokens),
-    }
-    return table[name]
+def build(cfg) -> Objective:
+    """The algorithm named by cfg.algo.name, its knobs from the config, with the shared knobs on."""
+    check(cfg)
+    a, r = cfg.algo, cfg.rollout
+    algo = ALGORITHMS[a.name].from_config(cfg)
+    loss = algo.loss
+    if a.entropy_coef > 0:
+        loss = with_entropy_bonus(loss, a.entropy_coef, core.aggregator(a.loss_agg, r.max_new_tokens))
+    cap = config.derived(cfg).tis_cap  # async runs get one by default: their samples are off-policy
+    if cap > 0:
+        loss = with_tis(loss, cap, a.tis_level)
+    kl_control = core.AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target > 0 else None
+    return Objective(algo, loss, a.prime_coef, r.group_size, a.overlong_filter, kl_control)
 
 
-def flag(algo: Algorithm, name: str) -> bool:
-    """An optional capability flag of an algorithm (see the module docstring)."""
-    return bool(getattr(algo, name, False))
+def needs_old_logp_first(cfg) -> bool:
+    """Objective.old_logp_first from a config alone (the planner's view of the same rule)."""
+    return old_logp_first(traits(cfg), cfg.algo.kl_coef, cfg.algo.kl_target > 0)
 
 
-def kl_estimator(name: str, in_reward: bool) -> core.KLEstimator:
-    if name == "auto":
-        name = "k1" if in_reward else "k3"
-    return core.KL_ESTIMATORS[name]
-
-
-def with_entropy_bonus(loss_fn, coef: float, aggregate: core.Aggregator):
-    """loss - coef * aggregated entropy: the trainer passes ``entropy`` (B, T) with grad."""
-
-    def loss(logp: Tensor, batch: Rollouts, entropy: Tensor, **kw) -> tuple[Tensor, dict]:
-        base, metrics = loss_fn(logp, batch, **kw)
-        ent = aggregate(entropy, batch.completion_mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
-        return base - coef * ent, metrics
-
-    return loss
-
-
-def with_tis(loss_fn, cap: float, level: str):
-    """Truncated importance sampling (TIS) inside the loss: the advantages are scaled by
-    w = min(pi_old / pi_sampler, cap) (``core.truncated_is_weight``) before ``loss_fn`` sees them.
-
-    Folding the (gradient-free, non-negative) weight into the advantage is exact for the token-level
-    losses: min(r wA, clip(r) wA) = w min(rA, clip(r)A). GSPO reads a sequence's mean weight (use
-    algo.tis_level=sequence there). It runs here, not before the advantages, because pi_old is
-    the trainer's own log-prob under the sampling step's weights: when the batch is one optimizer
-    step the trainer takes it from its first forward (``old_logp = logp.detach()``), so TIS costs
-    no extra pass over the batch (it used to cost a full no-grad forward)."""
-
-    def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
-        mask = batch.completion_mask
-        w = core.truncated_is_weight(batch.old_logp, batch.sampler_logp, mask, cap, level)  # (B, T)
-        base, metrics = loss_fn(logp, replace(batch, advantages=batch.advantages * w), **kw)
-        raw = (batch.old_logp - batch.sampler_logp).exp()
-        return base, {**metrics, "actor/tis_weight_mean": core.masked_mean(w, mask).item(),
-                      "actor/tis_capped_frac": core.masked_mean((raw > cap).float(), mask).item()}
-
-    return loss
-
-
-def build(cfg) -> Algorithm:
-    """The algorithm named by cfg.algo.name, with its knobs from the config."""
-    from rlpost.algorithms.cispo import CISPO
-    from rlpost.algorithms.dapo import DAPO
-    from rlpost.algorithms.dr_grpo import DrGRPO
-    from rlpost.algorithms.grpo import GRPO
-    from rlpost.algorithms.gspo import GSPO
-    from rlpost.algorithms.ppo import PPO
-    from rlpost.algorithms.reinforce import Reinforce
-    from rlpost.algorithms.reinforce_pp import ReinforcePP
-    from rlpost.algorithms.rloo import RLOO
-
-    a, K = cfg.algo, cfg.rollout.group_size
-    agg = aggregator(a.loss_agg, cfg.rollout.max_new_tokens)
-    clip = {"clip_eps_low": a.clip_eps_low, "clip_eps_high": a.clip_eps_high}
-    kl = {"kl_coef": a.kl_coef, "kl_estimator": kl_estimator(a.kl_estimator, in_reward=a.name in ("ppo", "reinforce_pp"))}
-    if a.name == "grpo":
-        return GRPO(group_size=K, scale_by_std=a.scale_by_std, aggregate=agg, **clip, **kl)
-    if a.name == "ppo":
-        return PPO(gamma=a.gamma, lam=a.lam, value_clip=a.value_clip, vf_coef=a.vf_coef,
-                   whiten_advantages=a.whiten_advantages, aggregate=agg, **clip, **kl)
-    if a.name == "rloo":
-        return RLOO(group_size=K, aggregate=agg, **clip, **kl)
-    if a.name == "reinforce":
-        return Reinforce(baseline=a.baseline, baseline_decay=a.baseline_decay, aggregate=agg)
-    if a.name == "reinforce_pp":
-        return ReinforcePP(aggregate=agg, **clip, **kl)
-    if a.name == "dapo":  # token-mean by definition: loss_agg is not read
-        return DAPO(group_size=K, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
-                    clip_eps_high=a.dapo_clip_eps_high, **kl)
-    if a.name == "dr_grpo":  # its aggregator is the constant normaliser by definition: loss_agg is not read
-        return DrGRPO(group_size=K, max_new_tokens=cfg.rollout.max_new_tokens, **clip, **kl)
-    if a.name == "gspo":
-        return GSPO(group_size=K, clip_eps_low=a.seq_clip_eps_low, clip_eps_high=a.seq_clip_eps_high,
-                    scale_by_std=a.scale_by_std, **kl)
-    if a.name == "cispo":
-        return CISPO(group_size=K, scale_by_std=a.scale_by_std, aggregate=agg, **clip, **kl)
-    raise ValueError(f"unknown algorithm {a.name!r}")
+def check(cfg) -> None:
+    """Refuse, with one line naming the key, what the chosen algorithm cannot run."""
+    a, r, d = cfg.algo, cfg.rollout, config.derived(cfg)
+    if a.name not in ALGORITHMS:
+        raise ConfigError(f"algo.name: expected one of {', '.join(ALGORITHMS)}, got {a.name!r}")
+    t = traits(cfg)
+    if t.group_baseline and r.group_size < 2:
+        raise ConfigError(f"rollout.group_size: expected >= 2 for {a.name.upper()} (the baseline comes from the group), got {r.group_size}")
+    if t.on_policy_only and (cfg.trainer.epochs > 1 or d.mini_batch_size < d.batch_size):
+        raise ConfigError(f"trainer.epochs: {a.name.upper()} has no importance ratio, so it is on-policy only: "
+                          "expected epochs=1 and mini_batch_size=0")
+    if (r.filter_groups or t.filters_groups) and r.group_size < 2:
+        raise ConfigError(f"rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), got {r.group_size}")
+    if t.kl == "none" and a.kl_coef > 0:
+        raise ConfigError(f"algo.kl_coef: {a.name.upper()} has no KL term; use an algorithm with a KL in the reward or the loss")
+    if cfg.dist.trainer_ranks > 1 and t.needs_values:
+        raise ConfigError(f"dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic ({a.name})")

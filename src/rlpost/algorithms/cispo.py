@@ -13,12 +13,14 @@ weight. Token-mean aggregation, as in the paper. Advantages are GRPO's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import grpo_advantages, kl_in_loss
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, Traits
 
 
 def cispo_per_token(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, eps_low: float, eps_high: float) -> Tensor:
@@ -28,6 +30,8 @@ def cispo_per_token(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, eps_low: fl
 
 @dataclass
 class CISPO:
+    name: ClassVar[str] = "cispo"
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss")
     group_size: int
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
@@ -36,11 +40,18 @@ class CISPO:
     scale_by_std: bool = True
     aggregate: core.Aggregator = core.token_mean
 
+    @classmethod
+    def from_config(cls, cfg) -> "CISPO":
+        a, r = cfg.algo, cfg.rollout
+        return cls(group_size=r.group_size, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
+                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), scale_by_std=a.scale_by_std,
+                   aggregate=core.aggregator(a.loss_agg, r.max_new_tokens))
+
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
-    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+    def advantages(self, batch: Rollouts) -> Advantages:
         adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
         return core.token_advantages(adv_seq, batch.completion_mask)
 

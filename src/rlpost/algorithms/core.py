@@ -9,10 +9,13 @@ of the mini-batch loss, and gradient accumulation over micro-batches equals one 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import torch
 from torch import Tensor
+
+from rlpost.types.roles import Advantages
 
 # An aggregator turns per-token values (B, T) into the scalar loss, given the mask and the
 # mini-batch totals. It is passed to the loss as a function (STYLE R3), never chosen by a string
@@ -57,6 +60,13 @@ def const_norm(x: Tensor, mask: Tensor, n_tokens: float, n_seqs: int, max_len: i
     return masked_sum(x, mask) / (n_seqs * max_len)  # ()
 
 
+def aggregator(name: str, max_new_tokens: int) -> Aggregator:
+    """The aggregator named by ``algo.loss_agg``."""
+    table = {"token_mean": token_mean, "seq_mean_token_mean": seq_mean_token_mean,
+             "seq_mean_token_sum": seq_mean_token_sum, "const_norm": partial(const_norm, max_len=max_new_tokens)}
+    return table[name]
+
+
 # --- KL estimators (Schulman, "Approximating KL divergence", 2020) ---------------------------
 # All take per-token log-probs of the sampled tokens under pi (the policy) and pi_ref, with the
 # tokens sampled from pi, and estimate KL(pi || pi_ref) per token.
@@ -80,6 +90,14 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]  # (logp, ref_logp) -> per-token KL estimate (B, T)
 KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_estimator(name: str, place: str) -> KLEstimator:
+    """``algo.kl_estimator``; 'auto' = k1 for a KL in the reward (unbiased; its variance is
+    averaged by the return), k3 for a KL in the loss (unbiased and never negative)."""
+    if name == "auto":
+        name = "k1" if place == "reward" else "k3"
+    return KL_ESTIMATORS[name]
 
 
 # --- token-level rewards (KL in the reward: InstructGPT, PPO, REINFORCE++) --------------------
@@ -136,17 +154,12 @@ def to_tokens(adv_seq: Tensor, mask: Tensor) -> Tensor:
     return adv_seq[:, None] * mask.to(adv_seq.dtype)  # (B, T)
 
 
-def token_advantages(adv_seq: Tensor, mask: Tensor) -> tuple[Tensor, dict]:
+def token_advantages(adv_seq: Tensor, mask: Tensor) -> Advantages:
     """What an algorithm's advantages() returns for a sequence-level advantage: (B, T) and metrics."""
-    return to_tokens(adv_seq, mask), {"critic/advantages/mean": adv_seq.mean().item()}
+    return Advantages(to_tokens(adv_seq, mask), {"critic/advantages/mean": adv_seq.mean().item()})
 
 
 # --- advantage normalisation -----------------------------------------------------------------
-
-
-def whiten(adv: Tensor, eps: float = 1e-6) -> Tensor:
-    """(a - mean) / std over the whole batch (REINFORCE++'s global normalisation)."""
-    return (adv - adv.mean()) / (adv.std() + eps)  # same shape as adv
 
 
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
@@ -163,13 +176,7 @@ def group_mean_batch_std(reward: Tensor, group_size: int, eps: float = 1e-6) -> 
     return centred / (reward.std() + eps)  # (B,)
 
 
-# --- entropy, KL control ---------------------------------------------------------------------
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Per-position entropy of softmax(logits), differentiable (for an entropy bonus)."""
-    logp = logits.float().log_softmax(-1)  # (..., V)
-    return -(logp.exp() * logp).sum(-1)  # (...)
+# --- KL control ---------------------------------------------------------------------
 
 
 class AdaptiveKLController:
@@ -207,19 +214,22 @@ def truncated_is_weight(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, ca
     return log_w.exp().clamp(max=cap) * mask  # (B, T)
 
 
+# Bin edges of the importance-ratio histogram pi_trainer / pi_sampler (metric hist/sampler_ratio,
+# one count per bin between consecutive edges): a healthy run has nearly all tokens in 0.99-1.01.
+RATIO_EDGES = [0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.01, 1.05, 1.1, 1.25, 2.0, float("inf")]
+
+
+def ratio_histogram(ratio: Tensor) -> list[int]:
+    idx = torch.bucketize(ratio, torch.tensor(RATIO_EDGES[1:-1]), right=True)  # (n,) bin of each ratio
+    return torch.bincount(idx, minlength=len(RATIO_EDGES) - 1).tolist()
+
+
 # --- prompt filtering ------------------------------------------------------------------------
 
 
 def pass_rate(reward: Tensor, group_size: int, threshold: float = 1.0) -> Tensor:
     """Fraction of each group's samples with reward >= threshold, per prompt (n_prompts,)."""
     return (reward.view(-1, group_size) >= threshold).float().mean(1)  # (n_prompts,)
-
-
-def learnable_groups(reward: Tensor, group_size: int, low: float = 0.0, high: float = 1.0) -> Tensor:
-    """Keep prompts whose pass rate p lies strictly inside (low, high): where p(1 - p) > 0 the group
-    has reward variance and a group baseline gives a non-zero gradient. Returns (n_prompts,) bool."""
-    p = pass_rate(reward, group_size)  # (n_prompts,)
-    return (p > low) & (p < high)
 
 
 # --- generalised advantage estimation (Schulman et al. 2016, arXiv:1506.02438) ---------------

@@ -7,7 +7,7 @@ Patches over GRPO (Sec. 3 of the paper), each its own switch here:
 2. Dynamic sampling: a group whose rewards are all equal (all right or all wrong) has advantage 0
    on every token: it costs compute and shrinks the effective batch. Such groups are dropped and
    more prompts are sampled until the batch is full again, with a cap on extra rounds.
-   ``keep_groups`` below decides; the controller's ``collect`` loop refills. Any group algorithm
+   ``keep_groups`` below decides; the loop's ``collect`` (recipes/rl.py) refills. Any group algorithm
    can use it with ``rollout.filter_groups=true``; for DAPO it is always on.
 3. Token-level loss: every token of the mini-batch weighs the same (core.token_mean), so long
    answers are not down-weighted per token. For DAPO ``loss_agg`` is not read.
@@ -19,13 +19,16 @@ Patches over GRPO (Sec. 3 of the paper), each its own switch here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import GRPO
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, Traits
 
 
 def keep_groups(reward: Tensor, group_size: int, min_pass: float = 0.0, max_pass: float = 1.0) -> Tensor:
@@ -47,10 +50,35 @@ def overlong_penalty(length: Tensor, max_len: int, buffer: int, factor: float = 
 
 
 @dataclass
-class DAPO(GRPO):
-    """GRPO's advantages and clipped loss, with clip-higher and token-mean fixed; dynamic sampling
-    and overlong shaping happen before the advantages (controller.collect)."""
+class DAPO:
+    """GRPO's advantages and clipped loss (it holds a GRPO), with clip-higher and token-mean fixed;
+    dynamic sampling and overlong shaping happen before the advantages (recipes/rl.py: collect)."""
 
-    clip_eps_high: float = 0.28
-    aggregate: core.Aggregator = core.token_mean
-    filters_groups: bool = field(default=True, init=False)  # the controller refills dropped groups
+    name: ClassVar[str] = "dapo"
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", filters_groups=True, fixed_aggregator="token_mean")
+    grpo: GRPO
+
+    @classmethod
+    def from_config(cls, cfg) -> "DAPO":
+        a = cfg.algo
+        return cls(GRPO(group_size=cfg.rollout.group_size, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
+                        clip_eps_high=a.dapo_clip_eps_high, kl_coef=a.kl_coef, aggregate=core.token_mean,
+                        kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl)))
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.grpo.needs_reference
+
+    @property
+    def kl_coef(self) -> float:  # adaptive KL moves it (algorithms/objective.py)
+        return self.grpo.kl_coef
+
+    @kl_coef.setter
+    def kl_coef(self, value: float) -> None:
+        self.grpo.kl_coef = value
+
+    def advantages(self, batch: Rollouts) -> Advantages:
+        return self.grpo.advantages(batch)
+
+    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+        return self.grpo.loss(logp, batch)

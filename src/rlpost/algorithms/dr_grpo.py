@@ -13,16 +13,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import clipped_loss_with_kl, grpo_advantages
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, Traits
 
 
 @dataclass
 class DrGRPO:
+    name: ClassVar[str] = "dr_grpo"
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", fixed_aggregator="const_norm")
     group_size: int
     max_new_tokens: int
     clip_eps_low: float = 0.2
@@ -30,11 +34,17 @@ class DrGRPO:
     kl_coef: float = 0.0
     kl_estimator: core.KLEstimator = core.kl_k3
 
+    @classmethod
+    def from_config(cls, cfg) -> "DrGRPO":
+        a, r = cfg.algo, cfg.rollout
+        return cls(group_size=r.group_size, max_new_tokens=r.max_new_tokens, clip_eps_low=a.clip_eps_low,
+                   clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl))
+
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
-    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+    def advantages(self, batch: Rollouts) -> Advantages:
         adv_seq = grpo_advantages(batch.reward, self.group_size, scale_by_std=False)  # (B,)
         return core.token_advantages(adv_seq, batch.completion_mask)
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, Traits
 
 
 def grpo_advantages(reward: Tensor, group_size: int, scale_by_std: bool, eps: float = 1e-6) -> Tensor:
@@ -51,6 +53,8 @@ def clipped_pg_loss(
 
 @dataclass
 class GRPO:
+    name: ClassVar[str] = "grpo"
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss")
     group_size: int
     scale_by_std: bool = True
     clip_eps_low: float = 0.2
@@ -59,11 +63,18 @@ class GRPO:
     aggregate: core.Aggregator = core.token_mean
     kl_estimator: core.KLEstimator = core.kl_k3
 
+    @classmethod
+    def from_config(cls, cfg) -> "GRPO":
+        a, r = cfg.algo, cfg.rollout
+        return cls(group_size=r.group_size, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
+                   clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, aggregate=core.aggregator(a.loss_agg, r.max_new_tokens),
+                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl))
+
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
-    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+    def advantages(self, batch: Rollouts) -> Advantages:
         """(B, T) token advantages and metrics; reward and advantage are different variables (R10)."""
         adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
         adv_tok = core.to_tokens(adv_seq, batch.completion_mask)  # (B, T)
@@ -75,7 +86,7 @@ class GRPO:
             "reward/group_std": std.mean().item(),
             "reward/zero_std_frac": (std == 0).float().mean().item(),  # groups with no signal
         }
-        return adv_tok, metrics
+        return Advantages(adv_tok, metrics)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         """Scalar loss for this (micro-)batch, already normalised by mini-batch totals."""

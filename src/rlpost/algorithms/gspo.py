@@ -15,13 +15,15 @@ far narrower than PPO's (the paper: 3e-4 / 4e-4). Advantages are GRPO's group-no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import grpo_advantages, kl_in_loss
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, Traits
 
 
 def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
@@ -31,6 +33,8 @@ def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 
 @dataclass
 class GSPO:
+    name: ClassVar[str] = "gspo"
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", fixed_aggregator="sequence")
     group_size: int
     clip_eps_low: float = 3e-4
     clip_eps_high: float = 4e-4
@@ -38,11 +42,17 @@ class GSPO:
     kl_estimator: core.KLEstimator = core.kl_k3
     scale_by_std: bool = True
 
+    @classmethod
+    def from_config(cls, cfg) -> "GSPO":
+        a = cfg.algo
+        return cls(group_size=cfg.rollout.group_size, clip_eps_low=a.seq_clip_eps_low, clip_eps_high=a.seq_clip_eps_high,
+                   kl_coef=a.kl_coef, kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), scale_by_std=a.scale_by_std)
+
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
-    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+    def advantages(self, batch: Rollouts) -> Advantages:
         adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
         return core.token_advantages(adv_seq, batch.completion_mask)
 

@@ -14,21 +14,23 @@ Patch over REINFORCE: a learned baseline and a trust region.
 4. The clipped surrogate lets one rollout batch feed several epochs x mini-batches of updates;
    the value loss is clipped the same way around the rollout-time values.
 
-PPO needs old log-probs and old values *before* its advantages (for the KL reward and for GAE),
-so it sets needs_old_logp / needs_values, and the controller asks the trainer for both first.
+PPO needs old log-probs and old values *before* its advantages (for the KL reward and for GAE):
+its traits say so (a KL in the reward, a critic), and the loop asks the trainer for both first.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import clipped_pg_loss
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, Traits
 
 
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> tuple[Tensor, Tensor]:
@@ -44,6 +46,8 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip
 
 @dataclass
 class PPO:
+    name: ClassVar[str] = "ppo"
+    traits: ClassVar[Traits] = Traits(kl="reward", needs_values=True)
     gamma: float = 1.0
     lam: float = 1.0
     clip_eps_low: float = 0.2
@@ -54,31 +58,37 @@ class PPO:
     kl_estimator: core.KLEstimator = core.kl_k1
     whiten_advantages: bool = True
     aggregate: core.Aggregator = core.token_mean
-    needs_old_logp: bool = field(default=True, init=False)
-    needs_values: bool = field(default=True, init=False)
+
+    @classmethod
+    def from_config(cls, cfg) -> "PPO":
+        a = cfg.algo
+        return cls(gamma=a.gamma, lam=a.lam, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high,
+                   value_clip=a.value_clip, vf_coef=a.vf_coef, kl_coef=a.kl_coef,
+                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), whiten_advantages=a.whiten_advantages,
+                   aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens))
 
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
-    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
-        """GAE advantages (B, T); also writes batch.returns, the critic's regression target."""
+    def advantages(self, batch: Rollouts) -> Advantages:
+        """GAE advantages (B, T), and the returns the critic regresses on."""
         mask = batch.completion_mask
         kl_tok = self.kl_estimator(batch.old_logp, batch.ref_logp) * mask if self.kl_coef > 0 else None  # (B, T)
         rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef)  # (B, T)
-        adv, batch.returns = core.gae(rewards, batch.old_values, mask, self.gamma, self.lam)  # (B, T) each
+        adv, returns = core.gae(rewards, batch.old_values, mask, self.gamma, self.lam)  # (B, T) each
         if self.whiten_advantages:
             adv = core.masked_whiten(adv, mask)
         metrics = {
             "critic/advantages/mean": core.masked_mean(adv, mask).item(),
-            "critic/returns/mean": core.masked_mean(batch.returns, mask).item(),
+            "critic/returns/mean": core.masked_mean(returns, mask).item(),
             "critic/values/mean": core.masked_mean(batch.old_values, mask).item(),
-            "critic/explained_variance": explained_variance(batch.old_values, batch.returns, mask),
+            "critic/explained_variance": explained_variance(batch.old_values, returns, mask),
         }
         if kl_tok is not None:
             metrics["critic/kl"] = core.masked_mean(kl_tok, mask).item()  # per token, in the reward
             metrics["critic/kl_coef"] = self.kl_coef
-        return adv, metrics
+        return Advantages(adv, metrics, returns=returns)
 
     def loss(self, logp: Tensor, batch: Rollouts, values: Tensor) -> tuple[Tensor, dict]:
         mask = batch.completion_mask

@@ -5,17 +5,19 @@ Baseline (``algo.baseline``): 'none' (A = r: unbiased, highest variance) or 'mov
 (b <- decay * b + (1 - decay) * mean(batch reward), updated *after* the batch's advantages are
 formed, so b never depends on the samples it scores). No ratio and no clipping: REINFORCE is
 on-policy, so use it with trainer.epochs = 1 and one mini-batch. The moving-average baseline is
-state: it is saved in checkpoints (state_dict) for exact resume.
+state: it is saved in checkpoints (``Traits.state``) for exact resume.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, Traits
 
 
 def reinforce_advantages(reward: Tensor, baseline: float) -> Tensor:
@@ -24,28 +26,31 @@ def reinforce_advantages(reward: Tensor, baseline: float) -> Tensor:
 
 @dataclass
 class Reinforce:
+    name: ClassVar[str] = "reinforce"
+    traits: ClassVar[Traits] = Traits(kl="none", on_policy_only=True, state=("b",))
     baseline: str = "moving_average"  # 'none' | 'moving_average'
     baseline_decay: float = 0.9
     aggregate: core.Aggregator = core.token_mean
     needs_reference: bool = False
+    kl_coef: float = 0.0  # no KL term (traits.kl = 'none'); present so every algorithm has one
     b: float | None = None  # the moving average; None until the first batch
 
-    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+    @classmethod
+    def from_config(cls, cfg) -> "Reinforce":
+        a = cfg.algo
+        return cls(baseline=a.baseline, baseline_decay=a.baseline_decay,
+                   aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens))
+
+    def advantages(self, batch: Rollouts) -> Advantages:
         b = 0.0 if self.baseline == "none" or self.b is None else self.b
         adv_seq = reinforce_advantages(batch.reward, b)  # (B,)
         if self.baseline == "moving_average":
             mean = batch.reward.mean().item()
             self.b = mean if self.b is None else self.baseline_decay * self.b + (1 - self.baseline_decay) * mean
-        return core.to_tokens(adv_seq, batch.completion_mask), {"critic/baseline": b}
+        return Advantages(core.to_tokens(adv_seq, batch.completion_mask), {"critic/baseline": b})
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         per_tok = -batch.advantages * logp  # (B, T): the score-function estimator, nothing else
         loss = self.aggregate(per_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
         return loss, {"actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item()}
-
-    def state_dict(self) -> dict:
-        return {"b": self.b}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.b = state["b"]

@@ -13,12 +13,14 @@ go (the sum of the rewards from it on), whitened over the batch. So KL is not in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import clipped_loss_with_kl
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, Traits
 
 
 def global_token_whitened(reward: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
@@ -28,30 +30,35 @@ def global_token_whitened(reward: Tensor, mask: Tensor, eps: float = 1e-6) -> Te
 
 @dataclass
 class ReinforcePP:
+    name: ClassVar[str] = "reinforce_pp"
+    traits: ClassVar[Traits] = Traits(kl="reward")
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     aggregate: core.Aggregator = core.token_mean
     kl_estimator: core.KLEstimator = core.kl_k1
 
+    @classmethod
+    def from_config(cls, cfg) -> "ReinforcePP":
+        a = cfg.algo
+        return cls(clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
+                   aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens),
+                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl))
+
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
-    @property
-    def needs_old_logp(self) -> bool:  # the KL reward is measured under the sampling weights
-        return self.kl_coef > 0
-
-    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+    def advantages(self, batch: Rollouts) -> Advantages:
         mask = batch.completion_mask
         if self.kl_coef == 0:
             adv_tok = global_token_whitened(batch.reward, mask)  # (B, T)
-            return adv_tok, {"critic/advantages/max": adv_tok.max().item()}
+            return Advantages(adv_tok, {"critic/advantages/max": adv_tok.max().item()})
         kl_tok = self.kl_estimator(batch.old_logp, batch.ref_logp) * mask  # (B, T)
         rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef)  # (B, T)
         adv_tok = core.masked_whiten(core.returns_to_go(rewards, mask), mask)  # (B, T)
-        return adv_tok, {"critic/advantages/max": adv_tok.max().item(), "critic/kl": core.masked_mean(kl_tok, mask).item(),
-                         "critic/kl_coef": self.kl_coef}
+        return Advantages(adv_tok, {"critic/advantages/max": adv_tok.max().item(), "critic/kl": core.masked_mean(kl_tok, mask).item(),
+                                    "critic/kl_coef": self.kl_coef})
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         # kl_coef=0 here: the KL is already in the advantages.

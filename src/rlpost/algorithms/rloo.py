@@ -13,12 +13,14 @@ GRPO's, reused from grpo.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import clipped_loss_with_kl
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, Traits
 
 
 def rloo_advantages(reward: Tensor, group_size: int) -> Tensor:
@@ -29,6 +31,8 @@ def rloo_advantages(reward: Tensor, group_size: int) -> Tensor:
 
 @dataclass
 class RLOO:
+    name: ClassVar[str] = "rloo"
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss")
     group_size: int
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
@@ -36,11 +40,18 @@ class RLOO:
     kl_estimator: core.KLEstimator = core.kl_k3
     aggregate: core.Aggregator = core.token_mean
 
+    @classmethod
+    def from_config(cls, cfg) -> "RLOO":
+        a, r = cfg.algo, cfg.rollout
+        return cls(group_size=r.group_size, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
+                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl),
+                   aggregate=core.aggregator(a.loss_agg, r.max_new_tokens))
+
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
-    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict]:
+    def advantages(self, batch: Rollouts) -> Advantages:
         adv_seq = rloo_advantages(batch.reward, self.group_size)  # (B,)
         return core.token_advantages(adv_seq, batch.completion_mask)
 

@@ -1,22 +1,24 @@
 """The two roles that move into Ray actors, and the trainer's proxy in the driver.
 
 ``RolloutWorker`` and ``TrainerWorker`` are plain classes (``ray.remote`` is applied in
-topology.py), each building its role with the same functions the colocated run uses
-(``controller.make_rollout`` / ``make_trainer``), so a worker samples and trains exactly as the
-single process does. ``RemoteTrainer`` gives the loop the trainer's verbs over an actor handle.
+topology.py), each building its role with the factory it is handed, the same function the
+colocated run uses (``build.make_rollout`` / ``make_trainer``), so a worker samples and trains
+exactly as the single process does. ``RemoteTrainer`` gives the loop the trainer's verbs over an
+actor handle.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
+from typing import Callable
 
 import ray
 import torch
 
-from rlpost import algorithms, heap
-from rlpost.models import load_policy
+from rlpost.model import heap
+from rlpost.model.load import load_policy
+from rlpost.model.precision import DTYPES
 
 
 def _policy(cfg, weights: dict | None):
@@ -30,14 +32,11 @@ def _policy(cfg, weights: dict | None):
 class RolloutWorker:
     """One sampler in its own process: the rollout role and the version of the weights it holds."""
 
-    def __init__(self, cfg, weights: dict | None, threads: int, fault: str = ""):
-        from rlpost.roles.controller import make_rollout
-
+    def __init__(self, cfg, weights: dict | None, threads: int, make_rollout: Callable):
         torch.set_num_threads(threads)
         loaded = _policy(cfg, weights)
         self.rollout = make_rollout(cfg, loaded.model, loaded.tokenizer)
         self.seed, self.sync_s = cfg.run.seed, 0.0
-        self.fault = fault  # tests only: see _fault_hook
 
     def load_weights(self, state: dict, version: int) -> None:
         t0 = time.perf_counter()
@@ -47,24 +46,11 @@ class RolloutWorker:
 
     def generate(self, chunk_id: int, rows: list[dict], n: int, kw: dict):
         """(the chunk's Rollouts, {seconds spent loading weights since the last chunk, metrics})."""
-        self._fault_hook(chunk_id)
         torch.manual_seed(self.seed * 1_000_003 + chunk_id)  # the same samples on any worker
         batch = self.rollout.generate(rows, n, **kw)
-        info = {"sync_s": self.sync_s, "metrics": getattr(self.rollout, "last_metrics", {})}
+        info = {"sync_s": self.sync_s, "metrics": self.rollout.last_metrics}
         self.sync_s = 0.0
         return batch, info
-
-    def _fault_hook(self, chunk_id: int) -> None:
-        """Tests: 'k:raise' = generate raises on chunk k, every time; 'k:FILE' = the process
-        exits on chunk k once (FILE marks that it did)."""
-        if not self.fault or int(self.fault.split(":")[0]) != chunk_id:
-            return
-        what = self.fault.split(":", 1)[1]
-        if what == "raise":
-            raise RuntimeError(f"injected failure on chunk {chunk_id}")
-        if not Path(what).exists():
-            Path(what).write_text("killed")
-            os._exit(1)
 
 
 class TrainerWorker:
@@ -72,18 +58,17 @@ class TrainerWorker:
     world > 1 it is one rank of an FSDP2 data-parallel trainer (distributed/fsdp.py): every rank
     gets every call, and rank 0's answer is the one used."""
 
-    def __init__(self, cfg, weights: dict | None, threads: int, rank: int = 0, world: int = 1, master: str = ""):
-        from rlpost.roles.controller import DTYPES, make_trainer
-
+    def __init__(self, cfg, weights: dict | None, threads: int, make_trainer: Callable, rank: int = 0, world: int = 1,
+                 master: str = ""):
         torch.set_num_threads(threads)
         if world > 1:  # gloo on CPU, NCCL when the actor has a GPU
             host, port = master.rsplit(":", 1)
             os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
             torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world)
         self.rank = rank
-        use_lora = cfg.model.lora_r > 0  # with LoRA the base stays the pretrained model (controller.build_roles)
+        use_lora = cfg.model.lora_r > 0  # with LoRA the base stays the pretrained model (build.build_roles)
         loaded = _policy(cfg, None if use_lora else weights)
-        self.trainer = make_trainer(cfg, algorithms.build(cfg), loaded.model, use_lora, data_parallel=world > 1)
+        self.trainer = make_trainer(cfg, loaded.model, use_lora, data_parallel=world > 1)
         self.sampler_dtype = DTYPES[cfg.rollout.dtype]
 
     def recompute(self, batch):

@@ -1,5 +1,5 @@
 """The driver's face of the rollout workers: the loop's ``generate`` / ``load_weights`` verbs over
-Ray actors, and ``generate_ahead`` for the async topology.
+Ray actors, reading ahead of the loop under the async topology.
 
 Work. A batch of prompts is cut into chunks (a few prompts x n samples each). A pump thread keeps
 every worker busy with one chunk at a time. Before it hands a chunk to a worker whose weights are
@@ -8,8 +8,11 @@ runs its calls in order, so weights change only between chunks and every chunk k
 version that sampled it (``Rollouts.policy_version``). Each chunk is sampled under its own seed
 (run seed, chunk id), so which worker runs it, or a re-run after a crash, changes nothing.
 
-Staleness (async). ``generate_ahead`` keeps ``max_staleness + 1`` batches in the pipeline: it
-queues the next prompts from the stream and returns the oldest batch. A batch is queued after the
+Staleness (async). The pool holds the run's prompt stream and keeps ``max_staleness + 1`` batches
+in the pipeline: when the loop asks for this step's prompts, it also queues the prompts the stream
+will hand out in the next steps (``PromptStream.peek``: the same rows, the stream not advanced),
+and returns the oldest batch. Rows the stream did not hand out (held-out evaluation) are sampled
+at once, before anything queued. A batch is queued after the
 weights of the step before it were published and consumed at most ``max_staleness`` steps later,
 so by construction no sample lags the trained policy by more than the bound (admission control);
 the lag is still measured when a batch is consumed, and a chunk over the bound is dropped,
@@ -17,7 +20,8 @@ counted and sampled again with the newest weights. ``max_staleness = 0`` is the 
 nothing is queued before the weights it should use exist. Staleness counts weight versions
 published after the one that sampled the chunk, i.e. trainer steps when ``dist.sync_every = 1``.
 
-Failure. A worker whose process dies (``RayActorError``) is replaced by a fresh one, which gets the
+Failure. A worker whose process dies (``RayActorError``) is replaced by a fresh one (at most
+``MAX_RESTARTS`` times in a row for one worker before the run stops with the cause), which gets the
 newest weights before its first chunk, and the chunk it held is queued again at the front. A chunk
 whose ``generate`` raised is retried once on any worker, then dropped (its groups are missing from
 that step's batch, which trains on the rest). Both are logged and counted in the metrics.
@@ -36,7 +40,11 @@ from typing import Callable
 import ray
 import torch
 
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
+
+# A worker that dies this many times in a row without finishing a chunk (it cannot even start:
+# an import error, no memory) stops the run with its cause instead of being restarted forever.
+MAX_RESTARTS = 3
 
 
 @dataclass
@@ -56,22 +64,28 @@ class Batch:
     chunks: list[Chunk]
     bound: int | None  # staleness bound checked when the batch is consumed (None: not checked)
 
+    def holds(self, rows: list[dict]) -> bool:
+        """Whether these are the batch's prompts: the very row objects the stream handed out."""
+        mine = [r for c in self.chunks for r in c.rows]
+        return len(mine) == len(rows) and all(a is b for a, b in zip(mine, rows))
+
 
 class RolloutPool:
-    versioned = True  # the batches carry the version of the weights that sampled them
-
     def __init__(self, spawn: Callable, n_workers: int, chunk_prompts: int, max_staleness: int,
-                 initial_weights=None, version: int = 0, say: Callable[[str], None] = print):
+                 initial_weights=None, version: int = 0, say: Callable[[str], None] = print, stream=None):
         """spawn(i, weights) starts worker actor i (weights: an object ref, or None for the
-        starting policy)."""
+        starting policy). stream: the loop's PromptStream, read ahead under async (None: sample
+        only what is asked)."""
         self.spawn, self.say = spawn, say
         self.initial = initial_weights  # what a worker starts from until the first push
         self.workers = [spawn(i, initial_weights) for i in range(n_workers)]
         self.held = [version] * n_workers  # weight version each worker has (or has queued)
+        self.deaths = [0] * n_workers  # deaths of each worker since it last finished a chunk
         self.weights_ref, self.version, self.pushes = None, version, [version]
         self.chunk_prompts, self.max_staleness = chunk_prompts, max_staleness
         self.pending: deque[Chunk] = deque()  # chunks waiting for a worker
         self.running: dict = {}  # ObjectRef -> (worker index, chunk, submit time)
+        self.stream = stream
         self.ahead: deque[Batch] = deque()  # async: batches for the coming steps, oldest first
         self.next_id = 0
         self.cv = threading.Condition()
@@ -86,17 +100,16 @@ class RolloutPool:
     # --- the verbs the loop calls -------------------------------------------------------------
 
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
-        """n completions of each row, spread over the workers; returns when all are done. Goes
-        before any batch queued ahead (held-out evaluation in an async run does not wait)."""
+        """n completions of each row, spread over the workers; returns when all are done. Under
+        async, rows the stream handed out were queued steps ago: the oldest queued batch is
+        returned and the stream's next prompts are queued behind it (module docstring)."""
         kw = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
-        return self._take(self._enqueue(rows, n, kw, front=True, bound=None))
-
-    def generate_ahead(self, stream, n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
-        """Async: keep max_staleness + 1 batches of the stream's prompts in the pipeline and
-        return the oldest one once it is sampled."""
-        kw = dict(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
-        while len(self.ahead) < self.max_staleness + 1:
-            self.ahead.append(self._enqueue(stream.next(), n, kw, front=False, bound=self.max_staleness))
+        if self.stream is None or (self.ahead and not self.ahead[0].holds(rows)):  # evaluation, or not async
+            return self._take(self._enqueue(rows, n, kw, front=True, bound=None))
+        if not self.ahead:  # the first step: nothing queued yet
+            self.ahead.append(self._enqueue(rows, n, kw, front=False, bound=self.max_staleness))
+        for j in range(len(self.ahead) - 1, self.max_staleness):  # the coming steps' prompts
+            self.ahead.append(self._enqueue(self.stream.peek(j), n, kw, front=False, bound=self.max_staleness))
         batch = self._take(self.ahead[0])
         self.ahead.popleft()
         return batch
@@ -236,6 +249,7 @@ class RolloutPool:
             result, info = None, {}
         with self.cv:
             del self.running[ref]
+            self.deaths[i] = 0
             self.busy_s += time.perf_counter() - t0
             if result is None and chunk.attempts < 2:
                 self.pending.appendleft(chunk)
@@ -249,6 +263,9 @@ class RolloutPool:
 
     def _restart(self, i: int, error: BaseException) -> None:
         """Called with the lock held: replace dead worker i; it syncs before its first chunk."""
+        self.deaths[i] += 1
+        if self.deaths[i] > MAX_RESTARTS:
+            raise RuntimeError(f"rollout worker {i} died {self.deaths[i]} times in a row: {error}")
         self.say(f"rollout worker {i} died ({type(error).__name__}); restarting it and re-issuing its chunk")
         try:
             ray.kill(self.workers[i])

@@ -1,9 +1,10 @@
-"""Placement by config: build the roles of a disaggregated or async run.
+"""Placement by config: where the sampler and the trainer of a disaggregated or async run live.
 
-The loop (controller.train) is the same function for every topology; only what ``Roles`` holds
-changes. Here the rollout is a ``RolloutPool`` over ``dist.rollout_workers`` Ray actors and the
-trainer a ``RemoteTrainer`` over ``dist.trainer_ranks`` actors (FSDP2 data parallel when > 1); the verifier, the reference and the algorithm stay in
-the driver (they are light, or a subprocess pool already). Actors ask Ray for no CPUs
+The loop (recipes/rl.py: train) is the same function for every topology; only what ``Roles`` holds
+changes (``build.build_roles`` calls ``place`` here). Here the rollout is a ``RolloutPool`` over
+``dist.rollout_workers`` Ray actors and the trainer a ``RemoteTrainer`` over ``dist.trainer_ranks``
+actors (FSDP2 data parallel when > 1); the verifier, the reference and the algorithm stay in the
+driver (they are light, or a subprocess pool already). Actors ask Ray for no CPUs
 (``num_cpus=0``): their torch thread counts are set here, so a 2-core machine can host a trainer and
 a worker without Ray holding one of them back.
 """
@@ -12,16 +13,13 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Callable
 
-from rlpost import algorithms, config
+import ray
+
+from rlpost import config
 from rlpost.distributed.actors import RemoteTrainer, RolloutWorker, TrainerWorker
 from rlpost.distributed.pool import RolloutPool
-from rlpost.envs import stack, verifier_timeout
-from rlpost.envs.runner import VerifierRunner
-from rlpost.models import load_policy
-
-# Tests set this to make a rollout worker fail on one chunk (actors.RolloutWorker._fault_hook).
-FAULT_ENV = "RLPOST_KILL_ROLLOUT_CHUNK"
 
 
 def threads(cfg: config.Config) -> tuple[int, int]:
@@ -42,35 +40,30 @@ def free_port() -> int:
 
 
 def start_ray(cfg: config.Config) -> None:
-    import ray
-
     if not ray.is_initialized():
         ray.init(address=cfg.dist.ray_address or None, include_dashboard=False, log_to_driver=True,
                  configure_logging=False)
 
 
-def build_remote_roles(cfg: config.Config, verifier_path: str, weights: dict | None = None):
-    import ray
-
-    from rlpost.roles.controller import Roles, make_reference, needs_reference, say
-
+def place(cfg: config.Config, weights: dict | None, make_rollout: Callable, make_trainer: Callable, stream=None,
+          rollout_worker: type | None = None, say: Callable[[str], None] = print) -> tuple[RolloutPool, RemoteTrainer]:
+    """(the rollout pool over dist.rollout_workers actors, the trainer over dist.trainer_ranks
+    actors). Each actor builds its role with the factory it is handed (``build.make_rollout`` /
+    ``make_trainer``), so it samples and trains exactly as the single process does. ``stream``:
+    the prompt stream an async pool reads ahead from. ``rollout_worker``: the worker's class
+    (default ``RolloutWorker``; tests pass one that fails on purpose)."""
     start_ray(cfg)
     t_threads, r_threads = threads(cfg)
     initial = ray.put(weights) if weights is not None else None
     ranks, master = cfg.dist.trainer_ranks, f"127.0.0.1:{free_port()}"
     trainer_cls = ray.remote(num_cpus=0)(TrainerWorker)
-    trainer = RemoteTrainer([trainer_cls.remote(cfg, initial, t_threads, r, ranks, master) for r in range(ranks)])
-    worker_cls = ray.remote(num_cpus=0, max_restarts=0)(RolloutWorker)
-    fault = os.environ.get(FAULT_ENV, "")
-    spawn = lambda i, w: worker_cls.remote(cfg, w, r_threads, fault)
+    trainer = RemoteTrainer([trainer_cls.remote(cfg, initial, t_threads, make_trainer, r, ranks, master) for r in range(ranks)])
+    worker_cls = ray.remote(num_cpus=0, max_restarts=0)(rollout_worker or RolloutWorker)
+    spawn = lambda i, w: worker_cls.remote(cfg, w, r_threads, make_rollout)
     d = cfg.dist
-    pool = RolloutPool(spawn, d.rollout_workers, d.chunk_prompts, d.max_staleness if d.topology == "async" else 0,
-                       initial_weights=initial, say=say)
-    algo = algorithms.build(cfg)
-    # The reference is the starting policy, so a fresh load is it (checkpoint weights never go in).
-    reference = make_reference(cfg, load_policy(cfg.model.name, seed=cfg.run.seed).model) if needs_reference(cfg, algo) else None
-    verifier = VerifierRunner(verifier_path, verifier_timeout(cfg))
-    reward = stack.build_reward(cfg, verifier, config.derived(cfg).micro_batch_size)
+    is_async = d.topology == "async"
+    pool = RolloutPool(spawn, d.rollout_workers, d.chunk_prompts, d.max_staleness if is_async else 0,
+                       initial_weights=initial, say=say, stream=stream if is_async else None)
     say(f"topology {d.topology}: {d.rollout_workers} rollout worker(s) x {r_threads} thread(s), "
-        f"{ranks} trainer rank(s) x {t_threads}" + (f", max_staleness {d.max_staleness}" if d.topology == "async" else ""))
-    return Roles(pool, reward, reference, algo, trainer, grader=verifier)
+        f"{ranks} trainer rank(s) x {t_threads}" + (f", max_staleness {d.max_staleness}" if is_async else ""))
+    return pool, trainer

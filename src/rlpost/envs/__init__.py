@@ -2,7 +2,7 @@
 
 A row is a dict with ``messages`` (chat messages ending with the user turn) and whatever the
 verifier needs (``answer``, metadata). The verifier is named by import path so that it can run
-in a separate worker process (envs/runner.py).
+in a separate worker process (rewards/runner.py).
 
 Families (``task.name``):
   arithmetic  generated ``a op b`` problems, last-integer verifier (the demo)
@@ -15,7 +15,13 @@ Families (``task.name``):
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+
+import yaml
+
+from rlpost.envs import arithmetic, code, dataset, gym, mathgen, tools
+from rlpost.types.errors import ConfigError
 
 DEFAULT_VERIFIER = {
     "arithmetic": "rlpost.envs.arithmetic:score",
@@ -46,65 +52,52 @@ class Task:
     heldout: list[dict]
     verifier: str  # "module:function" with signature (completion: str, row: dict) -> (float, dict)
     skipped_rows: int = 0  # malformed data rows skipped (task.on_bad_row=skip)
-    multi_turn: bool = False  # episodes with tool calls (task.name=tools): rollout goes through envs/tools.py
 
 
 def build_task(cfg) -> Task:
     t = cfg.task
     skipped = 0
     if t.data and t.name in ("dataset", "math", "code"):
-        from rlpost.envs import dataset
-
         train, heldout, skipped = dataset.build_splits(t)
     elif t.name == "dataset":
         raise ValueError("task.data is required for task.name=dataset")  # config.check_task says so first
     else:
         train, heldout = _generated_splits(cfg)
-    task = Task(train, heldout, t.verifier or DEFAULT_VERIFIER[t.name], skipped, multi_turn=t.name == "tools")
+    task = Task(train, heldout, t.verifier or DEFAULT_VERIFIER[t.name], skipped)
     check_verifier(task.verifier)
     return task
 
 
 def _generated_splits(cfg) -> tuple[list[dict], list[dict]]:
-    from rlpost.config import ConfigError
-
     t = cfg.task
     if t.name == "arithmetic":
-        from rlpost.envs import arithmetic
-
         return arithmetic.build_splits(t)
     if t.name == "math":
-        from rlpost.envs import mathgen
-
         return mathgen.build_splits(t)
     if t.name == "gym":
-        import yaml
-
-        try:
-            from rlpost.envs import gym
-        except ImportError as e:
-            raise ConfigError(f"task.name=gym needs reasoning-gym ({e}); install it with: pip install 'rlpost[envs]'") from None
-
         # reasoning-gym's own system prompt asks for <answer> tags, which its scorers expect
         try:
             return gym.build_splits(t.gym_name, yaml.safe_load(t.gym_config) or {}, t.n_train, t.n_heldout, t.seed,
                                     t.system_prompt or "default")
+        except ImportError as e:
+            raise ConfigError(f"task.name=gym needs reasoning-gym ({e}); install it with: pip install 'rlpost[envs]'") from None
         except ValueError as e:
             raise ConfigError(f"task.{'gym_config' if 'config' in str(e) else 'gym_name'}: {e}") from None
     if t.name == "code":
-        from rlpost.envs import code
-
         return code.build_splits(t.n_train, t.n_heldout, t.seed)
-    from rlpost.envs import tools
-
     return tools.build_splits(t)
+
+
+def import_function(path: str):
+    """The function named by 'package.module:function'."""
+    module, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"verifier {path!r}: expected 'module:function'")
+    return getattr(importlib.import_module(module), name)
 
 
 def check_verifier(path: str) -> None:
     """Import the verifier once in this process, so a typo stops the run before any work."""
-    from rlpost.config import ConfigError
-    from rlpost.envs.worker import import_function
-
     try:
         fn = import_function(path)
     except Exception as e:  # noqa: BLE001 - any import failure of user code is a config error

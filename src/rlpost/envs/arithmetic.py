@@ -4,7 +4,7 @@ held-out split, and a verifier.
 Problems are drawn from one seeded generator; the held-out split is drawn first and every
 training problem whose expression also appears in it is dropped, so held-out accuracy measures
 generalisation, not recall. This module imports nothing heavy: the verifier runs in a separate
-worker process (envs/runner.py) that imports only this file.
+worker process (rewards/runner.py) that imports only this file.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import re
 
-from rlpost.data import DataError, _where, check_rows, read_rows
+from rlpost.envs.data import DataError, check_rows, read_rows, where
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -41,10 +41,10 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
         messages = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt):
         if prompt[-1]["role"] != "user":
-            raise DataError(f"{_where(raw, source)}: '{tcfg.prompt_column}' must end with a user message")
+            raise DataError(f"{where(raw, source)}: '{tcfg.prompt_column}' must end with a user message")
         messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
     else:
-        raise DataError(f"{_where(raw, source)}: '{tcfg.prompt_column}' must be a non-empty string or a list of chat messages"
+        raise DataError(f"{where(raw, source)}: '{tcfg.prompt_column}' must be a non-empty string or a list of chat messages"
                         f" (task.prompt_column; columns here: {', '.join(k for k in raw if k != '_line')})")
     if tcfg.system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": tcfg.system_prompt}, *messages]
@@ -52,7 +52,7 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
     row.update(messages=messages, prompt=prompt)
     if tcfg.answer_column:
         if raw.get(tcfg.answer_column) in (None, ""):
-            raise DataError(f"{_where(raw, source)}: missing '{tcfg.answer_column}' (task.answer_column; set it to '' if the verifier needs none)")
+            raise DataError(f"{where(raw, source)}: missing '{tcfg.answer_column}' (task.answer_column; set it to '' if the verifier needs none)")
         row["answer"] = raw[tcfg.answer_column] if isinstance(raw[tcfg.answer_column], str) else str(raw[tcfg.answer_column])
     return row
 

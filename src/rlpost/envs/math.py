@@ -18,7 +18,7 @@ Timeouts: math-verify bounds each parse and each comparison with ``signal.alarm`
 300 nested \\frac is cut off after PARSE_TIMEOUT_S / VERIFY_TIMEOUT_S and scores 0 instead of
 hanging. Two consequences:
 - signals only work in a process's main thread; math-verify raises ValueError when called from
-  any other thread. The verifier worker (envs/runner.py) calls verifiers on its main thread.
+  any other thread. The verifier worker (rewards/runner.py) calls verifiers on its main thread.
 - the alarms are whole seconds and one call may run up to ~2 parses and ~2 comparisons, so a
   worst-case call takes ~4 s. The runner's own per-call deadline (kill + restart the worker) is
   the backstop behind these.

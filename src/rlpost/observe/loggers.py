@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlpost.config import ConfigError
+from rlpost.types.errors import ConfigError
 
 KNOWN = {"console": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 CONSOLE_KEYS = ("reward/mean", "eval/heldout_accuracy", "actor/entropy", "actor/kl", "response_length/mean",

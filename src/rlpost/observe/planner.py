@@ -13,13 +13,13 @@ import math
 import re
 import statistics
 import sys
-import typing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
 
-from rlpost.config import AlgoConfig, Config, ConfigError, from_dict, to_dict
+from rlpost import algorithms
+from rlpost.config import Config, ConfigError, from_dict, to_dict
 
 GiB = 2**30
 
@@ -65,11 +65,11 @@ class Shape:
         return self.params - (0 if self.tied else self.head_params) + self.hidden + 1
 
 
-# SmolLM2-135M-Instruct (its config.json on the HF hub), and rlpost.models.tiny_model (vocab = 5
+# SmolLM2-135M-Instruct (its config.json on the HF hub), and rlpost.model.load.tiny_model (vocab = 5
 # specials + 71 characters = 76; num_key_value_heads=2 there).
 EMBEDDED = Shape(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, vocab=49152, tied=True)
 TINY = Shape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=76, tied=True)
-EMBEDDED_NAMES = ("embedded", "smollm2-135m", "smollm2-135m-instruct")  # as rlpost.models
+EMBEDDED_NAMES = ("embedded", "smollm2-135m", "smollm2-135m-instruct")  # as rlpost.model.load
 
 
 def parse_size(text: str, arg: str = "--params") -> float:
@@ -299,7 +299,7 @@ def rollout_time(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: d
 
 
 def step_time(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: dict | None = None) -> dict[str, float]:
-    """Seconds per phase, named as the controller's timing_s/<phase>. Data parallel over `gpus`."""
+    """Seconds per phase, named as the loop's timing_s/<phase>. Data parallel over `gpus`."""
     bf16 = w.trainer_bf16
     rate = (dev.bf16_flops if bf16 else dev.fp32_flops) * gpus
     fwd = lambda wl, head=True: forward_flops(s, wl, w.batch, head) / (rate * efficiency(dev, "forward", bf16, eff))
@@ -332,9 +332,13 @@ def plan(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: dict | No
 
 
 # --- Calibration against a finished run ---
-def early_old(algo: str, kl: bool, tis: bool = False, adaptive_kl: bool = False) -> bool:
-    """As roles/controller.loss_setup: PPO (values), REINFORCE++ with KL in the reward, TIS, adaptive KL."""
-    return algo == "ppo" or (algo == "reinforce_pp" and kl) or tis or adaptive_kl
+def algorithm_parts(cfg: Config) -> tuple[bool, str, bool]:
+    """(a reference copy, the critic's kind or '', old log-probs before the advantages), from the
+    algorithm's traits, as the loop and build.py read them (algorithms/objective.py)."""
+    traits = algorithms.traits(cfg)
+    reference = (cfg.algo.kl_coef > 0 and traits.kl != "none") or cfg.algo.prime_coef > 0
+    critic = cfg.algo.critic if traits.needs_values else ""
+    return reference, critic, algorithms.needs_old_logp_first(cfg)
 
 
 def read_run(run_dir: str | Path) -> tuple[Config, dict, int, dict]:
@@ -359,14 +363,14 @@ def read_run(run_dir: str | Path) -> tuple[Config, dict, int, dict]:
 
 
 def workload_from_run(cfg: Config, med: dict) -> Workload:
-    r, a, t = cfg.rollout, cfg.algo, cfg.trainer
-    kl = a.kl_coef > 0 and a.name != "reinforce"
+    r, t = cfg.rollout, cfg.trainer
+    reference, critic, early_old = algorithm_parts(cfg)
     return Workload(  # lengths as the run saw them; the trainer pads completions to the batch's longest
         prompts=r.prompts_per_step, group=r.group_size, prompt_len=math.ceil(med.get("prompt_length/mean", 47)),
         new_tokens=r.max_new_tokens, response_len=math.ceil(med.get("response_length/max", r.max_new_tokens)),
         micro_batch=t.micro_batch_size, mini_batch=t.mini_batch_size, epochs=t.epochs, trainer_bf16=t.autocast_bf16,
-        sampler_bf16=r.dtype == "bfloat16", reference=kl, critic=a.critic if a.name == "ppo" else "",
-        early_old=early_old(a.name, kl, a.tis_cap > 0, a.kl_target > 0), share_prefix=t.share_prompt_prefix,
+        sampler_bf16=r.dtype == "bfloat16", reference=reference, critic=critic, early_old=early_old,
+        share_prefix=t.share_prompt_prefix,
         grad_ckpt=cfg.model.gradient_checkpointing)
 
 
@@ -387,7 +391,6 @@ def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict
 
 # --- Command line ---
 
-ALGOS = typing.get_args(typing.get_type_hints(AlgoConfig)["name"])  # the config's choices, not a copy
 INT_ARGS = (  # (name, default, smallest allowed, help): the workload's integer options
     ("prompts", 16, 1, "prompts per step"), ("group", 8, 1, "completions per prompt"), ("prompt_len", 47, 1, "prompt tokens"),
     ("new_tokens", 16, 1, "max new tokens"), ("response_len", 0, 0, "padded completion length in the trainer (0 = --new-tokens)"),
@@ -417,7 +420,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("workload (the config keys of the same meaning)")
     for name, default, _, help_ in INT_ARGS:
         w.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, help=f"{help_} (default {default})")
-    w.add_argument("--algo", default="grpo", choices=ALGOS, help="algo.name; ppo adds a critic (default grpo)")
+    w.add_argument("--algo", default="grpo", choices=list(algorithms.ALGORITHMS),
+                   help="algo.name; one with a critic (ppo) adds it (default grpo)")
     w.add_argument("--critic", default="separate", choices=("separate", "shared"), help="PPO: own trunk or a head on the policy")
     w.add_argument("--kl-coef", type=float, default=0.0, help="> 0 adds a reference copy and its forward")
     w.add_argument("--precision", default="bf16", choices=("bf16", "fp32"), help="trainer: bf16 autocast (fp32 master) or fp32")
@@ -438,10 +442,11 @@ def workload_from_args(a: argparse.Namespace) -> Workload:
             raise ConfigError(f"--{name.replace('_', '-')}: expected an integer >= {low}, got {getattr(a, name)}")
     if a.kl_coef < 0:
         raise ConfigError(f"--kl-coef: expected a number >= 0, got {a.kl_coef}")
-    kl = a.kl_coef > 0 and a.algo != "reinforce"  # plain REINFORCE has no KL term
+    cfg = from_dict({"algo": {"name": a.algo, "kl_coef": a.kl_coef, "critic": a.critic}})
+    reference, critic, early_old = algorithm_parts(cfg)
     return Workload(a.prompts, a.group, a.prompt_len, a.new_tokens, a.response_len, a.micro_batch, a.mini_batch,
-                    a.epochs, a.precision == "bf16", a.sampler_dtype == "bf16", kl,
-                    a.critic if a.algo == "ppo" else "", early_old(a.algo, kl), not a.no_share_prefix, a.grad_ckpt)
+                    a.epochs, a.precision == "bf16", a.sampler_dtype == "bf16", reference, critic, early_old,
+                    not a.no_share_prefix, a.grad_ckpt)
 
 
 def format_plan(p: dict, label: str) -> str:
@@ -490,9 +495,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(parser.parse_args(argv))
     except ConfigError as e:
-        print(f"rlpost plan: error: {e}", file=sys.stderr)
+        print(f"rlpost: error: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -22,7 +22,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display: render to SVG text
 import matplotlib.pyplot as plt  # noqa: E402
 
-from rlpost.checkpoint import write_atomic  # noqa: E402
+from rlpost.algorithms import core  # noqa: E402
+from rlpost.model.checkpoint import write_atomic  # noqa: E402
 from rlpost.observe.diagnostics import diagnose  # noqa: E402
 
 ROLES = ["gen", "reward", "ref", "old", "adv", "update", "sync", "eval"]  # timing_s/<role>, stacked in this order
@@ -92,7 +93,7 @@ def reward_plot(history, summary) -> str:
 
 
 def ratio_plot(history) -> str | None:
-    from rlpost.roles.trainer import RATIO_EDGES
+    RATIO_EDGES = core.RATIO_EDGES
 
     hists = [h["hist/sampler_ratio"] for h in history if isinstance(h.get("hist/sampler_ratio"), list)]
     if not hists:

@@ -11,15 +11,24 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
 
-from rlpost.checkpoint import write_atomic
+from rlpost.model.checkpoint import write_atomic
 from rlpost.observe.diagnostics import Health
 from rlpost.observe.loggers import Loggers
 
-TIMING_PREFIXES = ("timing_s/", "perf/")  # wall-clock figures: differ run to run by nature
+
+@contextmanager
+def timed(name: str, timings: dict):
+    """Add the wall-clock seconds of the block to timings["timing_s/<name>"] (a whole stage, never
+    lines inside one: STYLE R15)."""
+    t0 = time.perf_counter()
+    yield
+    timings[f"timing_s/{name}"] = timings.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
 
 
 class RunLog:

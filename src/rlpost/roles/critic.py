@@ -16,8 +16,8 @@ import copy
 
 from torch import Tensor, nn
 
-from rlpost.batch import Rollouts
-from rlpost.logprobs import completion_values
+from rlpost.model.logprobs import completion_values
+from rlpost.types.batch import Rollouts
 
 
 class Critic(nn.Module):

@@ -1,5 +1,5 @@
 """Reference role: a frozen copy of the starting policy, giving per-token log-probs for the KL
-anchor. The controller builds it only when the algorithm asks for one (kl_coef > 0), so a run
+anchor. The loop builds it only when the algorithm asks for one (kl_coef > 0), so a run
 without KL never pays its memory or its forward pass."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
-from rlpost.batch import Rollouts
-from rlpost.logprobs import completion_logprobs
+from rlpost.model.logprobs import completion_logprobs
+from rlpost.types.batch import Rollouts
 
 
 class Reference:

@@ -33,12 +33,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
 from transformers import TopPLogitsWarper
 
-from rlpost.logprobs import position_ids
-from rlpost.roles.rollout_hf import HFRollout
-from rlpost.sections import ConfigError
+from rlpost.model.logprobs import position_ids
+from rlpost.roles.rollout_hf import HFRollout, continue_ids
+from rlpost.types.batch import Rollouts
+from rlpost.types.errors import ConfigError
 
 SUPPORTED = ("llama", "qwen2")
 # Compact the decode batch once this fraction of its rows has finished: compaction copies the
@@ -46,7 +46,7 @@ SUPPORTED = ("llama", "qwen2")
 COMPACT_FRACTION = 0.25
 
 
-def build_rollout(engine: str, model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> HFRollout:
+def build_rollout(engine: str, model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> HFRollout | FastRollout:
     """The rollout role for ``rollout.engine``: 'fast' (this loop), 'hf' (`generate`), or 'auto'
     (this loop when the architecture is supported, else `generate`)."""
     if engine == "hf" or (engine == "auto" and not supported(model)):
@@ -115,9 +115,15 @@ def _fuse(linears, attr: str = "weight") -> Tensor:
     return fused
 
 
-class FastRollout(HFRollout):
+class FastRollout:
+    """The rollout role on this decode loop. It holds an ``HFRollout`` over the same model (by
+    composition): that one owns the sampler's copy of the weights, its sync and its sleep, turns
+    rows into prompts and samples into a batch, and samples with stop strings (tool episodes)."""
+
     def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype = torch.bfloat16):
-        super().__init__(model, tokenizer, dtype)
+        self.hf = HFRollout(model, tokenizer, dtype)
+        self.model, self.tok, self.dtype = self.hf.model, tokenizer, dtype
+        self.last_metrics: dict = {}
         c = self.model.config
         self.nh, self.nkv = c.num_attention_heads, c.num_key_value_heads
         self.hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -127,8 +133,37 @@ class FastRollout(HFRollout):
         self.embed, self.norm = core.embed_tokens.weight, core.norm.weight
         self.lm_head = _Linear(self.model.get_output_embeddings().weight)  # the embedding itself when tied
         self.rotary = core.rotary_emb
-        self.pack_weights = True  # oneDNN-packed matmul weights while sampling (_Linear); False for the levers benchmark
-        self.packed = False
+        self.packed = False  # the matmul weights are in oneDNN's layout (_Linear) until the next sync or sleep
+
+    @property
+    def version(self) -> int:
+        return self.hf.version
+
+    @property
+    def eos_ids(self) -> Tensor:  # the end-of-sequence ids are the HFRollout's: one place decides
+        return self.hf.eos_ids
+
+    @property
+    def eos_set(self) -> set[int]:
+        return self.hf.eos_set
+
+    def render(self, rows: list[dict]) -> list[str]:
+        return self.hf.render(rows)
+
+    @torch.no_grad()
+    def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
+        """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
+        enc = self.hf.encode(rows)
+        completion, sampler_logp = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p, max_new_tokens)
+        return self.hf.assemble(enc, rows, n, completion, sampler_logp)
+
+    def sample_ids(self, seqs: list[list[int]], temperature: float, top_p: float, max_new_tokens: int,
+                   stop_strings: list[str]) -> list[tuple[list[int], list[float], str]]:
+        """As ``HFRollout.sample_ids`` (rollout_hf.continue_ids), on this loop when there are no stop strings."""
+        return continue_ids(self, seqs, temperature, top_p, max_new_tokens, stop_strings)
+
+    def close(self) -> None:
+        self.hf.close()
 
     # --- the forward, mirroring transformers' Llama numerics -------------------------------------
 
@@ -188,9 +223,9 @@ class FastRollout(HFRollout):
     def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
                 max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor]:
         if stop_strings:
-            return super()._sample(input_ids, attention_mask, n, temperature, top_p, max_new_tokens, stop_strings)
-        self._check_awake()
-        if self.pack_weights and not self.packed:
+            return self.hf._sample(input_ids, attention_mask, n, temperature, top_p, max_new_tokens, stop_strings)
+        self.hf._check_awake()
+        if not self.packed:
             for lin in self.linears():
                 lin.pack()  # the current weights in oneDNN's layout, until the next sync or sleep (_Linear)
             self.packed = True
@@ -261,14 +296,14 @@ class FastRollout(HFRollout):
     def load_weights(self, state: dict[str, Tensor], version: int | None = None) -> None:
         """Weight sync: the HF parameters are views into the fused weights, so the copy lands
         there; the packed copies are stale and go."""
-        super().load_weights(state, version)
+        self.hf.load_weights(state, version)
         self._unpack()
 
     def sleep(self, discard_weights: bool = False) -> None:
         """Free the packed weight copies (0.27 GB here) until the next ``generate``, and the
         weights too when asked (HFRollout.sleep)."""
         self._unpack()
-        super().sleep(discard_weights)
+        self.hf.sleep(discard_weights)
 
     def _unpack(self) -> None:
         for lin in self.linears():

@@ -16,10 +16,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from transformers import (
-    GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TopPLogitsWarper,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TopPLogitsWarper,
 )
 
-from rlpost.batch import Rollouts
+from rlpost.types.batch import Rollouts
 
 
 class _RecordLogp(LogitsProcessor):
@@ -67,6 +72,7 @@ class HFRollout:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.eos_set = set(self.eos_ids.tolist())
         self.version = 0  # trainer step of the weights held (set by load_weights); stamped on every batch
+        self.last_metrics: dict = {}  # nothing beyond the batch to report
         self.discarded = None  # [(storage, bytes)] while sleep(discard_weights=True) has freed the weights
 
     def render(self, rows: list[dict]) -> list[str]:
@@ -76,8 +82,16 @@ class HFRollout:
     @torch.no_grad()
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
-        enc = self.tok(self.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = self.encode(rows)
         completion, sampler_logp = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p, max_new_tokens)
+        return self.assemble(enc, rows, n, completion, sampler_logp)
+
+    def encode(self, rows: list[dict]):
+        """The chat-templated prompts, tokenised and left-padded."""
+        return self.tok(self.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def assemble(self, enc, rows: list[dict], n: int, completion: Tensor, sampler_logp: Tensor) -> Rollouts:
+        """The batch from the prompts and their sampled completions (B = len(rows) * n)."""
         mask = self.completion_mask(completion)  # (B, T)
         return Rollouts(
             prompt_ids=enc.input_ids.repeat_interleave(n, dim=0),
@@ -128,31 +142,9 @@ class HFRollout:
     @torch.no_grad()
     def sample_ids(self, seqs: list[list[int]], temperature: float, top_p: float, max_new_tokens: int,
                    stop_strings: list[str]) -> list[tuple[list[int], list[float], str]]:
-        """Continue each token sequence once: (new token ids, their sampler log-probs, how it ended).
-
-        A continuation ends at the first EOS ('eos', kept), at the token that completes one of
-        ``stop_strings`` ('stop', kept, nothing after it; that token may carry a few characters past
-        the stop string), or at ``max_new_tokens`` ('length').
-        Multi-turn episodes (envs/tools.py) call this once per turn on token ids they already hold,
-        so no earlier token is ever re-tokenised."""
-        width = max(map(len, seqs))
-        pad = self.tok.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs])  # left-padded
-        attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
-        completion, logp = self._sample(ids, attn, 1, temperature, top_p, max_new_tokens, stop_strings)
-        out = []
-        for toks, lps in zip(completion.tolist(), logp.tolist()):
-            end, how = len(toks), "length"
-            for k, t in enumerate(toks):
-                if t in self.eos_set:
-                    end, how = k + 1, "eos"
-                    break
-                text = self.tok.decode(toks[: k + 1])
-                if any(s in text for s in stop_strings):
-                    end, how = k + 1, "stop"
-                    break
-            out.append((toks[:end], lps[:end], how))
-        return out
+        """Continue each token sequence once: (new token ids, their sampler log-probs, how it ended)
+        (``continue_ids``)."""
+        return continue_ids(self, seqs, temperature, top_p, max_new_tokens, stop_strings)
 
     def completion_mask(self, completion: Tensor) -> Tensor:  # (B, T) bool
         """True up to and including the first EOS; all True if there is none (truncated)."""
@@ -185,6 +177,9 @@ class HFRollout:
             for st, _ in self.discarded:
                 st.resize_(0)  # every view into it (fused projections, tied head) stays valid
 
+    def close(self) -> None:
+        """Nothing to release: the weights go with the object."""
+
     def _restore(self, state: dict[str, Tensor]) -> None:
         missing = [n for n, _ in self.model.named_parameters(remove_duplicate=False) if n not in state]
         if missing:
@@ -198,6 +193,37 @@ class HFRollout:
             raise RuntimeError("generate after sleep(discard_weights=True) without load_weights: "
                                "the sampler holds no weights")
 
+
+
+def continue_ids(rollout, seqs: list[list[int]], temperature: float, top_p: float, max_new_tokens: int,
+                 stop_strings: list[str]) -> list[tuple[list[int], list[float], str]]:
+    """Continue each token sequence once with ``rollout._sample``: (new token ids, their sampler
+    log-probs, how it ended).
+
+    A continuation ends at the first EOS ('eos', kept), at the token that completes one of
+    ``stop_strings`` ('stop', kept, nothing after it; that token may carry a few characters past
+    the stop string), or at ``max_new_tokens`` ('length').
+    Multi-turn episodes (roles/rollout_tools.py) call this once per turn on token ids they already
+    hold, so no earlier token is ever re-tokenised."""
+    tok = rollout.tok
+    width = max(map(len, seqs))
+    pad = tok.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs])  # left-padded
+    attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    completion, logp = rollout._sample(ids, attn, 1, temperature, top_p, max_new_tokens, stop_strings)
+    out = []
+    for toks, lps in zip(completion.tolist(), logp.tolist()):
+        end, how = len(toks), "length"
+        for k, t in enumerate(toks):
+            if t in rollout.eos_set:
+                end, how = k + 1, "eos"
+                break
+            text = tok.decode(toks[: k + 1])
+            if any(s in text for s in stop_strings):
+                end, how = k + 1, "stop"
+                break
+        out.append((toks[:end], lps[:end], how))
+    return out
 
 def _eos_ids(model, tokenizer) -> Tensor:
     ids = model.generation_config.eos_token_id

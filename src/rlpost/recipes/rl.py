@@ -1,0 +1,196 @@
+"""The RL loop: one visible function that calls every role in order and logs what each cost.
+
+``train`` is the same for every algorithm and every topology: ``collect`` (rollout -> verifier,
+with DAPO's group filtering and refill) -> reference -> the trainer's old log-probs and values
+(when the advantages need them) -> algorithm (advantages) -> trainer (update with the algorithm's
+loss) -> weight sync. Roles return values and only this loop writes them into the batch, so every
+field of ``Rollouts`` is set in view here. Wall-clock per role goes into ``timing_s/<role>``.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from rlpost import build, config
+from rlpost.algorithms import core, dapo
+from rlpost.console import say
+from rlpost.envs import Task, build_task
+from rlpost.envs.data import PromptStream
+from rlpost.model import checkpoint
+from rlpost.observe.loggers import Loggers
+from rlpost.observe.report import write_report
+from rlpost.observe.runlog import RunLog, closing_table, timed
+from rlpost.recipes.evaluate import evaluate
+from rlpost.rewards import stack
+from rlpost.types.batch import Rollouts
+from rlpost.types.roles import Roles
+
+
+def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | None = None, *,
+          on_step_end: Callable[[int], None] | None = None, make_roles: Callable = build.build_roles) -> dict:
+    """The RL loop. Returns the run summary (also written to run_dir/summary.json).
+
+    ``task`` replaces the config's task family (library use: your own rows and verifier).
+    ``on_step_end(step)`` runs after each step's checkpoint; ``make_roles`` builds the roles
+    (build.build_roles; tests wrap both to inject faults)."""
+    torch.set_num_threads(cfg.run.threads or os.cpu_count())
+    sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here
+    task = task or build_task(cfg)
+    t_start = time.perf_counter()
+    ckpt = checkpoint.latest(run_dir) if resume else None
+    weights, trainer_state, state = checkpoint.load(ckpt) if ckpt else (None, None, {})
+    elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
+    stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed)
+    roles = make_roles(cfg, task, weights, stream=stream)
+    heldout = task.heldout[: cfg.run.eval_n or None]
+    torch.manual_seed(cfg.run.seed)  # after building: loading a model may draw from the RNG
+    start = resume_state(roles, stream, trainer_state, state) if ckpt else 0
+    log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks)
+    before = state.get("heldout_before")
+    if before is None:
+        say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
+        before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
+        say(f"held-out accuracy before training: {before:.3f}")
+    log.begin()
+    for step in range(start + 1, cfg.run.steps + 1):
+        timings: dict = {}
+        batch, c_metrics = collect(roles, stream, cfg, timings)
+        if len(batch) == 0:  # every group was filtered out, even after refills: nothing to learn from
+            log.step(step, {**c_metrics, **timings, "timing_s/step": sum(timings.values())}, None)
+            continue
+        evaluating, syncing = schedule(cfg, step)
+        roles.rollout.sleep(discard_weights=syncing)  # frees memory for the update, the peak (rollout_hf.py: sleep)
+        if roles.reference is not None:
+            with timed("ref", timings):
+                batch.ref_logp = roles.reference.logprobs(batch)
+        if roles.algo.old_logp_first:
+            with timed("old", timings):
+                batch.old_logp, batch.old_values = roles.trainer.recompute(batch)
+        with timed("adv", timings):
+            adv = roles.algo.advantages(batch)
+            batch.advantages, batch.returns = adv.tokens, adv.returns
+            batch.completion_mask = adv.loss_mask if adv.loss_mask is not None else batch.completion_mask
+        with timed("update", timings):
+            u_metrics = roles.trainer.update(batch, roles.algo.loss)
+        u_metrics.update(roles.algo.end_step(u_metrics, adv.metrics, len(batch)))  # adaptive KL
+        if syncing:
+            with timed("sync", timings):  # remote trainer: the time to publish the weights to the object store
+                roles.rollout.load_weights(roles.trainer.weights(), version=step)
+        if evaluating:
+            with timed("eval", timings):
+                u_metrics["eval/heldout_accuracy"] = evaluate(roles, heldout, cfg)
+        timings["timing_s/step"] = sum(timings.values())
+        log.step(step, {**c_metrics, **adv.metrics, **u_metrics, **timings, **perf(batch, timings),
+                        "training/epoch": stream.epoch}, batch)
+        if step == cfg.run.steps or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
+            save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed())
+        if on_step_end is not None:
+            on_step_end(step)
+    log.close()
+    say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
+    after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
+    roles.close()
+    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+    summary = log.summary(before, after, elapsed(), {"run_dir": str(run_dir), "heldout_n": len(heldout),
+                                                     "peak_rss_gb": round(peak_rss_gb, 2)})
+    print(closing_table(summary))
+    say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
+    return summary
+
+
+def collect(roles: Roles, stream: PromptStream, cfg: config.Config, timings: dict) -> tuple[Rollouts, dict]:
+    """Generate and score one rollout batch, with the reward shaping and group filtering asked for.
+
+    With group filtering (DAPO's dynamic sampling) groups that carry no signal are dropped and more
+    prompts are generated, at most ``max_refill_rounds`` extra times, until ``prompts_per_step``
+    groups are kept; the surplus of the last round is cut. If still short, the step trains on the
+    groups it has (an empty batch skips the update)."""
+    r, K = cfg.rollout, cfg.rollout.group_size
+    filtering = r.filter_groups or roles.algo.traits.filters_groups
+    kept, n_kept, rounds, metrics, first = [], 0, 0, {}, None
+    while True:
+        with timed("gen", timings):
+            b = roles.rollout.generate(stream.next(), n=K, temperature=r.temperature, top_p=r.top_p,
+                                       max_new_tokens=r.max_new_tokens)
+            metrics.update(roles.rollout.last_metrics)
+        with timed("reward", timings):
+            b.reward, b.infos, v_metrics = roles.verifier.score(b)
+        for k, v in v_metrics.items():  # counts add up over refill rounds
+            metrics[k] = metrics.get(k, 0) + v if not k.startswith("timing_s") else v
+        score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
+        b.reward, shaping = stack.shape(b, cfg)  # overlong penalty and length shaping, part of the reward from here on
+        metrics.update(shaping)
+        first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
+        if not filtering:
+            return b, {**metrics, **first}
+        keep = dapo.keep_groups(score, K, r.filter_min_pass_rate, r.filter_max_pass_rate)  # (n_prompts,)
+        kept.append(b.select(keep.repeat_interleave(K).nonzero().squeeze(1)))
+        n_kept += int(keep.sum())
+        if rounds == 0:
+            metrics["rollout/kept_groups_frac"] = keep.float().mean().item()
+        if n_kept >= r.prompts_per_step or rounds >= r.max_refill_rounds:
+            break
+        rounds += 1
+    batch = Rollouts.cat(kept)
+    batch = batch.select(slice(0, r.prompts_per_step * K))  # whole groups: every part holds whole groups
+    metrics.update({"rollout/refill_rounds": rounds, "rollout/groups_trained": len(batch) // K,
+                    "reward/mean_before_filter": first["reward/mean"]})
+    return batch, {**metrics, **(batch_metrics(batch, K) if len(batch) else first)}
+
+
+def batch_metrics(batch: Rollouts, group_size: int) -> dict:
+    length = batch.completion_mask.sum(1).float()  # (B,)
+    p = core.pass_rate(batch.reward, group_size)  # (n_prompts,) share of each group with reward >= 1
+    return {
+        "reward/all_pass_frac": (p == 1).float().mean().item(),
+        "reward/all_fail_frac": (p == 0).float().mean().item(),
+        "reward/outside_band_frac": ((p == 0) | (p == 1)).float().mean().item(),  # p(1 - p) = 0
+        "reward/mean": batch.reward.mean().item(),
+        "reward/std": batch.reward.std().item() if len(batch) > 1 else 0.0,
+        "reward/max": batch.reward.max().item(),
+        "reward/min": batch.reward.min().item(),
+        "response_length/mean": length.mean().item(),
+        "response_length/max": length.max().item(),
+        "response_length/min": length.min().item(),
+        "response_length/clip_ratio": batch.truncated.float().mean().item(),
+        "prompt_length/mean": batch.prompt_mask.sum(1).float().mean().item(),
+    }
+
+
+def perf(batch: Rollouts, timings: dict) -> dict:
+    tokens = float(batch.completion_mask.sum() + batch.prompt_mask.sum())
+    return {"perf/throughput": tokens / timings["timing_s/step"],
+            "perf/gen_tokens_per_s": float(batch.completion_mask.sum()) / timings["timing_s/gen"]}
+
+
+def schedule(cfg: config.Config, step: int) -> tuple[bool, bool]:
+    """(whether this step evaluates, whether it syncs the sampler's weights): every
+    dist.sync_every updates, at the end, and before every evaluation (which samples the newest)."""
+    evaluating = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != cfg.run.steps
+    return evaluating, step % cfg.dist.sync_every == 0 or step == cfg.run.steps or evaluating
+
+
+def resume_state(roles: Roles, stream: PromptStream, trainer_state: dict, state: dict) -> int:
+    """Put a checkpoint's run state back (optimizer, stream position, RNG, algorithm state) and give
+    the sampler the trainer's weights; returns the step it was taken after."""
+    roles.trainer.load_state_dict(trainer_state)
+    stream.load_state_dict(state["stream"])
+    torch.set_rng_state(state["torch_rng"])
+    roles.algo.load_state_dict(state)
+    # The sampler holds the checkpoint's weights (with LoRA: only the base): give it the trainer's, versioned.
+    roles.rollout.load_weights(roles.trainer.weights(), version=state["step"])
+    return state["step"]
+
+
+def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream, before: float,
+                    minutes: float) -> None:
+    state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
+             "heldout_before": before, "minutes": minutes, **roles.algo.state_dict()}
+    checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
+                    cfg.run.keep_checkpoints)

@@ -1,0 +1,88 @@
+"""Reward stacks: the training reward as a weighted sum of named parts, plus length shaping.
+
+    reward = sum_i w_i * part_i(completion, row)  [+ judge, reward model]  + length shaping
+
+Each part is a scorer with the verifier's contract, ``score(batch) -> (rewards, infos, metrics)``:
+a reward function in its own worker process (VerifierRunner: verifier-style or TRL-style, with a
+deadline), the LLM judge (rewards/judge.py) or a learned reward model (rewards/reward_model.py).
+``build.build_reward`` assembles a stack from the config. Every part is logged on its
+own as ``reward/<name>``, so a rising total can be traced to the part that moved. A part that
+returns NaN (a TRL function's None, 'does not apply') is left out of that row's sum, as TRL does.
+
+Length shaping needs token counts, so it is applied by the loop after scoring, next to
+DAPO's overlong penalty (``shape``), and never enters group filtering, which judges correctness.
+
+  linear  -coef * max(0, L - target) / (max_new_tokens - target): 0 up to the target, -coef at the cap
+  ratio   Kimi k1.5's group-relative length reward: lam = 0.5 - (L - L_min) / (L_max - L_min) within
+          the group; a correct response gets coef * lam, a wrong one coef * min(0, lam), so short
+          wrong answers are not rewarded for being short.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlpost.algorithms import dapo
+from rlpost.envs import is_correct
+
+
+class RewardStack:
+    def __init__(self, parts: list[tuple[str, object, float]]):
+        self.parts = parts  # (name, scorer, weight)
+
+    def score(self, batch) -> tuple[Tensor, list[dict], dict]:
+        total = torch.zeros(len(batch))
+        infos = [{} for _ in range(len(batch))]
+        metrics: dict = {}
+        for name, scorer, weight in self.parts:
+            values, part_infos, part_metrics = scorer.score(batch)
+            total += weight * torch.nan_to_num(values, nan=0.0)
+            for info, part_info, v in zip(infos, part_infos, values.tolist()):
+                info.setdefault("parts", {})[name] = v
+                for k, x in part_info.items():
+                    info.setdefault(k, x)  # the first part's 'correct' is the one evaluation reads
+            metrics[f"reward/{name}"] = torch.nanmean(values).item() if not values.isnan().all() else float("nan")
+            for k, v in part_metrics.items():
+                metrics[k] = metrics.get(k, 0) + v if k.startswith("verifier/") else v
+        return total, infos, metrics
+
+    def close(self) -> None:
+        for _, scorer, _ in self.parts:
+            scorer.close()
+
+
+def part_name(path: str) -> str:
+    return path.rpartition(":")[2] or path
+
+
+def length_shaping(lengths: Tensor, correct: Tensor, group_size: int, cfg) -> Tensor:
+    """(B,) reward added for length; see the module docstring."""
+    t, cap = cfg.task, cfg.rollout.max_new_tokens
+    L = lengths.float()
+    if t.length_penalty == "linear":
+        return -t.length_coef * (L - t.length_target).clamp(min=0) / max(1, cap - t.length_target)
+    if t.length_penalty == "ratio":
+        g = L.view(-1, group_size)
+        lo, hi = g.min(1, keepdim=True).values, g.max(1, keepdim=True).values
+        lam = torch.where(hi > lo, 0.5 - (g - lo) / (hi - lo).clamp(min=1e-9), torch.zeros_like(g)).view(-1)
+        return t.length_coef * torch.where(correct, lam, lam.clamp(max=0))
+    return torch.zeros_like(L)
+
+
+def shape(batch, cfg) -> tuple[Tensor, dict]:
+    """(batch.reward with DAPO's overlong penalty and the length shaping added (B,), their metrics)."""
+    a, r = cfg.algo, cfg.rollout
+    reward, metrics = batch.reward, {}
+    lengths = batch.completion_mask.sum(1)
+    if cfg.task.length_penalty != "none":  # judged on the unshaped reward, before the overlong penalty
+        correct = torch.tensor([is_correct(i, s) for i, s in zip(batch.infos, batch.reward.tolist())])
+    if a.overlong_buffer > 0:  # DAPO's soft overlong penalty
+        penalty = dapo.overlong_penalty(lengths, r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+        reward = reward + penalty
+        metrics["reward/overlong_penalty_mean"] = penalty.mean().item()
+    if cfg.task.length_penalty != "none":
+        shaping = length_shaping(lengths, correct, r.group_size, cfg)
+        reward = reward + shaping
+        metrics["reward/length_shaping_mean"] = shaping.mean().item()
+    return reward, metrics

@@ -1,0 +1,142 @@
+"""The role contracts: what the loop (``recipes/rl.py``) may call on each role, and nothing else.
+
+A role is a small object with one or two verbs. Any object with these verbs can fill the role,
+so a role moves behind a process boundary (a Ray actor: ``distributed/``) or swaps its engine
+(transformers ``generate``, rlpost's own decode loop, a tool-episode wrapper) without the loop
+changing. The loop asks no role what it is (no ``hasattr``, no ``isinstance``): what differs
+between algorithms is declared once, in ``Traits``, on each algorithm's class.
+
+Roles return values; the loop alone writes them into the batch. So a reader of the loop sees every
+field of ``Rollouts`` being set, and no role changes another role's data behind its back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal, Protocol
+
+from torch import Tensor
+
+from rlpost.types.batch import Rollouts
+
+# loss_fn(logp (B, T), batch, **extra) -> (scalar loss, metrics). extra: values= (B, T) when the
+# trainer has a critic, entropy= (B, T) with grad when the loss has an entropy bonus.
+LossFn = Callable[..., tuple[Tensor, dict]]
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What an algorithm needs from the rest of the system, declared once on its class and read by
+    the config check (``algorithms.check``), the loop (``algorithms.objective``) and the planner."""
+
+    group_baseline: bool = False  # the baseline comes from the K samples of a prompt: group_size >= 2
+    kl: Literal["loss", "reward", "none"] = "loss"  # where algo.kl_coef acts; 'none' = no KL term
+    needs_values: bool = False  # a critic: values before the advantages (GAE), values= in the loss
+    filters_groups: bool = False  # always drops groups without signal and refills (DAPO's dynamic sampling)
+    fixed_aggregator: str = ""  # the loss aggregation is part of the algorithm (algo.loss_agg is not read)
+    on_policy_only: bool = False  # no importance ratio: one optimizer step per rollout batch
+    state: tuple[str, ...] = ()  # fields that change during training and are saved in checkpoints
+
+
+@dataclass
+class Advantages:
+    """What ``advantages(batch)`` returns; the loop writes these into the batch."""
+
+    tokens: Tensor  # (B, T) float32, token-level advantage, 0 off the loss mask
+    metrics: dict = field(default_factory=dict)
+    returns: Tensor | None = None  # (B, T) float32, the critic's regression target (PPO)
+    loss_mask: Tensor | None = None  # (B, T) bool, set when the loss drops sampled tokens (overlong filter)
+
+
+class Rollout(Protocol):
+    """Samples completions from the current policy and records the sampler's log-probs."""
+
+    version: int  # trainer step of the weights it holds; stamped on every batch it returns
+    last_metrics: dict  # what the last generate measured beyond the batch (tool calls, queue depth)
+
+    def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts: ...
+
+    def load_weights(self, state: Any, version: int | None = None) -> None: ...  # weight sync
+
+    def sleep(self, discard_weights: bool = False) -> None: ...  # free sampling memory before the update
+
+    def close(self) -> None: ...
+
+
+class Verifier(Protocol):
+    """Turns completions into rewards; never raises on a bad completion (it scores 0 and counts it)."""
+
+    def score(self, batch: Rollouts) -> tuple[Tensor, list[dict], dict]: ...  # (B,) rewards, infos, metrics
+
+    def close(self) -> None: ...
+
+
+class Reference(Protocol):
+    """The frozen starting policy: per-token log-probs for the KL anchor."""
+
+    def logprobs(self, batch: Rollouts) -> Tensor: ...  # (B, T)
+
+
+class Algorithm(Protocol):
+    """One file of ``algorithms/``: advantages from rewards, and a per-token loss."""
+
+    traits: ClassVar[Traits]
+    kl_coef: float  # weight of its KL term (0 = off); adaptive KL moves it
+    needs_reference: bool  # reads batch.ref_logp (its KL term is on)
+
+    def advantages(self, batch: Rollouts) -> Advantages: ...
+
+    def loss(self, logp: Tensor, batch: Rollouts, **extra) -> tuple[Tensor, dict]: ...
+
+
+class Objective(Protocol):
+    """What the loop calls for the algorithm role: an ``Algorithm`` with the shared knobs around
+    it (``algorithms/objective.py``: PRIME, the overlong filter, entropy bonus, TIS, adaptive KL)."""
+
+    algo: Algorithm
+    loss: LossFn  # the algorithm's loss with the loss-side knobs wrapped around it
+    needs_reference: bool
+    old_logp_first: bool  # the trainer's old log-probs (and values) are needed before the advantages
+
+    def advantages(self, batch: Rollouts) -> Advantages: ...
+
+    def end_step(self, update_metrics: dict, adv_metrics: dict, n_samples: int) -> dict: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class Trainer(Protocol):
+    """Forward, backward, optimizer step; knows nothing about which algorithm runs."""
+
+    def update(self, batch: Rollouts, loss_fn: LossFn) -> dict: ...  # epochs x mini-batches; metrics
+
+    def recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]: ...  # old_logp (B, T), old values or None
+
+    def weights(self) -> Any: ...  # what weight sync sends (a state dict, or an object-store ref)
+
+    def checkpoint_weights(self) -> dict[str, Tensor]: ...  # float32 master weights, for a checkpoint
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Roles:
+    """Every role of one run, built by ``build.build_roles`` and driven by the loop."""
+
+    rollout: Rollout
+    verifier: Verifier  # the training reward: the task's verifier, or a reward stack / model / judge
+    reference: Reference | None  # None when nothing reads reference log-probs
+    algo: Objective
+    trainer: Trainer | None  # None when built for evaluation only
+    grader: Verifier  # held-out accuracy: always the task's own verifier
+
+    def close(self) -> None:
+        for role in (self.verifier, self.grader, self.rollout, self.trainer):
+            if role is not None:
+                role.close()

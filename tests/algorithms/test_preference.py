@@ -1,0 +1,265 @@
+"""Hand-worked numbers for the preference losses (STYLE R11): the arithmetic is in each comment.
+
+Numbers used throughout: σ(0.5) = 0.622459, -log σ(0.5) = log(1 + e^-0.5) = 0.474077,
+-log σ(-0.5) = 0.474077 + 0.5 = 0.974077, -log σ(1.5) = log(1 + e^-1.5) = 0.201413,
+-log σ(1) = 0.313262, -log σ(-1) = 1.313262."""
+
+import math
+
+import pytest
+import torch
+
+from rlpost.algorithms.preference import (
+    bradley_terry_loss,
+    dpo_loss,
+    ipo_loss,
+    kto_kl_ref_point,
+    kto_loss,
+    log1mexp,
+    orpo_loss,
+    sequence_logps,
+    simpo_loss,
+)
+
+t = torch.tensor
+
+
+def close(a, b, tol=1e-5):
+    return math.isclose(float(torch.as_tensor(a).detach()), b, rel_tol=tol, abs_tol=tol)
+
+
+# --- sequence_logps ------------------------------------------------------------------------------
+
+
+def test_sequence_logps_masks_padding_even_when_it_holds_inf_or_nan():
+    token_logp = t([[-1.0, -2.0, -math.inf], [-0.5, math.nan, 7.0], [3.0, 3.0, 3.0]], requires_grad=True)
+    mask = t([[True, True, False], [True, False, False], [False, False, False]])
+    total, count, mean = sequence_logps(token_logp, mask)
+    # row 0: -1 + -2 = -3 over 2 tokens -> mean -1.5; row 1: -0.5 over 1; row 2: empty -> 0, 0, mean 0
+    assert total.tolist() == [-3.0, -0.5, 0.0]
+    assert count.tolist() == [2.0, 1.0, 0.0] and count.dtype == torch.float32
+    assert mean.tolist() == [-1.5, -0.5, 0.0]
+    total.sum().backward()
+    # d(sum)/d(token) = 1 on the mask, 0 on padding, and no nan leaks from the -inf / nan pads
+    assert token_logp.grad.tolist() == [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+# --- DPO -----------------------------------------------------------------------------------------
+
+
+def test_dpo_by_hand():
+    # pair 0: pc=-1, pr=-2, rc=rr=-1.5 -> chosen logratio 0.5, rejected -0.5, margin m = 1, βm = 0.5
+    #         loss -log σ(0.5) = 0.474077
+    # pair 1: chosen and rejected swapped -> m = -1, βm = -0.5, loss -log σ(-0.5) = 0.974077
+    # mean (0.474077 + 0.974077) / 2 = 0.724077
+    loss, m = dpo_loss(t([-1.0, -2.0]), t([-2.0, -1.0]), t([-1.5, -1.5]), t([-1.5, -1.5]), beta=0.5)
+    assert close(loss, 0.724077)
+    # implicit rewards β * logratio: chosen [0.25, -0.25], rejected [-0.25, 0.25]
+    assert close(m["rewards/chosen"], 0.0) and close(m["rewards/rejected"], 0.0)
+    assert close(m["rewards/margin"], 0.0)  # margins [0.5, -0.5]
+    assert m["rewards/accuracy"] == 0.5  # pair 0 right, pair 1 wrong
+    assert close(m["logps/chosen"], -1.5) and close(m["logps/rejected"], -1.5)
+
+
+def test_dpo_equals_minus_logsigmoid_of_beta_margin():
+    pc, pr, rc, rr, beta = t([-3.2]), t([-4.1]), t([-3.0]), t([-3.7]), 0.3
+    margin = (-3.2 - -3.0) - (-4.1 - -3.7)  # (-0.2) - (-0.4) = 0.2
+    expected = -math.log(1 / (1 + math.exp(-beta * margin)))  # -log σ(0.06) = log(1 + e^-0.06) = 0.663597
+    loss, _ = dpo_loss(pc, pr, rc, rr, beta=beta)
+    assert close(loss, expected) and close(expected, 0.663597)
+
+
+def test_dpo_label_smoothing():
+    args = (t([-1.0]), t([-2.0]), t([-1.5]), t([-1.5]))  # βm = 0.5 with β = 0.5
+    plain, _ = dpo_loss(*args, beta=0.5)
+    zero, _ = dpo_loss(*args, beta=0.5, label_smoothing=0.0)
+    assert torch.equal(plain, zero) and close(plain, 0.474077)
+    # cDPO eps = 0.2: 0.8 * 0.474077 + 0.2 * 0.974077 = 0.379262 + 0.194815 = 0.574077
+    smoothed, _ = dpo_loss(*args, beta=0.5, label_smoothing=0.2)
+    assert close(smoothed, 0.574077)
+    with pytest.raises(ValueError):
+        dpo_loss(*args, label_smoothing=0.7)
+
+
+def test_dpo_gradient_raises_chosen_and_lowers_rejected():
+    pc, pr = t([-1.0], requires_grad=True), t([-2.0], requires_grad=True)
+    loss, _ = dpo_loss(pc, pr, t([-1.5]), t([-1.5]), beta=0.5)
+    loss.backward()
+    # dL/dpc = -β σ(-βm) = -0.5 * σ(-0.5) = -0.5 * 0.377541 = -0.188771; dL/dpr = +0.188771.
+    # Gradient descent therefore moves pc up and pr down.
+    assert close(pc.grad, -0.188771) and close(pr.grad, 0.188771)
+
+
+def test_dpo_is_finite_for_huge_margins():
+    loss, _ = dpo_loss(t([0.0, -1e4]), t([-1e4, 0.0]), t([0.0, 0.0]), t([0.0, 0.0]), beta=1.0)
+    # βm = ±1e4: -log σ(1e4) ≈ 0 and -log σ(-1e4) = 1e4; mean 5000, no inf from log(0)
+    assert close(loss, 5000.0)
+
+
+# --- IPO -----------------------------------------------------------------------------------------
+
+
+def test_ipo_by_hand_and_minimum_at_half_inverse_beta():
+    # β = 0.5 -> target 1 / (2β) = 1. pc=-1, pr=-2, rc=rr=-1.5: h = 0.5 - (-0.5) = 1 -> loss 0
+    pc = t([-1.0], requires_grad=True)
+    loss, m = ipo_loss(pc, t([-2.0]), t([-1.5]), t([-1.5]), beta=0.5)
+    assert close(loss, 0.0) and close(m["ipo/h"], 1.0)
+    loss.backward()
+    assert close(pc.grad, 0.0)  # dL/dh = 2 (h - 1) = 0: the minimum
+    # all equal: h = 0 -> (0 - 1)^2 = 1, and dL/dpc = 2 (0 - 1) = -2 pushes h up towards 1
+    pc = t([-1.0], requires_grad=True)
+    loss, _ = ipo_loss(pc, t([-1.0]), t([-1.0]), t([-1.0]), beta=0.5)
+    loss.backward()
+    assert close(loss, 1.0) and close(pc.grad, -2.0)
+    # β = 0.1 -> target 5; h = 1 -> (1 - 5)^2 = 16
+    loss, _ = ipo_loss(t([-1.0]), t([-2.0]), t([-1.5]), t([-1.5]), beta=0.1)
+    assert close(loss, 16.0)
+
+
+def test_ipo_per_token_average_when_lengths_are_given():
+    pc, pr, rc, rr = t([-4.0]), t([-3.0]), t([-6.0]), t([-1.0])
+    # sums: h = (-4 + 6) - (-3 + 1) = 2 + 2 = 4 -> (4 - 1)^2 = 9 with β = 0.5
+    loss, _ = ipo_loss(pc, pr, rc, rr, beta=0.5)
+    assert close(loss, 9.0)
+    # per token, |y_w| = 4, |y_l| = 2: h = 2/4 - (-2/2) = 0.5 + 1 = 1.5 -> (1.5 - 1)^2 = 0.25
+    loss, m = ipo_loss(pc, pr, rc, rr, beta=0.5, chosen_len=t([4]), rejected_len=t([2]))
+    assert close(loss, 0.25)
+    assert close(m["rewards/chosen"], 0.25) and close(m["rewards/rejected"], -0.5)  # 0.5 * 0.5, 0.5 * -1
+    with pytest.raises(ValueError):
+        ipo_loss(pc, pr, rc, rr, chosen_len=t([4]))
+
+
+# --- KTO -----------------------------------------------------------------------------------------
+
+
+def test_kto_desirable_and_undesirable_sides():
+    # Both rows have r = policy - ref = 1.2; z0 = 0.2, β = 0.5.
+    # desirable:   1 - σ(β(r - z0)) = 1 - σ(0.5)  = 0.377541
+    # undesirable: 1 - σ(β(z0 - r)) = 1 - σ(-0.5) = σ(0.5) = 0.622459 (it sits on the wrong side of z0)
+    pol, ref, des = t([-1.0, -1.0]), t([-2.2, -2.2]), t([True, False])
+    loss, m = kto_loss(pol, ref, des, 0.2, beta=0.5)
+    assert close(loss, 0.5)  # (0.377541 + 0.622459) / 2
+    # weights λ_D = 2, λ_U = 1: (2 * 0.377541 + 0.622459) / 2 = (0.755082 + 0.622459) / 2 = 0.688771
+    loss, _ = kto_loss(pol, ref, des, 0.2, beta=0.5, desirable_weight=2.0)
+    assert close(loss, 0.688771)
+    # λ_U = 3 instead: (0.377541 + 3 * 0.622459) / 2 = (0.377541 + 1.867377) / 2 = 1.122459
+    loss, _ = kto_loss(pol, ref, des, t(0.2), beta=0.5, undesirable_weight=3.0)
+    assert close(loss, 1.122459)
+    # implicit reward β r = 0.6 on both sides; only the desirable row is on its side of z0
+    assert close(m["rewards/chosen"], 0.6) and close(m["rewards/rejected"], 0.6)
+    assert m["rewards/accuracy"] == 0.5 and m["count/chosen"] == 1.0 and close(m["kl"], 0.2)
+
+
+def test_kto_reference_point_is_clamped_and_detached():
+    pol = t([-1.0], requires_grad=True)
+    z0 = t(-5.0, requires_grad=True)
+    # z0 = -5 is clamped to 0: desirable r = 1 -> 1 - σ(0.5 * 1) = 0.377541
+    loss, m = kto_loss(pol, t([-2.0]), t([True]), z0, beta=0.5)
+    assert close(loss, 0.377541) and m["kl"] == 0.0
+    assert math.isnan(m["rewards/rejected"]) and m["count/rejected"] == 0.0  # no undesirable rows
+    loss.backward()
+    assert z0.grad is None  # no gradient through z0
+    # dL/dpol = -β σ(x)(1 - σ(x)) at x = 0.5: -0.5 * 0.622459 * 0.377541 = -0.117502 (raises a desirable r)
+    assert close(pol.grad, -0.117502)
+
+
+def test_kto_kl_ref_point():
+    # diffs [0.5, 1.0] -> mean 0.75
+    z0 = kto_kl_ref_point(t([-1.0, -2.0], requires_grad=True), t([-1.5, -3.0]))
+    assert close(z0, 0.75) and z0.shape == () and not z0.requires_grad
+    # diffs [0.5, -1.0] -> mean -0.25 -> clamped to 0
+    assert kto_kl_ref_point(t([-1.0, -2.0]), t([-1.5, -1.0])).item() == 0.0
+
+
+# --- ORPO ----------------------------------------------------------------------------------------
+
+
+def test_orpo_by_hand():
+    # chosen mean logp log 0.5: odds 0.5 / 0.5 = 1, log odds 0
+    # rejected mean logp log 0.2: odds 0.2 / 0.8 = 0.25, log odds -1.386294
+    # log OR = 0 - (-1.386294) = log 4; σ(log 4) = 4 / 5; -log 0.8 = 0.223144
+    # L = NLL 0.693147 + λ 0.1 * 0.223144 = 0.715461
+    loss, m = orpo_loss(t([math.log(0.5)]), t([math.log(0.2)]), t(0.693147), lam=0.1)
+    assert close(loss, 0.715461)
+    assert close(m["log_odds_ratio"], math.log(4.0)) and close(m["or_loss"], 0.223144)
+    assert close(m["nll_loss"], 0.693147) and m["rewards/accuracy"] == 1.0
+    # a (B,) NLL is averaged: mean(0.5, 0.886294) = 0.693147 gives the same loss
+    loss_b, _ = orpo_loss(t([math.log(0.5)]), t([math.log(0.2)]), t([0.5, 0.886294]), lam=0.1)
+    assert close(loss_b, 0.715461)
+
+
+def test_orpo_log_odds_stay_finite_and_accurate_near_zero():
+    # logp = -1e-6: 1 - e^-1e-6 = 1e-6 - 5e-13, so log odds = -1e-6 - log(1e-6 - 5e-13) = 13.815510.
+    # Naive float32 log1p(-exp(-1e-6)) loses ~3% of 1e-6 to rounding near 1 (~0.03 in the log).
+    pc = t([-1e-6, 0.0], requires_grad=True)
+    pr = t([math.log(0.5), math.log(0.5)])  # log odds 0
+    loss, m = orpo_loss(pc, pr, t(0.0), lam=1.0)
+    lo = pc.detach()[:1] - log1mexp(pc.detach()[:1])
+    assert close(lo, 13.815510, tol=1e-4)
+    # logp exactly 0 (p = 1) is capped at -1e-7: log odds = -1e-7 - log(1e-7) = 16.118096
+    assert close(m["log_odds_ratio"], (13.815510 + 16.118096) / 2, tol=1e-4)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(pc.grad).all()
+    # log1mexp across the branch point -ln 2, against float64: log(1 - e^x)
+    x = t([-1e-6, -0.5, -math.log(2.0), -1.0, -20.0])
+    ref = torch.log1p(-torch.exp(x.double()))
+    assert torch.allclose(log1mexp(x).double(), ref, rtol=1e-5)
+
+
+# --- SimPO ---------------------------------------------------------------------------------------
+
+
+def test_simpo_by_hand():
+    # β = 2, γ = 0.5: chosen 2 * -4/4 = -2, rejected 2 * -6/3 = -4; -2 - (-4) - 0.5 = 1.5
+    # loss -log σ(1.5) = 0.201413
+    loss, m = simpo_loss(t([-4.0]), t([-6.0]), t([4]), t([3]), beta=2.0, gamma=0.5)
+    assert close(loss, 0.201413)
+    assert close(m["rewards/chosen"], -2.0) and close(m["rewards/rejected"], -4.0)
+    assert close(m["rewards/margin"], 2.0) and m["rewards/accuracy"] == 1.0
+
+
+def test_simpo_doubling_lengths_halves_effective_beta():
+    # lengths 8 and 6: 2 * -4/8 = -1, 2 * -6/6 = -2; -1 + 2 - 0.5 = 0.5 -> -log σ(0.5) = 0.474077
+    doubled, _ = simpo_loss(t([-4.0]), t([-6.0]), t([8]), t([6]), beta=2.0, gamma=0.5)
+    half_beta, _ = simpo_loss(t([-4.0]), t([-6.0]), t([4]), t([3]), beta=1.0, gamma=0.5)
+    assert close(doubled, 0.474077) and close(half_beta, 0.474077)
+    # γ is the margin itself (not γ/β): γ = 1.5 at β = 2 -> 2 - 1.5 = 0.5 -> 0.474077
+    loss, _ = simpo_loss(t([-4.0]), t([-6.0]), t([4]), t([3]), beta=2.0, gamma=1.5)
+    assert close(loss, 0.474077)
+
+
+# --- Bradley-Terry -------------------------------------------------------------------------------
+
+
+def test_bradley_terry_with_and_without_margin():
+    sc, sr = t([2.0, 0.0]), t([1.0, 1.0])
+    # diffs [1, -1]: -log σ(1) = 0.313262, -log σ(-1) = 1.313262; mean 0.813262
+    loss, m = bradley_terry_loss(sc, sr)
+    assert close(loss, 0.813262)
+    assert m["rm/accuracy"] == 0.5 and close(m["rm/margin_mean"], 0.0)
+    # margins [1, 0]: [1 - 1, -1 - 0] = [0, -1]: log 2 = 0.693147, 1.313262; mean 1.003205
+    loss, m = bradley_terry_loss(sc, sr, margin=t([1.0, 0.0]))
+    assert close(loss, 1.003205)
+    assert m["rm/accuracy"] == 0.5  # accuracy ignores the margin
+    # a scalar margin 1 for both: [0, -2]: 0.693147, -log σ(-2) = 2.126928; mean 1.410038
+    loss, _ = bradley_terry_loss(sc, sr, margin=1.0)
+    assert close(loss, 1.410038)
+
+
+def test_bradley_terry_gradient_separates_scores():
+    sc, sr = t([0.0], requires_grad=True), t([0.0], requires_grad=True)
+    loss, _ = bradley_terry_loss(sc, sr)
+    loss.backward()
+    # dL/ds_c = -σ(-(s_c - s_r)) = -σ(0) = -0.5; dL/ds_r = +0.5
+    assert close(sc.grad, -0.5) and close(sr.grad, 0.5)
+
+
+def test_every_loss_reports_the_four_reward_metrics_as_floats():
+    # The offline trainer reads these keys from whichever loss it runs.
+    a, b, n = t([-1.0, -2.0]), t([-2.0, -1.0]), t([2.0, 3.0])
+    outs = [dpo_loss(a, b, b, a), ipo_loss(a, b, b, a), simpo_loss(a, b, n, n), orpo_loss(a / 4, b / 4, t(1.0)),
+            kto_loss(a, b, t([True, False]), 0.0), bradley_terry_loss(a, b)]
+    for loss, m in outs:
+        assert loss.shape == ()
+        for key in ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy"):
+            assert type(m[key]) is float, key

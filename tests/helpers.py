@@ -1,0 +1,80 @@
+"""Helpers shared by several test files (test files never import each other)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from rlpost import config
+from rlpost.config import TrainerConfig
+from rlpost.types.batch import Rollouts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tiny-model run: 2 steps of 4 prompts x 4 samples, float32 throughout, one thread.
+TINY = [
+    "model.name=tiny", "rollout.dtype=float32", "rollout.max_new_tokens=6", "rollout.prompts_per_step=4",
+    "rollout.group_size=4", "task.n_train=64", "task.n_heldout=8", "run.steps=2", "run.progress=false",
+    "run.checkpoint_every=0", "trainer.lr=1e-3", "trainer.autocast_bf16=false", "run.threads=1",
+]
+
+
+def tiny_cfg(*overrides: str) -> config.Config:
+    return config.load(None, [*TINY, *overrides])
+
+
+def tcfg(**kw) -> TrainerConfig:
+    """Trainer config for exact-arithmetic tests: float32, no autocast."""
+    return replace(TrainerConfig(autocast_bf16=False, lr=1e-3), **kw)
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real `rlpost` entry point in a subprocess."""
+    full_env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
+    return subprocess.run([sys.executable, "-m", "rlpost.cli", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=ROOT)
+
+
+# The real CLI, with the loop's on_step_end hook set to SIGKILL the process after a given step: a
+# crash at the worst moment (right after a step's metrics and checkpoint are written).
+_KILLED_AFTER = """
+import os, signal, sys
+from rlpost.cli import main
+from rlpost.recipes import rl
+train, step = rl.train, int(sys.argv[1])
+die = lambda s: os.kill(os.getpid(), signal.SIGKILL) if s == step else None
+rl.train = lambda *a, **k: train(*a, **k, on_step_end=die)
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def run_cli_killed_after(step: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`rlpost ARGS` in a subprocess that SIGKILLs itself after training step `step`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
+    return subprocess.run([sys.executable, "-c", _KILLED_AFTER, str(step), *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+
+
+def digit_rows(n: int, seed: int) -> list[dict]:
+    """Rows whose prompt is one digit; the toy verifier first_char_digit wants it copied back."""
+    rng = random.Random(seed)
+    return [{"messages": [{"role": "user", "content": str(d)}], "answer": str(d)}
+            for d in (rng.randint(0, 9) for _ in range(n))]
+
+
+def loss_batch(logp_old, adv, mask, ref=None) -> Rollouts:
+    """A batch for a loss's hand-worked numbers: old log-probs (= the sampler's), advantages and a
+    mask (B, T), optional reference log-probs; one token of prompt."""
+    B, T = mask.shape
+    return Rollouts(
+        prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.bool),
+        completion_ids=torch.zeros(B, T, dtype=torch.long), completion_mask=mask, sampler_logp=logp_old,
+        truncated=torch.zeros(B, dtype=torch.bool), group_ids=torch.arange(B), rows=[{}] * B,
+        completions=[""] * B, old_logp=logp_old, advantages=adv, ref_logp=ref,
+    )

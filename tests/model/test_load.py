@@ -1,0 +1,40 @@
+"""Model loading: the tiny model, bad specs, and (slow) the embedded SmolLM2 from its GGUF."""
+
+import pytest
+import torch
+
+from rlpost.model.load import ModelLoadError, load_policy, load_tokenizer
+
+
+def test_tiny_tokenizer_round_trips_and_pads_left():
+    tok = load_tokenizer("tiny")
+    assert tok.padding_side == "left" and tok.pad_token == "<pad>"
+    ids = tok("12 + 3 = 15", add_special_tokens=False).input_ids
+    assert tok.decode(ids) == "12 + 3 = 15" and len(ids) == len("12 + 3 = 15")
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text == "<|user|>hi<|assistant|>"
+
+
+def test_tiny_model_is_seeded_and_does_not_touch_global_rng():
+    state = torch.get_rng_state()
+    a, b = load_policy("tiny", seed=3).model, load_policy("tiny", seed=3).model
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def test_bad_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="cannot load model"):
+        load_policy(str(tmp_path / "missing"))
+
+
+@pytest.mark.slow
+def test_embedded_model_loads_with_chat_template_and_eos():
+    loaded = load_policy("embedded", dtype=torch.bfloat16)
+    tok = loaded.tokenizer
+    assert tok.padding_side == "left" and tok.eos_token == "<|im_end|>" and tok.pad_token_id is not None
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nWhat is 2 + 3?<|im_end|>" in text
+    assert loaded.model.config.num_hidden_layers == 30 and loaded.model.dtype == torch.bfloat16
+    enc = tok([text], return_tensors="pt", add_special_tokens=False)
+    out = loaded.model.generate(**enc, max_new_tokens=8, do_sample=False)
+    assert "5" in tok.decode(out[0, enc.input_ids.shape[1]:])

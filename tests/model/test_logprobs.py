@@ -1,0 +1,101 @@
+"""The shared-prefix forward equals the plain forward, in values and in gradients."""
+
+import copy
+
+import pytest
+import torch
+
+from rlpost.model.logprobs import completion_logprobs, prompt_groups
+from rlpost.roles.rollout_hf import HFRollout
+
+
+@pytest.fixture
+def batch(tiny):
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    torch.manual_seed(0)
+    rows = [{"messages": [{"role": "user", "content": "7" * (i + 1) + "+1="}]} for i in range(3)]
+    return ro.generate(rows, n=4, temperature=1.0, top_p=1.0, max_new_tokens=6)
+
+
+def grads_of(model, batch, share):
+    model.zero_grad()
+    logp, _ = completion_logprobs(model, batch, temperature=0.9, share_prefix=share)
+    (logp * batch.completion_mask).sum().backward()
+    return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_shared_prefix_equals_full_forward(tiny, batch):
+    assert not batch.prompt_mask.all()  # prompts of different lengths: left padding is exercised
+    lp_full, g_full = grads_of(tiny.model, batch, share=False)
+    lp_shared, g_shared = grads_of(tiny.model, batch, share=True)
+    m = batch.completion_mask
+    assert torch.allclose(lp_full[m], lp_shared[m], atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_full, g_shared))
+
+
+def test_groups_cut_by_a_micro_batch_still_share(tiny, batch):
+    part = batch.select(slice(2, 9))  # half of group 0, all of group 1, a quarter of group 2
+    first, row_to_group = prompt_groups(part)
+    assert first.tolist() == [0, 2, 6] and row_to_group.tolist() == [0, 0, 1, 1, 1, 1, 2]
+    lp_full, _ = completion_logprobs(tiny.model, part, 0.9, share_prefix=False)
+    lp_shared, _ = completion_logprobs(tiny.model, part, 0.9, share_prefix=True)
+    assert torch.allclose(lp_full[part.completion_mask], lp_shared[part.completion_mask], atol=1e-5)
+
+
+def test_rows_with_different_prompts_in_one_group_fall_back(batch):
+    other = copy.deepcopy(batch)
+    other.prompt_ids[1, -2] += 1  # row 1 no longer has its group's prompt
+    assert prompt_groups(other) == (None, None)
+
+
+def _chunked_vs_plain(model, batch, entropy_weight, monkeypatch, chunk):
+    import rlpost.model.logprobs as lp_mod
+
+    monkeypatch.setattr(lp_mod, "CHUNK_TOKENS", chunk)  # several chunks even on a small batch
+    m = batch.completion_mask
+    out = []
+    for chunked in (False, True):
+        model.zero_grad()
+        f = lp_mod.policy_forward(model, batch, 0.9, entropy="grad", chunked=chunked)
+        # weights that differ per token, so a misplaced token changes the gradient
+        w = torch.linspace(0.5, 1.5, m.numel()).view(m.shape) * m
+        ((f.logp * w).sum() + entropy_weight * (f.entropy * w).sum()).backward()
+        out.append((f.logp.detach() * m, f.entropy.detach() * m, [p.grad.clone() for p in model.parameters()]))
+    return out
+
+
+@pytest.mark.parametrize("entropy_weight", [0.0, 0.3])
+def test_chunked_logp_equals_full_logits_in_values_and_gradients(tiny, batch, monkeypatch, entropy_weight):
+    (lp0, ent0, g0), (lp1, ent1, g1) = _chunked_vs_plain(tiny.model, batch, entropy_weight, monkeypatch, chunk=7)
+    assert int(batch.completion_mask.sum()) > 14  # more than two chunks
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(ent0, ent1, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1))
+    assert (lp1[~batch.completion_mask] == 0).all()
+
+
+def test_chunked_logp_under_bf16_autocast_tracks_the_plain_path(tiny, batch, monkeypatch):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (lp0, _, g0), (lp1, _, g1) = _chunked_vs_plain(tiny.model, batch, 0.0, monkeypatch, chunk=16)
+    assert (lp0 - lp1).abs().max() < 0.05
+    cos = [torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) for a, b in zip(g0, g1)]
+    assert min(cos) > 0.99
+
+
+def test_cached_head_cast_is_dropped_when_weights_change(tiny, batch):
+    from helpers import tcfg
+
+    from rlpost.model import logprobs
+    from rlpost.roles.trainer import Trainer
+
+    w = tiny.model.get_output_embeddings().weight
+    first = logprobs._cast(w, torch.bfloat16)
+    assert logprobs._cast(w, torch.bfloat16) is first  # reused while the weights stand still
+    with torch.no_grad():
+        w.copy_(w + 1)  # an in-place write bumps _version
+    assert torch.equal(logprobs._cast(w, torch.bfloat16), (w + 0).to(torch.bfloat16))
+    # fused AdamW does not bump _version: the trainer must drop the cache after its step
+    tr = Trainer(tiny.model, tcfg(), 1.0, 8, 8, 10)
+    logprobs._cast(w, torch.bfloat16)
+    w.grad = torch.ones_like(w)
+    tr._step()
+    assert not logprobs._cast_cache

@@ -1,0 +1,52 @@
+"""rlpost eval at a fixed sampling budget: pass@k and maj@k by hand, and through the CLI."""
+
+import json
+
+import pytest
+
+from rlpost.recipes.evaluate import answer_key, summarise
+
+
+def rec(problem, sample, answer, correct):
+    return {"problem": problem, "sample": sample, "answer": answer, "correct": correct}
+
+
+def test_summarise_by_hand():
+    records = [
+        # problem 0: answers 5, 7, 7, 5 with 5 right -> c = 2 of 4
+        rec(0, 0, "5", True), rec(0, 1, "7", False), rec(0, 2, "7", False), rec(0, 3, "5", True),
+        # problem 1: all wrong
+        rec(1, 0, "1", False), rec(1, 1, None, False), rec(1, 2, "1", False), rec(1, 3, "2", False),
+    ]
+    s = summarise(records, [1, 2, 4])
+    assert s["problems"] == 2
+    assert s["pass@1"] == pytest.approx((0.5 + 0) / 2)
+    assert s["pass@2"] == pytest.approx((1 - 1 / 6 + 0) / 2)  # 1 - C(2,2)/C(4,2)
+    assert s["pass@4"] == pytest.approx(0.5)
+    # maj@1: first sample "5" right; maj@2: "5" vs "7" tie -> first seen "5" right; maj@4: 5 vs 7 tie -> "5"
+    assert s["maj@1"] == s["maj@2"] == s["maj@4"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="k=5"):
+        summarise(records, [5])
+
+
+def test_answer_key():
+    assert answer_key({"pred": "12"}, "... 12") == "12"
+    assert answer_key({"parsed": True, "extracted": "x"}, "c") == "x"
+    assert answer_key({}, "  text ") == "text"
+
+
+def test_eval_cli_reports_pass_at_k_and_saves_every_sample(tmp_path):
+    from helpers import TINY, run_cli
+
+    out = tmp_path / "samples.jsonl"
+    overrides = [o for o in TINY if not o.startswith("model.name")]
+    p = run_cli("eval", "tiny", *overrides, "--samples", "3", "--k", "1,3", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["n"] == 8 and summary["samples"] == 3 and summary["problems"] == 8
+    assert {"pass@1", "pass@3", "maj@1", "maj@3", "heldout_accuracy"} <= set(summary)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 8 * 3 and {(r["problem"], r["sample"]) for r in lines} == {(i, j) for i in range(8) for j in range(3)}
+    assert summary["pass@1"] == pytest.approx(sum(r["correct"] for r in lines) / 24)
+    bad = run_cli("eval", "tiny", *overrides, "--samples", "2", "--k", "3", "--out", str(out))
+    assert bad.returncode == 2 and "--k" in bad.stderr

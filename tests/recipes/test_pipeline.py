@@ -1,0 +1,45 @@
+"""`rlpost pipeline` end to end on the tiny model through the CLI: SFT -> RM -> DPO -> RLHF (PPO
+against the learned reward model), each stage from the previous one's model, one table at the end."""
+
+import json
+
+import yaml
+from helpers import TINY, run_cli
+
+
+def test_pipeline_runs_every_stage_from_the_previous_one(tmp_path):
+    recipe = {
+        "name": "p", "out_dir": str(tmp_path),
+        "base": [o for o in TINY if not o.startswith("model.name")] + ["model.name=tiny", "pref.batch_size=8"],
+        "stages": [
+            {"name": "sft", "kind": "sft"},
+            {"name": "rm", "kind": "rm"},
+            {"name": "dpo", "kind": "dpo", "overrides": ["pref.loss=dpo"]},
+            {"name": "rlhf", "kind": "rl", "reward_model": "rm", "overrides": ["algo.name=ppo", "algo.kl_coef=0.05"]},
+        ],
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    r = run_cli("pipeline", str(path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((tmp_path / "p" / "pipeline.json").read_text())
+    assert [x["stage"] for x in rows] == ["start", "sft", "rm", "dpo", "rlhf"]
+    assert "held-out acc" in r.stdout and "pairwise accuracy" in r.stdout
+    # each stage started from the one before (the rm stage does not move the policy chain)
+    dpo_cfg = yaml.safe_load((tmp_path / "p" / "dpo" / "config.yaml").read_text())
+    rl_cfg = yaml.safe_load((tmp_path / "p" / "rlhf" / "config.yaml").read_text())
+    assert dpo_cfg["model"]["name"].endswith("sft/model") and rl_cfg["model"]["name"].endswith("dpo/model")
+    assert rl_cfg["task"]["reward_model"].endswith("rm/model")
+    metrics = [json.loads(l) for l in (tmp_path / "p" / "rlhf" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and "critic/kl" in metrics[0]  # PPO with the KL in the reward
+    # a re-run skips finished stages
+    again = run_cli("pipeline", str(path))
+    assert again.returncode == 0 and again.stdout.splitlines()[-5:] == r.stdout.splitlines()[-5:]
+    assert "accuracy before training" not in again.stderr  # the RL stage was not run again
+
+
+def test_pipeline_recipe_errors_name_the_stage(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"stages": [{"name": "a", "kind": "rl", "reward_model": "nope"}]}))
+    r = run_cli("pipeline", str(path))
+    assert r.returncode == 2 and "stage a.reward_model" in r.stderr
