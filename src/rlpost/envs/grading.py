@@ -390,7 +390,7 @@ def grade(program: str, tests: list, limits: Limits, backend: str, parallel: int
     passed = statuses.count("pass")
     info = {"passed": passed, "total": len(tests), "statuses": statuses, "refused": statuses.count("refused"),
             "backend": backend, "runs": len(runs),
-            "peak_memory_mb": max((r.peak_memory_mb or 0.0 for r in runs), default=None)}
+            "peak_memory_mb": max((r.peak_memory_mb for r in runs if r.peak_memory_mb is not None), default=None)}
     call_res = results[0] if calls else None
     if call_res is not None:
         info.update(call_run=call_res.status, stderr_tail=call_res.stderr[-300:])

@@ -8,8 +8,9 @@ limit; it only makes sure each one is in place before the program's first instru
   forked), under rlimits in the boot shim's first line. The parent reads the sandbox's pid 1 from
   ``--info-fd``, writes both pids into the run's cgroup, then opens the gate. A process placed
   after it forked would leave its children outside the cgroup's caps;
-* every file the program gets (its code, its stdin, the seccomp filter) is an anonymous memfd:
-  nothing is on the host disk, and nothing but what the program should see is open in it.
+* under bwrap every file the run gets (the program's code, its stdin, the seccomp filter) is an
+  anonymous memfd, copied in or closed by bwrap: nothing is on the host disk, and nothing but
+  stdin, stdout and stderr is open in the program. (rlimits: the code is in the host directory.)
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ if bpf != "-":
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
     fprog = Prog(len(bpf) // 16, ctypes.addressof(prog))
     if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0):  # NO_NEW_PRIVS; SECCOMP
-        os._exit(126)
+        sys.exit("rlpost boot: could not install the seccomp filter; refusing to run the program")
 os.execv(sys.executable, [sys.executable, "-E", "-s", "-B", main])
 """
 
@@ -68,7 +69,7 @@ def python_path() -> str:
 
 @functools.cache
 def bwrap_flags() -> frozenset[str]:
-    """Optional flags this bwrap knows (--size came in 0.8, --disable-userns in 0.8)."""
+    """Optional flags this bwrap knows (older releases lack --size and --disable-userns)."""
     try:
         out = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -131,7 +132,7 @@ def _memfd(data: bytes) -> int:
 
 
 def spawn(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot: isolation.Slot,
-           workdir: str | None) -> subprocess.Popen:
+          workdir: str | None) -> subprocess.Popen:
     """Start the run, held at its gate: proc.gate_fd releases it, proc.info_fd (bwrap) says its pid 1."""
     mine: list[int] = []  # descriptors the child needs and we close once it has them
     keep: list[int] = []  # our ends, closed by _finish
@@ -148,7 +149,7 @@ def spawn(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot:
             file_fds = {n: _memfd(text.encode()) for n, text in files.items()}
             mine += file_fds.values()
             cmd, cwd, env = _bwrap_cmd(limits, fds, file_fds), "/", {"PATH": "/usr/bin:/bin"}
-        else:
+        else:  # the boot shim's own gate: it reads one byte before doing anything
             gate_r, block_w = os.pipe()
             keep.append(block_w)
             mine.append(gate_r)
