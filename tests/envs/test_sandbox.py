@@ -10,6 +10,7 @@ bwrap tests skip where bubblewrap cannot run; cgroup tests skip where no cgroup 
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -249,7 +250,6 @@ def test_stale_cgroups_of_dead_workers_are_swept():
     paths = [os.path.join(b, f"rlpost-{dead}-0-test") for b in dict.fromkeys((host.memory, host.pids, host.kill, host.cpu)) if b]
     for p in paths:
         os.mkdir(p)
-    isolation.sweep_stale_cgroups.cache_clear()
     assert isolation.sweep_stale_cgroups() >= len(paths) and not any(os.path.exists(p) for p in paths)
 
 
@@ -264,3 +264,27 @@ def test_cgroup_dirs_parsed_from_mountinfo(monkeypatch, tmp_path):
     monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(
         {"/proc/self/mountinfo": mountinfo, "/proc/self/cgroup": cgroup}.get(p, p), *a, **k))
     assert isolation._own_cgroup_dirs() == {"": "/sys/fs/cgroup/job/worker", "memory": "/mnt/v1mem/job"}
+
+
+@pytest.mark.skipif(not ROOT, reason="per-run uids need root")
+def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run(monkeypatch):
+    """A verifier worker SIGKILLed by the runner's timeout while its rlimits program runs: the
+    program is orphaned, still running under the slot's uid. The next run on that slot finds the
+    slot dirty, kills it and sweeps the dead worker's cgroups before it starts."""
+    lo = isolation.SLOT_UID_BASE + 1024  # slot 0 of the rlimits block
+    monkeypatch.setattr(sandbox, "_swept", [0])  # this process has swept already: only the dirty slot can tell
+    worker = subprocess.Popen([sys.executable, "-c", "from rlpost.envs.sandbox import Limits, run_python\n"
+                               "run_python('import time; time.sleep(60)', backend='rlimits', parallel=1, limits=Limits(wall_s=60))"],
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    alive = lambda: [p for p, state, _, uid in isolation._processes() if uid == lo and state not in "ZX"]
+    deadline = time.monotonic() + 20
+    while not alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker.kill()
+    worker.wait()
+    assert alive(), "the orphaned program should still be running"
+    res = run_python("print('next')", backend="rlimits", parallel=1, limits=FAST)
+    assert res.stdout == "next\n" and res.cleanup == "" and not alive()
+    host = isolation.cgroup_host()
+    if host is not None:
+        assert not [n for n in os.listdir(host.pids) if n.startswith(f"rlpost-{worker.pid}-")]

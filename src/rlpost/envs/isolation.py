@@ -52,6 +52,8 @@ class Slot:
     index: int
     uid: int  # the run's uid outside any namespace: its own when we are root, else ours
     fd: int  # the flock-ed lock file; the slot is held while this is open
+    block: int  # the uid block; the lock file's byte at this offset is b"1" while a run is in it
+    dirty: bool  # that byte was already b"1": the last holder died mid-run and may have left processes
 
 
 def _slot_dir() -> str:
@@ -81,11 +83,16 @@ def acquire_slot(n: int, uid_block: int = 0, poll_s: float = 0.005) -> Slot:
                 os.close(fd)
                 continue
             uid = SLOT_UID_BASE + 1024 * uid_block + i if os.geteuid() == 0 else os.getuid()
-            return Slot(i, uid, fd)
+            dirty = os.pread(fd, 1, uid_block) == b"1"
+            os.pwrite(fd, b"1", uid_block)
+            return Slot(i, uid, fd, uid_block, dirty)
         time.sleep(poll_s)
 
 
-def release_slot(slot: Slot) -> None:
+def release_slot(slot: Slot, clean: bool = True) -> None:
+    """Give the slot back; `clean` = nothing of the run is left (else the next holder looks)."""
+    if clean:
+        os.pwrite(slot.fd, b"0", slot.block)
     os.close(slot.fd)
 
 
@@ -300,6 +307,16 @@ class RunCgroup:
         """Kill everything in the group; True once it is empty."""
         return _kill_group(self.pids, self.kill_dir)
 
+    def wait_reaped(self, wait_s: float) -> bool:
+        """Wait until every process of the group has been reaped, not just killed: a zombie keeps
+        its pids charge (and its RLIMIT_NPROC count) until its parent, often init, reaps it."""
+        stop = time.monotonic() + wait_s
+        while int(_read(f"{self.pids}/pids.current")) > 0:
+            if time.monotonic() > stop:
+                return False
+            time.sleep(0.01)
+        return True
+
     def peak_mb(self) -> float | None:
         name = "memory.peak" if self.host.version == 2 else "memory.max_usage_in_bytes"
         try:
@@ -357,9 +374,9 @@ def _rmdir_when_empty(path: str, wait_s: float = KILL_WAIT_S) -> None:
             time.sleep(0.002)
 
 
-@functools.cache
 def sweep_stale_cgroups() -> int:
-    """Kill and remove run cgroups whose creating process died mid-run (once per process)."""
+    """Kill and remove run cgroups whose creating process died mid-run. Called by a process's
+    first run, and by any run whose slot was left dirty."""
     host, removed = cgroup_host(), 0
     if host is None:
         return 0

@@ -187,14 +187,16 @@ def run_python(code: str, stdin: str = "", limits: Limits = Limits(), files: dic
         if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] in ("..", ".", ""):
             raise ValueError(f"sandbox file name {name!r} must be relative and stay inside the directory")
     slot = isolation.acquire_slot(parallel or os.cpu_count() or 1, uid_block=BACKENDS.index(backend))
+    res = None
     try:
-        return _run_in_slot(backend, files, stdin, limits, slot)
+        res = _run_in_slot(backend, files, stdin, limits, slot)
+        return res
     finally:
-        isolation.release_slot(slot)
+        isolation.release_slot(slot, clean=res is not None and not res.cleanup)
 
 
 def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot: isolation.Slot) -> Result:
-    if backend == "rlimits" and os.geteuid() == 0:  # anything a killed caller left under this uid
+    if backend == "rlimits" and os.geteuid() == 0 and slot.dirty:  # what a caller killed mid-run left
         isolation.kill_matching(uid=slot.uid, reap_wait_s=REAP_WAIT_S)
     cgroup, workdir, problems = _make_cgroup(limits, slot), None, []
     try:
@@ -221,11 +223,15 @@ def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits
     return Result(status, rc, stdout, stderr, wall, backend, peak, "; ".join(problems))
 
 
+_swept: list[int] = []  # non-empty once this process has swept stale cgroups
+
+
 def _make_cgroup(limits: Limits, slot: isolation.Slot) -> isolation.RunCgroup | None:
     host = isolation.cgroup_host()
     if host is None:
         return None
-    isolation.sweep_stale_cgroups()
+    if slot.dirty or not _swept:  # a worker killed mid-run leaves its cgroups behind
+        _swept.append(isolation.sweep_stale_cgroups())
     total = limits.total_memory_mb or limits.memory_mb + limits.max_disk_mb
     # +3 pids: the outer bwrap, the sandbox's init, and the boot shim that becomes the program
     return isolation.RunCgroup(host, f"{slot.index}-{secrets.token_hex(4)}", int(total) << 20,
@@ -312,10 +318,15 @@ def _kill_all(proc: subprocess.Popen, cgroup, slot: isolation.Slot, backend: str
             problems.append(f"cgroup kill: {e}")
     isolation.kill_process_group(proc)
     if backend == "rlimits":
+        # The run that made the zombies waits for them to be reaped, not the next run on this
+        # slot (zombies count against RLIMIT_NPROC). The cgroup's pids count says it without a
+        # scan of /proc; without a cgroup, every process of the run's uid (root) or session.
         own = os.geteuid() == 0
-        # The run that made the zombies waits for them to go, not the next run on this slot.
-        if isolation.kill_matching(uid=slot.uid if own else None, session=None if own else proc.pid,
-                                   reap_wait_s=REAP_WAIT_S if own else 0.0):
+        if getattr(proc, "cgroup_emptied", False):
+            if not cgroup.wait_reaped(REAP_WAIT_S):
+                problems.append("the run's zombies were not reaped")
+        elif isolation.kill_matching(uid=slot.uid if own else None, session=None if own else proc.pid,
+                                     reap_wait_s=REAP_WAIT_S if own else 0.0):
             problems.append("processes of the run survived SIGKILL")
     return problems
 
