@@ -7,10 +7,12 @@ bwrap tests skip where bubblewrap cannot run; cgroup tests skip where no cgroup 
 (neither root nor a delegated v2 subtree), naming what is missing.
 """
 
+import glob
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -288,3 +290,4 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run(monkeypatch):
     host = isolation.cgroup_host()
     if host is not None:
         assert not [n for n in os.listdir(host.pids) if n.startswith(f"rlpost-{worker.pid}-")]
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"rlpost-sbx-{worker.pid}-*"))  # its working directory

@@ -34,25 +34,28 @@ rlimits (only when asked for): a plain subprocess in a new session, through the 
 (same rlimits, and the seccomp filter installed by the shim itself), with a scrubbed environment
 and a fresh host directory. When we are root it runs as the slot's own uid, so it cannot signal,
 ptrace or read the files of the trainer or of another run, RLIMIT_NPROC counts only its own
-processes, and at the end every process of that uid is killed, daemons included. It has no
-network isolation, the filesystem stays readable (a world-readable data file with the expected
-answers included) and world-writable places like /tmp writable, files go to the host disk with
-only a per-file cap, and the host's SysV IPC is shared. As a non-root user it also shares the
-trainer's uid: it can read the trainer's memory through /proc and kill it. ``guarantees()`` says
-exactly which properties hold, and the first such run warns, naming each missing one.
+processes, and at the end every process of the run is killed (its cgroup, else its uid), daemons
+included. It has no network isolation, the filesystem stays readable (a world-readable data file
+with the expected answers included) and world-writable places like /tmp writable, files go to
+the host disk with only a per-file cap, and the host's SysV IPC is shared. As a non-root user it
+also shares the trainer's uid: it can read the trainer's memory through /proc and kill it.
+``guarantees()`` says exactly which properties hold, and the first such run warns, naming each
+missing one.
 
 Both backends, where cgroups can be made (isolation.py): a cgroup per run caps the memory of the
 whole run (``total_memory_mb``: processes, memfd, tmpfs, shared memory) and its process count,
 and kills it whole at the end. Without one, memory_mb caps each process's *address space* only,
 which memfd and shmem pages escape, and ``guarantees()`` says so.
 
-Cost: one run of a trivial program takes ~30-40 ms with either backend (benchmarks/sandbox.py);
-the bwrap probe is one such run, once per process.
+Cost: one run of a trivial program takes ~45-60 ms on 2 cores (benchmarks/sandbox.py), ~8 ms
+of it the kernel moving the held run into its cgroup; the bwrap probe is one such run, once per
+process.
 """
 
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import secrets
 import selectors
@@ -198,6 +201,8 @@ def run_python(code: str, stdin: str = "", limits: Limits = Limits(), files: dic
 def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot: isolation.Slot) -> Result:
     if backend == "rlimits" and os.geteuid() == 0 and slot.dirty:  # what a caller killed mid-run left
         isolation.kill_matching(uid=slot.uid, reap_wait_s=REAP_WAIT_S)
+    if slot.dirty or not _swept:
+        _swept.append(_sweep_stale())
     cgroup, workdir, problems = _make_cgroup(limits, slot), None, []
     try:
         if backend == "rlimits":
@@ -223,15 +228,29 @@ def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits
     return Result(status, rc, stdout, stderr, wall, backend, peak, "; ".join(problems))
 
 
-_swept: list[int] = []  # non-empty once this process has swept stale cgroups
+_swept: list[int] = []  # non-empty once this process has swept
+
+
+def _sweep_stale() -> int:
+    """Remove what workers killed mid-run (the runner's timeout SIGKILLs them) left behind: their
+    cgroups and their rlimits working directories, both named with the dead worker's pid. Run by
+    a process's first run and by any run that finds its slot dirty; returns how many it removed."""
+    removed = isolation.sweep_stale_cgroups() if isolation.cgroup_host() else 0
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "rlpost-sbx-*-*")):
+        pid = os.path.basename(path).split("-")[2]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                isolation.remove_tree(path)
+                removed += 1
+            except Exception:  # noqa: BLE001 - a leftover we cannot remove must not stop this run
+                pass
+    return removed
 
 
 def _make_cgroup(limits: Limits, slot: isolation.Slot) -> isolation.RunCgroup | None:
     host = isolation.cgroup_host()
     if host is None:
         return None
-    if slot.dirty or not _swept:  # a worker killed mid-run leaves its cgroups behind
-        _swept.append(isolation.sweep_stale_cgroups())
     total = limits.total_memory_mb or limits.memory_mb + limits.max_disk_mb
     # +3 pids: the outer bwrap, the sandbox's init, and the boot shim that becomes the program
     return isolation.RunCgroup(host, f"{slot.index}-{secrets.token_hex(4)}", int(total) << 20,
@@ -240,7 +259,7 @@ def _make_cgroup(limits: Limits, slot: isolation.Slot) -> isolation.RunCgroup | 
 
 def _make_workdir(files: dict[str, str], uid: int) -> str:
     """rlimits backend: a fresh host directory, 0700 and owned by the run's uid when we are root."""
-    workdir = tempfile.mkdtemp(prefix="rlpost-sbx-")
+    workdir = tempfile.mkdtemp(prefix=f"rlpost-sbx-{os.getpid()}-")  # our pid: see _sweep_stale
     for name, text in files.items():
         path = os.path.join(workdir, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
