@@ -8,7 +8,7 @@
 #   4. install rlpost itself, editable, with its test extras
 #   0. (every run, best effort) bubblewrap, the sandbox for model-written code (envs/sandbox.py):
 #      only on Debian/apt, only as root or with passwordless sudo, never failing the script;
-#      without it the sandbox falls back to rlimits only and warns which guarantees are missing
+#      without it code tasks refuse to start unless task.sandbox=rlimits (a weaker sandbox)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
@@ -17,13 +17,13 @@ if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; the
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then AS_ROOT="sudo -n"; else AS_ROOT="none"; fi
   fi
   if [ "$AS_ROOT" = "none" ]; then
-    echo "setup: bubblewrap missing and no root/sudo to install it; the code sandbox will use its rlimit fallback"
+    echo "setup: bubblewrap missing and no root/sudo to install it; code tasks will refuse to start (or set task.sandbox=rlimits)"
   else
     echo "setup: installing bubblewrap (sandbox for model-written code)"
     export DEBIAN_FRONTEND=noninteractive
     $AS_ROOT apt-get install -y -q bubblewrap >/dev/null 2>&1 \
       || { $AS_ROOT apt-get update -q >/dev/null 2>&1 && $AS_ROOT apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
-      || echo "setup: could not install bubblewrap; the code sandbox will use its rlimit fallback"
+      || echo "setup: could not install bubblewrap; code tasks will refuse to start (or set task.sandbox=rlimits)"
   fi
 fi
 VENV="${RLPOST_VENV:-.venv}"

@@ -52,7 +52,11 @@ def rlpost_imports(tree: ast.Module):
     """(imported module, line, inside a function) for every import of rlpost."""
     in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                    for n in ast.walk(f)}
+    type_only = {id(n) for f in ast.walk(tree) if isinstance(f, ast.If) and "TYPE_CHECKING" in ast.unparse(f.test)
+                 for n in ast.walk(f)}  # `if TYPE_CHECKING:` imports never run
     for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         names = []
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "rlpost":
             # `from rlpost.envs import code` imports the module rlpost.envs.code (and runs rlpost.envs);

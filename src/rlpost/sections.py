@@ -69,6 +69,10 @@ class TaskConfig:
     """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the family's"""
     reward_model: str = ""
     """RLHF: the model folder written by `rlpost rm`; its score replaces the verifier's reward in training (held-out accuracy still uses the verifier)"""
+    sandbox: Literal["bwrap", "rlimits"] = "bwrap"
+    """task.name=code: how model-written code is isolated. bwrap: bubblewrap namespaces (no network, no host files, a size-capped tmpfs), the run refuses to start without it; rlimits: resource limits and a per-run uid only, for machines without bubblewrap, if you accept what it lacks (docs/environments.md lists it)"""
+    sandboxes: int = knob(0, ge=0)
+    """task.name=code: sandboxes that may run at once on this machine, the tests of one completion and the completions of every verifier worker together; 0 = the number of CPU cores"""
     verifier_timeout_s: float = knob(0.0, ge=0)
     """seconds one verifier call may take before it scores 0 and is counted as a timeout; 0 = the family's default (2 s; 10 s for math and gym; 60 s for code, which runs every hidden test)"""
     data: str = ""

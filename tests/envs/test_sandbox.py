@@ -1,279 +1,293 @@
-"""The code verifier and its sandbox: honest programs score what they earn, hostile ones are
-contained every time, score 0, and leave this test process (and the machine) unharmed.
+"""The sandbox itself (envs/sandbox.py, launch.py, isolation.py): both backends run honest
+programs, say exactly what they guarantee, enforce the limits the kernel can enforce, and clean up
+whatever a program leaves, without ever raising for it. The hostile programs are in
+test_hostile.py; the grading contract is in test_code.py.
 
-Sandbox tests run under both backends: bwrap (skipped where it cannot run) and the rlimit
-fallback, forced through RLPOST_SANDBOX. Where the fallback lacks a guarantee by design
-(network, filesystem isolation...) the test is skipped there with a reason naming it; under
-bwrap every guarantee is asserted. The fork bomb only runs after a benign check (100 sleeping
-children) has shown that the process cap holds.
+bwrap tests skip where bubblewrap cannot run; cgroup tests skip where no cgroup can be made
+(neither root nor a delegated v2 subtree), naming what is missing.
 """
 
+import glob
+import json
 import os
-import shutil
-import socket
+import subprocess
+import sys
 import tempfile
+import threading
 import time
-import uuid
 
 import pytest
 
-from rlpost.envs import sandbox
-from rlpost.envs.code import TEMPLATES, build_splits, extract_program, make_row, score
-from rlpost.envs.sandbox import Limits, guarantees, run_python
-from rlpost.rewards.runner import VerifierRunner
+from rlpost.envs import isolation, sandbox
+from rlpost.envs.sandbox import BACKENDS, Limits, SandboxUnavailable, guarantees, resolve_backend, run_python
 
-ADD_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(10, 1) == 11", "assert add(7, 7) == 14"]
-FAST = {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 256}
-ADD_ROW = {"tests": ADD_TESTS, "limits": FAST}
+ROOT = os.geteuid() == 0
+FAST = Limits(wall_s=3.0, cpu_s=2, memory_mb=128, max_disk_mb=16, max_processes=16)
 
 
-def fenced(code: str) -> str:
-    return f"Here is my solution:\n```python\n{code}\n```\n"
-
-
-@pytest.fixture(params=["bwrap", "rlimit"])
-def backend(request, monkeypatch):
-    """Run the test under one backend; score() picks it up from RLPOST_SANDBOX."""
+@pytest.fixture(params=BACKENDS)
+def backend(request):
     if request.param == "bwrap" and not sandbox.bwrap_works():
-        pytest.skip("bubblewrap is missing or cannot create its namespaces on this machine")
-    monkeypatch.setenv("RLPOST_SANDBOX", request.param)
+        pytest.skip("bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)")
     return request.param
 
 
-def require(backend: str, guarantee: str) -> None:
-    """Assert the guarantee under bwrap; skip, naming it, where the fallback lacks it."""
-    if backend == "bwrap":
-        assert guarantees("bwrap")[guarantee]
-    elif not guarantees(backend)[guarantee]:
-        pytest.skip(f"the {backend} fallback does not guarantee {guarantee}")
-
-
-# --- honest programs --------------------------------------------------------------------------
-
-
-def test_correct_wrong_and_partial_programs():
-    reward, info = score(fenced("def add(a, b):\n    return a + b"), ADD_ROW)
-    assert reward == 1.0 and info["passed"] == 4 and info["statuses"] == ["pass"] * 4
-    assert info["backend"] in ("bwrap", "rlimit")
-    assert score(fenced("def add(a, b):\n    return a - b"), ADD_ROW)[0] == 0.0  # 1-2, 2-2, 10-1, 7-7: none match
-    # a < 5 adds, else returns 0: add(1,2)=3 and add(2,2)=4 pass, add(10,1) and add(7,7) fail -> 2/4
-    reward, info = score(fenced("def add(a, b):\n    return a + b if a < 5 else 0"), ADD_ROW)
-    assert reward == 0.5 and info["statuses"] == ["pass", "pass", "fail", "fail"]
-    # one assert raising does not hide the others: 3/4, the second reports its exception name
-    row = {"tests": [ADD_TESTS[0], "assert add('a', 1) == 2", *ADD_TESTS[2:]], "limits": FAST}
-    reward, info = score(fenced("def add(a, b):\n    return a + b"), row)
-    assert reward == 0.75 and info["statuses"][1] == "TypeError"
-
-
-def test_program_that_does_not_even_run_scores_zero():
-    reward, info = score(fenced("def add(a, b)\n    return a + b"), ADD_ROW)
-    assert reward == 0.0 and info["statuses"] == ["program:SyntaxError"] * 4
-    assert score("I don't know.", ADD_ROW)[0] == 0.0
-
-
-def test_stdin_stdout_form():
-    row = {"tests": [{"stdin": "1 2 3\n", "stdout": "6"}, {"stdin": "5\n-5\n", "stdout": "0\n"},
-                     {"stdin": "", "stdout": "0"}], "limits": FAST}
-    good = "import sys\nprint(sum(map(int, sys.stdin.read().split())))"
-    assert score(fenced(good), row)[0] == 1.0
-    reward, info = score(fenced("print(6)"), row)  # right only for the first input
-    assert reward == pytest.approx(1 / 3) and info["statuses"] == ["pass", "fail", "fail"]
-    # a hang on the first input skips the rest instead of waiting out every wall limit
-    reward, info = score(fenced("while True: pass"), {**row, "limits": {"wall_s": 1.0, "cpu_s": 1}})
-    assert reward == 0.0 and info["statuses"] == ["timeout", "skipped", "skipped"]
-
-
-def test_extract_program():
-    two = "```python\nx = 1\n```\ntext\n```python\nx = 2\n```\n```bash\nls\n```"
-    assert extract_program(two) == "x = 2\n"  # the last python block, not the bash one
-    assert extract_program("x = 3") == "x = 3"  # no fence: the whole completion
-    assert extract_program("```\nx = 4\n```") == "x = 4\n"  # an untagged fence
-    assert extract_program("```py\nx = 5\ny = 6") == "x = 5\ny = 6\n"  # cut off before the closing fence
-    assert extract_program("```bash\nrm -rf /\n```") == ""  # fenced, but nothing that is Python
-
-
-def test_every_template_reference_answer_scores_one():
-    for t in TEMPLATES:
-        row = make_row(t, t.space[len(t.space) // 2])
-        reward, info = score(fenced(row["answer"]), row)
-        assert reward == 1.0, (t.name, row["answer"], info)
-
-
-def test_splits_are_fixed_disjoint_and_cover_every_template():
-    train, heldout = build_splits(500, 100, seed=0)
-    assert len(train) == 500 and len(heldout) == 100 and heldout == build_splits(10, 100, seed=0)[1]
-    prompt = lambda r: r["messages"][-1]["content"]
-    assert not {prompt(r) for r in train} & {prompt(r) for r in heldout}
-    assert {r["task"] for r in train} == {r["task"] for r in heldout} == {t.name for t in TEMPLATES}
-    assert len(TEMPLATES) >= 30 and "```python block" in prompt(train[0])
-
-
-# --- sandbox basics, both backends ----------------------------------------------------------
+needs_cgroup = pytest.mark.skipif(isolation.cgroup_host() is None,
+                                  reason="no cgroup can be made here (needs root or a delegated cgroup v2 subtree)")
 
 
 def test_basic_run_stdin_files_and_exit_codes(backend):
-    res = run_python("import helper\nprint(helper.X, input()[::-1])", stdin="olleh\n", files={"helper.py": "X = 7"})
-    assert (res.status, res.stdout, res.backend) == ("ok", "7 hello\n", backend)
-    assert run_python("import sys; sys.exit(3)").status == "error"
-    assert run_python("raise ValueError('boom')").stderr.rstrip().endswith("ValueError: boom")
-    with pytest.raises(ValueError):
-        run_python("pass", files={"../escape.py": ""})
+    res = run_python("import pkg.helper\nprint(pkg.helper.X, input()[::-1])", stdin="olleh\n",
+                     files={"pkg/helper.py": "X = 7", "pkg/__init__.py": ""}, backend=backend, limits=FAST)
+    assert (res.status, res.stdout, res.backend, res.cleanup) == ("ok", "7 hello\n", backend, "")
+    assert run_python("import sys; sys.exit(3)", backend=backend, limits=FAST).returncode == 3
+    assert run_python("raise ValueError('boom')", backend=backend).stderr.rstrip().endswith("ValueError: boom")
+    for bad in ("../escape.py", "/abs.py", "a/../../b.py"):
+        with pytest.raises(ValueError):
+            run_python("pass", files={bad: ""}, backend=backend)
 
 
-def test_throwaway_dir_is_deleted(backend):
-    workdirs = lambda: {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("rlpost-sbx-")}
-    before = workdirs()
-    res = run_python("import os; os.makedirs('a/b'); open('a/b/left.txt', 'w').write('x'); os.chmod('a', 0)\n"
-                     "print(os.getcwd())")
-    assert res.status == "ok" and workdirs() <= before  # gone, even with a chmod-000 subdirectory
-    if backend == "bwrap":
-        assert res.stdout == "/sandbox\n"  # the host path is not even visible by name
+def test_program_sees_only_its_inputs(backend):
+    """Only main.py and its files in the working directory, a scrubbed environment, and no
+    descriptor beyond 0-2: nothing the grader holds is reachable (see test_code for the grader)."""
+    probe = ("import json, os\nprint(json.dumps([sorted(os.listdir('.')), sorted(os.environ),"
+             " sorted(int(f) for f in os.listdir('/proc/self/fd'))]))")
+    res = run_python(probe, files={"data.txt": "x"}, backend=backend, limits=FAST)
+    files, env, fds = json.loads(res.stdout)
+    assert files == ["data.txt", "main.py"]
+    assert set(env) - {"PWD"} == {"HOME", "LANG", "MALLOC_ARENA_MAX", "PATH", "TMPDIR"}  # bwrap sets PWD
+    assert fds == [0, 1, 2, 3]  # stdin, stdout, stderr, and the descriptor listdir itself opened
 
 
-def test_guarantees_and_fallback_warning():
-    assert all(guarantees("bwrap").values())
-    fallback = guarantees("rlimit")
-    assert fallback["process_count"] and fallback["wall_time"] and not fallback["network_isolated"]
-    sandbox._warn_fallback.cache_clear()
-    with pytest.warns(RuntimeWarning, match="network_isolated"):
-        run_python("pass", backend="rlimit")
+def test_bwrap_workdir_is_a_capped_tmpfs_not_the_host_disk():
+    if not sandbox.bwrap_works():
+        pytest.skip("bubblewrap is missing or cannot create namespaces here")
+    probe = ("import os\nst = os.statvfs('.')\nprint(os.getcwd(), st.f_blocks * st.f_frsize >> 20)\n"
+             "print(sorted(os.listdir('/')))")
+    res = run_python(probe, limits=Limits(max_disk_mb=24), backend="bwrap")
+    assert res.stdout.splitlines()[0] == "/sandbox 24"  # --size 24 MiB, at a path that names nothing on the host
+    assert set(eval(res.stdout.splitlines()[1])) <= {"bin", "dev", "lib", "lib32", "lib64", "libx32", "proc",
+                                                      "sandbox", "sbin", "usr"}
 
 
-# --- hostile programs -------------------------------------------------------------------------
+def test_guarantees_name_everything_and_bwrap_with_cgroups_has_them_all():
+    names = {"wall_time", "cpu_time", "output_cap", "memory_per_process", "memory_total", "process_count",
+             "disk_quota", "tree_kill", "network_isolated", "fs_read_isolated", "fs_write_isolated", "ipc_isolated",
+             "userns_blocked", "keyring_isolated", "ptrace_blocked", "parent_protected", "runs_isolated"}
+    assert set(guarantees("bwrap")) == set(guarantees("rlimits")) == names
+    weak = guarantees("rlimits")
+    # What rlimits can never have, on any machine: these need namespaces.
+    assert not any(weak[g] for g in ("network_isolated", "fs_read_isolated", "fs_write_isolated", "ipc_isolated",
+                                     "disk_quota", "runs_isolated", "userns_blocked"))
+    assert weak["memory_total"] == (isolation.cgroup_host() is not None)
+    assert weak["parent_protected"] == weak["tree_kill"] or isolation.cgroup_host() is not None
+    if ROOT and os.access("/sys/fs/cgroup", os.W_OK):  # root with a writable cgroupfs makes cgroups
+        assert isolation.cgroup_host() is not None
+    if ROOT and isolation.cgroup_host() and os.uname().machine in isolation.SECCOMP_ARCHES \
+            and sandbox.bwrap_works() and "--size" in subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout:
+        assert all(guarantees("bwrap").values()), guarantees("bwrap")
 
 
-def test_infinite_loop_and_sleep_time_out(backend):
-    reward, info = score(fenced("while True:\n    pass"), ADD_ROW)
-    assert reward == 0.0 and info["statuses"] == ["timeout"] * 4  # RLIMIT_CPU (1 s), SIGXCPU
-    t0 = time.monotonic()
-    res = run_python("import time; time.sleep(100)", limits=Limits(wall_s=1))
-    assert res.status == "timeout" and time.monotonic() - t0 < 5
+def test_rlimits_warns_naming_every_missing_guarantee():
+    sandbox._warn_missing.cache_clear()
+    missing = sorted(k for k, ok in guarantees("rlimits").items() if not ok)
+    with pytest.warns(RuntimeWarning) as caught:
+        run_python("pass", backend="rlimits", limits=FAST)
+    text = str(caught[0].message)
+    assert all(name in text for name in missing) and "apt-get install bubblewrap" in text
 
 
-def test_memory_bomb(backend):
-    reward, info = score(fenced("x = bytearray(10 * 1024**3)  # 10 GB"), ADD_ROW)
-    assert reward == 0.0 and info["statuses"] == ["program:MemoryError"] * 4
-    res = run_python("blocks = []\nwhile True:\n    blocks.append(bytearray(10**7))", limits=Limits(memory_mb=256))
-    assert res.status == "memory"
+def test_naming_bwrap_where_it_cannot_run_refuses(monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_works", lambda: False)
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap.*task.sandbox=rlimits"):
+        resolve_backend("bwrap")
+    with pytest.raises(SandboxUnavailable):
+        run_python("pass", backend="bwrap")
+    assert resolve_backend("rlimits") == "rlimits" and resolve_backend("rlimit") == "rlimits"
 
 
-def test_output_flood_is_capped_and_fast(backend):
-    t0 = time.monotonic()
-    reward, info = score(fenced("while True:\n    print('x' * 10**6)"), ADD_ROW)
-    assert reward == 0.0 and info["statuses"] == ["output_limit"] * 4
-    res = run_python("while True:\n    print('x' * 10**6)", limits=Limits(max_output_bytes=1 << 20))
-    assert res.status == "output_limit" and len(res.stdout) == 1 << 20
-    assert time.monotonic() - t0 < 10
+# --- kernel-enforced limits --------------------------------------------------------------------
 
 
-def _live_processes_with(marker: str) -> int:
-    n = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                n += marker.encode() in f.read()
-        except OSError:
-            pass
-    return n
+@needs_cgroup
+def test_run_cgroup_has_the_caps_and_is_gone_after(backend):
+    """While the program runs, the parent reads its cgroup's caps; afterwards it is removed."""
+    host = isolation.cgroup_host()
+    seen = {}
+
+    def watch():
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not seen:
+            for name in os.listdir(host.pids):
+                if name.startswith(f"rlpost-{os.getpid()}-"):
+                    mem = "memory.max" if host.version == 2 else "memory.limit_in_bytes"
+                    try:
+                        seen.update(pids=open(f"{host.pids}/{name}/pids.max").read().strip(),
+                                    mem=int(open(f"{host.memory}/{name}/{mem}").read()))
+                    except OSError:
+                        pass
+            time.sleep(0.01)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    res = run_python("import time; time.sleep(1)", backend=backend,
+                     limits=Limits(memory_mb=100, max_disk_mb=20, max_processes=10))
+    t.join()
+    assert res.status == "ok" and res.cleanup == ""
+    assert seen == {"pids": "13", "mem": 120 << 20}  # 10 + 3 (bwrap, its init, the shim); 100 + 20 MiB
+    assert not [n for n in os.listdir(host.pids) if n.startswith(f"rlpost-{os.getpid()}-")]
 
 
-def test_fork_bomb_is_capped_and_leaves_nothing_behind(backend):
-    # Benign check first: 100 sleeping children must stop at the cap (RLIMIT_NPROC = 32).
-    sleepers = ("import os, time\nok = 0\nfor _ in range(100):\n    try:\n        pid = os.fork()\n"
-                "    except OSError:\n        continue\n    if pid == 0:\n        time.sleep(3)\n        os._exit(0)\n"
-                "    ok += 1\nprint(ok)")
-    res = run_python(sleepers, limits=Limits(wall_s=10, max_processes=32, memory_mb=128))
-    assert res.status == "ok" and int(res.stdout) < 32, res  # only now is a real fork bomb safe
-    marker = f"rlpost-forkbomb-{uuid.uuid4().hex}"  # re-exec so every bomb process carries it in argv
-    bomb = ("import os, sys\nBOMB = 'import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n"
-            f"        pass\\n'\nos.execv(sys.executable, [sys.executable, '-c', BOMB, '{marker}'])")
-    reward, info = score(fenced(bomb), {"tests": ADD_TESTS, "limits": {"wall_s": 2.0, "memory_mb": 128}})
-    assert reward == 0.0 and info["statuses"] == ["timeout"] * 4
-    assert _live_processes_with(marker) == 0
+@needs_cgroup
+def test_memfd_pages_count_against_the_run(backend):
+    """RLIMIT_AS never sees memfd pages; the cgroup does: 40 x 8 MB stops at the 120 MB cap."""
+    fill = ("import os\nfor i in range(40):\n    fd = os.memfd_create('m')\n"
+            "    for k in range(8):\n        os.pwrite(fd, b'x' * (1 << 20), k << 20)\nprint('all')")
+    res = run_python(fill, backend=backend, limits=Limits(memory_mb=100, max_disk_mb=20))
+    assert res.status == "memory" and "all" not in res.stdout and res.peak_memory_mb <= 120
 
 
-def test_network_is_unreachable(backend):
-    require(backend, "network_isolated")
-    with socket.socket() as listener:  # a service on the host's loopback the program must not reach
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        listener.setblocking(False)
-        port = listener.getsockname()[1]
-        for host, p in (("1.1.1.1", 53), ("127.0.0.1", port)):
-            attack = f"import socket\nsocket.create_connection(({host!r}, {p}), timeout=2)\ndef add(a, b):\n    return a + b"
-            reward, info = score(fenced(attack), ADD_ROW)  # add exists only if the connect worked
-            assert reward == 0.0 and info["statuses"][0].startswith("program:"), info
-        with pytest.raises(BlockingIOError):
-            listener.accept()
+def test_seccomp_blocks_keyrings_and_ptrace(backend):
+    if isolation.seccomp_filter() is None:
+        pytest.skip(f"no seccomp syscall table for {os.uname().machine}")
+    probe = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             f"nrs = {isolation.SECCOMP_ARCHES[os.uname().machine][1]}\n"
+             "print(libc.syscall(nrs[2], 0, -3, 0, 0, 0), ctypes.get_errno(), libc.ptrace(16, 1, 0, 0), ctypes.get_errno())")
+    res = run_python(probe, backend=backend, limits=FAST)
+    assert res.stdout.split() == ["-1", "1", "-1", "1"]  # keyctl(GET_KEYRING_ID, session) and PTRACE_ATTACH: EPERM
 
 
-def test_secrets_outside_are_unreadable(backend):
-    require(backend, "fs_read_isolated")
-    home = tempfile.mkdtemp()  # a world-readable fake ~/.ssh/id_rsa, so only isolation can hide it
-    try:
-        os.makedirs(f"{home}/.ssh")
-        with open(f"{home}/.ssh/id_rsa", "w") as f:
-            f.write("FAKE PRIVATE KEY")
-        for p in (home, f"{home}/.ssh", f"{home}/.ssh/id_rsa"):
-            os.chmod(p, 0o755 if os.path.isdir(p) else 0o644)
-        targets = [f"{home}/.ssh/id_rsa", os.path.expanduser("~/.ssh/id_rsa"), "/etc/shadow", "/etc/passwd"]
-        attack = (f"import os\nleaked = []\nfor p in {targets!r}:\n    try:\n        leaked.append(open(p).read())\n"
-                  f"    except OSError:\n        pass\ntry:\n    leaked.append(os.listdir({os.path.expanduser('~')!r}))\n"
-                  "except OSError:\n    pass\nif leaked:\n    def add(a, b):\n        return a + b")
-        reward, info = score(fenced(attack), ADD_ROW)  # add exists only if something leaked
-        assert reward == 0.0 and info["statuses"] == ["NameError"] * 4, info
-    finally:
-        shutil.rmtree(home)
+def test_seccomp_filter_program_is_well_formed():
+    # 4 arch/nr loads and checks, 2 for x32, one compare per refused call, allow, EPERM: 8 bytes each
+    bpf = isolation.seccomp_filter()
+    if bpf is None:
+        pytest.skip(f"no seccomp syscall table for {os.uname().machine}")
+    n = 4 + (2 if os.uname().machine == "x86_64" else 0) + 6 + 2
+    assert len(bpf) == 8 * n and bpf[-8:] == bytes([6, 0, 0, 0, 1, 0, 5, 0])  # RET ERRNO(EPERM)
 
 
-def test_writes_outside_the_folder_do_not_land(backend):
-    require(backend, "fs_write_isolated")
-    name = f"pwned-{uuid.uuid4().hex}"
-    targets = [f"/tmp/{name}", os.path.join(os.path.expanduser("~"), name), f"../{name}", f"/{name}"]
-    attack = (f"wrote = []\nfor p in {targets!r}:\n    try:\n        open(p, 'w').write('x')\n        wrote.append(p)\n"
-              "    except OSError:\n        pass\nif wrote:\n    def add(a, b):\n        return a + b")
-    try:
-        reward, info = score(fenced(attack), ADD_ROW)
-        assert reward == 0.0 and info["statuses"] == ["NameError"] * 4, info
-    finally:
-        landed = sorted({p for p in [*targets[:2], f"{tempfile.gettempdir()}/{name}", f"/{name}"] if os.path.exists(p)})
-        for p in landed:
-            os.remove(p)
-    assert not landed
+@pytest.mark.skipif(not ROOT, reason="per-run uids need root")
+def test_concurrent_runs_get_their_own_uid():
+    """Two runs at once: under rlimits each sees a different slot uid, never root or nobody."""
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(run_python(
+        "import os, time; time.sleep(0.5); print(os.getuid())", backend="rlimits", parallel=2, limits=FAST).stdout))
+        for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    uids = {int(u) for u in out}
+    lo = isolation.SLOT_UID_BASE + 1024  # the rlimits block of slot uids
+    assert len(uids) == 2 and all(lo <= u < lo + 2 for u in uids)
 
 
-def test_killing_the_parent_fails(backend):
-    require(backend, "parent_protected")
-    me = os.getpid()
-    attacks = ["import os\nos.kill(os.getppid(), 9)", "import os\nos.killpg(os.getpgid(os.getppid()), 9)",
-               f"import os\nos.kill({me}, 9)", "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)"]
-    if backend == "bwrap":  # kill(-1) = every process we may signal; the fallback's nobody could hit others
-        attacks.append("import os\nos.kill(-1, 9)")
-    for attack in attacks:
-        reward, _ = score(fenced(attack), ADD_ROW)
-        assert reward == 0.0
-    assert os.getpid() == me and run_python("print('still here')").stdout == "still here\n"
+def test_slots_bound_how_many_run_at_once(backend):
+    # 3 runs of 0.6 s with 1 slot take >= 1.8 s (serial); with 3 slots about one run's time
+    def three(parallel):
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=run_python, args=("import time; time.sleep(0.6)",),
+                                    kwargs={"backend": backend, "parallel": parallel, "limits": FAST}) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.monotonic() - t0
+
+    assert three(1) >= 1.8 and three(3) < 1.6
 
 
-def test_hostile_completions_through_the_verifier_runner():
-    """The real path: the runner's worker process runs score(), which runs the sandbox."""
-    class Batch:  # the runner reads only these two fields of a Rollouts
-        def __init__(self, completions, rows):
-            self.completions, self.rows = completions, rows
+@pytest.mark.skipif(not ROOT, reason="per-run uids need root")
+def test_rlimits_fork_bomb_then_correct_run_on_the_same_slot():
+    """The bomb's orphans are reaped before its slot is given back: the next run on that slot
+    (same uid) can still fork, so a correct program is not refused because of the previous one."""
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    lim = Limits(wall_s=1.0, cpu_s=1, max_processes=16)
+    assert run_python(bomb, backend="rlimits", parallel=1, limits=lim).status == "timeout"
+    res = run_python("import os\npid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0); print('forked')",
+                     backend="rlimits", parallel=1, limits=lim)
+    assert res.stdout == "forked\n", res
 
-    hostile = [fenced("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
-               fenced("while True:\n    print('x' * 10**6)"), fenced("x = bytearray(10 * 1024**3)")]
-    if guarantees()["parent_protected"]:
-        hostile.append(fenced("import os\nos.kill(os.getppid(), 9)\nos.killpg(os.getpgid(os.getppid()), 9)"))
-    good = fenced("def add(a, b):\n    return a + b")
-    row = {"tests": ADD_TESTS, "limits": {"wall_s": 2.0, "memory_mb": 128}}
-    runner = VerifierRunner("rlpost.envs.code:score", timeout_s=15)
-    try:
-        rewards, infos, metrics = runner.score(Batch([*hostile, good], [row] * (len(hostile) + 1)))
-        assert rewards.tolist() == [0.0] * len(hostile) + [1.0]
-        assert metrics["verifier/errors"] == 0 and metrics["verifier/timeouts"] == 0
-        worker = runner.proc.pid
-        rewards, _, _ = runner.score(Batch([good], [row]))  # still working, same worker
-        assert rewards.tolist() == [1.0] and runner.proc.pid == worker
-    finally:
-        runner.close()
+
+# --- cleanup -------------------------------------------------------------------------------------
+
+
+def test_remove_tree_deletes_any_depth_without_recursion(tmp_path):
+    top = tmp_path / "t"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(3000):  # deeper than the recursion limit, and than PATH_MAX allows by name
+        os.mkdir("dd", dir_fd=fd)
+        os.close(os.open("f", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+        nxt = os.open("dd", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    os.chmod(top / "dd", 0)  # and unreadable near the top
+    isolation.remove_tree(str(top))
+    assert not top.exists()
+
+
+def test_rlimits_deep_tree_is_cleaned_and_a_cleanup_failure_is_reported_not_raised(monkeypatch):
+    tree = "import os\nfor _ in range(1200):\n    os.mkdir('d'); os.chdir('d')\nos.chmod('..', 0)\nprint('built')"
+    res = run_python(tree, backend="rlimits", limits=FAST)
+    assert (res.status, res.stdout, res.cleanup) == ("ok", "built\n", "")
+
+    real, left = isolation.remove_tree, []
+
+    def broken(path):
+        left.append(path)
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(isolation, "remove_tree", broken)
+    res = run_python("print('fine')", backend="rlimits", limits=FAST)
+    real(left[0])  # what the broken cleanup left behind
+    assert res.status == "ok" and res.stdout == "fine\n" and "RecursionError" in res.cleanup
+
+
+@needs_cgroup
+def test_stale_cgroups_of_dead_workers_are_swept():
+    host = isolation.cgroup_host()
+    dead = 4_000_000  # above pid_max: no live process has this pid
+    paths = [os.path.join(b, f"rlpost-{dead}-0-test") for b in dict.fromkeys((host.memory, host.pids, host.kill, host.cpu)) if b]
+    for p in paths:
+        os.mkdir(p)
+    assert isolation.sweep_stale_cgroups() >= len(paths) and not any(os.path.exists(p) for p in paths)
+
+
+def test_cgroup_dirs_parsed_from_mountinfo(monkeypatch, tmp_path):
+    """A v2-only host inside a cgroup namespace: /proc/self/cgroup says '0::/', the mount root is '/'."""
+    mountinfo = tmp_path / "mountinfo"
+    cgroup = tmp_path / "cgroup"
+    mountinfo.write_text("30 25 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+                         "31 25 0:27 /sub /mnt/v1mem rw - cgroup cgroup rw,memory\n")
+    cgroup.write_text("0::/job/worker\n4:memory:/sub/job\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(
+        {"/proc/self/mountinfo": mountinfo, "/proc/self/cgroup": cgroup}.get(p, p), *a, **k))
+    assert isolation._own_cgroup_dirs() == {"": "/sys/fs/cgroup/job/worker", "memory": "/mnt/v1mem/job"}
+
+
+@pytest.mark.skipif(not ROOT, reason="per-run uids need root")
+def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run(monkeypatch):
+    """A verifier worker SIGKILLed by the runner's timeout while its rlimits program runs: the
+    program is orphaned, still running under the slot's uid. The next run on that slot finds the
+    slot dirty, kills it and sweeps the dead worker's cgroups before it starts."""
+    lo = isolation.SLOT_UID_BASE + 1024  # slot 0 of the rlimits block
+    monkeypatch.setattr(sandbox, "_swept", [0])  # this process has swept already: only the dirty slot can tell
+    worker = subprocess.Popen([sys.executable, "-c", "from rlpost.envs.sandbox import Limits, run_python\n"
+                               "run_python('import time; time.sleep(60)', backend='rlimits', parallel=1, limits=Limits(wall_s=60))"],
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    alive = lambda: [p for p, state, _, uid in isolation._processes() if uid == lo and state not in "ZX"]
+    deadline = time.monotonic() + 20
+    while not alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker.kill()
+    worker.wait()
+    assert alive(), "the orphaned program should still be running"
+    res = run_python("print('next')", backend="rlimits", parallel=1, limits=FAST)
+    assert res.stdout == "next\n" and res.cleanup == "" and not alive()
+    host = isolation.cgroup_host()
+    if host is not None:
+        assert not [n for n in os.listdir(host.pids) if n.startswith(f"rlpost-{worker.pid}-")]
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"rlpost-sbx-{worker.pid}-*"))  # its working directory

@@ -63,6 +63,9 @@ def build_task(cfg) -> Task:
         raise ValueError("task.data is required for task.name=dataset")  # config.check_task says so first
     else:
         train, heldout = _generated_splits(cfg)
+    if t.name == "code":  # refuses to start without bubblewrap (unless task.sandbox=rlimits) or with ungradable tests
+        train, heldout, dropped = code.prepare(train, heldout, t)
+        skipped += dropped
     task = Task(train, heldout, t.verifier or DEFAULT_VERIFIER[t.name], skipped)
     check_verifier(task.verifier)
     return task

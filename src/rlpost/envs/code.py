@@ -2,65 +2,29 @@
 built-in task family.
 
 ``score(completion, row)`` takes the program from the last ```python block (or the whole
-completion when it has no fence), runs it in ``rlpost.envs.sandbox`` and returns the fraction of
-``row["tests"]`` that pass. Two test forms, freely mixed:
+completion when it has no fence), grades it against ``row["tests"]`` (envs/grading.py: the
+grading contract; tests are parsed here, only their inputs enter the sandbox, results come back as
+plain JSON and are compared here) and returns the fraction that pass.
 
-* assert strings (``"assert add(2, 3) == 5"``): ONE sandbox run executes the program, then each
-  assert in its own try, and reports every outcome as soon as it is known. One run rather than
-  one per test because a run costs a process start (~30 ms, more under load) and the program's
-  set-up is repeated per run; per-assert try blocks already keep one failing assert from hiding
-  the others, and streaming results means a test that hangs or crashes the process costs only
-  itself and the tests after it. The tests reach the harness on stdin (then the program sees an
-  empty stdin), so they are not in any file the program can open.
-  Caveat: program and asserts share one interpreter, so a program written to *subvert* the
-  harness (objects whose ``__eq__`` is always True, patching builtins, fishing the report nonce
-  out of memory) can fake passes. Prefer the stdin/stdout form where that matters.
-* ``{"stdin": ..., "stdout": ...}`` pairs: one run per test (each needs its own stdin); a test
-  passes when the run exits 0 and its stdout equals the expected one, both stripped and with
-  trailing spaces removed per line. This form is compared outside the sandbox, so the program
-  cannot fake it. After the first timeout the remaining pairs are skipped (and fail): a program
-  that hangs on one input usually hangs on all, and this bounds the verifier's time.
-
-Per-run limits come from ``row.get("limits", {})`` (fields of ``sandbox.Limits``). Give the
-verifier runner a deadline above ``len(tests) * wall_s``. This module imports nothing heavy, so
-the verifier worker process starts fast.
+Per-run limits come from ``row["limits"]`` (fields of ``sandbox.Limits``); the backend and the
+parallelism from ``row["sandbox"]`` (``{"backend": "bwrap" | "rlimits", "parallel": N}``), which
+``prepare`` writes into every row from ``task.sandbox`` / ``task.sandboxes``, so the verifier
+worker needs no config. A row without it is graded under bubblewrap: nothing falls back to the
+weaker sandbox unless asked. Give the verifier runner a deadline above
+``(1 + stdin/stdout tests) * wall_s``. This module imports nothing heavy, so the verifier worker
+process starts fast.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import random
-import secrets
 from dataclasses import dataclass
 from typing import Callable
 
-from rlpost.envs.sandbox import Limits, Result, run_python
-
-# Runs inside the sandbox as main.py, next to the model's program in solution.py.
-HARNESS = """import json, sys
-def _rlpost_run():
-    spec = json.loads(sys.stdin.readline())
-    nonce, ns = spec["nonce"], {"__name__": "solution"}
-    report = lambda d: print("\\n" + nonce, json.dumps(d), flush=True)
-    try:
-        exec(compile(open("solution.py").read(), "solution.py", "exec"), ns)
-    except SystemExit:
-        pass  # a program that ends with exit() still defined what it defined
-    except BaseException as e:
-        report({"program": f"{type(e).__name__}: {e}"[:300]})
-        return
-    for i, test in enumerate(spec["tests"]):
-        try:
-            exec(compile(test, f"test_{i}", "exec"), ns)
-            outcome = "pass"
-        except AssertionError:
-            outcome = "fail"
-        except BaseException as e:
-            outcome = type(e).__name__
-        report({"i": i, "r": outcome})
-_rlpost_run()
-"""
+from rlpost.envs.grading import Refused, grade, parse_test
+from rlpost.envs.sandbox import BACKENDS, INSTALL_HINT, Limits, bwrap_works
+from rlpost.types.errors import ConfigError
 
 
 def extract_program(completion: str) -> str:
@@ -88,63 +52,51 @@ def extract_program(completion: str) -> str:
 
 def score(completion: str, row: dict) -> tuple[float, dict]:
     """Reward = fraction of row["tests"] passed; info has passed, total, per-test statuses
-    ("pass", "fail", an exception name or a sandbox status) and the sandbox backend."""
-    program = extract_program(completion)
+    ("pass", "fail", "refused", an exception name or a sandbox status) and the sandbox backend.
+    Raises (a verifier error) only when the named sandbox cannot run here."""
+    box = row.get("sandbox") or {}
+    backend = box.get("backend", "bwrap")
+    if backend not in BACKENDS:
+        raise ValueError(f"row['sandbox']['backend'] = {backend!r}: expected one of {BACKENDS}")
     limits = Limits(**row.get("limits", {}))
-    tests = list(row["tests"])
-    statuses: list[str] = [""] * len(tests)
-    asserts = [i for i, t in enumerate(tests) if isinstance(t, str)]
-    pairs = [i for i, t in enumerate(tests) if not isinstance(t, str)]
-    info: dict = {"backend": None}
-    if asserts:
-        got, res = _run_asserts(program, [tests[i] for i in asserts], limits)
-        info.update(backend=res.backend, assert_run=res.status, stderr_tail=res.stderr[-300:])
-        for i, s in zip(asserts, got):
-            statuses[i] = s
-    if pairs:
-        got, backend = _run_pairs(program, [tests[i] for i in pairs], limits)
-        info["backend"] = info["backend"] or backend
-        for i, s in zip(pairs, got):
-            statuses[i] = s
-    passed = statuses.count("pass")
-    reward = passed / len(tests) if tests else 0.0
-    return reward, {"passed": passed, "total": len(tests), "statuses": statuses, **info}
+    return grade(extract_program(completion), list(row["tests"]), limits, backend, int(box.get("parallel", 0)))
 
 
-def _run_asserts(program: str, tests: list[str], limits: Limits) -> tuple[list[str], Result]:
-    nonce = secrets.token_hex(16)  # only lines starting with it are results, not the program's prints
-    spec = json.dumps({"nonce": nonce, "tests": tests}) + "\n"
-    res = run_python(HARNESS, stdin=spec, limits=limits, files={"solution.py": program})
-    unreported = res.status if res.status != "ok" else "no_result"
-    statuses = [unreported] * len(tests)
-    for line in res.stdout.splitlines():
-        if not line.startswith(nonce + " "):
-            continue
-        report = json.loads(line[len(nonce) + 1:])
-        if "program" in report:  # the program itself raised: every test fails with that error
-            statuses = ["program:" + report["program"].split(":")[0]] * len(tests)
-        elif 0 <= report["i"] < len(tests):
-            statuses[report["i"]] = report["r"]
-    return statuses, res
+def prepare(train: list[dict], heldout: list[dict], tcfg) -> tuple[list[dict], list[dict], int]:
+    """At task build: refuse to start without bubblewrap (unless task.sandbox=rlimits), check
+    that every test is one the grader accepts, and stamp each row with the sandbox settings.
+    A row with a refused test stops the run (task.on_bad_row=refuse) or is dropped (skip);
+    returns (train, heldout, rows dropped)."""
+    if tcfg.sandbox == "bwrap" and not bwrap_works():
+        raise ConfigError(f"task.name=code runs model-written code, and bubblewrap is missing or cannot create "
+                          f"namespaces here: {INSTALL_HINT}, or set task.sandbox=rlimits to accept a weaker sandbox")
+    stamp = {"backend": tcfg.sandbox, "parallel": tcfg.sandboxes}
+    dropped, kept = 0, []
+    for rows in (train, heldout):
+        good = []
+        for n, row in enumerate(rows):
+            why = _refusal(row)
+            if why and tcfg.on_bad_row == "refuse":
+                where = f"line {row['_line']}" if "_line" in row else f"row {n}"
+                raise ConfigError(f"task.data {where}: {why} (see docs/environments.md, the grading contract)")
+            dropped += bool(why)
+            if not why:
+                good.append({**row, "sandbox": stamp})
+        kept.append(good)
+    return kept[0], kept[1], dropped
 
 
-def _normalise(text: str) -> str:
-    return "\n".join(line.rstrip() for line in text.strip().splitlines())
-
-
-def _run_pairs(program: str, tests: list[dict], limits: Limits) -> tuple[list[str], str | None]:
-    statuses, backend = [], None
-    for test in tests:
-        if statuses and statuses[-1] in ("timeout", "skipped"):
-            statuses.append("skipped")
-            continue
-        res = run_python(program, stdin=test.get("stdin", ""), limits=limits)
-        backend = res.backend
-        if res.status != "ok":
-            statuses.append(res.status)
-        else:
-            statuses.append("pass" if _normalise(res.stdout) == _normalise(test["stdout"]) else "fail")
-    return statuses, backend
+def _refusal(row: dict) -> str:
+    """Why the grader would not run this row's tests, or ''."""
+    tests = row.get("tests")
+    if not isinstance(tests, list) or not tests:
+        return "no 'tests' list"
+    for j, test in enumerate(tests):
+        try:
+            parse_test(test)
+        except Refused as e:
+            return f"test {j} ({str(test)[:60]!r}) refused: {e}"
+    return ""
 
 
 # --- built-in task family -------------------------------------------------------------------

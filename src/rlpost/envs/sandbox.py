@@ -1,4 +1,5 @@
-"""Run model-written Python without letting it touch the trainer, the machine or the network.
+"""Run model-written Python without letting it touch the trainer, the machine, the network or
+another run.
 
 A code-task reward means executing whatever the policy wrote. During RL the policy explores, so
 sooner or later it writes an infinite loop, a fork bomb, a 10 GB allocation or a
@@ -6,77 +7,73 @@ sooner or later it writes an infinite loop, a fork bomb, a 10 GB allocation or a
 or the trainer's memory will learn to. ``run_python`` runs one program under a set of limits and
 always returns a ``Result``; nothing the program does can raise in, block or kill the caller.
 
-Two backends, chosen once per process (``RLPOST_SANDBOX=auto|bwrap|rlimit``, default auto):
+Two backends (``backend=`` or ``RLPOST_SANDBOX=auto|bwrap|rlimits``; the code task names one
+explicitly and refuses to start without bubblewrap unless told ``task.sandbox=rlimits``):
 
-bwrap (bubblewrap), used wherever it exists *and* a trivial program actually runs under it
+bwrap (bubblewrap), wherever it exists *and* a trivial program actually runs under it
 (containers often disable user namespaces, so the binary being present proves nothing):
-  * new user, pid, network, ipc, uts and mount namespaces (``--unshare-all``): no network at all,
-    not even the host's localhost; the pid namespace hides every outside process, and when the
-    outer bwrap dies (``--die-with-parent``) the kernel kills everything inside;
+  * new user, pid, network, ipc, uts, cgroup and mount namespaces (``--unshare-all``): no network
+    at all, not even the host's localhost; no SysV/POSIX shared memory or message queue of the
+    host or of another run; the pid namespace hides every outside process, and when the outer
+    bwrap dies the kernel kills everything inside;
   * the root is an empty tmpfs, remounted read-only, with read-only binds of /usr and the /lib*,
-    /bin links: no /etc, no /home, no /tmp. The only writable place is the throwaway working
-    directory, bound at /sandbox and deleted afterwards;
-  * the program runs as uid 65534 inside. When *we* are root it must also be 65534 outside, so
-    bwrap itself is started as nobody: a process whose real uid is 0 ignores RLIMIT_NPROC (the
-    kernel exempts INIT_USER), which would leave a fork bomb uncapped;
+    /bin links: no /etc, no /home, no /tmp, no host path at all. The working directory /sandbox is
+    a tmpfs of ``max_disk_mb`` (``--size``): written files are RAM inside the sandbox, never the
+    host disk, and vanish with its mount namespace. The program's files enter through ``--file``
+    from memfds, so there is no host directory to clean up either;
+  * the program runs as uid 65534 inside; outside, bwrap runs as the run's slot uid (isolation.py),
+    never root: a process whose real uid is 0 ignores RLIMIT_NPROC;
   * rlimits are set *inside* the sandbox by a tiny boot shim that then execs the program, so
-    RLIMIT_NPROC counts only processes in the sandbox's own user namespace, not every process
-    the same uid owns on the machine.
+    RLIMIT_NPROC counts only processes in the sandbox's own user namespace;
+  * bwrap installs isolation.seccomp_filter(): no keyring calls, no ptrace, no process_vm_*.
   The interpreter is the system /usr/bin/python3 (stdlib only): it lives under /usr, which is
-  bound anyway, whereas sys.executable is often a venv or pyenv build under $HOME, and binding
-  $HOME is exactly what must not happen. Only when /usr/bin/python3 is missing is
-  sys.base_prefix bound read-only at its own path and sys.executable used.
+  bound anyway, whereas sys.executable is often a venv under $HOME, and binding $HOME is exactly
+  what must not happen. Only when /usr/bin/python3 is missing is sys.base_prefix bound read-only.
 
-rlimit (fallback): a plain subprocess in a new session, through the same boot shim (same
-rlimits), with a scrubbed environment and a temp working directory; when we are root it runs as
-nobody (so RLIMIT_NPROC binds and it cannot signal root processes, though it can signal other
-processes of nobody). It has no network isolation, the filesystem stays readable (and
-world-writable places like /tmp writable), and a child that calls setsid() escapes the final
-process-group kill. Run as a non-root user it also shares RLIMIT_NPROC with, and can signal,
-every process of that user, the trainer included. ``guarantees()`` says exactly which properties
-hold, and the first fallback run warns once, loudly.
+rlimits (only when asked for): a plain subprocess in a new session, through the same boot shim
+(same rlimits, and the seccomp filter installed by the shim itself), with a scrubbed environment
+and a fresh host directory. When we are root it runs as the slot's own uid, so it cannot signal,
+ptrace or read the files of the trainer or of another run, RLIMIT_NPROC counts only its own
+processes, and at the end every process of the run is killed (its cgroup, else its uid), daemons
+included. It has no network isolation, the filesystem stays readable (a world-readable data file
+with the expected answers included) and world-writable places like /tmp writable, files go to
+the host disk with only a per-file cap, and the host's SysV IPC is shared. As a non-root user it
+also shares the trainer's uid: it can read the trainer's memory through /proc and kill it.
+``guarantees()`` says exactly which properties hold, and the first such run warns, naming each
+missing one.
 
-Cost: one run of a trivial program takes ~25-35 ms with either backend (measured on a 2-core
-container); the bwrap probe is one such run, once per process.
+Both backends, where cgroups can be made (isolation.py): a cgroup per run caps the memory of the
+whole run (``total_memory_mb``: processes, memfd, tmpfs, shared memory) and its process count,
+and kills it whole at the end. Without one, memory_mb caps each process's *address space* only,
+which memfd and shmem pages escape, and ``guarantees()`` says so.
 
-Limits are per process: memory_mb caps each process's address space, so the worst case is
-max_processes x memory_mb (there is no cgroup here to cap the total). Threads count against
-both caps (each reserves a stack; MALLOC_ARENA_MAX=2 stops glibc reserving 64 MB per thread). RLIMIT_FSIZE caps each
-file, not the directory: a program can still write many files until its wall time runs out.
+Cost: one run of a trivial program takes ~45-60 ms on 2 cores (benchmarks/sandbox.py), ~8 ms
+of it the kernel moving the held run into its cgroup; the bwrap probe is one such run, once per
+process.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import glob
 import os
-import re
+import secrets
 import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
 from dataclasses import dataclass
 
-NOBODY = 65534
-INSIDE = "/sandbox"  # the working directory as the program sees it under bwrap
-MAIN = "main.py"
-KILL_WAIT_S = 2.0  # after a kill, how long to wait for the pipes to close
+from rlpost.envs import isolation, launch
+from rlpost.envs.launch import MAIN
 
-# Boot shim: set the rlimits on itself, then become the program (same pid, limits inherited).
-# It runs inside the sandbox, so RLIMIT_NPROC is counted in the sandbox's own user namespace.
-# CPU gets a 1 s gap between the soft limit (SIGXCPU, which kills Python) and the hard one
-# (SIGKILL), for programs that catch SIGXCPU.
-BOOT = """import os, resource as r, sys
-cpu, mem, nproc, fsize = map(int, sys.argv[1:5])
-for k, v in ((r.RLIMIT_CPU, (cpu, cpu + 1)), (r.RLIMIT_AS, (mem, mem)), (r.RLIMIT_NPROC, (nproc, nproc)),
-             (r.RLIMIT_FSIZE, (fsize, fsize)), (r.RLIMIT_CORE, (0, 0))):
-    r.setrlimit(k, v)
-os.execv(sys.executable, [sys.executable, "-E", "-s", "-B", sys.argv[5]])
-"""
+KILL_WAIT_S = 2.0  # after a kill, how long to wait for the pipes to close
+REAP_WAIT_S = 5.0  # rlimits as root: how long to wait for init to reap a run's orphans (see kill_matching)
+BACKENDS = ("bwrap", "rlimits")
+INSTALL_HINT = "install bubblewrap (apt-get install bubblewrap)"
 
 
 @dataclass
@@ -88,11 +85,15 @@ class Limits:
     memory_mb: int = 512
     """address space per process (RLIMIT_AS)"""
     max_processes: int = 32
-    """processes and threads in the sandbox (RLIMIT_NPROC)"""
+    """processes and threads in the sandbox (RLIMIT_NPROC; the cgroup's pids.max where there is one)"""
     max_output_bytes: int = 1 << 20
     """cap on stdout and on stderr; the program is killed when either goes over"""
     max_file_mb: int = 16
-    """largest file the program may write (RLIMIT_FSIZE)"""
+    """largest file the program may write (RLIMIT_FSIZE; also caps each memfd)"""
+    max_disk_mb: int = 64
+    """size of the working directory (bwrap: a tmpfs of this size; rlimits: not enforced)"""
+    total_memory_mb: int = 0
+    """memory of the whole run, memfd, tmpfs and shared memory included (cgroup); 0 = memory_mb + max_disk_mb"""
 
 
 @dataclass
@@ -102,31 +103,16 @@ class Result:
     stdout: str  # decoded, at most max_output_bytes
     stderr: str  # decoded, at most max_output_bytes
     wall_s: float
-    backend: str  # "bwrap" | "rlimit"
+    backend: str  # "bwrap" | "rlimits"
+    peak_memory_mb: float | None = None  # the run's cgroup peak, where there is a cgroup
+    cleanup: str = ""  # what could not be cleaned up (never raised: the program's result stands)
+
+
+class SandboxUnavailable(RuntimeError):
+    """The asked-for backend cannot run here (bubblewrap missing or blocked)."""
 
 
 # --- backend choice -------------------------------------------------------------------------
-
-
-def _python() -> str:
-    """The interpreter to run inside; see the module docstring for why the system one."""
-    # realpath: a venv's bin/python is a link into sys.base_prefix, the only tree bwrap binds
-    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(sys.executable)
-
-
-def _as_nobody() -> dict:
-    """Popen arguments that drop root to nobody (done in C by Popen, no preexec_fn)."""
-    return {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
-
-
-@functools.cache
-def _bwrap_flags() -> frozenset[str]:
-    """Optional flags this bwrap knows (older releases lack --disable-userns)."""
-    try:
-        out = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return frozenset()
-    return frozenset(f for f in ("--disable-userns",) if f in out.stdout + out.stderr)
 
 
 @functools.cache
@@ -134,167 +120,159 @@ def bwrap_works() -> bool:
     """Probe once per process: does a trivial program really run under our bwrap command?"""
     if shutil.which("bwrap") is None:
         return False
-    res = run_python("print(6 * 7)", limits=Limits(wall_s=20), backend="bwrap")
+    res = run_python("print(6 * 7)", limits=Limits(wall_s=20), backend="bwrap", _probe=True)
     return res.status == "ok" and res.stdout.strip() == "42"
 
 
-def active_backend() -> str:
-    """The backend run_python uses when none is named: RLPOST_SANDBOX, else bwrap if it works."""
-    choice = os.environ.get("RLPOST_SANDBOX", "auto")
-    if choice not in ("auto", "bwrap", "rlimit"):
-        raise ValueError(f"RLPOST_SANDBOX={choice!r}: expected auto, bwrap or rlimit")
-    if choice == "bwrap" and not bwrap_works():
-        raise RuntimeError("RLPOST_SANDBOX=bwrap but bubblewrap is missing or cannot run here")
+def resolve_backend(choice: str | None = None) -> str:
+    """The backend to use: `choice`, else RLPOST_SANDBOX, else bwrap if it works, else rlimits.
+
+    Naming bwrap where it cannot run raises SandboxUnavailable; nothing falls back silently."""
+    choice = choice or os.environ.get("RLPOST_SANDBOX", "auto")
+    choice = "rlimits" if choice == "rlimit" else choice  # the old spelling
+    if choice not in ("auto", *BACKENDS):
+        raise ValueError(f"sandbox backend {choice!r}: expected auto, bwrap or rlimits")
     if choice == "auto":
-        return "bwrap" if bwrap_works() else "rlimit"
+        return "bwrap" if bwrap_works() else "rlimits"
+    if choice == "bwrap" and not bwrap_works():
+        raise SandboxUnavailable(f"bubblewrap is missing or cannot create namespaces here: {INSTALL_HINT}, "
+                                 "or set task.sandbox=rlimits to accept a weaker sandbox")
     return choice
 
 
 def guarantees(backend: str | None = None) -> dict[str, bool]:
-    """Which isolation properties hold for `backend` (default: the active one) on this machine."""
-    backend = backend or active_backend()
-    root = os.geteuid() == 0
-    full = backend == "bwrap"
+    """Which isolation properties hold for `backend` (default: the resolved one) on this machine."""
+    backend = "rlimits" if backend == "rlimit" else backend or resolve_backend()
+    bw, own_uid = backend == "bwrap", os.geteuid() == 0  # root: every run gets a uid of its own
+    cgroup, seccomp = isolation.cgroup_host() is not None, isolation.seccomp_filter() is not None
     return {
-        "wall_time": True, "cpu_time": True, "memory_per_process": True, "output_cap": True,
-        "throwaway_dir": True,
-        # Fallback as a non-root user: RLIMIT_NPROC counts *all* that user's processes, so it
-        # still caps a fork bomb, but the cap is shared with the trainer itself.
-        "process_count": True,
-        "network_isolated": full,
-        "fs_read_isolated": full,  # fallback: everything world-readable is readable
-        "fs_write_isolated": full,  # fallback: /tmp and other world-writable places are writable
-        "tree_kill": full,  # fallback: a child that calls setsid() survives the group kill
-        "parent_protected": full or root,  # fallback as root runs as nobody: cannot signal root
+        "wall_time": True, "cpu_time": True, "output_cap": True, "memory_per_process": True,
+        "memory_total": cgroup,  # memfd, tmpfs and shmem pages: only a cgroup counts them
+        "process_count": bw or own_uid or cgroup,  # counts this run's processes, not the trainer's
+        "disk_quota": bw and "--size" in launch.bwrap_flags(),  # rlimits: RLIMIT_FSIZE per file only
+        "tree_kill": bw or own_uid or cgroup,  # rlimits as non-root: a setsid() daemon survives
+        "network_isolated": bw,
+        "fs_read_isolated": bw,  # rlimits: every world-readable file, task data included
+        "fs_write_isolated": bw,  # rlimits: /tmp, /dev/shm and the host disk
+        "ipc_isolated": bw,  # rlimits: the host's SysV shared memory, semaphores, queues
+        "userns_blocked": bw and "--disable-userns" in launch.bwrap_flags(),  # no nested namespaces
+        "keyring_isolated": seccomp,
+        "ptrace_blocked": seccomp,
+        "parent_protected": bw or own_uid,  # rlimits as non-root: same uid as the trainer
+        "runs_isolated": bw and cgroup,  # nothing one run does can change another's result
     }
 
 
 @functools.cache
-def _warn_fallback() -> None:
-    missing = sorted(k for k, ok in guarantees("rlimit").items() if not ok)
-    warnings.warn(
-        "rlpost.envs.sandbox: running model-written code under the rlimit FALLBACK (bubblewrap "
-        f"missing or unusable, or RLPOST_SANDBOX=rlimit). Missing guarantees: {', '.join(missing)}. Install bubblewrap "
-        "(apt-get install bubblewrap) before training on untrusted code.", RuntimeWarning, stacklevel=3)
-
-
-# --- command lines --------------------------------------------------------------------------
-
-
-def _boot_args(limits: Limits, script: str) -> list[str]:
-    mib = 1 << 20
-    cpu = max(1, math.ceil(limits.cpu_s))  # RLIMIT_CPU counts whole seconds; 0 would mean "now"
-    return [_python(), "-E", "-s", "-B", "-c", BOOT, str(cpu), str(int(limits.memory_mb * mib)),
-            str(int(limits.max_processes)), str(int(limits.max_file_mb * mib)), script]
-
-
-def _system_mounts() -> list[str]:
-    """Read-only view of what Python needs: /usr, the /lib* and /bin links, and nothing else."""
-    args = ["--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(top):  # merged-/usr systems: /lib -> usr/lib
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    prefix = sys.base_prefix
-    if not _python().startswith("/usr/"):
-        args += ["--ro-bind", prefix, prefix]  # the interpreter's install tree, not the home above it
-    return args
-
-
-def _bwrap_cmd(workdir: str, limits: Limits, info_fd: int) -> list[str]:
-    return [
-        "bwrap", "--info-fd", str(info_fd), "--unshare-all", "--unshare-user", *(_bwrap_flags() & {"--disable-userns"}),
-        "--die-with-parent", "--new-session", "--hostname", "sandbox",
-        "--tmpfs", "/", *_system_mounts(), "--proc", "/proc", "--dev", "/dev",
-        "--bind", workdir, INSIDE, "--chdir", INSIDE,
-        # Read-only root and /dev: otherwise their tmpfs (RAM, no size cap) is a way to fill memory.
-        "--remount-ro", "/dev", "--remount-ro", "/",
-        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", INSIDE,
-        "--setenv", "TMPDIR", INSIDE, "--setenv", "LANG", "C.UTF-8", "--setenv", "MALLOC_ARENA_MAX", "2",
-        "--uid", str(NOBODY), "--gid", str(NOBODY),
-        *_boot_args(limits, MAIN),
-    ]
-
-
-def _spawn(backend: str, workdir: str, limits: Limits, stdin) -> subprocess.Popen:
-    info_r = info_w = None
-    if backend == "bwrap":
-        # bwrap writes {"child-pid": N} (the sandbox's pid 1, in our pid namespace) to --info-fd;
-        # _kill_tree waits for N to end, which the kernel allows only once the namespace is empty.
-        info_r, info_w = os.pipe()
-        cmd, env, cwd = _bwrap_cmd(workdir, limits, info_w), {"PATH": "/usr/bin:/bin"}, "/"
-    else:
-        cmd, cwd = _boot_args(limits, MAIN), workdir
-        env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2"}
-    # A new session gives the outer process its own process group, which _kill_tree kills whole.
-    try:
-        proc = subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
-                                start_new_session=True, close_fds=True, pass_fds=(info_w,) if info_w else (),
-                                **_as_nobody())
-    except BaseException:
-        if info_r is not None:
-            os.close(info_r)
-        raise
-    finally:
-        if info_w is not None:
-            os.close(info_w)
-    proc.info_fd = info_r
-    return proc
+def _warn_missing(backend: str) -> None:
+    missing = sorted(k for k, ok in guarantees(backend).items() if not ok)
+    if missing:
+        warnings.warn(f"rlpost.envs.sandbox: running model-written code under {backend} without: "
+                      f"{', '.join(missing)} (see docs/environments.md)"
+                      + (f"; {INSTALL_HINT} for the full sandbox" if backend == "rlimits" else ""),
+                      RuntimeWarning, stacklevel=4)
 
 
 # --- one run --------------------------------------------------------------------------------
 
 
 def run_python(code: str, stdin: str = "", limits: Limits = Limits(), files: dict[str, str] | None = None,
-               backend: str | None = None) -> Result:
+               backend: str | None = None, parallel: int = 0, _probe: bool = False) -> Result:
     """Run `code` as main.py in a fresh directory holding `files`; never raises for what `code` does.
 
-    backend: "bwrap" or "rlimit" to force one (tests); default active_backend()."""
-    backend = backend or active_backend()
-    if backend == "rlimit":
-        _warn_fallback()
-    workdir = _make_workdir(code, files or {})
+    backend: "bwrap" or "rlimits"; default resolve_backend(). parallel: how many sandboxes may run
+    at once on this machine (the slot pool); 0 = the number of CPU cores."""
+    backend = "bwrap" if _probe else resolve_backend(backend)
+    if not _probe:
+        _warn_missing(backend)
+    files = {**(files or {}), MAIN: code}
+    for name in files:
+        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] in ("..", ".", ""):
+            raise ValueError(f"sandbox file name {name!r} must be relative and stay inside the directory")
+    slot = isolation.acquire_slot(parallel or os.cpu_count() or 1, uid_block=BACKENDS.index(backend))
+    res = None
     try:
-        with tempfile.TemporaryFile() as stdin_file:  # a file, not a pipe: a program that never
-            stdin_file.write(stdin.encode())  # reads its stdin cannot block us on a full pipe
-            stdin_file.seek(0)
-            t0 = time.monotonic()
-            proc = _spawn(backend, workdir, limits, stdin_file)
-            try:
-                out, err, why = _collect(proc, limits, t0 + limits.wall_s)
-            finally:
-                _kill_tree(proc)
-                proc.stdout.close()
-                proc.stderr.close()
-            wall = time.monotonic() - t0
+        res = _run_in_slot(backend, files, stdin, limits, slot)
+        return res
     finally:
-        _remove(workdir)
+        isolation.release_slot(slot, clean=res is not None and not res.cleanup)
+
+
+def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot: isolation.Slot) -> Result:
+    if backend == "rlimits" and os.geteuid() == 0 and slot.dirty:  # what a caller killed mid-run left
+        isolation.kill_matching(uid=slot.uid, reap_wait_s=REAP_WAIT_S)
+    if slot.dirty or not _swept:
+        _swept.append(_sweep_stale())
+    cgroup, workdir, problems = _make_cgroup(limits, slot), None, []
+    try:
+        if backend == "rlimits":
+            workdir = _make_workdir(files, slot.uid)
+        t0 = time.monotonic()
+        proc = launch.spawn(backend, files, stdin, limits, slot, workdir)
+        try:
+            launch.release(proc, cgroup)
+            out, err, why = _collect(proc, limits, t0 + limits.wall_s, lambda: _kill_all(proc, cgroup, slot, backend))
+        finally:
+            problems += _kill_all(proc, cgroup, slot, backend)
+            _finish(proc)
+        wall = time.monotonic() - t0
+        peak = cgroup.peak_mb() if cgroup else None
+        oom = cgroup.oom_killed() if cgroup else False
+    finally:
+        problems += _cleanup(cgroup, workdir)
     rc = proc.returncode
     if backend == "bwrap" and rc is not None and rc > 128:
         rc = 128 - rc  # bwrap exits 128 + N when the program died of signal N (sys.exit(130) looks the same)
     stdout, stderr = (b.decode("utf-8", errors="replace") for b in (out, err))
-    return Result(why or _classify(rc, stderr), rc, stdout, stderr, wall, backend)
+    status = why or ("memory" if oom and rc != 0 else _classify(rc, stderr))
+    return Result(status, rc, stdout, stderr, wall, backend, peak, "; ".join(problems))
 
 
-def _make_workdir(code: str, files: dict[str, str]) -> str:
-    workdir = tempfile.mkdtemp(prefix="rlpost-sbx-")
-    for name, text in {**files, MAIN: code}.items():
-        path = os.path.normpath(os.path.join(workdir, name))
-        if os.path.isabs(name) or not path.startswith(workdir + os.sep):
-            _remove(workdir)
-            raise ValueError(f"sandbox file name {name!r} must be relative and stay inside the directory")
+_swept: list[int] = []  # non-empty once this process has swept
+
+
+def _sweep_stale() -> int:
+    """Remove what workers killed mid-run (the runner's timeout SIGKILLs them) left behind: their
+    cgroups and their rlimits working directories, both named with the dead worker's pid. Run by
+    a process's first run and by any run that finds its slot dirty; returns how many it removed."""
+    removed = isolation.sweep_stale_cgroups() if isolation.cgroup_host() else 0
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "rlpost-sbx-*-*")):
+        pid = os.path.basename(path).split("-")[2]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                isolation.remove_tree(path)
+                removed += 1
+            except Exception:  # noqa: BLE001 - a leftover we cannot remove must not stop this run
+                pass
+    return removed
+
+
+def _make_cgroup(limits: Limits, slot: isolation.Slot) -> isolation.RunCgroup | None:
+    host = isolation.cgroup_host()
+    if host is None:
+        return None
+    total = limits.total_memory_mb or limits.memory_mb + limits.max_disk_mb
+    # +3 pids: the outer bwrap, the sandbox's init, and the boot shim that becomes the program
+    return isolation.RunCgroup(host, f"{slot.index}-{secrets.token_hex(4)}", int(total) << 20,
+                               int(limits.max_processes) + 3)
+
+
+def _make_workdir(files: dict[str, str], uid: int) -> str:
+    """rlimits backend: a fresh host directory, 0700 and owned by the run's uid when we are root."""
+    workdir = tempfile.mkdtemp(prefix=f"rlpost-sbx-{os.getpid()}-")  # our pid: see _sweep_stale
+    for name, text in files.items():
+        path = os.path.join(workdir, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             f.write(text)
-    if os.geteuid() == 0:  # the program runs as nobody and owns only its own directory
-        for dirpath, dirnames, filenames in os.walk(workdir):
+    if os.geteuid() == 0:
+        for dirpath, dirnames, filenames in os.walk(workdir):  # our own shallow tree, not the program's
             for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-                os.chown(name, NOBODY, NOBODY)
+                os.chown(name, uid, uid)
     return workdir
 
 
-def _collect(proc: subprocess.Popen, limits: Limits, deadline: float) -> tuple[bytes, bytes, str | None]:
+def _collect(proc: subprocess.Popen, limits: Limits, deadline: float, kill) -> tuple[bytes, bytes, str | None]:
     """Read stdout/stderr incrementally until both close; (out, err, status override or None).
 
     Reads at most cap + 64 KiB per stream before killing, so gigabytes of output cost nothing."""
@@ -311,7 +289,7 @@ def _collect(proc: subprocess.Popen, limits: Limits, deadline: float) -> tuple[b
             break
         if exited_at is None and proc.poll() is not None:
             exited_at = now  # main process gone: kill stragglers still holding the pipes
-            _kill_tree(proc)
+            kill()
         if exited_at is not None and now - exited_at > KILL_WAIT_S:
             break
         for key, _ in sel.select(timeout=min(0.1, deadline - now)):
@@ -334,64 +312,68 @@ def _collect(proc: subprocess.Popen, limits: Limits, deadline: float) -> tuple[b
     return out, err, why
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the whole process group (bwrap: the outer process, whose death takes the pid
-    namespace and everything in it) until it is empty, then reap.
+def _kill_all(proc: subprocess.Popen, cgroup, slot: isolation.Slot, backend: str) -> list[str]:
+    """Kill every process of the run, by every handle we have; returns what could not be killed.
 
-    Repeated because a member that is mid-fork can produce a child after a signal went out.
-    Stops for good at the first ESRCH: once the group is empty its id may be reused."""
-    stop = time.monotonic() + KILL_WAIT_S
-    while not getattr(proc, "group_gone", False) and time.monotonic() < stop:
+    bwrap: first the sandbox's pid 1, whose death tears down the pid namespace and everything in
+    it, and which the outer bwrap then reaps (killing both at once would leave the kernel's init
+    to reap an orphan). Then the cgroup (where there is one), which holds everything, even
+    processes that left the session; then the process group. rlimits: every process of the
+    run's own uid (root), else of its session."""
+    problems = []
+    if proc.pid1_fd is not None:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            proc.group_gone = True
-            break
+            signal.pidfd_send_signal(proc.pid1_fd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         try:
-            proc.wait(timeout=0.01)  # reap the leader; orphans are reaped by init
+            proc.wait(timeout=KILL_WAIT_S)
         except subprocess.TimeoutExpired:
-            continue
-        if not _group_alive(proc.pid):  # only zombies left, waiting for init to reap them
-            proc.group_gone = True
-    try:
-        proc.wait(timeout=KILL_WAIT_S)
-    except subprocess.TimeoutExpired:  # unkillable (D state): leave it to the kernel, never hang
-        pass
-    if proc.info_fd is not None:
-        _wait_namespace_gone(proc.info_fd, stop)
-        os.close(proc.info_fd)
-        proc.info_fd = None
-
-
-def _wait_namespace_gone(info_fd: int, stop: float) -> None:
-    """Wait until the sandbox's pid 1 has exited. A dying pid-namespace init first kills and
-    waits out every process in its namespace, so after this nothing of the sandbox runs."""
-    os.set_blocking(info_fd, False)
-    try:
-        m = re.search(rb'"child-pid"\s*:\s*(\d+)', os.read(info_fd, 4096))
-    except BlockingIOError:  # bwrap died before it started the sandbox
-        return
-    while m and time.monotonic() < stop:
+            problems.append("the sandbox's init did not die")
+    if cgroup is not None and not getattr(proc, "cgroup_emptied", False):
         try:
-            with open(f"/proc/{int(m[1])}/stat") as f:
-                if f.read().rpartition(")")[2].split()[0] in "ZX":
-                    return
-        except OSError:  # reaped
-            return
-        time.sleep(0.005)
+            proc.cgroup_emptied = cgroup.kill()
+        except OSError as e:
+            problems.append(f"cgroup kill: {e}")
+    isolation.kill_process_group(proc)
+    if backend == "rlimits":
+        # The run that made the zombies waits for them to be reaped, not the next run on this
+        # slot (zombies count against RLIMIT_NPROC). The cgroup's pids count says it without a
+        # scan of /proc; without a cgroup, every process of the run's uid (root) or session.
+        own = os.geteuid() == 0
+        if getattr(proc, "cgroup_emptied", False):
+            if not cgroup.wait_reaped(REAP_WAIT_S):
+                problems.append("the run's zombies were not reaped")
+        elif isolation.kill_matching(uid=slot.uid if own else None, session=None if own else proc.pid,
+                                     reap_wait_s=REAP_WAIT_S if own else 0.0):
+            problems.append("processes of the run survived SIGKILL")
+    return problems
 
 
-def _group_alive(pgid: int) -> bool:
-    """Does any process in group `pgid` still run? (killpg also "succeeds" on zombies.)"""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def _finish(proc: subprocess.Popen) -> None:
+    for f in (proc.stdout, proc.stderr):
+        f.close()
+    for name in ("info_fd", "pid1_fd"):
+        if getattr(proc, name) is not None:
+            os.close(getattr(proc, name))
+            setattr(proc, name, None)
+
+
+def _cleanup(cgroup, workdir: str | None) -> list[str]:
+    """Remove the cgroup and the host directory. A failure is reported, never raised: the
+    program's result stands, and a mess one program made must not cost the next one its reward."""
+    problems = []
+    if cgroup is not None:
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()  # after "pid (comm)": state ppid pgrp
-        except (OSError, ValueError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in "ZX":
-            return True
-    return False
+            cgroup.remove()
+        except OSError as e:
+            problems.append(f"cgroup: {e}")
+    if workdir is not None:
+        try:
+            isolation.remove_tree(workdir)
+        except Exception as e:  # noqa: BLE001 - whatever the program built, the caller must not see it
+            problems.append(f"workdir: {type(e).__name__}: {e}")
+    return problems
 
 
 def _classify(rc: int | None, stderr: str) -> str:
@@ -407,19 +389,3 @@ def _classify(rc: int | None, stderr: str) -> str:
     if sig is not None:
         return "killed"
     return "error"
-
-
-def _remove(workdir: str) -> None:
-    """Delete the throwaway directory, even where the program chmod-ed things to 000."""
-    try:
-        shutil.rmtree(workdir)
-        return
-    except OSError:
-        pass
-    for dirpath, dirnames, _ in os.walk(workdir):  # topdown: fix a directory before entering it
-        for d in [dirpath, *(os.path.join(dirpath, n) for n in dirnames)]:
-            try:
-                os.chmod(d, 0o700, follow_symlinks=False)
-            except OSError:
-                pass
-    shutil.rmtree(workdir, ignore_errors=True)

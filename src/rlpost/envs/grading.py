@@ -1,0 +1,399 @@
+"""Grading a program against tests so that only a correct program can score: the grading contract.
+
+A code-RL run optimises whatever the grader rewards, so the grader must not be foolable. The
+program runs in the sandbox and controls everything there: its interpreter, the builtins, every
+object it returns, every byte it writes. So nothing that decides the reward is done there:
+
+1. Each test is parsed *here*, in the trusted process (``parse_test``), into its inputs and its
+   expected result. Accepted forms (anything else is refused, see below):
+
+   * ``"assert f(ARGS) == EXPECTED"`` (either side), ``"assert f(ARGS) is True|False|None"``,
+     ``"assert f(ARGS)"`` (truthy), ``"assert not f(ARGS)"`` (falsy),
+     ``"assert math.isclose(f(ARGS), EXPECTED, rel_tol=R, abs_tol=A)"`` and
+     ``"assert abs(f(ARGS) - EXPECTED) < TOL"`` (``<=`` too), where f is a plain name and ARGS
+     and EXPECTED are Python literals (numbers, strings, bytes, None, True/False, and tuples,
+     lists, dicts and sets of those; ``ast.literal_eval``);
+   * ``{"call": "f(ARGS)", "expected": VALUE}`` with optional ``"rel_tol"`` / ``"abs_tol"``:
+     the same, with the expected value as data (JSON);
+   * ``{"stdin": "...", "stdout": "..."}``: the program reads stdin and must exit 0 printing
+     stdout (compared after stripping the ends and trailing spaces per line).
+
+2. Only inputs enter the sandbox: the function name and the *source* of the literal arguments
+   (which the harness reads with ``ast.literal_eval``), or the stdin text. No expected value is
+   in any file, descriptor, environment variable or argument the program can reach, and the
+   parent's memory is out of reach (pid namespace, another uid, no ptrace).
+
+3. The harness (inside, running as main.py next to the program's solution.py) calls each
+   function and writes back its return value as JSON of plain values: None, bool, int, float,
+   str, list (tuples become lists), and tagged ``{"$dict": [[k, v], ...]}``, ``{"$set": [...]}``,
+   ``{"$bytes": "hex"}``. Any other type is a failure (``unserializable:TYPE``): an object whose
+   ``__eq__`` always says yes never leaves the sandbox. The program can forge these reports, but
+   a forged report is only a claimed return value, and without the expected values a claim is
+   right only if the program computed it.
+
+4. The comparison happens here, on decoded plain values (``same``): types must match, except
+   that ints and floats compare as numbers and tuples as lists; bool is not a number (True != 1);
+   floats (or an int against a float) are equal when ``math.isclose(got, expected, rel_tol,
+   abs_tol)`` with rel_tol = 1e-6 and abs_tol = 1e-9 unless the test says otherwise, and NaN
+   equals only NaN; strings, bytes, None and bools exactly; lists element-wise in order; dicts by
+   key set and then value by value; sets exactly (Python equality).
+
+Refused: any other assert, e.g. one on a side effect (``f(xs); assert xs == [...]``), a method
+call, or arguments that are not literals. Running such a test means running test code in the
+program's interpreter, where the program can rewrite what the test sees (that is how 8 of 55
+hostile programs once earned full reward), so it is not run at all: the code task refuses the
+row when it is built (or skips it, ``task.on_bad_row=skip``), and ``score`` marks such a test
+``refused`` (never passed). Rewrite a side-effect test as a stdin/stdout test (print the state)
+or as a call whose return value shows it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from rlpost.envs.sandbox import Limits, Result, run_python
+
+REL_TOL, ABS_TOL = 1e-6, 1e-9
+
+# Runs inside the sandbox as main.py, next to the model's program in solution.py. It reads the
+# calls (name, argument source, keyword source) from its first stdin line and reports one JSON
+# line per call on the original stdout; the program's own prints go to stderr.
+HARNESS = r'''import ast, json, os, sys
+def plain(v, depth=0):
+    if depth > 200:
+        raise ValueError("nested too deeply")
+    if v is None or isinstance(v, (bool, str)):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return [plain(x, depth + 1) for x in v]
+    if isinstance(v, dict):
+        return {"$dict": [[plain(k, depth + 1), plain(x, depth + 1)] for k, x in v.items()]}
+    if isinstance(v, (set, frozenset)):
+        return {"$set": [plain(x, depth + 1) for x in v]}
+    if isinstance(v, (bytes, bytearray)):
+        return {"$bytes": bytes(v).hex()}
+    raise TypeError(type(v).__name__)
+def main():
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    calls = json.loads(sys.stdin.readline())
+    report = lambda d: (out.write(json.dumps(d) + "\n"), out.flush())
+    ns = {"__name__": "solution"}
+    try:
+        exec(compile(open("solution.py").read(), "solution.py", "exec"), ns)
+    except SystemExit:
+        pass
+    except BaseException as e:
+        report({"program": type(e).__name__})
+        return
+    for i, (name, args, kwargs) in enumerate(calls):
+        try:
+            if not callable(ns.get(name)):
+                raise NameError(name)
+            value = ns[name](*ast.literal_eval(args), **ast.literal_eval(kwargs))
+        except BaseException as e:
+            report({"i": i, "e": type(e).__name__})
+            continue
+        try:
+            report({"i": i, "v": plain(value)})
+        except BaseException:
+            report({"i": i, "e": "unserializable:" + type(value).__name__})
+main()
+'''
+
+
+class Refused(ValueError):
+    """A test this grader will not run, because running it would mean trusting the program."""
+
+
+@dataclass(frozen=True)
+class CallTest:
+    fn: str  # the function the program must define
+    args: str  # literal source of the positional arguments, as a tuple: "(1, [2, 3])"
+    kwargs: str  # literal source of the keyword arguments, as a dict: "{'k': 1}"
+    expected: object  # canonical plain value (canon); only this process ever holds it
+    check: str = "eq"  # "eq" | "truthy" | "falsy"
+    rel_tol: float = REL_TOL
+    abs_tol: float = ABS_TOL
+
+
+@dataclass(frozen=True)
+class IoTest:
+    stdin: str
+    stdout: str
+
+
+# --- parsing (trusted side) -----------------------------------------------------------------
+
+
+def parse_test(test) -> CallTest | IoTest:
+    """One test of a row -> what to run and what to expect; raises Refused with the reason."""
+    if isinstance(test, str):
+        return _parse_assert(test)
+    if isinstance(test, dict) and "call" in test:
+        if not isinstance(test["call"], str) or "expected" not in test:
+            raise Refused('a call test needs "call" (source text, e.g. "f(1, 2)") and "expected"')
+        try:
+            node = ast.parse(test["call"], mode="eval").body
+        except SyntaxError:
+            raise Refused(f"call {test['call']!r} is not valid Python") from None
+        tol = {k: float(test[k]) for k in ("rel_tol", "abs_tol") if k in test}
+        return _call_test(node, canon(test["expected"]), **tol)
+    if isinstance(test, dict) and {"stdin", "stdout"} <= set(test):
+        if not all(isinstance(test[k], str) for k in ("stdin", "stdout")):
+            raise Refused("stdin and stdout must be strings")
+        return IoTest(test["stdin"], test["stdout"])
+    raise Refused('a test is an assert string, {"call": ..., "expected": ...} or {"stdin": ..., "stdout": ...}')
+
+
+def _parse_assert(src: str) -> CallTest:
+    try:
+        body = ast.parse(src).body
+    except SyntaxError:
+        raise Refused("not valid Python") from None
+    if len(body) != 1 or not isinstance(body[0], ast.Assert):
+        raise Refused("not a single assert statement")
+    e = body[0].test
+    if isinstance(e, ast.Compare) and len(e.ops) == 1:
+        left, op, right = e.left, e.ops[0], e.comparators[0]
+        if isinstance(op, ast.Eq):  # f(x) == v, or v == f(x)
+            if not (_is_call(left) or _is_call(right)):
+                raise Refused("the tested expression must call a function by name, e.g. f(1, 2)")
+            call, value = (left, right) if _is_call(left) else (right, left)
+            return _call_test(call, canon(_literal(value)))
+        if isinstance(op, ast.Is) and isinstance(right, ast.Constant) and right.value in (True, False, None):
+            if right.value is None or isinstance(right.value, bool):
+                return _call_test(left, right.value)
+        if isinstance(op, (ast.Lt, ast.LtE)) and _is_abs_diff(left):  # abs(f(x) - v) < tol
+            diff = left.args[0]
+            return _call_test(diff.left, canon(_literal(diff.right)), rel_tol=0.0, abs_tol=float(_literal(right)))
+    if isinstance(e, ast.Call) and _is_isclose(e.func) and len(e.args) == 2:
+        tol = {k.arg: float(_literal(k.value)) for k in e.keywords if k.arg in ("rel_tol", "abs_tol")}
+        if len(tol) != len(e.keywords):
+            raise Refused("math.isclose takes only rel_tol and abs_tol here")
+        call, value = (e.args[0], e.args[1]) if _is_call(e.args[0]) else (e.args[1], e.args[0])
+        return _call_test(call, canon(_literal(value)), **{"rel_tol": REL_TOL, "abs_tol": 0.0, **tol})
+    if _is_call(e):
+        return _call_test(e, True, check="truthy")
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not) and _is_call(e.operand):
+        return _call_test(e.operand, False, check="falsy")
+    raise Refused("unsupported assert: only f(args) == value, is True/False/None, truthy, not, "
+                  "math.isclose and abs(f(args) - value) < tol are graded outside the sandbox")
+
+
+def _is_call(node) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+
+
+def _is_isclose(func) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == "isclose" and isinstance(func.value, ast.Name)
+            and func.value.id == "math") or (isinstance(func, ast.Name) and func.id == "isclose")
+
+
+def _is_abs_diff(node) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "abs"
+            and len(node.args) == 1 and isinstance(node.args[0], ast.BinOp) and isinstance(node.args[0].op, ast.Sub)
+            and _is_call(node.args[0].left))
+
+
+def _literal(node):
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise Refused(f"{ast.unparse(node)[:60]!r} is not a literal") from None
+
+
+def _call_test(call, expected, check: str = "eq", rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> CallTest:
+    if not _is_call(call):
+        raise Refused("the tested expression must call a function by name, e.g. f(1, 2)")
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        raise Refused("*args / **kwargs in a test call")
+    for node in [*call.args, *(k.value for k in call.keywords)]:
+        _literal(node)  # each argument must be a literal: the harness rebuilds it with literal_eval
+    args = "(" + "".join(ast.unparse(a) + ", " for a in call.args) + ")"
+    kwargs = "{" + ", ".join(f"{k.arg!r}: {ast.unparse(k.value)}" for k in call.keywords) + "}"
+    return CallTest(call.func.id, args, kwargs, expected, check, rel_tol, abs_tol)
+
+
+# --- values and equality (trusted side) -----------------------------------------------------
+
+
+def canon(v):
+    """A literal or JSON value in the form results are decoded to: tuples as lists, sets as
+    frozensets, dict keys and set members frozen (lists inside them become tuples)."""
+    if v is None or isinstance(v, (bool, int, float, str, bytes)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [canon(x) for x in v]
+    if isinstance(v, (set, frozenset)):
+        return frozenset(_freeze(canon(x)) for x in v)
+    if isinstance(v, dict):
+        return {_freeze(canon(k)): canon(x) for k, x in v.items()}
+    raise Refused(f"values of type {type(v).__name__} cannot be compared")
+
+
+def _freeze(v):
+    return tuple(_freeze(x) for x in v) if isinstance(v, list) else v
+
+
+def decode(v):
+    """A value as the harness reported it (json.loads output) -> the canon form; ValueError if it
+    is not one the harness's encoder can produce."""
+    if v is None or type(v) in (bool, int, float, str):
+        return v
+    if type(v) is list:
+        return [decode(x) for x in v]
+    if type(v) is dict and len(v) == 1:
+        (tag, body), = v.items()
+        if tag == "$dict" and type(body) is list and all(type(p) is list and len(p) == 2 for p in body):
+            return {_freeze(decode(k)): decode(x) for k, x in body}
+        if tag == "$set" and type(body) is list:
+            return frozenset(_freeze(decode(x)) for x in body)
+        if tag == "$bytes" and type(body) is str:
+            return bytes.fromhex(body)
+    raise ValueError("not a plain value")
+
+
+def same(got, exp, rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> bool:
+    """The equality rule of the module docstring, between canon values."""
+    if isinstance(exp, bool) or exp is None:
+        return type(got) is type(exp) and got == exp
+    if isinstance(exp, (int, float)):
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            return False
+        if isinstance(exp, int) and isinstance(got, int):
+            return got == exp
+        try:
+            g, e = float(got), float(exp)
+        except OverflowError:  # an int too large for a float: only an exact match can be equal
+            return got == exp
+        return (math.isnan(g) and math.isnan(e)) or math.isclose(g, e, rel_tol=rel_tol, abs_tol=abs_tol)
+    if isinstance(exp, list):
+        return (type(got) is list and len(got) == len(exp)
+                and all(same(g, e, rel_tol, abs_tol) for g, e in zip(got, exp)))
+    if isinstance(exp, dict):
+        return (type(got) is dict and got.keys() == exp.keys()
+                and all(same(got[k], e, rel_tol, abs_tol) for k, e in exp.items()))
+    return type(got) is type(exp) and got == exp  # str, bytes, frozenset
+
+
+def judge(test: CallTest, report: dict) -> str:
+    """Status of one call test from its report: pass, fail, or what went wrong."""
+    if "e" in report:
+        return str(report["e"])[:80]
+    try:
+        got = decode(report.get("v"))
+        if test.check == "truthy":
+            ok = bool(got)
+        elif test.check == "falsy":
+            ok = not got
+        else:
+            ok = same(got, test.expected, test.rel_tol, test.abs_tol)
+    except (ValueError, TypeError, RecursionError, OverflowError):
+        return "bad_report"
+    return "pass" if ok else "fail"
+
+
+# --- running (untrusted side, through the sandbox) ------------------------------------------
+
+
+def run_calls(program: str, tests: list[CallTest], limits: Limits, backend: str, parallel: int) -> tuple[list[str], Result]:
+    """One sandbox run for all call tests: the program's set-up runs once, and a test that hangs
+    or crashes the process costs only itself and the tests after it (reports stream out)."""
+    spec = json.dumps([[t.fn, t.args, t.kwargs] for t in tests]) + "\n"
+    res = run_python(HARNESS, stdin=spec, limits=limits, files={"solution.py": program}, backend=backend,
+                     parallel=parallel)
+    statuses = [res.status if res.status != "ok" else "no_result"] * len(tests)
+    seen: set[int] = set()
+    for line in res.stdout.splitlines():
+        try:
+            report = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(report, dict):
+            continue
+        if "program" in report:  # the program itself raised: every test fails with that error
+            return ["program:" + str(report["program"])[:80]] * len(tests), res
+        i = report.get("i")
+        if type(i) is int and 0 <= i < len(tests) and i not in seen:  # the first report counts
+            seen.add(i)
+            statuses[i] = judge(tests[i], report)
+    return statuses, res
+
+
+def _normalise(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+
+def run_io(program: str, test: IoTest, limits: Limits, backend: str, parallel: int) -> tuple[str, Result]:
+    res = run_python(program, stdin=test.stdin, limits=limits, backend=backend, parallel=parallel)
+    if res.status != "ok":
+        return res.status, res
+    return ("pass" if _normalise(res.stdout) == _normalise(test.stdout) else "fail"), res
+
+
+def grade(program: str, tests: list, limits: Limits, backend: str, parallel: int) -> tuple[float, dict]:
+    """Reward = fraction of `tests` passed; info: passed, total, per-test statuses, backend,
+    refused, peak memory and cleanup problems of the runs.
+
+    Call tests share one sandbox run; each stdin/stdout test has its own. Runs go in parallel,
+    up to `parallel` (0 = CPU cores). After the first stdin/stdout test that times out, every
+    later one is marked skipped (and those not yet started are not run): a program that hangs on
+    one input usually hangs on all, which bounds the verifier's time, and the rule depends only
+    on test order, so the reward does not depend on how many ran at once."""
+    parsed = []
+    for t in tests:
+        try:
+            parsed.append(parse_test(t))
+        except Refused:
+            parsed.append(None)
+    statuses = ["refused" if p is None else "" for p in parsed]
+    calls = [i for i, p in enumerate(parsed) if isinstance(p, CallTest)]
+    ios = [i for i, p in enumerate(parsed) if isinstance(p, IoTest)]
+    first_timeout = [len(tests)]  # index of the first timed-out stdin/stdout test, shared by the jobs
+
+    def call_job():
+        got, res = run_calls(program, [parsed[i] for i in calls], limits, backend, parallel)
+        for i, status in zip(calls, got):
+            statuses[i] = status
+        return res
+
+    def io_job(i):
+        if i > first_timeout[0]:
+            return None
+        status, res = run_io(program, parsed[i], limits, backend, parallel)
+        statuses[i] = status
+        if status == "timeout":
+            first_timeout[0] = min(first_timeout[0], i)
+        return res
+
+    jobs = ([call_job] if calls else []) + [lambda i=i: io_job(i) for i in ios]
+    width = max(1, min(len(jobs), parallel or os.cpu_count() or 1))
+    if width == 1:
+        results = [job() for job in jobs]
+    else:
+        with ThreadPoolExecutor(width) as pool:
+            results = list(pool.map(lambda job: job(), jobs))
+    for i in ios:
+        if i > first_timeout[0]:
+            statuses[i] = "skipped"
+    runs = [r for r in results if r is not None]
+    passed = statuses.count("pass")
+    info = {"passed": passed, "total": len(tests), "statuses": statuses, "refused": statuses.count("refused"),
+            "backend": backend, "runs": len(runs),
+            "peak_memory_mb": max((r.peak_memory_mb for r in runs if r.peak_memory_mb is not None), default=None)}
+    call_res = results[0] if calls else None
+    if call_res is not None:
+        info.update(call_run=call_res.status, stderr_tail=call_res.stderr[-300:])
+    if problems := "; ".join(r.cleanup for r in runs if r.cleanup):
+        info["cleanup"] = problems
+    return (passed / len(tests) if tests else 0.0), info

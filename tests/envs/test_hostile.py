@@ -1,0 +1,238 @@
+"""The hostile suite: every program in tests/envs/hostile/ is graded through the real verifier
+(rlpost.envs.code.score) with the code task's row format, under each backend, and must
+
+* score 0 (each program defines a correct `add`, or prints the right sum, only if its attack
+  worked, so a reward above 0 *is* a breach; reward hacks get their wrong answer graded),
+* leave nothing on the host (no file carrying its marker, no process, no cgroup, no SysV
+  segment, no working directory), and
+* stay within its limits (the run's cgroup peak memory under the cap, the wall time bounded).
+
+A program headed ``# requires: G`` is contained only where guarantee G holds; under a backend
+without G (rlimits lacks network, filesystem and IPC isolation) it is skipped, naming G. The
+programs run concurrently (4 sandboxes), interleaved with correct programs that must all score
+1.0: nothing one program does may cost another its reward. Small limits keep the whole suite
+around 30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import json
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from rlpost.envs import isolation, sandbox
+from rlpost.envs.code import score
+
+HOSTILE = Path(__file__).parent / "hostile"
+PROGRAMS = sorted(p.stem for p in HOSTILE.glob("*.py"))
+LIMITS = {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 128, "max_disk_mb": 32, "max_processes": 16}
+CAP_MB = LIMITS["memory_mb"] + LIMITS["max_disk_mb"]  # the run's cgroup memory cap (total_memory_mb = 0)
+PARALLEL = 4
+CALL_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(10, 1) == 11",
+              {"call": "add(7, 7)", "expected": 14}]
+IO_TESTS = [{"stdin": "1 2\n", "stdout": "3"}, {"stdin": "10 -4\n", "stdout": "6"}]
+GOOD = {"call": "def add(a, b):\n    return a + b\n", "io": "print(sum(map(int, input().split())))\n"}
+
+
+def header(name: str) -> tuple[str, list[str]]:
+    """(form, required guarantees) from a program's '# form:' and '# requires:' lines."""
+    text = (HOSTILE / f"{name}.py").read_text()
+    form = re.search(r"^# form: (\w+)", text, re.M)[1]
+    requires = re.search(r"^# requires: (.+)$", text, re.M)
+    return form, [g.strip() for g in requires[1].split(",")] if requires else []
+
+
+def test_suite_covers_every_class_of_the_issue():
+    prefixes = {p.split("_")[0] for p in PROGRAMS}
+    assert len(PROGRAMS) >= 40
+    assert {"hack", "loop", "bomb", "flood", "net", "secret", "write", "kill", "daemon", "ptrace", "ipc",
+            "keyring", "priv", "cross"} <= prefixes
+    for name in PROGRAMS:
+        form, requires = header(name)
+        assert form in ("call", "io") and set(requires) <= set(sandbox.guarantees("bwrap")), name
+
+
+# --- the host side of the attacks: things a contained program must not reach -----------------
+
+
+def _syscall_numbers():
+    return isolation.SECCOMP_ARCHES.get(os.uname().machine, (0, (None,) * 6))[1]
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    """A loopback listener, an abstract unix socket, a world-readable secret and task data file,
+    a session key, a SysV segment and a secret environment variable, all torn down after."""
+    d = tmp_path_factory.mktemp("hostile")
+    os.chmod(d, 0o755)
+    secret, data = d / "id_rsa", d / "data.jsonl"
+    secret.write_text("FAKE PRIVATE KEY")
+    data.write_text(json.dumps({"prompt": "p", "tests": CALL_TESTS + IO_TESTS}) + "\n")
+    for p in (secret, data):
+        os.chmod(p, 0o644)
+    listener, abstract = socket.socket(), socket.socket(socket.AF_UNIX)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    abstract_name = f"rlpost-hostile-{os.getpid()}"
+    abstract.bind("\0" + abstract_name)
+    abstract.listen()
+    abstract.setblocking(False)
+    libc = ctypes.CDLL(None, use_errno=True)
+    add_key, _, keyctl = _syscall_numbers()[:3]
+    key_id = libc.syscall(add_key, b"user", b"rlpost-hostile", b"EXPECTED=3", 10, ctypes.c_int(-3)) if add_key else -1
+    shm_key = 0x524C0000 + os.getpid() % 0xFFFF
+    shm_id = libc.shmget(shm_key, 4096, 0o1644)
+    os.environ["RLPOST_HOSTILE_SECRET"] = "1"
+    values = {"HOST_PORT": str(listener.getsockname()[1]), "ABSTRACT_NAME": abstract_name, "SECRET_PATH": str(secret),
+              "DATA_PATH": str(data), "HOST_HOME": os.path.expanduser("~"), "PARENT_PID": str(os.getpid()), "KEY_ID": str(key_id), "SHM_KEY": str(shm_key)}
+    yield values, listener, abstract
+    del os.environ["RLPOST_HOSTILE_SECRET"]
+    if key_id > 0:
+        libc.syscall(keyctl, 3, key_id)  # KEYCTL_REVOKE
+    if shm_id >= 0:
+        libc.shmctl(shm_id, 0, None)  # IPC_RMID
+    listener.close()
+    abstract.close()
+
+
+def source(name: str, values: dict, mark: str) -> str:
+    text = (HOSTILE / f"{name}.py").read_text().replace("MARK", mark)
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return f"```python\n{text}\n```"
+
+
+# --- traces ------------------------------------------------------------------------------------
+
+SEARCHED = ["/tmp", "/var/tmp", "/dev/shm", "/", os.path.expanduser("~"), os.getcwd(), os.path.dirname(os.getcwd())]
+
+
+def marked_files(mark: str) -> list[str]:
+    return [p for d in SEARCHED for p in glob.glob(os.path.join(d, f"*{mark}*"))]
+
+
+def slot_uid_processes() -> list[int]:
+    """Processes still running under a sandbox slot's uid (root only: otherwise uids are shared)."""
+    lo = isolation.SLOT_UID_BASE
+    return [pid for pid, state, _, uid in isolation._processes() if lo <= uid < lo + 2048 and state not in "ZX"]
+
+
+def our_cgroups() -> list[str]:
+    host = isolation.cgroup_host()
+    bases = [b for b in (host.memory, host.pids, host.kill, host.cpu) if b] if host else []
+    return [p for b in bases for p in glob.glob(os.path.join(b, f"rlpost-{os.getpid()}-*"))]
+
+
+def sysv_segments_of_slots() -> list[str]:
+    lo = isolation.SLOT_UID_BASE
+    with open("/proc/sysvipc/shm") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return [r[1] for r in rows if lo <= int(r[7]) < lo + 2048 or lo <= int(r[9]) < lo + 2048]
+
+
+def workdirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "rlpost-sbx-*")))
+
+
+def machine_allows() -> dict[str, bool]:
+    """The bwrap guarantees that depend on this machine, from its own facts: the seccomp syscall
+    table needs a known architecture, --size and --disable-userns a recent enough bubblewrap."""
+    flags = subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout
+    seccomp = os.uname().machine in isolation.SECCOMP_ARCHES
+    return {"keyring_isolated": seccomp, "ptrace_blocked": seccomp, "disk_quota": "--size" in flags,
+            "userns_blocked": "--disable-userns" in flags}
+
+
+# --- the batch ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=sandbox.BACKENDS)
+def batch(request, host):
+    """Grade every applicable program (and the interleaved correct ones) once per backend."""
+    backend = request.param
+    if backend == "bwrap" and not sandbox.bwrap_works():
+        pytest.skip("bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)")
+    values, listener, abstract = host
+    have = sandbox.guarantees(backend)
+    if backend == "bwrap":  # what bwrap lacks must be explained by the machine, never by the code
+        have = machine_allows()
+        assert {g: ok for g, ok in sandbox.guarantees("bwrap").items() if g in have} == have
+    skipped = {n: [g for g in header(n)[1] if not have.get(g, True)] for n in PROGRAMS}
+    skipped = {n: lacks for n, lacks in skipped.items() if lacks}
+    marks = {n: f"rlpost-hostile-{n}-{os.urandom(4).hex()}" for n in PROGRAMS}
+    box = {"backend": backend, "parallel": PARALLEL}
+    rows = {form: {"tests": tests, "limits": LIMITS, "sandbox": box} for form, tests in (("call", CALL_TESTS), ("io", IO_TESTS))}
+
+    def grade(job):
+        name, form, completion = job
+        t0 = time.monotonic()
+        reward, info = score(completion, rows[form])
+        return name, (reward, info, time.monotonic() - t0)
+
+    jobs = [(n, header(n)[0], source(n, values, marks[n])) for n in PROGRAMS if n not in skipped]
+    goods = [(f"good-{form}-{k}", form, GOOD[form]) for k in range(6) for form in ("call", "io")]
+    step = max(1, len(jobs) // len(goods))
+    for k, good in enumerate(goods):  # correct programs interleaved through the batch
+        jobs.insert(k * (step + 1), good)
+    before = workdirs()
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        results = dict(pool.map(grade, jobs))
+    time.sleep(1.5)  # let anything that outlived its run show itself (the daemon acts after 1 s)
+    connections = _accept_all(listener) + _accept_all(abstract)
+    return {"backend": backend, "results": results, "skipped": skipped, "marks": marks, "connections": connections,
+            "leftover_workdirs": workdirs() - before, "cgroups": our_cgroups(), "sysv": sysv_segments_of_slots(),
+            "processes": slot_uid_processes() if os.geteuid() == 0 else []}
+
+
+def _accept_all(sock) -> int:
+    """How many connections are waiting (the sockets are non-blocking)."""
+    n = 0
+    while True:
+        try:
+            sock.accept()[0].close()
+        except BlockingIOError:
+            return n
+        n += 1
+
+
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_hostile_program_scores_zero_leaves_nothing_and_stays_within_limits(batch, name):
+    if name in batch["skipped"]:
+        pytest.skip(f"{batch['backend']} does not guarantee {', '.join(batch['skipped'][name])}")
+    reward, info, seconds = batch["results"][name]
+    assert reward == 0.0, (name, info)
+    assert "cleanup" not in info, info["cleanup"]  # whatever it built, the host side was cleaned up
+    assert not marked_files(batch["marks"][name])
+    if isolation.cgroup_host() is not None:
+        assert info["peak_memory_mb"] <= CAP_MB, info
+    # each run ends by its wall limit; +6 s for start-up, the kill, a free slot and (rlimits) deleting
+    # what it wrote to the host disk, all slowed by the other hostile programs on 2 cores
+    assert seconds <= info["runs"] * LIMITS["wall_s"] + 6.0, (seconds, info)
+
+
+def test_correct_programs_graded_alongside_all_score_one(batch):
+    good = {n: r for n, (r, _, _) in batch["results"].items() if n.startswith("good-")}
+    assert len(good) == 12 and set(good.values()) == {1.0}, good
+
+
+def test_nothing_outlives_the_batch(batch):
+    assert batch["connections"] == 0  # neither the loopback listener nor the abstract socket was reached
+    assert batch["leftover_workdirs"] == set() and batch["cgroups"] == [] and batch["sysv"] == []
+    assert batch["processes"] == []
+
+
+def test_a_correct_solution_still_scores_one_after_the_batch(batch):
+    row = {"tests": CALL_TESTS, "limits": LIMITS, "sandbox": {"backend": batch["backend"]}}
+    reward, info = score(f"```python\n{GOOD['call']}```", row)
+    assert reward == 1.0 and info["statuses"] == ["pass"] * 4 and "cleanup" not in info
