@@ -5,7 +5,8 @@ What is read, in README.md and docs/*.md:
   paths          `dir/file.ext` or `file.ext` anywhere (prose, code blocks, the Layout tree), resolved
                  against the repository root, src/rlpost/ or a folder the same document names. Run
                  outputs, example user files and placeholders are not repository paths (NOT_IN_REPO).
-  file:line      `grpo.py:30` points at a `def` or `class` line.
+  file:line      `grpo.py:32` points at a `def` or `class` line; followed by (`grpo_advantages`), at
+                 that very def.
   path.py: name  `recipes/rl.py: train` defines `train` (`Class.attr` too).
   modules        `rlpost.a.b.c` (or `rlpost.a.b:c`) anywhere, and backticked `module.attr` or
                  `Class.attr`, are defined there. Resolved from the source with ast, not imported:
@@ -14,11 +15,14 @@ What is read, in README.md and docs/*.md:
                  `rollout.sleep`); `section.key=value` loads with config.load.
   commands       every `rlpost CMD ...` (code-block lines and backticks) names a real subcommand and
                  real options; its recipe and overrides load (placeholders like N, RUN_DIR, <...>,
-                 [...] skipped). `make X` names a Makefile target. Named recipes load.
+                 [...] skipped). `make X` names a Makefile target; `python -m rlpost...` runs
+                 something. Named recipes load (a pipeline recipe, stage by stage).
   errors         a quoted `rlpost: error: MSG` is a message the source can produce.
   excerpts       a ```python block after a paragraph citing `file.py: name` copies lines of `name`.
   role tables    a table whose first column is `role` names Protocols of types/roles.py, and verbs
                  they declare.
+  identifiers    a backticked snake_case or CamelCase name occurs in src/, tests/, benchmarks/ or
+                 recipes/ (catches a deleted `generate_ahead` that no rule above would).
   figures        a README paragraph quoting a timing, an accuracy, GB or an x-ratio holds a command
                  in backticks and a date (YYYY-MM-DD); a timing also names the CPU (or GPU) kind.
 It checks what is named, never what is absent: new sections only need to name real things.
@@ -64,7 +68,7 @@ EXT = r"py|md|yaml|yml|json|jsonl|sh|toml|html|txt|gguf|parquet|csv"
 PATH = re.compile(rf"(?<![\w/.~$-])((?:[\w.<>*-]+/)*[\w<>*-][\w.<>*-]*\.(?:{EXT}))(?::(\d+))?(?![\w/-])")
 PATH_NAME = re.compile(r"^([\w/.-]+\.py): ?([A-Za-z_][\w.]*)(?:\(\))?$")  # `recipes/rl.py: train`
 RLPOST_NAME = re.compile(r"(?<![\w./-])rlpost(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
-DOTTED = re.compile(rf"^([A-Za-z_]\w*)((?:\.[A-Za-z_]\w*)+)(?:\(\))?$")
+DOTTED = re.compile(r"^([A-Za-z_]\w*)((?:\.[A-Za-z_]\w*)+)(?:\(\))?$")
 OVERRIDE = re.compile(r"^([a-z_]+)\.(\w+)=(.*)$")
 SECTIONS = {f.name: type(getattr(Config(), f.name)) for f in fields(Config)}  # section -> its dataclass
 ROLE_OF = {"rollout": "Rollout", "trainer": "Trainer", "algo": "Objective", "verifier": "Verifier",
@@ -92,7 +96,12 @@ def blocks(text: str) -> list[tuple[str, str, str]]:
             if buf:
                 out.append(("prose", "", "\n".join(buf)))
             buf, code, lang = [], [], fence.group(2)
-        elif not line.strip() or re.match(r"\s*([*-]|\d+\.) ", line) or line.startswith("#"):
+        elif line.startswith("#"):  # a heading is a block of its own
+            if buf:
+                out.append(("prose", "", "\n".join(buf)))
+            out.append(("prose", "", line))
+            buf = []
+        elif not line.strip() or re.match(r"\s*([*-]|\d+\.) ", line):  # a blank line or a list item ends a paragraph
             if buf:
                 out.append(("prose", "", "\n".join(buf)))
             buf = [line] if line.strip() else []
@@ -104,7 +113,8 @@ def blocks(text: str) -> list[tuple[str, str, str]]:
 
 
 def spans(prose: str) -> list[str]:
-    return [m.group(2).strip() for m in re.finditer(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)", prose)]
+    """Inline code of one paragraph; a span may wrap onto the next line."""
+    return [" ".join(m.group(2).split()) for m in re.finditer(r"(`+)(?!`)(.+?)(?<!`)\1(?!`)", prose, re.DOTALL)]
 
 
 def all_spans(text: str) -> list[str]:
@@ -230,33 +240,41 @@ def algorithm_names() -> frozenset[str]:
 
 
 @cache
-def string_templates() -> tuple[tuple[str | None, ...], ...]:
-    """Every string the source can build, as its parts: literal text, or None for an f-string field."""
+def string_templates(f: Path) -> tuple[tuple[str | None, ...], ...]:
+    """Every string file f can build, as its parts: literal text, or None for an f-string field."""
     found = []
-    for f in src_files():
-        for node in ast.walk(parse(f)):
-            if isinstance(node, ast.JoinedStr):
-                found.append(tuple(v.value if isinstance(v, ast.Constant) else None for v in node.values))
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) > 10:
-                found.append((node.value,))
+    for node in ast.walk(parse(f)):
+        if isinstance(node, ast.JoinedStr):
+            found.append(tuple(v.value if isinstance(v, ast.Constant) else None for v in node.values))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) > 10:
+            found.append((node.value,))
     return tuple(found)
 
 
+@cache
+def words_of(f: Path) -> frozenset[str]:
+    return frozenset(re.findall(r"\w+", f.read_text()))
+
+
 def produced_by_source(msg: str) -> bool:
-    for parts in string_templates():
-        literal = [p for p in parts if p is not None]
-        # most of the message must be the template's own words: a generic "{key}: expected {x},
-        # got {y}" would match any error
-        if 2 * sum(map(len, literal)) < len(msg) or not all(p in msg for p in literal):
+    words = set(re.findall(r"[A-Za-z_]{3,}", msg))
+    for f in src_files():
+        if 3 * len(words & words_of(f)) < len(words):  # most of its words are not even in this file
             continue
-        if re.fullmatch("".join(re.escape(p) if p is not None else ".+?" for p in parts), msg, re.S):
-            return True
+        for parts in string_templates(f):
+            literal = [p for p in parts if p is not None]
+            # most of the message must be the template's own words: a generic "{key}: expected {x},
+            # got {y}" would match any error
+            if 2 * sum(map(len, literal)) < len(msg) or not all(p in msg for p in literal):
+                continue
+            if re.fullmatch("".join(re.escape(p) if p is not None else ".+?" for p in parts), msg, re.DOTALL):
+                return True
     return False
 
 
 @cache
 def makefile_targets() -> frozenset[str]:
-    return frozenset(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    return frozenset(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
 
 
 @cache
@@ -338,7 +356,8 @@ def path_checks(text: str) -> list[str]:
             lines = f.read_text().splitlines()
             n = int(line)
             if n > len(lines) or not lines[n - 1].lstrip().startswith(("def ", "class ", "async def ")):
-                problems.append(f"{p}:{line}: not a def or class line ({lines[n - 1].strip()[:60] if n <= len(lines) else 'past the end'!r})")
+                there = lines[n - 1].strip()[:60] if n <= len(lines) else "past the end"
+                problems.append(f"{p}:{line}: not a def or class line ({there!r})")
     # `grpo.py:32` (`grpo_advantages`): the line defines that name, so a shifted line is caught even
     # when it lands on another def
     for path, line, name in re.findall(r"`([\w/.-]+\.py):(\d+)` \(`(\w+)`\)", text):
@@ -378,12 +397,10 @@ def short_name_ok(head: str, rest: list[str]) -> bool:
         keys = {f.name for f in fields(SECTIONS[head])} if head in SECTIONS else set()
         verbs = protocols().get(ROLE_OF.get(head, ""), set())
         return len(rest) == 1 and (rest[0] in keys or rest[0] in verbs)
-    if head in modules_by_stem():
-        if any(defines(f, rest) for f in modules_by_stem()[head]):
-            return True
-    if head in classes():
-        if any(rest[0] in class_members(c) for c in classes()[head]) and len(rest) == 1:
-            return True
+    if head in modules_by_stem() and any(defines(f, rest) for f in modules_by_stem()[head]):
+        return True
+    if head in classes() and len(rest) == 1 and any(rest[0] in class_members(c) for c in classes()[head]):
+        return True
     if head in sys.stdlib_module_names:
         return hasattr(importlib.import_module(head), rest[0])
     if head in modules_by_stem() or head in classes():
@@ -429,11 +446,19 @@ def load_overrides(overrides: list[str], recipe: str | None = None, expect_error
             key, _, values = item.partition("=")
             variants = [v[:i] + [f"{key}={alt}"] + v[i + 1:] for v in variants for alt in values.split("|")]
     for variant in variants:
-        try:
-            config.load(recipe, variant)
-        except config.ConfigError as e:
-            problems.append(f"{' '.join(variant)}: {e}")
+        error = load_error(recipe, tuple(variant))
+        if error:
+            problems.append(f"{' '.join(variant)}: {error}")
     return problems
+
+
+@cache
+def load_error(recipe: str | None, overrides: tuple[str, ...]) -> str:
+    try:
+        config.load(recipe, list(overrides))
+    except config.ConfigError as e:
+        return str(e)
+    return ""
 
 
 def recipe_checks(path: str, overrides: list[str] = ()) -> list[str]:
@@ -471,9 +496,23 @@ def commands(text: str) -> list[tuple[str, bool]]:
     return found
 
 
+def runnable(module: str) -> bool:
+    """`python -m module` runs something: a package with __main__.py, or a module with a main block."""
+    f = module_file(module.split("."))
+    if f is not None and f.name == "__init__.py":
+        return (f.parent / "__main__.py").is_file()
+    return f is not None and re.search(r"^if __name__ == .__main__.:", f.read_text(), re.MULTILINE) is not None
+
+
+@cache
+def subcommands() -> dict:
+    return next(a for a in cli._parser()._actions if a.dest == "command").choices
+
+
 def command_checks(text: str) -> list[str]:
-    problems = []
-    sub = next(a for a in cli._parser()._actions if a.dest == "command").choices
+    problems = [f"python -m {m}: the module has no __main__ (it runs nothing)"
+                for m in re.findall(r"python -m (rlpost[\w.]*)", text) if not runnable(m)]
+    sub = subcommands()
     for line, expect_error in commands(text):
         try:
             tokens = shlex.split(line, comments=True)
@@ -550,7 +589,7 @@ def recipe_name_checks(text: str) -> list[str]:
 
 def error_checks(text: str) -> list[str]:
     problems = []
-    for msg in re.findall(r"^rlpost: error: (.+)$", text, re.M):
+    for msg in re.findall(r"^rlpost: error: (.+)$", text, re.MULTILINE):
         if not produced_by_source(msg.strip()):
             problems.append(f"quoted error {msg!r}: no message in src/rlpost produces it")
     return problems
@@ -637,7 +676,8 @@ def role_table_checks(text: str) -> list[str]:
 TIMING = re.compile(r"(?<![\w.])~?\d+(?:\.\d+)?\s?(?:ms|s|min|m|h)\b(?!-)|\b\d\d:\d\d\b")
 FIGURE = [TIMING, re.compile(r"(?<![\w.])0\.\d{2,}\b|\bpoints\b"), re.compile(r"\b\d+(?:\.\d+)?\s?(?:GB|GiB|MB|MiB)\b"),
           re.compile(r"(?<![\w.])\d+(?:\.\d+)?x\b")]
-COMMAND = re.compile(r"`(?:\w+=\S+ )*(?:make|rlpost|python|\.venv/bin/python|pytest|nice|bash|benchmarks/\S+\.py)\b[^`]*`")
+COMMAND = re.compile(r"`(?:\w+=\S+ )*(?:make|rlpost|python|\.venv/bin/python|pytest|nice|bash|benchmarks/\S+\.py)"
+                     r"\b[^`]*`")
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 KIND = re.compile(r"AVX-?512|AVX2|H100|H200|GPU")
 
@@ -655,8 +695,9 @@ def figure_checks(text: str) -> list[str]:
         figures = [m.group(0) for pat in FIGURE for m in pat.finditer(para)]
         if not figures:
             continue
-        missing = [what for what, ok in (("a command in backticks", COMMAND.search(para)), ("a date", DATE.search(para)),
-                                         ("the CPU kind", KIND.search(para) or not TIMING.search(para))) if not ok]
+        needs = (("a command in backticks", COMMAND.search(para)), ("a date", DATE.search(para)),
+                 ("the CPU kind", KIND.search(para) or not TIMING.search(para)))
+        missing = [what for what, ok in needs if not ok]
         if missing:
             problems.append(f"figures {figures[:4]} without {', '.join(missing)}: {' '.join(para.split())[:90]!r}...")
     return problems
@@ -702,6 +743,7 @@ def test_the_demo_recipe_is_the_demo():
 OLD_FALSEHOODS = """\
 The loop (`roles/controller.py: train`), crossing `src/rlpost/batch.py: Rollouts`; ~70 lines.
 Adaptive TIS: `controller.apply_tis`. From Python, `rlpost.roles.controller.train(cfg, run_dir)`.
+The planner alone: `python -m rlpost.observe.planner ARGS`.
 
 ```bash
 rlpost train recipes/dapo_countdown.yaml
@@ -736,8 +778,11 @@ def test_the_checks_catch_what_went_false_before():
     # each must be reported, or the checks above have gone soft.
     found = "\n".join(problems(OLD_FALSEHOODS, readme=True))
     for expected in ["roles/controller.py: train", "src/rlpost/batch.py", "controller.apply_tis",
-                     "rlpost.roles.controller.train", "recipes/dapo_countdown.yaml", "trainer.learning_rate", "no subcommand 'evaluate'",
+                     "rlpost.roles.controller.train", "recipes/dapo_countdown.yaml", "trainer.learning_rate",
+                     "no subcommand 'evaluate'",
                      "the baseline is the group mean", "'Controller' is not a Protocol", "no verb accumulate",
-                     "rollout.generate(stream.next(), n=K, ...)", "without a command in backticks, a date, the CPU kind",
-                     "ppo.py:1", "envs/stack.py", "search/beam.py"]:
+                     "rollout.generate(stream.next(), n=K, ...)",
+                     "without a command in backticks, a date, the CPU kind",
+                     "ppo.py:1", "envs/stack.py", "search/beam.py",
+                     "python -m rlpost.observe.planner: the module has no __main__"]:
         assert expected in found, (expected, found)
