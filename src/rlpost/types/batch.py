@@ -1,10 +1,11 @@
 """The one object that crosses every role boundary.
 
-Rollout creates a ``Rollouts``; the verifier fills ``reward``; the reference fills ``ref_logp``;
-the algorithm fills ``advantages`` (PPO also ``returns``); the trainer fills ``old_logp`` (and
-``old_values`` when it has a critic) and consumes the rest. Each role reads and writes named,
-typed fields, never positional tuples, so a role can move behind a process boundary by pickling
-this object (every field is a tensor, a list or a number).
+The rollout creates a ``Rollouts``; the other roles return values and the loop
+(``recipes/rl.py``) writes them in: ``reward`` from the verifier, ``ref_logp`` from the reference,
+``old_logp`` (and ``old_values`` with a critic) from the trainer, ``advantages`` (and PPO's
+``returns``) from the algorithm; the trainer consumes the rest, on copies. Fields are named and
+typed, never positional tuples, so a role can move behind a process boundary by pickling this
+object (every field is a tensor, a list or a number).
 
 Shapes: B = sequences (prompts x group_size), P = padded prompt length, T = padded completion
 length (<= max_new_tokens). Prompts are LEFT-padded so every prompt ends at column P-1 and every
