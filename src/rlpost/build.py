@@ -53,18 +53,22 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
     ``run_dir``: the run folder (verifier workers log there and may import modules from it)."""
     algo = algorithms.build(cfg)
     # The verifier first: its dry start finds a bad task.verifier before the model loads.
-    grader = make_runner(cfg, task.verifier, "task.verifier", run_dir)
+    grader, reward = make_runner(cfg, task.verifier, "task.verifier", run_dir), None
     try:
+        # The reward functions next (their dry start), before any model loads.
+        reward = grader if for_eval else build_reward(cfg, grader, run_dir)
         if cfg.dist.topology != "colocated" and not for_eval:
-            return _remote_roles(cfg, task, algo, weights, stream, rollout_worker, grader, run_dir)
-        return _local_roles(cfg, algo, weights, for_eval, grader, run_dir)
+            return _remote_roles(cfg, algo, weights, stream, rollout_worker, grader, reward)
+        return _local_roles(cfg, algo, weights, for_eval, grader, reward)
     except BaseException:  # a model that does not load, a reward function that does not import
+        if reward is not None and reward is not grader:
+            reward.close()
         grader.close()
         raise
 
 
 def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool, grader: VerifierRunner,
-                 run_dir: Path | None) -> Roles:
+                 reward: Verifier) -> Roles:
     """Every role in this process (dist.topology=colocated, and evaluation)."""
     loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
     # The reference is the *starting* policy: copy it before any checkpoint weights are loaded.
@@ -76,7 +80,6 @@ def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool,
         loaded.model.load_state_dict(weights)
     rollout = make_rollout(cfg, copy.deepcopy(loaded.model), loaded.tokenizer)
     trainer = make_trainer(cfg, loaded.model, use_lora) if not for_eval else None
-    reward = grader if for_eval else build_reward(cfg, grader, run_dir)
     return Roles(rollout, reward, reference, algo, trainer, grader=grader)
 
 
@@ -146,8 +149,8 @@ def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = 
     return RewardStack(parts)
 
 
-def _remote_roles(cfg: config.Config, task: Task, algo, weights: dict | None, stream, rollout_worker,
-                  grader: VerifierRunner, run_dir: Path | None) -> Roles:
+def _remote_roles(cfg: config.Config, algo, weights: dict | None, stream, rollout_worker, grader: VerifierRunner,
+                  reward: Verifier) -> Roles:
     """Rollout workers and trainer ranks as Ray actors; the verifier, the reference and the
     algorithm stay in the driver (they are light, or a subprocess pool already)."""
     try:
@@ -157,4 +160,4 @@ def _remote_roles(cfg: config.Config, task: Task, algo, weights: dict | None, st
     rollout, trainer = topology.place(cfg, weights, make_rollout, make_trainer, stream, rollout_worker, say)
     # The reference is the starting policy, so a fresh load is it (checkpoint weights never go in).
     reference = make_reference(cfg, load_policy(cfg.model.name, seed=cfg.run.seed).model) if algo.needs_reference else None
-    return Roles(rollout, build_reward(cfg, grader, run_dir), reference, algo, trainer, grader=grader)
+    return Roles(rollout, reward, reference, algo, trainer, grader=grader)

@@ -31,6 +31,7 @@ class RunGuard:
         self.cfg = cfg
         self.step = 0
         self.signum: int | None = None  # the first stop signal received
+        self.stopping = False  # the loop was told to save and stop (finish_step)
         self.nonfinite_streak = 0
         self.first_batch = True
         self.saved_handlers: dict = {}
@@ -64,12 +65,13 @@ class RunGuard:
                           f"{self.cfg.run.stop_grace_s:g} s and was abandoned; it was not saved")
 
     def steps(self, first: int, last: int):
-        """range(first, last + 1), stopping with ``Interrupted`` after the step a signal came in
-        (whose checkpoint the loop has saved: ``finish_step`` told it to)."""
+        """range(first, last + 1), stopping with ``Interrupted`` after the step during which a
+        signal came in, once the loop has saved it (``finish_step`` told it to). A signal that
+        comes after that point (the step's checkpoint already decided) lets the next step run."""
         for step in range(first, last + 1):
             self.step = step
             yield step
-            if self.signum is not None:
+            if self.stopping:
                 raise Interrupted(self.signum, f"stopped by {signal.Signals(self.signum).name} after step {step}, "
                                   "whose checkpoint is saved", saved=step)
 
@@ -77,7 +79,8 @@ class RunGuard:
         """The step's work is done: cancel the grace timer; True when a stop was asked for (save now)."""
         if self.signum is not None and self.saved_handlers:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        return self.signum is not None
+        self.stopping = self.signum is not None
+        return self.stopping
 
     # --- failing rewards, non-finite updates ----------------------------------------------------
 
