@@ -101,3 +101,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if data_source == "dict":
         return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth}
     return float(solution_str == ground_truth)
+
+
+def fails_on_multiples_of_three(completion, row):
+    """Fails on some completions only: counted, scored 0, and the run goes on."""
+    if len(completion) % 3 == 0:
+        raise ValueError(f"cannot score a completion of length {len(completion)}")
+    return 1.0, {}

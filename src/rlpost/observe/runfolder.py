@@ -142,13 +142,16 @@ def _undo_failed_start(rf: RunFolder, before: tuple) -> None:
 
 
 # What a start writes before its first step; anything else in a folder (a user's file, a pipeline's
-# stage folders) keeps the folder from being removed.
+# stage folders, the tracebacks of a reward function that failed in verifier.log) keeps it.
 STARTUP_FILES = {LOCK, "config.yaml", "samples", "verifier.log", "metrics.jsonl", "checkpoints", "tensorboard",
                  "wandb", "mlruns"}
 
 
 def _other_files(path: Path) -> list[str]:
-    return [p.name for p in path.iterdir() if p.name not in STARTUP_FILES] if path.is_dir() else []
+    if not path.is_dir():
+        return []
+    log = path / "verifier.log"
+    return [p.name for p in path.iterdir() if p.name not in STARTUP_FILES or (p == log and log.stat().st_size)]
 
 
 def _release(rf: RunFolder) -> None:

@@ -96,8 +96,8 @@ class RunGuard:
                 why = (f"{failed / calls:.0%} > task.max_reward_error_frac={frac:g}" if failed / calls > frac
                        else "every completion of the first batch")
                 raise RunError(f"reward function {name} failed on {failed} of {calls} completions at step {step} "
-                               f"({why}); stopped before that step's update. The first failure is printed above; "
-                               "every traceback is in RUN_DIR/verifier.log")
+                               f"({why}); stopped before that step's update. Its first failure is printed above, "
+                               "and every traceback is in the run folder's verifier.log")
         self.first_batch = False
 
     def check_update(self, metrics: dict, step: int) -> None:
