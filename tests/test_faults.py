@@ -190,3 +190,139 @@ def test_config_errors_come_before_torch_is_imported():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.stdout.split() == ["2", "False"], r.stderr
+
+
+def bad_inputs(tmp: Path) -> dict:
+    """Each bad input of the campaign: (command-line arguments, what its one line must say)."""
+    (tmp / "latin1.yaml").write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
+    (tmp / "twice.yaml").write_text("task:\n  n_train: 10\nrun:\n  steps: 1\ntask:\n  n_heldout: 5\n")
+    (tmp / "a_file").write_text("")
+    (tmp / "latin1.jsonl").write_bytes(b'{"prompt": "1+1", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "1"}\n')
+    (tmp / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    (tmp / "not_a_dataset").mkdir()
+    (tmp / "not_a_dataset" / "x.txt").write_text("hello")
+    from rlpost.model.load import load_policy, save_model
+    tiny = load_policy("tiny")
+    save_model(tiny.model, tiny.tokenizer, tmp / "truncated")
+    weights = tmp / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    save_model(tiny.model, tiny.tokenizer, tmp / "no_tokenizer")
+    for f in (tmp / "no_tokenizer").glob("*token*"):
+        f.unlink()
+    data = ["task.name=dataset", "task.n_heldout=1"]
+    return {
+        "non-UTF-8 recipe": ([str(tmp / "latin1.yaml")], "latin1.yaml line 2: not UTF-8 text (byte 0xe9)"),
+        "recipe is a folder": ([str(tmp)], "is a folder, expected a YAML file"),
+        "duplicated section": ([str(tmp / "twice.yaml")], "line 5: not valid YAML (duplicate key 'task'"),
+        "run.out_dir is a file": ([f"run.out_dir={tmp / 'a_file'}"], "run.out_dir: "),
+        "misspelt task.reward_funcs": (["task.reward_funcs=toy_verifiers:no_such_fn"],
+                                       "task.reward_funcs: cannot import 'toy_verifiers:no_such_fn' (AttributeError"),
+        "huge group_size": (["rollout.group_size=100000"], "rollout.group_size: expected an integer >= 1 and <= 1024"),
+        "huge max_new_tokens": (["rollout.max_new_tokens=10000000"], "rollout.max_new_tokens: expected an integer"),
+        "infinite lr": (["trainer.lr=inf"], "trainer.lr: expected a finite number > 0 and <= 1"),
+        "non-UTF-8 JSONL": ([*data, f"task.data={tmp / 'latin1.jsonl'}"], "latin1.jsonl:2: not UTF-8 text (byte 0xe9"),
+        "corrupt parquet": ([*data, f"task.data={tmp / 'bad.parquet'}"], "bad.parquet: not a readable parquet file"),
+        "folder that is no dataset": ([*data, f"task.data={tmp / 'not_a_dataset'}"],
+                                      "not_a_dataset: a folder, but not one saved by `datasets`"),
+        "truncated model weights": ([f"model.name={tmp / 'truncated'}"], "cannot load the model of"),
+        "no tokenizer": ([f"model.name={tmp / 'no_tokenizer'}"], "cannot load the tokenizer of"),
+    }
+
+
+def test_every_bad_input_is_one_line_naming_it_exit_2_and_no_folder(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    for name, (args, expected) in bad_inputs(tmp_path).items():
+        capsys.readouterr()
+        code = cli.main(["train", *ARGS, f"run.out_dir={runs}", "run.name=bad", *args])  # args win: they come last
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert code == 2 and "Traceback" not in err, (name, err[-2000:])
+        assert last.startswith("rlpost: error: ") and expected in last, (name, last)
+        assert not (runs / "bad").exists(), name
+
+
+def test_sft_refuses_an_existing_run_and_a_failed_start_leaves_nothing(tmp_path, capsys):
+    code, err = main("sft", *TINY, "pref.data=/no/such.jsonl", f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
+    assert code == 2 and "data: file not found: /no/such.jsonl" in err and not (tmp_path / "s").exists()
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "summary.json").write_text("{}")
+    code, err = main("sft", *TINY, f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
+    assert code == 2 and "already holds a run" in err and (tmp_path / "s" / "summary.json").read_text() == "{}"
+
+
+def test_a_batch_too_big_for_memory_is_one_line(tmp_path):
+    # Under a 6 GB address-space limit (so that the allocation fails here, whatever the machine).
+    import subprocess
+    import sys
+    args = [*TINY, "rollout.group_size=1024", "rollout.prompts_per_step=4096", "run.eval_n=1",
+            "trainer.mini_batch_size=0", "trainer.micro_batch_size=0", "task.verifier=toy_verifiers:odd_length",
+            f"run.out_dir={tmp_path}", "run.name=oom"]
+    r = subprocess.run(["prlimit", f"--as={6 << 30}", sys.executable, "-m", "rlpost.cli", "train", *args],
+                       capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(ROOT / "tests"), *sys.path])}, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("rlpost: error: out of memory")
+
+
+class Killed(BaseException):
+    """What a SIGKILL leaves: no handler and no `except Exception` runs (finally blocks do, which
+    only close the roles' processes)."""
+
+
+def kill_on(calls: int):
+    """A stand-in for a function that kills the run on its `calls`-th call."""
+    count = []
+
+    def hit(*a, **k):
+        count.append(1)
+        if len(count) == calls:
+            raise Killed
+        return hit.real(*a, **k)
+    return hit
+
+
+# (what to replace in model/checkpoint.py, on which call): the points of step 3's checkpoint write
+KILL_POINTS = {
+    "after the weights, before trainer.pt": ("checkpoint.torch.save", 5),  # 2 calls per checkpoint
+    "all files written, no manifest yet": ("checkpoint.sha256", 7),  # 3 calls per checkpoint
+    "renamed into place, latest not updated": ("checkpoint._fsync_dir", 3),
+    "latest updated, the old one not yet deleted": ("checkpoint.shutil.rmtree", 5),  # tmp clean-up + rotation
+}
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_point_of_a_checkpoint_write_resumes_exactly(tmp_path, monkeypatch):
+    cfg = config.load(None, [*ARGS, "run.steps=4", "run.checkpoint_every=1", "run.keep_checkpoints=1"])
+    rl.train(cfg, tmp_path / "full")
+    want = load_file(tmp_path / "full" / "checkpoints" / "step_000004" / "model.safetensors")
+    for name, (target, call) in KILL_POINTS.items():
+        run = tmp_path / name.replace(" ", "_").replace(",", "")
+        module, attr = target.rsplit(".", 1)
+        owner = {"checkpoint": checkpoint, "checkpoint.torch": checkpoint.torch,
+                 "checkpoint.shutil": checkpoint.shutil}[module]
+        hit = kill_on(call)
+        hit.real = getattr(owner, attr)
+        with monkeypatch.context() as m:
+            m.setattr(owner, attr, hit)
+            with pytest.raises(Killed):
+                rl.train(cfg, run)
+        assert worker_processes() == [], name
+        rl.train(cfg, run, resume=True)
+        got = load_file(run / "checkpoints" / "step_000004" / "model.safetensors")
+        assert all(torch.equal(want[k], got[k]) for k in want), name
+        assert [r["step"] for r in jsonl.read_lines(run / "metrics.jsonl")] == [1, 2, 3, 4], name
+        assert not list((run / "checkpoints").glob(".tmp*")), name
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_with_one_name_one_runs_the_other_refuses(tmp_path):
+    import subprocess
+    import sys
+    args = [sys.executable, "-m", "rlpost.cli", "train", *ARGS, f"run.out_dir={tmp_path}", "run.name=same"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
+    procs = [subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for _ in range(2)]
+    results = sorted((p.wait(timeout=600), p.stderr.read()) for p in procs)
+    (ok, _), (refused, err) = results
+    assert ok == 0 and refused == 2, results
+    assert ("another rlpost command" in err or "already holds a run" in err) and "Traceback" not in err
+    assert [r["step"] for r in jsonl.read_lines(tmp_path / "same" / "metrics.jsonl")] == [1, 2]

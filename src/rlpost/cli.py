@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 import threading
@@ -117,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     except (MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
             raise
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return _fail(f"out of memory ({first[-160:]}): the rollout batch (rollout.prompts_per_step x rollout.group_size "
+        asked = re.search(r"allocate (\d+) bytes", str(e))
+        first = f"tried to allocate {int(asked[1]) / 2**30:.1f} GiB" if asked else type(e).__name__
+        return _fail(f"out of memory ({first}): the rollout batch (rollout.prompts_per_step x rollout.group_size "
                      "sequences of up to rollout.max_new_tokens tokens) or the model is too big for this machine; lower "
                      "them, or trainer.micro_batch_size", EXIT_BAD_INPUT)
     except OSError as e:  # a write or read the recipes did not expect to fail: name the path and the cause

@@ -44,7 +44,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     reward functions, non-finite updates) is recipes/guard.py; the roles' processes are stopped
     however the loop ends."""
     torch.set_num_threads(cfg.run.threads or os.cpu_count())
-    task = task or build_task(cfg)
+    task, run_dir = task or build_task(cfg), Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)  # library use: the CLI has claimed it already (observe/runfolder.py)
     t_start = time.perf_counter()
     weights, trainer_state, state = resume_point(run_dir) if resume else (None, None, {})
     elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
