@@ -247,8 +247,8 @@ def serve() -> None:
     PARENT MAIN_THREAD MEMORY_MB PATH``."""
     req, rep, watchdog, parent, main_thread, memory_mb = map(int, sys.argv[1:7])
     path = sys.argv[7]
+    req, rep, watchdog = _private(req), _private(rep), _private(watchdog)
     _die_with(parent, watchdog, bool(main_thread))
-    req, rep = _private(req), _private(rep)
     if memory_mb:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         cap = memory_mb << 20
