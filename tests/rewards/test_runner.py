@@ -220,3 +220,24 @@ def test_verl_compute_score_and_its_nested_ground_truth():
     finally:
         r.close()
     assert rewards.tolist() == [1.0, 1.0, 0.0] and infos[1] == {"acc": True}
+
+
+def test_a_module_in_the_current_directory_or_the_run_folder_imports_without_pythonpath(tmp_path, monkeypatch):
+    from helpers import tiny_cfg
+
+    from rlpost import build
+
+    here, run = tmp_path / "here", tmp_path / "run"
+    here.mkdir(), run.mkdir()
+    (here / "my_rewards_here.py").write_text("def score(completion, row):\n    return 0.75, {}\n")
+    (run / "my_rewards_in_run.py").write_text("def score(completion, row):\n    return 0.25, {}\n")
+    monkeypatch.chdir(here)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    for path, want in (("my_rewards_here:score", 0.75), ("my_rewards_in_run:score", 0.25)):
+        r = build.make_runner(tiny_cfg("task.verifier_workers=1"), path, "task.verifier", run)
+        try:
+            assert r.score(FakeBatch(["x"]))[0].tolist() == [want]
+        finally:
+            r.close()
+    with pytest.raises(ConfigError, match="cannot import 'my_rewards_in_run:score'"):
+        build.make_runner(tiny_cfg(), "my_rewards_in_run:score", "task.verifier", None)  # not without the run folder
