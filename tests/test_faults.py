@@ -83,10 +83,14 @@ def test_a_reward_function_failing_on_the_first_batch_stops_before_any_update(tm
 
 
 def test_reward_failures_are_counted_and_shown_by_doctor_and_the_report(tmp_path, capsys):
-    code, err = main("train", *ARGS, "task.reward_funcs=toy_verifiers:fails_on_multiples_of_three",
+    data = tmp_path / "rows.jsonl"  # with two malformed rows, skipped and counted in the summary
+    data.write_text("".join(json.dumps({"prompt": str(i), "answer": str(i)}) + "\n" for i in range(30)) + '{"answer": "1"}\n{"prompt": "", "answer": "2"}\n')
+    code, err = main("train", *ARGS, "task.reward_funcs=toy_verifiers:fails_on_multiples_of_three", "task.name=dataset",
+                     f"task.data={data}", "task.on_bad_row=skip", "task.n_heldout=4",
                      "task.max_reward_error_frac=1", f"run.out_dir={tmp_path}", "run.name=d", capsys=capsys)
     assert code == 0, err
     run = tmp_path / "d"
+    assert json.loads((run / "summary.json").read_text())["skipped_rows"] == 2 and "skipped 2 malformed data rows" in err
     rows = jsonl.read_lines(run / "metrics.jsonl")
     errors = sum(r["verifier/fails_on_multiples_of_three/errors"] for r in rows)
     assert errors > 0 and all(r["verifier/fails_on_multiples_of_three/calls"] == 16 for r in rows)

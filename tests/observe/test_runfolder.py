@@ -95,3 +95,12 @@ def test_an_append_on_a_full_disk_leaves_no_half_line(tmp_path):
         rows = jsonl.read_lines(path)
         assert path.read_text().endswith("\n") and [r["step"] for r in rows] == list(range(1, len(rows) + 1))
         assert json.loads(path.read_text().splitlines()[-1])["step"] == len(rows)
+
+
+def test_resume_repairs_a_torn_metrics_file(tmp_path):
+    from rlpost.observe.runlog import RunLog
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "rew')
+    log = RunLog(tmp_path, steps=5, start_step=2, progress=False)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+    assert [h["step"] for h in log.history] == [1, 2]
