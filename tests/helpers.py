@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -78,3 +79,27 @@ def loss_batch(logp_old, adv, mask, ref=None) -> Rollouts:
         truncated=torch.zeros(B, dtype=torch.bool), group_ids=torch.arange(B), rows=[{}] * B,
         completions=[""] * B, old_logp=logp_old, advantages=adv, ref_logp=ref,
     )
+
+
+@contextmanager
+def tmpfs(path: Path, size: str = "1m"):
+    """A small tmpfs mounted at `path` (a disk that fills up), unmounted afterwards; the test is
+    skipped, with the reason, where mounting is not allowed (not root, no CAP_SYS_ADMIN)."""
+    import pytest
+
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def remount_read_only(path: Path) -> None:
+    """Make a tmpfs from `tmpfs` read-only (root ignores file modes, so this is how a read-only
+    run folder is made)."""
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True, capture_output=True)

@@ -8,8 +8,12 @@ from rlpost import build, config
 
 @pytest.mark.parametrize("override,expected", [
     ("rollout.group_sise=4", "rollout.group_sise: unknown key"),
-    ("rollout.group_size=four", "rollout.group_size: expected an integer >= 1, got 'four'"),
-    ("trainer.lr=-1", "trainer.lr: expected a number > 0, got -1.0"),
+    ("rollout.group_size=four", "rollout.group_size: expected an integer >= 1 and <= 1024, got 'four'"),
+    ("trainer.lr=-1", "trainer.lr: expected a number > 0 and <= 1, got -1.0"),
+    ("trainer.lr=inf", "trainer.lr: expected a finite number > 0 and <= 1"),
+    ("trainer.lr=1e30", "trainer.lr: expected a number > 0 and <= 1, got 1e+30"),
+    ("algo.kl_coef=nan", "algo.kl_coef: expected a finite number >= 0"),
+    ("rollout.max_new_tokens=100000000", "rollout.max_new_tokens: expected an integer >= 1 and <= 131072"),
     ("rollout.top_p=1.5", "rollout.top_p: expected a number > 0 and <= 1, got 1.5"),
     ("algo.loss_agg=mean", "algo.loss_agg: expected one of token_mean"),
     ("run.progress=maybe", "run.progress: expected true or false"),

@@ -55,3 +55,56 @@ def trl_style(prompts, completions, answer, **kwargs):
 
 def half(completion, row):
     return 0.5, {"half": True}
+
+
+def echo_fd1(completion, row):
+    """Writes to fd 1 and fd 2 behind Python's back: must land in the log, not in a reply."""
+    os.system("echo noise-on-fd-1; echo noise-on-fd-2 >&2")
+    return 1.0, {}
+
+
+def returns_nan(completion, row):
+    return {"nan": float("nan"), "inf": float("inf"), "text": "1.0", "none": None}.get(completion, 1.0)
+
+
+def spins(completion, row):
+    if "marker" in row:  # tell the test the call has started
+        open(row["marker"], "w").close()
+    while True:
+        pass
+
+
+def allocates(completion, row):
+    """A runaway allocation: stopped by the worker's address-space limit, a MemoryError."""
+    if completion == "big":
+        return float(len(bytearray(64 << 30)))
+    return 1.0, {}
+
+
+def group_aware(prompts, completions, completion_ids, trainer_state, answer, **kwargs):
+    """TRL style, group-relative: 1 for the shortest completion of each prompt's group, and the
+    arguments it was given reported back through the reward (checked by the tests)."""
+    assert len(prompts) == len(completions) == len(completion_ids) == len(answer)
+    lengths = [len(c) for c in completions]
+    groups: dict = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(str(p), []).append(i)
+    out = [0.0] * len(completions)
+    for members in groups.values():
+        out[min(members, key=lambda i: lengths[i])] = 1.0
+    return [r + 10 * trainer_state.global_step + 100 * len(members) for r, members in
+            zip(out, [groups[str(p)] for p in prompts])]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's signature; a dict return carries 'score' and extra fields."""
+    if data_source == "dict":
+        return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth}
+    return float(solution_str == ground_truth)
+
+
+def fails_on_multiples_of_three(completion, row):
+    """Fails on some completions only: counted, scored 0, and the run goes on."""
+    if len(completion) % 3 == 0:
+        raise ValueError(f"cannot score a completion of length {len(completion)}")
+    return 1.0, {}

@@ -13,6 +13,8 @@ reference when something reads reference log-probs), never from its name.
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 
 import torch
 
@@ -24,7 +26,7 @@ from rlpost.model.load import load_policy
 from rlpost.model.precision import DTYPES
 from rlpost.rewards.judge import Judge
 from rlpost.rewards.reward_model import RewardModelScorer
-from rlpost.rewards.runner import VerifierRunner
+from rlpost.rewards.runner import VerifierRunner, default_workers
 from rlpost.rewards.stack import RewardStack, part_name
 from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
@@ -43,14 +45,31 @@ def check(cfg: config.Config) -> config.Config:
 
 
 def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for_eval: bool = False,
-                stream=None, rollout_worker=None) -> Roles:
+                stream=None, rollout_worker=None, run_dir: Path | None = None) -> Roles:
     """The roles of one run. ``weights``: a checkpoint's policy weights (the reference is still the
     starting policy). ``for_eval`` builds only what held-out evaluation needs: the sampler and the
     task's verifier. ``stream``: the prompt stream an async rollout pool reads ahead from.
-    ``rollout_worker``: the Ray actor class of a rollout worker (tests inject faults with it)."""
+    ``rollout_worker``: the Ray actor class of a rollout worker (tests inject faults with it).
+    ``run_dir``: the run folder (verifier workers log there and may import modules from it)."""
     algo = algorithms.build(cfg)
-    if cfg.dist.topology != "colocated" and not for_eval:
-        return _remote_roles(cfg, task, algo, weights, stream, rollout_worker)
+    # The verifier first: its dry start finds a bad task.verifier before the model loads.
+    grader, reward = make_runner(cfg, task.verifier, "task.verifier", run_dir), None
+    try:
+        # The reward functions next (their dry start), before any model loads.
+        reward = grader if for_eval else build_reward(cfg, grader, run_dir)
+        if cfg.dist.topology != "colocated" and not for_eval:
+            return _remote_roles(cfg, algo, weights, stream, rollout_worker, grader, reward)
+        return _local_roles(cfg, algo, weights, for_eval, grader, reward)
+    except BaseException:  # a model that does not load, a reward function that does not import
+        if reward is not None and reward is not grader:
+            reward.close()
+        grader.close()
+        raise
+
+
+def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool, grader: VerifierRunner,
+                 reward: Verifier) -> Roles:
+    """Every role in this process (dist.topology=colocated, and evaluation)."""
     loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
     # The reference is the *starting* policy: copy it before any checkpoint weights are loaded.
     reference = make_reference(cfg, loaded.model) if algo.needs_reference and not for_eval else None
@@ -61,9 +80,17 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
         loaded.model.load_state_dict(weights)
     rollout = make_rollout(cfg, copy.deepcopy(loaded.model), loaded.tokenizer)
     trainer = make_trainer(cfg, loaded.model, use_lora) if not for_eval else None
-    grader = VerifierRunner(task.verifier, verifier_timeout(cfg))
-    reward = grader if for_eval else build_reward(cfg, grader)
     return Roles(rollout, reward, reference, algo, trainer, grader=grader)
+
+
+def make_runner(cfg: config.Config, path: str, key: str, run_dir: Path | None = None) -> VerifierRunner:
+    """Worker processes for the reward function at ``path`` (named by config ``key``). The run
+    folder and the current directory come first on their sys.path, so a module of yours next to
+    the recipe or in the run folder imports without PYTHONPATH."""
+    t = cfg.task
+    return VerifierRunner(path, verifier_timeout(cfg), workers=default_workers(t.verifier_workers), key=key,
+                          memory_mb=t.verifier_memory_mb, log_path=Path(run_dir) / "verifier.log" if run_dir else None,
+                          import_paths=(*([run_dir] if run_dir else []), os.getcwd()), max_steps=cfg.run.steps)
 
 
 def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
@@ -93,7 +120,7 @@ def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, **k
     )
 
 
-def build_reward(cfg: config.Config, verifier: Verifier) -> Verifier:
+def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = None) -> Verifier:
     """What training optimises: the verifier alone, or a stack of the parts the config names.
 
     Parts: each of task.reward_funcs (weights task.reward_weights), the reward model
@@ -102,12 +129,19 @@ def build_reward(cfg: config.Config, verifier: Verifier) -> Verifier:
     t = cfg.task
     funcs = [f.strip() for f in t.reward_funcs.split(",") if f.strip()]
     weights = [float(w) for w in t.reward_weights.split(",")] if t.reward_weights else [1.0] * len(funcs)
-    parts = [(part_name(f), VerifierRunner(f, verifier_timeout(cfg)), w) for f, w in zip(funcs, weights)]
-    if t.reward_model:
-        scorer = RewardModelScorer(t.reward_model, config.derived(cfg).micro_batch_size, cfg.trainer.autocast_bf16)
-        parts.append(("reward_model", scorer, 1.0))
-    if t.judge_model:
-        parts.append(("judge", Judge.from_config(cfg), t.judge_weight))
+    parts: list = []
+    try:
+        for f, w in zip(funcs, weights):
+            parts.append((part_name(f), make_runner(cfg, f, "task.reward_funcs", run_dir), w))
+        if t.reward_model:
+            scorer = RewardModelScorer(t.reward_model, config.derived(cfg).micro_batch_size, cfg.trainer.autocast_bf16)
+            parts.append(("reward_model", scorer, 1.0))
+        if t.judge_model:
+            parts.append(("judge", Judge.from_config(cfg), t.judge_weight))
+    except BaseException:
+        for _, scorer, _ in parts:
+            scorer.close()
+        raise
     if not parts:
         return verifier
     if len(parts) == 1 and parts[0][2] == 1.0 and not funcs:
@@ -115,7 +149,8 @@ def build_reward(cfg: config.Config, verifier: Verifier) -> Verifier:
     return RewardStack(parts)
 
 
-def _remote_roles(cfg: config.Config, task: Task, algo, weights: dict | None, stream, rollout_worker) -> Roles:
+def _remote_roles(cfg: config.Config, algo, weights: dict | None, stream, rollout_worker, grader: VerifierRunner,
+                  reward: Verifier) -> Roles:
     """Rollout workers and trainer ranks as Ray actors; the verifier, the reference and the
     algorithm stay in the driver (they are light, or a subprocess pool already)."""
     try:
@@ -125,5 +160,4 @@ def _remote_roles(cfg: config.Config, task: Task, algo, weights: dict | None, st
     rollout, trainer = topology.place(cfg, weights, make_rollout, make_trainer, stream, rollout_worker, say)
     # The reference is the starting policy, so a fresh load is it (checkpoint weights never go in).
     reference = make_reference(cfg, load_policy(cfg.model.name, seed=cfg.run.seed).model) if algo.needs_reference else None
-    grader = VerifierRunner(task.verifier, verifier_timeout(cfg))
-    return Roles(rollout, build_reward(cfg, grader), reference, algo, trainer, grader=grader)
+    return Roles(rollout, reward, reference, algo, trainer, grader=grader)

@@ -9,20 +9,29 @@
   rlpost doctor RUN_DIR                                 training-health findings and the knob for each
   rlpost plan [--model M | --params 7B | --from RUN_DIR] ...   memory and step-time estimate
 
-Bad input (config, model path) ends with one line on stderr naming what is wrong and exit
-status 2, never a traceback.
+Bad input (config, model path, data file, a run folder in use) ends with one line on stderr
+naming what is wrong and exit status 2, never a traceback; so does a batch too big for memory. A
+run stopped by what it cannot go on from (a full disk, a read-only folder, non-finite training, a
+reward function that keeps failing) ends with one line and exit status 1, its saved data intact.
+SIGINT and SIGTERM end with one line and 130 / 143 (during training: after saving the current step,
+recipes/guard.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 from rlpost import config
-from rlpost.types.errors import ModelLoadError
+from rlpost.console import say
+from rlpost.observe import runfolder
+from rlpost.types.errors import Interrupted, ModelLoadError, RunError
 
 EXIT_BAD_INPUT = 2
 
@@ -47,7 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Train. With no recipe, runs the demo: GRPO on the embedded SmolLM2-135M-Instruct.")
     t.add_argument("args", nargs="*", metavar="RECIPE|key=value", help="a recipe YAML, then dotted overrides")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its newest intact checkpoint; overrides "
+                   "may change only what a resume can (trainer.lr, run.steps, ...: an error lists them)")
+    t.add_argument("--start-over", action="store_true", help="with --resume: a run folder with no intact checkpoint "
+                   "trains again from step 0 (its metrics and samples are replaced) instead of refusing")
     e = sub.add_parser("eval", help="held-out accuracy of a model or a run", epilog=options,
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Greedy held-out accuracy on the task of the config (a run's own, or the defaults).")
@@ -81,22 +93,55 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["plan"]:
-        from rlpost.observe import planner
-
-        return planner.main(argv[1:])
-    args = _parser().parse_args(argv)
+    # SIGTERM outside the training loop (start-up, evaluation) stops like Ctrl-C: one line, and the
+    # run folder's failed-start clean-up (observe/runfolder.py). The loop sets its own (guard.py).
+    main_thread = threading.current_thread() is threading.main_thread()
+    old_term = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
+        if argv[:1] == ["plan"]:
+            from rlpost.observe import planner
+
+            return planner.main(argv[1:])
+        args = _parser().parse_args(argv)
         commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
                     "sft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline}
         return commands[args.command](args)
     except (config.ConfigError, ModelLoadError) as e:
-        print(f"rlpost: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("\nrlpost: interrupted; `rlpost train --resume RUN_DIR` continues from the last checkpoint",
-              file=sys.stderr)
-        return 130
+        return _fail(str(e), EXIT_BAD_INPUT)
+    except RunError as e:
+        return _fail(str(e), 1)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Interrupted)
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        what = e.message if isinstance(e, Interrupted) and e.message else f"stopped by {signal.Signals(signum).name}"
+        resume = " (`rlpost train --resume RUN_DIR` continues from the last checkpoint)" if argv[:1] == ["train"] else ""
+        return _fail(what + resume, 128 + signum, prefix="\nrlpost: ")
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        asked = re.search(r"allocate (\d+) bytes", str(e))
+        first = f"tried to allocate {int(asked[1]) / 2**30:.1f} GiB" if asked else type(e).__name__
+        return _fail(f"out of memory ({first}): the rollout batch (rollout.prompts_per_step x rollout.group_size "
+                     "sequences of up to rollout.max_new_tokens tokens) or the model is too big for this machine; lower "
+                     "them, or trainer.micro_batch_size", EXIT_BAD_INPUT)
+    except OSError as e:  # a write or read the recipes did not expect to fail: name the path and the cause
+        return _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {e}", 1)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _terminate(signum, frame):
+    raise Interrupted(signum)
+
+
+def _fail(message: str, code: int, prefix: str = "rlpost: error: ") -> int:
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError, torch's OutOfMemoryError (CUDA) or the CPU allocator's RuntimeError."""
+    return isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e)
 
 
 # Each command imports its recipe when it runs, not at the top: the config is read and checked
@@ -104,45 +149,68 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_train(args) -> int:
+    recipe, overrides = _split(args.args)
+    if args.resume:
+        return _resume(args, recipe, overrides)
+    if args.start_over:
+        raise config.ConfigError("--start-over: only with --resume RUN_DIR")
+    cfg = config.load(recipe, overrides)  # before torch loads: a mistake shows in a fraction of a second
     from rlpost import build
     from rlpost.recipes.rl import train
 
-    recipe, overrides = _split(args.args)
-    if args.resume:
-        if recipe is not None:
-            raise config.ConfigError(f"--resume takes overrides only, not a recipe ({recipe})")
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").exists():
-            raise config.ConfigError(f"--resume {run_dir}: no config.yaml there; is it a run folder?")
-        cfg = build.check(config.load(run_dir / "config.yaml", overrides))
-    else:
-        cfg = build.check(config.load(recipe, overrides))
-        name = cfg.run.name or f"{cfg.task.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(cfg.run.out_dir) / name
-        if (run_dir / "checkpoints").exists():
-            raise config.ConfigError(f"run.name: {run_dir} already has checkpoints; use --resume {run_dir} or another name")
-        run_dir.mkdir(parents=True, exist_ok=True)
-    config.save(cfg, run_dir / "config.yaml")
-    print(f"rlpost: run folder {run_dir}", file=sys.stderr)
-    train(cfg, run_dir, resume=bool(args.resume))
+    build.check(cfg)
+    name = cfg.run.name or f"{cfg.task.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(cfg.run.out_dir) / name
+    with runfolder.claim(run_dir, "new", f"use --resume {run_dir}, or another run.name") as rf:
+        rf.write_config(cfg)
+        say(f"run folder {run_dir}")
+        train(cfg, run_dir)
+    return 0
+
+
+def _resume(args, recipe: str | None, overrides: list[str]) -> int:
+    """Validate the whole resume (the folder, which changes are allowed, an intact checkpoint)
+    before writing anything; then record the changed config as config.resume-N.yaml."""
+    if recipe is not None:
+        raise config.ConfigError(f"--resume takes overrides only, not a recipe ({recipe})")
+    run_dir = Path(args.resume)
+    with runfolder.claim(run_dir, "resume") as rf:
+        current = config.run_config_path(run_dir)
+        cfg = config.load(current, overrides)
+        changes = config.resume_changes(config.load(current), cfg)
+        from rlpost import build
+        from rlpost.model import checkpoint
+        from rlpost.recipes.rl import train
+
+        build.check(cfg)
+        ckpt = checkpoint.newest_intact(run_dir)
+        if ckpt is None and not args.start_over:
+            raise config.ConfigError(f"--resume {run_dir}: no intact checkpoint to resume from; add --start-over to "
+                                     "train it again from step 0 (its metrics and samples are replaced)")
+        if changes:
+            say(f"resuming with {'; '.join(changes)} (recorded in {rf.write_config(cfg).name})")
+        say(f"run folder {run_dir}: resuming from {ckpt.name if ckpt else 'step 0 (--start-over)'}")
+        train(cfg, run_dir, resume=ckpt is not None)
     return 0
 
 
 def cmd_eval(args) -> int:
+    target = Path(args.target)  # the config first: its mistakes show before torch loads
+    config.load(config.run_config_path(target) if (target / "config.yaml").exists() else None,
+                args.args if (target / "config.yaml").exists() else [f"model.name={args.target}", *args.args])
     import torch
 
     from rlpost import build
     from rlpost.model import checkpoint
     from rlpost.recipes.evaluate import heldout_accuracy
 
-    target = Path(args.target)
     weights = None
-    if (target / "config.yaml").exists():  # a run folder: its own config and latest weights
-        cfg = build.check(config.load(target / "config.yaml", args.args))
-        ckpt = checkpoint.latest(target)
-        if ckpt is None:
-            raise config.ConfigError(f"{target}: run folder has no checkpoint yet")
-        weights = checkpoint.load(ckpt)[0]
+    if (target / "config.yaml").exists():  # a run folder: its own config and newest intact weights
+        cfg = build.check(config.load(config.run_config_path(target), args.args))
+        found = checkpoint.load_latest(target)
+        if found is None:
+            raise config.ConfigError(f"{target}: run folder has no intact checkpoint yet")
+        weights = found[1][0]
     else:
         cfg = build.check(config.load(None, [f"model.name={args.target}", *args.args]))
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
@@ -186,18 +254,21 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_offline(args) -> int:
-    from rlpost.recipes.pipeline import train_stage
-
     recipe, overrides = _split(args.args)
     cfg = config.load(recipe, overrides)
+    from rlpost.recipes.pipeline import train_stage
+
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
-    print(f"rlpost: run folder {run_dir}", file=sys.stderr)
-    summary = train_stage(cfg, run_dir, args.command)
+    with runfolder.claim(run_dir, "new") as rf:
+        rf.write_config(cfg)
+        say(f"run folder {run_dir}")
+        summary = train_stage(cfg, run_dir, args.command)
     print(json.dumps(summary))
     return 0
 
 
 def cmd_pipeline(args) -> int:
+    config.read_yaml(args.recipe)  # the file's own mistakes before torch loads (the stages are checked next)
     from rlpost.recipes.pipeline import run_pipeline
 
     run_pipeline(args.recipe)

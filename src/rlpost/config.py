@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import math
 import textwrap
 import typing
 from dataclasses import dataclass, fields
@@ -141,16 +142,40 @@ def load(recipe: str | Path | None = None, overrides: list[str] = ()) -> Config:
     return from_dict(tree)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error: a duplicated
+    section would otherwise silently replace the first one."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (the second would replace the first)",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"recipe: file not found: {path}")
+    if path.is_dir():
+        raise ConfigError(f"recipe {path}: is a folder, expected a YAML file")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ConfigError(f"recipe {path} line {line}: not UTF-8 text (byte {path.read_bytes()[e.start]:#04x})") from None
+    except OSError as e:
+        raise ConfigError(f"recipe {path}: cannot read it ({e.strerror})") from None
+    try:
+        tree = yaml.load(text, Loader=_StrictLoader) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"recipe {path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        raise ConfigError(f"recipe {path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"recipe {path}: expected a mapping of sections at the top level")
     return tree
@@ -226,8 +251,8 @@ def _coerce(key: str, value: Any, typ: Any, meta: dict) -> Any:
             value = float(value) if not isinstance(value, bool) else None
         except (TypeError, ValueError):
             value = None
-        if value is None:
-            raise ConfigError(f"{key}: expected a number{_range_text(meta)}")
+        if value is None or not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number{_range_text(meta)}")
     elif typ is str:
         if not isinstance(value, str):
             value = str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -276,6 +301,54 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
         key, value = parse_override(item)
         set_dotted(tree, key, value)
     return from_dict(tree)
+
+
+# --- resuming a run: what may change, and the config history ---------------------------------
+
+# What a resumed run may change. Everything else is refused with the key named: the checkpoint's
+# weights, optimizer state and prompt stream were made under the old values (algo.name,
+# model.lora_r, rollout.group_size, ...), so a change would silently continue a different run.
+# An lr change is applied to the restored optimizer (Trainer.load_state_dict); a run.steps change
+# stretches or shortens a decaying lr schedule from the step the run resumes at.
+RESUMABLE = {
+    "run": ("steps", "eval_every", "eval_n", "eval_batch_size", "checkpoint_every", "keep_checkpoints", "threads",
+            "progress", "loggers", "stop_grace_s"),
+    "trainer": ("lr", "max_grad_norm", "micro_batch_size", "max_nonfinite_steps"),
+    "algo": ("critic_lr",),
+    "task": ("verifier_timeout_s", "verifier_workers", "verifier_memory_mb", "max_reward_error_frac", "sandboxes"),
+    "dist": ("rollout_threads", "trainer_threads", "ray_address"),
+}
+
+
+def resume_changes(old: Config, new: Config) -> list[str]:
+    """'key: old -> new' for each value a resume changes; ConfigError naming the first that may not."""
+    a, b = to_dict(old), to_dict(new)
+    changed = []
+    for section in a:
+        for key in a[section]:
+            if a[section][key] == b[section][key]:
+                continue
+            if key not in RESUMABLE.get(section, ()):
+                allowed = ", ".join(f"{s}.{k}" for s, ks in RESUMABLE.items() for k in ks)
+                raise ConfigError(f"{section}.{key}: cannot change on --resume (the run has {a[section][key]!r}, asked "
+                                  f"{b[section][key]!r}); start a new run for that. A resume may change: {allowed}")
+            changed.append(f"{section}.{key}: {a[section][key]!r} -> {b[section][key]!r}")
+    return changed
+
+
+def run_config_path(run_dir: str | Path) -> Path:
+    """The config a run folder runs under now: config.yaml, or its newest config.resume-N.yaml
+    (each resume that changed something wrote one; config.yaml itself is never rewritten)."""
+    run_dir = Path(run_dir)
+    resumes = sorted((p for p in run_dir.glob("config.resume-*.yaml") if p.stem.rpartition("-")[2].isdigit()),
+                     key=lambda p: int(p.stem.rpartition("-")[2]))
+    return resumes[-1] if resumes else run_dir / "config.yaml"
+
+
+def next_resume_config_path(run_dir: str | Path) -> Path:
+    latest = run_config_path(run_dir)
+    n = int(latest.stem.rpartition("-")[2]) + 1 if latest.stem.startswith("config.resume-") else 1
+    return Path(run_dir) / f"config.resume-{n}.yaml"
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -74,7 +74,13 @@ class TaskConfig:
     sandboxes: int = knob(0, ge=0)
     """task.name=code: sandboxes that may run at once on this machine, the tests of one completion and the completions of every verifier worker together; 0 = the number of CPU cores"""
     verifier_timeout_s: float = knob(0.0, ge=0)
-    """seconds one verifier call may take before it scores 0 and is counted as a timeout; 0 = the family's default (2 s; 10 s for math and gym; 60 s for code, which runs every hidden test)"""
+    """seconds one verifier call may take before it scores 0 and is counted as a timeout (a TRL-style function, called once per batch, gets this times the batch size); 0 = the family's default (2 s; 10 s for math and gym; 60 s for code, which runs every hidden test)"""
+    verifier_workers: int = knob(0, ge=0, le=256)
+    """verifier worker processes scoring one batch in parallel (each reward function has its own); 0 = the number of CPU cores, at most 8: scoring runs while the trainer waits, so the cores are free, and 8 bounds the memory of heavy verifier modules (math-verify, reasoning-gym: 100-200 MB each)"""
+    verifier_memory_mb: int = knob(0, ge=0)
+    """address-space limit of each verifier worker (RLIMIT_AS), in MiB: a runaway allocation fails inside the worker (a verifier error) instead of taking the machine; 0 = the machine's memory / (workers + 1), at least 2048. Raise it for a reward function that uses CUDA, which reserves far more address space than it uses"""
+    max_reward_error_frac: float = knob(0.5, ge=0, le=1)
+    """stop the run when one reward function fails (raises, dies, times out, returns a non-number or NaN/inf) on more than this fraction of a step's completions; a function that fails on every completion of the first batch always stops it, before any update"""
     data: str = ""
     """training rows (dataset/math/code tasks): a .jsonl or .parquet file or a `datasets` folder saved on disk"""
     eval_data: str = ""
@@ -82,7 +88,7 @@ class TaskConfig:
     prompt_column: str = "prompt"
     """data column holding the prompt: a string (becomes the user message) or a list of chat messages"""
     answer_column: str = "answer"
-    """data column holding the reference answer (becomes row['answer']); every other column is kept for the verifier"""
+    """data column holding the reference answer (becomes row['answer']); a dotted name reads a nested field; with 'answer' absent, verl's reward_model.ground_truth is used; every other column is kept for the verifier"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
     gym_name: str = "basic_arithmetic"
@@ -119,15 +125,15 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    prompts_per_step: int = knob(16, ge=1)
+    prompts_per_step: int = knob(16, ge=1, le=65536)
     """prompts sampled per training step"""
-    group_size: int = knob(8, ge=1)
+    group_size: int = knob(8, ge=1, le=1024)
     """completions per prompt (K, the 'G' of the GRPO paper)"""
     temperature: float = knob(0.7, gt=0)
     """sampling temperature; the trained policy is softmax(logits / temperature)"""
     top_p: float = knob(1.0, gt=0, le=1)
     """nucleus sampling mass (1.0 = off)"""
-    max_new_tokens: int = knob(16, ge=1)
+    max_new_tokens: int = knob(16, ge=1, le=131072)
     """completion length cap; a completion that hits it is 'truncated'"""
     engine: Literal["auto", "fast", "hf"] = "auto"
     """sampler: 'fast' = rlpost's own decode loop (Llama/Qwen2: fused projections, preallocated KV, prompt prefilled once per group, finished rows leave the batch; ~2-3x `generate`), 'hf' = transformers `generate`, 'auto' = fast where supported"""
@@ -177,7 +183,7 @@ class AlgoConfig:
     """PPO: GAE lambda (1 = Monte-Carlo return minus V, verl's default for LLMs; 0 = TD(0) error)"""
     critic: Literal["separate", "shared"] = "separate"
     """PPO: value model = a copy of the policy's trunk with a scalar head, or a head on the policy's own trunk (one forward, less memory)"""
-    critic_lr: float = knob(1e-5, gt=0)
+    critic_lr: float = knob(1e-5, gt=0, le=1)
     """PPO: learning rate of the critic's own parameters (its head, and its trunk when separate)"""
     vf_coef: float = knob(0.5, ge=0)
     """PPO: weight of the value loss"""
@@ -205,8 +211,8 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    lr: float = knob(1e-5, gt=0)
-    """peak learning rate of AdamW"""
+    lr: float = knob(1e-5, gt=0, le=1)
+    """peak learning rate of AdamW (above 1 no language model survives a step)"""
     weight_decay: float = knob(0.0, ge=0)
     """AdamW decoupled weight decay"""
     beta1: float = knob(0.9, ge=0, lt=1)
@@ -231,6 +237,8 @@ class TrainerConfig:
     """run the trainer's forward and backward under bf16 autocast (float32 master weights)"""
     share_prompt_prefix: bool = True
     """run each prompt once per micro-batch and reuse its KV cache for the group's completions (same maths, ~3x fewer tokens in the demo)"""
+    max_nonfinite_steps: int = knob(3, ge=1)
+    """a non-finite loss or gradient skips that optimizer step (counted in actor/nonfinite_steps); this many training steps in a row with a skipped update stop the run, before anything is saved"""
 
 
 @dataclass(frozen=True)
@@ -293,6 +301,8 @@ class RunConfig:
     """torch CPU threads; 0 = all cores"""
     progress: bool = True
     """show a progress bar with live metrics"""
+    stop_grace_s: float = knob(30.0, ge=0)
+    """on SIGTERM or Ctrl-C: seconds the current step may take to finish before it is abandoned; a finished step is checkpointed before the run stops (a second signal stops it at once)"""
     loggers: str = ""
     """extra metric sinks, comma-separated: console, tensorboard, wandb (offline by default), mlflow; metrics.jsonl is always written"""
 

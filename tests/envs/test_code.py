@@ -272,9 +272,9 @@ def test_hostile_completions_through_the_verifier_runner():
         rewards, infos, metrics = runner.score(Batch([*hostile, good], [row] * (len(hostile) + 1)))
         assert rewards.tolist() == [0.0] * len(hostile) + [1.0]
         assert metrics["verifier/errors"] == 0 and metrics["verifier/timeouts"] == 0
-        worker = runner.proc.pid
+        worker = runner.pids()
         rewards, _, _ = runner.score(Batch([good], [row]))  # still working, same worker
-        assert rewards.tolist() == [1.0] and runner.proc.pid == worker
+        assert rewards.tolist() == [1.0] and runner.pids() == worker
     finally:
         runner.close()
 

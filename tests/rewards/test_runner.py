@@ -1,16 +1,23 @@
-"""The verifier runner never crashes the step: raising, hanging, printing, dying verifiers."""
+"""The verifier runner never crashes, hangs or poisons the step: raising, hanging, printing,
+dying, NaN-returning, memory-hungry verifiers; and the calling conventions (TRL, verl)."""
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
+import torch
 
 from rlpost.rewards.runner import VerifierRunner
+from rlpost.types.errors import ConfigError
 
 
 class FakeBatch:
-    def __init__(self, completions):
+    def __init__(self, completions, rows=None):
         self.completions = completions
-        self.rows = [{"answer": "1"}] * len(completions)
+        self.rows = rows or [{"answer": "1"}] * len(completions)
 
 
 def test_raising_verifier_scores_zero_and_is_counted():
@@ -48,7 +55,189 @@ def test_verifier_that_kills_its_worker():
 
 
 def test_bad_import_path_fails_early_with_a_clear_message():
-    with pytest.raises((ValueError, ImportError, AttributeError)):
+    with pytest.raises(ConfigError, match=r"^task.verifier: cannot import 'toy_verifiers:does_not_exist' \(AttributeError"):
         VerifierRunner("toy_verifiers:does_not_exist", timeout_s=1)
-    with pytest.raises(ValueError, match="module:function"):
+    with pytest.raises(ConfigError, match="module:function"):
         VerifierRunner("no_colon_here", timeout_s=1)
+    with pytest.raises(ConfigError, match=r"^task.reward_funcs: cannot import 'no_such_module:f' \(ModuleNotFoundError"):
+        VerifierRunner("no_such_module:f", timeout_s=1, key="task.reward_funcs")
+
+
+def test_the_users_module_is_imported_only_in_the_worker():
+    # os._exit(3) at import ends the worker, not us: one line naming the key and the exit code.
+    with pytest.raises(ConfigError, match=r"task.verifier: cannot import .*exited with code 3"):
+        VerifierRunner("toy_exit_at_import:score", timeout_s=1)
+    assert "toy_exit_at_import" not in sys.modules
+
+
+def test_an_import_that_hangs_is_one_line_after_the_grace(monkeypatch):
+    monkeypatch.setattr(VerifierRunner, "IMPORT_GRACE_S", 0.3)
+    with pytest.raises(ConfigError, match="importing it took more than"):
+        VerifierRunner("toy_slow_import:score", timeout_s=1)
+
+
+def test_writes_to_fd_1_and_2_go_to_the_log_not_the_replies(tmp_path):
+    log = tmp_path / "verifier.log"
+    r = VerifierRunner("toy_verifiers:echo_fd1", timeout_s=5, log_path=log)
+    try:
+        assert r.score(FakeBatch(["a", "b"]))[0].tolist() == [1.0, 1.0]
+    finally:
+        r.close()
+    assert "noise-on-fd-1" in log.read_text() and "noise-on-fd-2" in log.read_text()
+
+
+def test_nan_inf_and_non_numbers_are_errors_scored_zero(capfd):
+    r = VerifierRunner("toy_verifiers:returns_nan", timeout_s=5)
+    try:
+        rewards, infos, m = r.score(FakeBatch(["nan", "inf", "text", "none", "ok"]))
+    finally:
+        r.close()
+    assert rewards.tolist() == [0.0, 0.0, 0.0, 0.0, 1.0] and torch.isfinite(rewards).all()
+    assert m["verifier/errors"] == 4 and m["verifier/returns_nan/errors"] == 4 and m["verifier/returns_nan/calls"] == 5
+    assert "expected a finite number" in infos[0]["error"]
+    # the first failure is printed once, with what went wrong; the rest are only counted
+    err = capfd.readouterr().err
+    assert err.count("reward function toy_verifiers:returns_nan failed") == 1 and "returned nan" in err
+
+
+def test_first_exception_is_printed_once_with_its_traceback(capfd):
+    r = VerifierRunner("toy_verifiers:raises", timeout_s=5)
+    try:
+        r.score(FakeBatch(["a", "b", "c"]))
+        r.score(FakeBatch(["d"]))
+    finally:
+        r.close()
+    err = capfd.readouterr().err
+    assert err.count("failed (the first error") == 1
+    assert "Traceback (most recent call last)" in err and 'raise RuntimeError("broken verifier")' in err
+
+
+def test_a_hang_costs_the_timeout_not_the_start_up_grace(monkeypatch):
+    # Each killed worker's successor gets the import grace once, at its start (waiting for its
+    # 'ready'); a call's deadline never includes it. Recorded: every call's deadline, as set.
+    monkeypatch.setattr(VerifierRunner, "IMPORT_GRACE_S", 50.0)
+    allowed, send = [], VerifierRunner._send
+
+    def spy(self, proc, job, request, seconds):
+        send(self, proc, job, request, seconds)
+        allowed.append(proc.deadline - time.monotonic())
+
+    monkeypatch.setattr(VerifierRunner, "_send", spy)
+    r = VerifierRunner("toy_verifiers:hangs", timeout_s=0.5, workers=1)
+    try:
+        rewards, _, m = r.score(FakeBatch(["hang", "hang", "ok", "ok"]))
+    finally:
+        r.close()
+    assert m["verifier/timeouts"] == 2 and rewards.tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert len(allowed) == 4 and max(allowed) <= 0.5
+
+
+def test_a_spinning_verifier_is_killed_and_the_cpu_limit_backs_the_deadline():
+    r = VerifierRunner("toy_verifiers:spins", timeout_s=0.5)
+    try:
+        rewards, infos, m = r.score(FakeBatch(["x"]))
+        assert m["verifier/timeouts"] == 1 and infos[0] == {"timeout": True}
+    finally:
+        r.close()
+
+
+def test_a_runaway_allocation_fails_inside_the_worker():
+    r = VerifierRunner("toy_verifiers:allocates", timeout_s=10, memory_mb=1024)
+    try:
+        rewards, infos, m = r.score(FakeBatch(["big", "ok"]))
+    finally:
+        r.close()
+    assert rewards.tolist() == [0.0, 1.0] and "MemoryError" in infos[0]["error"] and m["verifier/errors"] == 1
+
+
+def test_workers_score_in_parallel_and_keep_the_order():
+    r = VerifierRunner("toy_verifiers:odd_length", timeout_s=5, workers=2)
+    try:
+        completions = ["a" * n for n in range(12)]
+        rewards, _, _ = r.score(FakeBatch(completions))
+        assert rewards.tolist() == [float(n % 2) for n in range(12)]
+        assert len(r.pids()) == 2
+    finally:
+        r.close()
+
+
+def test_workers_die_with_their_parent(tmp_path):
+    # A parent that is SIGKILLed (no clean-up runs) while its worker spins: the worker goes too.
+    code = ("import sys, time; sys.path[:0] = sys.argv[2:]\n"
+            "from rlpost.rewards.runner import VerifierRunner\n"
+            "class B: completions, rows = ['x'], [{'marker': sys.argv[1]}]\n"
+            "r = VerifierRunner('toy_verifiers:spins', timeout_s=60)\n"
+            "print(r.pids()[0], flush=True); r.score(B())")
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    marker = tmp_path / "spinning"
+    parent = subprocess.Popen([sys.executable, "-c", code, str(marker), tests, *sys.path], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    while not marker.exists():  # the worker is inside the call
+        time.sleep(0.02)
+    parent.kill()
+    parent.wait()
+    for _ in range(200):  # waits for the event, up to 10 s
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail("the worker outlived its parent")
+
+
+ROWS = [{"prompt": "p1", "answer": "a"}] * 3 + [{"prompt": "p2", "answer": "b"}] * 2
+
+
+class TRLBatch(FakeBatch):
+    def __init__(self, completions, rows, version):
+        super().__init__(completions, rows)
+        self.completion_ids = torch.tensor([[len(c), 7, 0] for c in completions])
+        self.completion_mask = torch.tensor([[True, True, False]] * len(completions))
+        self.policy_version = version
+
+
+def test_trl_functions_get_the_whole_batch_once_with_trls_arguments():
+    r = VerifierRunner("toy_verifiers:group_aware", timeout_s=5, workers=2, max_steps=9)
+    try:
+        assert r.style == "trl"
+        rewards, _, m = r.score(TRLBatch(["xx", "x", "xxx", "yy", "y"], ROWS, version=3))
+    finally:
+        r.close()
+    # shortest of each group scores 1; + 10 x global_step (3) + 100 x the group size it saw (3 or 2)
+    assert rewards.tolist() == [330.0, 331.0, 330.0, 230.0, 231.0]
+    assert m["verifier/group_aware/calls"] == 5 and m["verifier/errors"] == 0
+
+
+def test_verl_compute_score_and_its_nested_ground_truth():
+    r = VerifierRunner("toy_verifiers:compute_score", timeout_s=5)
+    rows = [{"data_source": "plain", "reward_model": {"ground_truth": "42"}},
+            {"data_source": "dict", "reward_model": {"ground_truth": "7"}, "extra_info": {"i": 1}},
+            {"data_source": "plain", "answer": "9"}]
+    try:
+        rewards, infos, _ = r.score(FakeBatch(["42", "7", "8"], rows))
+    finally:
+        r.close()
+    assert rewards.tolist() == [1.0, 1.0, 0.0] and infos[1] == {"acc": True}
+
+
+def test_a_module_in_the_current_directory_or_the_run_folder_imports_without_pythonpath(tmp_path, monkeypatch):
+    from helpers import tiny_cfg
+
+    from rlpost import build
+
+    here, run = tmp_path / "here", tmp_path / "run"
+    here.mkdir(), run.mkdir()
+    (here / "my_rewards_here.py").write_text("def score(completion, row):\n    return 0.75, {}\n")
+    (run / "my_rewards_in_run.py").write_text("def score(completion, row):\n    return 0.25, {}\n")
+    monkeypatch.chdir(here)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    for path, want in (("my_rewards_here:score", 0.75), ("my_rewards_in_run:score", 0.25)):
+        r = build.make_runner(tiny_cfg("task.verifier_workers=1"), path, "task.verifier", run)
+        try:
+            assert r.score(FakeBatch(["x"]))[0].tolist() == [want]
+        finally:
+            r.close()
+    with pytest.raises(ConfigError, match="cannot import 'my_rewards_in_run:score'"):
+        build.make_runner(tiny_cfg(), "my_rewards_in_run:score", "task.verifier", None)  # not without the run folder

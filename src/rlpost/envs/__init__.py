@@ -15,7 +15,6 @@ Families (``task.name``):
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import yaml
@@ -66,9 +65,9 @@ def build_task(cfg) -> Task:
     if t.name == "code":  # refuses to start without bubblewrap (unless task.sandbox=rlimits) or with ungradable tests
         train, heldout, dropped = code.prepare(train, heldout, t)
         skipped += dropped
-    task = Task(train, heldout, t.verifier or DEFAULT_VERIFIER[t.name], skipped)
-    check_verifier(task.verifier)
-    return task
+    # The verifier is imported only in its worker processes (rewards/runner.py), whose first start
+    # is the dry call that turns a bad path into one line before training.
+    return Task(train, heldout, t.verifier or DEFAULT_VERIFIER[t.name], skipped)
 
 
 def _generated_splits(cfg) -> tuple[list[dict], list[dict]]:
@@ -89,21 +88,3 @@ def _generated_splits(cfg) -> tuple[list[dict], list[dict]]:
     if t.name == "code":
         return code.build_splits(t.n_train, t.n_heldout, t.seed)
     return tools.build_splits(t)
-
-
-def import_function(path: str):
-    """The function named by 'package.module:function'."""
-    module, _, name = path.partition(":")
-    if not name:
-        raise ValueError(f"verifier {path!r}: expected 'module:function'")
-    return getattr(importlib.import_module(module), name)
-
-
-def check_verifier(path: str) -> None:
-    """Import the verifier once in this process, so a typo stops the run before any work."""
-    try:
-        fn = import_function(path)
-    except Exception as e:  # noqa: BLE001 - any import failure of user code is a config error
-        raise ConfigError(f"task.verifier: cannot import {path!r} ({type(e).__name__}: {e})") from None
-    if not callable(fn):
-        raise ConfigError(f"task.verifier: {path!r} is not a function")

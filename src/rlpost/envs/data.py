@@ -18,20 +18,23 @@ from rlpost.types.errors import DataError
 
 
 def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a .jsonl / .parquet file or a `datasets` folder saved to disk."""
+    """Rows of a .jsonl / .parquet file or a `datasets` folder saved to disk; a file that is not
+    what it claims (not UTF-8, a damaged parquet, a folder that is no dataset) is one DataError."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"data: file not found: {path}")
-    if path.is_dir():
-        import datasets
-
-        return [dict(r) for r in datasets.load_from_disk(str(path))]
-    if path.suffix == ".parquet":
-        import datasets
-
-        return [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
+    if path.is_dir() or path.suffix == ".parquet":
+        return _read_dataset(path)
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read it ({e.strerror})") from None
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{i}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
         if not line.strip():
             continue
         try:
@@ -43,6 +46,19 @@ def read_rows(path: str | Path) -> list[dict]:
         row["_line"] = i
         rows.append(row)
     return rows
+
+
+def _read_dataset(path: Path) -> list[dict]:
+    import datasets
+
+    try:
+        if path.is_dir():
+            return [dict(r) for r in datasets.load_from_disk(str(path))]
+        return [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
+    except Exception as e:  # noqa: BLE001 - arrow and datasets raise many types for a bad file
+        what = "a folder, but not one saved by `datasets` (save_to_disk)" if path.is_dir() else "not a readable parquet file"
+        first = str(e).splitlines()[0][:200] if str(e) else ""
+        raise DataError(f"{path}: {what} ({type(e).__name__}: {first})") from None
 
 
 def where(row: dict, source: str) -> str:

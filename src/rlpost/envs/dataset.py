@@ -51,10 +51,25 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
     row = {k: v for k, v in raw.items() if k != tcfg.prompt_column}
     row.update(messages=messages, prompt=prompt)
     if tcfg.answer_column:
-        if raw.get(tcfg.answer_column) in (None, ""):
+        answer = lookup(raw, tcfg.answer_column)
+        if answer is None and tcfg.answer_column == "answer":  # verl's layout: {"reward_model": {"ground_truth": ...}}
+            answer = lookup(raw, "reward_model.ground_truth")
+        if answer in (None, ""):
             raise DataError(f"{where(raw, source)}: missing '{tcfg.answer_column}' (task.answer_column; set it to '' if the verifier needs none)")
-        row["answer"] = raw[tcfg.answer_column] if isinstance(raw[tcfg.answer_column], str) else str(raw[tcfg.answer_column])
+        row["answer"] = answer if isinstance(answer, str) else str(answer)
     return row
+
+
+def lookup(raw: dict, column: str):
+    """raw[column], or a nested field named with dots ('reward_model.ground_truth', verl's rows)."""
+    if column in raw:
+        return raw[column]
+    value = raw
+    for part in column.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 def load_rows(path: str, tcfg) -> tuple[list[dict], int]:

@@ -24,7 +24,7 @@ hanging. Two consequences:
   the backstop behind these.
 
 Light at import: math_verify (and SymPy, ANTLR) is imported on first use, so ``format_score``
-alone and ``check_verifier`` in the trainer process do not pay for it.
+alone and a verifier worker's start-up (its dry import) do not pay for it.
 """
 
 from __future__ import annotations

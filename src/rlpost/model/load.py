@@ -181,9 +181,13 @@ def prepare_tokenizer(tok, source: str):
 def _from_pretrained(cls, source: str, **kwargs):
     try:
         return cls.from_pretrained(source, **kwargs)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError, safetensors' own error for a truncated file...
+        if isinstance(e, MemoryError) or "can't allocate memory" in str(e):
+            raise
+        what = "tokenizer" if cls is AutoTokenizer else "model"
         hint = "a local folder with config.json, a hub id reachable from here, 'embedded' or 'tiny'"
-        raise ModelLoadError(f"cannot load model {source!r}: {str(e).splitlines()[0]} (expected {hint})") from e
+        text = " ".join(str(e).split())  # transformers' messages span lines: all of it, on one
+        raise ModelLoadError(f"cannot load the {what} of {source!r}: {type(e).__name__}: {text[:400]} (expected {hint})") from e
 
 
 def save_model(model, tokenizer, folder: Path, value_head: torch.nn.Module | None = None) -> Path:

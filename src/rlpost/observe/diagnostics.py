@@ -9,11 +9,12 @@ says never disagree. Thresholds are module constants, named and documented here.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
 from typing import Callable
+
+from rlpost.observe import jsonl
 
 # --- thresholds ------------------------------------------------------------------------------
 MISMATCH_MEAN = 0.05  # nats: mean |log pi_sampler - log pi_trainer| per token above this is a bug smell
@@ -118,8 +119,41 @@ def outside_learnable_band(history: list[dict]) -> Finding | None:
     return None
 
 
+def reward_errors(history: list[dict]) -> Finding | None:
+    """A reward function that raises, dies, times out or returns NaN/inf scores 0 and the step goes
+    on (rewards/runner.py); here every such failure is added up, per function."""
+    totals: dict[str, list] = {}  # name -> [errors, timeouts, calls, first step with a failure]
+    for h in history:
+        names = [k[9:-6] for k in h if k.startswith("verifier/") and k.endswith("/calls")] or ["verifier"]
+        for name in names:
+            key = f"verifier/{name}/" if name != "verifier" else "verifier/"
+            e, t = h.get(f"{key}errors") or 0, h.get(f"{key}timeouts") or 0
+            tot = totals.setdefault(name, [0, 0, 0, None])
+            tot[0], tot[1], tot[2] = tot[0] + e, tot[1] + t, tot[2] + (h.get(f"{key}calls") or 0)
+            if (e or t) and tot[3] is None:
+                tot[3] = h["step"]
+    failing = {n: t for n, t in totals.items() if t[0] or t[1]}
+    if not failing:
+        return None
+    what = "; ".join(f"reward function {n} failed on {e + t}{f' of {c}' if c else ''} completions ({e} errors, {t} timeouts)"
+                     for n, (e, t, c, _) in failing.items())
+    return Finding("reward_errors", min(t[3] for t in failing.values()), what + ", each scored 0",
+                   "fix the function: its first traceback was printed when it failed, and every one is in "
+                   "RUN_DIR/verifier.log; task.verifier_timeout_s if the calls are slow rather than stuck")
+
+
+def nonfinite_updates(history: list[dict]) -> Finding | None:
+    pts = [(h["step"], h["actor/nonfinite_steps"]) for h in history if h.get("actor/nonfinite_steps")]
+    if not pts:
+        return None
+    return Finding("nonfinite_updates", pts[0][0], f"{sum(v for _, v in pts):g} optimizer steps skipped for a NaN/inf "
+                   f"loss or gradient, over {len(pts)} training steps", "a lower trainer.lr or trainer.max_grad_norm; "
+                   "check the rewards (verifier errors) and rollout.dtype=float32")
+
+
 CHECKS: list[Callable[[list[dict]], Finding | None]] = [
     sampler_mismatch, entropy_collapse, kl_explosion, length_inflation, proxy_overfit, outside_learnable_band,
+    reward_errors, nonfinite_updates,
 ]
 
 
@@ -144,8 +178,7 @@ class Health:
 
 def doctor(run_dir: Path) -> tuple[list[Finding], int]:
     """(findings, steps read) for a run folder's metrics.jsonl."""
-    path = Path(run_dir) / "metrics.jsonl"
-    history = [json.loads(line) for line in path.read_text().splitlines() if line]
+    history = jsonl.read_lines(Path(run_dir) / "metrics.jsonl")
     return diagnose(history), len(history)
 
 

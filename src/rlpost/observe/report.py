@@ -23,7 +23,9 @@ matplotlib.use("Agg")  # no display: render to SVG text
 import matplotlib.pyplot as plt  # noqa: E402
 
 from rlpost.algorithms import core  # noqa: E402
+from rlpost.config import run_config_path  # noqa: E402
 from rlpost.model.checkpoint import write_atomic  # noqa: E402
+from rlpost.observe import jsonl  # noqa: E402
 from rlpost.observe.diagnostics import diagnose  # noqa: E402
 
 ROLES = ["gen", "reward", "ref", "old", "adv", "update", "sync", "eval"]  # timing_s/<role>, stacked in this order
@@ -133,7 +135,7 @@ def sample_section(run_dir: Path, history, steps: list[int] | None = None, n: in
         path = run_dir / "samples" / f"step_{step:06d}.jsonl"
         if not path.exists():
             continue
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+        rows = jsonl.read_lines(path)
         top = sorted(rows, key=lambda r: -r["reward"])[:n]
         rand = rng.sample(rows, min(n, len(rows)))
         parts.append(f"<h3>step {step}</h3>" + _sample_table("top reward", top) + _sample_table("random", rand))
@@ -155,7 +157,7 @@ pre{margin:0;white-space:pre-wrap}.warn{color:#a40}"""
 
 def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
     run_dir = Path(run_dir)
-    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
+    history = jsonl.read_lines(run_dir / "metrics.jsonl")
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else None
     plots = [reward_plot(history, summary), *(line_plot(history, *p) for p in LINE_PLOTS), ratio_plot(history),
              timing_plot(history)]
@@ -163,7 +165,8 @@ def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
     health = "".join(f"<li class='warn'><b>{f.name}</b> (step {f.step}): {html.escape(f.what)}<br>knob: "
                       f"{html.escape(f.knob)}</li>" for f in findings) or "<li>no problems found</li>"
     summary_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in (summary or {}).items())
-    config = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
+    config_file = run_config_path(run_dir)  # the newest of config.yaml and its config.resume-N.yaml
+    config = config_file.read_text() if config_file.exists() else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>rlpost report: {html.escape(run_dir.name)}</title>"
             f"<style>{CSS}</style></head><body><h1>rlpost run {html.escape(run_dir.name)}</h1>"
             f"<p>{len(history)} steps{'' if summary else ' (run in progress or stopped: no summary yet)'}</p>"

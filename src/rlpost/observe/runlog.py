@@ -2,8 +2,9 @@
 progress bar and the closing table.
 
 metrics.jsonl has one JSON object per training step, with verl's metric names where verl has
-one. On resume, lines for steps after the checkpoint are dropped first, so the file reads as if
-the run had never stopped.
+one. On resume, lines for steps after the checkpoint are dropped first (and a line torn by a crash
+with them), so the file reads as if the run had never stopped. Appends are whole lines or nothing
+(observe/jsonl.py); a write that fails ends the run with one line naming the file and the cause.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rlpost.model.checkpoint import write_atomic
+from rlpost.observe import jsonl
 from rlpost.observe.diagnostics import Health
 from rlpost.observe.loggers import Loggers
+from rlpost.types.errors import RunError, write_cause
 
 
 @contextmanager
@@ -39,7 +42,7 @@ class RunLog:
         (self.dir / "samples").mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.truncate_after(start_step)
-        self.history = [json.loads(l) for l in self.metrics_path.read_text().splitlines()] if self.metrics_path.exists() else []
+        self.history = jsonl.read_lines(self.metrics_path)
         self.steps, self.start_step, self.progress = steps, start_step, progress
         self.bar = None
 
@@ -51,8 +54,7 @@ class RunLog:
     def truncate_after(self, step: int) -> None:
         if not self.metrics_path.exists():
             return
-        keep = [l for l in self.metrics_path.read_text().splitlines() if l and json.loads(l)["step"] <= step]
-        write_atomic(self.metrics_path, "".join(l + "\n" for l in keep))
+        jsonl.rewrite(self.metrics_path, [r for r in jsonl.read_lines(self.metrics_path) if r.get("step", 0) <= step])
         for f in (self.dir / "samples").glob("step_*.jsonl"):
             if int(f.stem.split("_")[1]) > step:
                 f.unlink()
@@ -62,14 +64,9 @@ class RunLog:
         line.update(self.health.metrics(self.history + [line]))  # health/<check>: 1.0 once it fires
         if self.sinks is not None:
             self.sinks.log(step, line)
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        self.write_samples(step, batch)  # first: a step's metrics line means its samples are there too
+        jsonl.append(self.metrics_path, line)
         self.history.append(line)
-        with open(self.dir / "samples" / f"step_{step:06d}.jsonl", "w") as f:
-            for row, completion, reward in zip(batch.rows, batch.completions, batch.reward.tolist()) if batch else ():
-                prompt = row["messages"][-1]["content"]
-                f.write(json.dumps({"prompt": prompt, "completion": completion, "reward": reward,
-                                    "answer": row.get("answer")}) + "\n")
         self.bar.update(1)
         acc = next((h["eval/heldout_accuracy"] for h in reversed(self.history) if "eval/heldout_accuracy" in h), None)
         post = {"reward": f"{metrics['reward/mean']:.3f}", "s/step": f"{metrics['timing_s/step']:.1f}"}
@@ -77,11 +74,26 @@ class RunLog:
             post["heldout"] = f"{acc:.3f}"
         self.bar.set_postfix(post)
 
+    def write_samples(self, step: int, batch) -> None:
+        path = self.dir / "samples" / f"step_{step:06d}.jsonl"
+        try:
+            with open(path, "w") as f:
+                for row, completion, reward in zip(batch.rows, batch.completions, batch.reward.tolist()) if batch else ():
+                    prompt = row["messages"][-1]["content"]
+                    f.write(json.dumps({"prompt": prompt, "completion": completion, "reward": reward,
+                                        "answer": row.get("answer")}) + "\n")
+        except OSError as e:
+            path.unlink(missing_ok=True)
+            raise RunError(f"cannot write {path}: {write_cause(path, e)}") from None
+
     def close(self) -> None:
+        """Close the progress bar and the sinks (again is a no-op)."""
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
         if self.sinks is not None:
             self.sinks.close()
+            self.sinks = None
 
     def summary(self, before: float, after: float, minutes: float, extra: dict) -> dict:
         rewards = [h["reward/mean"] for h in self.history]

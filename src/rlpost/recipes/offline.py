@@ -38,6 +38,7 @@ from rlpost.model.load import load_policy, save_model
 from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
 from rlpost.roles.trainer import Trainer
+from rlpost.types.errors import RunError
 
 
 def task_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict]]:
@@ -120,7 +121,7 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
                       cfg.model.gradient_checkpointing, critic=head, critic_lr=cfg.algo.critic_lr)
     loss_fn = {"sft": sft_loss, "dpo": make_dpo_loss(p) if kind == "dpo" else None, "rm": make_rm_loss(p)}[kind]
     before = trainer.evaluate(held_b, loss_fn)
-    history, rng = [], random.Random(cfg.run.seed)
+    history, rng, streak = [], random.Random(cfg.run.seed), 0
     bar = tqdm(total=steps_per_epoch * p.epochs, desc=kind, unit="step", disable=not cfg.run.progress, file=sys.stderr)
     for epoch in range(p.epochs):
         order = batch_order(train_b.completion_mask.view(len(rows), -1).sum(1).tolist(), p.batch_size,
@@ -129,6 +130,10 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
             idx = [r * rows_per_seq + j for r in order[s * p.batch_size:(s + 1) * p.batch_size] for j in range(rows_per_seq)]
             m = trainer.train_step(train_b.select(torch.tensor(idx)), loss_fn)
             history.append({"step": len(history) + 1, "epoch": epoch, **m})
+            streak = streak + 1 if m["actor/nonfinite_steps"] else 0  # skipped by the trainer (roles/trainer.py)
+            if streak >= cfg.trainer.max_nonfinite_steps:
+                raise RunError(f"{streak} optimizer steps in a row with a non-finite loss or gradient (step {len(history)}); "
+                               "stopped, no model written: try a lower trainer.lr")
             bar.update(1)
             bar.set_postfix(loss=f"{m['actor/loss']:.4f}")
     bar.close()

@@ -15,7 +15,9 @@ A pipeline recipe is YAML:
 stage's output with ``reward_model: <stage name>``. After every policy stage the held-out accuracy
 of the task (greedy, the same verifier and rows as ``rlpost eval``) is measured, so the table
 shows what each stage added. A stage that already finished (its summary.json exists) is not run
-again: re-running the command after a crash continues with the next stage.
+again: re-running the command after a crash continues with the next stage (an rl stage from its
+newest intact checkpoint). The pipeline's folder and each stage's are claimed (locked) while they
+run (observe/runfolder.py): a second pipeline on the same folder is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rlpost import config
 from rlpost.console import say
 from rlpost.model import checkpoint
 from rlpost.model.load import load_policy, save_model
+from rlpost.observe import runfolder
 from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.offline import train_offline
 from rlpost.recipes.online import run_online_dpo
@@ -74,6 +77,11 @@ def train_stage(cfg: config.Config, run_dir: Path, kind: str) -> dict:
 def run_pipeline(recipe: str | Path) -> list[dict]:
     tree = read_pipeline(recipe)
     run_dir = Path(tree.get("out_dir", "runs")) / tree.get("name", Path(recipe).stem)
+    with runfolder.claim(run_dir, "reuse"):
+        return _run_stages(tree, run_dir)
+
+
+def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
     model = next((o.split("=", 1)[1] for o in tree.get("base", []) if o.startswith("model.name=")), "embedded")
     first = config.load(None, tree.get("base", []))
     rows = [{"stage": "start", "kind": "-", "heldout_accuracy": model_accuracy(first, model), "other": ""}]
@@ -84,12 +92,8 @@ def run_pipeline(recipe: str | Path) -> list[dict]:
         say(f"stage {st['name']} ({st['kind']}) from {model}")
         if (sdir / "summary.json").exists():
             summary = json.loads((sdir / "summary.json").read_text())
-        elif st["kind"] == "rl":
-            sdir.mkdir(parents=True, exist_ok=True)
-            config.save(cfg, sdir / "config.yaml")
-            summary = train(cfg, sdir)
         else:
-            summary = train_stage(cfg, sdir, st["kind"])
+            summary = run_stage(cfg, sdir, st["kind"])
         out = save_rl_model(sdir) if st["kind"] == "rl" else summary["model"]
         outputs[st["name"]] = out
         other = _stage_metric(st["kind"], summary)
@@ -104,13 +108,25 @@ def run_pipeline(recipe: str | Path) -> list[dict]:
     return rows
 
 
+def run_stage(cfg: config.Config, sdir: Path, kind: str) -> dict:
+    """One stage in its folder; an rl stage cut short earlier resumes from its newest intact checkpoint."""
+    with runfolder.claim(sdir, "reuse") as rf:
+        resume = kind == "rl" and checkpoint.newest_intact(sdir) is not None
+        if not resume:
+            rf.write_config(cfg)
+        return train(cfg, sdir, resume=resume) if kind == "rl" else train_stage(cfg, sdir, kind)
+
+
 def save_rl_model(sdir: Path) -> str:
     """An RL stage's last checkpoint as a transformers folder (for the next stage)."""
     folder = sdir / "model"
     if not folder.exists():
-        cfg = config.load(sdir / "config.yaml")
+        cfg = config.load(config.run_config_path(sdir))
         loaded = load_policy(cfg.model.name)
-        loaded.model.load_state_dict(checkpoint.load(checkpoint.latest(sdir))[0])
+        found = checkpoint.load_latest(sdir)
+        if found is None:
+            raise config.ConfigError(f"{sdir}: the rl stage has no intact checkpoint to export")
+        loaded.model.load_state_dict(found[1][0])
         save_model(loaded.model, loaded.tokenizer, folder)
     return str(folder)
 

@@ -27,8 +27,10 @@ from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table, timed
 from rlpost.recipes.evaluate import evaluate
+from rlpost.recipes.guard import RunGuard
 from rlpost.rewards import stack
 from rlpost.types.batch import Rollouts
+from rlpost.types.errors import ConfigError
 from rlpost.types.roles import Roles
 
 
@@ -38,70 +40,87 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
 
     ``task`` replaces the config's task family (library use: your own rows and verifier).
     ``on_step_end(step)`` runs after each step's checkpoint; ``make_roles`` builds the roles
-    (build.build_roles; tests wrap both to inject faults)."""
+    (build.build_roles; tests wrap both to inject faults). What stops a run early (signals, failing
+    reward functions, non-finite updates) is recipes/guard.py; the roles' processes are stopped
+    however the loop ends."""
     torch.set_num_threads(cfg.run.threads or os.cpu_count())
-    sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here
-    task = task or build_task(cfg)
+    task, run_dir = task or build_task(cfg), Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)  # library use: the CLI has claimed it already (observe/runfolder.py)
     t_start = time.perf_counter()
-    ckpt = checkpoint.latest(run_dir) if resume else None
-    weights, trainer_state, state = checkpoint.load(ckpt) if ckpt else (None, None, {})
+    weights, trainer_state, state = resume_point(run_dir) if resume else (None, None, {})
     elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
     stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed)
-    roles = make_roles(cfg, task, weights, stream=stream)
-    heldout = task.heldout[: cfg.run.eval_n or None]
-    torch.manual_seed(cfg.run.seed)  # after building: loading a model may draw from the RNG
-    start = resume_state(roles, stream, trainer_state, state) if ckpt else 0
-    log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks)
-    before = state.get("heldout_before")
-    if before is None:
-        say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
-        before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
-        say(f"held-out accuracy before training: {before:.3f}")
-    log.begin()
-    for step in range(start + 1, cfg.run.steps + 1):
-        timings: dict = {}
-        batch, c_metrics = collect(roles, stream, cfg, timings)
-        if len(batch) == 0:  # every group was filtered out, even after refills: nothing to learn from
-            log.step(step, {**c_metrics, **timings, "timing_s/step": sum(timings.values())}, None)
-            continue
-        evaluating, syncing = schedule(cfg, step)
-        roles.rollout.sleep(discard_weights=syncing)  # frees memory for the update, the peak (rollout_hf.py: sleep)
-        if roles.reference is not None:
-            with timed("ref", timings):
-                batch.ref_logp = roles.reference.logprobs(batch)
-        if roles.algo.old_logp_first:
-            with timed("old", timings):
-                batch.old_logp, batch.old_values = roles.trainer.recompute(batch)
-        with timed("adv", timings):
-            adv = roles.algo.advantages(batch)
-            batch.advantages, batch.returns = adv.tokens, adv.returns
-            batch.completion_mask = adv.loss_mask if adv.loss_mask is not None else batch.completion_mask
-        with timed("update", timings):
-            u_metrics = roles.trainer.update(batch, roles.algo.loss)
-        u_metrics.update(roles.algo.end_step(u_metrics, adv.metrics, len(batch)))  # adaptive KL
-        if syncing:
-            with timed("sync", timings):  # remote trainer: the time to publish the weights to the object store
-                roles.rollout.load_weights(roles.trainer.weights(), version=step)
-        if evaluating:
-            with timed("eval", timings):
-                u_metrics["eval/heldout_accuracy"] = evaluate(roles, heldout, cfg)
-        timings["timing_s/step"] = sum(timings.values())
-        log.step(step, {**c_metrics, **adv.metrics, **u_metrics, **timings, **perf(batch, timings),
-                        "training/epoch": stream.epoch}, batch)
-        if step == cfg.run.steps or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
-            save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed())
-        if on_step_end is not None:
-            on_step_end(step)
-    log.close()
-    say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
-    after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
-    roles.close()
+    roles = make_roles(cfg, task, weights, stream=stream, run_dir=run_dir)
+    log = None
+    try:
+        heldout = task.heldout[: cfg.run.eval_n or None]
+        torch.manual_seed(cfg.run.seed)  # after building: loading a model may draw from the RNG
+        start = resume_state(roles, stream, trainer_state, state) if resume else 0
+        sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before step 1
+        log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks)
+        before = state.get("heldout_before")  # a resumed run's, from its checkpoint
+        before = baseline(roles, heldout, cfg, run_dir, task) if before is None else before
+        log.begin()
+        with RunGuard(cfg) as guard:
+            for step in guard.steps(start + 1, cfg.run.steps):
+                timings: dict = {}
+                batch, c_metrics = collect(roles, stream, cfg, timings)
+                guard.check_rewards(c_metrics, step)  # a reward function that keeps failing stops the run here
+                if len(batch) == 0:  # every group was filtered out, even after refills: nothing to learn from
+                    log.step(step, {**c_metrics, **timings, "timing_s/step": sum(timings.values())}, None)
+                    continue
+                evaluating, syncing = schedule(cfg, step)
+                roles.rollout.sleep(discard_weights=syncing)  # frees memory for the update, the peak (rollout_hf.py: sleep)
+                if roles.reference is not None:
+                    with timed("ref", timings):
+                        batch.ref_logp = roles.reference.logprobs(batch)
+                if roles.algo.old_logp_first:
+                    with timed("old", timings):
+                        batch.old_logp, batch.old_values = roles.trainer.recompute(batch)
+                with timed("adv", timings):
+                    adv = roles.algo.advantages(batch)
+                    batch.advantages, batch.returns = adv.tokens, adv.returns
+                    batch.completion_mask = adv.loss_mask if adv.loss_mask is not None else batch.completion_mask
+                with timed("update", timings):
+                    u_metrics = roles.trainer.update(batch, roles.algo.loss)
+                guard.check_update(u_metrics, step)  # non-finite loss or gradient: skipped, and N in a row stop
+                u_metrics.update(roles.algo.end_step(u_metrics, adv.metrics, len(batch)))  # adaptive KL
+                if syncing:
+                    with timed("sync", timings):  # remote trainer: the time to publish the weights to the object store
+                        roles.rollout.load_weights(roles.trainer.weights(), version=step)
+                if evaluating:
+                    with timed("eval", timings):
+                        u_metrics["eval/heldout_accuracy"] = evaluate(roles, heldout, cfg)
+                timings["timing_s/step"] = sum(timings.values())
+                log.step(step, {**c_metrics, **adv.metrics, **u_metrics, **timings, **perf(batch, timings),
+                                "training/epoch": stream.epoch}, batch)
+                if guard.finish_step() or step == cfg.run.steps or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
+                    save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed())
+                if on_step_end is not None:
+                    on_step_end(step)
+        log.close()
+        say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
+        after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
+    finally:
+        roles.close()  # verifier workers, Ray actors and the sandboxes they run: stopped however we leave
+        if log is not None:
+            log.close()
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, elapsed(), {"run_dir": str(run_dir), "heldout_n": len(heldout),
-                                                     "peak_rss_gb": round(peak_rss_gb, 2)})
+                                                     "peak_rss_gb": round(peak_rss_gb, 2), "skipped_rows": task.skipped_rows})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     return summary
+
+
+def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task) -> float:
+    """Held-out accuracy before training (a resumed run has it from its checkpoint)."""
+    if task.skipped_rows:
+        say(f"skipped {task.skipped_rows} malformed data rows (task.on_bad_row=skip); counted in summary.json")
+    say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
+    before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
+    say(f"held-out accuracy before training: {before:.3f}")
+    return before
 
 
 def collect(roles: Roles, stream: PromptStream, cfg: config.Config, timings: dict) -> tuple[Rollouts, dict]:
@@ -121,6 +140,7 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, timings: dic
             metrics.update(roles.rollout.last_metrics)
         with timed("reward", timings):
             b.reward, b.infos, v_metrics = roles.verifier.score(b)
+        b.reward, v_metrics["reward/nan_or_inf"] = stack.finite(b.reward)  # scored 0: never into the advantages
         for k, v in v_metrics.items():  # counts add up over refill rounds
             metrics[k] = metrics.get(k, 0) + v if not k.startswith("timing_s") else v
         score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
@@ -174,6 +194,15 @@ def schedule(cfg: config.Config, step: int) -> tuple[bool, bool]:
     dist.sync_every updates, at the end, and before every evaluation (which samples the newest)."""
     evaluating = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0 and step != cfg.run.steps
     return evaluating, step % cfg.dist.sync_every == 0 or step == cfg.run.steps or evaluating
+
+
+def resume_point(run_dir: Path) -> tuple[dict, dict, dict]:
+    """(weights, trainer state, run state) of the newest intact checkpoint (checkpoint.py verifies
+    it, and falls back past corrupt ones with a line each)."""
+    found = checkpoint.load_latest(run_dir)
+    if found is None:
+        raise ConfigError(f"--resume {run_dir}: no intact checkpoint to resume from")
+    return found[1]
 
 
 def resume_state(roles: Roles, stream: PromptStream, trainer_state: dict, state: dict) -> int:

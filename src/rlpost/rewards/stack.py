@@ -52,6 +52,14 @@ class RewardStack:
             scorer.close()
 
 
+def finite(reward: Tensor) -> tuple[Tensor, int]:
+    """(reward (B,) with every NaN/inf set to 0, how many there were). A lone TRL-style function's
+    None arrives as NaN and scores 0, as TRL's nansum over functions gives; a NaN from a judge or a
+    reward model must not reach the advantages either."""
+    bad = ~torch.isfinite(reward)  # (B,) bool
+    return torch.where(bad, torch.zeros_like(reward), reward), int(bad.sum())
+
+
 def part_name(path: str) -> str:
     return path.rpartition(":")[2] or path
 

@@ -1,78 +1,274 @@
-"""The verifier worker process: reads requests on stdin, writes results on stdout.
+"""The verifier worker process: imports the user's reward function, then scores what it is sent.
 
-Kept free of torch and of the rest of rlpost so that starting (or restarting) a worker takes
-tens of milliseconds. Frames are a 4-byte little-endian length followed by a pickle.
+Kept free of torch and of the rest of rlpost so that starting (or restarting) a worker takes tens
+of milliseconds. It talks to the runner (runner.py) over two private pipes, never over fd 0/1/2:
+fd 0 is /dev/null and fd 1 and fd 2 go to a log file, so a verifier that prints, or runs
+``os.system("echo x")``, writes into the log and cannot corrupt a reply.
+
+Frames are ``b"RLPV"`` + a 4-byte little-endian length + a pickle; a frame with another magic or
+a length over MAX_FRAME is a protocol error (the runner kills the worker), never a huge read.
+
+Start-up: the worker sets its limits (address space, RLIMIT_AS; the CPU limit is set per call),
+arranges to die with its parent (PR_SET_PDEATHSIG when started from the parent's main thread, and
+always a watchdog pipe whose EOF ends it), imports the function and replies ``("ready", style)``
+or ``("import_error", message, traceback)``. That first reply is the dry call the runner makes
+before any training: an import error is one line in the main process.
+
+Three calling conventions, told apart by the function's parameter names:
+
+  verifier  fn(completion: str, row: dict) -> reward | (reward, info)        one call per completion
+  verl      compute_score(data_source, solution_str, ground_truth, extra_info) -> float | {"score": ...}
+            (ground_truth: the row's ``reward_model.ground_truth``, verl's layout, else ``answer``)
+  trl       fn(prompts, completions, completion_ids, **columns, trainer_state) -> list[float | None]
+            once per batch, exactly as TRL's GRPOTrainer calls it (trl/trainer/grpo_trainer.py,
+            ``_calculate_rewards``): every dataset column but the prompt as a keyword list, and
+            the whole batch, so a group-aware reward sees every group whole.
+
+A reward must be a finite real number: NaN, inf, a string or None (outside TRL's "does not apply")
+is a verifier error, scored 0 and counted, like an exception.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
+import importlib
 import inspect
 import math
+import os
 import pickle
+import resource
+import signal
 import struct
 import sys
+import threading
+import traceback
+from dataclasses import dataclass
 
-from rlpost.envs import import_function
+MAGIC = b"RLPV"
+HEADER = struct.Struct("<4sI")
+MAX_FRAME = 256 << 20  # a reply bigger than this is garbage, not a reward
+NOT_APPLICABLE = "n/a"  # a TRL function's None: this function does not score this row
 
-# --- framing: 4-byte length + pickle, over the worker's stdin/stdout -------------------------
+# --- framing -----------------------------------------------------------------------------------
 
 
-def _send(stream, obj) -> None:
+class ProtocolError(Exception):
+    """Bytes on the reply pipe that are not a frame."""
+
+
+def frame(obj) -> bytes:
     data = pickle.dumps(obj)
-    stream.write(struct.pack("<I", len(data)) + data)
-    stream.flush()
+    return HEADER.pack(MAGIC, len(data)) + data
 
 
-def _recv(stream):
-    head = stream.read(4)
-    if len(head) < 4:
-        raise EOFError
-    (n,) = struct.unpack("<I", head)
-    return pickle.loads(stream.read(n))
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
-def is_trl_style(fn) -> bool:
-    """TRL reward functions take lists: fn(prompts, completions, **columns) -> list[float | None]."""
+class FrameReader:
+    """Frames out of a byte stream that arrives in pieces (the runner reads without blocking)."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        self.buf += data
+        out = []
+        while len(self.buf) >= HEADER.size:
+            magic, n = HEADER.unpack_from(self.buf)
+            if magic != MAGIC or n > MAX_FRAME:
+                raise ProtocolError(f"bad frame header {bytes(self.buf[:HEADER.size])!r}")
+            if len(self.buf) < HEADER.size + n:
+                break
+            out.append(pickle.loads(self.buf[HEADER.size:HEADER.size + n]))
+            del self.buf[:HEADER.size + n]
+        return out
+
+
+def read_frame(fd: int):
+    """One frame, blocking (the worker's side: its requests come from the runner, which it trusts)."""
+    reader = FrameReader()
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            raise EOFError
+        got = reader.feed(data)
+        if got:
+            return got[0]
+
+
+# --- calling conventions ---------------------------------------------------------------------
+
+
+@dataclass
+class TrainerState:
+    """What rlpost fills in of transformers' TrainerState, passed to TRL-style functions as
+    ``trainer_state`` (TRL passes its own): progress, for rewards shaped over training."""
+
+    global_step: int = 0  # training steps done when these completions were sampled (the policy version)
+    max_steps: int = 0  # run.steps
+
+
+def import_function(path: str):
+    """The function named by 'package.module:function'."""
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ValueError(f"{path!r}: expected 'module:function'")
+    fn = getattr(importlib.import_module(module), name)
+    if not callable(fn):
+        raise TypeError(f"{path!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def style_of(fn) -> str:
     try:
-        return "completions" in inspect.signature(fn).parameters
+        params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return False
+        return "verifier"
+    if "completions" in params:
+        return "trl"
+    if "solution_str" in params:
+        return "verl"
+    return "verifier"
 
 
-def call(fn, completion: str, row: dict) -> tuple[float, dict]:
-    """Score one completion with a verifier-style or a TRL-style function.
+class BadReward(Exception):
+    """A reward that is not a finite real number."""
 
-    TRL-style functions get what TRL's GRPOTrainer passes, for a batch of one: ``prompts`` and
-    ``completions`` (chat messages when the dataset prompt was a list of messages, else strings)
-    and every other dataset column as a keyword list. None (TRL: 'not applicable to this row')
-    becomes NaN, which the reward stack leaves out of the weighted sum, as TRL's nansum does."""
-    if not is_trl_style(fn):
-        out = fn(completion, row)
-        reward, info = out if isinstance(out, tuple) else (out, {})
-        return float(reward), dict(info)
-    prompt = row.get("prompt", row.get("messages"))
-    conversational = isinstance(prompt, list)
-    comp = [{"role": "assistant", "content": completion}] if conversational else completion
-    columns = {k: [v] for k, v in row.items() if k not in ("prompt", "messages", "_line")}
-    value = fn(prompts=[prompt], completions=[comp], **columns)[0]
-    return (math.nan if value is None else float(value)), {}
+
+def to_reward(value) -> float:
+    if isinstance(value, (str, bytes)) or value is None:
+        raise BadReward(f"returned {value!r}, expected a finite number")
+    try:
+        reward = float(value)
+    except (TypeError, ValueError):
+        raise BadReward(f"returned a {type(value).__name__}, expected a finite number") from None
+    if not math.isfinite(reward):
+        raise BadReward(f"returned {reward}, expected a finite number")
+    return reward
+
+
+def ground_truth(row: dict):
+    """verl keeps the reference answer at row['reward_model']['ground_truth']."""
+    rm = row.get("reward_model")
+    return rm["ground_truth"] if isinstance(rm, dict) and "ground_truth" in rm else row.get("answer")
+
+
+def call_one(fn, style: str, completion: str, row: dict) -> tuple[float, dict]:
+    if style == "verl":
+        out = fn(data_source=row.get("data_source"), solution_str=completion, ground_truth=ground_truth(row),
+                 extra_info=row.get("extra_info"))
+        if isinstance(out, dict):  # verl: {"score": ..., other fields logged}
+            if "score" not in out:
+                raise BadReward(f"returned a dict without 'score' (keys: {', '.join(map(str, out))})")
+            return to_reward(out["score"]), {k: v for k, v in out.items() if k != "score"}
+        return to_reward(out), {}
+    out = fn(completion, row)
+    reward, info = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
+    if not isinstance(info, dict):
+        raise BadReward(f"returned info of type {type(info).__name__}, expected a dict")
+    return to_reward(reward), info
+
+
+def call_batch(fn, request: dict) -> list:
+    """TRL's call; per completion a float, NOT_APPLICABLE (None) or ('error', message)."""
+    rows, n = request["rows"], len(request["rows"])
+    hidden = {"prompt", "messages", "_line", "completion", "completion_ids"}
+    columns = {k: [r.get(k) for r in rows] for k in dict.fromkeys(k for r in rows for k in r) if k not in hidden}
+    prompts = [r.get("prompt", r.get("messages")) for r in rows]
+    completions = [[{"role": "assistant", "content": c}] if isinstance(p, list) else c
+                   for p, c in zip(prompts, request["completions"])]
+    out = fn(prompts=prompts, completions=completions, completion_ids=request["completion_ids"], **columns,
+             trainer_state=request["trainer_state"])
+    out = list(out)
+    if len(out) != n:
+        raise BadReward(f"returned {len(out)} rewards for {n} completions")
+    results = []
+    for value in out:
+        try:
+            results.append(NOT_APPLICABLE if value is None else to_reward(value))
+        except BadReward as e:
+            results.append(("error", f"BadReward: {e}"))
+    return results
+
+
+# --- the worker process ----------------------------------------------------------------------
+
+
+def _die_with(parent: int, watchdog: int, main_thread: bool) -> None:
+    """Exit when the parent does: PR_SET_PDEATHSIG (the kernel signals when the thread that
+    started us exits, so only when that was the parent's main thread) and a watchdog thread that
+    reads a pipe only the parent holds open: EOF means the parent is gone."""
+    if main_thread:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above ran
+        os._exit(0)
+
+    def watch():
+        while os.read(watchdog, 1):
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _private(fd: int) -> int:
+    """The fd moved above the low numbers user code might touch, and closed on exec."""
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
+    os.close(fd)
+    return new
+
+
+def _set_cpu_limit(seconds: float) -> None:
+    """RLIMIT_CPU counts the process's whole life, so each call gets its budget on top of what
+    was used so far (soft limit: SIGXCPU ends the worker; the runner restarts it)."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = math.ceil(used.ru_utime + used.ru_stime + seconds)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
+def _handle(fn, style: str, request: dict):
+    try:
+        if request["kind"] == "batch":
+            return ("ok", call_batch(fn, request))
+        return ("ok", *call_one(fn, style, request["completion"], request["row"]))
+    except BaseException as e:  # noqa: BLE001 - any failure of user code is a scored 0, SystemExit too
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)  # every failure's traceback in the log
+        return ("error", f"{type(e).__name__}: {e}", text)
 
 
 def serve() -> None:
-    """Worker loop: read (fn_path, completion, row), write ('ok', reward, info) or ('error', msg)."""
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # a verifier that prints must not corrupt the result stream
-    cache = {}
+    """Entry point: ``python -c 'from rlpost.rewards.worker import serve; serve()' REQ REP WATCHDOG
+    PARENT MAIN_THREAD MEMORY_MB PATH``."""
+    req, rep, watchdog, parent, main_thread, memory_mb = map(int, sys.argv[1:7])
+    path = sys.argv[7]
+    req, rep, watchdog = _private(req), _private(rep), _private(watchdog)
+    _die_with(parent, watchdog, bool(main_thread))
+    if memory_mb:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        fn = import_function(path)
+        style = style_of(fn)
+    except BaseException as e:  # noqa: BLE001 - the user's module: any failure is reported, in one line
+        write_all(rep, frame(("import_error", f"{type(e).__name__}: {e}", traceback.format_exc())))
+        return
+    write_all(rep, frame(("ready", style)))
     while True:
         try:
-            path, completion, row = _recv(stdin)
+            request = read_frame(req)
         except EOFError:
             return
+        _set_cpu_limit(request["cpu_s"])
+        reply = _handle(fn, style, request)
         try:
-            fn = cache.get(path) or cache.setdefault(path, import_function(path))
-            reply = ("ok", *call(fn, completion, row))
-        except BaseException as e:  # noqa: BLE001 - any failure of user code is a scored 0
-            reply = ("error", f"{type(e).__name__}: {e}")
-        _send(stdout, reply)
-
-
+            data = frame(reply)
+        except Exception as e:  # noqa: BLE001 - an info dict that does not pickle
+            data = frame(("error", f"the reply could not be pickled ({type(e).__name__}: {e})", ""))
+        write_all(rep, data)

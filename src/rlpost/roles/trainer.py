@@ -121,6 +121,7 @@ class Trainer:
             self._policy_forward = partial(policy_forward, self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad and p is not self.lookup]
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad] if critic is not None else []
+        self.critic_lr = critic_lr
         groups = [{"params": self.params, "lr": tcfg.lr}]
         if self.critic_params:  # its own learning rate and its own gradient clipping
             groups.append({"params": self.critic_params, "lr": critic_lr})
@@ -216,7 +217,7 @@ class Trainer:
         if batch.old_logp is None and not single_step:  # the ratio's denominator, before any step
             batch = replace(batch, old_logp=self.recompute(batch)[0])
         sums: dict[str, float] = {}
-        grad_norms, critic_norms, diffs = [], [], []
+        grad_norms, critic_norms, diffs, skipped = [], [], [], 0
         for epoch in range(self.cfg.epochs):
             for m in range(n_mini):
                 mini = batch.select(slice(bounds[m], bounds[m + 1]))
@@ -224,7 +225,8 @@ class Trainer:
                 for k, v in metrics.items():  # average over the epochs x mini-batches
                     runs = 1 if k == "actor/entropy" else self.cfg.epochs
                     sums[k] = sums.get(k, 0.0) + v / (n_mini * runs)
-                norms = self._step()
+                norms, stepped = self._step()
+                skipped += not stepped
                 grad_norms.append(norms[0])
                 if len(norms) > 1:
                     critic_norms.append(norms[1])
@@ -233,6 +235,7 @@ class Trainer:
         sums.update(sampler_diff_metrics(torch.cat(diffs), self.dp))  # diffs: (n_tokens,) each
         sums["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         sums["actor/lr"] = lr
+        sums["actor/nonfinite_steps"] = skipped  # optimizer steps skipped: a NaN/inf loss or gradient
         if critic_norms:
             sums["critic/grad_norm"] = sum(critic_norms) / len(critic_norms)
         self.updates += 1
@@ -301,8 +304,11 @@ class Trainer:
             sums[k] = sums.get(k, 0.0) + share * v
         return sums
 
-    def _step(self) -> list[float]:
-        """Clip, step, zero; return the pre-clip grad norms (the policy's, then the critic's own)."""
+    def _step(self) -> tuple[list[float], bool]:
+        """Clip, step, zero; return the pre-clip grad norms (the policy's, then the critic's own) and
+        whether the step was taken. A NaN or infinite norm (a non-finite loss or gradient anywhere)
+        skips the step: the weights and the optimizer's moments stay as they were, and the lr
+        schedule does not advance. The loop counts these and stops a run that keeps making them."""
         if self.lookup is not None and self.lookup.grad is not None:  # fold the lookup's rows into the head's gradient
             head = self.model.get_output_embeddings().weight
             head.grad = self.lookup.grad.to_dense() if head.grad is None else head.grad.add_(self.lookup.grad)
@@ -310,19 +316,22 @@ class Trainer:
         # Under FSDP the norm is a DTensor over the sharded gradients: full_tensor() is the global norm.
         norms = [float(fsdp.full_tensor(torch.nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)))
                  for g in self.opt.param_groups]
+        if not all(math.isfinite(n) for n in norms):  # the global norm: every rank takes the same branch
+            self.opt.zero_grad(set_to_none=True)
+            return norms, False
         self.opt.step()
         clear_cast_cache()  # the weights changed in place (fused AdamW leaves _version alone)
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        return norms
+        return norms, True
 
     def train_step(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         """One optimizer step on ``batch`` (one mini-batch, cut into micro-batches), without the
         rollout diagnostics of ``update``: the offline recipes' verb (SFT, reward models, DPO, PRM)."""
         lr = self.opt.param_groups[0]["lr"]  # the lr this step uses (the scheduler moves it after)
         metrics = self._accumulate(batch, loss_fn, first_epoch=False)
-        norms = self._step()
-        metrics.update({"actor/grad_norm": norms[0], "actor/lr": lr})
+        norms, stepped = self._step()
+        metrics.update({"actor/grad_norm": norms[0], "actor/lr": lr, "actor/nonfinite_steps": int(not stepped)})
         if len(norms) > 1:
             metrics["critic/grad_norm"] = norms[1]
         return metrics
@@ -373,6 +382,11 @@ class Trainer:
         else:
             self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
+        # The config gives the hyperparameters, the checkpoint the state: a resume that changes the lr
+        # (config.RESUMABLE) gets it from here on, at the schedule's current point.
+        self.sched.base_lrs = [self.cfg.lr, self.critic_lr][: len(self.opt.param_groups)]
+        for g, base, factor in zip(self.opt.param_groups, self.sched.base_lrs, self.sched.lr_lambdas):
+            g["initial_lr"], g["lr"] = base, base * factor(self.sched.last_epoch)
         if "lora" in state:
             missing = self.model.load_state_dict(state["lora"], strict=False)
             assert not missing.unexpected_keys, missing.unexpected_keys

@@ -1,0 +1,117 @@
+"""What stops an RL run, and how: the checks the loop makes at fixed points of every step.
+
+- **Signals.** The first SIGINT (Ctrl-C) or SIGTERM lets the current step finish, at most
+  ``run.stop_grace_s`` more seconds; the loop then saves a checkpoint and the run stops with
+  ``Interrupted`` (exit 130 or 143). A step that does not finish in time is abandoned (nothing of it
+  is saved; the last checkpoint is where a resume starts), and so is one hit by a second signal.
+  Stopping children (verifier workers, Ray actors, sandboxes) is the loop's ``finally``.
+- **Reward functions that fail.** A function that fails (raises, dies, times out, returns NaN/inf)
+  on more than ``task.max_reward_error_frac`` of a step's completions, or on every completion of
+  the first batch, stops the run before that step's update (``RunError``).
+- **Non-finite updates.** The trainer skips an optimizer step whose loss or gradient is not finite
+  (roles/trainer.py); ``trainer.max_nonfinite_steps`` training steps in a row with such a skip stop
+  the run before anything of them is saved.
+
+Signal handlers can only be set from the main thread; elsewhere (a library caller's thread) the
+guard does the other two checks and leaves signals alone.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from rlpost import config
+from rlpost.console import say
+from rlpost.types.errors import Interrupted, RunError
+
+
+class RunGuard:
+    def __init__(self, cfg: config.Config):
+        self.cfg = cfg
+        self.step = 0
+        self.signum: int | None = None  # the first stop signal received
+        self.stopping = False  # the loop was told to save and stop (finish_step)
+        self.nonfinite_streak = 0
+        self.first_batch = True
+        self.saved_handlers: dict = {}
+
+    # --- signals -------------------------------------------------------------------------------
+
+    def __enter__(self) -> RunGuard:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in ((signal.SIGINT, self._on_signal), (signal.SIGTERM, self._on_signal),
+                                 (signal.SIGALRM, self._on_alarm)):
+                self.saved_handlers[sig] = signal.signal(sig, handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.saved_handlers:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            for sig, handler in self.saved_handlers.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            raise Interrupted(signum, f"stopped by a second {name} during step {self.step}; that step was not saved")
+        self.signum = signum
+        say(f"{name}: finishing step {self.step} (at most run.stop_grace_s={self.cfg.run.stop_grace_s:g} s), then "
+            f"saving a checkpoint and stopping; {name} again stops at once")
+        signal.setitimer(signal.ITIMER_REAL, max(self.cfg.run.stop_grace_s, 1e-3))
+
+    def _on_alarm(self, signum: int, frame) -> None:
+        raise Interrupted(self.signum or signal.SIGTERM, f"step {self.step} did not finish within run.stop_grace_s="
+                          f"{self.cfg.run.stop_grace_s:g} s and was abandoned; it was not saved")
+
+    def steps(self, first: int, last: int):
+        """range(first, last + 1), stopping with ``Interrupted`` after the step during which a
+        signal came in, once the loop has saved it (``finish_step`` told it to). A signal that
+        comes after that point (the step's checkpoint already decided) lets the next step run."""
+        for step in range(first, last + 1):
+            self.step = step
+            yield step
+            if self.stopping:
+                raise Interrupted(self.signum, f"stopped by {signal.Signals(self.signum).name} after step {step}, "
+                                  "whose checkpoint is saved", saved=step)
+
+    def finish_step(self) -> bool:
+        """The step's work is done: cancel the grace timer; True when a stop was asked for (save now)."""
+        if self.signum is not None and self.saved_handlers:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        self.stopping = self.signum is not None
+        return self.stopping
+
+    # --- failing rewards, non-finite updates ----------------------------------------------------
+
+    def check_rewards(self, metrics: dict, step: int) -> None:
+        """After scoring: RunError if a reward function failed too often (see the module docstring)."""
+        frac = self.cfg.task.max_reward_error_frac
+        for key, calls in metrics.items():
+            if not (key.startswith("verifier/") and key.endswith("/calls")) or not calls:
+                continue
+            name = key[len("verifier/"):-len("/calls")]
+            failed = metrics.get(f"verifier/{name}/errors", 0) + metrics.get(f"verifier/{name}/timeouts", 0)
+            if failed / calls > frac or (self.first_batch and failed == calls):
+                why = (f"{failed / calls:.0%} > task.max_reward_error_frac={frac:g}" if failed / calls > frac
+                       else "every completion of the first batch")
+                raise RunError(f"reward function {name} failed on {failed} of {calls} completions at step {step} "
+                               f"({why}); stopped before that step's update. Its first failure is printed above, "
+                               "and every traceback is in the run folder's verifier.log")
+        self.first_batch = False
+
+    def check_update(self, metrics: dict, step: int) -> None:
+        """After the update: count steps with skipped (non-finite) optimizer steps; RunError after
+        trainer.max_nonfinite_steps of them in a row."""
+        skipped = metrics.get("actor/nonfinite_steps", 0)
+        if not skipped:
+            self.nonfinite_streak = 0
+            return
+        self.nonfinite_streak += 1
+        limit = self.cfg.trainer.max_nonfinite_steps
+        say(f"step {step}: a non-finite loss or gradient; {skipped:g} optimizer step(s) skipped, {self.nonfinite_streak} "
+            f"training step(s) in a row (trainer.max_nonfinite_steps={limit} stops the run)")
+        if self.nonfinite_streak >= limit:
+            raise RunError(f"{limit} training steps in a row with a non-finite loss or gradient (the last at step "
+                           f"{step}); stopped without saving them: the last checkpoint holds the last finite weights. "
+                           "Try a lower trainer.lr, and check the rewards (rlpost doctor)")

@@ -1,0 +1,106 @@
+"""Run folders: one command at a time (fcntl lock), a run never overwritten, a failed start leaves
+nothing behind; metrics.jsonl appends are whole lines even on a full disk, and a torn last line
+is read past."""
+
+import json
+
+import pytest
+from helpers import tiny_cfg, tmpfs
+
+from rlpost.observe import jsonl, runfolder
+from rlpost.types.errors import ConfigError, DataError, RunError
+
+
+def test_a_second_command_on_a_held_folder_is_refused_naming_the_holder(tmp_path):
+    run = tmp_path / "x"
+    with runfolder.claim(run, "new") as rf:
+        rf.write_config(tiny_cfg())
+        with pytest.raises(ConfigError, match=r"another rlpost command \(pid \d+\) is using this run folder"):
+            with runfolder.claim(run, "new"):
+                pass
+        with pytest.raises(ConfigError, match="another rlpost command"):
+            with runfolder.claim(run, "resume"):
+                pass
+        (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    # the holder is done, and the folder holds a run now: a new run refuses it, a resume may take it
+    with pytest.raises(ConfigError, match=r"run.name: .* already holds a run; use --resume"):
+        with runfolder.claim(run, "new", "use --resume"):
+            pass
+    with runfolder.claim(run, "resume"):
+        pass
+
+
+def test_a_failed_start_leaves_no_folder_behind(tmp_path):
+    run = tmp_path / "runs" / "x"
+    with pytest.raises(KeyboardInterrupt), runfolder.claim(run, "new") as rf:
+        rf.write_config(tiny_cfg())
+        (run / "samples").mkdir()
+        raise KeyboardInterrupt
+    assert not run.exists()
+    # a folder left by a start that was SIGKILLed (config.yaml only) is reused, not refused
+    run.mkdir()
+    (run / "config.yaml").write_text("run: {}\n")
+    with runfolder.claim(run, "new") as rf:
+        rf.write_config(tiny_cfg())
+    assert (run / "config.yaml").exists()
+
+
+def test_a_failed_start_keeps_a_users_own_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError), runfolder.claim(tmp_path, "new") as rf:
+        rf.write_config(tiny_cfg())
+        raise RuntimeError
+    assert (tmp_path / "notes.txt").exists()
+
+
+def test_a_failed_resume_removes_only_the_config_it_added(tmp_path):
+    with runfolder.claim(tmp_path, "new") as rf:
+        rf.write_config(tiny_cfg())
+    with pytest.raises(RuntimeError), runfolder.claim(tmp_path, "resume") as rf:
+        assert rf.write_config(tiny_cfg("trainer.lr=2e-3")).name == "config.resume-1.yaml"
+        raise RuntimeError
+    assert sorted(p.name for p in tmp_path.glob("config*")) == ["config.yaml"]
+
+
+def test_out_dir_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"^run.out_dir: .*file is a file, expected a folder$"):
+        with runfolder.claim(tmp_path / "file" / "x", "new"):
+            pass
+
+
+def test_resume_needs_a_run_folder(tmp_path):
+    with pytest.raises(ConfigError, match="no config.yaml there"):
+        with runfolder.claim(tmp_path, "resume"):
+            pass
+
+
+def test_a_torn_last_line_is_read_past_and_a_damaged_middle_named(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "reward/me')
+    assert [r["step"] for r in jsonl.read_lines(path)] == [1, 2]
+    path.write_text('{"step": 1}\n{"ste\n{"step": 3}\n')
+    with pytest.raises(DataError, match=r"metrics.jsonl:2: not valid JSON"):
+        jsonl.read_lines(path)
+
+
+def test_an_append_on_a_full_disk_leaves_no_half_line(tmp_path):
+    with tmpfs(tmp_path / "disk", "16k") as disk:
+        path = disk / "metrics.jsonl"
+        jsonl.append(path, {"step": 1})
+        (disk / "filler").write_bytes(b"x" * (16 * 1024 - 4096 - 1))  # the disk is now (nearly) full
+        with pytest.raises(RunError, match=r"cannot append to .*metrics.jsonl: No space left on device"):
+            for step in range(2, 1000):
+                jsonl.append(path, {"step": step, "padding": "y" * 500})
+        rows = jsonl.read_lines(path)
+        assert path.read_text().endswith("\n") and [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+        assert json.loads(path.read_text().splitlines()[-1])["step"] == len(rows)
+
+
+def test_resume_repairs_a_torn_metrics_file(tmp_path):
+    from rlpost.observe.runlog import RunLog
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "rew')
+    log = RunLog(tmp_path, steps=5, start_step=2, progress=False)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+    assert [h["step"] for h in log.history] == [1, 2]

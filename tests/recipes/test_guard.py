@@ -1,0 +1,89 @@
+"""What stops a run: signals (finish the step, then stop; abandon it after the grace; a second
+signal at once), reward functions that keep failing, and non-finite updates in a row."""
+
+import os
+import signal
+import time
+
+import pytest
+from helpers import tiny_cfg
+
+from rlpost.recipes.guard import RunGuard
+from rlpost.types.errors import Interrupted, RunError
+
+
+def test_a_signal_lets_the_step_finish_then_stops_after_it_is_saved():
+    saved = []
+    with pytest.raises(Interrupted) as e, RunGuard(tiny_cfg("run.steps=5")) as guard:
+        for step in guard.steps(1, 5):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-step: the step goes on
+            if guard.finish_step():
+                saved.append(step)
+    assert saved == [2] and e.value.saved == 2 and e.value.signum == signal.SIGTERM
+    assert "after step 2" in e.value.message
+
+
+def test_a_signal_after_the_save_decision_stops_after_the_next_step():
+    steps = []
+    with pytest.raises(Interrupted) as e, RunGuard(tiny_cfg("run.steps=5")) as guard:
+        for step in guard.steps(1, 5):
+            steps.append(step)
+            guard.finish_step()
+            if step == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # like the loop's on_step_end: after the checkpoint
+    assert steps == [1, 2] and e.value.saved == 2 and e.value.signum == signal.SIGINT
+
+
+def test_a_step_that_outlasts_the_grace_is_abandoned_unsaved():
+    with pytest.raises(Interrupted) as e, RunGuard(tiny_cfg("run.stop_grace_s=0.05")) as guard:
+        for step in guard.steps(1, 3):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the alarm interrupts this
+    assert e.value.saved is None and "did not finish within run.stop_grace_s" in e.value.message
+
+
+def test_a_second_signal_stops_at_once():
+    with pytest.raises(Interrupted) as e, RunGuard(tiny_cfg()) as guard:
+        for step in guard.steps(1, 3):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+    assert e.value.saved is None and "second SIGINT" in e.value.message
+
+
+def test_handlers_are_put_back():
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with RunGuard(tiny_cfg()):
+        assert signal.getsignal(signal.SIGINT) is not before[0]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def metrics(errors, timeouts, calls, name="f"):
+    return {f"verifier/{name}/errors": errors, f"verifier/{name}/timeouts": timeouts, f"verifier/{name}/calls": calls}
+
+
+def test_reward_function_failures_over_the_fraction_stop_the_run():
+    guard = RunGuard(tiny_cfg("task.max_reward_error_frac=0.5"))
+    guard.check_rewards(metrics(1, 0, 16), 1)  # 1 of 16 on the first batch: go on
+    guard.check_rewards(metrics(4, 4, 16), 2)  # 50%: not more than the fraction
+    with pytest.raises(RunError, match=r"reward function f failed on 9 of 16 completions at step 3 \(56% > task.max_reward_error_frac=0.5\)"):
+        guard.check_rewards(metrics(5, 4, 16), 3)
+
+
+def test_failing_on_every_completion_of_the_first_batch_stops_even_at_frac_1():
+    guard = RunGuard(tiny_cfg("task.max_reward_error_frac=1"))
+    with pytest.raises(RunError, match="every completion of the first batch"):
+        guard.check_rewards({**metrics(0, 0, 16, "ok"), **metrics(16, 0, 16)}, 1)
+    later = RunGuard(tiny_cfg("task.max_reward_error_frac=1"))
+    later.check_rewards(metrics(0, 0, 16), 1)
+    later.check_rewards(metrics(16, 0, 16), 2)  # later, only the fraction decides
+
+
+def test_nonfinite_updates_in_a_row_stop_the_run():
+    guard = RunGuard(tiny_cfg("trainer.max_nonfinite_steps=2"))
+    guard.check_update({"actor/nonfinite_steps": 1}, 1)
+    guard.check_update({"actor/nonfinite_steps": 0}, 2)  # the streak restarts
+    guard.check_update({"actor/nonfinite_steps": 2}, 3)
+    with pytest.raises(RunError, match="2 training steps in a row with a non-finite loss or gradient"):
+        guard.check_update({"actor/nonfinite_steps": 1}, 4)

@@ -1,0 +1,332 @@
+"""The fault suite (issue 24): every fault ends in one clear line, no run data is lost or
+poisoned, and no process is left behind. Runs in this process through ``cli.main`` where a real
+process boundary is not the point (faster: no Python or torch start-up per run); a real SIGKILL
+is tests/test_resume.py's."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT, TINY, remount_read_only, run_cli, tmpfs
+from safetensors.torch import load_file
+
+from rlpost import cli, config
+from rlpost.model import checkpoint
+from rlpost.observe import jsonl
+from rlpost.recipes import rl
+
+ARGS = [*TINY, "task.verifier=toy_verifiers:odd_length", "task.verifier_workers=1"]
+
+
+@pytest.fixture(autouse=True)
+def toy_modules_importable(monkeypatch):
+    """The verifier workers find tests/toy_verifiers.py through PYTHONPATH, as a user's module."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+
+
+def main(*args, capsys=None):
+    code = cli.main(list(args))
+    return code, capsys.readouterr().err if capsys else ""
+
+
+def worker_processes() -> list[int]:
+    """Verifier workers whose parent is this process (there must be none once a command ends)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == os.getpid() and b"rlpost.rewards.worker" in cmd:
+            out.append(int(pid))
+    return out
+
+
+def test_sigterm_finishes_the_step_saves_it_and_stops_every_child(tmp_path, capsys, monkeypatch):
+    train = rl.train
+    term_after_1 = lambda s: os.kill(os.getpid(), signal.SIGTERM) if s == 1 else None
+    monkeypatch.setattr(rl, "train", lambda *a, **k: train(*a, **k, on_step_end=term_after_1))
+    code, err = main("train", *ARGS, "run.steps=4", f"run.out_dir={tmp_path}", "run.name=t", capsys=capsys)
+    # the signal came after step 1's checkpoint decision: step 2 ran, was saved, and the run stopped
+    assert code == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM after step 2, whose checkpoint is saved" in err and "Traceback" not in err
+    assert [p.name for p in checkpoint.candidates(tmp_path / "t")] == ["step_000002"]
+    assert worker_processes() == []
+    monkeypatch.setattr(rl, "train", train)
+    code, err = main("train", "--resume", str(tmp_path / "t"), capsys=capsys)
+    assert code == 0, err
+    assert [r["step"] for r in jsonl.read_lines(tmp_path / "t" / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    def interrupted(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)  # while the task is being built
+    monkeypatch.setattr(rl, "build_task", interrupted)
+    code, err = main("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=c", capsys=capsys)
+    assert code == 130 and "Traceback" not in err and err.strip().splitlines()[-1].startswith("rlpost: stopped by SIGINT")
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_reward_function_failing_on_the_first_batch_stops_before_any_update(tmp_path, capsys):
+    code, err = main("train", *ARGS, "task.reward_funcs=toy_verifiers:raises", f"run.out_dir={tmp_path}", "run.name=r",
+                     capsys=capsys)
+    assert code == 1
+    assert err.strip().splitlines()[-1].startswith("rlpost: error: reward function raises failed on 16 of 16 completions at step 1")
+    assert err.count("Traceback (most recent call last)") == 1  # the first failure, once, with its traceback
+    run = tmp_path / "r"
+    assert not checkpoint.candidates(run) and "RuntimeError: broken verifier" in (run / "verifier.log").read_text()
+    assert worker_processes() == []
+
+
+def test_reward_failures_are_counted_and_shown_by_doctor_and_the_report(tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"  # with two malformed rows, skipped and counted in the summary
+    data.write_text("".join(json.dumps({"prompt": str(i), "answer": str(i)}) + "\n" for i in range(30)) + '{"answer": "1"}\n{"prompt": "", "answer": "2"}\n')
+    code, err = main("train", *ARGS, "task.reward_funcs=toy_verifiers:fails_on_multiples_of_three", "task.name=dataset",
+                     f"task.data={data}", "task.on_bad_row=skip", "task.n_heldout=4",
+                     "task.max_reward_error_frac=1", f"run.out_dir={tmp_path}", "run.name=d", capsys=capsys)
+    assert code == 0, err
+    run = tmp_path / "d"
+    assert json.loads((run / "summary.json").read_text())["skipped_rows"] == 2 and "skipped 2 malformed data rows" in err
+    rows = jsonl.read_lines(run / "metrics.jsonl")
+    errors = sum(r["verifier/fails_on_multiples_of_three/errors"] for r in rows)
+    assert errors > 0 and all(r["verifier/fails_on_multiples_of_three/calls"] == 16 for r in rows)
+    capsys.readouterr()
+    code = cli.main(["doctor", str(run)])
+    text = capsys.readouterr().out
+    assert code == 0 and f"reward function fails_on_multiples_of_three failed on {errors} of 32 completions" in text
+    assert "reward_errors" in (run / "report.html").read_text()
+
+
+def test_nonfinite_losses_skip_the_update_and_n_in_a_row_stop_before_saving(tmp_path):
+    from rlpost import build
+
+    calls = []
+
+    def nan_loss_from_step_2(*a, **k):
+        roles = build.build_roles(*a, **k)
+        loss = roles.algo.loss
+
+        def poisoned(logp, batch, **extra):
+            value, metrics = loss(logp, batch, **extra)
+            return (value * float("nan") if calls else value), metrics
+        roles.algo.loss = poisoned
+        return roles
+
+    cfg = config.load(None, [*ARGS, "run.steps=5", "run.checkpoint_every=1", "run.keep_checkpoints=5",
+                             "trainer.max_nonfinite_steps=2"])
+    with pytest.raises(Exception) as e:
+        rl.train(cfg, tmp_path, make_roles=nan_loss_from_step_2, on_step_end=calls.append)
+    assert "2 training steps in a row with a non-finite loss or gradient (the last at step 3)" in str(e.value)
+    # step 2's update was skipped: its checkpoint holds step 1's weights; step 3 was not saved
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == ["step_000002", "step_000001"]
+    a, b = (load_file(tmp_path / "checkpoints" / f"step_00000{i}" / "model.safetensors") for i in (1, 2))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert jsonl.read_lines(tmp_path / "metrics.jsonl")[1]["actor/nonfinite_steps"] == 1
+
+
+def test_resume_validates_everything_before_writing_anything(tmp_path, capsys):
+    run = tmp_path / "v"
+    code, err = main("train", *ARGS, "run.steps=3", "run.checkpoint_every=1", "run.keep_checkpoints=2",
+                     f"run.out_dir={tmp_path}", "run.name=v", capsys=capsys)
+    assert code == 0, err
+    for change, key in (("algo.name=ppo", "algo.name"), ("model.lora_r=8", "model.lora_r"),
+                        ("rollout.group_size=2", "rollout.group_size")):
+        code, err = main("train", "--resume", str(run), change, capsys=capsys)
+        assert code == 2 and err.strip().startswith(f"rlpost: error: {key}: cannot change on --resume") and "\n" not in err.strip()
+    assert sorted(p.name for p in run.glob("config*")) == ["config.yaml"]
+    # the newest checkpoint corrupt: a line, then the one before; a changed lr is applied and recorded
+    (run / "checkpoints" / "step_000003" / "model.safetensors").write_bytes(b"torn")
+    code, err = main("train", "--resume", str(run), "run.steps=4", "trainer.lr=2e-3", capsys=capsys)
+    assert code == 0, err
+    assert "step_000003 is corrupt: model.safetensors has 4 bytes" in err and "falling back to step_000002" in err
+    rows = jsonl.read_lines(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["actor/lr"] for r in rows] == [1e-3, 1e-3, 2e-3, 2e-3]
+    assert config.load(run / "config.yaml").trainer.lr == 1e-3
+    assert config.load(run / "config.resume-1.yaml").trainer.lr == 2e-3 and config.run_config_path(run).name == "config.resume-1.yaml"
+
+
+def test_resume_without_a_checkpoint_refuses_unless_asked_to_start_over(tmp_path, capsys):
+    run = tmp_path / "n"
+    run.mkdir()
+    config.save(config.load(None, ARGS), run / "config.yaml")
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    code, err = main("train", "--resume", str(run), capsys=capsys)
+    assert code == 2 and "no intact checkpoint to resume from; add --start-over" in err
+    assert len(jsonl.read_lines(run / "metrics.jsonl")) == 1  # untouched
+    code, err = main("train", "--resume", str(run), "--start-over", capsys=capsys)
+    assert code == 0, err
+    assert [r["step"] for r in jsonl.read_lines(run / "metrics.jsonl")] == [1, 2]
+
+
+def test_disk_full_mid_run_is_one_line_and_the_run_survives(tmp_path, capsys):
+    with tmpfs(tmp_path / "disk", "1400k") as disk:  # room for one checkpoint of the tiny model, not two
+        code, err = main("train", *ARGS, "run.steps=3", "run.checkpoint_every=1", "run.keep_checkpoints=3",
+                         f"run.out_dir={disk}", "run.name=f", capsys=capsys)
+        assert code == 1 and "Traceback" not in err
+        assert "No space left on device" in err.strip().splitlines()[-1] and str(disk / "f") in err
+        run = disk / "f"
+        assert checkpoint.newest_intact(run) is not None  # the checkpoint before is whole
+        steps = [r["step"] for r in jsonl.read_lines(run / "metrics.jsonl")]
+        assert steps == list(range(1, len(steps) + 1))
+        assert cli.main(["doctor", str(run)]) == 0
+
+
+def test_a_read_only_run_folder_is_one_line(tmp_path, capsys):
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        code, err = main("train", *ARGS, "run.steps=1", f"run.out_dir={disk}", "run.name=ro", capsys=capsys)
+        assert code == 0, err
+        remount_read_only(disk)
+        code, err = main("train", "--resume", str(disk / "ro"), "run.steps=2", capsys=capsys)
+        assert code == 2 and "cannot lock the run folder (Read-only file system)" in err and "Traceback" not in err
+        code, err = main("eval", str(disk / "ro"), "--n", "2", capsys=capsys)
+        assert code == 1 and "Read-only file system" in err.strip().splitlines()[-1] and "Traceback" not in err
+
+
+def test_config_errors_come_before_torch_is_imported():
+    code = ("import sys\nfrom rlpost.cli import main\nrc = main(['train', 'rollout.group_size=0'])\n"
+            "print(rc, 'torch' in sys.modules)")
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.stdout.split() == ["2", "False"], r.stderr
+
+
+def bad_inputs(tmp: Path) -> dict:
+    """Each bad input of the campaign: (command-line arguments, what its one line must say)."""
+    (tmp / "latin1.yaml").write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
+    (tmp / "twice.yaml").write_text("task:\n  n_train: 10\nrun:\n  steps: 1\ntask:\n  n_heldout: 5\n")
+    (tmp / "a_file").write_text("")
+    (tmp / "latin1.jsonl").write_bytes(b'{"prompt": "1+1", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "1"}\n')
+    (tmp / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    (tmp / "not_a_dataset").mkdir()
+    (tmp / "not_a_dataset" / "x.txt").write_text("hello")
+    from rlpost.model.load import load_policy, save_model
+    tiny = load_policy("tiny")
+    save_model(tiny.model, tiny.tokenizer, tmp / "truncated")
+    weights = tmp / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    save_model(tiny.model, tiny.tokenizer, tmp / "no_tokenizer")
+    for f in (tmp / "no_tokenizer").glob("*token*"):
+        f.unlink()
+    data = ["task.name=dataset", "task.n_heldout=1"]
+    return {
+        "non-UTF-8 recipe": ([str(tmp / "latin1.yaml")], "latin1.yaml line 2: not UTF-8 text (byte 0xe9)"),
+        "recipe is a folder": ([str(tmp)], "is a folder, expected a YAML file"),
+        "duplicated section": ([str(tmp / "twice.yaml")], "line 5: not valid YAML (duplicate key 'task'"),
+        "run.out_dir is a file": ([f"run.out_dir={tmp / 'a_file'}"], "run.out_dir: "),
+        "misspelt task.reward_funcs": (["task.reward_funcs=toy_verifiers:no_such_fn"],
+                                       "task.reward_funcs: cannot import 'toy_verifiers:no_such_fn' (AttributeError"),
+        "huge group_size": (["rollout.group_size=100000"], "rollout.group_size: expected an integer >= 1 and <= 1024"),
+        "huge max_new_tokens": (["rollout.max_new_tokens=10000000"], "rollout.max_new_tokens: expected an integer"),
+        "infinite lr": (["trainer.lr=inf"], "trainer.lr: expected a finite number > 0 and <= 1"),
+        "non-UTF-8 JSONL": ([*data, f"task.data={tmp / 'latin1.jsonl'}"], "latin1.jsonl:2: not UTF-8 text (byte 0xe9"),
+        "corrupt parquet": ([*data, f"task.data={tmp / 'bad.parquet'}"], "bad.parquet: not a readable parquet file"),
+        "folder that is no dataset": ([*data, f"task.data={tmp / 'not_a_dataset'}"],
+                                      "not_a_dataset: a folder, but not one saved by `datasets`"),
+        "truncated model weights": ([f"model.name={tmp / 'truncated'}"], "cannot load the model of"),
+        "no tokenizer": ([f"model.name={tmp / 'no_tokenizer'}"], "cannot load the tokenizer of"),
+    }
+
+
+def test_every_bad_input_is_one_line_naming_it_exit_2_and_no_folder(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    for name, (args, expected) in bad_inputs(tmp_path).items():
+        capsys.readouterr()
+        code = cli.main(["train", *ARGS, f"run.out_dir={runs}", "run.name=bad", *args])  # args win: they come last
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert code == 2 and "Traceback" not in err, (name, err[-2000:])
+        assert last.startswith("rlpost: error: ") and expected in last, (name, last)
+        assert not (runs / "bad").exists(), name
+
+
+def test_sft_refuses_an_existing_run_and_a_failed_start_leaves_nothing(tmp_path, capsys):
+    code, err = main("sft", *TINY, "pref.data=/no/such.jsonl", f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
+    assert code == 2 and "data: file not found: /no/such.jsonl" in err and not (tmp_path / "s").exists()
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "summary.json").write_text("{}")
+    code, err = main("sft", *TINY, f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
+    assert code == 2 and "already holds a run" in err and (tmp_path / "s" / "summary.json").read_text() == "{}"
+
+
+def test_a_batch_too_big_for_memory_is_one_line(tmp_path):
+    # Under a 6 GB address-space limit (so that the allocation fails here, whatever the machine).
+    import subprocess
+    import sys
+    args = [*TINY, "rollout.group_size=1024", "rollout.prompts_per_step=4096", "run.eval_n=1",
+            "trainer.mini_batch_size=0", "trainer.micro_batch_size=0", "task.verifier=toy_verifiers:odd_length",
+            f"run.out_dir={tmp_path}", "run.name=oom"]
+    r = subprocess.run(["prlimit", f"--as={6 << 30}", sys.executable, "-m", "rlpost.cli", "train", *args],
+                       capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           [str(ROOT / "tests"), *sys.path])}, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("rlpost: error: out of memory")
+
+
+class Killed(BaseException):
+    """What a SIGKILL leaves: no handler and no `except Exception` runs (finally blocks do, which
+    only close the roles' processes)."""
+
+
+def kill_on(calls: int):
+    """A stand-in for a function that kills the run on its `calls`-th call."""
+    count = []
+
+    def hit(*a, **k):
+        count.append(1)
+        if len(count) == calls:
+            raise Killed
+        return hit.real(*a, **k)
+    return hit
+
+
+# (what to replace in model/checkpoint.py, on which call): the points of step 3's checkpoint write
+KILL_POINTS = {
+    "after the weights, before trainer.pt": ("checkpoint.torch.save", 5),  # 2 calls per checkpoint
+    "all files written, no manifest yet": ("checkpoint.sha256", 7),  # 3 calls per checkpoint
+    "renamed into place, latest not updated": ("checkpoint._fsync_dir", 3),
+    "latest updated, the old one not yet deleted": ("checkpoint.shutil.rmtree", 5),  # tmp clean-up + rotation
+}
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_point_of_a_checkpoint_write_resumes_exactly(tmp_path, monkeypatch):
+    cfg = config.load(None, [*ARGS, "run.steps=4", "run.checkpoint_every=1", "run.keep_checkpoints=1"])
+    rl.train(cfg, tmp_path / "full")
+    want = load_file(tmp_path / "full" / "checkpoints" / "step_000004" / "model.safetensors")
+    for name, (target, call) in KILL_POINTS.items():
+        run = tmp_path / name.replace(" ", "_").replace(",", "")
+        module, attr = target.rsplit(".", 1)
+        owner = {"checkpoint": checkpoint, "checkpoint.torch": checkpoint.torch,
+                 "checkpoint.shutil": checkpoint.shutil}[module]
+        hit = kill_on(call)
+        hit.real = getattr(owner, attr)
+        with monkeypatch.context() as m:
+            m.setattr(owner, attr, hit)
+            with pytest.raises(Killed):
+                rl.train(cfg, run)
+        assert worker_processes() == [], name
+        rl.train(cfg, run, resume=True)
+        got = load_file(run / "checkpoints" / "step_000004" / "model.safetensors")
+        assert all(torch.equal(want[k], got[k]) for k in want), name
+        assert [r["step"] for r in jsonl.read_lines(run / "metrics.jsonl")] == [1, 2, 3, 4], name
+        assert not list((run / "checkpoints").glob(".tmp*")), name
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_with_one_name_one_runs_the_other_refuses(tmp_path):
+    import subprocess
+    import sys
+    args = [sys.executable, "-m", "rlpost.cli", "train", *ARGS, f"run.out_dir={tmp_path}", "run.name=same"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
+    procs = [subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for _ in range(2)]
+    results = sorted((p.wait(timeout=600), p.stderr.read()) for p in procs)
+    (ok, _), (refused, err) = results
+    assert ok == 0 and refused == 2, results
+    assert ("another rlpost command" in err or "already holds a run" in err) and "Traceback" not in err
+    assert [r["step"] for r in jsonl.read_lines(tmp_path / "same" / "metrics.jsonl")] == [1, 2]
