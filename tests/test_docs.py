@@ -54,17 +54,18 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_IN_REPO = {
     # what a run writes into runs/<name>/ (the docs name them to say where to look)
     "config.yaml", "metrics.jsonl", "summary.json", "report.html", "eval_before.jsonl", "eval_after.jsonl",
-    "eval_samples.jsonl", "checkpoints", "samples",
+    "eval_samples.jsonl", "checkpoints", "samples", "verifier.log", "config.resume-N.yaml",
     # example user files, and a model folder's own config
-    "my.jsonl", "gsm8k.jsonl", "config.json",
+    "my.jsonl", "gsm8k.jsonl", "config.json", "my_module.py", "my_rewards.py",
     # the file names a code task's program and harness get inside the sandbox
     "main.py", "solution.py",
 }
 # Dotted names that are neither Python nor config: files of the kernel's cgroup interface.
-NOT_PYTHON = {"pids.max", "cgroup.kill", "memory.max", "cgroup.procs"}
+NOT_PYTHON = {"pids.max", "cgroup.kill", "memory.max", "cgroup.procs",
+              "reward_model.ground_truth"}  # a field of verl's parquet rows
 # Names of other projects' knobs, quoted to compare with ours.
 NOT_OURS = {"gpu_memory_utilization"}  # vLLM's pre-allocated KV pool
-EXT = r"py|md|yaml|yml|json|jsonl|sh|toml|html|txt|gguf|parquet|csv"
+EXT = r"py|md|yaml|yml|json|jsonl|sh|toml|html|txt|gguf|parquet|csv|log"
 PATH = re.compile(rf"(?<![\w/.~$-])((?:[\w.<>*-]+/)*[\w<>*-][\w.<>*-]*\.(?:{EXT}))(?::(\d+))?(?![\w/-])")
 PATH_NAME = re.compile(r"^([\w/.-]+\.py): ?([A-Za-z_][\w.]*)(?:\(\))?$")  # `recipes/rl.py: train`
 RLPOST_NAME = re.compile(r"(?<![\w./-])rlpost(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
