@@ -68,6 +68,17 @@ def digit_rows(n: int, seed: int) -> list[dict]:
             for d in (rng.randint(0, 9) for _ in range(n))]
 
 
+def rl_batch(mask, **fields) -> Rollouts:
+    """A batch around a completion mask (B, T) for the maths tests: one prompt token, token ids 0,
+    sampler log-probs 0 unless given, each row its own group, any other field by keyword."""
+    B, T = mask.shape
+    base = dict(prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.bool),
+                completion_ids=torch.zeros(B, T, dtype=torch.long), completion_mask=mask,
+                sampler_logp=torch.zeros(B, T), truncated=torch.zeros(B, dtype=torch.bool),
+                group_ids=torch.arange(B), rows=[{}] * B, completions=[""] * B)
+    return Rollouts(**{**base, **fields})
+
+
 def loss_batch(logp_old, adv, mask, ref=None) -> Rollouts:
     """A batch for a loss's hand-worked numbers: old log-probs (= the sampler's), advantages and a
     mask (B, T), optional reference log-probs; one token of prompt."""
