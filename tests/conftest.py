@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from rlpost.model.load import load_policy
 
@@ -15,3 +18,28 @@ torch.set_num_threads(1)
 def tiny():
     torch.manual_seed(0)
     return load_policy("tiny")
+
+
+# Property-based tests (hypothesis) draw the same examples on every run and keep no example
+# database: a CI failure reproduces on any machine, and nothing is written into the tree.
+settings.register_profile("rlpost", max_examples=40, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("rlpost")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under `make mutate` (scripts/mutate.py; mutmut names the mutant in MUTANT_UNDER_TEST), a
+    mutant of the pure maths (algorithms/, search/) is judged by the maths tests alone: the tests
+    that run the tiny model are left to the mutants of model/ and roles/, whose cost they are. And
+    the fastest files go first, so a killed mutant stops (pytest -x) after the fewest tests."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if not mutant.startswith("rlpost."):
+        return
+    if mutant.startswith(("rlpost.algorithms.", "rlpost.search.")):
+        model_tests = [i for i in items if "/algorithms/" not in str(i.path) and "/search/" not in str(i.path)]
+        if model_tests:
+            config.hook.pytest_deselected(items=model_tests)
+            items[:] = [i for i in items if i not in model_tests]
+    first = ("test_every_algorithm", "test_metrics", "test_core", "test_logprobs", "test_properties", "test_trainer")
+    rank = lambda i: next((k for k, name in enumerate(first) if name in str(i.path)), len(first))
+    items.sort(key=rank)  # stable: the order inside a file is kept

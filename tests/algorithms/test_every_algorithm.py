@@ -326,6 +326,85 @@ def test_rebuilt_from_its_saved_state_an_algorithm_carries_on_unchanged(name):
         assert not torch.equal(a.tokens, c.tokens) or fresh.algo.kl_coef != running.algo.kl_coef
 
 
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tuple[dict, dict]:
+    """(advantage metrics, loss metrics): every key the algorithm reports, with its value."""
+    R, logp = rows(), OLD + DELTA
+    toks = [(i, c) for i, cols in enumerate(R) for c in cols]
+    seq = [adv[i][cols[0]] for i, cols in enumerate(R)]
+    kl_on = ALGORITHMS[name].traits.kl != "none"
+    if name in ("grpo", "dapo"):
+        stds = [REWARD[g * K:(g + 1) * K].std().item() for g in range(len(R) // K)]
+        adv_m = {"critic/advantages/mean": mean(seq), "critic/advantages/max": max(seq), "critic/advantages/min": min(seq),
+                 "reward/group_std": mean(stds), "reward/zero_std_frac": mean([s == 0 for s in stds])}
+    elif name == "reinforce":
+        adv_m = {"critic/baseline": 0.0}
+    elif name in ("ppo", "reinforce_pp"):
+        kl = mean([(OLD[i, c] - REF[i, c]).item() for i, c in toks])
+        adv_m = {"critic/kl": kl, "critic/kl_coef": KL_COEF}
+        if name == "reinforce_pp":
+            adv_m["critic/advantages/max"] = max(adv[i][c] for i, c in toks)
+        else:
+            rets, vals = [ret[i][c] for i, c in toks], [OLD_VALUES[i, c].item() for i, c in toks]
+            var = lambda xs: mean([(x - mean(xs)) ** 2 for x in xs])
+            adv_m.update({"critic/advantages/mean": mean([adv[i][c] for i, c in toks]), "critic/returns/mean": mean(rets),
+                          "critic/values/mean": mean(vals),
+                          "critic/explained_variance": 1 - var([r - v for r, v in zip(rets, vals)]) / var(rets)})
+    else:
+        adv_m = {"critic/advantages/mean": mean(seq)}
+    kl_tok = [math.exp(REF[i, c].item() - logp[i, c].item()) - 1 - (REF[i, c].item() - logp[i, c].item()) for i, c in toks]
+    if name == "gspo":
+        s = [math.exp(mean([DELTA[i, c].item() for c in cols])) for i, cols in enumerate(R)]
+        per = [clipped(math.log(s[i]), seq[i], SEQ_EPS_LOW, SEQ_EPS_HIGH)[0] for i in range(len(R))]
+        loss_m = {"actor/pg_loss": mean(per), "actor/seq_ratio_max": max(s),
+                  "actor/pg_clipfrac": mean([p != -x * a for p, x, a in zip(per, s, seq)])}
+    else:
+        r = [math.exp(DELTA[i, c].item()) for i, c in toks]
+        a = [adv[i][c] for i, c in toks]
+        if name == "reinforce":
+            per = [-ai * logp[i, c].item() for ai, (i, c) in zip(a, toks)]
+            loss_m = {"actor/pg_loss": mean(per)}
+        elif name == "cispo":
+            w = [min(max(x, 1 - EPS_LOW), 1 + EPS_HIGH) for x in r]
+            per = [-wi * ai * logp[i, c].item() for wi, ai, (i, c) in zip(w, a, toks)]
+            loss_m = {"actor/pg_loss": mean(per), "actor/is_weight_clipfrac": mean([wi != x for wi, x in zip(w, r)])}
+        else:
+            per = [clipped(math.log(x), ai, EPS_LOW, EPS_HIGH)[0] for x, ai in zip(r, a)]
+            loss_m = {"actor/pg_loss": mean(per), "actor/pg_clipfrac": mean([p != -x * ai for p, x, ai in zip(per, r, a)]),
+                      "actor/ppo_kl": -mean([DELTA[i, c].item() for i, c in toks]), "actor/ratio_max": max(r)}
+        if name == "ppo":
+            vf, vclip = [], []
+            for i, c in toks:
+                v, v_old, R_ = VALUES[i, c].item(), OLD_VALUES[i, c].item(), ret[i][c]
+                v_c = v_old + min(max(v - v_old, -VALUE_CLIP), VALUE_CLIP)
+                vf.append(0.5 * max((v - R_) ** 2, (v_c - R_) ** 2))
+                vclip.append((v_c - R_) ** 2 > (v - R_) ** 2)
+            del loss_m["actor/ratio_max"]  # a metric of the GRPO family's loss only
+            loss_m.update({"critic/vf_loss": mean(vf), "critic/vf_clipfrac": mean(vclip),
+                           "critic/vpred_mean": mean([VALUES[i, c].item() for i, c in toks])})
+    if kl_on and ALGORITHMS[name].traits.kl == "loss":
+        loss_m["actor/kl"] = mean(kl_tok)
+    return adv_m, loss_m
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_metrics_are_the_values_they_name(name):
+    algo = ALGORITHMS[name].from_config(cfg_for(name))
+    b = batch()
+    out = algo.advantages(b)
+    adv, ret = expected_advantages(name)
+    b.advantages, b.returns = out.tokens, out.returns
+    _, loss_metrics, _, _ = run_loss(algo, b)
+    want_adv, want_loss = expected_metrics(name, adv, ret)
+    for got, want in ((out.metrics, want_adv), (loss_metrics, want_loss)):
+        assert set(got) == set(want)
+        for k, v in want.items():
+            assert math.isclose(got[k], v, rel_tol=1e-4, abs_tol=1e-5), (k, got[k], v)
+
+
 # --- the papers' conventions, one test each --------------------------------------------------
 
 
