@@ -12,6 +12,9 @@ from rlpost.model.load import load_policy
 
 # Tiny-model tests are faster on one thread, and the suite may share 2 cores with other work.
 torch.set_num_threads(1)
+# Processes that tests start in-process runs from (verifier workers) import the toy verifiers of
+# tests/ by module path, as `rlpost` started by run_cli does (tests/helpers.py).
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")] if p)
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 import subprocess
@@ -39,6 +41,21 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
     full_env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
     return subprocess.run([sys.executable, "-m", "rlpost.cli", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=ROOT)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """`rlpost ARGS` in this process, through ``rlpost.cli.main``: the CLI's own path (parsing,
+    config checks, exit status, what it prints) without ~10 s of Python and torch start-up per call.
+    Use ``run_cli`` where the separate process is the point (the real entry point, a crash)."""
+    from rlpost.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse: --help, a usage error
+            code = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(["rlpost", *args], code, out.getvalue(), err.getvalue())
 
 
 # The real CLI, with the loop's on_step_end hook set to SIGKILL the process after a given step: a

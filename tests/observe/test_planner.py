@@ -232,11 +232,11 @@ def test_the_measured_demo_is_predicted_within_25_percent(tmp_path):
 
 
 def test_plan_through_the_cli():
-    from helpers import run_cli
+    from helpers import cli
 
-    r = run_cli("plan", "--model", "embedded", "--json")
+    r = cli("plan", "--model", "embedded", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out  # a JSON plan
-    bad = run_cli("plan", "--params", "lots")
+    bad = cli("plan", "--params", "lots")
     assert bad.returncode == 2 and bad.stderr.startswith("rlpost: error: --params")

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import TINY, run_cli
+from helpers import TINY, cli, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,12 @@ def test_wandb_offline_run_is_written(run):
 
 
 def test_unknown_or_missing_logger_is_a_config_error(tmp_path):
-    r = run_cli("train", *TINY, f"run.out_dir={tmp_path}", "run.loggers=tensorbored")
+    r = cli("train", *TINY, f"run.out_dir={tmp_path}", "run.loggers=tensorbored")
     assert r.returncode == 2 and "run.loggers: unknown logger 'tensorbored'" in r.stderr
 
 
 def test_report_has_every_plot_and_samples(run):
-    r = run_cli("report", str(run))
+    r = cli("report", str(run))
     assert r.returncode == 0, r.stderr
     page = (run / "report.html").read_text()
     assert "<script" not in page and "src=" not in page  # self-contained
@@ -54,7 +54,7 @@ def test_report_has_every_plot_and_samples(run):
     assert page.count("<svg") == 10  # reward, 7 line plots, ratio histogram, timing
     assert "top reward" in page and "random" in page and "Health" in page
     assert [int(x) for x in re.findall(r"<h3>step (\d+)</h3>", page)] == [1, 3, 4]  # first, middle, last
-    r = run_cli("report", str(run), "--steps", "2", "--out", str(run / "two.html"))
+    r = cli("report", str(run), "--steps", "2", "--out", str(run / "two.html"))
     assert r.returncode == 0 and re.findall(r"<h3>step (\d+)</h3>", (run / "two.html").read_text()) == ["2"]
 
 
