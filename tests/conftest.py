@@ -27,7 +27,10 @@ def tiny():
 # database: a CI failure reproduces on any machine, and nothing is written into the tree.
 settings.register_profile("rlpost", max_examples=40, deadline=None, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("rlpost")
+# Under `make mutate` each mutant runs the properties again: fewer examples keep a mutant's run short
+# (the hand-worked and registry-wide tests run first and kill most mutants before these start).
+settings.register_profile("rlpost-mutate", parent=settings.get_profile("rlpost"), max_examples=12)
+settings.load_profile("rlpost-mutate" if os.environ.get("MUTANT_UNDER_TEST", "").startswith("rlpost.") else "rlpost")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -106,3 +106,17 @@ def loss_batch(logp_old, adv, mask, ref=None) -> Rollouts:
         truncated=torch.zeros(B, dtype=torch.bool), group_ids=torch.arange(B), rows=[{}] * B,
         completions=[""] * B, old_logp=logp_old, advantages=adv, ref_logp=ref,
     )
+
+
+def make_batch(tiny, n_prompts=4, k=4, seed=0) -> Rollouts:
+    """n_prompts x k completions (up to 7 tokens) sampled from the tiny model, float32, random rewards."""
+    import copy
+
+    from rlpost.roles.rollout_hf import HFRollout
+
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    torch.manual_seed(seed)
+    rows = [{"messages": [{"role": "user", "content": f"{i}+{2 * i}="}]} for i in range(n_prompts)]
+    b = ro.generate(rows, n=k, temperature=1.0, top_p=1.0, max_new_tokens=7)
+    b.reward = torch.rand(len(b))
+    return b

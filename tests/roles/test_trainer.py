@@ -5,24 +5,14 @@ import math
 
 import pytest
 import torch
-from helpers import tcfg, tiny_cfg
+from helpers import make_batch, tcfg, tiny_cfg
 
 from rlpost import algorithms
 from rlpost.algorithms import ALGORITHMS, core
 from rlpost.algorithms.grpo import GRPO
 from rlpost.model.logprobs import completion_logprobs
 from rlpost.roles.critic import Critic
-from rlpost.roles.rollout_hf import HFRollout
 from rlpost.roles.trainer import Trainer, lr_lambda
-
-
-def make_batch(tiny, n_prompts=4, k=4, seed=0):
-    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
-    torch.manual_seed(seed)
-    rows = [{"messages": [{"role": "user", "content": f"{i}+{2 * i}="}]} for i in range(n_prompts)]
-    b = ro.generate(rows, n=k, temperature=1.0, top_p=1.0, max_new_tokens=7)
-    b.reward = torch.rand(len(b))
-    return b
 
 
 @pytest.mark.parametrize("agg", [core.token_mean, core.seq_mean_token_mean, core.seq_mean_token_sum])
