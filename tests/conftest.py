@@ -30,7 +30,13 @@ settings.register_profile("rlpost", max_examples=40, deadline=None, derandomize=
 # Under `make mutate` each mutant runs the properties again: fewer examples keep a mutant's run short
 # (the hand-worked and registry-wide tests run first and kill most mutants before these start).
 settings.register_profile("rlpost-mutate", parent=settings.get_profile("rlpost"), max_examples=12)
-settings.load_profile("rlpost-mutate" if os.environ.get("MUTANT_UNDER_TEST", "").startswith("rlpost.") else "rlpost")
+settings.load_profile("rlpost")
+
+
+def pytest_configure(config):
+    # per session, not at import: mutmut runs every mutant's session in a process forked after it
+    mutating = os.environ.get("MUTANT_UNDER_TEST", "").startswith("rlpost.")
+    settings.load_profile("rlpost-mutate" if mutating else "rlpost")
 
 
 def pytest_collection_modifyitems(config, items):
