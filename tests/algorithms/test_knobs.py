@@ -80,3 +80,22 @@ def test_adaptive_kl_moves_the_algorithms_coefficient():
     assert ppo.end_step({}, {"critic/kl": 0.25}, 10)["actor/kl_coef"] == pytest.approx(0.098)
     assert algorithms.build(tiny_cfg()).end_step({"actor/kl": 1.0}, {}, 10) == {}  # off
     assert isinstance(obj.kl_control, core.AdaptiveKLController)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_the_entropy_bonus_is_aggregated_like_the_loss(name):
+    # loss_agg=seq_mean_token_sum, which only the algorithms without a fixed aggregation follow.
+    # Rows of 2 and 1 loss tokens, entropy [1, 3 | 2]:
+    want = {"token_mean": (1 + 3 + 2) / 3, "const_norm": (1 + 3 + 2) / (2 * 4),
+            "sequence": ((1 + 3) / 2 + 2) / 2, "": (1 + 3 + 2) / 2}[ALGORITHMS[name].traits.fixed_aggregator]
+    cfg = lambda *x: tiny_cfg(f"algo.name={name}", "algo.loss_agg=seq_mean_token_sum", "rollout.max_new_tokens=4",
+                              "rollout.group_size=2", *x)
+    mask = t([[True, True], [True, False]])
+    b = rl_batch(mask, reward=t([1.0, 0.0]), old_logp=torch.zeros(2, 2), old_values=torch.zeros(2, 2))
+    plain, bonus = algorithms.build(cfg()), algorithms.build(cfg("algo.entropy_coef=0.5"))
+    out = plain.advantages(b)
+    b.advantages, b.returns = out.tokens, out.returns
+    extra = {"values": torch.zeros(2, 2)} if ALGORITHMS[name].traits.needs_values else {}
+    base, _ = plain.loss(torch.zeros(2, 2), b, **extra)
+    with_ent, _ = bonus.loss(torch.zeros(2, 2), b, entropy=t([[1.0, 3.0], [2.0, 7.0]]), **extra)
+    assert math.isclose(with_ent.item(), base.item() - 0.5 * want, rel_tol=1e-6, abs_tol=1e-7)
