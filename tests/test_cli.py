@@ -51,6 +51,7 @@ def test_help_lists_every_option():
     assert "--resume" in r.stdout
 
 
+@pytest.mark.slow
 def test_every_recipe_runs_two_steps_on_the_tiny_model(tmp_path, monkeypatch):
     # In this process, through cli.main (the CLI's own path, without a Python start-up per
     # recipe); the verifier's worker process finds toy_verifiers through PYTHONPATH.

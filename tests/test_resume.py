@@ -34,6 +34,7 @@ def same_weights(a, b, step):
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_is_exact(tmp_path):
     full = cli("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=full")
     assert full.returncode == 0, full.stderr[-3000:]

@@ -3,6 +3,7 @@
 import json
 import signal
 
+import pytest
 import torch
 from helpers import TINY, cli, run_cli_killed_after, tiny_cfg
 from safetensors.torch import load_file
@@ -46,6 +47,7 @@ def test_lora_run_keeps_the_base_and_the_sampler_matches_the_trainer(tmp_path):
     assert changed and all("proj" in k for k in changed)  # only adapted linears moved; embeddings, norms did not
 
 
+@pytest.mark.slow
 def test_lora_sigkill_then_resume_is_exact(tmp_path):
     args = [*TINY, "model.lora_r=4", "run.steps=4", "run.checkpoint_every=2", "trainer.lr=1e-2",
             "task.verifier=toy_verifiers:odd_length"]

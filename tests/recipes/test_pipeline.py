@@ -3,10 +3,12 @@ against the learned reward model), each stage from the previous one's model, one
 
 import json
 
+import pytest
 import yaml
 from helpers import TINY, cli
 
 
+@pytest.mark.slow
 def test_pipeline_runs_every_stage_from_the_previous_one(tmp_path):
     recipe = {
         "name": "p", "out_dir": str(tmp_path),
