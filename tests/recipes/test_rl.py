@@ -11,13 +11,16 @@ def test_prime_runs_in_the_loop_and_logs_the_implicit_reward(tmp_path):
     cfg = tiny_cfg("algo.prime_coef=0.5", "algo.kl_coef=0")
     train(cfg, tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "reward/implicit_prm_mean" in r]
-    assert len(steps) == 2
+    implicit = [r["reward/implicit_prm_mean"] for r in rows]
+    # beta * sum_t log(pi / pi_ref), mean over rows: 0 at step 1 (the policy is the reference), not
+    # once a step has moved the policy (measured -0.016 at step 2)
+    assert len(implicit) == 2 and abs(implicit[0]) < 1e-5 and abs(implicit[1]) > 1e-3
 
 
 def test_tool_task_trains_through_the_loop(tmp_path):
     cfg = tiny_cfg("task.name=tools", "task.max_episode_tokens=12")
     summary = train(cfg, tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert sum("tools/calls_per_episode" in r for r in rows) == 2
-    assert "heldout_accuracy_after" in summary
+    # a random model rarely calls the tool: every episode has one turn at least, calls are counted
+    assert [r["tools/turns_mean"] >= 1 and r["tools/calls_per_episode"] >= 0 for r in rows] == [True, True]
+    assert all(r["actor/grad_norm"] > 0 for r in rows) and 0 <= summary["heldout_accuracy_after"] <= 1
