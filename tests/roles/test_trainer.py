@@ -85,9 +85,9 @@ def test_update_changes_weights_and_reports_metrics(tiny):
     before = [p.detach().clone() for p in tr.params]
     m = tr.update(batch, algo.loss)
     assert any(not torch.equal(a, p) for a, p in zip(before, tr.params))
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "actor/lr",
-                "actor/logp_diff_sampler_mean"):
-        assert key in m and math.isfinite(m[key])
+    # (what each metric averages is checked in test_update_averages_metrics_over_epochs_and_mini_batches)
+    assert m["actor/lr"] == 1e-2 and m["actor/grad_norm"] > 0 and 0 < m["actor/entropy"] <= math.log(76)
+    assert 0 <= m["actor/pg_clipfrac"] <= 1 and sum(m["hist/sampler_ratio"]) == int(batch.completion_mask.sum())
     # two mini-batches -> the old log-probs were recomputed before the first step, so the first
     # mini-batch's ratio is exactly 1 (ppo_kl 0) and the second's is not (the first step moved the
     # weights): their average ppo_kl is the second's half, not 0
