@@ -2,7 +2,7 @@
 VENV ?= .venv
 export RLPOST_VENV := $(VENV)
 
-.PHONY: setup demo test test-fast
+.PHONY: setup demo test test-fast mutate
 setup:
 	@bash scripts/setup.sh
 
@@ -14,3 +14,6 @@ test: setup      ## the whole test suite (slow tests included), as CI runs it
 
 test-fast: setup ## skip tests marked slow
 	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+mutate: setup    ## mutation testing of the maths (mutmut; slow, not part of test): score and survivors
+	$(VENV)/bin/python scripts/mutate.py

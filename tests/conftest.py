@@ -2,16 +2,56 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from rlpost.model.load import load_policy
 
 # Tiny-model tests are faster on one thread, and the suite may share 2 cores with other work.
 torch.set_num_threads(1)
+# Processes that tests start in-process runs from (verifier workers) import the toy verifiers of
+# tests/ by module path, as `rlpost` started by run_cli does (tests/helpers.py).
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")] if p)
 
 
 @pytest.fixture
 def tiny():
     torch.manual_seed(0)
     return load_policy("tiny")
+
+
+# Property-based tests (hypothesis) draw the same examples on every run and keep no example
+# database: a CI failure reproduces on any machine, and nothing is written into the tree.
+settings.register_profile("rlpost", max_examples=40, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+# Under `make mutate` each mutant runs the properties again: fewer examples keep a mutant's run short
+# (the hand-worked and registry-wide tests run first and kill most mutants before these start).
+settings.register_profile("rlpost-mutate", parent=settings.get_profile("rlpost"), max_examples=12)
+settings.load_profile("rlpost")
+
+
+def pytest_configure(config):
+    # per session, not at import: mutmut runs every mutant's session in a process forked after it
+    mutating = os.environ.get("MUTANT_UNDER_TEST", "").startswith("rlpost.")
+    settings.load_profile("rlpost-mutate" if mutating else "rlpost")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under `make mutate` (scripts/mutate.py; mutmut names the mutant in MUTANT_UNDER_TEST), a
+    mutant of the pure maths (algorithms/, search/) is judged by the maths tests alone: the tests
+    that run the tiny model are left to the mutants of model/ and roles/, whose cost they are. And
+    the fastest files go first, so a killed mutant stops (pytest -x) after the fewest tests."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if not mutant.startswith("rlpost."):
+        return
+    if mutant.startswith(("rlpost.algorithms.", "rlpost.search.")):
+        model_tests = [i for i in items if "/algorithms/" not in str(i.path) and "/search/" not in str(i.path)]
+        if model_tests:
+            config.hook.pytest_deselected(items=model_tests)
+            items[:] = [i for i in items if i not in model_tests]
+    first = ("test_every_algorithm", "test_metrics", "test_core", "test_logprobs", "test_properties", "test_trainer")
+    rank = lambda i: next((k for k, name in enumerate(first) if name in str(i.path)), len(first))
+    items.sort(key=rank)  # stable: the order inside a file is kept

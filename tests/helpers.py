@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 import subprocess
@@ -42,6 +44,21 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
                           env=full_env, timeout=timeout, cwd=ROOT)
 
 
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """`rlpost ARGS` in this process, through ``rlpost.cli.main``: the CLI's own path (parsing,
+    config checks, exit status, what it prints) without ~10 s of Python and torch start-up per call.
+    Use ``run_cli`` where the separate process is the point (the real entry point, a crash)."""
+    from rlpost.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse: --help, a usage error
+            code = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(["rlpost", *args], code, out.getvalue(), err.getvalue())
+
+
 # The real CLI, with the loop's on_step_end hook set to SIGKILL the process after a given step: a
 # crash at the worst moment (right after a step's metrics and checkpoint are written).
 _KILLED_AFTER = """
@@ -67,6 +84,17 @@ def digit_rows(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     return [{"messages": [{"role": "user", "content": str(d)}], "answer": str(d)}
             for d in (rng.randint(0, 9) for _ in range(n))]
+
+
+def rl_batch(mask, **fields) -> Rollouts:
+    """A batch around a completion mask (B, T) for the maths tests: one prompt token, token ids 0,
+    sampler log-probs 0 unless given, each row its own group, any other field by keyword."""
+    B, T = mask.shape
+    base = dict(prompt_ids=torch.zeros(B, 1, dtype=torch.long), prompt_mask=torch.ones(B, 1, dtype=torch.bool),
+                completion_ids=torch.zeros(B, T, dtype=torch.long), completion_mask=mask,
+                sampler_logp=torch.zeros(B, T), truncated=torch.zeros(B, dtype=torch.bool),
+                group_ids=torch.arange(B), rows=[{}] * B, completions=[""] * B)
+    return Rollouts(**{**base, **fields})
 
 
 def loss_batch(logp_old, adv, mask, ref=None) -> Rollouts:
@@ -103,3 +131,17 @@ def remount_read_only(path: Path) -> None:
     """Make a tmpfs from `tmpfs` read-only (root ignores file modes, so this is how a read-only
     run folder is made)."""
     subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True, capture_output=True)
+
+
+def make_batch(tiny, n_prompts=4, k=4, seed=0) -> Rollouts:
+    """n_prompts x k completions (up to 7 tokens) sampled from the tiny model, float32, random rewards."""
+    import copy
+
+    from rlpost.roles.rollout_hf import HFRollout
+
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    torch.manual_seed(seed)
+    rows = [{"messages": [{"role": "user", "content": f"{i}+{2 * i}="}]} for i in range(n_prompts)]
+    b = ro.generate(rows, n=k, temperature=1.0, top_p=1.0, max_new_tokens=7)
+    b.reward = torch.rand(len(b))
+    return b

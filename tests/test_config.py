@@ -1,7 +1,7 @@
 """Config: typed, validated, one-line errors naming the key, exit status 2 from the CLI."""
 
 import pytest
-from helpers import run_cli
+from helpers import cli, run_cli
 
 from rlpost import build, config
 
@@ -70,7 +70,7 @@ def test_every_field_has_help():
     ["train", "model.name=tiny", "task.verifier=toy_verifiers:no_such_function"],
 ])
 def test_cli_bad_input_is_one_line_exit_2(args):
-    r = run_cli(*args)
+    r = cli(*args)
     assert r.returncode == 2, r.stderr
     lines = [l for l in r.stderr.splitlines() if l.startswith("rlpost: error:")]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -90,3 +90,9 @@ def test_every_recipe_validates():
                 stage_config(tree, st, "tiny", {s["name"]: "rm-folder" for s in tree["stages"]}, ROOT / "runs")
         else:
             config.load(r)
+
+
+def test_bad_input_from_the_real_entry_point_is_one_line_exit_2():
+    # The same path in a separate process: the exit status and stderr a shell sees, no traceback.
+    r = run_cli("train", "trainer.lr=abc")
+    assert r.returncode == 2 and r.stderr.strip() == "rlpost: error: trainer.lr: expected a number > 0", r.stderr

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from helpers import digit_rows, tiny_cfg
 
@@ -10,6 +11,7 @@ from rlpost.recipes.rl import train
 from rlpost.roles.trainer import Trainer
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_to_copy_a_digit(tmp_path):
     # Reward 1 when the completion starts with the prompt's digit. A random 76-token model hits it
     # 1 time in 76; GRPO must take it past 0.8 held-out (greedy) accuracy. lr 3e-3: at 3e-2 the
@@ -23,6 +25,7 @@ def test_tiny_model_learns_to_copy_a_digit(tmp_path):
     assert summary["reward_mean_last"] >= 0.8 > summary["reward_mean_first"] + 0.5
 
 
+@pytest.mark.slow
 def test_ppo_with_a_critic_learns_the_same_task(tmp_path):
     # Same task, PPO: a separate critic (zero-initialised head) learns V while GAE advantages train
     # the policy. This run is seed-sensitive: once sampling stopped silently truncating to the top

@@ -149,3 +149,25 @@ def test_algorithm_files_at_most_300_lines_and_components_500():
         n = len(f.read_text().splitlines())
         limit = 300 if "algorithms" in f.parts else 500
         assert n <= limit, f"{f.relative_to(SRC)} has {n} lines (budget {limit})"
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_test_files_never_import_each_other_nor_install_packages():
+    # Shared helpers live in tests/helpers.py (and fixtures in conftest.py); a test module imported by
+    # another runs its tests twice and ties two files together. System packages are the set-up's
+    # job (scripts/setup.sh), never a test's.
+    test_modules = {f.stem for f in TESTS.rglob("test_*.py")}
+    found = []
+    for f in sorted(TESTS.rglob("*.py")):
+        src = f.read_text()
+        for node in ast.walk(ast.parse(src)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{f.relative_to(TESTS)}:{node.lineno} imports {n}" for n in names
+                      if n.split(".")[-1] in test_modules or n.split(".")[0] in ("tests", "conftest")]
+        installs = ['"apt-get", "install"', "'apt-get', 'install'", '"pip", "install"', "'pip', 'install'"]
+        if f.name != "test_style.py" and any(s in src for s in installs):
+            found.append(f"{f.relative_to(TESTS)} installs a package")
+    assert not found, found

@@ -263,3 +263,105 @@ def test_every_loss_reports_the_four_reward_metrics_as_floats():
         assert loss.shape == ()
         for key in ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy"):
             assert type(m[key]) is float, key
+
+
+# --- the micro-batch losses of the offline recipes (rows 2i, 2i + 1 are a pair: chosen, rejected) ---
+
+MB_MASK = t([[True, True, False], [True, False, False], [True, True, True], [True, True, False]])
+MB_LOGP = t([[-1.0, -2.0, 9.0], [-0.5, 9.0, 9.0], [-1.0, -1.0, -1.0], [-0.2, -0.4, 9.0]])  # 9: padding
+MB_REF = t([[-1.5, -1.0, 9.0], [-0.25, 9.0, 9.0], [-2.0, -0.5, -1.0], [-0.3, -0.5, 9.0]])
+# per-row sums and lengths: policy [-3, -0.5, -3, -0.6], reference [-2.5, -0.25, -3.5, -0.8], lengths [2, 1, 3, 2]
+SUMS, REFS, LENS = t([-3.0, -0.5, -3.0, -0.6]), t([-2.5, -0.25, -3.5, -0.8]), t([2.0, 1.0, 3.0, 2.0])
+
+
+def mb(**fields):
+    from helpers import rl_batch
+
+    return rl_batch(MB_MASK, ref_logp=MB_REF, **fields)
+
+
+def test_pair_sums_and_rm_scores():
+    from rlpost.algorithms.preference import pair_sums, rm_scores
+
+    s, n = pair_sums(MB_LOGP, MB_MASK)
+    assert torch.equal(s, SUMS.view(2, 2)) and torch.equal(n, LENS.view(2, 2))
+    # the value at each row's last loss token: columns 1, 0, 2, 1
+    assert torch.allclose(rm_scores(MB_LOGP, MB_MASK), t([-2.0, -0.5, -1.0, -0.4]))
+
+
+@pytest.mark.parametrize("kind", ["dpo", "ipo", "kto", "orpo", "simpo"])
+def test_dpo_family_micro_batch_loss_is_the_pure_loss_and_splits_exactly(kind):
+    from rlpost.algorithms.preference import make_dpo_loss
+    from rlpost.sections import PrefConfig
+
+    p = PrefConfig(loss=kind, beta=0.3, label_smoothing=0.1, simpo_gamma=0.7, orpo_lambda=0.2)
+    c, r = SUMS[0::2], SUMS[1::2]  # chosen, rejected sums per pair
+    rc, rr = REFS[0::2], REFS[1::2]
+    want = {"dpo": lambda: dpo_loss(c, r, rc, rr, beta=0.3, label_smoothing=0.1),
+            "ipo": lambda: ipo_loss(c, r, rc, rr, beta=0.3, chosen_len=LENS[0::2], rejected_len=LENS[1::2]),
+            "simpo": lambda: simpo_loss(c, r, LENS[0::2], LENS[1::2], beta=0.3, gamma=0.7),
+            "orpo": lambda: orpo_loss(c / LENS[0::2], r / LENS[1::2], -(c / LENS[0::2]), lam=0.2),
+            "kto": lambda: kto_loss(SUMS, REFS, t([True, False, True, False]),
+                                    kto_kl_ref_point(SUMS, REFS), beta=0.3)}[kind]()
+    logp = MB_LOGP.clone().requires_grad_()
+    loss, m = make_dpo_loss(p)(logp, mb())
+    assert close(loss, want[0].item()) and m == pytest.approx(want[1], nan_ok=True)
+    loss.backward()
+    # two micro-batches of one pair each, normalised by the mini-batch's 4 rows: the same loss and gradient
+    parts, logp2 = 0.0, MB_LOGP.clone().requires_grad_()
+    for rows in (slice(0, 2), slice(2, 4)):
+        part = mb().select(rows)
+        part.norm_seqs = 4
+        out, _ = make_dpo_loss(p)(logp2[rows], part)
+        out.backward()
+        parts += out.item()
+    if kind != "kto":  # KTO's reference point z0 is a mean over the micro-batch it sees
+        assert close(parts, loss.item()) and torch.allclose(logp2.grad, logp.grad, atol=1e-6)
+    assert (logp.grad[~MB_MASK] == 0).all()
+
+
+def test_reward_model_loss_reads_the_last_token_and_splits_exactly():
+    from rlpost.algorithms.preference import make_rm_loss
+    from rlpost.sections import PrefConfig
+
+    values = MB_LOGP.clone().requires_grad_()  # scores at the last tokens: [-2, -0.5 | -1, -0.4]
+    loss, m = make_rm_loss(PrefConfig(rm_margin=0.5))(None, mb(), values=values)
+    # diffs [-1.5, -0.6] - margin 0.5 = [-2, -1.1]: -log σ(-2) = 2.126928, -log σ(-1.1) = 1.387335; mean 1.757132
+    assert close(loss, 1.757132) and m["rm/accuracy"] == 0.0 and close(m["rm/margin_mean"], -1.05)
+    loss.backward()
+    assert values.grad[0, 1] < 0 < values.grad[1, 0] and values.grad[0, 0] == 0  # only the last tokens
+    part = mb().select(slice(0, 2))
+    part.norm_seqs = 4
+    half, _ = make_rm_loss(PrefConfig(rm_margin=0.5))(None, part, values=MB_LOGP[:2])
+    assert close(half, 2.126928 / 2)  # one pair of the mini-batch's two
+    plain, _ = make_rm_loss(PrefConfig())(None, mb(), values=MB_LOGP)
+    assert close(plain, (math.log1p(math.exp(1.5)) + math.log1p(math.exp(0.6))) / 2)  # no margin
+
+
+def test_sft_loss_is_the_token_mean_nll():
+    from rlpost.algorithms.preference import sft_loss
+
+    logp = MB_LOGP.clone().requires_grad_()
+    loss, m = sft_loss(logp, mb())
+    # NLL over 8 loss tokens: 3 + 0.5 + 3 + 0.6 = 7.1 -> 0.8875
+    assert close(loss, 0.8875) and close(m["sft/nll"], 0.8875)
+    loss.backward()
+    assert torch.allclose(logp.grad, -MB_MASK.float() / 8)
+    part = mb().select(slice(1, 2))
+    part.norm_tokens = 8.0
+    assert close(sft_loss(MB_LOGP[1:2], part)[0], 0.5 / 8)  # its share of the mini-batch
+
+
+def test_bce_at_positions_by_hand():
+    from rlpost.algorithms.preference import bce_at_positions
+
+    logits = t([[0.0, 2.0, 5.0], [-1.0, 0.0, 0.0]])
+    labels = t([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    mask = t([[True, True, False], [True, False, False]])
+    from helpers import rl_batch
+
+    loss, m = bce_at_positions(logits, rl_batch(mask, returns=labels))
+    # BCE: log 2 = .693147 (p .5 vs 1), log(1 + e^2) = 2.126928 (p .881 vs 0), log(1 + e^-1) = .313262
+    # mean over 3 labelled positions: 1.044446; agreement (p > .5) == (label > .5): F, F, T -> 1/3
+    assert close(loss, 1.044446) and close(m["prm/bce"], 1.044446) and close(m["prm/acc@0.5"], 1 / 3)
+    assert close(m["prm/prob_mean"], (0.5 + 0.880797 + 0.268941) / 3)

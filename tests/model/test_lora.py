@@ -3,8 +3,9 @@
 import json
 import signal
 
+import pytest
 import torch
-from helpers import TINY, run_cli, run_cli_killed_after, tiny_cfg
+from helpers import TINY, cli, run_cli_killed_after, tiny_cfg
 from safetensors.torch import load_file
 
 from rlpost.build import build_roles
@@ -46,14 +47,15 @@ def test_lora_run_keeps_the_base_and_the_sampler_matches_the_trainer(tmp_path):
     assert changed and all("proj" in k for k in changed)  # only adapted linears moved; embeddings, norms did not
 
 
+@pytest.mark.slow
 def test_lora_sigkill_then_resume_is_exact(tmp_path):
     args = [*TINY, "model.lora_r=4", "run.steps=4", "run.checkpoint_every=2", "trainer.lr=1e-2",
             "task.verifier=toy_verifiers:odd_length"]
-    full = run_cli("train", *args, f"run.out_dir={tmp_path}", "run.name=full")
+    full = cli("train", *args, f"run.out_dir={tmp_path}", "run.name=full")
     assert full.returncode == 0, full.stderr[-3000:]
     killed = run_cli_killed_after(3, "train", *args, f"run.out_dir={tmp_path}", "run.name=cut")
     assert killed.returncode == -signal.SIGKILL
-    resumed = run_cli("train", "--resume", str(tmp_path / "cut"))
+    resumed = cli("train", "--resume", str(tmp_path / "cut"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a = load_file(tmp_path / "full" / "checkpoints" / "step_000004" / "model.safetensors")
     b = load_file(tmp_path / "cut" / "checkpoints" / "step_000004" / "model.safetensors")

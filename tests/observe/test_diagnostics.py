@@ -3,7 +3,7 @@ healthy one; `rlpost doctor` prints the finding and its knob."""
 
 import json
 
-from helpers import run_cli
+from helpers import cli
 
 from rlpost.observe import diagnostics as dg
 
@@ -51,7 +51,7 @@ def test_doctor_cli(tmp_path):
     h = healthy()
     h[9]["actor/kl"] = 2.0
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in h))
-    r = run_cli("doctor", str(tmp_path))
+    r = cli("doctor", str(tmp_path))
     assert r.returncode == 0 and "kl_explosion (from step 10)" in r.stdout and "trainer.lr" in r.stdout
-    r = run_cli("doctor", str(tmp_path / "nope"))
+    r = cli("doctor", str(tmp_path / "nope"))
     assert r.returncode == 2 and "no metrics.jsonl" in r.stderr

@@ -36,11 +36,11 @@ def test_answer_key():
 
 
 def test_eval_cli_reports_pass_at_k_and_saves_every_sample(tmp_path):
-    from helpers import TINY, run_cli
+    from helpers import TINY, cli
 
     out = tmp_path / "samples.jsonl"
     overrides = [o for o in TINY if not o.startswith("model.name")]
-    p = run_cli("eval", "tiny", *overrides, "--samples", "3", "--k", "1,3", "--out", str(out))
+    p = cli("eval", "tiny", *overrides, "--samples", "3", "--k", "1,3", "--out", str(out))
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["n"] == 8 and summary["samples"] == 3 and summary["problems"] == 8
@@ -48,5 +48,5 @@ def test_eval_cli_reports_pass_at_k_and_saves_every_sample(tmp_path):
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) == 8 * 3 and {(r["problem"], r["sample"]) for r in lines} == {(i, j) for i in range(8) for j in range(3)}
     assert summary["pass@1"] == pytest.approx(sum(r["correct"] for r in lines) / 24)
-    bad = run_cli("eval", "tiny", *overrides, "--samples", "2", "--k", "3", "--out", str(out))
+    bad = cli("eval", "tiny", *overrides, "--samples", "2", "--k", "3", "--out", str(out))
     assert bad.returncode == 2 and "--k" in bad.stderr

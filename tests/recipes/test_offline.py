@@ -5,7 +5,7 @@ import json
 import random
 
 import pytest
-from helpers import TINY, run_cli, tiny_cfg
+from helpers import TINY, cli, tiny_cfg
 
 from rlpost.config import ConfigError
 from rlpost.recipes.offline import train_offline
@@ -71,7 +71,7 @@ def test_bad_rows_are_named_or_skipped(tmp_path):
         train_offline(tiny_cfg(f"pref.data={data}"), tmp_path / "refuse", "dpo")
     s = train_offline(tiny_cfg(f"pref.data={data}", "pref.on_bad_row=skip"), tmp_path / "skip", "dpo")
     assert s["skipped_rows"] == 1 and s["rows"] + s["heldout_rows"] == 19
-    r = run_cli("dpo", *TINY, f"pref.data={data}", f"run.out_dir={tmp_path}")
+    r = cli("dpo", *TINY, f"pref.data={data}", f"run.out_dir={tmp_path}")
     assert r.returncode == 2 and "bad.jsonl:7" in r.stderr and "Traceback" not in r.stderr
 
 

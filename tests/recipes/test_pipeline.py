@@ -3,10 +3,12 @@ against the learned reward model), each stage from the previous one's model, one
 
 import json
 
+import pytest
 import yaml
-from helpers import TINY, run_cli
+from helpers import TINY, cli
 
 
+@pytest.mark.slow
 def test_pipeline_runs_every_stage_from_the_previous_one(tmp_path):
     recipe = {
         "name": "p", "out_dir": str(tmp_path),
@@ -20,7 +22,7 @@ def test_pipeline_runs_every_stage_from_the_previous_one(tmp_path):
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    r = run_cli("pipeline", str(path))
+    r = cli("pipeline", str(path))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads((tmp_path / "p" / "pipeline.json").read_text())
     assert [x["stage"] for x in rows] == ["start", "sft", "rm", "dpo", "rlhf"]
@@ -33,7 +35,7 @@ def test_pipeline_runs_every_stage_from_the_previous_one(tmp_path):
     metrics = [json.loads(l) for l in (tmp_path / "p" / "rlhf" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 2 and "critic/kl" in metrics[0]  # PPO with the KL in the reward
     # a re-run skips finished stages
-    again = run_cli("pipeline", str(path))
+    again = cli("pipeline", str(path))
     assert again.returncode == 0 and again.stdout.splitlines()[-5:] == r.stdout.splitlines()[-5:]
     assert "accuracy before training" not in again.stderr  # the RL stage was not run again
 
@@ -41,5 +43,5 @@ def test_pipeline_runs_every_stage_from_the_previous_one(tmp_path):
 def test_pipeline_recipe_errors_name_the_stage(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"stages": [{"name": "a", "kind": "rl", "reward_model": "nope"}]}))
-    r = run_cli("pipeline", str(path))
+    r = cli("pipeline", str(path))
     assert r.returncode == 2 and "stage a.reward_model" in r.stderr

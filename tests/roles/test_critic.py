@@ -4,8 +4,7 @@ critic is a real copy, and a PPO update through the trainer moves both policy an
 import copy
 
 import torch
-from helpers import tcfg
-from roles.test_trainer import make_batch
+from helpers import make_batch, tcfg
 
 from rlpost.algorithms.ppo import PPO
 from rlpost.model.logprobs import completion_logprobs, completion_values, policy_forward

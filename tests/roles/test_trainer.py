@@ -5,22 +5,14 @@ import math
 
 import pytest
 import torch
-from helpers import tcfg
+from helpers import make_batch, tcfg, tiny_cfg
 
-from rlpost.algorithms import core
+from rlpost import algorithms
+from rlpost.algorithms import ALGORITHMS, core
 from rlpost.algorithms.grpo import GRPO
 from rlpost.model.logprobs import completion_logprobs
-from rlpost.roles.rollout_hf import HFRollout
+from rlpost.roles.critic import Critic
 from rlpost.roles.trainer import Trainer, lr_lambda
-
-
-def make_batch(tiny, n_prompts=4, k=4, seed=0):
-    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
-    torch.manual_seed(seed)
-    rows = [{"messages": [{"role": "user", "content": f"{i}+{2 * i}="}]} for i in range(n_prompts)]
-    b = ro.generate(rows, n=k, temperature=1.0, top_p=1.0, max_new_tokens=7)
-    b.reward = torch.rand(len(b))
-    return b
 
 
 @pytest.mark.parametrize("agg", [core.token_mean, core.seq_mean_token_mean, core.seq_mean_token_sum])
@@ -93,9 +85,9 @@ def test_update_changes_weights_and_reports_metrics(tiny):
     before = [p.detach().clone() for p in tr.params]
     m = tr.update(batch, algo.loss)
     assert any(not torch.equal(a, p) for a, p in zip(before, tr.params))
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "actor/lr",
-                "actor/logp_diff_sampler_mean"):
-        assert key in m and math.isfinite(m[key])
+    # (what each metric averages is checked in test_update_averages_metrics_over_epochs_and_mini_batches)
+    assert m["actor/lr"] == 1e-2 and m["actor/grad_norm"] > 0 and 0 < m["actor/entropy"] <= math.log(76)
+    assert 0 <= m["actor/pg_clipfrac"] <= 1 and sum(m["hist/sampler_ratio"]) == int(batch.completion_mask.sum())
     # two mini-batches -> the old log-probs were recomputed before the first step, so the first
     # mini-batch's ratio is exactly 1 (ppo_kl 0) and the second's is not (the first step moved the
     # weights): their average ppo_kl is the second's half, not 0
@@ -176,3 +168,94 @@ def test_tis_inside_the_loss_needs_no_old_logprob_pass(tiny):
     plain = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4, total_optimizer_steps=1)
     plain._accumulate(copy.deepcopy(batch), algo.loss)  # without TIS the gradient differs: the weights did something
     assert not all(torch.allclose(a.grad, c, atol=1e-6) for a, c in zip(plain.params, grads[0]))
+
+
+def with_holes(batch):
+    """The batch with a 2-token hole in every other completion that has 4+ tokens (a tool's
+    observation: sampled context that gets no loss), as ToolRollout makes them."""
+    mask = batch.completion_mask.clone()
+    for i in range(0, len(batch), 2):
+        if mask[i].sum() >= 4:
+            mask[i, 1:3] = False
+    batch.completion_mask = mask
+    return batch
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_algorithm_accumulates_exactly_through_the_trainer(tiny, name):
+    # One mini-batch of 16 rows as 1, 4 or 16 micro-batches (length-sorted and trimmed by the
+    # trainer): the same gradient, with the algorithm's KL term and an entropy bonus on, and holes.
+    traits = ALGORITHMS[name].traits
+    kl = [] if traits.kl == "none" else ["algo.kl_coef=0.1"]
+    objective = algorithms.build(tiny_cfg(f"algo.name={name}", "algo.entropy_coef=0.01", "algo.loss_agg=seq_mean_token_mean",
+                                          "algo.clip_eps_low=0.1", "algo.clip_eps_high=0.3", *kl))
+    batch = with_holes(make_batch(tiny))
+    assert (batch.completion_mask[:, 1:3] < batch.completion_mask[:, 3:4]).any()  # at least one hole
+    torch.manual_seed(3)
+    batch.ref_logp = batch.sampler_logp + 0.1 * torch.randn_like(batch.sampler_logp)
+    grads = []
+    for micro in (16, 4, 1):
+        model = copy.deepcopy(tiny.model)
+        critic = Critic(model, "separate") if traits.needs_values else None
+        tr = Trainer(model, tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1,
+                     critic=critic, entropy_grad=True)
+        if micro == 16:  # the advantages once (REINFORCE's baseline moves with every call)
+            batch.old_logp, batch.old_values = tr.recompute(batch)
+            batch.old_logp = batch.old_logp - 0.2 * batch.completion_mask  # ratios e^0.2: some tokens clip
+            adv = objective.advantages(batch)
+            batch.advantages, batch.returns = adv.tokens, adv.returns
+        tr._accumulate(copy.deepcopy(batch), objective.loss)
+        grads.append([p.grad.clone() for p in [*tr.params, *tr.critic_params] if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) == len(grads[2]) and any(g.abs().sum() > 0 for g in grads[0])
+    for g in grads[1:]:
+        assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(grads[0], g))
+
+
+def test_update_averages_metrics_over_epochs_and_mini_batches(tiny):
+    # update() = epochs x mini-batches of _accumulate + _step. Replayed by hand on a second trainer
+    # with the same weights: the metrics are the mean over the 2 x 2 optimizer steps, the entropy the
+    # mean over the first epoch's 2 steps, grad_norm the mean of the 4 pre-clip norms, lr the first step's.
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4, kl_coef=0.1)
+    batch.advantages = algo.advantages(batch).tokens
+    batch.ref_logp = batch.sampler_logp - 0.05
+    cfg = tcfg(epochs=2, lr=1e-2, warmup_steps=2)
+    make = lambda: Trainer(copy.deepcopy(tiny.model), cfg, 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4)
+    got = make().update(copy.deepcopy(batch), algo.loss)
+    tr = make()
+    b = copy.deepcopy(batch)
+    b.old_logp = tr.recompute(b)[0]
+    steps, norms, diffs = [], [], []
+    for epoch in range(2):
+        for lo in (0, 8):
+            steps.append((epoch, tr._accumulate(b.select(slice(lo, lo + 8)), algo.loss, first_epoch=epoch == 0, diffs=diffs)))
+            norms.append(tr._step()[0])
+    for k in ("actor/loss", "actor/pg_loss", "actor/pg_clipfrac", "actor/kl", "actor/ppo_kl", "actor/ratio_max"):
+        assert got[k] == pytest.approx(sum(m[k] for _, m in steps) / 4, rel=1e-5, abs=1e-8), k
+    assert got["actor/entropy"] == pytest.approx(sum(m["actor/entropy"] for e, m in steps if e == 0) / 2, rel=1e-5)
+    assert got["actor/grad_norm"] == pytest.approx(sum(norms) / 4, rel=1e-5)
+    assert got["actor/lr"] == 1e-2 * 0.5  # warm-up step 0 of 2
+    d = torch.cat(diffs)  # the first epoch's tokens, each once
+    assert len(d) == int(batch.completion_mask.sum())
+    assert got["actor/logp_diff_sampler_mean"] == pytest.approx(d.abs().mean().item(), rel=1e-5, abs=1e-9)
+    assert got["actor/logp_diff_sampler_max"] == pytest.approx(d.abs().max().item(), rel=1e-5, abs=1e-9)
+    assert sum(got["hist/sampler_ratio"]) == len(d)
+    assert got["actor/ppo_kl"] != 0.0  # the second mini-batch's ratio is not 1: the first step moved the weights
+
+
+def test_train_step_is_one_accumulated_step(tiny):
+    # train_step (the offline recipes' verb) = _accumulate over the micro-batches + one optimizer step
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4)
+    batch.advantages = algo.advantages(batch).tokens
+    batch.old_logp = batch.sampler_logp
+    make = lambda: Trainer(copy.deepcopy(tiny.model), tcfg(lr=1e-2), 1.0, mini_batch_size=16, micro_batch_size=4,
+                           total_optimizer_steps=2)
+    a, b = make(), make()
+    got = a.train_step(copy.deepcopy(batch), algo.loss)
+    want = b._accumulate(copy.deepcopy(batch), algo.loss, first_epoch=False)
+    norm = b._step()[0]
+    assert set(got) == {*want, "actor/grad_norm", "actor/lr"} and "actor/entropy" not in got
+    assert all(got[k] == pytest.approx(v, rel=1e-6) for k, v in want.items())
+    assert got["actor/grad_norm"] == pytest.approx(norm, rel=1e-6) and got["actor/lr"] == 1e-2
+    assert all(torch.equal(p, q) for p, q in zip(a.params, b.params))

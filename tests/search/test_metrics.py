@@ -88,3 +88,14 @@ def test_weighted_best_of_n_sums_scores_per_answer():
     assert weighted_best_of_n(answers, scores) == "10"
     with pytest.raises(ValueError):
         weighted_best_of_n(["a"], [])
+
+
+def test_maj_at_1_is_the_first_sample():
+    assert maj_at_k(["3", "7"], {"3": True}, k=1) == 1.0
+    assert maj_at_k(["7", "3"], {"3": True}, k=1) == 0.0
+
+
+def test_weighted_best_of_n_differs_from_the_plain_vote():
+    # "b" has more votes (2 vs 1) but "a" the larger summed score (0.9 vs 0.2 + 0.3 = 0.5)
+    answers, scores = ["a", "b", "b"], [0.9, 0.2, 0.3]
+    assert majority_vote(answers) == "b" and weighted_best_of_n(answers, scores) == "a"

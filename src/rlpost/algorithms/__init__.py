@@ -47,12 +47,21 @@ def build(cfg) -> Objective:
     algo = ALGORITHMS[a.name].from_config(cfg)
     loss = algo.loss
     if a.entropy_coef > 0:
-        loss = with_entropy_bonus(loss, a.entropy_coef, core.aggregator(a.loss_agg, r.max_new_tokens))
+        loss = with_entropy_bonus(loss, a.entropy_coef, loss_aggregator(cfg))
     cap = config.derived(cfg).tis_cap  # async runs get one by default: their samples are off-policy
     if cap > 0:
         loss = with_tis(loss, cap, a.tis_level)
     kl_control = core.AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target > 0 else None
     return Objective(algo, loss, a.prime_coef, r.group_size, a.overlong_filter, kl_control)
+
+
+def loss_aggregator(cfg) -> core.Aggregator:
+    """How the algorithm aggregates its policy loss, so the terms added to it (the entropy bonus)
+    weigh tokens the same way: its fixed aggregator if it has one (GSPO's per-sequence loss -> the
+    sequence mean of token means, as its KL term), else algo.loss_agg."""
+    fixed = traits(cfg).fixed_aggregator
+    name = "seq_mean_token_mean" if fixed == "sequence" else fixed or cfg.algo.loss_agg
+    return core.aggregator(name, cfg.rollout.max_new_tokens)
 
 
 def needs_old_logp_first(cfg) -> bool:

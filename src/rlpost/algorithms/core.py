@@ -181,7 +181,8 @@ def group_mean_batch_std(reward: Tensor, group_size: int, eps: float = 1e-6) -> 
 
 class AdaptiveKLController:
     """Ziegler et al. 2019 (Eq. 2): beta <- beta * (1 + clip((KL - target) / target, -0.2, 0.2) * n / horizon).
-    KL above target raises beta, below lowers it, at most 20% per horizon's worth of samples."""
+    KL above target raises beta, below lowers it, at most 20% per horizon's worth of samples.
+    Its state, ``coef``, is checkpointed by the ``Objective`` that holds it (objective.py)."""
 
     def __init__(self, init_coef: float, target: float, horizon: int):
         self.coef, self.target, self.horizon = init_coef, target, horizon
@@ -190,12 +191,6 @@ class AdaptiveKLController:
         error = max(-0.2, min(0.2, kl / self.target - 1.0))
         self.coef *= 1.0 + error * n_samples / self.horizon
         return self.coef
-
-    def state_dict(self) -> dict:
-        return {"coef": self.coef}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.coef = state["coef"]
 
 
 # --- off-policy corrections against the sampler ----------------------------------------------

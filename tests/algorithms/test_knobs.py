@@ -1,0 +1,101 @@
+"""The shared knobs around an algorithm (wrappers.py, objective.py), worked by hand: PRIME's
+implicit process reward, overlong filtering, and when the loop needs the trainer's old log-probs
+before the advantages."""
+
+import math
+
+import pytest
+import torch
+from helpers import rl_batch, tiny_cfg
+
+from rlpost import algorithms
+from rlpost.algorithms import ALGORITHMS, core
+from rlpost.algorithms.objective import old_logp_first
+from rlpost.algorithms.wrappers import with_overlong_filter, with_prime
+from rlpost.types.roles import Advantages
+
+t = torch.tensor
+
+
+@pytest.mark.parametrize("trainer_logp", [True, False])
+def test_prime_adds_the_rloo_centred_implicit_reward_to_go(trainer_logp):
+    # K = 2, one token each; implicit r = coef * (log pi - log pi_ref) = 0.5 * [0.4, -0.2] = [0.2, -0.1].
+    # Leave-one-out baselines: row 0 gets row 1's -0.1, row 1 gets row 0's 0.2 -> dense [0.3, -0.3]
+    mask = t([[True], [True]])
+    policy = t([[0.4], [-0.2]])
+    b = rl_batch(mask, ref_logp=torch.zeros(2, 1), sampler_logp=policy if not trainer_logp else torch.full((2, 1), 5.0),
+                 old_logp=policy if trainer_logp else None)
+    out = with_prime(Advantages(t([[1.0], [-1.0]]), {"x": 1.0}), b, coef=0.5, group_size=2)
+    assert torch.allclose(out.tokens, t([[1.3], [-1.3]]))
+    assert out.metrics["x"] == 1.0 and math.isclose(out.metrics["reward/implicit_prm_mean"], 0.05, rel_tol=1e-6)
+
+
+def test_overlong_filter_drops_truncated_rows_from_the_loss():
+    b = rl_batch(t([[True, True], [True, False]]), truncated=t([True, False]))
+    out = with_overlong_filter(Advantages(t([[1.0, 1.0], [2.0, 0.0]]), {"m": 1.0}), b)
+    assert out.tokens.tolist() == [[0.0, 0.0], [2.0, 0.0]] and out.metrics == {"m": 1.0}
+    assert out.loss_mask.tolist() == [[False, False], [True, False]]
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_when_the_old_log_probs_come_first(name):
+    # Needed before the advantages: a critic's values (GAE), a KL in the reward (measured under the
+    # sampling weights), or adaptive KL (it tracks the measured KL). Otherwise the update's own first
+    # forward gives them for free.
+    t_ = ALGORITHMS[name].traits
+    for kl_coef, adaptive in ((0.0, False), (0.1, False), (0.1, True)):
+        want = t_.needs_values or (t_.kl == "reward" and kl_coef > 0) or adaptive
+        assert old_logp_first(t_, kl_coef, adaptive) == want
+    if t_.kl != "none":
+        cfg = tiny_cfg(f"algo.name={name}", "algo.kl_coef=0.1", "algo.kl_target=0.5")
+        assert algorithms.needs_old_logp_first(cfg) and algorithms.build(cfg).old_logp_first
+    cfg = tiny_cfg(f"algo.name={name}")
+    assert algorithms.needs_old_logp_first(cfg) == t_.needs_values == algorithms.build(cfg).old_logp_first
+
+
+def test_build_wires_the_loss_side_knobs():
+    # entropy bonus aggregated like the loss (seq_mean_token_mean), then TIS: by hand on one batch.
+    cfg = tiny_cfg("algo.entropy_coef=0.1", "algo.loss_agg=seq_mean_token_mean", "algo.tis_cap=1.5",
+                   "rollout.group_size=2")
+    obj = algorithms.build(cfg)
+    mask = t([[True, True], [True, False]])
+    b = rl_batch(mask, old_logp=torch.zeros(2, 2), sampler_logp=t([[math.log(0.5), 0.0], [0.0, 0.0]]),
+                 advantages=t([[1.0, 1.0], [-1.0, 0.0]]))
+    loss, m = obj.loss(torch.zeros(2, 2), b, entropy=t([[1.0, 3.0], [2.0, 9.0]]))
+    # TIS weights [[min(2, 1.5), 1], [1, -]]: pg per token -[1.5, 1], +1 -> row means -1.25, 1 -> mean -0.125
+    # entropy row means 2 and 2 -> 2; loss = -0.125 - 0.1 * 2 = -0.325
+    assert math.isclose(loss.item(), -0.325, rel_tol=1e-6)
+    assert math.isclose(m["actor/tis_weight_mean"], 3.5 / 3, rel_tol=1e-6) and math.isclose(m["actor/tis_capped_frac"], 1 / 3, rel_tol=1e-6)
+    bare = algorithms.build(tiny_cfg())
+    assert bare.loss == bare.algo.loss  # no knob: the algorithm's own loss
+
+
+def test_adaptive_kl_moves_the_algorithms_coefficient():
+    obj = algorithms.build(tiny_cfg("algo.kl_coef=0.1", "algo.kl_target=0.5", "algo.kl_horizon=100"))
+    # KL 1.0 vs target 0.5: error +1 -> clipped 0.2; 10 samples -> 0.1 * (1 + 0.2 * 10 / 100) = 0.102
+    assert obj.end_step({"actor/kl": 1.0}, {}, 10) == {"actor/kl_coef": pytest.approx(0.102)}
+    assert obj.algo.kl_coef == pytest.approx(0.102) and obj.state_dict()["kl_coef"] == pytest.approx(0.102)
+    # in the reward (PPO): the advantages' measured KL; 0.25 vs 0.5 -> -0.2 -> 0.1 * (1 - 0.02) = 0.098
+    ppo = algorithms.build(tiny_cfg("algo.name=ppo", "algo.kl_coef=0.1", "algo.kl_target=0.5", "algo.kl_horizon=100"))
+    assert ppo.end_step({}, {"critic/kl": 0.25}, 10)["actor/kl_coef"] == pytest.approx(0.098)
+    assert algorithms.build(tiny_cfg()).end_step({"actor/kl": 1.0}, {}, 10) == {}  # off
+    assert isinstance(obj.kl_control, core.AdaptiveKLController)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_the_entropy_bonus_is_aggregated_like_the_loss(name):
+    # loss_agg=seq_mean_token_sum, which only the algorithms without a fixed aggregation follow.
+    # Rows of 2 and 1 loss tokens, entropy [1, 3 | 2]:
+    want = {"token_mean": (1 + 3 + 2) / 3, "const_norm": (1 + 3 + 2) / (2 * 4),
+            "sequence": ((1 + 3) / 2 + 2) / 2, "": (1 + 3 + 2) / 2}[ALGORITHMS[name].traits.fixed_aggregator]
+    cfg = lambda *x: tiny_cfg(f"algo.name={name}", "algo.loss_agg=seq_mean_token_sum", "rollout.max_new_tokens=4",
+                              "rollout.group_size=2", *x)
+    mask = t([[True, True], [True, False]])
+    b = rl_batch(mask, reward=t([1.0, 0.0]), old_logp=torch.zeros(2, 2), old_values=torch.zeros(2, 2))
+    plain, bonus = algorithms.build(cfg()), algorithms.build(cfg("algo.entropy_coef=0.5"))
+    out = plain.advantages(b)
+    b.advantages, b.returns = out.tokens, out.returns
+    extra = {"values": torch.zeros(2, 2)} if ALGORITHMS[name].traits.needs_values else {}
+    base, _ = plain.loss(torch.zeros(2, 2), b, **extra)
+    with_ent, _ = bonus.loss(torch.zeros(2, 2), b, entropy=t([[1.0, 3.0], [2.0, 7.0]]), **extra)
+    assert math.isclose(with_ent.item(), base.item() - 0.5 * want, rel_tol=1e-6, abs_tol=1e-7)
