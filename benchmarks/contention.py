@@ -1,6 +1,6 @@
 """The demo step alone and beside one busy process, rlpost and TRL, in one invocation.
 
-    .venv/bin/python benchmarks/contention.py                 # 5 rows x (alone, busy) x 3 steps, ~1 h on AVX2
+    .venv/bin/python benchmarks/contention.py                 # 6 rows x (alone, busy) x 3 steps, ~1 h on AVX2
     .venv/bin/python benchmarks/contention.py --steps 2 --rows rlpost,trl
 
 Each measurement is one child of vs_trl.py (the speed benchmark's own children, so the two
@@ -17,7 +17,9 @@ spins on a core while the other one waits to be scheduled, possibly on that very
 * ``rlpost``: as shipped, OpenMP waits sleep (``OMP_WAIT_POLICY=PASSIVE``, set by
   ``rlpost/__init__.py`` before torch loads);
 * ``rlpost_spin``: rlpost as before that (``GOMP_SPINCOUNT=300000``: libgomp's spin when
-  ``OMP_WAIT_POLICY`` is unset);
+  ``OMP_WAIT_POLICY`` is unset, ~3 ms by its own estimate of 100k spins per ms);
+* ``rlpost_shortspin``: a middle way, spin ~0.1 ms then sleep (``GOMP_SPINCOUNT=10000``), in case
+  sleeping costs a quiet machine wake-ups between the decode loop's many small ops;
 * ``rlpost_1thread``: ``run.threads=1``, the thread-count way out (one core idle when alone);
 * ``trl``: TRL's GRPOTrainer as its users run it (libgomp's default; it imports torch first);
 * ``trl_passive``: TRL with ``OMP_WAIT_POLICY=PASSIVE`` in its environment.
@@ -40,6 +42,7 @@ DEMO = (16, 8, 16)  # prompts, group, max new tokens: the demo's step
 ROWS = {  # name: (child kind, extra environment, extra rlpost overrides)
     "rlpost": ("rlpost", {}, ()),
     "rlpost_spin": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "300000"}, ()),
+    "rlpost_shortspin": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}, ()),
     "rlpost_1thread": ("rlpost", {}, ("run.threads=1",)),
     "trl": ("trl", {}, ()),
     "trl_passive": ("trl", {"OMP_WAIT_POLICY": "PASSIVE"}, ()),
@@ -77,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rows", default="rlpost,rlpost_spin,rlpost_1thread,trl,trl_passive",
+    ap.add_argument("--rows", default=",".join(ROWS),
                     help=f"comma-separated, from {', '.join(ROWS)}")
     args = ap.parse_args()
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]

@@ -16,6 +16,9 @@ grad clip 1.0, full fine-tune, no gradient checkpointing (TRL's default turns it
 update time for memory). Precision on both sides is what rlpost's start-up probe picks on this
 machine (model/precision.py): bf16 autocast over float32 master weights and a bf16 sampler where
 bf16 is fast (AVX-512 BF16), plain float32 where it is not (AVX2: TRL gets bf16=False too).
+OpenMP waits sleep on both sides (OMP_WAIT_POLICY=PASSIVE: rlpost's default since issue 20, given
+to TRL's child here), so this compares the engines; contention.py compares the wait policies
+(with libgomp's default spin, TRL on a loaded machine is slower still).
 
 Also measured, on the same 8 x 4 x 64 batch: tokens/s of rlpost's rollout engine against plain
 transformers `generate` with the same weights' dtype (dynamic cache and static cache).
@@ -42,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 TRL_DIR = HERE / ".trl"
 TRL_VERSION = "1.16.0"
 PROMPTS, GROUP, MAX_NEW, TEMPERATURE, LR = 8, 4, 64, 0.7, 1e-5  # the defaults of --prompts, --group, --max-new
+SAME_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}  # what rlpost sets for itself, given to both children
 
 
 def ensure_trl() -> None:
@@ -275,8 +279,8 @@ def main() -> None:
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
         for kind in (["trl", "rlpost"] if r % 2 == 0 else ["rlpost", "trl"]):
-            runs[kind].append(spawn(kind, args.steps, args.seed + r, shape))
-    gen = spawn("generate", args.gen_reps, args.seed)
+            runs[kind].append(spawn(kind, args.steps, args.seed + r, shape, SAME_WAIT))
+    gen = spawn("generate", args.gen_reps, args.seed, shape, SAME_WAIT)
     gen.pop("peak_rss_gb"), gen.pop("wall_s")
     trl, ours = summarise(runs["trl"]), summarise(runs["rlpost"])
     text = report(trl, ours, gen, args)

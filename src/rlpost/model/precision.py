@@ -99,10 +99,13 @@ def probe(device: str = "cpu", refresh: bool = False) -> Probe:
         except (ValueError, TypeError):
             pass  # a file from another version, or torn: measure again
     result = _probe_gpu(device) if device != "cpu" else _probe_cpu()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(result)))
-    tmp.replace(path)  # atomic: two runs probing at once both leave a whole file
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(result)))
+        tmp.replace(path)  # atomic: two runs probing at once both leave a whole file
+    except OSError:
+        pass  # a read-only cache: probe again next time (< 1 s)
     return result
 
 
