@@ -1,17 +1,20 @@
 """How close each phase of a GRPO step is to this machine's limits.
 
-    .venv/bin/python benchmarks/roofline.py        # reads benchmarks/results/vs_trl.json (run vs_trl.py first)
+    .venv/bin/python benchmarks/roofline.py        # reads results/vs_trl-<isa>.json (run vs_trl.py first)
 
 Measures the machine's ceilings here (bf16 and fp32 2048^3 GEMM, and memory bandwidth as a
 112 MB copy), counts the work of one step of the speed benchmark's configuration from the
 model's shape and the measured completion lengths, and divides by the measured phase times.
+The limit is that of the precision the run used, as rlpost's probe picks it on this machine:
+the bf16 GEMM peak where bf16 is fast (AVX-512 BF16), the fp32 one elsewhere (AVX2), with the
+sampler's weights at 2 or 4 bytes.
 
 * Rollout: prefill is compute (2 x params FLOPs per prompt token, each prompt once); each decode
-  step reads every bf16 weight once whatever the batch (32 rows x 576 is far too little work per
-  weight byte to be compute bound), so its floor is weight bytes / bandwidth per decode step.
+  step reads every sampler weight once whatever the batch (32 rows x 576 is far too little work
+  per weight byte to be compute bound), so its floor is weight bytes / bandwidth per decode step.
 * Update: forward + backward = 6 x params FLOPs per token, on the trunk for prompt and completion
   tokens and on the lm_head for completion tokens only (ChunkedLogp scores only those).
-Writes benchmarks/results/roofline.md.
+Writes benchmarks/results/roofline-<isa>.md (<isa> = avx2, avx512: this CPU's kind).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 from pathlib import Path
 
 import torch
+
+import machine  # benchmarks/machine.py: where the figures came from
 
 HERE = Path(__file__).resolve().parent
 
@@ -63,9 +68,15 @@ def model_shape() -> dict:
 
 
 def main() -> None:
-    torch.set_num_threads(torch.get_num_threads())
-    peak_bf16, peak_fp32, bw = gemm_gflops(torch.bfloat16), gemm_gflops(torch.float32), bandwidth_gbs()
-    bench = json.loads((HERE / "results" / "vs_trl.json").read_text())
+    from rlpost.model import precision
+
+    header, tag = machine.Header(), machine.isa_tag()
+    bf16 = precision.choose().bf16  # the precision vs_trl.py's runs used on this machine
+    # bf16 GEMM at 2048^3 takes ~25 s where bf16 is slow (AVX2): measure it smaller there.
+    peak_bf16 = gemm_gflops(torch.bfloat16, 2048 if bf16 else 512, 5 if bf16 else 1)
+    peak_fp32, bw = gemm_gflops(torch.float32), bandwidth_gbs()
+    peak, dname, wbytes = (peak_bf16, "bf16", 2) if bf16 else (peak_fp32, "fp32", 4)
+    bench = json.loads((HERE / "results" / f"vs_trl-{tag}.json").read_text())
     m = model_shape()
     from rlpost import config
     from rlpost.envs import build_task
@@ -78,31 +89,31 @@ def main() -> None:
     steps = [s for r in bench["runs"]["rlpost"] for s in r["steps"][1:]]
     gen_tokens = statistics.median(s["tokens"] for s in steps)  # completion tokens per step (32 rows)
     prompts, rows_n, max_new = 8, 32, 64
-    # Rollout: prefill FLOPs at bf16 peak + one read of the bf16 weights per decode step at the measured bandwidth.
+    # Rollout: prefill FLOPs at the GEMM peak + one read of the sampler's weights per decode step at the measured bandwidth.
     prefill_flops = 2 * m["trunk"] * prompts * prompt_len
-    weight_bytes = 2 * (m["trunk"] + m["head"])
-    rollout_floor = prefill_flops / (peak_bf16 * 1e9) + max_new * weight_bytes / (bw * 1e9)
+    weight_bytes = wbytes * (m["trunk"] + m["head"])
+    rollout_floor = prefill_flops / (peak * 1e9) + max_new * weight_bytes / (bw * 1e9)
     decode_flops = 2 * (m["trunk"] + m["head"]) * gen_tokens
     # Update: 6 x params per token; trunk over every prompt once plus each row's completion, head on completion tokens.
     update_flops = 6 * m["trunk"] * (prompts * prompt_len + gen_tokens) + 6 * m["head"] * gen_tokens
-    update_floor = update_flops / (peak_bf16 * 1e9)
+    update_floor = update_flops / (peak * 1e9)
     ours, trl = bench["rlpost"], bench["trl"]
     lines = [
         f"Machine: bf16 GEMM {peak_bf16:.0f} GFLOP/s, fp32 GEMM {peak_fp32:.0f} GFLOP/s (2048^3), "
-        f"memory copy {bw:.1f} GB/s (read + write).",
+        f"memory copy {bw:.1f} GB/s (read + write). Limit used: {dname} (the precision of the runs).",
         f"Step (speed benchmark): {prompts} prompts x 4, prompt {prompt_len:.0f} tokens, "
         f"{gen_tokens:.0f} completion tokens (median), at most {max_new} decode steps.", "",
         "| phase | work | floor on this machine | rlpost measured | % of limit | TRL measured | % of limit |",
         "|---|---|---|---|---|---|---|",
-        f"| rollout | prefill {prefill_flops / 1e9:.0f} GFLOP + {max_new} reads of {weight_bytes / 1e6:.0f} MB bf16 weights "
+        f"| rollout | prefill {prefill_flops / 1e9:.0f} GFLOP + {max_new} reads of {weight_bytes / 1e6:.0f} MB {dname} weights "
         f"(decode {decode_flops / 1e9:.0f} GFLOP) | {rollout_floor:.2f} s | {ours['gen_s']:.2f} s | "
         f"{100 * rollout_floor / ours['gen_s']:.0f}% | {trl['gen_s']:.2f} s | {100 * rollout_floor / trl['gen_s']:.0f}% |",
-        f"| update | {update_flops / 1e12:.2f} TFLOP (fwd + bwd) | {update_floor:.2f} s at bf16 peak | {ours['update_s']:.2f} s | "
+        f"| update | {update_flops / 1e12:.2f} TFLOP (fwd + bwd) | {update_floor:.2f} s at {dname} peak | {ours['update_s']:.2f} s | "
         f"{100 * update_floor / ours['update_s']:.0f}% | {trl['update_s']:.2f} s | {100 * update_floor / trl['update_s']:.0f}% |",
     ]
-    text = "\n".join(lines) + "\n"
+    text = header.render() + "\n".join(lines) + "\n"
     print(text)
-    (HERE / "results" / "roofline.md").write_text(text)
+    (HERE / "results" / f"roofline-{tag}.md").write_text(text)
 
 
 if __name__ == "__main__":

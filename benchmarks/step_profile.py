@@ -74,7 +74,7 @@ def main() -> None:
     for share, autocast, micro in settings:
         if micro > B or B % micro:
             continue
-        tcfg = replace(config.TrainerConfig(), autocast_bf16=autocast, share_prompt_prefix=share)
+        tcfg = replace(config.TrainerConfig(), precision="bf16" if autocast else "fp32", share_prompt_prefix=share)
         tr = Trainer(loaded.model, tcfg, 0.7, B, micro, 10)
 
         def fwd_bwd():

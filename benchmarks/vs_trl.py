@@ -12,12 +12,19 @@ Configuration, both sides: the embedded SmolLM2-135M-Instruct, the demo arithmet
 verifier, 8 prompts x 4 completions per step, at most 64 new tokens, temperature 0.7, GRPO loss
 (sequence mean of token means; TRL loss_type="grpo"), rewards centred and scaled by the group's
 std, no KL (beta 0), one optimizer step per batch, AdamW lr 1e-5 constant, betas (0.9, 0.99),
-grad clip 1.0, full fine-tune, bf16 autocast with float32 master weights, no gradient
-checkpointing (TRL's default turns it on; it trades update time for memory).
+grad clip 1.0, full fine-tune, no gradient checkpointing (TRL's default turns it on; it trades
+update time for memory). Precision on both sides is what rlpost's start-up probe picks on this
+machine (model/precision.py): bf16 autocast over float32 master weights and a bf16 sampler where
+bf16 is fast (AVX-512 BF16), plain float32 where it is not (AVX2: TRL gets bf16=False too).
+OpenMP waits sleep on both sides (OMP_WAIT_POLICY=PASSIVE: rlpost's default since issue 20, given
+to TRL's child here), so this compares the engines; contention.py compares the wait policies
+(with libgomp's default spin, TRL on a loaded machine is slower still).
 
 Also measured, on the same 8 x 4 x 64 batch: tokens/s of rlpost's rollout engine against plain
-transformers `generate` with bf16 weights (dynamic cache and static cache).
-Writes benchmarks/results/vs_trl.{json,md}.
+transformers `generate` with the same weights' dtype (dynamic cache and static cache).
+Writes benchmarks/results/vs_trl-<isa>.{json,md}, <isa> = this CPU's kind (avx2, avx512): the
+figures of each kind stay side by side. ``--prompts/--group/--max-new`` change the shape (the
+contention benchmark runs the children on the demo's 16 x 8 x 16).
 """
 
 from __future__ import annotations
@@ -32,10 +39,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import machine  # benchmarks/machine.py: where the figures came from
+
 HERE = Path(__file__).resolve().parent
 TRL_DIR = HERE / ".trl"
 TRL_VERSION = "1.16.0"
-PROMPTS, GROUP, MAX_NEW, TEMPERATURE, LR = 8, 4, 64, 0.7, 1e-5
+PROMPTS, GROUP, MAX_NEW, TEMPERATURE, LR = 8, 4, 64, 0.7, 1e-5  # the defaults of --prompts, --group, --max-new
+SAME_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}  # what rlpost sets for itself, given to both children
 
 
 def ensure_trl() -> None:
@@ -51,7 +61,7 @@ def ensure_trl() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def child_trl(steps: int, seed: int, out: Path) -> None:
+def child_trl(a: argparse.Namespace) -> None:
     sys.path.insert(0, str(TRL_DIR))
     import torch
     from datasets import Dataset
@@ -60,6 +70,7 @@ def child_trl(steps: int, seed: int, out: Path) -> None:
 
     from rlpost import config
     from rlpost.envs import arithmetic, build_task
+    from rlpost.model import precision
     from rlpost.model.load import embedded_model_dir, load_tokenizer
 
     torch.set_num_threads(os.cpu_count())
@@ -95,59 +106,62 @@ def child_trl(steps: int, seed: int, out: Path) -> None:
                 steps_log[-1].update(reward=logs["reward"], mean_length=logs.get("completions/mean_length"))
 
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=True, per_device_train_batch_size=PROMPTS * GROUP,
-        num_generations=GROUP, max_completion_length=MAX_NEW, temperature=TEMPERATURE, top_p=1.0,
+        output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=precision.choose().bf16, per_device_train_batch_size=a.prompts * a.group,
+        num_generations=a.group, max_completion_length=a.max_new, temperature=TEMPERATURE, top_p=1.0,
         learning_rate=LR, lr_scheduler_type="constant", adam_beta2=0.99, beta=0.0, loss_type="grpo",
-        scale_rewards="group", gradient_checkpointing=False, max_steps=steps, logging_steps=1,
-        save_strategy="no", report_to=[], seed=seed, disable_tqdm=True,
+        scale_rewards="group", gradient_checkpointing=False, max_steps=a.steps, logging_steps=1,
+        save_strategy="no", report_to=[], seed=a.seed, disable_tqdm=True,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                           processing_class=load_tokenizer("embedded"), callbacks=[Timer()])
     trainer.train()
     for s in steps_log:
-        s["tokens"] = s.get("mean_length", 0) * PROMPTS * GROUP
+        s["tokens"] = s.get("mean_length", 0) * a.prompts * a.group
         s["update_s"] = s["step_s"] - s["gen_s"]  # reward time (microseconds here) included
-    out.write_text(json.dumps({"steps": steps_log}))
+    a.out.write_text(json.dumps({"steps": steps_log}))
 
 
-def child_rlpost(steps: int, seed: int, out: Path) -> None:
+def child_rlpost(a: argparse.Namespace) -> None:
     from rlpost import cli
 
     run_dir = Path(tempfile.mkdtemp()) / "run"
     code = cli.main([
-        "train", f"rollout.prompts_per_step={PROMPTS}", f"rollout.group_size={GROUP}",
-        f"rollout.max_new_tokens={MAX_NEW}", f"rollout.temperature={TEMPERATURE}", f"trainer.lr={LR}",
-        f"run.steps={steps}", f"run.seed={seed}", "run.eval_every=0", "run.checkpoint_every=0",
+        "train", f"rollout.prompts_per_step={a.prompts}", f"rollout.group_size={a.group}",
+        f"rollout.max_new_tokens={a.max_new}", f"rollout.temperature={TEMPERATURE}", f"trainer.lr={LR}",
+        f"run.steps={a.steps}", f"run.seed={a.seed}", "run.eval_every=0", "run.checkpoint_every=0",
         "task.n_heldout=16", "run.progress=false", f"run.out_dir={run_dir.parent}", "run.name=run",
         "trainer.micro_batch_size=8",  # length-bucketed micro-batches: same gradient, ~30% less peak memory
+        *a.set,  # extra overrides (contention.py: run.threads=1)
     ])
     assert code == 0, f"rlpost train exited {code}"
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_log = [{
         "step_s": m["timing_s/step"], "gen_s": m["timing_s/gen"], "update_s": m["timing_s/update"],
         "reward": m["reward/mean"], "mean_length": m["response_length/mean"],
-        "tokens": m["response_length/mean"] * PROMPTS * GROUP,
+        "tokens": m["response_length/mean"] * a.prompts * a.group,
         "logp_diff_mean": m["actor/logp_diff_sampler_mean"], "logp_diff_max": m["actor/logp_diff_sampler_max"],
     } for m in rows if "timing_s/update" in m]
-    out.write_text(json.dumps({"steps": steps_log}))
+    a.out.write_text(json.dumps({"steps": steps_log}))
 
 
-def child_generate(reps: int, seed: int, out: Path) -> None:
-    """Tokens/s on one 8 x 4 x 64 batch: rlpost's engine vs `generate` (bf16, dynamic / static cache)."""
+def child_generate(a: argparse.Namespace) -> None:
+    """Tokens/s on one 8 x 4 x 64 batch: rlpost's engine vs `generate` (the probe's dtype, dynamic /
+    static cache); a.steps is the number of reps."""
     import copy
 
     import torch
 
     from rlpost import config
     from rlpost.envs import build_task
+    from rlpost.model import precision
     from rlpost.model.load import load_policy
     from rlpost.roles.rollout_fast import FastRollout
 
     torch.set_num_threads(os.cpu_count())
     loaded = load_policy("embedded")
     rows = build_task(config.load(None, [])).train[:PROMPTS]
-    fast = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
-    hf = copy.deepcopy(loaded.model).to(torch.bfloat16).eval()
+    fast = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)  # in the dtype the probe picks
+    hf = copy.deepcopy(loaded.model).to(precision.sampler_dtype("auto")).eval()
     enc = loaded.tokenizer(fast.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
 
     def run_fast():
@@ -156,6 +170,7 @@ def child_generate(reps: int, seed: int, out: Path) -> None:
     engines = {"rlpost": run_fast, "generate_static": lambda: generate_tokens(hf, loaded.tokenizer, enc, fast, "static"),
                "generate_dynamic": lambda: generate_tokens(hf, loaded.tokenizer, enc, fast, None)}
     result = {k: [] for k in engines}
+    seed, reps = a.seed, a.steps
     for r in range(reps + 1):  # rep 0 warms up (static cache allocation, oneDNN primitives)
         for name, fn in engines.items():
             torch.manual_seed(seed + r)
@@ -163,7 +178,7 @@ def child_generate(reps: int, seed: int, out: Path) -> None:
             tokens = fn()
             if r:
                 result[name].append(tokens / (time.perf_counter() - t))
-    out.write_text(json.dumps(result))
+    a.out.write_text(json.dumps(result))
 
 
 def generate_tokens(hf, tokenizer, enc, rollout, cache: str | None) -> int:
@@ -185,11 +200,17 @@ def generate_tokens(hf, tokenizer, enc, rollout, cache: str | None) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def spawn(kind: str, steps: int, seed: int) -> dict:
+def spawn(kind: str, steps: int, seed: int, shape: tuple[int, int, int] = (PROMPTS, GROUP, MAX_NEW),
+          env: dict | None = None, overrides: tuple[str, ...] = ()) -> dict:
+    """One child run of `kind`; its results with peak RSS and wall time. ``env``: added to ours;
+    ``overrides``: extra rlpost config overrides."""
     out = Path(tempfile.mkstemp(suffix=".json")[1])
-    cmd = [sys.executable, __file__, "--child", kind, "--steps", str(steps), "--seed", str(seed), "--out", str(out)]
+    cmd = [sys.executable, __file__, "--child", kind, "--steps", str(steps), "--seed", str(seed), "--out", str(out),
+           "--prompts", str(shape[0]), "--group", str(shape[1]), "--max-new", str(shape[2]),
+           *(x for o in overrides for x in ("--set", o))]
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
         raise SystemExit(f"{kind} child failed:\n{proc.stderr.read()[-3000:]}")
@@ -242,27 +263,32 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--gen-reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts", type=int, default=PROMPTS)
+    ap.add_argument("--group", type=int, default=GROUP)
+    ap.add_argument("--max-new", type=int, default=MAX_NEW)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="child rlpost: an extra override")
     ap.add_argument("--child", choices=["trl", "rlpost", "generate"])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.child:
-        {"trl": child_trl, "rlpost": child_rlpost, "generate": child_generate}[args.child](args.steps, args.seed, args.out)
+        {"trl": child_trl, "rlpost": child_rlpost, "generate": child_generate}[args.child](args)
         return
     ensure_trl()
+    header, shape = machine.Header(), (args.prompts, args.group, args.max_new)
     runs: dict[str, list] = {"trl": [], "rlpost": []}
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
         for kind in (["trl", "rlpost"] if r % 2 == 0 else ["rlpost", "trl"]):
-            runs[kind].append(spawn(kind, args.steps, args.seed + r))
-    gen = spawn("generate", args.gen_reps, args.seed)
+            runs[kind].append(spawn(kind, args.steps, args.seed + r, shape, SAME_WAIT))
+    gen = spawn("generate", args.gen_reps, args.seed, shape, SAME_WAIT)
     gen.pop("peak_rss_gb"), gen.pop("wall_s")
     trl, ours = summarise(runs["trl"]), summarise(runs["rlpost"])
     text = report(trl, ours, gen, args)
     print(text)
-    results = HERE / "results"
+    results, tag = machine.RESULTS, machine.isa_tag()
     results.mkdir(exist_ok=True)
-    (results / "vs_trl.json").write_text(json.dumps({"trl": trl, "rlpost": ours, "generate": gen, "runs": runs}, indent=1))
-    (results / "vs_trl.md").write_text(text)
+    (results / f"vs_trl-{tag}.json").write_text(json.dumps({"trl": trl, "rlpost": ours, "generate": gen, "runs": runs}, indent=1))
+    (results / f"vs_trl-{tag}.md").write_text(header.render() + text)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "model.name=tiny", "rollout.dtype=float32", "rollout.max_new_tokens=6", "rollout.prompts_per_step=4",
     "rollout.group_size=4", "task.n_train=64", "task.n_heldout=8", "run.steps=2", "run.progress=false",
-    "run.checkpoint_every=0", "trainer.lr=1e-3", "trainer.autocast_bf16=false", "run.threads=1",
+    "run.checkpoint_every=0", "trainer.lr=1e-3", "trainer.precision=fp32", "run.threads=1",
 ]
 
 
@@ -34,7 +34,7 @@ def tiny_cfg(*overrides: str) -> config.Config:
 
 def tcfg(**kw) -> TrainerConfig:
     """Trainer config for exact-arithmetic tests: float32, no autocast."""
-    return replace(TrainerConfig(autocast_bf16=False, lr=1e-3), **kw)
+    return replace(TrainerConfig(precision="fp32", lr=1e-3), **kw)
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

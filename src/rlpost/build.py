@@ -8,6 +8,10 @@ reference are copies of it, the trainer keeps the float32 master weights. Under
 
 Which role exists follows from the algorithm's traits (a critic for ``needs_values``, a
 reference when something reads reference log-probs), never from its name.
+
+Precision is resolved here, once: ``rollout.dtype=auto`` and ``trainer.precision=auto`` become
+what the start-up probe chose (model/precision.py), the run says so in one line, and every role
+built below (sampler, trainer and its critic, reference, reward model, judge) follows it.
 """
 
 from __future__ import annotations
@@ -21,9 +25,8 @@ import torch
 from rlpost import algorithms, config
 from rlpost.console import say
 from rlpost.envs import Task, verifier_timeout
-from rlpost.model import lora
+from rlpost.model import lora, precision
 from rlpost.model.load import load_policy
-from rlpost.model.precision import DTYPES
 from rlpost.rewards.judge import Judge
 from rlpost.rewards.reward_model import RewardModelScorer
 from rlpost.rewards.runner import VerifierRunner, default_workers
@@ -51,6 +54,7 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
     task's verifier. ``stream``: the prompt stream an async rollout pool reads ahead from.
     ``rollout_worker``: the Ray actor class of a rollout worker (tests inject faults with it).
     ``run_dir``: the run folder (verifier workers log there and may import modules from it)."""
+    cfg = resolve_precision(cfg)
     algo = algorithms.build(cfg)
     # The verifier first: its dry start finds a bad task.verifier before the model loads.
     grader, reward = make_runner(cfg, task.verifier, "task.verifier", run_dir), None
@@ -93,16 +97,29 @@ def make_runner(cfg: config.Config, path: str, key: str, run_dir: Path | None = 
                           import_paths=(*([run_dir] if run_dir else []), os.getcwd()), max_steps=cfg.run.steps)
 
 
+_said: set[str] = set()  # the precision lines already printed by this process
+
+
+def resolve_precision(cfg: config.Config) -> config.Config:
+    """cfg with rollout.dtype and trainer.precision concrete (explicit settings kept, 'auto' from
+    the probe), after saying in one line what was chosen and why (once per process and choice)."""
+    cfg, line = precision.resolve_config(cfg)
+    if line not in _said:
+        _said.add(line)
+        say(line)
+    return cfg
+
+
 def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
-    """A frozen copy of `model` that gives reference log-probs."""
+    """A frozen copy of `model` that gives reference log-probs, in the trainer's precision."""
     return Reference(copy.deepcopy(model), cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
-                     cfg.trainer.autocast_bf16, cfg.trainer.share_prompt_prefix)
+                     precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix)
 
 
 def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
     """The sampler over `model` (which it casts to rollout.dtype): own decode loop or `generate`,
     wrapped in tool episodes for the tools task."""
-    rollout = build_rollout(cfg.rollout.engine, model, tokenizer, DTYPES[cfg.rollout.dtype])
+    rollout = build_rollout(cfg.rollout.engine, model, tokenizer, precision.sampler_dtype(cfg.rollout.dtype))
     if cfg.task.name == "tools":  # multi-turn episodes: same generate() contract, tool calls inside
         rollout = ToolRollout(rollout, cfg.task)
     return rollout
@@ -134,7 +151,8 @@ def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = 
         for f, w in zip(funcs, weights):
             parts.append((part_name(f), make_runner(cfg, f, "task.reward_funcs", run_dir), w))
         if t.reward_model:
-            scorer = RewardModelScorer(t.reward_model, config.derived(cfg).micro_batch_size, cfg.trainer.autocast_bf16)
+            scorer = RewardModelScorer(t.reward_model, config.derived(cfg).micro_batch_size, 
+                                       precision.trainer_bf16(cfg.trainer.precision))
             parts.append(("reward_model", scorer, 1.0))
         if t.judge_model:
             parts.append(("judge", Judge.from_config(cfg), t.judge_weight))

@@ -137,8 +137,8 @@ class RolloutConfig:
     """completion length cap; a completion that hits it is 'truncated'"""
     engine: Literal["auto", "fast", "hf"] = "auto"
     """sampler: 'fast' = rlpost's own decode loop (Llama/Qwen2: fused projections, preallocated KV, prompt prefilled once per group, finished rows leave the batch; ~2-3x `generate`), 'hf' = transformers `generate`, 'auto' = fast where supported"""
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"
-    """weights of the sampler's copy of the policy (the trainer keeps float32 master weights)"""
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """weights of the sampler's copy of the policy (the trainer keeps float32 master weights); auto = bfloat16 where a start-up probe finds bf16 matmuls measurably faster than float32 (AVX-512 BF16, AMX, a GPU), else float32 (model/precision.py)"""
     filter_groups: bool = False
     """drop groups with no learning signal (all rewards equal, or pass rate outside [filter_min_pass_rate, filter_max_pass_rate]) and sample more prompts to refill the batch (DAPO's dynamic sampling; always on for algo.name=dapo)"""
     max_refill_rounds: int = knob(3, ge=0)
@@ -233,8 +233,8 @@ class TrainerConfig:
     """sequences per optimizer step; 0 = the whole rollout batch in one step"""
     micro_batch_size: int = knob(32, ge=0)
     """at most this many sequences per forward/backward (gradients accumulate up to the mini-batch); 0 = the mini-batch"""
-    autocast_bf16: bool = True
-    """run the trainer's forward and backward under bf16 autocast (float32 master weights)"""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """the trainer's forward and backward (and the reference, critic, reward model and PRM scorer): bf16 = under bf16 autocast over float32 master weights, fp32 = plain float32, auto = bf16 where the start-up probe finds it measurably faster (model/precision.py)"""
     share_prompt_prefix: bool = True
     """run each prompt once per micro-batch and reuse its KV cache for the group's completions (same maths, ~3x fewer tokens in the demo)"""
     max_nonfinite_steps: int = knob(3, ge=1)

@@ -11,7 +11,8 @@ import pytest
 from rlpost import config
 from rlpost.config import ConfigError
 from rlpost.observe import planner
-from rlpost.observe.planner import CPU, EMBEDDED, GPUS, Shape, Workload
+from rlpost.observe.planner import CPU_AVX512 as CPU
+from rlpost.observe.planner import EMBEDDED, GPUS, Shape, Workload
 
 GiB = 2**30
 
@@ -146,6 +147,27 @@ def test_more_gpus_is_faster_and_h100_faster_than_cpu():
     assert eight < one < cpu
 
 
+def test_device_cpu_is_this_machine_from_the_probe_and_auto_follows_its_rule(monkeypatch):
+    # An AVX2-like probe: per core bf16 1.1, fp32 59 GFLOP/s, copy 12 GB/s, 2 cores.
+    from rlpost.model import precision
+
+    monkeypatch.setattr(precision, "probe", lambda device="cpu": precision.Probe("cpu", "AVX2", 1.1, 59.0, 12.0, 2, "k"))
+    dev = planner.resolve_device("cpu", "--device")
+    assert dev.cpu and "AVX2" in dev.name
+    assert (dev.bf16_flops, dev.fp32_flops, dev.mem_bw) == (2.2e9, 118e9, 12e9)  # per core x 2 cores
+    assert planner.resolve_device("cpu-avx512", "--device") is CPU
+    # auto: fp32 here (1.1 < 1.25 x 59), bf16 on the AVX-512 reference (704 >= 1.25 x 163) and on a GPU
+    assert not planner.bf16_on("auto", dev) and planner.bf16_on("auto", CPU) and planner.bf16_on("auto", GPUS["h100"])
+    assert planner.bf16_on("bf16", dev) and not planner.bf16_on("fp32", CPU)  # explicit wins
+    w = planner.workload_from_args(args(), dev)
+    assert not w.trainer_bf16 and not w.sampler_bf16
+    # The update at fp32: 6 x params x tokens / (118e9 x the fp32 update efficiency), plus AdamW's
+    # 28 bytes per parameter at the probed 12 GB/s
+    t = planner.step_time(EMBEDDED, w, dev)["update"]
+    flops = planner.update_flops(EMBEDDED, w.trainer()) / (118e9 * planner.EFFICIENCY["cpu"]["update"][1])
+    assert t == pytest.approx(flops + 28 * EMBEDDED.params / 12e9, rel=1e-6)
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 
@@ -228,7 +250,7 @@ def test_the_fitted_efficiencies_still_reproduce_the_demo_they_were_fitted_to(tm
     # planner is checked against independent numbers by the hand-worked tests above.
     demo = {"timing_s/gen": 10.5, "timing_s/update": 13.9, "timing_s/sync": 0.034, "timing_s/step": 24.7,
             "prompt_length/mean": 46.2, "response_length/max": 16}
-    cal = planner.calibrate(fake_run(tmp_path, ["model.name=embedded"], [demo], peak_gb=4.52))
+    cal = planner.calibrate(fake_run(tmp_path, ["model.name=embedded"], [demo], peak_gb=4.52), device="cpu-avx512")
     for r in cal["rows"]:
         assert 0.8 < r["ratio"] < 1.25, r
 

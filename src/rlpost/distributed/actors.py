@@ -16,9 +16,8 @@ from typing import Callable
 import ray
 import torch
 
-from rlpost.model import heap
+from rlpost.model import heap, precision
 from rlpost.model.load import load_policy
-from rlpost.model.precision import DTYPES
 
 
 def _policy(cfg, weights: dict | None):
@@ -69,7 +68,7 @@ class TrainerWorker:
         use_lora = cfg.model.lora_r > 0  # with LoRA the base stays the pretrained model (build.build_roles)
         loaded = _policy(cfg, None if use_lora else weights)
         self.trainer = make_trainer(cfg, loaded.model, use_lora, data_parallel=world > 1)
-        self.sampler_dtype = DTYPES[cfg.rollout.dtype]
+        self.sampler_dtype = precision.sampler_dtype(cfg.rollout.dtype)
 
     def recompute(self, batch):
         t0 = time.perf_counter()

@@ -20,6 +20,16 @@ import yaml
 
 from rlpost import algorithms
 from rlpost.config import Config, ConfigError, from_dict, to_dict
+from rlpost.observe.devices import (  # noqa: F401 - re-exported: planner.GPUS etc.
+    CPU_AVX512,
+    EFFICIENCY,
+    GPUS,
+    Device,
+    bf16_on,
+    efficiency,
+    probed_cpu,
+    resolve_device,
+)
 
 GiB = 2**30
 
@@ -148,56 +158,6 @@ class Workload:
         return min(self.micro_batch or mini, mini)
 
 
-@dataclass(frozen=True)
-class Device:
-    name: str
-    memory_gib: float  # per device, spec sheet; 0 = not checked
-    bf16_flops: float  # dense, FLOP/s
-    fp32_flops: float
-    mem_bw: float  # bytes/s (HBM, or what the CPU sustains)
-    link_bw: float  # bytes/s per direction between GPUs (NVLink / PCIe)
-    overhead_gib: float  # runtime: CUDA context, or the Python process with torch + transformers
-
-
-# Spec sheets (dense bf16 = half the "with sparsity" figure; fp32 = non-tensor-core, what PyTorch
-# fp32 matmul uses by default; link = NVLink total / 2 per direction):
-#   NVIDIA H100 / H200 Tensor Core GPU datasheets (SXM): 989 TFLOPS bf16, 67 fp32, HBM3 3.35 TB/s /
-#     HBM3e 4.8 TB/s, 80 / 141 GB, NVLink 900 GB/s.  NVIDIA A100 datasheet (SXM): 312 bf16, 19.5 fp32,
-#     2.039 TB/s (80GB) / 1.555 TB/s (40GB), NVLink 600 GB/s.  NVIDIA L40S datasheet: 362 bf16,
-#     91.6 fp32, 864 GB/s GDDR6, 48 GB, no NVLink (PCIe Gen4 x16, 64 GB/s).
-GPUS = {
-    "h100": Device("H100 SXM 80GB", 80, 989e12, 67e12, 3.35e12, 450e9, 0.5),
-    "h200": Device("H200 SXM 141GB", 141, 989e12, 67e12, 4.8e12, 450e9, 0.5),
-    "a100-80g": Device("A100 SXM 80GB", 80, 312e12, 19.5e12, 2.039e12, 300e9, 0.5),
-    "a100-40g": Device("A100 SXM 40GB", 40, 312e12, 19.5e12, 1.555e12, 300e9, 0.5),
-    "l40s": Device("L40S 48GB", 48, 362e12, 91.6e12, 0.864e12, 32e9, 0.5),
-}
-# Measured here (2 cores, AVX-512 bf16; /work/shared/MEASUREMENTS.md): 2048^3 matmul 704 GFLOP/s
-# bf16, 163 fp32. 24 GB/s: the weight sync reads 134.5M fp32 params and writes bf16 in 0.034 s.
-# Overhead 1 GiB: importing torch + transformers is 0.33 GiB of RSS; the rest (tokenizer, data,
-# allocator slack) is fitted to the demo's 4.5 GB peak RSS.
-CPU = Device("cpu (2 cores, AVX-512 bf16)", 0, 704e9, 163e9, 24e9, 0, 1.0)
-
-# Efficiency per phase, (bf16, fp32): a fraction of peak FLOP/s, or of bandwidth for decode_bw, sync.
-# CPU, measured on the embedded model (benchmarks/README.md, MEASUREMENTS.md):
-#   decode  : generate 32 x 64 tokens at ~275 tok/s bf16, ~150 fp32 -> 0.11, 0.25
-#   forward : reference forward of 64 demo rows, bf16 autocast, 1.56 s -> 0.32
-#   update  : forward+backward of 64 demo rows, 6.45 s bf16 autocast, 11.26 s fp32 -> 0.24, 0.58
-#   prefill : not measured alone; set so the demo's generate (128 x 16 tokens, 10.5 s) comes out
-# GPU: common planning figures for an inference engine (vLLM/SGLang; HF generate on a GPU is several
-# times slower) and an FSDP trainer at 40% MFU. Calibrate against your own run and pass --eff.
-EFFICIENCY = {
-    "cpu": {"prefill": (0.45, 0.6), "decode": (0.11, 0.25), "decode_bw": (1.0, 1.0),
-            "forward": (0.32, 0.6), "update": (0.24, 0.58), "sync": (1.0, 1.0)},
-    "gpu": {"prefill": (0.5, 0.5), "decode": (0.5, 0.5), "decode_bw": (0.6, 0.6),
-            "forward": (0.45, 0.45), "update": (0.4, 0.4), "sync": (0.7, 0.7)},
-}
-
-
-def efficiency(dev: Device, phase: str, bf16: bool, overrides: dict | None = None) -> float:
-    return (overrides or {}).get(phase) or EFFICIENCY["cpu" if dev is CPU else "gpu"][phase][0 if bf16 else 1]
-
-
 # --- Tokens, FLOPs, bytes ---
 def prompt_runs(w: Workload, rows: float) -> float:
     """Prompt forwards for `rows` sequences: one per group (per micro-batch when a micro-batch holds
@@ -254,7 +214,7 @@ LABELS = {"weights": "policy weights (fp32 master)", "sampler": "sampler copy", 
           "update": "update (fwd+bwd+AdamW)", "sync": "weight sync"}
 
 
-def memory(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1) -> dict[str, float]:
+def memory(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1) -> dict[str, float]:
     """Bytes per device. FSDP shards master weights, grads, AdamW, reference and critic over `gpus`;
     the sampler holds a full copy and generates B / gpus rows."""
     P = s.params
@@ -281,7 +241,7 @@ def memory(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1) -> dict[str,
     return mem
 
 
-def rollout_time(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: dict | None = None) -> float:
+def rollout_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> float:
     """Prefill is FLOP bound. Each later decode step costs the larger of its FLOPs and its bytes:
     every sampler weight read once for the whole batch, plus the KV cache read at mean context."""
     bf16, rows = w.sampler_bf16, w.batch / gpus
@@ -298,7 +258,7 @@ def rollout_time(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: d
     return prefill / (peak * efficiency(dev, "prefill", bf16, eff)) + (w.new_tokens - 1) * step
 
 
-def step_time(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: dict | None = None) -> dict[str, float]:
+def step_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict[str, float]:
     """Seconds per phase, named as the loop's timing_s/<phase>. Data parallel over `gpus`."""
     bf16 = w.trainer_bf16
     rate = (dev.bf16_flops if bf16 else dev.fp32_flops) * gpus
@@ -324,7 +284,7 @@ def step_time(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: dict
     return t
 
 
-def plan(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: dict | None = None) -> dict:
+def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict:
     mem = memory(s, w, dev, gpus)
     fits = mem["total"] <= dev.memory_gib * GiB if dev.memory_gib else None
     return {"params": s.params, "shape": asdict(s), "workload": asdict(w), "device": dev.name,
@@ -362,14 +322,16 @@ def read_run(run_dir: str | Path) -> tuple[Config, dict, int, dict]:
     return cfg, med, len(lines), summary
 
 
-def workload_from_run(cfg: Config, med: dict) -> Workload:
+def workload_from_run(cfg: Config, med: dict, dev: Device) -> Workload:
     r, t = cfg.rollout, cfg.trainer
     reference, critic, early_old = algorithm_parts(cfg)
     return Workload(  # lengths as the run saw them; the trainer pads completions to the batch's longest
         prompts=r.prompts_per_step, group=r.group_size, prompt_len=math.ceil(med.get("prompt_length/mean", 47)),
         new_tokens=r.max_new_tokens, response_len=math.ceil(med.get("response_length/max", r.max_new_tokens)),
-        micro_batch=t.micro_batch_size, mini_batch=t.mini_batch_size, epochs=t.epochs, trainer_bf16=t.autocast_bf16,
-        sampler_bf16=r.dtype == "bfloat16", reference=reference, critic=critic, early_old=early_old,
+        micro_batch=t.micro_batch_size, mini_batch=t.mini_batch_size, epochs=t.epochs,
+        # 'auto' (the default, saved as such): what the probe's rule picks on the device planned for
+        trainer_bf16=bf16_on(t.precision, dev), sampler_bf16=bf16_on({"bfloat16": "bf16", "float32": "fp32"}.get(r.dtype, r.dtype), dev),
+        reference=reference, critic=critic, early_old=early_old,
         share_prefix=t.share_prompt_prefix,
         grad_ckpt=cfg.model.gradient_checkpointing)
 
@@ -380,7 +342,8 @@ def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict
     that phase's efficiency by it, via --eff, to make the planner match the run)."""
     cfg, med, steps, summary = read_run(run_dir)
     shape = resolve_model(cfg.model.name, "model.name (in the run's config.yaml)")
-    p = plan(shape, workload_from_run(cfg, med), resolve_device(device, "--device"), gpus, eff)
+    dev = resolve_device(device, "--device")
+    p = plan(shape, workload_from_run(cfg, med, dev), dev, gpus, eff)
     rows = [(f"timing_s/{k}", "s", v, med.get(f"timing_s/{k}")) for k, v in p["time_s"].items()]
     # peak_rss_gb is ru_maxrss KiB / 2**20, so GiB; it includes everything the process held.
     rows.append(("peak memory", "GiB", p["memory_bytes"]["total"] / GiB, summary.get("peak_rss_gb")))
@@ -398,10 +361,6 @@ INT_ARGS = (  # (name, default, smallest allowed, help): the workload's integer 
     ("mini_batch", 0, 0, "sequences per optimizer step (0 = all)"), ("epochs", 1, 1, "passes over each batch"))
 
 
-def resolve_device(name: str, arg: str) -> Device:
-    if name.lower() != "cpu" and name.lower() not in GPUS:
-        raise ConfigError(f"{arg}: unknown GPU {name!r} (expected cpu or one of {', '.join(GPUS)})")
-    return CPU if name.lower() == "cpu" else GPUS[name.lower()]
 
 
 def parse_eff(items: list[str] | None) -> dict[str, float]:
@@ -424,19 +383,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="algo.name; one with a critic (ppo) adds it (default grpo)")
     w.add_argument("--critic", default="separate", choices=("separate", "shared"), help="PPO: own trunk or a head on the policy")
     w.add_argument("--kl-coef", type=float, default=0.0, help="> 0 adds a reference copy and its forward")
-    w.add_argument("--precision", default="bf16", choices=("bf16", "fp32"), help="trainer: bf16 autocast (fp32 master) or fp32")
-    w.add_argument("--sampler-dtype", default="bf16", choices=("bf16", "fp32"), help="sampler weights")
+    w.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="trainer: bf16 autocast (fp32 master) or fp32; auto = as trainer.precision=auto picks on --device")
+    w.add_argument("--sampler-dtype", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="sampler weights; auto = as rollout.dtype=auto picks on --device")
     w.add_argument("--no-share-prefix", action="store_true", help="the trainer runs every row's prompt")
     w.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing (model.gradient_checkpointing)")
     c = p.add_argument_group("cluster")
-    c.add_argument("--device", default="cpu", help=f"cpu (measured, default) or a GPU: {', '.join(GPUS)}")
+    c.add_argument("--device", default="cpu", help=f"cpu (this machine, probed; default), cpu-avx512 (the reference "
+                   f"2-core AVX-512 bf16 machine) or a GPU: {', '.join(GPUS)}")
     c.add_argument("--gpu", metavar="NAME", help="same as --device NAME")
     c.add_argument("--gpus", type=int, default=1, help="GPUs; FSDP shards weights, grads, AdamW over them")
     c.add_argument("--eff", action="append", metavar="PHASE=X", help=f"override an efficiency ({', '.join(EFFICIENCY['cpu'])})")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
 
-def workload_from_args(a: argparse.Namespace) -> Workload:
+
+
+def workload_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Workload:
     for name, _, low, _ in INT_ARGS:
         if getattr(a, name) < low:
             raise ConfigError(f"--{name.replace('_', '-')}: expected an integer >= {low}, got {getattr(a, name)}")
@@ -445,7 +409,7 @@ def workload_from_args(a: argparse.Namespace) -> Workload:
     cfg = from_dict({"algo": {"name": a.algo, "kl_coef": a.kl_coef, "critic": a.critic}})
     reference, critic, early_old = algorithm_parts(cfg)
     return Workload(a.prompts, a.group, a.prompt_len, a.new_tokens, a.response_len, a.micro_batch, a.mini_batch,
-                    a.epochs, a.precision == "bf16", a.sampler_dtype == "bf16", reference, critic, early_old,
+                    a.epochs, bf16_on(a.precision, dev), bf16_on(a.sampler_dtype, dev), reference, critic, early_old,
                     not a.no_share_prefix, a.grad_ckpt)
 
 
@@ -472,7 +436,7 @@ def format_calibration(c: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     """Print a plan (or a calibration with --from). Raises ConfigError on bad input."""
     dev = resolve_device(args.gpu, "--gpu") if args.gpu else resolve_device(args.device, "--device")
-    if args.gpus < 1 or (dev is CPU and args.gpus != 1):
+    if args.gpus < 1 or (dev.cpu and args.gpus != 1):
         raise ConfigError(f"--gpus: expected an integer >= 1 (exactly 1 on cpu), got {args.gpus}")
     eff = parse_eff(args.eff)
     if args.run_dir:
@@ -483,7 +447,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--params: give either --model or --params, not both")
         label = f"LLaMA-like ~{args.params}" if args.params else args.model or "embedded"
         shape = shape_from_size(parse_size(args.params)) if args.params else resolve_model(args.model or "embedded")
-        out = plan(shape, workload_from_args(args), dev, args.gpus, eff)
+        out = plan(shape, workload_from_args(args, dev), dev, args.gpus, eff)
         text = format_plan(out, label)
     print(json.dumps(out, indent=2) if args.json else text)
     return 0

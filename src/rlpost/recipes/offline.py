@@ -1,9 +1,9 @@
 """`rlpost sft`, `rlpost rm` and `rlpost dpo`: training on fixed data with the RL trainer's machinery.
 
 All reuse the RL trainer (``Trainer.train_step`` / ``evaluate``: micro-batches with exact
-accumulation, bf16 autocast over float32 master weights, fused AdamW, the lr schedule) with their own loss function
-over the same ``Rollouts`` batch. The only differences from RL are where the rows come from and
-which loss is minimised:
+accumulation, bf16 autocast over float32 master weights where bf16 is fast (trainer.precision),
+fused AdamW, the lr schedule) with their own loss function over the same ``Rollouts`` batch. The
+only differences from RL are where the rows come from and which loss is minimised:
 
   SFT  completion-only negative log-likelihood: prompt tokens carry no loss (they are not in the
        completion mask), every completion token of the batch weighs the same (token mean).
@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from rlpost import config
+from rlpost import build, config
 from rlpost.algorithms.preference import REFERENCE_FREE, make_dpo_loss, make_rm_loss, sft_loss
 from rlpost.console import say
 from rlpost.envs import build_task, data
-from rlpost.model import encode
+from rlpost.model import encode, precision
 from rlpost.model.checkpoint import write_atomic
 from rlpost.model.load import load_policy, save_model
 from rlpost.roles.critic import Critic
@@ -100,6 +100,7 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
     p, t0 = cfg.pref, time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
     config.save(cfg, run_dir / "config.yaml")
+    cfg = build.resolve_precision(cfg)  # after saving: a resumed or copied run probes its own machine
     rows, heldout, skipped = load_rows(cfg, kind)
     if skipped:
         say(f"skipped {skipped} malformed rows (pref.on_bad_row=skip)")
@@ -110,7 +111,7 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
     train_b, held_b = enc(rows), enc(heldout)
     reference = None
     if kind == "dpo" and p.loss not in REFERENCE_FREE:  # ORPO and SimPO compare the policy with itself
-        reference = Reference(loaded.model, 1.0, 32, cfg.trainer.autocast_bf16, cfg.trainer.share_prompt_prefix)
+        reference = Reference(loaded.model, 1.0, 32, precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix)
         train_b.ref_logp, held_b.ref_logp = reference.logprobs(train_b), reference.logprobs(held_b)  # once, cached
         reference.model = None  # frozen numbers are all it was for
     mini = p.batch_size * rows_per_seq

@@ -109,13 +109,14 @@ def outcome_examples(sols: list[LabelledSolution]) -> list[Example]:
 
 def train_value_head(lm: torch.nn.Module, examples: list[Example], pad_id: int, *, epochs: int = 2,
                      batch_size: int = 16, lr: float = 1e-5, head_lr: float = 1e-3, micro_batch_size: int = 16,
-                     autocast_bf16: bool = True, seed: int = 0, aggregate=core.token_mean) -> tuple[Critic, list[dict]]:
+                     autocast_bf16: bool | None = None, seed: int = 0, aggregate=core.token_mean) -> tuple[Critic, list[dict]]:
     """Fit trunk + head to the examples' targets with ``bce_at_positions`` (a PRM or an ORM,
     depending on the examples); returns the head (the trunk is ``lm``, trained in place) and
-    one metrics dict per optimizer step."""
+    one metrics dict per optimizer step. autocast_bf16: None = what the precision probe chose."""
     head = Critic(lm, "shared")
     steps = epochs * math.ceil(len(examples) / batch_size)
-    tcfg = TrainerConfig(lr=lr, autocast_bf16=autocast_bf16, micro_batch_size=micro_batch_size,
+    prec = "auto" if autocast_bf16 is None else "bf16" if autocast_bf16 else "fp32"
+    tcfg = TrainerConfig(lr=lr, precision=prec, micro_batch_size=micro_batch_size,
                          share_prompt_prefix=True)
     trainer = Trainer(lm, tcfg, 1.0, batch_size, micro_batch_size, steps, critic=head, critic_lr=head_lr)
 
@@ -149,7 +150,7 @@ def train_value_head(lm: torch.nn.Module, examples: list[Example], pad_id: int, 
 def train_prm(lm: torch.nn.Module, tokenizer, examples: list[Example], **kw) -> tuple[ProcessRewardModel, list[dict]]:
     """``train_value_head`` wrapped into a scorer; PRM or ORM depending on ``examples``."""
     head, history = train_value_head(lm, examples, tokenizer.pad_token_id, **kw)
-    return ProcessRewardModel(lm, head, tokenizer, autocast_bf16=kw.get("autocast_bf16", True)), history
+    return ProcessRewardModel(lm, head, tokenizer, autocast_bf16=kw.get("autocast_bf16")), history
 
 
 def auc(scores: Sequence[float], labels: Sequence[float]) -> float:

@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from rlpost.model import precision
 from rlpost.model.load import load_policy
 from rlpost.model.logprobs import position_ids
 from rlpost.types.batch import Rollouts
@@ -155,10 +156,11 @@ def win_rates(n: int, pairs: list[tuple[int, int]], p_i_wins: Tensor) -> tuple[T
 class Judge:
     def __init__(
         self, model_spec: str, mode: str, rubric: str, seed: int, both_orders: bool,
-        micro_batch_size: int = 16, dtype: torch.dtype = torch.bfloat16, scale: int = 9, max_text_tokens: int = 512,
+        micro_batch_size: int = 16, dtype: torch.dtype | None = None, scale: int = 9, max_text_tokens: int = 512,
     ):
         """The first five come from the config (task.judge_model, judge_mode, judge_rubric, run.seed,
-        judge_both_orders: ``from_config``), whose defaults are the only ones; rubric '' = DEFAULT_RUBRIC."""
+        judge_both_orders: ``from_config``), whose defaults are the only ones; rubric '' = DEFAULT_RUBRIC.
+        dtype: the judge's weights; None = what the precision probe chose (model/precision.py)."""
         if mode not in MODES:
             raise ConfigError(f"task.judge_mode: expected one of {MODES}, got {mode!r}")
         if not 2 <= scale <= 9:
@@ -166,7 +168,7 @@ class Judge:
         self.mode, self.both_orders, self.scale = mode, both_orders, scale
         self.rubric = load_rubric(rubric)
         self.micro, self.max_text_tokens = micro_batch_size, max_text_tokens
-        loaded = load_policy(model_spec, dtype=dtype)
+        loaded = load_policy(model_spec, dtype=dtype or precision.sampler_dtype("auto"))
         self.model, self.tok = loaded.model.eval(), loaded.tokenizer  # score() runs under no_grad
         if mode == "pointwise":
             labels = tuple(str(k) for k in range(1, scale + 1))
@@ -178,7 +180,9 @@ class Judge:
     @classmethod
     def from_config(cls, cfg) -> "Judge":
         t = cfg.task
-        return cls(t.judge_model, t.judge_mode, t.judge_rubric, cfg.run.seed, t.judge_both_orders)
+        # The judge samples nothing but computes as the sampler does: in rollout.dtype.
+        return cls(t.judge_model, t.judge_mode, t.judge_rubric, cfg.run.seed, t.judge_both_orders,
+                   dtype=precision.sampler_dtype(cfg.rollout.dtype))
 
     # --- prompts ------------------------------------------------------------------------------
 

@@ -43,13 +43,13 @@ completion positions only, not at the prompt's), which this loss ignores; not me
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Sequence
 
 import torch
 from safetensors.torch import load_file
 
+from rlpost.model import precision
 from rlpost.model.encode import make_batch, unpadded
 from rlpost.model.load import load_policy, save_model
 from rlpost.model.logprobs import completion_values
@@ -106,14 +106,16 @@ class ProcessRewardModel:
     ORM (a head trained on outcomes); score it with ``agg_last``."""
 
     def __init__(self, lm: torch.nn.Module, head: Critic, tokenizer, micro_batch_size: int = 32,
-                 autocast_bf16: bool = True):
+                 autocast_bf16: bool | None = None):
+        """autocast_bf16: score under bf16 autocast; None = what the probe chose (model/precision.py)."""
         self.lm, self.head, self.tok = lm.eval(), head.eval(), tokenizer
-        self.micro, self.autocast_bf16 = micro_batch_size, autocast_bf16
+        self.micro = micro_batch_size
+        self.autocast_bf16 = precision.trainer_bf16("auto") if autocast_bf16 is None else autocast_bf16
 
     @torch.no_grad()
     def step_scores(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """P(correct) at each step end of each (prompt, completion)."""
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else nullcontext()
+        ctx = precision.autocast(self.autocast_bf16)
         out = []
         for i in range(0, len(prompts), self.micro):
             p, c = prompts[i:i + self.micro], completions[i:i + self.micro]

@@ -4,25 +4,25 @@ without KL never pays its memory or its forward pass."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 from torch import Tensor
 
+from rlpost.model import precision
 from rlpost.model.logprobs import completion_logprobs
 from rlpost.types.batch import Rollouts
 
 
 class Reference:
-    def __init__(self, model: torch.nn.Module, temperature: float, micro_batch_size: int, autocast_bf16: bool,
+    def __init__(self, model: torch.nn.Module, temperature: float, micro_batch_size: int, autocast_bf16: bool | None,
                  share_prefix: bool = True):
         self.model = model.float().eval()  # frozen by never being stepped; see rollout_hf.py on requires_grad
-        self.temperature, self.micro, self.autocast_bf16, self.share_prefix = temperature, micro_batch_size, autocast_bf16, share_prefix
+        self.temperature, self.micro, self.share_prefix = temperature, micro_batch_size, share_prefix
+        # bf16 autocast over the float32 copy, or plain float32 (None: what the probe chose, model/precision.py)
+        self.autocast_bf16 = precision.trainer_bf16("auto") if autocast_bf16 is None else autocast_bf16
 
     @torch.no_grad()
     def logprobs(self, batch: Rollouts) -> Tensor:  # (B, T) float32
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if self.autocast_bf16 else nullcontext()
-        with ctx:
+        with precision.autocast(self.autocast_bf16):
             parts = [
                 completion_logprobs(self.model, batch.select(slice(i, i + self.micro)), self.temperature,
                                     share_prefix=self.share_prefix)[0]

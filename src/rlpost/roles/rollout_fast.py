@@ -120,9 +120,9 @@ class FastRollout:
     composition): that one owns the sampler's copy of the weights, its sync and its sleep, turns
     rows into prompts and samples into a batch, and samples with stop strings (tool episodes)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype = torch.bfloat16):
-        self.hf = HFRollout(model, tokenizer, dtype)
-        self.model, self.tok, self.dtype = self.hf.model, tokenizer, dtype
+    def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype | None = None):
+        self.hf = HFRollout(model, tokenizer, dtype)  # None: the dtype the precision probe chose
+        self.model, self.tok, self.dtype = self.hf.model, tokenizer, self.hf.dtype
         self.last_metrics: dict = {}
         c = self.model.config
         self.nh, self.nkv = c.num_attention_heads, c.num_key_value_heads

@@ -24,7 +24,6 @@ by the whole mini-batch). ``recompute`` and ``weights`` return full tensors on e
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 from typing import Callable
@@ -33,7 +32,7 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms.core import masked_mean, ratio_histogram
-from rlpost.model import fsdp, heap, lora
+from rlpost.model import fsdp, heap, lora, precision
 from rlpost.model.logprobs import PolicyForward, clear_cast_cache, policy_forward
 from rlpost.roles.critic import Critic
 from rlpost.types.batch import Rollouts
@@ -104,6 +103,7 @@ class Trainer:
         self.model = model.float().train()
         self.critic = critic.float().train() if critic is not None else None
         self.cfg, self.temperature = tcfg, temperature
+        self.bf16 = precision.trainer_bf16(tcfg.precision)  # build.py resolved 'auto'; direct callers probe here
         self.mini, self.micro = mini_batch_size, micro_batch_size
         self.entropy_grad = entropy_grad  # the loss has an entropy bonus: pass it entropy with grad
         if gradient_checkpointing:  # transformers v5 renamed it (and its kwargs); accept both names
@@ -150,9 +150,7 @@ class Trainer:
         # every forward; with the cache, bf16 casts reused across micro-batches gave the layers'
         # linear weights wrong gradients (measured: 2-rank gradient off by 0.08 at a 0.19 max
         # against 1e-3 of bf16 noise; exact with one micro-batch). Each forward casts afresh.
-        if not self.cfg.autocast_bf16:
-            return nullcontext()
-        return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=not self.dp)
+        return precision.autocast(self.bf16, cache=not self.dp)
 
     def _forward(self, batch: Rollouts, entropy: str = "none") -> PolicyForward:
         """Policy log-probs (and the critic's values when there is one) for a micro-batch."""

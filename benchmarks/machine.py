@@ -1,0 +1,55 @@
+"""What every results file says about where its figures came from: the command, the date, the CPU
+kind (with the precision rlpost's probe picks there) and the load average around the run.
+
+Timings on these 2-core machines move with whatever else runs: a figure without its machine and
+its load cannot be compared with another. Imported by the benchmark scripts (same folder)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def isa_tag() -> str:
+    """This CPU's kind as torch sees it under any caps in force: 'avx2', 'avx512', ... (results
+    files are named by it, so each kind's figures stay side by side)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability().lower()
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+class Header:
+    """Start it before the measurements (it reads the load then), render it after."""
+
+    def __init__(self):
+        self.start, self.load_before = time.strftime("%Y-%m-%d %H:%M"), load()
+
+    def render(self) -> str:
+        import torch
+
+        from rlpost.model import precision
+
+        c = precision.choose()
+        cmd = " ".join([".venv/bin/python", os.path.relpath(sys.argv[0], Path.cwd()), *sys.argv[1:]])
+        return (f"`{cmd}`, {self.start} to {time.strftime('%H:%M')}; {cpu_name()}, {os.cpu_count()} cores, "
+                f"torch {torch.__version__} ({c.probe.isa}); load average (1, 5, 15 min) {self.load_before} before, "
+                f"{load()} after; precision: {'bf16' if c.bf16 else 'float32'} ({c.reason}).\n\n")

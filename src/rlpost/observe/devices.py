@@ -1,0 +1,85 @@
+"""The devices the planner plans for: GPUs from their spec sheets, the reference AVX-512 CPU the
+efficiencies were measured on, and this machine's CPU from the start-up precision probe.
+
+Split from planner.py (the formulas) so each file stays readable; ``planner`` re-exports these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlpost.config import ConfigError
+from rlpost.model import precision
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_gib: float  # per device, spec sheet; 0 = not checked
+    bf16_flops: float  # dense, FLOP/s
+    fp32_flops: float
+    mem_bw: float  # bytes/s (HBM, or what the CPU sustains)
+    link_bw: float  # bytes/s per direction between GPUs (NVLink / PCIe)
+    overhead_gib: float  # runtime: CUDA context, or the Python process with torch + transformers
+    cpu: bool = False  # a CPU: its efficiencies are the CPU column of EFFICIENCY
+
+
+# Spec sheets (dense bf16 = half the "with sparsity" figure; fp32 = non-tensor-core, what PyTorch
+# fp32 matmul uses by default; link = NVLink total / 2 per direction):
+#   NVIDIA H100 / H200 Tensor Core GPU datasheets (SXM): 989 TFLOPS bf16, 67 fp32, HBM3 3.35 TB/s /
+#     HBM3e 4.8 TB/s, 80 / 141 GB, NVLink 900 GB/s.  NVIDIA A100 datasheet (SXM): 312 bf16, 19.5 fp32,
+#     2.039 TB/s (80GB) / 1.555 TB/s (40GB), NVLink 600 GB/s.  NVIDIA L40S datasheet: 362 bf16,
+#     91.6 fp32, 864 GB/s GDDR6, 48 GB, no NVLink (PCIe Gen4 x16, 64 GB/s).
+GPUS = {
+    "h100": Device("H100 SXM 80GB", 80, 989e12, 67e12, 3.35e12, 450e9, 0.5),
+    "h200": Device("H200 SXM 141GB", 141, 989e12, 67e12, 4.8e12, 450e9, 0.5),
+    "a100-80g": Device("A100 SXM 80GB", 80, 312e12, 19.5e12, 2.039e12, 300e9, 0.5),
+    "a100-40g": Device("A100 SXM 40GB", 40, 312e12, 19.5e12, 1.555e12, 300e9, 0.5),
+    "l40s": Device("L40S 48GB", 48, 362e12, 91.6e12, 0.864e12, 32e9, 0.5),
+}
+# The CPU the efficiencies below were measured on (2 cores, AVX-512 bf16; /work/shared/
+# MEASUREMENTS.md): 2048^3 matmul 704 GFLOP/s bf16, 163 fp32. 24 GB/s: the weight sync reads 134.5M
+# fp32 params and writes bf16 in 0.034 s. Overhead 1 GiB: importing torch + transformers is 0.33
+# GiB of RSS; the rest (tokenizer, data, allocator slack) is fitted to the demo's 4.5 GB peak RSS.
+# `--device cpu` plans for the CPU it runs on (``probed_cpu``); `--device cpu-avx512` for this one.
+CPU_AVX512 = Device("cpu-avx512 (2 cores, AVX-512 bf16, the reference machine)", 0, 704e9, 163e9, 24e9, 0, 1.0, cpu=True)
+
+
+def probed_cpu() -> Device:
+    """This machine's CPU from the start-up precision probe (model/precision.py, cached): one
+    core's matmul rates times the cores this process may use, and one core's copy bandwidth."""
+    p = precision.probe("cpu")
+    return Device(f"cpu ({p.cores} cores, {p.isa}, probed)", 0, p.bf16_gflops * 1e9 * p.cores,
+                  p.fp32_gflops * 1e9 * p.cores, p.mem_gbs * 1e9, 0, CPU_AVX512.overhead_gib, cpu=True)
+
+# Efficiency per phase, (bf16, fp32): a fraction of peak FLOP/s, or of bandwidth for decode_bw, sync.
+# CPU, measured on the embedded model (benchmarks/README.md, MEASUREMENTS.md):
+#   decode  : generate 32 x 64 tokens at ~275 tok/s bf16, ~150 fp32 -> 0.11, 0.25
+#   forward : reference forward of 64 demo rows, bf16 autocast, 1.56 s -> 0.32
+#   update  : forward+backward of 64 demo rows, 6.45 s bf16 autocast, 11.26 s fp32 -> 0.24, 0.58
+#   prefill : not measured alone; set so the demo's generate (128 x 16 tokens, 10.5 s) comes out
+# GPU: common planning figures for an inference engine (vLLM/SGLang; HF generate on a GPU is several
+# times slower) and an FSDP trainer at 40% MFU. Calibrate against your own run and pass --eff.
+EFFICIENCY = {
+    "cpu": {"prefill": (0.45, 0.6), "decode": (0.11, 0.25), "decode_bw": (1.0, 1.0),
+            "forward": (0.32, 0.6), "update": (0.24, 0.58), "sync": (1.0, 1.0)},
+    "gpu": {"prefill": (0.5, 0.5), "decode": (0.5, 0.5), "decode_bw": (0.6, 0.6),
+            "forward": (0.45, 0.45), "update": (0.4, 0.4), "sync": (0.7, 0.7)},
+}
+
+
+def efficiency(dev: Device, phase: str, bf16: bool, overrides: dict | None = None) -> float:
+    return (overrides or {}).get(phase) or EFFICIENCY["cpu" if dev.cpu else "gpu"][phase][0 if bf16 else 1]
+
+def resolve_device(name: str, arg: str) -> Device:
+    name = name.lower()
+    if name not in ("cpu", "cpu-avx512") and name not in GPUS:
+        raise ConfigError(f"{arg}: unknown GPU {name!r} (expected cpu, cpu-avx512 or one of {', '.join(GPUS)})")
+    return probed_cpu() if name == "cpu" else CPU_AVX512 if name == "cpu-avx512" else GPUS[name]
+
+
+def bf16_on(name: str, dev: Device) -> bool:
+    """A precision knob ('auto', 'bf16', 'fp32') on ``dev``: 'auto' is the rule of model/precision.py
+    (a CPU's bf16 must be measurably faster than its fp32; the GPUs listed all run bf16)."""
+    if name != "auto":
+        return name == "bf16"
+    return not dev.cpu or dev.bf16_flops >= precision.FASTER_BY * dev.fp32_flops

@@ -1,0 +1,121 @@
+"""The precision probe: its rule (figures injected both ways), its cache and key, what build.py
+does with it, and a real run under the AVX2 cap that must choose float32 by itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import TINY, run_cli, tiny_cfg
+
+from rlpost import build
+from rlpost.envs import build_task
+from rlpost.model import precision
+from rlpost.model.precision import Probe
+
+
+def cpu_probe(bf16: float, fp32: float) -> Probe:
+    return Probe("cpu", "TEST", bf16, fp32, 10.0, 2, "k")
+
+
+def test_bf16_is_chosen_only_where_measurably_faster():
+    # AVX-512 BF16 kind (DESIGN.md: 704 vs 163 GFLOP/s on 2 cores): 352 / 81.5 = 4.3x -> bf16
+    fast = precision.decide(cpu_probe(352.0, 81.5))
+    assert fast.bf16 and "4.3x faster" in fast.reason
+    # AVX2 kind (measured here, one core): 1.1 vs 59 -> 59 / 1.1 = 54x slower -> float32
+    slow = precision.decide(cpu_probe(1.1, 59.0))
+    assert not slow.bf16 and "54x slower" in slow.reason
+    # 70 / 60 = 1.17x faster: inside the 1.25x margin, so not worth bf16's rounding -> float32
+    tie = precision.decide(cpu_probe(70.0, 60.0))
+    assert not tie.bf16 and "not measurably faster" in tie.reason
+    assert precision.decide(cpu_probe(75.0, 60.0)).bf16  # 75 / 60 = 1.25: exactly the margin
+
+
+def test_a_gpu_is_bf16_when_it_supports_it():
+    assert precision.decide(Probe("cuda", "H100", 0, 0, 0, 1, "k", bf16_supported=True)).bf16
+    assert not precision.decide(Probe("cuda", "T4", 0, 0, 0, 1, "k", bf16_supported=False)).bf16
+
+
+def test_probe_is_cached_per_machine_key_and_the_isa_caps_change_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(precision, "_probe_cpu", lambda: calls.append(1) or cpu_probe(1.0, 50.0))
+    first = precision.probe("cpu")
+    assert precision.probe("cpu") == first and len(calls) == 1  # the second read the cache
+    assert json.loads(precision.cache_path("cpu").read_text())["fp32_gflops"] == 50.0
+    key = precision.machine_key("cpu")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert precision.machine_key("cpu") != key  # capped: another file, so a fresh probe
+    precision.probe("cpu")
+    assert len(calls) == 2
+    precision.probe("cpu", refresh=True)
+    assert len(calls) == 3
+
+
+def test_the_real_probe_is_quick_and_restores_the_thread_count(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path))
+    threads = torch.get_num_threads()
+    p = precision.probe("cpu")
+    assert torch.get_num_threads() == threads
+    assert p.fp32_gflops > 0 and p.bf16_gflops > 0 and p.isa == torch.backends.cpu.get_cpu_capability()
+    assert precision.decide(p).bf16 == (p.bf16_gflops >= precision.FASTER_BY * p.fp32_gflops)
+
+
+def test_explicit_settings_win_and_auto_follows_the_probe(monkeypatch):
+    def no_probe(device="cpu"):
+        raise AssertionError("explicit settings must not probe")
+
+    monkeypatch.setattr(precision, "choose", no_probe)
+    cfg = tiny_cfg("rollout.dtype=bfloat16", "trainer.precision=fp32")
+    out, line = precision.resolve_config(cfg)
+    assert (out.rollout.dtype, out.trainer.precision) == ("bfloat16", "fp32") and "set in the config" in line
+
+    for bf16, names in ((True, ("bfloat16", "bf16")), (False, ("float32", "fp32"))):
+        choice = precision.Choice(bf16, "injected", cpu_probe(1, 1))
+        monkeypatch.setattr(precision, "choose", lambda device="cpu", c=choice: c)
+        out, line = precision.resolve_config(tiny_cfg("rollout.dtype=auto", "trainer.precision=auto"))
+        assert (out.rollout.dtype, out.trainer.precision) == names and "auto: injected" in line
+        # one auto, one explicit: the explicit one is kept
+        out, _ = precision.resolve_config(tiny_cfg("rollout.dtype=float32", "trainer.precision=auto"))
+        assert (out.rollout.dtype, out.trainer.precision) == ("float32", names[1])
+
+
+def test_every_role_follows_the_resolved_choice(monkeypatch):
+    # Slow bf16 injected: the sampler's copy is float32 and the trainer and reference do not autocast.
+    monkeypatch.setattr(precision, "choose", lambda device="cpu": precision.Choice(False, "slow", cpu_probe(1, 50)))
+    cfg = tiny_cfg("rollout.dtype=auto", "trainer.precision=auto", "algo.kl_coef=0.1")
+    roles = build.build_roles(cfg, build_task(cfg))
+    try:
+        assert next(roles.rollout.model.parameters()).dtype == torch.float32
+        assert roles.trainer.bf16 is False and roles.reference.autocast_bf16 is False
+    finally:
+        roles.close()
+    monkeypatch.setattr(precision, "choose", lambda device="cpu": precision.Choice(True, "fast", cpu_probe(99, 50)))
+    roles = build.build_roles(cfg, build_task(cfg))
+    try:
+        assert next(roles.rollout.model.parameters()).dtype == torch.bfloat16
+        assert roles.trainer.bf16 is True and roles.reference.autocast_bf16 is True
+    finally:
+        roles.close()
+
+
+# What an AVX2-only machine looks like, on any machine: oneDNN and ATen capped to AVX2.
+AVX2_CAP = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+@pytest.mark.slow  # a subprocess that imports torch and transformers, then trains: ~20-50 s on 2 shared cores
+def test_a_run_under_the_avx2_cap_probes_and_chooses_float32(tmp_path):
+    auto = [o for o in TINY if not o.startswith(("rollout.dtype", "trainer.precision"))]
+    r = run_cli("train", *auto, f"run.out_dir={tmp_path}", "run.name=capped",
+                env={**AVX2_CAP, "RLPOST_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [l for l in r.stderr.splitlines() if "precision:" in l]
+    assert len(lines) == 1 and lines[0].startswith("rlpost: precision: float32 sampler, fp32 trainer (auto: "), lines
+    files = list((tmp_path / "cache" / "precision").glob("*.json"))
+    assert len(files) == 1  # the capped run probed for itself, into a fresh cache
+    probe = json.loads(files[0].read_text())
+    assert probe["isa"] == "AVX2" and probe["bf16_gflops"] * precision.FASTER_BY < probe["fp32_gflops"]
+    summary = json.loads((tmp_path / "capped" / "summary.json").read_text())
+    assert summary["steps"] == 2
