@@ -22,7 +22,7 @@ from rlpost.algorithms import core, dapo
 from rlpost.console import say
 from rlpost.envs import Task, build_task
 from rlpost.envs.data import PromptStream
-from rlpost.model import checkpoint
+from rlpost.model import checkpoint, export
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table, timed
@@ -96,9 +96,10 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
     after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
     roles.close()
+    model_dir = export.write_model(run_dir, cfg)  # the last checkpoint as a transformers folder: RUN/model
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, elapsed(), {"run_dir": str(run_dir), "heldout_n": len(heldout),
-                                                     "peak_rss_gb": round(peak_rss_gb, 2)})
+                                                     "peak_rss_gb": round(peak_rss_gb, 2), "model": str(model_dir)})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     return summary
