@@ -81,9 +81,8 @@ def parse_size(text: str, arg: str = "--params") -> float:
 
 
 def shape_from_size(n: float, vocab: int = 32000) -> Shape:
-    """A plausible LLaMA-2-like shape of about n parameters: d = 128 x layers (LLaMA-2 7B and 13B:
-    4096 = 128 x 32, 5120 = 128 x 40), head_dim 128, MHA, f = 8d/3 rounded up to 256, untied.
-    The layer count whose total is nearest n wins (7B -> 32 x 4096, 6.74e9 params)."""
+    """A LLaMA-2-like shape of about n parameters: d = 128 x layers (LLaMA-2 7B: 4096 = 128 x 32), head_dim 128, MHA,
+    f = 8d/3 rounded up to 256, untied; the layer count whose total is nearest n wins (7B -> 32 x 4096, 6.74e9)."""
     def build(layers: int) -> Shape:
         d = 128 * layers
         return Shape(layers, d, 256 * math.ceil(8 * d / 3 / 256), layers, layers, vocab, tied=False)
@@ -172,6 +171,9 @@ GPUS = {
     "a100-40g": Device("A100 SXM 40GB", 40, 312e12, 19.5e12, 1.555e12, 300e9, 0.5),
     "l40s": Device("L40S 48GB", 48, 362e12, 91.6e12, 0.864e12, 32e9, 0.5),
 }
+# Why a GPU plan is for a set-up rlpost cannot run yet ("fits" is the memory check alone).
+GPU_LACKS = ("rlpost places no model on a GPU yet: every role (sampler, trainer, reference, critic) runs on the CPU",
+             "the GPU decode figure assumes a vLLM-class rollout engine, which rlpost does not have yet")
 # Measured here (2 cores, AVX-512 bf16; /work/shared/MEASUREMENTS.md): 2048^3 matmul 704 GFLOP/s
 # bf16, 163 fp32. 24 GB/s: the weight sync reads 134.5M fp32 params and writes bf16 in 0.034 s.
 # Overhead 1 GiB: importing torch + transformers is 0.33 GiB of RSS; the rest (tokenizer, data,
@@ -255,8 +257,7 @@ LABELS = {"weights": "policy weights (fp32 master)", "sampler": "sampler copy", 
 
 
 def memory(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1) -> dict[str, float]:
-    """Bytes per device. FSDP shards master weights, grads, AdamW, reference and critic over `gpus`;
-    the sampler holds a full copy and generates B / gpus rows."""
+    """Bytes per device. FSDP shards master weights, grads, AdamW, reference and critic over `gpus`; the sampler holds a full copy."""
     P = s.params
     mem = {"weights": 4 * P / gpus, "sampler": P * (2 if w.sampler_bf16 else 4), "grads": 4 * P / gpus,
            "adamw": 8 * P / gpus}
@@ -282,8 +283,7 @@ def memory(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1) -> dict[str,
 
 
 def rollout_time(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: dict | None = None) -> float:
-    """Prefill is FLOP bound. Each later decode step costs the larger of its FLOPs and its bytes:
-    every sampler weight read once for the whole batch, plus the KV cache read at mean context."""
+    """Prefill is FLOP bound. A decode step costs the larger of its FLOPs and its bytes (weights once per batch + KV at mean context)."""
     bf16, rows = w.sampler_bf16, w.batch / gpus
     peak, nbytes = (dev.bf16_flops, 2) if bf16 else (dev.fp32_flops, 4)
     flops_tok = 2 * s.trunk_params
@@ -328,7 +328,8 @@ def plan(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1, eff: dict | No
     mem = memory(s, w, dev, gpus)
     fits = mem["total"] <= dev.memory_gib * GiB if dev.memory_gib else None
     return {"params": s.params, "shape": asdict(s), "workload": asdict(w), "device": dev.name,
-            "gpus": gpus, "memory_bytes": mem, "time_s": step_time(s, w, dev, gpus, eff), "fits": fits}
+            "gpus": gpus, "memory_bytes": mem, "time_s": step_time(s, w, dev, gpus, eff), "fits": fits,
+            "lacks": [] if dev is CPU else list(GPU_LACKS)}  # what rlpost needs before it can run this plan
 
 
 # --- Calibration against a finished run ---
@@ -375,9 +376,8 @@ def workload_from_run(cfg: Config, med: dict) -> Workload:
 
 
 def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict | None = None) -> dict:
-    """Predict a finished run's step and compare with its medians over steps. Each row: name, unit,
-    predicted, measured (None when the run did not log it), ratio = measured / predicted (divide
-    that phase's efficiency by it, via --eff, to make the planner match the run)."""
+    """Predict a finished run's step against its medians over steps. Rows: name, unit, predicted, measured (None if
+    not logged), ratio = measured / predicted (divide that phase's efficiency by it, via --eff, to match the run)."""
     cfg, med, steps, summary = read_run(run_dir)
     shape = resolve_model(cfg.model.name, "model.name (in the run's config.yaml)")
     p = plan(shape, workload_from_run(cfg, med), resolve_device(device, "--device"), gpus, eff)
@@ -456,8 +456,9 @@ def format_plan(p: dict, label: str) -> str:
              f"prompt {w['prompt_len']} + {w['new_tokens']} new tokens", "", f"{'memory per device':<44}{'GiB':>9}"]
     lines += [f"  {LABELS[k]:<42}{v / GiB:>9.3f}" for k, v in m.items()]
     if p["fits"] is not None:
-        lines.append(f"  {'fits in device memory':<42}{'yes' if p['fits'] else 'NO':>9}")
+        lines.append(f"  {'within device memory' + (' (estimate only)' if p['lacks'] else ''):<42}{'yes' if p['fits'] else 'NO':>9}")
     lines += ["", f"{'time per step':<44}{'s':>9}"] + [f"  {LABELS[k]:<42}{v:>9.3f}" for k, v in t.items()]
+    lines += ["", "rlpost cannot run this set-up yet; these figures plan for when it can:", *(f"  - {x}" for x in p["lacks"])] if p["lacks"] else []
     return "\n".join(lines)
 
 
