@@ -82,7 +82,7 @@ class TaskConfig:
     prompt_column: str = "prompt"
     """data column holding the prompt: a string (becomes the user message) or a list of chat messages"""
     answer_column: str = "answer"
-    """data column holding the reference answer (becomes row['answer']); every other column is kept for the verifier"""
+    """data column holding the reference answer (becomes row['answer']); a dotted name reads a nested field; when 'answer' is missing, verl's reward_model.ground_truth is used; every other column is kept for the verifier"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
     gym_name: str = "basic_arithmetic"
