@@ -23,7 +23,7 @@ from rlpost.model import lora
 from rlpost.model.load import load_policy
 from rlpost.model.precision import DTYPES
 from rlpost.rewards.judge import Judge
-from rlpost.rewards.reward_model import RewardModelScorer
+from rlpost.rewards.reward_model import load_reward_model
 from rlpost.rewards.runner import VerifierRunner
 from rlpost.rewards.stack import RewardStack, part_name
 from rlpost.roles.critic import Critic
@@ -104,7 +104,7 @@ def build_reward(cfg: config.Config, verifier: Verifier) -> Verifier:
     weights = [float(w) for w in t.reward_weights.split(",")] if t.reward_weights else [1.0] * len(funcs)
     parts = [(part_name(f), VerifierRunner(f, verifier_timeout(cfg)), w) for f, w in zip(funcs, weights)]
     if t.reward_model:
-        scorer = RewardModelScorer(t.reward_model, config.derived(cfg).micro_batch_size, cfg.trainer.autocast_bf16)
+        scorer = load_reward_model(t.reward_model, config.derived(cfg).micro_batch_size, cfg.trainer.autocast_bf16)
         parts.append(("reward_model", scorer, 1.0))
     if t.judge_model:
         parts.append(("judge", Judge.from_config(cfg), t.judge_weight))
