@@ -80,7 +80,7 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                           (run / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert len(re.findall(r"<svg", dom.stdout)) == 10  # the browser parsed every inline plot
+    assert len(re.findall(r"<svg", dom.stdout)) == 11  # the browser parsed every inline plot
     shot = tmp_path / "report.png"
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                     "--window-size=1200,2400", (run / "report.html").as_uri()], capture_output=True, timeout=120)
