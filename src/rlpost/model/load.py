@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -164,9 +165,12 @@ def resolve(spec: str) -> str:
             raise ModelLoadError(f"{spec} is a run folder without a model/ folder yet (the run has not ended); "
                                  f"write one from its last checkpoint with: rlpost export {spec}")
         return str(folder / "model")
-    if not folder.exists() and spec != "tiny":
+    if not folder.exists() and HUB_ID.fullmatch(spec) and spec != "tiny":  # not a local path: the hub is asked
         hub_reachable()
     return spec
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # 'org/name' or 'name'; a path starts with / or . or has 2+ slashes
 
 
 _HUB_CHECKED: list[bool] = []  # the hub probe runs once per process
