@@ -251,3 +251,12 @@ def test_a_gpu_plan_says_what_rlpost_lacks_instead_of_fits_yes(capsys):
     assert json.loads(capsys.readouterr().out)["lacks"]
     assert planner.main(["--model", "tiny"]) == 0  # the CPU plan is one rlpost runs today
     assert "cannot run" not in capsys.readouterr().out
+
+
+def test_a_run_folder_plans_the_model_it_ended_with(tmp_path):
+    (tmp_path / "config.yaml").write_text("{}\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 76, "tie_word_embeddings": True}))
+    assert planner.resolve_model(str(tmp_path)) == planner.TINY

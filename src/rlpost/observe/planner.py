@@ -107,9 +107,10 @@ def shape_from_config_json(folder: Path, arg: str) -> Shape:
 def resolve_model(name: str, arg: str = "--model") -> Shape:
     if name in EMBEDDED_NAMES or name == "tiny":
         return TINY if name == "tiny" else EMBEDDED
-    if not Path(name).is_dir():
-        raise ConfigError(f"{arg}: {name!r} is not 'embedded', 'tiny' or a folder with config.json")
-    return shape_from_config_json(Path(name), arg)
+    folder = Path(name) / "model" if (Path(name) / "config.yaml").is_file() else Path(name)  # a run folder: its model/
+    if not folder.is_dir():
+        raise ConfigError(f"{arg}: {name!r} is not 'embedded', 'tiny', a run folder or a folder with config.json")
+    return shape_from_config_json(folder, arg)
 
 
 # --- Workload and device ---
@@ -250,10 +251,9 @@ def logits_bytes(s: Shape, rows: float, T: float) -> float:
 # --- The plan ---
 LABELS = {"weights": "policy weights (fp32 master)", "sampler": "sampler copy", "grads": "gradients (fp32)",
           "adamw": "AdamW states (2 x fp32)", "reference": "reference copy (fp32)", "critic": "critic (weights+grads+AdamW)",
-          "activations": "activations (1 micro-batch fwd+bwd)", "logits": "logits (B, T, V) for log-softmax",
-          "kv_cache": "sampler KV cache", "runtime": "runtime overhead", "total": "total (peak)", "step": "step",
-          "gen": "rollout (prefill + decode)", "ref": "reference forward", "old": "old log-probs (+values)",
-          "update": "update (fwd+bwd+AdamW)", "sync": "weight sync"}
+          "activations": "activations (1 micro-batch fwd+bwd)", "logits": "logits (B, T, V) for log-softmax", "step": "step",
+          "kv_cache": "sampler KV cache", "runtime": "runtime overhead", "total": "total (peak)", "sync": "weight sync",
+          "gen": "rollout (prefill + decode)", "ref": "reference forward", "old": "old log-probs (+values)", "update": "update (fwd+bwd+AdamW)"}
 
 
 def memory(s: Shape, w: Workload, dev: Device = CPU, gpus: int = 1) -> dict[str, float]:
