@@ -27,6 +27,10 @@ TINY = [
     "run.checkpoint_every=0", "trainer.lr=1e-3", "trainer.precision=fp32", "run.threads=1",
 ]
 
+# The same for `rlpost eval tiny`: no model.name (the target names it), no trainer keys (eval trains nothing,
+# so it refuses them).
+TINY_EVAL = [o for o in TINY if not o.startswith(("model.name", "trainer."))]
+
 
 def tiny_cfg(*overrides: str) -> config.Config:
     return config.load(None, [*TINY, *overrides])

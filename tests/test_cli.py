@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from helpers import TINY, cli, run_cli
+from helpers import TINY, TINY_EVAL, cli, run_cli
 from safetensors.torch import load_file
 
 from rlpost.model.load import load_policy
@@ -71,3 +71,50 @@ def test_every_recipe_runs_two_steps_on_the_tiny_model(tmp_path, monkeypatch):
                          "task.verifier=toy_verifiers:odd_length"])
         assert code == 0, recipe.name
         assert len((tmp_path / recipe.stem / "metrics.jsonl").read_text().splitlines()) == 2, recipe.name
+
+
+def test_version_and_python_dash_m():
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("rlpost ") and r.stdout.split()[1][0].isdigit()
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    m = subprocess.run([sys.executable, "-m", "rlpost", "--version"], capture_output=True, text=True, env=env)
+    assert m.returncode == 0 and m.stdout == r.stdout
+
+
+def test_eval_overrides_after_options_and_samples_never_overwritten(tmp_path, monkeypatch, capsys):
+    from rlpost import cli
+
+    monkeypatch.chdir(tmp_path)
+    tiny = TINY_EVAL
+    # overrides after --n / --samples are overrides, as before them
+    assert cli.main(["eval", "tiny", "--n", "2", *tiny, "--samples", "2", "run.seed=1"]) == 0
+    assert cli.main(["eval", "tiny", "--n", "2", "--samples", "2", *tiny]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["samples_file"] == "eval_samples.2.jsonl"
+    assert (tmp_path / "eval_samples.jsonl").exists() and (tmp_path / "eval_samples.2.jsonl").exists()
+    assert cli.main(["eval", "tiny", "--n", "2", *tiny, "--out", "eval_samples.jsonl"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert cli.main(["eval", "tiny", "--n", "2", *tiny, "--out", "eval_samples.jsonl", "--overwrite"]) == 0
+
+
+def test_options_a_command_would_ignore_are_refused(tmp_path, capsys):
+    from rlpost import cli
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "1", "answer": "1"}\n')
+    cases = [
+        (["train", "pref.loss=ipo"], "pref.loss: rlpost train would ignore it"),
+        (["train", f"task.data={data}"], "task.data: task.name=arithmetic generates its own problems"),
+        (["eval", "tiny", "trainer.lr=1e-3"], "trainer.lr: rlpost eval would ignore it"),
+        (["eval", "tiny", "--k", "2"], "--k: pass@k and maj@k need --samples"),
+        (["sft", "dist.topology=async"], "dist.topology: rlpost sft would ignore it"),
+        (["rm", "pref.loss=ipo"], "pref.loss: rlpost rm would ignore it"),
+    ]
+    for argv, message in cases:
+        assert cli.main([*argv, f"run.out_dir={tmp_path}"]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert not any(tmp_path.glob("*/config.yaml"))  # refused before any run folder was made

@@ -29,6 +29,7 @@ LAYERS = [
 LAZY_OK = {
     "rlpost.cli": "commands load their recipe after the config is checked (errors before torch loads)",
     "rlpost.build": "distributed/ needs the optional ray extra",
+    "rlpost": "the package exports its API lazily (PEP 562): `import rlpost` loads no torch, so config errors come first",
 }
 
 

@@ -28,7 +28,7 @@ from rlpost.envs import Task, verifier_timeout
 from rlpost.model import lora, precision
 from rlpost.model.load import load_policy
 from rlpost.rewards.judge import Judge
-from rlpost.rewards.reward_model import RewardModelScorer
+from rlpost.rewards.reward_model import load_reward_model
 from rlpost.rewards.runner import VerifierRunner, default_workers
 from rlpost.rewards.stack import RewardStack, part_name
 from rlpost.roles.critic import Critic
@@ -151,8 +151,8 @@ def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = 
         for f, w in zip(funcs, weights):
             parts.append((part_name(f), make_runner(cfg, f, "task.reward_funcs", run_dir), w))
         if t.reward_model:
-            scorer = RewardModelScorer(t.reward_model, config.derived(cfg).micro_batch_size, 
-                                       precision.trainer_bf16(cfg.trainer.precision))
+            scorer = load_reward_model(t.reward_model, config.derived(cfg).micro_batch_size,
+                                        precision.trainer_bf16(cfg.trainer.precision))
             parts.append(("reward_model", scorer, 1.0))
         if t.judge_model:
             parts.append(("judge", Judge.from_config(cfg), t.judge_weight))

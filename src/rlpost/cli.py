@@ -4,7 +4,8 @@
   rlpost train --resume RUN_DIR [section.key=value ...] continue a run from its last checkpoint
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
   rlpost sft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, preference, reward-model training
-  rlpost pipeline PIPELINE.yaml                         SFT -> (RM) -> DPO -> RL, one table at the end
+  rlpost pipeline PIPELINE.yaml [section.key=value ...] SFT -> (RM) -> DPO -> RL, one table at the end
+  rlpost export RUN_DIR [--step N] [--out DIR] [--merge-lora]   a checkpoint as a transformers folder
   rlpost report RUN_DIR [--out FILE]                    self-contained HTML report with plots
   rlpost doctor RUN_DIR                                 training-health findings and the knob for each
   rlpost plan [--model M | --params 7B | --from RUN_DIR] ...   memory and step-time estimate
@@ -20,6 +21,7 @@ recipes/guard.py).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import re
 import signal
@@ -48,8 +50,23 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
     return recipe, overrides
 
 
+def version() -> str:
+    try:
+        return importlib.metadata.version("rlpost")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def recipe_keys(recipe: str | None, overrides: list[str]) -> list[str]:
+    """The dotted keys the user set: the recipe's and the overrides'."""
+    tree = config.read_yaml(recipe) if recipe else {}
+    keys = [f"{sec}.{k}" for sec, fields in tree.items() if isinstance(fields, dict) for k in fields]
+    return keys + [o.split("=", 1)[0] for o in overrides]
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlpost", description="RL post-training of language models.")
+    p.add_argument("--version", action="version", version=f"rlpost {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     options = "options (section.key=value):\n" + config.help_text()
     t = sub.add_parser("train", help="run GRPO (or the recipe's algorithm)", epilog=options,
@@ -68,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--n", type=int, default=0, help="held-out problems to use (0 = all)")
     e.add_argument("--samples", type=int, default=0, help="also draw S samples per problem at rollout.temperature: pass@k, maj@k")
     e.add_argument("--k", default="", help="comma-separated k for pass@k and maj@k (default: 1 and S)")
-    e.add_argument("--out", default="", help="per-sample results (JSONL); default RUN_DIR/eval_samples.jsonl or ./eval_samples.jsonl")
+    e.add_argument("--out", default="", help="per-sample results (JSONL); default RUN_DIR/eval_samples.jsonl or ./eval_samples.jsonl, numbered when it exists")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
                        ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
                        ("rm", "Bradley-Terry reward model (a scalar head on the LM)")):
@@ -77,6 +95,15 @@ def _parser() -> argparse.ArgumentParser:
         k.add_argument("args", nargs="*", metavar="RECIPE|key=value", help="a recipe YAML, then dotted overrides")
     pl = sub.add_parser("pipeline", help="SFT -> (RM) -> DPO -> RL from one recipe, with a stage table")
     pl.add_argument("recipe", metavar="PIPELINE.yaml")
+    pl.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides added to the recipe's base (every stage)")
+    x = sub.add_parser("export", help="write a run's checkpoint as a transformers folder (vLLM, llama.cpp, from_pretrained)",
+                       description="Write a checkpoint of RUN_DIR as a transformers folder: config, generation config, "
+                                   "tokenizer with its chat template, safetensors. Every run already ends with RUN_DIR/model.")
+    x.add_argument("run_dir", metavar="RUN_DIR")
+    x.add_argument("--step", type=int, help="the checkpoint of this step (default: the latest)")
+    x.add_argument("--out", metavar="DIR", help="where to write (default RUN_DIR/model, RUN_DIR/model_step_N with --step)")
+    x.add_argument("--merge-lora", action="store_true",
+                   help="LoRA runs: fold the adapters into a full model (default for LoRA: the peft adapter folder alone)")
     r = sub.add_parser("report", help="write RUN_DIR/report.html: plots, health findings, samples")
     r.add_argument("run_dir", metavar="RUN_DIR")
     r.add_argument("--out", metavar="FILE", help="where to write the HTML (default RUN_DIR/report.html)")
@@ -102,9 +129,17 @@ def main(argv: list[str] | None = None) -> int:
             from rlpost.observe import planner
 
             return planner.main(argv[1:])
-        args = _parser().parse_args(argv)
+        parser = _parser()
+        # Overrides may come after options too (`rlpost eval RUN --n 50 run.threads=1`): argparse gives
+        # the key=value words it did not place back, and they join the command's overrides.
+        args, extra = parser.parse_known_args(argv)
+        if extra and (not hasattr(args, "args") or any("=" not in a or a.startswith("-") for a in extra)):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if extra:
+            args.args = [*args.args, *extra]
         commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
-                    "sft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline}
+                    "sft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline,
+                    "export": cmd_export}
         return commands[args.command](args)
     except (config.ConfigError, ModelLoadError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
@@ -154,6 +189,7 @@ def cmd_train(args) -> int:
         return _resume(args, recipe, overrides)
     if args.start_over:
         raise config.ConfigError("--start-over: only with --resume RUN_DIR")
+    refuse_ignored("train", recipe_keys(recipe, overrides))
     cfg = config.load(recipe, overrides)  # before torch loads: a mistake shows in a fraction of a second
     from rlpost import build
     from rlpost.recipes.rl import train
@@ -174,7 +210,9 @@ def _resume(args, recipe: str | None, overrides: list[str]) -> int:
     if recipe is not None:
         raise config.ConfigError(f"--resume takes overrides only, not a recipe ({recipe})")
     run_dir = Path(args.resume)
+    refuse_ignored("train", [o.split("=", 1)[0] for o in overrides])
     with runfolder.claim(run_dir, "resume") as rf:
+        importable(run_dir)
         current = config.run_config_path(run_dir)
         cfg = config.load(current, overrides)
         changes = config.resume_changes(config.load(current), cfg)
@@ -195,6 +233,9 @@ def _resume(args, recipe: str | None, overrides: list[str]) -> int:
 
 
 def cmd_eval(args) -> int:
+    refuse_ignored("eval", [a.split("=", 1)[0] for a in args.args])
+    if args.k and not args.samples:
+        raise config.ConfigError("--k: pass@k and maj@k need --samples S (S samples per problem); without it only greedy accuracy is measured")
     target = Path(args.target)  # the config first: its mistakes show before torch loads
     config.load(config.run_config_path(target) if (target / "config.yaml").exists() else None,
                 args.args if (target / "config.yaml").exists() else [f"model.name={args.target}", *args.args])
@@ -206,6 +247,7 @@ def cmd_eval(args) -> int:
 
     weights = None
     if (target / "config.yaml").exists():  # a run folder: its own config and newest intact weights
+        importable(target)
         cfg = build.check(config.load(config.run_config_path(target), args.args))
         found = checkpoint.load_latest(target)
         if found is None:
@@ -214,13 +256,59 @@ def cmd_eval(args) -> int:
     else:
         cfg = build.check(config.load(None, [f"model.name={args.target}", *args.args]))
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
-    out = Path(args.out or (target / "eval_samples.jsonl" if weights is not None else "eval_samples.jsonl"))
     ks = sorted({int(k) for k in args.k.split(",") if k} or {1, max(1, args.samples)})
     if args.samples and max(ks) > args.samples:
         raise config.ConfigError(f"--k: every k must be <= --samples ({args.samples}), got {args.k}")
+    out = samples_file(args, target if weights is not None else Path("."))
     acc, n, summary = heldout_accuracy(cfg, weights, args.n, samples=args.samples, ks=ks, dump=out)
     print(json.dumps({"target": str(args.target), "heldout_accuracy": acc, "n": n, **summary, "samples_file": str(out)}))
     return 0
+
+
+def samples_file(args, folder: Path) -> Path:
+    """Where eval writes its per-sample records; an existing file is never replaced silently: an
+    explicit --out needs --overwrite, the default name gets the next free number."""
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and not args.overwrite:
+            raise config.ConfigError(f"--out: {out} exists; pass --overwrite to replace it, or another --out")
+        return out
+    out, i = folder / "eval_samples.jsonl", 1
+    while out.exists() and not args.overwrite:
+        i += 1
+        out = folder / f"eval_samples.{i}.jsonl"
+    return out
+
+
+def importable(run_dir: Path) -> None:
+    """Put a run folder on the import path (and so on its verifier workers' PYTHONPATH): the
+    Python API registers reward functions given as objects in a module there (recipes/api.py)."""
+    folder = str(run_dir.resolve())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+# Sections (or keys) a command reads; a key typed for a command that does not read it is refused,
+# so nothing the user asked for is silently dropped. Shared override sets (a pipeline's `base`)
+# are not checked here: each stage reads its own part of them.
+IGNORED = {
+    "train": ("pref.",),
+    "eval": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
+    "sft": ("dist.", "algo.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
+            "pref.orpo_lambda", "pref.rm_margin"),
+    "rm": ("dist.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma", "pref.orpo_lambda"),
+    "dpo": ("dist.", "pref.rm_margin"),
+}
+WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",
+       "sft": "supervised fine-tuning runs in one process, on fixed rows, with the NLL loss",
+       "rm": "the reward model trains in one process with the Bradley-Terry loss",
+       "dpo": "preference optimisation runs in one process"}
+
+
+def refuse_ignored(command: str, keys: list[str]) -> None:
+    for key in keys:
+        if any(key == p or key.startswith(p) for p in IGNORED.get(command, ())):
+            raise config.ConfigError(f"{key}: rlpost {command} would ignore it ({WHY[command]}); drop it")
 
 
 def _run_folder(path: str) -> Path:
@@ -255,6 +343,7 @@ def cmd_doctor(args) -> int:
 
 def cmd_offline(args) -> int:
     recipe, overrides = _split(args.args)
+    refuse_ignored(args.command, recipe_keys(recipe, overrides))
     cfg = config.load(recipe, overrides)
     from rlpost.recipes.pipeline import train_stage
 
@@ -271,7 +360,16 @@ def cmd_pipeline(args) -> int:
     config.read_yaml(args.recipe)  # the file's own mistakes before torch loads (the stages are checked next)
     from rlpost.recipes.pipeline import run_pipeline
 
-    run_pipeline(args.recipe)
+    run_pipeline(args.recipe, args.args)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from rlpost.model.export import export_run
+
+    out = export_run(args.run_dir, args.step, args.out, args.merge_lora)
+    print(f"rlpost: wrote {out}; load it with model.name={out} or transformers' from_pretrained", file=sys.stderr)
+    print(json.dumps({"run_dir": args.run_dir, "out": str(out)}))
     return 0
 
 

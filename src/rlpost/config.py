@@ -99,6 +99,11 @@ def check_task(cfg: Config) -> None:
     t = cfg.task
     if t.name == "dataset" and not t.data:
         raise ConfigError(f"task.data: task.name={t.name} needs a data file (.jsonl, .parquet or a `datasets` folder)")
+    if (t.data or t.eval_data) and t.name not in ("dataset", "math", "code"):
+        key = "task.data" if t.data else "task.eval_data"
+        raise ConfigError(f"{key}: task.name={t.name} generates its own problems and would ignore it; use task.name=dataset (or math, code)")
+    if t.eval_data and not t.data:
+        raise ConfigError(f"task.eval_data: used only next to task.data (task.name={t.name} generates its problems without it)")
     try:
         gym_config = yaml.safe_load(t.gym_config) if t.gym_config else {}
     except yaml.YAMLError as e:

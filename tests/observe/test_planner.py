@@ -264,3 +264,23 @@ def test_plan_through_the_cli():
     assert out  # a JSON plan
     bad = cli("plan", "--params", "lots")
     assert bad.returncode == 2 and bad.stderr.startswith("rlpost: error: --params")
+
+
+def test_a_gpu_plan_says_what_rlpost_lacks_instead_of_fits_yes(capsys):
+    assert planner.main(["--params", "7B", "--gpu", "h100", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "fits in device memory" not in out and "(estimate only)" in out
+    assert "rlpost cannot run this set-up yet" in out and "no model on a GPU" in out and "vLLM" in out
+    assert planner.main(["--params", "7B", "--gpu", "h100", "--gpus", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lacks"]
+    assert planner.main(["--model", "tiny"]) == 0  # the CPU plan is one rlpost runs today
+    assert "cannot run" not in capsys.readouterr().out
+
+
+def test_a_run_folder_plans_the_model_it_ended_with(tmp_path):
+    (tmp_path / "config.yaml").write_text("{}\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 76, "tie_word_embeddings": True}))
+    assert planner.resolve_model(str(tmp_path)) == planner.TINY

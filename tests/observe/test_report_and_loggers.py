@@ -47,11 +47,11 @@ def test_report_has_every_plot_and_samples(run):
     assert r.returncode == 0, r.stderr
     page = (run / "report.html").read_text()
     assert "<script" not in page and "src=" not in page  # self-contained
-    for title in ("Reward and held-out accuracy", "KL to the reference", "Policy entropy", "Response length",
+    for title in ("Reward and held-out accuracy", "KL to the reference", "Policy change per update", "Policy entropy", "Response length",
                   "Clip fractions", "Group reward spread", "Gradient norm", "Throughput",
                   "pi_trainer / pi_sampler", "Wall-clock per role per step"):
         assert title in page, title
-    assert page.count("<svg") == 10  # reward, 7 line plots, ratio histogram, timing
+    assert page.count("<svg") == 11  # reward, 8 line plots, ratio histogram, timing
     assert "top reward" in page and "random" in page and "Health" in page
     assert [int(x) for x in re.findall(r"<h3>step (\d+)</h3>", page)] == [1, 3, 4]  # first, middle, last
     r = cli("report", str(run), "--steps", "2", "--out", str(run / "two.html"))
@@ -66,7 +66,7 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                           (run / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert len(re.findall(r"<svg", dom.stdout)) == 10  # the browser parsed every inline plot
+    assert len(re.findall(r"<svg", dom.stdout)) == 11  # the browser parsed every inline plot
     shot = tmp_path / "report.png"
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                     "--window-size=1200,2400", (run / "report.html").as_uri()], capture_output=True, timeout=120)
@@ -86,3 +86,38 @@ def test_mlflow_file_store_gets_the_metrics(tmp_path):
     got = [m.value for m in client.get_metric_history(run.info.run_id, "reward.mean")]
     assert got == pytest.approx([m["reward/mean"] for m in lines])
     assert run.data.params["rollout.group_size"] == "4"
+
+
+def history(steps=3, **metrics):
+    return [{"step": i, **{k: v * i for k, v in metrics.items()}} for i in range(1, steps + 1)]
+
+
+def test_kl_to_the_reference_is_plotted_only_with_a_reference(tmp_path):
+    from rlpost.observe.report import build_html
+
+    # no reference (kl_coef = 0): GRPO still logs PPO's old -> new KL, which is not a KL to a reference
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history(**{"actor/ppo_kl": 0.01, "reward/mean": 0.1})))
+    page = build_html(tmp_path)
+    assert "KL to the reference" not in page and "Policy change per update" in page
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history(**{"actor/kl": 0.01, "reward/mean": 0.1})))
+    assert "KL to the reference" in build_html(tmp_path)
+
+
+def test_plots_tick_whole_steps_and_keep_legends_off_the_data():
+    from rlpost.observe.report import line_figure
+
+    fig = line_figure(history(3, **{"response_length/mean": 2.0, "response_length/max": 3.0}), "Response length",
+                      [("response_length/mean", "mean"), ("response_length/max", "max")], "tokens")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks  # 1, 2, 3; not 1.0, 1.25, ...
+    legend = ax.get_legend().get_window_extent()
+    assert not legend.overlaps(ax.get_window_extent())  # below the axes, not over the lines
+
+
+def test_summary_numbers_are_rounded():
+    from rlpost.observe.report import summary_items
+
+    rows = summary_items({"wall_minutes": 0.123456789, "steps": 25, "heldout_before": {"sft/nll": 4.31234567}})
+    assert rows == [("wall_minutes", 0.1235), ("steps", 25), ("heldout_before sft/nll", 4.312)]

@@ -23,8 +23,11 @@ def test_summarise_by_hand():
     assert s["pass@1"] == pytest.approx((0.5 + 0) / 2)
     assert s["pass@2"] == pytest.approx((1 - 1 / 6 + 0) / 2)  # 1 - C(2,2)/C(4,2)
     assert s["pass@4"] == pytest.approx(0.5)
-    # maj@1: first sample "5" right; maj@2: "5" vs "7" tie -> first seen "5" right; maj@4: 5 vs 7 tie -> "5"
-    assert s["maj@1"] == s["maj@2"] == s["maj@4"] == pytest.approx(0.5)
+    # problem 0 (problem 1 scores 0 everywhere): maj@1 = 2 right of 4 = 0.5 = its pass@1;
+    # maj@2 over the C(4,2) = 6 pairs: {5,5} -> 1, {7,7} -> 0, four {5,7} ties -> 1/2 each: 3/6 = 0.5;
+    # maj@4: 5 and 7 tie 2-2 -> 1/2. Averaged over the two problems: 0.25 each.
+    assert s["maj@1"] == s["pass@1"] == pytest.approx(0.25)
+    assert s["maj@2"] == s["maj@4"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="k=5"):
         summarise(records, [5])
 
@@ -36,10 +39,10 @@ def test_answer_key():
 
 
 def test_eval_cli_reports_pass_at_k_and_saves_every_sample(tmp_path):
-    from helpers import TINY, cli
+    from helpers import TINY_EVAL, cli
 
     out = tmp_path / "samples.jsonl"
-    overrides = [o for o in TINY if not o.startswith("model.name")]
+    overrides = TINY_EVAL
     p = cli("eval", "tiny", *overrides, "--samples", "3", "--k", "1,3", "--out", str(out))
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])
@@ -48,5 +51,6 @@ def test_eval_cli_reports_pass_at_k_and_saves_every_sample(tmp_path):
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) == 8 * 3 and {(r["problem"], r["sample"]) for r in lines} == {(i, j) for i in range(8) for j in range(3)}
     assert summary["pass@1"] == pytest.approx(sum(r["correct"] for r in lines) / 24)
+    assert summary["maj@1"] == pytest.approx(summary["pass@1"])  # one sample's "majority" is that sample
     bad = cli("eval", "tiny", *overrides, "--samples", "2", "--k", "3", "--out", str(out))
     assert bad.returncode == 2 and "--k" in bad.stderr

@@ -5,9 +5,11 @@ import json
 import random
 
 import pytest
-from helpers import TINY, cli, tiny_cfg
+import torch
+from helpers import TINY, cli, run_cli, tiny_cfg
 
 from rlpost.config import ConfigError
+from rlpost.model.load import load_policy
 from rlpost.recipes.offline import train_offline
 
 
@@ -118,3 +120,87 @@ def test_length_grouped_batches_are_a_permutation_with_less_padding():
     assert sorted(grouped) == sorted(plain) == list(range(400))
     pad = lambda order: sum(max(lengths[i] for i in order[b:b + 8]) * 8 for b in range(0, 400, 8)) - sum(lengths)
     assert pad(grouped) < 0.2 * pad(plain)
+
+
+def test_lora_in_sft_changes_the_result_and_trains_only_adapters(tmp_path):
+    from safetensors.torch import load_file
+
+    rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in digit_pairs(64, 0)]
+    data = write_jsonl(tmp_path / "sft.jsonl", rows)
+    base = ["pref.epochs=1", "pref.batch_size=16", "trainer.lr=3e-3", f"pref.data={data}"]
+    full = train_offline(tiny_cfg(*base), tmp_path / "full", "sft")
+    lora = train_offline(tiny_cfg(*base, "model.lora_r=4"), tmp_path / "lora", "sft")
+    # same data, seed and steps: the held-out NLL differs once LoRA is really on
+    assert full["heldout_before"]["sft/nll"] == lora["heldout_before"]["sft/nll"]
+    assert full["heldout_after"]["sft/nll"] != lora["heldout_after"]["sft/nll"]
+    init = load_policy("tiny").model.state_dict()
+    for run, moved in (("full", "embed_tokens"), ("lora", None)):
+        after = load_file(tmp_path / run / "model" / "model.safetensors")
+        changed = [k for k in after if not torch.equal(after[k], init[k])]
+        if moved:  # a full fine-tune moves the embedding and norms too
+            assert any(moved in k for k in changed) and any("norm" in k for k in changed)
+        else:  # LoRA: only the adapted linear layers moved (merged), nothing else
+            assert changed and all(k.endswith("proj.weight") for k in changed), changed
+    assert (tmp_path / "lora" / "adapter" / "adapter_config.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["rm", "dpo"])
+def test_lora_in_rm_and_dpo_trains_only_adapters(tmp_path, pairs, kind):
+    from safetensors.torch import load_file
+
+    train, held = pairs
+    cfg = tiny_cfg(f"pref.data={train}", f"pref.eval_data={held}", "pref.batch_size=32", "trainer.lr=3e-3",
+                   "model.lora_r=4")
+    s = train_offline(cfg, tmp_path / kind, kind)
+    after = load_file(tmp_path / kind / "model" / "model.safetensors")
+    init = load_policy("tiny").model.state_dict()
+    changed = [k for k in after if not torch.equal(after[k], init[k])]
+    assert changed and all(k.endswith("proj.weight") for k in changed), changed
+    if kind == "rm":  # the head trains in full beside the adapters, and the loss is named for what it is
+        assert s["loss"] == "bradley_terry" and (tmp_path / kind / "model" / "value_head.safetensors").exists()
+        assert s["heldout_after"]["rm/accuracy"] != s["heldout_before"]["rm/accuracy"]
+    else:
+        assert s["heldout_after"]["rewards/margin"] > s["heldout_before"]["rewards/margin"]
+
+
+@pytest.mark.parametrize("layout", ["explicit_conversational", "implicit_conversational", "implicit_standard"])
+def test_trl_preference_layouts_are_read_and_train(tmp_path, layout):
+    from rlpost.envs.data import preference_triple
+
+    plain = digit_pairs(64, 0)
+
+    def convert(r):
+        user, chosen, rejected = [{"role": "user", "content": r["prompt"]}], r["chosen"], r["rejected"]
+        if layout == "explicit_conversational":
+            return {"prompt": user, "chosen": [{"role": "assistant", "content": chosen}],
+                    "rejected": [{"role": "assistant", "content": rejected}]}
+        if layout == "implicit_conversational":
+            return {"chosen": [*user, {"role": "assistant", "content": chosen}],
+                    "rejected": [*user, {"role": "assistant", "content": rejected}]}
+        return {"chosen": f"Q{r['prompt']} A: {chosen}", "rejected": f"Q{r['prompt']} A: {rejected}"}
+
+    rows = [convert(r) for r in plain]
+    prompt, chosen, rejected = preference_triple(rows[0], "x")
+    if layout == "implicit_standard":  # TRL's split: the shared text is the prompt, the space stays with the answers
+        assert prompt == [{"role": "user", "content": f"Q{plain[0]['prompt']} A:"}] and chosen == f" {plain[0]['chosen']}"
+    else:
+        assert (prompt, chosen, rejected) == ([{"role": "user", "content": plain[0]["prompt"]}], plain[0]["chosen"], plain[0]["rejected"])
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    for kind in ("dpo", "rm"):
+        s = train_offline(tiny_cfg(f"pref.data={data}", "pref.batch_size=32"), tmp_path / kind, kind)
+        assert s["rows"] == 57 and s["skipped_rows"] == 0  # 64 minus the 10% held out, none refused
+
+
+def test_report_on_sft_rm_and_dpo_runs(tmp_path, pairs):
+    from rlpost import cli
+
+    train, _ = pairs
+    for kind in ("sft", "rm", "dpo"):
+        data = train
+        if kind == "sft":
+            data = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"]} for r in digit_pairs(32, 0)])
+        train_offline(tiny_cfg(f"pref.data={data}", "pref.batch_size=16"), tmp_path / kind, kind)
+        assert cli.main(["report", str(tmp_path / kind)]) == 0, kind
+        page = (tmp_path / kind / "report.html").read_text()
+        assert f"{kind} training loss" in page and "<svg" in page and "heldout_after" in page, kind
+    assert "bradley_terry" in (tmp_path / "rm" / "report.html").read_text()

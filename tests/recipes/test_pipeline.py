@@ -22,7 +22,7 @@ def test_pipeline_runs_every_stage_from_the_previous_one(tmp_path):
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    r = cli("pipeline", str(path))
+    r = cli("pipeline", str(path), "pref.max_len=32")  # command-line overrides join the base, for every stage
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads((tmp_path / "p" / "pipeline.json").read_text())
     assert [x["stage"] for x in rows] == ["start", "sft", "rm", "dpo", "rlhf"]
@@ -32,10 +32,11 @@ def test_pipeline_runs_every_stage_from_the_previous_one(tmp_path):
     rl_cfg = yaml.safe_load((tmp_path / "p" / "rlhf" / "config.yaml").read_text())
     assert dpo_cfg["model"]["name"].endswith("sft/model") and rl_cfg["model"]["name"].endswith("dpo/model")
     assert rl_cfg["task"]["reward_model"].endswith("rm/model")
+    assert dpo_cfg["pref"]["max_len"] == rl_cfg["pref"]["max_len"] == 32
     metrics = [json.loads(l) for l in (tmp_path / "p" / "rlhf" / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 2 and "critic/kl" in metrics[0]  # PPO with the KL in the reward
     # a re-run skips finished stages
-    again = cli("pipeline", str(path))
+    again = cli("pipeline", str(path), "pref.max_len=32")
     assert again.returncode == 0 and again.stdout.splitlines()[-5:] == r.stdout.splitlines()[-5:]
     assert "accuracy before training" not in again.stderr  # the RL stage was not run again
 

@@ -62,15 +62,32 @@ def test_weighted_vote():
         majority_vote(["x"], weights=[1.0, 2.0])
 
 
-def test_maj_at_k_uses_the_first_k_samples():
-    answers = ["3", "7", "7", "3", "3"]
-    # first 3: "7" has 2 votes -> wrong; all 5: "3" has 3 votes -> right
-    assert maj_at_k(answers, {"3": True}, k=3) == 0.0
-    assert maj_at_k(answers, {"3": True, "7": False}, k=5) == 1.0
-    assert maj_at_k(answers, lambda a: int(a) == 3, k=5) == 1.0
-    assert maj_at_k([None, None, "3"], {"3": True}, k=2) == 0.0  # no majority among the first 2
+def test_maj_at_k_is_the_expectation_over_k_subsets():
+    answers, right = ["4", "5", "4", "6"], {"4": True}
+    # k=1: each sample alone; 2 of 4 right = 0.5, which is pass@1
+    assert maj_at_k(answers, right, k=1) == pytest.approx(0.5) == pass_at_k(4, 2, 1)
+    # k=2, the C(4,2) = 6 pairs: {4,4} -> 1; {4,5} x2, {4,6} x2 -> ties, 1/2 each; {5,6} -> 0: 3/6
+    assert maj_at_k(answers, right, k=2) == pytest.approx(0.5)
+    # k=3, 4 triples: {4,5,4} -> 1, {4,4,6} -> 1, {4,5,6} x2 -> 3-way ties, 1/3 each: (2 + 2/3) / 4
+    assert maj_at_k(answers, right, k=3) == pytest.approx((2 + 2 / 3) / 4)
+    # k=n: the plain majority, "4" with 2 votes
+    assert maj_at_k(answers, lambda a: a == "4", k=4) == 1.0
+    # the first-k vote would say 0.5 here ({4,5} tie); the expectation does not depend on order
+    assert maj_at_k(["5", "4", "4", "6"], right, k=3) == maj_at_k(answers, right, k=3)
+    assert maj_at_k([None, None, "3"], {"3": True}, k=2) == pytest.approx(2 / 3)  # {None,None} has no vote
     with pytest.raises(ValueError):
-        maj_at_k(answers, {"3": True}, k=6)
+        maj_at_k(answers, right, k=5)
+
+
+def test_maj_at_k_samples_subsets_when_there_are_too_many():
+    # 30 answers, 18 right: C(30, 15) ~ 1.6e8 subsets -> 20000 seeded ones; the exact value is the
+    # chance that "r" has > 7.5 votes among 15 (hypergeometric), computed by enumeration of counts
+    import math
+
+    answers = ["r"] * 18 + ["w"] * 12
+    exact = sum(math.comb(18, j) * math.comb(12, 15 - j) for j in range(8, 16)) / math.comb(30, 15)
+    est = maj_at_k(answers, {"r": True}, k=15)
+    assert abs(est - exact) < 0.02 and est == maj_at_k(answers, {"r": True}, k=15)  # seeded: repeatable
 
 
 def test_best_of_n_first_on_ties():

@@ -89,23 +89,59 @@ def prompt_messages(row: dict, source: str) -> list[dict]:
     raise DataError(f"{where(row, source)}: 'prompt' must be a string or a list of chat messages")
 
 
+def completion_text(value, key: str, row: dict, source: str) -> str:
+    """A completion as text: a string, or (TRL's conversational format) a list holding one
+    assistant message."""
+    if isinstance(value, str):
+        return value
+    if (isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict)
+            and value[0].get("role") == "assistant" and isinstance(value[0].get("content"), str)):
+        return value[0]["content"]
+    raise DataError(f"{where(row, source)}: expected '{key}' as a string or a list of one assistant message")
+
+
 def sft_pair(row: dict, source: str) -> tuple[list[dict], str]:
-    """(prompt messages, completion text) of an SFT row."""
+    """(prompt messages, completion text) of an SFT row: ``messages`` ending with the assistant
+    turn, or ``prompt`` + ``completion`` (strings, or TRL's conversational lists)."""
     if "messages" in row:
         msgs = row["messages"]
         if not (isinstance(msgs, list) and msgs and msgs[-1].get("role") == "assistant"):
             raise DataError(f"{where(row, source)}: 'messages' must end with an assistant message")
         return msgs[:-1], str(msgs[-1]["content"])
-    if not isinstance(row.get("completion"), str):
+    if "completion" not in row:
         raise DataError(f"{where(row, source)}: expected 'completion' (a string) or 'messages'")
-    return prompt_messages(row, source), row["completion"]
+    return prompt_messages(row, source), completion_text(row["completion"], "completion", row, source)
+
+
+def extract_prompt(chosen, rejected):
+    """TRL's implicit prompt (``trl.data_utils.extract_prompt``): the longest common prefix of
+    chosen and rejected (strings, or lists of messages) is the prompt; a space right before the
+    split stays with the completions. Returns (prompt, chosen rest, rejected rest)."""
+    idx = min(len(chosen), len(rejected))
+    for i in range(idx):
+        if chosen[i] != rejected[i]:
+            idx = i - 1 if i > 0 and isinstance(chosen, str) and chosen[i - 1] == " " else i
+            break
+    return chosen[:idx], chosen[idx:], rejected[idx:]
 
 
 def preference_triple(row: dict, source: str) -> tuple[list[dict], str, str]:
-    for key in ("chosen", "rejected"):
-        if not isinstance(row.get(key), str):
-            raise DataError(f"{where(row, source)}: expected '{key}' (a string)")
-    return prompt_messages(row, source), row["chosen"], row["rejected"]
+    """(prompt messages, chosen text, rejected text) of a preference row, in any of TRL's four
+    layouts: explicit ``prompt`` or implicit (the shared prefix of chosen and rejected is the
+    prompt), each as plain strings or as chat messages."""
+    chosen, rejected = row.get("chosen"), row.get("rejected")
+    for key, value in (("chosen", chosen), ("rejected", rejected)):
+        if not isinstance(value, (str, list)):
+            raise DataError(f"{where(row, source)}: expected '{key}' (a string or a list of chat messages)")
+    if "prompt" not in row:  # implicit prompt
+        if type(chosen) is not type(rejected):
+            raise DataError(f"{where(row, source)}: 'chosen' and 'rejected' must both be strings or both message lists")
+        prompt, chosen, rejected = extract_prompt(chosen, rejected)
+        if not prompt:
+            raise DataError(f"{where(row, source)}: no 'prompt', and 'chosen' and 'rejected' share no prefix to take it from")
+        row = {**row, "prompt": prompt}
+    return (prompt_messages(row, source), completion_text(chosen, "chosen", row, source),
+            completion_text(rejected, "rejected", row, source))
 
 
 class PromptStream:

@@ -2,7 +2,9 @@
 
 A data row has a prompt column (``task.prompt_column``: a string, which becomes the user message,
 or a list of chat messages) and an answer column (``task.answer_column``, copied to
-``row['answer']``); every other column rides along in the row, so a verifier or a TRL-style reward
+``row['answer']``; a dotted name reads a nested field). verl's parquet rows load as they are:
+``prompt`` holds the messages and, when there is no ``answer`` column, the answer is read from
+``reward_model.ground_truth``. Every other column (``data_source``, ``extra_info``, ...) rides along in the row, so a verifier or a TRL-style reward
 function can read it (TRL passes dataset columns to reward functions as keyword arguments; so do
 we, see envs/worker.py). A row that does not fit is reported as ``file:line`` and either stops the
 run (``task.on_bad_row=refuse``) or is skipped and counted (``skip``).
@@ -50,22 +52,25 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
         messages = [{"role": "system", "content": tcfg.system_prompt}, *messages]
     row = {k: v for k, v in raw.items() if k != tcfg.prompt_column}
     row.update(messages=messages, prompt=prompt)
-    if tcfg.answer_column:
-        answer = lookup(raw, tcfg.answer_column)
-        if answer is None and tcfg.answer_column == "answer":  # verl's layout: {"reward_model": {"ground_truth": ...}}
-            answer = lookup(raw, "reward_model.ground_truth")
+    name = tcfg.answer_column
+    if name == "answer" and "answer" not in raw and column(raw, VERL_ANSWER) is not None:
+        name = VERL_ANSWER  # a verl row: the reference answer sits in reward_model.ground_truth
+    if name:
+        answer = column(raw, name)
         if answer in (None, ""):
-            raise DataError(f"{where(raw, source)}: missing '{tcfg.answer_column}' (task.answer_column; set it to '' if the verifier needs none)")
+            raise DataError(f"{where(raw, source)}: missing '{name}' (task.answer_column; set it to '' if the verifier needs none)")
         row["answer"] = answer if isinstance(answer, str) else str(answer)
     return row
 
 
-def lookup(raw: dict, column: str):
-    """raw[column], or a nested field named with dots ('reward_model.ground_truth', verl's rows)."""
-    if column in raw:
-        return raw[column]
+VERL_ANSWER = "reward_model.ground_truth"
+
+
+def column(raw: dict, name: str):
+    """A column, or with a dotted name a field inside a nested one (verl's
+    ``reward_model.ground_truth``); None when absent."""
     value = raw
-    for part in column.split("."):
+    for part in name.split("."):
         if not isinstance(value, dict) or part not in value:
             return None
         value = value[part]

@@ -8,27 +8,38 @@ Three kinds of model spec are accepted (``load_policy(spec)``):
   loads take about 2 s.
 * ``"tiny"``: a 2-layer Llama with random weights and a character-level tokenizer, built in code,
   for tests that must run in seconds.
-* anything else: a local transformers folder or a hub id, passed to ``from_pretrained``.
+* a run folder (``runs/X``, holding config.yaml): the transformers folder it ended with,
+  ``runs/X/model`` (written by every run; ``rlpost export`` writes one from any checkpoint).
+* anything else: a local transformers folder or a hub id, passed to ``from_pretrained``. Before a
+  hub id is looked up, one TCP connect (3 s at most) checks that the hub can be reached; when it
+  cannot, the Hugging Face libraries are put in offline mode, so a model that is not in the local
+  cache fails at once with a clear line instead of after ~75 s of retries.
 
 Whatever the source, the tokenizer comes back with left padding (prompts are batched for
 generation, so the last prompt token must sit next to the first sampled one), a pad token, and
-a chat template.
+a chat template: a base model without one gets a plain ``User: ... / Assistant:`` template,
+said once per model.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
+from huggingface_hub import constants as hf_constants
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
+from rlpost.console import say
 from rlpost.types.errors import ModelLoadError
 
 # transformers draws a progress bar for every 0.3 s weight load; rlpost has its own progress bar.
@@ -148,7 +159,41 @@ def resolve(spec: str) -> str:
     """Turn a model spec into something from_pretrained accepts (or 'tiny')."""
     if spec in EMBEDDED_NAMES:
         return str(embedded_model_dir())
+    folder = Path(spec)
+    if (folder / "config.yaml").is_file() and not (folder / "config.json").exists():  # a run folder
+        if not (folder / "model" / "config.json").exists():
+            raise ModelLoadError(f"{spec} is a run folder without a model/ folder yet (the run has not ended); "
+                                 f"write one from its last checkpoint with: rlpost export {spec}")
+        return str(folder / "model")
+    if not folder.exists() and HUB_ID.fullmatch(spec) and spec != "tiny":  # not a local path: the hub is asked
+        hub_reachable()
     return spec
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # 'org/name' or 'name'; a path starts with / or . or has 2+ slashes
+
+
+_HUB_CHECKED: list[bool] = []  # the hub probe runs once per process
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the hub's host answers a TCP connect; if not, switch the HF libraries to offline
+    mode (HF_HUB_OFFLINE), which they otherwise only read from the environment at import."""
+    if _HUB_CHECKED:
+        return _HUB_CHECKED[0]
+    url = urlparse(hf_constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout_s).close()
+        ok = True
+    except OSError:
+        ok = False
+    if not ok and not hf_constants.HF_HUB_OFFLINE:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # for child processes
+        hf_constants.HF_HUB_OFFLINE = True  # read through huggingface_hub.constants at every request
+        say(f"the model hub ({hf_constants.ENDPOINT}) cannot be reached from here: offline mode, so only local "
+            "folders and models already in the Hugging Face cache load")
+    _HUB_CHECKED.append(ok)
+    return ok
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerFast:
@@ -169,12 +214,26 @@ def load_policy(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0) ->
     return Loaded(model=model, tokenizer=tok, source=source)
 
 
+# For base models that ship no chat template: plain role labels, the completion closed by EOS (as
+# encode.py appends it), and "Assistant:" as the generation prompt.
+PLAIN_CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}User: {{ m['content'] }}\n"
+    "{% else %}Assistant: {{ m['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+_SAID_PLAIN: set[str] = set()
+
+
 def prepare_tokenizer(tok, source: str):
     tok.padding_side = "left"
     if tok.pad_token is None:  # many base models ship without one; EOS is the usual stand-in
         tok.pad_token = tok.eos_token
     if not tok.chat_template:
-        raise ModelLoadError(f"the tokenizer of {source!r} has no chat template; set one in tokenizer_config.json")
+        if source not in _SAID_PLAIN:
+            say(f"{source} has no chat template (a base model?): using a plain 'User: ... / Assistant:' one")
+            _SAID_PLAIN.add(source)
+        tok.chat_template = PLAIN_CHAT_TEMPLATE
     return tok
 
 
@@ -185,9 +244,10 @@ def _from_pretrained(cls, source: str, **kwargs):
         if isinstance(e, MemoryError) or "can't allocate memory" in str(e):
             raise
         what = "tokenizer" if cls is AutoTokenizer else "model"
-        hint = "a local folder with config.json, a hub id reachable from here, 'embedded' or 'tiny'"
+        hint = "a local folder with config.json, a run folder, a hub id reachable from here, 'embedded' or 'tiny'"
         text = " ".join(str(e).split())  # transformers' messages span lines: all of it, on one
-        raise ModelLoadError(f"cannot load the {what} of {source!r}: {type(e).__name__}: {text[:400]} (expected {hint})") from e
+        offline = " (the hub cannot be reached from here: offline mode)" if _HUB_CHECKED == [False] else ""
+        raise ModelLoadError(f"cannot load the {what} of {source!r}{offline}: {type(e).__name__}: {text[:400]} (expected {hint})") from e
 
 
 def save_model(model, tokenizer, folder: Path, value_head: torch.nn.Module | None = None) -> Path:

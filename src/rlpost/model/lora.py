@@ -12,6 +12,8 @@ base; everything outside the trainer still sees a plain transformers model.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
@@ -56,3 +58,11 @@ def merged_state(model: torch.nn.Module) -> dict[str, Tensor]:
 
 def adapter_state(model: torch.nn.Module) -> dict[str, Tensor]:
     return {k: v for k, v in model.state_dict().items() if "lora_" in k}
+
+
+def save_adapter(model: torch.nn.Module, tokenizer, folder: Path) -> Path:
+    """peft's adapter folder (adapter_config.json naming the base, adapter_model.safetensors) plus
+    the tokenizer: what ``peft.AutoPeftModelForCausalLM.from_pretrained`` and vLLM's LoRA load."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)

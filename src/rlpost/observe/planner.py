@@ -91,9 +91,8 @@ def parse_size(text: str, arg: str = "--params") -> float:
 
 
 def shape_from_size(n: float, vocab: int = 32000) -> Shape:
-    """A plausible LLaMA-2-like shape of about n parameters: d = 128 x layers (LLaMA-2 7B and 13B:
-    4096 = 128 x 32, 5120 = 128 x 40), head_dim 128, MHA, f = 8d/3 rounded up to 256, untied.
-    The layer count whose total is nearest n wins (7B -> 32 x 4096, 6.74e9 params)."""
+    """A LLaMA-2-like shape of about n parameters: d = 128 x layers (LLaMA-2 7B: 4096 = 128 x 32), head_dim 128, MHA,
+    f = 8d/3 rounded up to 256, untied; the layer count whose total is nearest n wins (7B -> 32 x 4096, 6.74e9)."""
     def build(layers: int) -> Shape:
         d = 128 * layers
         return Shape(layers, d, 256 * math.ceil(8 * d / 3 / 256), layers, layers, vocab, tied=False)
@@ -118,9 +117,10 @@ def shape_from_config_json(folder: Path, arg: str) -> Shape:
 def resolve_model(name: str, arg: str = "--model") -> Shape:
     if name in EMBEDDED_NAMES or name == "tiny":
         return TINY if name == "tiny" else EMBEDDED
-    if not Path(name).is_dir():
-        raise ConfigError(f"{arg}: {name!r} is not 'embedded', 'tiny' or a folder with config.json")
-    return shape_from_config_json(Path(name), arg)
+    folder = Path(name) / "model" if (Path(name) / "config.yaml").is_file() else Path(name)  # a run folder: its model/
+    if not folder.is_dir():
+        raise ConfigError(f"{arg}: {name!r} is not 'embedded', 'tiny', a run folder or a folder with config.json")
+    return shape_from_config_json(folder, arg)
 
 
 # --- Workload and device ---
@@ -156,6 +156,11 @@ class Workload:
     def micro(self, gpus: int = 1) -> int:  # sequences per forward/backward on one device
         mini = max(1, (self.mini_batch or self.batch) // gpus)
         return min(self.micro_batch or mini, mini)
+
+
+# Why a GPU plan is for a set-up rlpost cannot run yet ("fits" is the memory check alone).
+GPU_LACKS = ("rlpost places no model on a GPU yet: every role (sampler, trainer, reference, critic) runs on the CPU",
+             "the GPU decode figure assumes a vLLM-class rollout engine, which rlpost does not have yet")
 
 
 # --- Tokens, FLOPs, bytes ---
@@ -208,10 +213,9 @@ def logits_bytes(s: Shape, rows: float, T: float) -> float:
 # --- The plan ---
 LABELS = {"weights": "policy weights (fp32 master)", "sampler": "sampler copy", "grads": "gradients (fp32)",
           "adamw": "AdamW states (2 x fp32)", "reference": "reference copy (fp32)", "critic": "critic (weights+grads+AdamW)",
-          "activations": "activations (1 micro-batch fwd+bwd)", "logits": "logits (B, T, V) for log-softmax",
-          "kv_cache": "sampler KV cache", "runtime": "runtime overhead", "total": "total (peak)", "step": "step",
-          "gen": "rollout (prefill + decode)", "ref": "reference forward", "old": "old log-probs (+values)",
-          "update": "update (fwd+bwd+AdamW)", "sync": "weight sync"}
+          "activations": "activations (1 micro-batch fwd+bwd)", "logits": "logits (B, T, V) for log-softmax", "step": "step",
+          "kv_cache": "sampler KV cache", "runtime": "runtime overhead", "total": "total (peak)", "sync": "weight sync",
+          "gen": "rollout (prefill + decode)", "ref": "reference forward", "old": "old log-probs (+values)", "update": "update (fwd+bwd+AdamW)"}
 
 
 def memory(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1) -> dict[str, float]:
@@ -288,7 +292,8 @@ def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: di
     mem = memory(s, w, dev, gpus)
     fits = mem["total"] <= dev.memory_gib * GiB if dev.memory_gib else None
     return {"params": s.params, "shape": asdict(s), "workload": asdict(w), "device": dev.name,
-            "gpus": gpus, "memory_bytes": mem, "time_s": step_time(s, w, dev, gpus, eff), "fits": fits}
+            "gpus": gpus, "memory_bytes": mem, "time_s": step_time(s, w, dev, gpus, eff), "fits": fits,
+            "lacks": [] if dev.cpu else list(GPU_LACKS)}  # what rlpost needs before it can run this plan
 
 
 # --- Calibration against a finished run ---
@@ -337,9 +342,8 @@ def workload_from_run(cfg: Config, med: dict, dev: Device) -> Workload:
 
 
 def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict | None = None) -> dict:
-    """Predict a finished run's step and compare with its medians over steps. Each row: name, unit,
-    predicted, measured (None when the run did not log it), ratio = measured / predicted (divide
-    that phase's efficiency by it, via --eff, to make the planner match the run)."""
+    """Predict a finished run's step against its medians over steps. Rows: name, unit, predicted, measured (None if
+    not logged), ratio = measured / predicted (divide that phase's efficiency by it, via --eff, to match the run)."""
     cfg, med, steps, summary = read_run(run_dir)
     shape = resolve_model(cfg.model.name, "model.name (in the run's config.yaml)")
     dev = resolve_device(device, "--device")
@@ -420,8 +424,9 @@ def format_plan(p: dict, label: str) -> str:
              f"prompt {w['prompt_len']} + {w['new_tokens']} new tokens", "", f"{'memory per device':<44}{'GiB':>9}"]
     lines += [f"  {LABELS[k]:<42}{v / GiB:>9.3f}" for k, v in m.items()]
     if p["fits"] is not None:
-        lines.append(f"  {'fits in device memory':<42}{'yes' if p['fits'] else 'NO':>9}")
+        lines.append(f"  {'within device memory' + (' (estimate only)' if p['lacks'] else ''):<42}{'yes' if p['fits'] else 'NO':>9}")
     lines += ["", f"{'time per step':<44}{'s':>9}"] + [f"  {LABELS[k]:<42}{v:>9.3f}" for k, v in t.items()]
+    lines += ["", "rlpost cannot run this set-up yet; these figures plan for when it can:", *(f"  - {x}" for x in p["lacks"])] if p["lacks"] else []
     return "\n".join(lines)
 
 

@@ -2,11 +2,14 @@
 scripts) from what a run folder already holds: metrics.jsonl, summary.json, config.yaml and
 samples/. It can be written while the run is going (it reads only complete lines).
 
-Plots: reward and held-out accuracy; KL; entropy; response length and truncation; clip
-fractions; the sampler/trainer importance-ratio histogram; group reward std and the all-pass /
-all-fail shares; grad norm; throughput; wall-clock per role per step, stacked. Then the health
-findings (observe/diagnostics.py) and, for a few steps, the top-reward and random samples for a
-human audit.
+Plots: reward and held-out accuracy; KL to the reference (only when the run has one); the policy's
+change per update (PPO's old -> new KL); entropy; response length and truncation; clip fractions;
+the sampler/trainer importance-ratio histogram; group reward std and the all-pass / all-fail
+shares; grad norm; throughput; wall-clock per role per step, stacked. Then the health findings
+(observe/diagnostics.py) and, for a few steps, the top-reward and random samples for a human
+audit. An ``rlpost sft|rm|dpo`` run gets its training loss and held-out metrics before / after
+instead of the RL plots. Steps are integer ticks, legends sit below the plot (never over the
+data), and summary numbers are rounded to 4 significant digits.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: render to SVG text
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from rlpost.algorithms import core  # noqa: E402
 from rlpost.config import run_config_path  # noqa: E402
@@ -31,8 +35,9 @@ from rlpost.observe.diagnostics import diagnose  # noqa: E402
 ROLES = ["gen", "reward", "ref", "old", "adv", "update", "sync", "eval"]  # timing_s/<role>, stacked in this order
 # (title, [(metric, label)], y label): one line plot each; a plot with no data is left out.
 LINE_PLOTS = [
-    ("KL to the reference", [("actor/kl", "in the loss"), ("critic/kl", "in the reward"),
-                             ("actor/ppo_kl", "old -> new (PPO)")], "nats / token"),
+    # actor/kl and critic/kl exist only when there is a reference (algo.kl_coef > 0).
+    ("KL to the reference", [("actor/kl", "in the loss"), ("critic/kl", "in the reward")], "nats / token"),
+    ("Policy change per update", [("actor/ppo_kl", "KL old -> new policy")], "nats / token"),
     ("Policy entropy", [("actor/entropy", "mean entropy")], "nats / token"),
     ("Response length", [("response_length/mean", "mean"), ("response_length/max", "max")], "tokens"),
     ("Clip fractions", [("actor/pg_clipfrac", "PPO ratio clipped"), ("response_length/clip_ratio", "truncated"),
@@ -61,7 +66,17 @@ def _series(history, key):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def line_plot(history, title, keys, ylabel) -> str | None:
+def finish(ax, title: str, ylabel: str = "", **kw) -> None:
+    """Title, labels, integer step ticks, and the legend under the axes, never over the data."""
+    ax.set(title=title, xlabel="step", ylabel=ylabel, **kw)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+
+
+def line_figure(history, title, keys, ylabel):
+    """The figure of one line plot, or None when none of its metrics has data."""
     fig, ax = plt.subplots(figsize=(5.2, 3.0))
     drawn = 0
     for key, label in keys:
@@ -72,10 +87,13 @@ def line_plot(history, title, keys, ylabel) -> str | None:
     if not drawn:
         plt.close(fig)
         return None
-    ax.set(title=title, xlabel="step", ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _svg(fig)
+    finish(ax, title, ylabel)
+    return fig
+
+
+def line_plot(history, title, keys, ylabel) -> str | None:
+    fig = line_figure(history, title, keys, ylabel)
+    return _svg(fig) if fig is not None else None
 
 
 def reward_plot(history, summary) -> str:
@@ -88,9 +106,7 @@ def reward_plot(history, summary) -> str:
         ey = [summary["heldout_accuracy_before"], *ey, summary["heldout_accuracy_after"]]
     if ex:
         ax.plot(ex, ey, marker="o", label="held-out accuracy (greedy)")
-    ax.set(title="Reward and held-out accuracy", xlabel="step", ylim=(-0.05, 1.05))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    finish(ax, "Reward and held-out accuracy", ylim=(-0.05, 1.05))
     return _svg(fig)
 
 
@@ -120,8 +136,7 @@ def timing_plot(history) -> str | None:
         if any(vals):
             ax.bar(steps, vals, bottom=bottom, label=role, width=0.9)
             bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set(title="Wall-clock per role per step", xlabel="step", ylabel="seconds")
-    ax.legend(fontsize=7, ncol=4)
+    finish(ax, "Wall-clock per role per step", "seconds")
     return _svg(fig)
 
 
@@ -155,16 +170,36 @@ table{border-collapse:collapse;font-size:13px;margin-bottom:8px}td,th{border:1px
 pre{margin:0;white-space:pre-wrap}.warn{color:#a40}"""
 
 
+def rounded(value):
+    """Summary numbers to 4 significant digits (nested dicts flattened by the caller)."""
+    return float(f"{value:.4g}") if isinstance(value, float) else value
+
+
+def summary_items(summary: dict | None) -> list[tuple[str, object]]:
+    """(key, value) rows, nested dicts (sft/rm/dpo's held-out metrics) as key/subkey."""
+    rows = []
+    for k, v in (summary or {}).items():
+        rows += [(f"{k} {sk}", rounded(sv)) for sk, sv in v.items()] if isinstance(v, dict) else [(k, rounded(v))]
+    return rows
+
+
+def plots_for(history, summary) -> list[str | None]:
+    if summary and summary.get("kind") in ("sft", "rm", "dpo"):  # offline: a loss curve, no rollouts
+        loss = (f"{summary['kind']} training loss ({summary.get('loss')})", [("actor/loss", "loss per step")], "loss")
+        return [line_plot(history, *loss), line_plot(history, "Gradient norm (pre-clip)", [("actor/grad_norm", "policy")], "")]
+    return [reward_plot(history, summary), *(line_plot(history, *p) for p in LINE_PLOTS), ratio_plot(history),
+            timing_plot(history)]
+
+
 def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
     run_dir = Path(run_dir)
     history = jsonl.read_lines(run_dir / "metrics.jsonl")
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else None
-    plots = [reward_plot(history, summary), *(line_plot(history, *p) for p in LINE_PLOTS), ratio_plot(history),
-             timing_plot(history)]
+    plots = plots_for(history, summary)
     findings = diagnose(history)
     health = "".join(f"<li class='warn'><b>{f.name}</b> (step {f.step}): {html.escape(f.what)}<br>knob: "
                       f"{html.escape(f.knob)}</li>" for f in findings) or "<li>no problems found</li>"
-    summary_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in (summary or {}).items())
+    summary_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in summary_items(summary))
     config_file = run_config_path(run_dir)  # the newest of config.yaml and its config.resume-N.yaml
     config = config_file.read_text() if config_file.exists() else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>rlpost report: {html.escape(run_dir.name)}</title>"

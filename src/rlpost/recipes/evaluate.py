@@ -7,7 +7,8 @@ temperature, scores each with the task's verifier, and reports
 
   pass@1   the mean correctness of all samples (the sampled, not greedy, accuracy)
   pass@k   Chen et al.'s unbiased estimator from the S samples, for each k <= S asked for
-  maj@k    whether the most common answer among the first k samples is correct (self-consistency)
+  maj@k    whether the most common answer among k samples is correct (self-consistency), its
+           expectation over every k of the S samples (search/metrics.py), so maj@1 = pass@1
 
 next to the greedy accuracy (one sample, temperature 0). Majority voting needs an answer, not a
 completion: it is the verifier's parsed answer (``pred``, ``parsed`` or ``extracted`` in its

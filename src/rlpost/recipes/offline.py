@@ -12,8 +12,13 @@ only differences from RL are where the rows come from and which loss is minimise
        group of two rows (chosen, rejected) sharing a prompt. The reference's log-probs are
        computed once for the whole dataset before training (the reference is frozen), not per step.
 
-The result is a transformers folder (``RUN_DIR/model``) that ``model.name=RUN_DIR/model`` loads
-for the next stage.
+With ``model.lora_r > 0`` the policy trains LoRA adapters on a frozen base (model/lora.py, peft),
+the RM's scalar head trains in full beside them, and DPO's reference is the base itself (its
+log-probs are taken before the adapters exist).
+
+The result is a transformers folder (``RUN_DIR/model``, adapters merged in) that
+``model.name=RUN_DIR`` loads for the next stage; a LoRA run also keeps the adapters alone in
+``RUN_DIR/adapter`` (peft's format).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from rlpost import build, config
 from rlpost.algorithms.preference import REFERENCE_FREE, make_dpo_loss, make_rm_loss, sft_loss
 from rlpost.console import say
 from rlpost.envs import build_task, data
-from rlpost.model import encode, precision
+from rlpost.model import encode, lora, precision
 from rlpost.model.checkpoint import write_atomic
 from rlpost.model.load import load_policy, save_model
 from rlpost.roles.critic import Critic
@@ -114,11 +119,12 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
         reference = Reference(loaded.model, 1.0, 32, precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix)
         train_b.ref_logp, held_b.ref_logp = reference.logprobs(train_b), reference.logprobs(held_b)  # once, cached
         reference.model = None  # frozen numbers are all it was for
+    model = lora.wrap(loaded.model, cfg.model, cfg.run.seed) if cfg.model.lora_r > 0 else loaded.model
     mini = p.batch_size * rows_per_seq
     micro = max(rows_per_seq, min(cfg.trainer.micro_batch_size or mini, mini) // rows_per_seq * rows_per_seq)
     steps_per_epoch = max(1, len(rows) // p.batch_size)
     head = Critic(loaded.model, "shared") if kind == "rm" else None  # the RM: a scalar head on the LM's trunk
-    trainer = Trainer(loaded.model, cfg.trainer, 1.0, mini, micro, steps_per_epoch * p.epochs,
+    trainer = Trainer(model, cfg.trainer, 1.0, mini, micro, steps_per_epoch * p.epochs,
                       cfg.model.gradient_checkpointing, critic=head, critic_lr=cfg.algo.critic_lr)
     loss_fn = {"sft": sft_loss, "dpo": make_dpo_loss(p) if kind == "dpo" else None, "rm": make_rm_loss(p)}[kind]
     before = trainer.evaluate(held_b, loss_fn)
@@ -139,8 +145,13 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
             bar.set_postfix(loss=f"{m['actor/loss']:.4f}")
     bar.close()
     after = trainer.evaluate(held_b, loss_fn)
-    out = save_model(loaded.model, tok, run_dir / "model", head.head if head is not None else None)
-    summary = {"kind": kind, "loss": "sft" if kind == "sft" else p.loss, "heldout_before": before, "heldout_after": after,
+    if lora.is_lora(model):  # the adapters alone, then a plain model with them folded in
+        lora.save_adapter(model, tok, run_dir / "adapter")
+        model = model.merge_and_unload()
+    out = save_model(model, tok, run_dir / "model", head.head if head is not None else None)
+    loss_name = {"sft": "sft", "rm": "bradley_terry" + (f" (margin {p.rm_margin})" if p.rm_margin else ""),
+                 "dpo": p.loss}[kind]
+    summary = {"kind": kind, "loss": loss_name, "heldout_before": before, "heldout_after": after,
                "rows": len(rows), "heldout_rows": len(heldout), "skipped_rows": skipped, "steps": len(history),
                "wall_minutes": (time.perf_counter() - t0) / 60, "model": str(out)}
     write_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))

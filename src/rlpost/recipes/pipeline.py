@@ -4,7 +4,7 @@ previous policy stage's model folder, with one table of held-out metrics at the 
 A pipeline recipe is YAML:
 
     name: my-pipeline           # run folder runs/<name>/, one sub-folder per stage
-    base: [model.name=embedded, task.ops=+]          # overrides every stage shares
+    base: [model.name=embedded, task.ops=+]          # overrides every stage shares (then the command line's)
     stages:
       - {name: sft, kind: sft, overrides: [pref.epochs=1]}
       - {name: rm,  kind: rm}                        # trains a reward model; the policy chain skips it
@@ -27,8 +27,7 @@ from pathlib import Path
 
 from rlpost import config
 from rlpost.console import say
-from rlpost.model import checkpoint
-from rlpost.model.load import load_policy, save_model
+from rlpost.model import checkpoint, export
 from rlpost.observe import runfolder
 from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.offline import train_offline
@@ -74,15 +73,18 @@ def train_stage(cfg: config.Config, run_dir: Path, kind: str) -> dict:
     return train_offline(cfg, run_dir, kind)
 
 
-def run_pipeline(recipe: str | Path) -> list[dict]:
+def run_pipeline(recipe: str | Path, overrides: list[str] = ()) -> list[dict]:
+    """Run every stage; ``overrides`` (``rlpost pipeline RECIPE k=v ...``) join the recipe's base,
+    after it, so they apply to every stage and win over the base."""
     tree = read_pipeline(recipe)
+    tree["base"] = [*tree.get("base", []), *overrides]
     run_dir = Path(tree.get("out_dir", "runs")) / tree.get("name", Path(recipe).stem)
     with runfolder.claim(run_dir, "reuse"):
         return _run_stages(tree, run_dir)
 
 
 def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
-    model = next((o.split("=", 1)[1] for o in tree.get("base", []) if o.startswith("model.name=")), "embedded")
+    model = next((o.split("=", 1)[1] for o in reversed(tree["base"]) if o.startswith("model.name=")), "embedded")
     first = config.load(None, tree.get("base", []))
     rows = [{"stage": "start", "kind": "-", "heldout_accuracy": model_accuracy(first, model), "other": ""}]
     outputs: dict[str, str] = {}
@@ -94,7 +96,7 @@ def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
             summary = json.loads((sdir / "summary.json").read_text())
         else:
             summary = run_stage(cfg, sdir, st["kind"])
-        out = save_rl_model(sdir) if st["kind"] == "rl" else summary["model"]
+        out = summary.get("model") or str(export.write_model(sdir, cfg))  # an rl stage of an older rlpost: no model/ yet
         outputs[st["name"]] = out
         other = _stage_metric(st["kind"], summary)
         if st["kind"] == "rm":
@@ -115,20 +117,6 @@ def run_stage(cfg: config.Config, sdir: Path, kind: str) -> dict:
         if not resume:
             rf.write_config(cfg)
         return train(cfg, sdir, resume=resume) if kind == "rl" else train_stage(cfg, sdir, kind)
-
-
-def save_rl_model(sdir: Path) -> str:
-    """An RL stage's last checkpoint as a transformers folder (for the next stage)."""
-    folder = sdir / "model"
-    if not folder.exists():
-        cfg = config.load(config.run_config_path(sdir))
-        loaded = load_policy(cfg.model.name)
-        found = checkpoint.load_latest(sdir)
-        if found is None:
-            raise config.ConfigError(f"{sdir}: the rl stage has no intact checkpoint to export")
-        loaded.model.load_state_dict(found[1][0])
-        save_model(loaded.model, loaded.tokenizer, folder)
-    return str(folder)
 
 
 def _stage_metric(kind: str, s: dict) -> str:

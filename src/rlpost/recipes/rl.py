@@ -22,7 +22,7 @@ from rlpost.algorithms import core, dapo
 from rlpost.console import say
 from rlpost.envs import Task, build_task
 from rlpost.envs.data import PromptStream
-from rlpost.model import checkpoint
+from rlpost.model import checkpoint, export
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table, timed
@@ -105,8 +105,9 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         roles.close()  # verifier workers, Ray actors and the sandboxes they run: stopped however we leave
         if log is not None:
             log.close()
+    model_dir = export.write_model(run_dir, cfg)  # the last checkpoint as a transformers folder: RUN/model
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
-    summary = log.summary(before, after, elapsed(), {"run_dir": str(run_dir), "heldout_n": len(heldout),
+    summary = log.summary(before, after, elapsed(), {"run_dir": str(run_dir), "heldout_n": len(heldout), "model": str(model_dir),
                                                      "peak_rss_gb": round(peak_rss_gb, 2), "skipped_rows": task.skipped_rows})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")

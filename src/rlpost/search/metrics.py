@@ -5,9 +5,13 @@ alike without torch.
 Which variant each one is:
 - pass@k: the unbiased estimator of Chen et al. 2021 (arXiv:2107.03374, Eq. 1) from n >= k
   samples of which c are correct, not the biased 1 - (1 - c/n)^k.
-- maj@k: the majority answer over the FIRST k samples (self-consistency, Wang et al. 2022).
-  With n > k samples this is one draw of the estimate, not its expectation over subsets; take
-  k = n, or average over shuffles, when that variance matters.
+- maj@k: self-consistency (Wang et al. 2022) at a budget of k samples, estimated from n >= k
+  without bias the way pass@k is: the expected correctness of the majority answer of k samples
+  drawn without replacement from the n, i.e. the mean over all C(n, k) subsets (over a seeded
+  uniform sample of them when there are more than ``max_subsets``, which is still unbiased). A tie
+  between answers counts as a uniform pick among them (credit = their share that is correct), so
+  maj@1 equals pass@1 exactly and the order of the samples does not matter. Voting on the first
+  k samples only would be one draw of this estimate, with its variance.
 - weighted majority: the answer with the largest summed score (Uesato et al. 2022's
   verifier-weighted majority; Math-Shepherd's "self-consistency + reward model"); best-of-n: the
   single highest-scored sample.
@@ -16,7 +20,9 @@ Ties always go to the answer (or sample) seen first, so results do not depend on
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 from typing import Callable, Mapping, Sequence
 
 
@@ -52,18 +58,35 @@ def majority_vote(answers: Sequence[str | None], weights: Sequence[float] | None
     return next(a for a, t in totals.items() if t == best)
 
 
-def maj_at_k(answers: Sequence[str | None], is_correct: Mapping[str, bool] | Callable[[str], bool], k: int) -> float:
-    """1.0 if the majority answer of the first k samples is correct, else 0.0.
+def maj_at_k(answers: Sequence[str | None], is_correct: Mapping[str, bool] | Callable[[str], bool], k: int,
+             max_subsets: int = 20_000, seed: int = 0) -> float:
+    """Expected correctness of the majority answer of k of the n samples (module docstring).
 
     ``is_correct`` says which answers are right: a dict (answers not in it are wrong) or a
-    function of the answer string. No majority (all k answers None) counts as wrong."""
-    if k < 1 or len(answers) < k:
-        raise ValueError(f"maj_at_k needs 1 <= k <= len(answers), got k={k} with {len(answers)} answers")
-    winner = majority_vote(answers[:k])
-    if winner is None:
-        return 0.0
-    ok = is_correct(winner) if callable(is_correct) else is_correct.get(winner, False)
-    return float(bool(ok))
+    function of the answer string. An answer of None casts no vote; a subset with no vote at all
+    counts as wrong."""
+    n = len(answers)
+    if k < 1 or n < k:
+        raise ValueError(f"maj_at_k needs 1 <= k <= len(answers), got k={k} with {n} answers")
+    ok = is_correct if callable(is_correct) else (lambda a: is_correct.get(a, False))
+    right = {a: float(bool(ok(a))) for a in set(answers) if a is not None}
+    if math.comb(n, k) <= max_subsets:
+        subsets = itertools.combinations(range(n), k)
+    else:  # uniform k-subsets, seeded: the same number every time
+        rng = random.Random(seed)
+        subsets = (rng.sample(range(n), k) for _ in range(max_subsets))
+    total, count = 0.0, 0
+    for subset in subsets:
+        votes: dict[str, int] = {}
+        for i in subset:
+            if answers[i] is not None:
+                votes[answers[i]] = votes.get(answers[i], 0) + 1
+        if votes:
+            best = max(votes.values())
+            winners = [a for a, v in votes.items() if v == best]
+            total += sum(right[a] for a in winners) / len(winners)
+        count += 1
+    return total / count
 
 
 def best_of_n(scores: Sequence[float]) -> int:

@@ -1,0 +1,87 @@
+"""A run's weights as a folder that plain transformers, vLLM and llama.cpp's converter read.
+
+Every run ends by writing ``RUN/model`` from its last checkpoint (recipes/rl.py; ``rlpost sft|rm|dpo``
+write theirs directly), and ``rlpost export RUN [--step N] [--out DIR] [--merge-lora]`` writes one
+from any checkpoint that is still on disk. The folder is what ``save_pretrained`` writes:
+config.json, generation_config.json (with the EOS and pad ids the sampler used), the tokenizer
+with its chat template (the plain fallback one for a base model, so the folder generates the same
+prompts rlpost trained on), and model.safetensors in float32 (the trainer's master weights, so a
+reload gives the same greedy tokens as ``rlpost eval``). ``model.name=RUN`` loads it.
+
+A checkpoint holds the policy under the plain model's key names, LoRA adapters already folded in
+(model/lora.py), so the default folder is always a full model. ``rlpost export`` of a LoRA run
+without ``--merge-lora`` writes the adapters alone instead (peft's adapter_config.json +
+adapter_model.safetensors, from the trainer state), for ``peft.AutoPeftModelForCausalLM`` or
+vLLM's ``--enable-lora``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from rlpost import config
+from rlpost.model import checkpoint, lora
+from rlpost.model.load import load_policy, save_model
+from rlpost.types.errors import ConfigError
+
+
+def find_checkpoint(run_dir: Path, step: int | None) -> Path | None:
+    """The checkpoint of `step` (None: the newest intact one); None when the run keeps no checkpoints."""
+    if step is None:
+        return checkpoint.newest_intact(run_dir)
+    ckpt = Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+    if not ckpt.is_dir():
+        kept = sorted(int(p.name[5:]) for p in (Path(run_dir) / "checkpoints").glob("step_*"))
+        raise ConfigError(f"--step {step}: {run_dir} keeps no checkpoint of that step (kept: "
+                          f"{', '.join(map(str, kept)) or 'none'}; run.keep_checkpoints sets how many stay)")
+    problem = checkpoint.verify(ckpt)
+    if problem is not None:
+        raise ConfigError(f"--step {step}: {ckpt} is damaged ({problem}); export another step")
+    return ckpt
+
+
+def write_model(run_dir: Path, cfg: config.Config, step: int | None = None, out: Path | None = None,
+                merge_lora: bool = True) -> Path:
+    """Write a checkpoint of `run_dir` (trained with `cfg`) as a transformers folder, or as a peft
+    adapter folder for a LoRA run with merge_lora=False; returns the folder."""
+    run_dir = Path(run_dir)
+    ckpt = find_checkpoint(run_dir, step)
+    if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model (and LoRA adapter) folder is final
+        return _copy_final(run_dir, out, "model" if merge_lora else "adapter")
+    out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter") + ("" if step is None else f"_step_{step}"))
+    weights, trainer_state, _ = checkpoint.load(ckpt)
+    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
+    if merge_lora:
+        loaded.model.load_state_dict(weights)
+        return save_model(loaded.model, loaded.tokenizer, out)
+    # The adapters on the run's base: the same wrap as the trainer's, then its saved adapter tensors.
+    peft_model = lora.wrap(loaded.model, cfg.model, cfg.run.seed)
+    missing = peft_model.load_state_dict(trainer_state["lora"], strict=False)
+    assert not missing.unexpected_keys, missing.unexpected_keys
+    return lora.save_adapter(peft_model, loaded.tokenizer, out)
+
+
+def _copy_final(run_dir: Path, out: Path | None, name: str) -> Path:
+    src = run_dir / name
+    if not (src / "config.json").exists() and not (src / "adapter_config.json").exists():
+        what = "LoRA adapters (model.lora_r was 0)" if name == "adapter" else "checkpoint or model/ folder"
+        raise ConfigError(f"{run_dir}: no {what} to export; is it a finished run folder?")
+    if out is None or Path(out).resolve() == src.resolve():
+        return src
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    return Path(out)
+
+
+def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | None = None,
+               merge_lora: bool = False) -> Path:
+    """`rlpost export`: the run's own config says how it was trained."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"RUN_DIR {run_dir}: no config.yaml there; is it a run folder?")
+    cfg = config.load(run_dir / "config.yaml")
+    if merge_lora and cfg.model.lora_r == 0:
+        raise ConfigError(f"--merge-lora: {run_dir} is a full fine-tune (model.lora_r=0); there are no adapters to merge")
+    return write_model(run_dir, cfg, step, Path(out) if out else None, merge_lora=merge_lora or cfg.model.lora_r == 0)

@@ -1,0 +1,188 @@
+"""The Python API: ``rlpost.Trainer``, shaped like TRL's trainers.
+
+    import rlpost
+    trainer = rlpost.Trainer(model="embedded", reward_funcs=[my_reward], train_dataset=rows)
+    summary = trainer.train()     # the same run folder as `rlpost train` writes
+
+What it does is what the command line does, so the folder it writes works with every command
+(``rlpost eval RUN``, ``rlpost train --resume RUN``, ``report``, ``doctor``, ``export``):
+
+* The config is the defaults, or ``config`` (a recipe path, a ``Config``, or a mapping of
+  sections or dotted keys), then ``overrides`` (``["trainer.lr=1e-5", ...]`` or a dict).
+* Rows (``train_dataset`` / ``eval_dataset``: a list of dicts or a ``datasets.Dataset``) are
+  written to ``RUN/data/*.jsonl`` and trained as ``task.name=dataset``: ``{"prompt", "answer"}``
+  rows, ``prompt`` as chat messages (TRL's conversational format), ``messages`` ending with the
+  user turn, and verl's rows (``reward_model.ground_truth``) all load; other columns reach the
+  reward functions. Without rows, the config's task family is used (the arithmetic demo).
+* Reward functions and the verifier may be ``"module:function"`` strings or Python callables
+  (verifier-style ``fn(completion, row) -> reward | (reward, info)`` or TRL-style
+  ``fn(prompts, completions, **columns) -> list[float]``). A callable still runs in the
+  verifier worker process (its timeout and crash isolation are the same): it is pickled by value
+  with cloudpickle into ``RUN/<module>.pkl``, and a generated module ``RUN/<module>.py`` loads it,
+  so the config names it like any other (``rlpost_funcs_<id>:my_reward``). Pickling rather than
+  copying source works for lambdas, closures and notebook functions; the price is that the run
+  folder needs the same Python and library versions to load them again (as any pickle does).
+  The run folder is put on ``sys.path`` (the CLI does the same for a run folder it reads).
+* Held-out accuracy uses ``verifier``; by default the dataset task's exact match against
+  ``answer`` when the rows have one, else the first reward function (correct = reward >= 1).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import cloudpickle
+
+from rlpost import build
+from rlpost.config import Config, ConfigError, load, save, with_overrides
+from rlpost.console import say
+from rlpost.envs.dataset import VERL_ANSWER, column
+from rlpost.recipes.rl import train as train_loop
+
+FuncSpec = str | Callable
+
+
+class Trainer:
+    """GRPO (or ``algo.name``) on your rows and reward functions; ``train()`` returns the summary."""
+
+    def __init__(self, model: str | None = None, reward_funcs: FuncSpec | list[FuncSpec] = (),
+                 train_dataset: Iterable[dict] | None = None, eval_dataset: Iterable[dict] | None = None, *,
+                 verifier: FuncSpec | None = None, reward_weights: list[float] | None = None,
+                 config: Any = None, overrides: list[str] | dict = (), output_dir: str | Path | None = None):
+        items = _as_overrides(overrides)
+        if model is not None:
+            if not isinstance(model, (str, Path)):
+                raise ConfigError("model: expected a name or a folder ('embedded', a transformers folder, a hub id, "
+                                  "a run folder); save a model object with save_pretrained first")
+            items.append(f"model.name={model}")
+        cfg = build.check(_load(config, items))  # a mistake in the config stops here, before any folder exists
+        rows = _rows(train_dataset) if train_dataset is not None else None
+        family = "dataset" if rows is not None else cfg.task.name
+        self.run_dir = Path(output_dir or Path(cfg.run.out_dir) / (cfg.run.name or f"{family}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = self.run_dir.resolve()
+        _importable(self.run_dir)
+        registry = Registry(self.run_dir)
+        funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        paths = [registry.add(f, f"reward_{i}") for i, f in enumerate(funcs)]
+        task = []
+        if rows is not None:
+            task += self._write_rows(rows, _rows(eval_dataset) if eval_dataset is not None else None)
+            has_answer = all("answer" in r or column(r, VERL_ANSWER) is not None for r in rows)
+            if not has_answer:
+                if verifier is None and not paths:
+                    raise ConfigError("train_dataset: rows without 'answer' need reward_funcs or a verifier to score them")
+                task.append("task.answer_column=")
+                verifier = paths[0] if verifier is None else verifier
+        if verifier is not None:
+            task.append(f"task.verifier={registry.add(verifier, 'verifier')}")
+        if paths:
+            task.append(f"task.reward_funcs={','.join(paths)}")
+        if reward_weights is not None:
+            task.append(f"task.reward_weights={','.join(str(float(w)) for w in reward_weights)}")
+        registry.save()
+        where = [f"run.out_dir={self.run_dir.parent}", f"run.name={self.run_dir.name}"]
+        self.config = build.check(with_overrides(cfg, [*task, *where]))
+
+    def _write_rows(self, rows: list[dict], eval_rows: list[dict] | None) -> list[str]:
+        data = self.run_dir / "data"
+        data.mkdir(exist_ok=True)
+        out = ["task.name=dataset", f"task.data={_write_jsonl(data / 'train.jsonl', rows)}"]
+        if eval_rows is not None:
+            out.append(f"task.eval_data={_write_jsonl(data / 'eval.jsonl', eval_rows)}")
+        return out
+
+    def train(self, resume: bool = False) -> dict:
+        """Train; returns the summary (also RUN/summary.json). resume=True continues from the last
+        checkpoint, like ``rlpost train --resume RUN``."""
+        save(self.config, self.run_dir / "config.yaml")
+        say(f"run folder {self.run_dir}")
+        return train_loop(self.config, self.run_dir, resume=resume)
+
+
+def _load(base: Any, items: list[str]) -> Config:
+    """The defaults, or a recipe path / Config / mapping, with dotted overrides on top."""
+    if base is None or isinstance(base, (str, Path)):
+        return load(base, items)
+    if isinstance(base, Config):
+        return with_overrides(base, items)
+    if isinstance(base, dict):
+        return load(None, [*_as_overrides(base), *items])
+    raise ConfigError(f"config: expected a recipe path, an rlpost Config or a dict, got {type(base).__name__}")
+
+
+def _as_overrides(overrides: list[str] | dict) -> list[str]:
+    """['section.key=value', ...] from a list of strings or a dict, nested ({'trainer': {'lr': 1e-5}}) or
+    dotted ({'trainer.lr': 1e-5})."""
+    if not isinstance(overrides, dict):
+        return list(overrides)
+    out = []
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            out += [f"{key}.{k}={_text(v)}" for k, v in value.items()]
+        else:
+            out.append(f"{key}={_text(value)}")
+    return out
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _rows(dataset: Iterable[dict]) -> list[dict]:
+    """Rows as plain dicts; ``messages`` (chat ending with the user turn) becomes the prompt."""
+    rows = []
+    for r in dataset:
+        r = dict(r)
+        if "prompt" not in r and "messages" in r:
+            r["prompt"] = r.pop("messages")
+        rows.append(r)
+    if not rows:
+        raise ConfigError("dataset: no rows")
+    return rows
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    return path
+
+
+def _importable(folder: Path) -> None:
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+
+class Registry:
+    """Callables given as Python objects, made importable for the verifier worker: pickled by value
+    into RUN/<module>.pkl, exposed by a generated RUN/<module>.py. The module name is unique per run,
+    so two runs in one process (or on one PYTHONPATH) never see each other's functions."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.funcs = run_dir, {}
+        self.module = f"rlpost_funcs_{uuid.uuid4().hex[:12]}"
+
+    def add(self, fn: FuncSpec, fallback: str) -> str:
+        if isinstance(fn, str):
+            return fn
+        if not callable(fn):
+            raise ConfigError(f"reward_funcs: expected 'module:function' strings or callables, got {type(fn).__name__}")
+        name = getattr(fn, "__name__", "")
+        if not name.isidentifier() or name in self.funcs or name.startswith("_"):
+            name = fallback  # lambdas, duplicates: the logs name it reward_<i>
+        self.funcs[name] = fn
+        return f"{self.module}:{name}"
+
+    def save(self) -> None:
+        if not self.funcs:
+            return
+        pkl = self.run_dir / f"{self.module}.pkl"
+        pkl.write_bytes(cloudpickle.dumps(self.funcs))
+        (self.run_dir / f"{self.module}.py").write_text(
+            '"""Functions passed to rlpost.Trainer as Python objects, pickled by value next to this file."""\n'
+            "import pickle\nfrom pathlib import Path\n\n"
+            f"globals().update(pickle.loads(Path(__file__).with_name({pkl.name!r}).read_bytes()))\n")

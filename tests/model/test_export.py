@@ -1,0 +1,82 @@
+"""Every run ends with a transformers folder: plain transformers reloads it and generates what
+`rlpost eval` generated; `rlpost export` writes one from any checkpoint; `model.name=RUN` trains
+again from it; LoRA runs export their adapters in peft's format."""
+
+import json
+
+import pytest
+import torch
+from helpers import TINY, tiny_cfg
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlpost import cli, config
+from rlpost.envs import Task, build_task
+from rlpost.model.export import export_run
+from rlpost.model.load import load_policy
+from rlpost.recipes.rl import train
+
+
+def last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_train_export_reload_in_transformers_and_train_again(tmp_path, capsys):
+    run = tmp_path / "first"
+    verifier = "task.verifier=toy_verifiers:odd_length"  # rewards vary whatever the tiny model says: it trains
+    assert cli.main(["train", *TINY, verifier, f"run.out_dir={tmp_path}", "run.name=first"]) == 0
+    folder = run / "model"
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    assert json.loads((run / "summary.json").read_text())["model"] == str(folder)
+
+    # rlpost eval's greedy completions ...
+    assert cli.main(["eval", str(run), "--n", "4"]) == 0
+    samples = [json.loads(line) for line in (run / "eval_samples.jsonl").read_text().splitlines()]
+    # ... are what plain transformers generates from the folder, with the chat template it holds
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    rows = build_task(config.load(run / "config.yaml")).heldout[:4]
+    assert [r["messages"][-1]["content"] for r in rows] == [s["prompt"] for s in samples]
+    for row, sample in zip(rows, samples):
+        ids = tok.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        out = model.generate(**ids, do_sample=False, max_new_tokens=6)
+        assert tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True) == sample["completion"]
+
+    # any kept checkpoint exports; the last one is the run's own model
+    assert cli.main(["export", str(run), "--step", "2", "--out", str(tmp_path / "step2")]) == 0
+    assert last_json(capsys)["out"] == str(tmp_path / "step2")
+    a, b = load_file(folder / "model.safetensors"), load_file(tmp_path / "step2" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert cli.main(["export", str(run), "--step", "1"]) == 2  # run.checkpoint_every=0: only the last step is kept
+    assert "--step 1" in capsys.readouterr().err
+    assert cli.main(["export", str(run), "--merge-lora"]) == 2  # a full fine-tune has no adapters to merge
+
+    # model.name=RUN is that folder, and a new run trains on from it
+    loaded = load_policy(str(run)).model.state_dict()
+    assert all(torch.equal(loaded[k], a[k]) for k in a)
+    assert cli.main(["train", *TINY, verifier, f"model.name={run}", f"run.out_dir={tmp_path}", "run.name=again"]) == 0
+    again = load_file(tmp_path / "again" / "model" / "model.safetensors")
+    assert any(not torch.equal(again[k], a[k]) for k in a)
+
+
+def test_lora_run_exports_merged_model_and_peft_adapters(tmp_path):
+    from peft import PeftModel
+
+    task = Task(*[[{"messages": [{"role": "user", "content": str(d)}], "answer": str(d)} for d in range(10)]] * 2,
+                "toy_verifiers:first_char_digit")
+    cfg = tiny_cfg("model.lora_r=4", "trainer.lr=1e-2")
+    run = tmp_path / "lora"
+    run.mkdir()
+    config.save(cfg, run / "config.yaml")
+    train(cfg, run, task=task)
+    merged = load_file(run / "model" / "model.safetensors")
+    ckpt = load_file(run / "checkpoints" / "step_000002" / "model.safetensors")
+    assert all(torch.equal(merged[k], ckpt[k]) for k in merged)  # (the tied lm_head is not stored twice)
+    # without --merge-lora: the adapters alone, which peft puts back on the base to the same weights
+    adapter = export_run(run)
+    assert adapter == run / "adapter" and (adapter / "adapter_config.json").exists()
+    peft_model = PeftModel.from_pretrained(load_policy("tiny").model, adapter)
+    again = peft_model.merge_and_unload().state_dict()
+    assert all(torch.allclose(again[k], ckpt[k], atol=1e-6) for k in ckpt)
+    assert export_run(run, merge_lora=True) == run / "model"
