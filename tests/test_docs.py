@@ -57,15 +57,18 @@ NOT_IN_REPO = {
     "eval_samples.jsonl", "checkpoints", "samples", "verifier.log", "config.resume-N.yaml",
     # example user files, and a model folder's own config
     "my.jsonl", "gsm8k.jsonl", "config.json", "my_module.py", "my_rewards.py",
+    # what an exported model folder holds, and what the docs show users doing with it
+    "model.safetensors", "value_head.safetensors", "generation_config.json", "adapter_config.json", "eval.jsonl",
+    "requirements.txt", "convert_hf_to_gguf.py", "my-run.gguf", "adapter_model.safetensors",
     # the file names a code task's program and harness get inside the sandbox
     "main.py", "solution.py",
 }
 # Dotted names that are neither Python nor config: files of the kernel's cgroup interface.
 NOT_PYTHON = {"pids.max", "cgroup.kill", "memory.max", "cgroup.procs",
-              "reward_model.ground_truth"}  # a field of verl's parquet rows
+              "reward_model.ground_truth", "extra_info.answer"}  # fields of verl's parquet rows
 # Names of other projects' knobs, quoted to compare with ours.
 NOT_OURS = {"gpu_memory_utilization"}  # vLLM's pre-allocated KV pool
-EXT = r"py|md|yaml|yml|json|jsonl|sh|toml|html|txt|gguf|parquet|csv|log"
+EXT = r"py|md|yaml|yml|json|jsonl|sh|toml|html|txt|gguf|parquet|csv|log|safetensors"
 PATH = re.compile(rf"(?<![\w/.~$-])((?:[\w.<>*-]+/)*[\w<>*-][\w.<>*-]*\.(?:{EXT}))(?::(\d+))?(?![\w/-])")
 PATH_NAME = re.compile(r"^([\w/.-]+\.py): ?([A-Za-z_][\w.]*)(?:\(\))?$")  # `recipes/rl.py: train`
 RLPOST_NAME = re.compile(r"(?<![\w./-])rlpost(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
@@ -190,7 +193,7 @@ def defines(path: Path, parts: list[str]) -> bool:
         return defines(module_file([*path.parent.relative_to(SRC.parent).parts, parts[0]]), parts[1:])
     node = members(parse(path).body).get(parts[0])
     if node is None:
-        return False
+        return path.name == "__init__.py" and parts[0] in dunder_all(path)  # exported lazily (PEP 562)
     if len(parts) == 1:
         return True
     if isinstance(node, ast.ClassDef):
@@ -200,6 +203,14 @@ def defines(path: Path, parts: list[str]) -> bool:
         alias = next(a for a in node.names if (a.asname or a.name) == parts[0])
         return target is not None and defines(target, [alias.name, *parts[1:]])
     return True  # an attribute of an instance or a value: not checked statically
+
+
+def dunder_all(path: Path) -> set[str]:
+    """The names a module's ``__all__ = [...]`` lists."""
+    for node in parse(path).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    return set()
 
 
 @cache
@@ -529,6 +540,8 @@ def command_checks(text: str) -> list[str]:
             cmds.append(rest[1])
             rest = rest[2:]
         for cmd in cmds:
+            if cmd in ("--version", "--help", "-h") and not rest:  # the top-level parser's own options
+                continue
             if cmd not in sub:
                 problems.append(f"{line}: no subcommand {cmd!r} (rlpost has {', '.join(sub)})")
                 continue
