@@ -95,4 +95,4 @@ def test_every_recipe_validates():
 def test_bad_input_from_the_real_entry_point_is_one_line_exit_2():
     # The same path in a separate process: the exit status and stderr a shell sees, no traceback.
     r = run_cli("train", "trainer.lr=abc")
-    assert r.returncode == 2 and r.stderr.strip() == "rlpost: error: trainer.lr: expected a number > 0", r.stderr
+    assert r.returncode == 2 and r.stderr.strip() == "rlpost: error: trainer.lr: expected a finite number > 0 and <= 1", r.stderr

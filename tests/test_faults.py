@@ -228,8 +228,8 @@ def bad_inputs(tmp: Path) -> dict:
         "corrupt parquet": ([*data, f"task.data={tmp / 'bad.parquet'}"], "bad.parquet: not a readable parquet file"),
         "folder that is no dataset": ([*data, f"task.data={tmp / 'not_a_dataset'}"],
                                       "not_a_dataset: a folder, but not one saved by `datasets`"),
-        "truncated model weights": ([f"model.name={tmp / 'truncated'}"], "cannot load the model of"),
-        "no tokenizer": ([f"model.name={tmp / 'no_tokenizer'}"], "cannot load the tokenizer of"),
+        "truncated model weights": ([f"model.name={tmp / 'truncated'}"], "its model does not load"),
+        "no tokenizer": ([f"model.name={tmp / 'no_tokenizer'}"], "its tokenizer does not load"),
     }
 
 

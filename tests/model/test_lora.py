@@ -18,6 +18,7 @@ TASK = Task([], [], "toy_verifiers:odd_length")  # the roles need a verifier; no
 
 def test_only_adapters_train_and_merged_weights_are_the_plain_model(tiny):
     roles = build_roles(tiny_cfg("model.lora_r=4", "model.lora_alpha=8"), TASK)
+    roles.close()  # its verifier workers: only the trainer is looked at
     trained = [p for g in roles.trainer.opt.param_groups for p in g["params"]]
     n_lora = sum(p.numel() for n, p in roles.trainer.model.named_parameters() if "lora_" in n)
     assert sum(p.numel() for p in trained) == n_lora > 0
@@ -42,7 +43,9 @@ def test_lora_run_keeps_the_base_and_the_sampler_matches_the_trainer(tmp_path):
     # float32 sampler with merged weights vs float32 trainer through the adapters: the same function
     assert all(r["actor/logp_diff_sampler_max"] < 1e-4 for r in rows), [r["actor/logp_diff_sampler_max"] for r in rows]
     final = load_file(tmp_path / "run" / "checkpoints" / "step_000003" / "model.safetensors")
-    base = build_roles(tiny_cfg(), TASK).trainer.model.state_dict()
+    roles = build_roles(tiny_cfg(), TASK)
+    roles.close()  # its verifier workers: only the trainer's starting weights are looked at
+    base = roles.trainer.model.state_dict()
     changed = [k for k in base if not torch.equal(base[k], final[k])]
     assert changed and all("proj" in k for k in changed)  # only adapted linears moved; embeddings, norms did not
 

@@ -51,6 +51,7 @@ def test_build_reward_from_config():
     assert [(n, w) for n, _, w in built.parts] == [("trl_style", 1.0), ("half", 0.2)]
     built.close()
     assert build.build_reward(config.load(None, []), verifier) is verifier
+    verifier.close()
     with pytest.raises(config.ConfigError, match="task.reward_weights"):
         config.load(None, ["task.reward_funcs=a:b", "task.reward_weights=1,2"])
 

@@ -229,7 +229,7 @@ def test_update_averages_metrics_over_epochs_and_mini_batches(tiny):
     for epoch in range(2):
         for lo in (0, 8):
             steps.append((epoch, tr._accumulate(b.select(slice(lo, lo + 8)), algo.loss, first_epoch=epoch == 0, diffs=diffs)))
-            norms.append(tr._step()[0])
+            norms.append(tr._step()[0][0])  # the policy's pre-clip norm
     for k in ("actor/loss", "actor/pg_loss", "actor/pg_clipfrac", "actor/kl", "actor/ppo_kl", "actor/ratio_max"):
         assert got[k] == pytest.approx(sum(m[k] for _, m in steps) / 4, rel=1e-5, abs=1e-8), k
     assert got["actor/entropy"] == pytest.approx(sum(m["actor/entropy"] for e, m in steps if e == 0) / 2, rel=1e-5)
@@ -254,8 +254,9 @@ def test_train_step_is_one_accumulated_step(tiny):
     a, b = make(), make()
     got = a.train_step(copy.deepcopy(batch), algo.loss)
     want = b._accumulate(copy.deepcopy(batch), algo.loss, first_epoch=False)
-    norm = b._step()[0]
-    assert set(got) == {*want, "actor/grad_norm", "actor/lr"} and "actor/entropy" not in got
+    norm = b._step()[0][0]  # the policy's pre-clip norm
+    assert set(got) == {*want, "actor/grad_norm", "actor/lr", "actor/nonfinite_steps"} and "actor/entropy" not in got
+    assert got["actor/nonfinite_steps"] == 0
     assert all(got[k] == pytest.approx(v, rel=1e-6) for k, v in want.items())
     assert got["actor/grad_norm"] == pytest.approx(norm, rel=1e-6) and got["actor/lr"] == 1e-2
     assert all(torch.equal(p, q) for p, q in zip(a.params, b.params))

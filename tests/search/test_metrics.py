@@ -107,9 +107,13 @@ def test_weighted_best_of_n_sums_scores_per_answer():
         weighted_best_of_n(["a"], [])
 
 
-def test_maj_at_1_is_the_first_sample():
-    assert maj_at_k(["3", "7"], {"3": True}, k=1) == 1.0
-    assert maj_at_k(["7", "3"], {"3": True}, k=1) == 0.0
+def test_maj_at_1_is_pass_at_1_whatever_the_order():
+    # over every 1-subset: one sample's majority is that sample, so maj@1 = the fraction correct
+    assert maj_at_k(["3", "7"], {"3": True}, k=1) == 0.5
+    assert maj_at_k(["7", "3"], {"3": True}, k=1) == 0.5
+    assert maj_at_k(["3", "3", "7", None], {"3": True}, k=1) == 0.5  # None casts no vote: a wrong subset
+    # k=2 of ["3", "3", "7"]: subsets {3,3} -> right, {3,7} twice -> a tie, half right: (1 + 0.5 + 0.5) / 3
+    assert maj_at_k(["3", "3", "7"], {"3": True}, k=2) == pytest.approx(2 / 3)
 
 
 def test_weighted_best_of_n_differs_from_the_plain_vote():

@@ -165,8 +165,11 @@ def resolve(spec: str) -> str:
             raise ModelLoadError(f"{spec} is a run folder without a model/ folder yet (the run has not ended); "
                                  f"write one from its last checkpoint with: rlpost export {spec}")
         return str(folder / "model")
-    if not folder.exists() and HUB_ID.fullmatch(spec) and spec != "tiny":  # not a local path: the hub is asked
-        hub_reachable()
+    if not folder.exists() and spec != "tiny":
+        if not HUB_ID.fullmatch(spec):  # a path, and nothing is there
+            raise ModelLoadError(f"cannot load model {spec!r}: no such file or folder (expected a local folder with "
+                                 "config.json, a run folder, a hub id reachable from here, 'embedded' or 'tiny')")
+        hub_reachable()  # not a local path: the hub is asked
     return spec
 
 
@@ -247,7 +250,7 @@ def _from_pretrained(cls, source: str, **kwargs):
         hint = "a local folder with config.json, a run folder, a hub id reachable from here, 'embedded' or 'tiny'"
         text = " ".join(str(e).split())  # transformers' messages span lines: all of it, on one
         offline = " (the hub cannot be reached from here: offline mode)" if _HUB_CHECKED == [False] else ""
-        raise ModelLoadError(f"cannot load the {what} of {source!r}{offline}: {type(e).__name__}: {text[:400]} (expected {hint})") from e
+        raise ModelLoadError(f"cannot load model {source!r}{offline}: its {what} does not load: {type(e).__name__}: {text[:400]} (expected {hint})") from e
 
 
 def save_model(model, tokenizer, folder: Path, value_head: torch.nn.Module | None = None) -> Path:
