@@ -172,3 +172,46 @@ def test_test_files_never_import_each_other_nor_install_packages():
         if f.name != "test_style.py" and any(s in src for s in installs):
             found.append(f"{f.relative_to(TESTS)} installs a package")
     assert not found, found
+
+
+# Where a "cpu" string literal may stand under src/, each with its reason (issue 17: no literal
+# decides where a tensor or autocast goes; a role reads its device from its model, model/device.py).
+# Keys are "file:function" ("<module>" at module level). A new entry needs a reason a reviewer accepts.
+CPU_LITERAL_OK = {
+    "model/device.py:<module>": "device.CPU: the one name of the host, which everything else refers to",
+    "sections.py:RunConfig": "run.device's choices (auto | cpu | cuda): the config key itself",
+    "observe/devices.py:probed_cpu": "the planner's hardware catalogue: 'cpu' is a machine to predict for, no tensor moves",
+    "observe/devices.py:<module>": "the planner's efficiency table keyed by hardware kind ('cpu' vs 'gpu')",
+    "observe/devices.py:efficiency": "the planner's efficiency table keyed by hardware kind",
+    "observe/devices.py:resolve_device": "`rlpost plan --device cpu|cpu-avx512|<gpu>`: hardware names, not torch devices",
+    "observe/planner.py:calibrate": "`rlpost plan calibrate --device cpu`: a hardware name for the planner",
+    "observe/planner.py:parse_eff": "the planner's efficiency phases, read from its 'cpu' table",
+    "observe/planner.py:add_arguments": "`rlpost plan --device` default and help: a hardware name for the planner",
+    "envs/isolation.py:_own_cgroup_dirs": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
+    "envs/isolation.py:cgroup_host": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
+}
+
+
+def cpu_literals():
+    """("file:function", line) of every "cpu" (or "cpu:N") string constant under src/."""
+    for _, f, tree in sources():
+        rel = f.relative_to(SRC).as_posix()
+        owner = {}
+        for fn in ast.walk(tree):  # innermost def or class wins: walk order visits outer ones first
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for n in ast.walk(fn):
+                    owner[id(n)] = fn.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    (node.value == "cpu" or node.value.startswith("cpu:")):
+                yield f"{rel}:{owner.get(id(node), '<module>')}", node.lineno
+
+
+def test_no_cpu_literal_decides_a_device():
+    # A role's tensors go to its model's device (model/device.py); autocast, the chunked
+    # log-softmax and the shared-prefix forward ask the tensors. A "cpu" literal elsewhere would
+    # pin something to the host on a GPU run, which no CPU test can see.
+    found = [f"{where} (line {line})" for where, line in cpu_literals() if where not in CPU_LITERAL_OK]
+    assert not found, f"a 'cpu' literal outside tests/test_style.py CPU_LITERAL_OK: {found}"
+    used = {where for where, _ in cpu_literals()}
+    assert not set(CPU_LITERAL_OK) - used, f"allow-list entries with no literal left: {set(CPU_LITERAL_OK) - used}"

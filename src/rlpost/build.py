@@ -12,12 +12,18 @@ reference when something reads reference log-probs), never from its name.
 Precision is resolved here, once: ``rollout.dtype=auto`` and ``trainer.precision=auto`` become
 what the start-up probe chose (model/precision.py), the run says so in one line, and every role
 built below (sampler, trainer and its critic, reference, reward model, judge) follows it.
+
+So is the device, first: ``run.device=auto`` becomes cuda when CUDA is available, else cpu
+(model/device.py), and each ``make_*`` below puts its role's model there; the roles read their
+device from their model and move each batch in (docs/gpu.md). On CUDA the precision probe asks
+the GPU whether it has bf16 instead of timing the CPU.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,7 +31,7 @@ import torch
 from rlpost import algorithms, config
 from rlpost.console import say
 from rlpost.envs import Task, verifier_timeout
-from rlpost.model import lora, precision
+from rlpost.model import device, lora, precision
 from rlpost.model.load import load_policy
 from rlpost.rewards.judge import Judge
 from rlpost.rewards.reward_model import load_reward_model
@@ -33,7 +39,7 @@ from rlpost.rewards.runner import VerifierRunner, default_workers
 from rlpost.rewards.stack import RewardStack, part_name
 from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
-from rlpost.roles.rollout_fast import build_rollout
+from rlpost.roles.rollout_fast import build_rollout, check_engine
 from rlpost.roles.rollout_tools import ToolRollout
 from rlpost.roles.trainer import Trainer
 from rlpost.types.errors import ConfigError
@@ -44,6 +50,8 @@ def check(cfg: config.Config) -> config.Config:
     """Everything ``config.load`` cannot check alone: what the chosen algorithm can run. Returns
     cfg, so ``build.check(config.load(...))`` reads as one step."""
     algorithms.check(cfg)
+    # run.device=cuda without CUDA, or the CPU-only engine on a GPU: one line, before any model loads
+    check_engine(cfg.rollout.engine, device.is_cuda(device.resolve(cfg.run.device)))
     return cfg
 
 
@@ -75,6 +83,7 @@ def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool,
                  reward: Verifier) -> Roles:
     """Every role in this process (dist.topology=colocated, and evaluation)."""
     loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
+    on_device(cfg, loaded.model)  # once, so the copies below are made there
     # The reference is the *starting* policy: copy it before any checkpoint weights are loaded.
     reference = make_reference(cfg, loaded.model) if algo.needs_reference and not for_eval else None
     use_lora = cfg.model.lora_r > 0 and not for_eval
@@ -97,29 +106,50 @@ def make_runner(cfg: config.Config, path: str, key: str, run_dir: Path | None = 
                           import_paths=(*([run_dir] if run_dir else []), os.getcwd()), max_steps=cfg.run.steps)
 
 
-_said: set[str] = set()  # the precision lines already printed by this process
+_said: set[str] = set()  # the device and precision lines already printed by this process
 
 
-def resolve_precision(cfg: config.Config) -> config.Config:
-    """cfg with rollout.dtype and trainer.precision concrete (explicit settings kept, 'auto' from
-    the probe), after saying in one line what was chosen and why (once per process and choice)."""
-    cfg, line = precision.resolve_config(cfg)
+def _say_once(line: str) -> None:
     if line not in _said:
         _said.add(line)
         say(line)
+
+
+def resolve_device(cfg: config.Config) -> config.Config:
+    """cfg with run.device concrete ('cpu' or 'cuda'; 'auto' from torch.cuda.is_available()), after
+    saying which in one line; run.device=cuda without CUDA is a ConfigError naming the key."""
+    dev = device.resolve(cfg.run.device)
+    if device.is_cuda(dev):  # on the host nothing changes from before run.device, so nothing is said
+        _say_once(f"device: cuda, {torch.cuda.get_device_name()} (run.device={cfg.run.device})")
+    return replace(cfg, run=replace(cfg.run, device=dev))
+
+
+def resolve_precision(cfg: config.Config) -> config.Config:
+    """cfg with run.device (``resolve_device``), rollout.dtype and trainer.precision concrete
+    (explicit settings kept, 'auto' from the probe of that device), after saying in one line what
+    was chosen and why (once per process and choice)."""
+    cfg = resolve_device(cfg)
+    cfg, line = precision.resolve_config(cfg, cfg.run.device)
+    _say_once(line)
     return cfg
+
+
+def on_device(cfg: config.Config, model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` moved (in place) to run.device; a no-op when it is there already."""
+    return model.to(device.resolve(cfg.run.device))
 
 
 def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
     """A frozen copy of `model` that gives reference log-probs, in the trainer's precision."""
-    return Reference(copy.deepcopy(model), cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
+    return Reference(copy.deepcopy(on_device(cfg, model)), cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
                      precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix)
 
 
 def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
     """The sampler over `model` (which it casts to rollout.dtype): own decode loop or `generate`,
     wrapped in tool episodes for the tools task."""
-    rollout = build_rollout(cfg.rollout.engine, model, tokenizer, precision.sampler_dtype(cfg.rollout.dtype))
+    rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer,
+                            precision.sampler_dtype(cfg.rollout.dtype, cfg.run.device))
     if cfg.task.name == "tools":  # multi-turn episodes: same generate() contract, tool calls inside
         rollout = ToolRollout(rollout, cfg.task)
     return rollout
@@ -129,6 +159,7 @@ def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, **k
     """The trainer over `model` (float32 master weights), with a critic when the algorithm needs
     values and LoRA adapters when model.lora_r > 0; kwargs go to Trainer (e.g. data_parallel)."""
     d = config.derived(cfg)
+    model = on_device(cfg, model)  # before the critic: its head is made beside the trunk
     critic = Critic(model, cfg.algo.critic) if algorithms.traits(cfg).needs_values else None
     return Trainer(
         lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer, cfg.rollout.temperature,
@@ -152,7 +183,7 @@ def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = 
             parts.append((part_name(f), make_runner(cfg, f, "task.reward_funcs", run_dir), w))
         if t.reward_model:
             scorer = load_reward_model(t.reward_model, config.derived(cfg).micro_batch_size,
-                                        precision.trainer_bf16(cfg.trainer.precision))
+                                        precision.trainer_bf16(cfg.trainer.precision), device.resolve(cfg.run.device))
             parts.append(("reward_model", scorer, 1.0))
         if t.judge_model:
             parts.append(("judge", Judge.from_config(cfg), t.judge_weight))

@@ -316,7 +316,7 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
 # An lr change is applied to the restored optimizer (Trainer.load_state_dict); a run.steps change
 # stretches or shortens a decaying lr schedule from the step the run resumes at.
 RESUMABLE = {
-    "run": ("steps", "eval_every", "eval_n", "eval_batch_size", "checkpoint_every", "keep_checkpoints", "threads",
+    "run": ("steps", "eval_every", "eval_n", "eval_batch_size", "checkpoint_every", "keep_checkpoints", "threads", "device",
             "progress", "loggers", "stop_grace_s"),
     "trainer": ("lr", "max_grad_norm", "micro_batch_size", "max_nonfinite_steps"),
     "algo": ("critic_lr",),

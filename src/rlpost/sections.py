@@ -297,6 +297,8 @@ class RunConfig:
     """write a checkpoint every N steps (and at the end); 0 = only at the end"""
     keep_checkpoints: int = knob(1, ge=1)
     """checkpoints kept on disk (oldest deleted first)"""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """where every role's model and tensors live: auto = cuda when torch.cuda.is_available(), else cpu; cuda without CUDA is refused (model/device.py, docs/gpu.md)"""
     threads: int = knob(0, ge=0)
     """torch CPU threads; 0 = all cores"""
     progress: bool = True

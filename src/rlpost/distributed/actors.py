@@ -16,7 +16,7 @@ from typing import Callable
 import ray
 import torch
 
-from rlpost.model import heap, precision
+from rlpost.model import device, heap, precision
 from rlpost.model.load import load_policy
 
 
@@ -85,7 +85,8 @@ class TrainerWorker:
         w = self.trainer.weights()
         if self.rank != 0:
             return None
-        return {k: v.detach().to(self.sampler_dtype) if for_sampler else v.detach() for k, v in w.items()}
+        # To the host: the object store and the driver may have no GPU (a no-op on a CPU trainer).
+        return {k: v.detach().to(device.CPU, self.sampler_dtype if for_sampler else v.dtype) for k, v in w.items()}
 
     def state_dict(self) -> dict | None:
         state = self.trainer.state_dict()  # a collective under data parallelism

@@ -6,7 +6,8 @@ changes (``build.build_roles`` calls ``place`` here). Here the rollout is a ``Ro
 actors (FSDP2 data parallel when > 1); the verifier, the reference and the algorithm stay in the
 driver (they are light, or a subprocess pool already). Actors ask Ray for no CPUs
 (``num_cpus=0``): their torch thread counts are set here, so a 2-core machine can host a trainer and
-a worker without Ray holding one of them back.
+a worker without Ray holding one of them back. With ``run.device=cuda`` each actor asks for one GPU
+(``num_gpus=1``): Ray then shows it only that GPU, which ``cuda`` means inside it (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import ray
 from rlpost import config
 from rlpost.distributed.actors import RemoteTrainer, RolloutWorker, TrainerWorker
 from rlpost.distributed.pool import RolloutPool
+from rlpost.model import device
 
 
 def threads(cfg: config.Config) -> tuple[int, int]:
@@ -56,9 +58,10 @@ def place(cfg: config.Config, weights: dict | None, make_rollout: Callable, make
     t_threads, r_threads = threads(cfg)
     initial = ray.put(weights) if weights is not None else None
     ranks, master = cfg.dist.trainer_ranks, f"127.0.0.1:{free_port()}"
-    trainer_cls = ray.remote(num_cpus=0)(TrainerWorker)
+    gpus = 1 if device.is_cuda(cfg.run.device) else 0  # one GPU per actor; never run on one (docs/gpu.md)
+    trainer_cls = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerWorker)
     trainer = RemoteTrainer([trainer_cls.remote(cfg, initial, t_threads, make_trainer, r, ranks, master) for r in range(ranks)])
-    worker_cls = ray.remote(num_cpus=0, max_restarts=0)(rollout_worker or RolloutWorker)
+    worker_cls = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=0)(rollout_worker or RolloutWorker)
     spawn = lambda i, w: worker_cls.remote(cfg, w, r_threads, make_rollout)
     d = cfg.dist
     is_async = d.topology == "async"

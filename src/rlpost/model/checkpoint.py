@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlpost.console import say
+from rlpost.model import device
 from rlpost.types.errors import RunError, write_cause
 
 MANIFEST = "manifest.json"
@@ -144,8 +145,8 @@ def candidates(run_dir: Path) -> list[Path]:
 def load(ckpt: Path) -> tuple[dict, dict, dict]:
     """(model_state, trainer_state, state) of one checkpoint, unverified."""
     model_state = load_file(ckpt / "model.safetensors")
-    trainer_state = torch.load(ckpt / "trainer.pt", weights_only=False)
-    state = torch.load(ckpt / "state.pt", weights_only=False)
+    trainer_state = torch.load(ckpt / "trainer.pt", map_location=device.CPU, weights_only=False)
+    state = torch.load(ckpt / "state.pt", map_location=device.CPU, weights_only=False)
     return model_state, trainer_state, state
 
 

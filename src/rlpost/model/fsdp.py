@@ -98,10 +98,11 @@ def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, sta
     set_optimizer_state_dict(model, opt, state, options=_FULL)
 
 
-def all_reduce_sums(values: dict[str, float]) -> dict[str, float]:
-    """Sum each metric over the ranks (keys sorted so every rank packs the same order)."""
+def all_reduce_sums(values: dict[str, float], device: torch.device | None = None) -> dict[str, float]:
+    """Sum each metric over the ranks (keys sorted so every rank packs the same order); the buffer
+    goes on ``device``, the model's (NCCL reduces CUDA tensors only)."""
     keys = sorted(values)
-    buf = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    buf = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(buf)
     return dict(zip(keys, buf.tolist()))
 

@@ -53,7 +53,8 @@ def policy_forward(
     if chunked and plain_head(model):
         hidden = completion_states(model.get_decoder(), batch, share_prefix, _backbone)  # (B, T, H)
         head = model.get_output_embeddings().weight
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else head.dtype
+        dev = hidden.device.type  # autocast is per device type: ask the one the forward ran on
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else head.dtype
         with_grad = entropy == "grad" and torch.is_grad_enabled()
         lp, ent = ChunkedLogp.apply(hidden[mask], head, batch.completion_ids[mask], temperature, dtype, entropy != "none")
         logp = hidden.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, lp)  # (B, T), 0 off the mask
@@ -104,7 +105,7 @@ class ChunkedLogp(torch.autograd.Function):
     def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, temperature: float, dtype: torch.dtype,
                 want_entropy: bool) -> tuple[Tensor, Tensor]:
         w = _cast(weight, dtype)
-        logp, ent, lse = (torch.zeros(len(h), dtype=torch.float32) for _ in range(3))
+        logp, ent, lse = (h.new_zeros(len(h), dtype=torch.float32) for _ in range(3))  # on h's device
         for i in range(0, len(h), CHUNK_TOKENS):
             sl = slice(i, i + CHUNK_TOKENS)
             z = ChunkedLogp._logits(h[sl], w, temperature)  # (c, V) float32, already / temperature
@@ -124,7 +125,7 @@ class ChunkedLogp(torch.autograd.Function):
         # dz of every chunk is kept in ``dtype`` (bf16: 2 bytes per logit, 96 MB for 976 tokens) so
         # the weight's gradient is one matmul: accumulating it chunk by chunk meant a full 49152 x
         # 576 float32 add per chunk, the slowest ops of the whole update in the profile.
-        dz_all = torch.empty(len(h), w.shape[0], dtype=ctx.dtype) if ctx.needs_input_grad[1] else None
+        dz_all = h.new_empty(len(h), w.shape[0], dtype=ctx.dtype) if ctx.needs_input_grad[1] else None
         g_logp = g_logp / ctx.temperature  # the chain through z = h W^T / temperature
         g_ent = g_ent / ctx.temperature if g_ent is not None and bool(g_ent.any()) else None
         for i in range(0, len(h), CHUNK_TOKENS):

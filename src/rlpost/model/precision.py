@@ -32,7 +32,10 @@ from pathlib import Path
 import torch
 
 from rlpost import config
+from rlpost.model.device import CPU
 from rlpost.model.load import cache_dir
+
+HOST = CPU.type  # the probe times this machine's CPU unless build.py passes run.device (a GPU: read, not timed)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 TRAINER = {"bf16": True, "fp32": False}  # trainer.precision -> bf16 autocast over float32 master weights?
@@ -65,10 +68,10 @@ class Choice:
     probe: Probe
 
 
-def machine_key(device: str = "cpu") -> str:
+def machine_key(device: str = HOST) -> str:
     """Everything that can change the probe's answer: the CPU (model name and flags), the torch
     build, and the instruction-set caps oneDNN and ATen honour. A short hash names the cache file."""
-    if device != "cpu":
+    if device != HOST:
         parts = [device, torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "none"]
     else:
         parts = [device, platform.machine(), _cpu_identity(), torch.__version__, torch.backends.cpu.get_cpu_capability(),
@@ -85,11 +88,11 @@ def _cpu_identity() -> str:
     return "|".join(dict.fromkeys(lines))  # one model name and one flag set, not one per core
 
 
-def cache_path(device: str = "cpu") -> Path:
+def cache_path(device: str = HOST) -> Path:
     return cache_dir() / "precision" / f"{machine_key(device)}.json"
 
 
-def probe(device: str = "cpu", refresh: bool = False) -> Probe:
+def probe(device: str = HOST, refresh: bool = False) -> Probe:
     """This machine's figures: from the cache when it holds them for this key, else measured now
     (< 1 s) and cached. ``refresh`` measures again."""
     path = cache_path(device)
@@ -98,7 +101,7 @@ def probe(device: str = "cpu", refresh: bool = False) -> Probe:
             return Probe(**json.loads(path.read_text()))
         except (ValueError, TypeError):
             pass  # a file from another version, or torn: measure again
-    result = _probe_gpu(device) if device != "cpu" else _probe_cpu()
+    result = _probe_gpu(device) if device != HOST else _probe_cpu()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -129,8 +132,8 @@ def _probe_cpu() -> Probe:
     finally:
         torch.set_num_threads(threads)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return Probe("cpu", torch.backends.cpu.get_cpu_capability(), round(bf16, 2), round(fp32, 2), round(mem, 2), cores,
-                 machine_key("cpu"))
+    return Probe(HOST, torch.backends.cpu.get_cpu_capability(), round(bf16, 2), round(fp32, 2), round(mem, 2), cores,
+                 machine_key(HOST))
 
 
 def matmul_gflops(dtype: torch.dtype, n: int, reps: int = 3) -> float:
@@ -151,7 +154,7 @@ def _best(fn, reps: int) -> float:
 
 def decide(p: Probe) -> Choice:
     """bf16 or float32 from the probe's figures: the pure rule, tested with figures made up both ways."""
-    if p.device != "cpu":
+    if p.device != HOST:
         why = f"{p.isa} supports bf16" if p.bf16_supported else f"{p.isa} has no bf16"
         return Choice(p.bf16_supported, why, p)
     ratio = p.bf16_gflops / p.fp32_gflops if p.fp32_gflops > 0 else 0.0
@@ -162,11 +165,11 @@ def decide(p: Probe) -> Choice:
     return Choice(False, f"{figures}: bf16 is {speed} here", p)
 
 
-def choose(device: str = "cpu") -> Choice:
+def choose(device: str = HOST) -> Choice:
     return decide(probe(device))
 
 
-def resolve_config(cfg: config.Config, device: str = "cpu") -> tuple[config.Config, str]:
+def resolve_config(cfg: config.Config, device: str = HOST) -> tuple[config.Config, str]:
     """(cfg with rollout.dtype and trainer.precision made concrete, the one line saying what was
     chosen and why). Explicit settings are kept; 'auto' follows the probe."""
     r, t = cfg.rollout, cfg.trainer
@@ -179,16 +182,18 @@ def resolve_config(cfg: config.Config, device: str = "cpu") -> tuple[config.Conf
     return cfg, f"precision: {dtype} sampler, {prec} trainer (auto: {c.reason}; cached in {cache_path(device)})"
 
 
-def sampler_dtype(name: str, device: str = "cpu") -> torch.dtype:
+def sampler_dtype(name: str, device: str = HOST) -> torch.dtype:
     """rollout.dtype (or a judge's) as a torch dtype; 'auto' asks the probe."""
     return DTYPES[name] if name != "auto" else (torch.bfloat16 if choose(device).bf16 else torch.float32)
 
 
-def trainer_bf16(name: str, device: str = "cpu") -> bool:
+def trainer_bf16(name: str, device: str = HOST) -> bool:
     """trainer.precision as 'bf16 autocast or not'; 'auto' asks the probe."""
     return TRAINER[name] if name != "auto" else choose(device).bf16
 
 
-def autocast(bf16: bool, cache: bool = True):
-    """The forward's context: bf16 autocast over float32 weights, or nothing (plain float32)."""
-    return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache) if bf16 else nullcontext()
+def autocast(bf16: bool, device: torch.device | str, cache: bool = True):
+    """The forward's context on ``device`` (the model's: ``model.device.of``): bf16 autocast over
+    float32 weights, or nothing (plain float32)."""
+    dev_type = torch.device(device).type
+    return torch.autocast(dev_type, dtype=torch.bfloat16, cache_enabled=cache) if bf16 else nullcontext()

@@ -22,7 +22,7 @@ from rlpost.algorithms import core, dapo
 from rlpost.console import say
 from rlpost.envs import Task, build_task
 from rlpost.envs.data import PromptStream
-from rlpost.model import checkpoint, export
+from rlpost.model import checkpoint, device, export
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table, timed
@@ -108,7 +108,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     model_dir = export.write_model(run_dir, cfg)  # the last checkpoint as a transformers folder: RUN/model
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, elapsed(), {"run_dir": str(run_dir), "heldout_n": len(heldout), "model": str(model_dir),
-                                                     "peak_rss_gb": round(peak_rss_gb, 2), "skipped_rows": task.skipped_rows})
+                                                     "peak_rss_gb": round(peak_rss_gb, 2), **device.max_memory_allocated_gb(),
+                                                     "skipped_rows": task.skipped_rows})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     return summary
@@ -186,8 +187,10 @@ def batch_metrics(batch: Rollouts, group_size: int) -> dict:
 
 def perf(batch: Rollouts, timings: dict) -> dict:
     tokens = float(batch.completion_mask.sum() + batch.prompt_mask.sum())
+    # On CUDA also the allocator's peak (perf/max_memory_allocated_gb), the GPU's counterpart of peak RSS.
     return {"perf/throughput": tokens / timings["timing_s/step"],
-            "perf/gen_tokens_per_s": float(batch.completion_mask.sum()) / timings["timing_s/gen"]}
+            "perf/gen_tokens_per_s": float(batch.completion_mask.sum()) / timings["timing_s/gen"],
+            **device.max_memory_allocated_gb()}
 
 
 def schedule(cfg: config.Config, step: int) -> tuple[bool, bool]:

@@ -49,7 +49,8 @@ from typing import Sequence
 import torch
 from safetensors.torch import load_file
 
-from rlpost.model import precision
+from rlpost.model import device, precision
+from rlpost.model.device import CPU
 from rlpost.model.encode import make_batch, unpadded
 from rlpost.model.load import load_policy, save_model
 from rlpost.model.logprobs import completion_values
@@ -109,17 +110,18 @@ class ProcessRewardModel:
                  autocast_bf16: bool | None = None):
         """autocast_bf16: score under bf16 autocast; None = what the probe chose (model/precision.py)."""
         self.lm, self.head, self.tok = lm.eval(), head.eval(), tokenizer
+        self.device = device.of(lm)  # where the caller put it (run.device); the head sits beside the trunk
         self.micro = micro_batch_size
         self.autocast_bf16 = precision.trainer_bf16("auto") if autocast_bf16 is None else autocast_bf16
 
     @torch.no_grad()
     def step_scores(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """P(correct) at each step end of each (prompt, completion)."""
-        ctx = precision.autocast(self.autocast_bf16)
+        ctx = precision.autocast(self.autocast_bf16, self.device)
         out = []
         for i in range(0, len(prompts), self.micro):
             p, c = prompts[i:i + self.micro], completions[i:i + self.micro]
-            batch = make_batch(p, c, self.tok.pad_token_id)
+            batch = make_batch(p, c, self.tok.pad_token_id).to(self.device)
             with ctx:
                 values = completion_values(self.lm.get_decoder(), self.head.head, batch)  # (b, T)
             prob = values.float().sigmoid()  # (b, T)
@@ -138,8 +140,9 @@ class ProcessRewardModel:
         return save_model(self.lm, self.tok, Path(folder), self.head.head)
 
     @classmethod
-    def load(cls, folder: str | Path, **kw) -> "ProcessRewardModel":
+    def load(cls, folder: str | Path, device: torch.device | str = CPU, **kw) -> "ProcessRewardModel":
         loaded = load_policy(str(folder))
+        loaded.model.to(device)
         head = Critic(loaded.model, "shared")
         head.head.load_state_dict(load_file(Path(folder) / "value_head.safetensors"))
         return cls(loaded.model.float(), head, loaded.tokenizer, **kw)

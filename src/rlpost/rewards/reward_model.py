@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from rlpost.algorithms.preference import rm_scores
 from rlpost.model import precision
+from rlpost.model.device import CPU
 from rlpost.model.load import load_policy, load_tokenizer, resolve
 from rlpost.model.logprobs import completion_values
 from rlpost.roles.critic import Critic
@@ -30,18 +31,20 @@ from rlpost.types.batch import Rollouts
 from rlpost.types.errors import ConfigError
 
 
-def load_reward_model(spec: str, micro_batch_size: int = 32, autocast_bf16: bool | None = None):
+def load_reward_model(spec: str, micro_batch_size: int = 32, autocast_bf16: bool | None = None,
+                      device: torch.device | str = CPU):
     """The scorer for ``task.reward_model``: an ``rlpost rm`` folder (or run folder) or an HF
-    sequence-classification model (folder or hub id). autocast_bf16: None = what the probe chose."""
+    sequence-classification model (folder or hub id), on ``device`` (run.device, resolved).
+    autocast_bf16: None = what the probe chose."""
     folder = resolve(spec)  # a run folder -> its model/
     if (Path(folder) / "value_head.safetensors").exists():
-        return RewardModelScorer(folder, micro_batch_size, autocast_bf16)
+        return RewardModelScorer(folder, micro_batch_size, autocast_bf16, device)
     try:
         archs = AutoConfig.from_pretrained(folder).architectures or []
     except (OSError, ValueError) as e:
         raise ConfigError(f"task.reward_model: cannot read the model config of {spec!r} ({str(e).splitlines()[0]})") from None
     if any(a.endswith("ForSequenceClassification") for a in archs):
-        return SequenceClassifierScorer(folder, micro_batch_size, autocast_bf16)
+        return SequenceClassifierScorer(folder, micro_batch_size, autocast_bf16, device)
     raise ConfigError(f"task.reward_model: {spec} is neither an `rlpost rm` model folder (value_head.safetensors) "
                       f"nor a *ForSequenceClassification reward model (its architectures: {', '.join(archs) or 'none'})")
 
@@ -49,9 +52,11 @@ def load_reward_model(spec: str, micro_batch_size: int = 32, autocast_bf16: bool
 class SequenceClassifierScorer:
     """An HF ``*ForSequenceClassification`` reward model (one label) scoring whole conversations."""
 
-    def __init__(self, folder: str, micro_batch_size: int = 32, autocast_bf16: bool | None = None):
+    def __init__(self, folder: str, micro_batch_size: int = 32, autocast_bf16: bool | None = None,
+                 device: torch.device | str = CPU):
         self.tok = load_tokenizer(folder)  # a pad token and a chat template (the plain one if it has none)
-        self.model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+        self.model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+        self.device = torch.device(device)
         if self.model.config.num_labels != 1:
             raise ConfigError(f"task.reward_model: {folder} has {self.model.config.num_labels} labels; a reward model has 1")
         if self.model.config.pad_token_id is None:  # it finds each row's last token by the pad id
@@ -70,12 +75,12 @@ class SequenceClassifierScorer:
         t0 = time.perf_counter()
         texts = self.texts(batch)
         parts = []
-        with precision.autocast(self.autocast_bf16):
+        with precision.autocast(self.autocast_bf16, self.device):
             for i in range(0, len(texts), self.micro):
                 # the template already holds any BOS; left padding: the model finds the last real token by the pad id
                 enc = self.tok(texts[i:i + self.micro], return_tensors="pt", padding=True, add_special_tokens=False)
-                parts.append(self.model(**enc).logits[:, 0].float())  # (micro,)
-        scores = torch.cat(parts)  # (B,)
+                parts.append(self.model(**enc.to(self.device)).logits[:, 0].float())  # (micro,)
+        scores = torch.cat(parts).to(batch.device)  # (B,) where the verifier's rewards are
         infos = [{"rm_score": s} for s in scores.tolist()]
         return scores, infos, {"timing_s/verifier_per_call": (time.perf_counter() - t0) / max(1, len(batch))}
 
@@ -84,12 +89,14 @@ class SequenceClassifierScorer:
 
 
 class RewardModelScorer:
-    def __init__(self, folder: str, micro_batch_size: int = 32, autocast_bf16: bool | None = None):
+    def __init__(self, folder: str, micro_batch_size: int = 32, autocast_bf16: bool | None = None,
+                 device: torch.device | str = CPU):
         """autocast_bf16: score under bf16 autocast; None = what the probe chose (model/precision.py)."""
         head_file = Path(folder) / "value_head.safetensors"
         if not head_file.exists():
             raise ConfigError(f"task.reward_model: {folder} has no value_head.safetensors; is it the model folder of an `rlpost rm` run?")
-        lm = load_policy(folder).model.float().eval()
+        lm = load_policy(folder).model.float().to(device).eval()
+        self.device = torch.device(device)
         self.rm = Critic(lm, "shared")
         self.rm.head.load_state_dict(load_file(head_file))
         self.trunk, self.micro = lm.get_decoder(), micro_batch_size
@@ -99,12 +106,12 @@ class RewardModelScorer:
     def score(self, batch: Rollouts) -> tuple[torch.Tensor, list[dict], dict]:
         """Rewards (B,) float32, infos, metrics: the same contract as the verifier's."""
         t0 = time.perf_counter()
-        parts = []
-        with precision.autocast(self.autocast_bf16):
+        parts, home, batch = [], batch.device, batch.to(self.device)
+        with precision.autocast(self.autocast_bf16, self.device):
             for i in range(0, len(batch), self.micro):
                 mb = batch.select(slice(i, i + self.micro))
                 parts.append(rm_scores(completion_values(self.trunk, self.rm.head, mb), mb.completion_mask))
-        scores = torch.cat(parts).float()  # (B,)
+        scores = torch.cat(parts).float().to(home)  # (B,) where the verifier's rewards are
         infos = [{"rm_score": s} for s in scores.tolist()]
         return scores, infos, {"timing_s/verifier_per_call": (time.perf_counter() - t0) / max(1, len(batch))}
 

@@ -16,6 +16,7 @@ import copy
 
 from torch import Tensor, nn
 
+from rlpost.model import device
 from rlpost.model.logprobs import completion_values
 from rlpost.types.batch import Rollouts
 
@@ -27,7 +28,7 @@ class Critic(nn.Module):
         # A shared trunk is not registered here, so critic.parameters() and state_dict() hold
         # only what the critic adds to the policy.
         self.trunk = None if self.shared else copy.deepcopy(policy.get_decoder())
-        self.head = nn.Linear(policy.config.hidden_size, 1)
+        self.head = nn.Linear(policy.config.hidden_size, 1, device=device.of(policy))  # beside the trunk
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 

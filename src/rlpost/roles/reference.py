@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlpost.model import precision
+from rlpost.model import device, precision
 from rlpost.model.logprobs import completion_logprobs
 from rlpost.types.batch import Rollouts
 
@@ -16,16 +16,18 @@ class Reference:
     def __init__(self, model: torch.nn.Module, temperature: float, micro_batch_size: int, autocast_bf16: bool | None,
                  share_prefix: bool = True):
         self.model = model.float().eval()  # frozen by never being stepped; see rollout_hf.py on requires_grad
+        self.device = device.of(self.model)  # where build.py put it (run.device)
         self.temperature, self.micro, self.share_prefix = temperature, micro_batch_size, share_prefix
         # bf16 autocast over the float32 copy, or plain float32 (None: what the probe chose, model/precision.py)
         self.autocast_bf16 = precision.trainer_bf16("auto") if autocast_bf16 is None else autocast_bf16
 
     @torch.no_grad()
-    def logprobs(self, batch: Rollouts) -> Tensor:  # (B, T) float32
-        with precision.autocast(self.autocast_bf16):
+    def logprobs(self, batch: Rollouts) -> Tensor:  # (B, T) float32, on the batch's device
+        home, batch = batch.device, batch.to(self.device)  # computed on the model's device, returned home
+        with precision.autocast(self.autocast_bf16, self.device):
             parts = [
                 completion_logprobs(self.model, batch.select(slice(i, i + self.micro)), self.temperature,
                                     share_prefix=self.share_prefix)[0]
                 for i in range(0, len(batch), self.micro)
             ]
-        return torch.cat(parts) * batch.completion_mask
+        return (torch.cat(parts) * batch.completion_mask).to(home)

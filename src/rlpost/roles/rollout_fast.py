@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import TopPLogitsWarper
 
+from rlpost.model import device
 from rlpost.model.logprobs import position_ids
 from rlpost.roles.rollout_hf import HFRollout, continue_ids
 from rlpost.types.batch import Rollouts
@@ -48,13 +49,25 @@ COMPACT_FRACTION = 0.25
 
 def build_rollout(engine: str, model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> HFRollout | FastRollout:
     """The rollout role for ``rollout.engine``: 'fast' (this loop), 'hf' (`generate`), or 'auto'
-    (this loop when the architecture is supported, else `generate`)."""
-    if engine == "hf" or (engine == "auto" and not supported(model)):
+    (this loop when the architecture is supported, else `generate`).
+
+    This loop is a CPU-only lever (oneDNN-packed weights, a decode step tuned against CPU SDPA):
+    on a GPU, 'auto' is `generate` and 'fast' is refused, since nothing here was measured there."""
+    on_gpu = device.is_cuda(device.of(model))
+    check_engine(engine, on_gpu)
+    if engine == "hf" or (engine == "auto" and (on_gpu or not supported(model))):
         return HFRollout(model, tokenizer, dtype=dtype)
     if not supported(model):
         raise ConfigError(f"rollout.engine=fast supports model types {', '.join(SUPPORTED)}, not "
                          f"{model.config.model_type!r}; use rollout.engine=auto or hf")
     return FastRollout(model, tokenizer, dtype=dtype)
+
+
+def check_engine(engine: str, on_gpu: bool) -> None:
+    """rollout.engine=fast on a GPU: refused in one line (build.check calls it before any model loads)."""
+    if engine == "fast" and on_gpu:
+        raise ConfigError("rollout.engine=fast is the CPU-only decode loop (oneDNN); on run.device=cuda use "
+                          "rollout.engine=auto or hf")
 
 
 def supported(model) -> bool:

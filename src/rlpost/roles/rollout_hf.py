@@ -25,7 +25,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from rlpost.model import precision
+from rlpost.model import device, precision
 from rlpost.types.batch import Rollouts
 
 
@@ -113,6 +113,9 @@ class HFRollout:
                 max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor]:
         """(completion (B*n, T) int64, sampler log-probs (B*n, T) float32; zeros when greedy)."""
         self._check_awake()
+        # Sample on the model's device; the batch is assembled where the prompts came from (the host).
+        home, dev = input_ids.device, device.of(self.model)
+        input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
         P = input_ids.shape[1]
         greedy = temperature == 0
         recorder = None if greedy else _RecordLogp(temperature)
@@ -139,8 +142,8 @@ class HFRollout:
         B, T = completion.shape
         if recorder is not None and recorder.prev is not None:
             recorder.collect(completion[:, len(recorder.logp)])  # the last sampled token
-        sampler_logp = torch.stack(recorder.logp, dim=1) if recorder else torch.zeros(B, T)  # (B, T)
-        return completion, sampler_logp.float()
+        sampler_logp = torch.stack(recorder.logp, dim=1) if recorder else completion.new_zeros(B, T, dtype=torch.float32)  # (B, T)
+        return completion.to(home), sampler_logp.float().to(home)
 
     @torch.no_grad()
     def sample_ids(self, seqs: list[list[int]], temperature: float, top_p: float, max_new_tokens: int,

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms.core import masked_mean, ratio_histogram
-from rlpost.model import fsdp, heap, lora, precision
+from rlpost.model import device, fsdp, heap, lora, precision
 from rlpost.model.logprobs import PolicyForward, clear_cast_cache, policy_forward
 from rlpost.roles.critic import Critic
 from rlpost.types.batch import Rollouts
@@ -55,8 +55,11 @@ def sampler_diff_metrics(diff: Tensor, data_parallel: bool) -> dict:
     """How far the sampler's recorded log-probs are from the trainer's, from the per-token
     differences log pi_trainer - log pi_sampler (n_tokens,); with data parallelism, over all
     ranks' tokens (sums and maxima reduced before the mean is taken)."""
-    sums = torch.tensor([diff.abs().sum().item(), diff.numel(), *ratio_histogram(diff.exp())], dtype=torch.float64)
-    top = torch.tensor([diff.abs().max().item() if diff.numel() else 0.0], dtype=torch.float64)
+    # The histogram's bin edges live on the host (algorithms/core.py), so its input goes there; the
+    # sums go on diff's device (the trainer's): NCCL reduces CUDA tensors only.
+    hist = ratio_histogram(diff.exp().to(device.CPU))
+    sums = torch.tensor([diff.abs().sum().item(), diff.numel(), *hist], dtype=torch.float64, device=diff.device)
+    top = torch.tensor([diff.abs().max().item() if diff.numel() else 0.0], dtype=torch.float64, device=diff.device)
     if data_parallel:
         fsdp.all_reduce(sums)
         fsdp.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
@@ -100,7 +103,8 @@ class Trainer:
                  data_parallel: bool = False):
         """data_parallel: shard the model over the ranks of the already initialised process group
         (module docstring); every rank must construct it with the same model and arguments."""
-        self.model = model.float().train()
+        self.model = model.float().train()  # on its device already (build.py); batches follow it
+        self.device = device.of(self.model)
         self.critic = critic.float().train() if critic is not None else None
         self.cfg, self.temperature = tcfg, temperature
         self.bf16 = precision.trainer_bf16(tcfg.precision)  # build.py resolved 'auto'; direct callers probe here
@@ -150,7 +154,7 @@ class Trainer:
         # every forward; with the cache, bf16 casts reused across micro-batches gave the layers'
         # linear weights wrong gradients (measured: 2-rank gradient off by 0.08 at a 0.19 max
         # against 1e-3 of bf16 noise; exact with one micro-batch). Each forward casts afresh.
-        return precision.autocast(self.bf16, cache=not self.dp)
+        return precision.autocast(self.bf16, self.device, cache=not self.dp)
 
     def _forward(self, batch: Rollouts, entropy: str = "none") -> PolicyForward:
         """Policy log-probs (and the critic's values when there is one) for a micro-batch."""
@@ -165,14 +169,15 @@ class Trainer:
     @torch.no_grad()
     def recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
         """(old_logp (B, T), old_values (B, T) or None) under the current weights, before any step."""
+        home, batch = batch.device, batch.to(self.device)  # results go back where the batch came from
         T = batch.completion_ids.shape[1]
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
         if self.dp:
-            return self._recompute_rows(batch, pad), None
+            return self._recompute_rows(batch, pad).to(home), None
         with self._autocast():  # one bf16 cast of the weights for all micro-batches
             outs = [self._forward(batch.select(slice(i, i + self.micro)).trimmed()) for i in range(0, len(batch), self.micro)]
         values = torch.cat([pad(o.values) for o in outs]) * batch.completion_mask if self.critic is not None else None
-        return torch.cat([pad(o.logp) for o in outs]), values
+        return torch.cat([pad(o.logp) for o in outs]).to(home), values.to(home) if values is not None else None
 
     def _recompute_rows(self, batch: Rollouts, pad: Callable) -> Tensor:  # (B, T)
         """recompute's log-probs under data parallelism: each rank runs its own rows, then the
@@ -206,6 +211,7 @@ class Trainer:
 
     def update(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         """Consume one rollout batch (epochs x mini-batches optimizer steps); return metrics."""
+        batch = batch.to(self.device)  # the trainer's own copy on its device (a no-op on the host)
         # A filtered batch (DAPO) may be short of the configured size: split it into as many
         # near-equal mini-batches as fit, at least one.
         n_mini = max(1, len(batch) // self.mini)
@@ -237,7 +243,8 @@ class Trainer:
         if critic_norms:
             sums["critic/grad_norm"] = sum(critic_norms) / len(critic_norms)
         self.updates += 1
-        if self.updates % heap.TRIM_EVERY == 0:  # bound the heap's fragmentation (heap.py)
+        # CPU-only lever: glibc's heap (heap.py); CUDA memory is the caching allocator's to manage.
+        if self.updates % heap.TRIM_EVERY == 0 and not device.is_cuda(self.device):
             heap.trim()
         return sums
 
@@ -269,7 +276,7 @@ class Trainer:
             for i, (mb, _) in enumerate(mbs):
                 self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # local accumulation until then
                 sums = self._micro(mb.trimmed(), mini, loss_fn, first_epoch, diffs, sums)
-        return fsdp.all_reduce_sums(sums)
+        return fsdp.all_reduce_sums(sums, self.device)
 
     def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None,
                sums: dict) -> dict:
@@ -280,7 +287,7 @@ class Trainer:
         exits, so one cast serves every micro-batch of the mini-batch (the weights do not change
         before the optimizer step), where a context per forward re-cast all 135M weights each time."""
         out = self._forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none")
-        with torch.autocast("cpu", enabled=False):
+        with torch.autocast(out.logp.device.type, enabled=False):  # the forward's device, not a fixed one
             logp, entropy = out.logp, out.entropy  # (b, T) each
             if mb.old_logp is None:  # single optimizer step: this forward runs under the sampling weights
                 mb = replace(mb, old_logp=logp.detach())
@@ -327,7 +334,7 @@ class Trainer:
         """One optimizer step on ``batch`` (one mini-batch, cut into micro-batches), without the
         rollout diagnostics of ``update``: the offline recipes' verb (SFT, reward models, DPO, PRM)."""
         lr = self.opt.param_groups[0]["lr"]  # the lr this step uses (the scheduler moves it after)
-        metrics = self._accumulate(batch, loss_fn, first_epoch=False)
+        metrics = self._accumulate(batch.to(self.device), loss_fn, first_epoch=False)
         norms, stepped = self._step()
         metrics.update({"actor/grad_norm": norms[0], "actor/lr": lr, "actor/nonfinite_steps": int(not stepped)})
         if len(norms) > 1:
@@ -340,7 +347,7 @@ class Trainer:
         without gradients: a held-out evaluation (the offline recipes)."""
         sums: dict[str, float] = {}
         n = len(batch)
-        batch = replace(batch, norm_tokens=float(batch.completion_mask.sum()), norm_seqs=n)
+        batch = replace(batch.to(self.device), norm_tokens=float(batch.completion_mask.sum()), norm_seqs=n)
         for i in range(0, n, self.micro):
             mb = batch.select(slice(i, i + self.micro))
             out = self._forward(mb)

@@ -53,6 +53,19 @@ class Rollouts:
         return self.completion_ids.shape[0]
 
     @property
+    def device(self) -> torch.device:
+        """Where the batch's tensors are: the rollout makes it on the host, each role moves it in."""
+        return self.completion_ids.device
+
+    def to(self, device: torch.device | str) -> "Rollouts":
+        """The same batch with every tensor on ``device`` (a role moving a batch onto its model's
+        device on entry); the batch itself when it is already there, so the CPU path copies nothing."""
+        if self.device == torch.device(device):
+            return self
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+        return replace(self, **moved)
+
+    @property
     def loss_tokens(self) -> float:
         return self.norm_tokens if self.norm_tokens is not None else float(self.completion_mask.sum())
 
@@ -104,7 +117,7 @@ class Rollouts:
         completion, each group's rows kept contiguous (so the shared prompt prefix still applies)."""
         lengths = self.completion_mask.sum(1)  # (B,)
         _, row_to_group = torch.unique_consecutive(self.group_ids, return_inverse=True)
-        longest = torch.zeros(int(row_to_group.max()) + 1 if len(self) else 0, dtype=lengths.dtype)
+        longest = torch.zeros(int(row_to_group.max()) + 1 if len(self) else 0, dtype=lengths.dtype, device=lengths.device)
         longest.scatter_reduce_(0, row_to_group, lengths, reduce="amax")
         # A stable sort on the group's length keeps each group's rows contiguous and in order.
         return torch.sort(longest[row_to_group], stable=True).indices

@@ -1,0 +1,52 @@
+"""Where a role computes: ``run.device`` resolved once, and the device-neutral helpers roles use.
+
+``run.device=auto`` is CUDA when ``torch.cuda.is_available()``, else the CPU; ``build.py`` resolves
+it once (``resolve``), says so in one line, and moves each role's model there. From then on no
+role names a device: each reads it from its own model (``of``) and moves a batch in on entry
+(``Rollouts.to``). The batch crosses role boundaries on the device it was made on (the rollout's
+tokenizer makes it on the CPU, so it can be pickled to a Ray actor and read by the verifier), and
+each role hands back what it computed on the caller's device.
+
+CPU-only levers stay CPU-only: the fast engine's oneDNN-packed weights (roles/rollout_fast.py:
+``rollout.engine=auto`` picks ``hf`` on CUDA, and ``fast`` is refused there), glibc's
+``malloc_trim`` (model/heap.py) and torch's CPU thread counts. ``tests/test_style.py`` fails on a
+``"cpu"`` string literal anywhere under ``src/`` outside its allow-list of those levers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlpost.types.errors import ConfigError
+
+CPU = torch.device(type="cpu")  # the host; the one place a device is named (allow-listed in tests/test_style.py)
+
+
+def resolve(name: str) -> str:
+    """``run.device`` as a torch device type: 'auto' -> 'cuda' when CUDA is available, else the
+    host's; 'cuda' without CUDA is a config error naming the key (the CLI exits 2)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else CPU.type
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device=cuda: torch.cuda.is_available() is False here (no GPU, or a CPU-only torch "
+                          "build); use run.device=auto or run.device=cpu")
+    return name
+
+
+def of(module: torch.nn.Module) -> torch.device:
+    """The device of a module's first parameter (or buffer); the host for one with neither."""
+    for t in (*module.parameters(), *module.buffers()):
+        return t.device
+    return CPU
+
+
+def is_cuda(dev: torch.device | str) -> bool:
+    return torch.device(dev).type == "cuda"
+
+
+def max_memory_allocated_gb() -> dict[str, float]:
+    """``perf/max_memory_allocated_gb``: the CUDA caching allocator's peak since the process started
+    (torch.cuda.max_memory_allocated), beside peak RSS; empty when this process never used CUDA."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {"perf/max_memory_allocated_gb": round(torch.cuda.max_memory_allocated() / 2**30, 3)}
