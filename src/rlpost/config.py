@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 import math
 import textwrap
+import types
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -237,6 +238,14 @@ def _build_section(cls: type, values: dict, section: str):
 
 def _coerce(key: str, value: Any, typ: Any, meta: dict) -> Any:
     origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):  # `float | None`: 'none' (or YAML null) turns the knob off
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            return None
+        inner = next(a for a in typing.get_args(typ) if a is not type(None))
+        try:
+            return _coerce(key, value, inner, meta)
+        except ConfigError as e:
+            raise ConfigError(f"{e} (or none)") from None
     if isinstance(value, CliValue):
         value = str(value) if typ is str or origin is Literal else _yaml_scalar(value)
     if origin is Literal:
@@ -367,6 +376,16 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def type_name(typ) -> str:
+    """'int', 'a|b' for a Literal, 'float|none' for an optional number."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) is Literal:
+        return "|".join(map(str, args))
+    if args:
+        return "|".join("none" if a is type(None) else a.__name__ for a in args)
+    return typ.__name__
+
+
 def help_text() -> str:
     """Every option, its default and its meaning, grouped by section (for --help)."""
     lines = []
@@ -377,7 +396,7 @@ def help_text() -> str:
         lines.append(f"{sec.name}:")
         for f in fields(cls):
             typ = hints[f.name]
-            tname = "|".join(map(str, typing.get_args(typ))) if typing.get_origin(typ) is Literal else typ.__name__
+            tname = type_name(typ)
             lines.append(f"  {sec.name}.{f.name}={f.default!r}  ({tname}{_range_text(f.metadata)})")
             lines.append(f"      {docs.get(f.name, '')}")
     return "\n".join(lines)

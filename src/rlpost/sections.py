@@ -193,6 +193,8 @@ class AlgoConfig:
     """PPO: normalise GAE advantages to mean 0, std 1 over the batch's loss tokens"""
     dapo_clip_eps_high: float = knob(0.28, ge=0)
     """DAPO only: clip-higher, the upper clip of the ratio (clip_eps_low stays the lower one)"""
+    cispo_eps_low: float | None = knob(None, ge=0)
+    """CISPO only: the importance weight may not go below 1 - cispo_eps_low; none = no lower bound, as in the paper (MiniMax-M1, arXiv:2506.13585, Sec. 3.1: eps_low set so large that it never bites); the upper bound is 1 + clip_eps_high"""
     overlong_buffer: int = knob(0, ge=0)
     """overlong soft penalty (DAPO): over the last overlong_buffer tokens before max_new_tokens the reward falls linearly by up to overlong_penalty; 0 = off"""
     overlong_penalty: float = knob(1.0, ge=0)

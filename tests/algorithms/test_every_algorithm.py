@@ -64,7 +64,8 @@ def cfg_for(name: str, agg: str = "token_mean", *extra: str):
     kl = [] if ALGORITHMS[name].traits.kl == "none" else [f"algo.kl_coef={KL_COEF}"]
     return tiny_cfg(f"algo.name={name}", f"algo.loss_agg={agg}", f"rollout.group_size={K}", f"rollout.max_new_tokens={MAX_NEW}",
                     f"algo.clip_eps_low={EPS_LOW}", f"algo.clip_eps_high={EPS_HIGH}", f"algo.dapo_clip_eps_high={EPS_HIGH}",
-                    f"algo.seq_clip_eps_low={SEQ_EPS_LOW}", f"algo.seq_clip_eps_high={SEQ_EPS_HIGH}", f"algo.gamma={GAMMA}",
+                    f"algo.cispo_eps_low={EPS_LOW}", f"algo.seq_clip_eps_low={SEQ_EPS_LOW}",
+                    f"algo.seq_clip_eps_high={SEQ_EPS_HIGH}", f"algo.gamma={GAMMA}",
                     f"algo.lam={LAM}", f"algo.value_clip={VALUE_CLIP}", f"algo.vf_coef={VF_COEF}",
                     f"algo.baseline_decay={DECAY}", *kl, *extra)
 
@@ -248,7 +249,7 @@ def test_swapped_clip_epsilons_change_the_loss(name):
     algo = ALGORITHMS[name].from_config(cfg_for(name))
     swapped = ALGORITHMS[name].from_config(cfg_for(name, "token_mean", f"algo.clip_eps_low={EPS_HIGH}",
                                                    f"algo.clip_eps_high={EPS_LOW}", f"algo.dapo_clip_eps_high={EPS_LOW}",
-                                                   f"algo.seq_clip_eps_low={SEQ_EPS_HIGH}",
+                                                   f"algo.cispo_eps_low={EPS_HIGH}", f"algo.seq_clip_eps_low={SEQ_EPS_HIGH}",
                                                    f"algo.seq_clip_eps_high={SEQ_EPS_LOW}"))
     b = batch()
     b.advantages, b.returns = algo.advantages(b).tokens, algo.advantages(batch()).returns
