@@ -166,7 +166,7 @@ class AlgoConfig:
     kl_coef: float = knob(0.0, ge=0)
     """weight of the KL(pi || pi_ref) penalty: a term in the loss (GRPO family) or a per-token penalty in the reward (PPO, REINFORCE++); 0 = no reference model is loaded"""
     kl_estimator: Literal["auto", "k1", "k2", "k3"] = "auto"
-    """per-token KL estimator (Schulman 2020); auto = k1 in the reward (PPO, REINFORCE++), k3 in the loss (the rest)"""
+    """per-token KL estimator (Schulman 2020); auto = k1 in the reward (PPO, REINFORCE++), k3 in the loss (the rest). k3 is bounded at 10 per token, as verl bounds it; actor/kl_bound_frac counts the tokens held there"""
     kl_target: float = knob(0.0, ge=0)
     """adaptive KL (Ziegler et al. 2019): move kl_coef so the measured per-token KL tracks this target; 0 = fixed kl_coef"""
     kl_horizon: int = knob(10000, ge=1)

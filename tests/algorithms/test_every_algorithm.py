@@ -345,7 +345,7 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
         adv_m = {"critic/baseline": 0.0}
     elif name in ("ppo", "reinforce_pp"):
         kl = mean([(OLD[i, c] - REF[i, c]).item() for i, c in toks])
-        adv_m = {"critic/kl": kl, "critic/kl_coef": KL_COEF}
+        adv_m = {"critic/kl": kl, "critic/kl_coef": KL_COEF, "critic/kl_bound_frac": 0.0}  # no token near k3's bound
         if name == "reinforce_pp":
             adv_m["critic/advantages/max"] = max(adv[i][c] for i, c in toks)
         else:
@@ -388,6 +388,7 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
                            "critic/vpred_mean": mean([VALUES[i, c].item() for i, c in toks])})
     if kl_on and ALGORITHMS[name].traits.kl == "loss":
         loss_m["actor/kl"] = mean(kl_tok)
+        loss_m["actor/kl_bound_frac"] = mean([k >= 10.0 for k in kl_tok])  # 0 here: every |log r| is small
     return adv_m, loss_m
 
 

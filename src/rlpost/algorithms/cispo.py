@@ -74,6 +74,7 @@ class CISPO:
         metrics = {"actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
                    "actor/is_weight_clipfrac": core.masked_mean(out_of_range, mask).item()}
         if self.kl_coef > 0:
-            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, self.aggregate, self.kl_estimator)
+            kl_loss, kl_metrics = kl_in_loss(logp, batch, self.aggregate, self.kl_estimator)
+            metrics.update(kl_metrics)
             loss = loss + self.kl_coef * kl_loss
         return loss, metrics

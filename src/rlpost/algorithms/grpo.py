@@ -113,16 +113,18 @@ def clipped_loss_with_kl(
         "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
     }
     if kl_coef > 0:
-        kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, aggregate, kl_estimator)
-        loss = loss + kl_coef * kl_loss  # ()
+        kl_loss, kl_metrics = kl_in_loss(logp, batch, aggregate, kl_estimator)
+        loss, metrics = loss + kl_coef * kl_loss, {**metrics, **kl_metrics}  # ()
     return loss, metrics
 
 
 def kl_in_loss(logp: Tensor, batch: Rollouts, aggregate: core.Aggregator,
-               estimator: core.KLEstimator = core.kl_k3) -> tuple[Tensor, float]:
+               estimator: core.KLEstimator = core.kl_k3) -> tuple[Tensor, dict]:
     """GRPO's KL anchor: KL(pi || pi_ref) per token (k3 in the paper), aggregated like the policy loss.
-    Returns (the term to scale by kl_coef, its token mean for the actor/kl metric)."""
+    Returns (the term to scale by kl_coef, metrics: its token mean actor/kl and actor/kl_bound_frac,
+    the share of tokens held at core.KL_BOUND)."""
     mask = batch.completion_mask
     kl_tok = estimator(logp, batch.ref_logp)  # (B, T)
     term = aggregate(kl_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
-    return term, core.masked_mean(kl_tok.detach(), mask).item()
+    return term, {"actor/kl": core.masked_mean(kl_tok.detach(), mask).item(),
+                  "actor/kl_bound_frac": core.kl_bound_frac(kl_tok, mask)}

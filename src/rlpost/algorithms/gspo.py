@@ -67,6 +67,7 @@ class GSPO:
                    "actor/pg_clipfrac": (clipped < s * adv_seq).float().mean().item(),
                    "actor/seq_ratio_max": s.detach().max().item()}
         if self.kl_coef > 0:  # per sequence, like its policy loss
-            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, core.seq_mean_token_mean, self.kl_estimator)
+            kl_loss, kl_metrics = kl_in_loss(logp, batch, core.seq_mean_token_mean, self.kl_estimator)
+            metrics.update(kl_metrics)
             loss = loss + self.kl_coef * kl_loss
         return loss, metrics

@@ -87,6 +87,7 @@ class PPO:
         }
         if kl_tok is not None:
             metrics["critic/kl"] = core.masked_mean(kl_tok, mask).item()  # per token, in the reward
+            metrics["critic/kl_bound_frac"] = core.kl_bound_frac(kl_tok, mask)
             metrics["critic/kl_coef"] = self.kl_coef
         return Advantages(adv, metrics, returns=returns)
 

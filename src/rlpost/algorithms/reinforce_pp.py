@@ -58,7 +58,7 @@ class ReinforcePP:
         rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef)  # (B, T)
         adv_tok = core.masked_whiten(core.returns_to_go(rewards, mask), mask)  # (B, T)
         return Advantages(adv_tok, {"critic/advantages/max": adv_tok.max().item(), "critic/kl": core.masked_mean(kl_tok, mask).item(),
-                                    "critic/kl_coef": self.kl_coef})
+                                    "critic/kl_bound_frac": core.kl_bound_frac(kl_tok, mask), "critic/kl_coef": self.kl_coef})
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         # kl_coef=0 here: the KL is already in the advantages.
