@@ -155,6 +155,8 @@ class AlgoConfig:
     """algorithm: advantages + loss, one file each in src/rlpost/algorithms/ (the file's name; `rlpost train --help` lists them)"""
     scale_by_std: bool = True
     """divide group-centred rewards by the group's std (GRPO); false = Dr. GRPO's plain r - mean"""
+    std_scope: Literal["group", "batch"] = "group"
+    """with scale_by_std (grpo, dapo, gspo, cispo): the std of each prompt's group (GRPO), or of the whole batch's rewards: group mean, batch std, the hybrid Liu et al. 2025 ('Tricks or Traps?', arXiv:2508.08221) find most robust"""
     clip_eps_low: float = knob(0.2, ge=0, lt=1)
     """PPO clip: ratio may not go below 1 - clip_eps_low where the advantage is negative"""
     clip_eps_high: float = knob(0.2, ge=0)

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from helpers import loss_batch
 
@@ -84,3 +85,17 @@ def test_advantages_role_fills_tokens_and_metrics():
     adv_tok, m = out.tokens, out.metrics
     assert torch.allclose(adv_tok, t([[0.5, 0.0], [-0.5, -0.5], [0.0, 0.0], [0.0, 0.0]]))
     assert m["reward/zero_std_frac"] == 0.5
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "gspo", "cispo"])
+def test_group_mean_batch_std_is_a_config_choice(name):
+    # rewards [2, 0 | 1, 1], K = 2: group means 1 and 1 -> centred [1, -1, 0, 0].
+    # std_scope=group: group stds sqrt(2) and 0 -> [.7071, -.7071, 0, 0]
+    # std_scope=batch: batch std of [2, 0, 1, 1] = sqrt((1 + 1 + 0 + 0) / 3) = .8165 -> [1.2247, -1.2247, 0, 0]
+    from helpers import tiny_cfg
+    from rlpost.algorithms import ALGORITHMS
+    b = loss_batch(torch.zeros(4, 1), None, t([[True]] * 4))
+    b.reward = t([2.0, 0.0, 1.0, 1.0])
+    for scope, a in (("group", 1 / math.sqrt(2)), ("batch", math.sqrt(1.5))):
+        algo = ALGORITHMS[name].from_config(tiny_cfg(f"algo.name={name}", "rollout.group_size=2", f"algo.std_scope={scope}"))
+        assert torch.allclose(algo.advantages(b).tokens[:, 0], t([a, -a, 0.0, 0.0]), atol=1e-5), scope

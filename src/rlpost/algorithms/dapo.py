@@ -61,7 +61,8 @@ class DAPO:
     @classmethod
     def from_config(cls, cfg) -> "DAPO":
         a = cfg.algo
-        return cls(GRPO(group_size=cfg.rollout.group_size, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
+        return cls(GRPO(group_size=cfg.rollout.group_size, scale_by_std=a.scale_by_std, batch_std=a.std_scope == "batch",
+                        clip_eps_low=a.clip_eps_low,
                         clip_eps_high=a.dapo_clip_eps_high, kl_coef=a.kl_coef, aggregate=core.token_mean,
                         kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl)))
 

@@ -8,7 +8,8 @@ penalty folded into the reward.
 
 Deviations and choices, each a config key:
 1. ``scale_by_std`` (default true, as in the paper). False gives Dr. GRPO's plain r - mean, which
-   does not up-weight prompts whose group rewards barely differ.
+   does not up-weight prompts whose group rewards barely differ. ``std_scope='batch'`` divides by
+   the std of the whole batch instead of the group's (the hybrid: group mean, batch std).
 2. ``clip_eps_low`` / ``clip_eps_high`` may differ (DAPO's clip-higher); equal by default.
 3. ``loss_agg`` picks the aggregator function (algorithms/core.py). Default 'token_mean' (DAPO,
    verl); the paper's is 'seq_mean_token_mean'.
@@ -29,8 +30,14 @@ from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
 
-def grpo_advantages(reward: Tensor, group_size: int, scale_by_std: bool, eps: float = 1e-6) -> Tensor:
-    """Sequence-level GRPO advantage, Eq. in Sec. 4.1.2: (r_i - mean(r_group)) / std(r_group)."""
+def grpo_advantages(reward: Tensor, group_size: int, scale_by_std: bool, eps: float = 1e-6,
+                    batch_std: bool = False) -> Tensor:
+    """Sequence-level GRPO advantage, Eq. in Sec. 4.1.2: (r_i - mean(r_group)) / std(r_group).
+    batch_std: divide by the std of every reward in the batch instead (group mean, batch std: the
+    normalisation Liu et al. 2025, 'Tricks or Traps?' arXiv:2508.08221, find the most robust; a
+    near-unanimous group is not blown up by its own tiny std)."""
+    if scale_by_std and batch_std:
+        return core.group_mean_batch_std(reward, group_size, eps)  # (B,)
     adv_seq = core.group_centred(reward, group_size)  # (B,)
     if scale_by_std:
         adv_seq = adv_seq / (core.group_std(reward, group_size) + eps)  # (B,)
@@ -57,6 +64,7 @@ class GRPO:
     traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss")
     group_size: int
     scale_by_std: bool = True
+    batch_std: bool = False
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
@@ -66,9 +74,9 @@ class GRPO:
     @classmethod
     def from_config(cls, cfg) -> "GRPO":
         a, r = cfg.algo, cfg.rollout
-        return cls(group_size=r.group_size, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
-                   clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, aggregate=core.aggregator(a.loss_agg, r.max_new_tokens),
-                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl))
+        return cls(group_size=r.group_size, scale_by_std=a.scale_by_std, batch_std=a.std_scope == "batch",
+                   clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
+                   aggregate=core.aggregator(a.loss_agg, r.max_new_tokens), kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl))
 
     @property
     def needs_reference(self) -> bool:
@@ -76,7 +84,7 @@ class GRPO:
 
     def advantages(self, batch: Rollouts) -> Advantages:
         """(B, T) token advantages and metrics; reward and advantage are different variables (R10)."""
-        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
+        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std, batch_std=self.batch_std)  # (B,)
         adv_tok = core.to_tokens(adv_seq, batch.completion_mask)  # (B, T)
         std = core.group_std(batch.reward, self.group_size).view(-1, self.group_size)[:, 0]  # (n_prompts,)
         metrics = {
