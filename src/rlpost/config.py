@@ -118,6 +118,9 @@ def check_task(cfg: Config) -> None:
         [float(w) for w in t.reward_weights.split(",") if t.reward_weights]
     except ValueError:
         raise ConfigError(f"task.reward_weights: expected comma-separated numbers, got {t.reward_weights!r}") from None
+    if t.name == "tools" and cfg.rollout.top_p < 1:
+        raise ConfigError("rollout.top_p: task.name=tools does not yet carry the top-p threshold across an episode's turns, "
+                          f"so the trainer would score the full softmax; expected 1.0, got {cfg.rollout.top_p}")
     if set(filter(None, t.tools.split(","))) - {"calculator", "python"}:
         raise ConfigError(f"task.tools: expected a comma-separated subset of calculator, python, got {t.tools!r}")
     if t.name != "arithmetic":

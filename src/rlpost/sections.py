@@ -132,7 +132,7 @@ class RolloutConfig:
     temperature: float = knob(0.7, gt=0)
     """sampling temperature; the trained policy is softmax(logits / temperature)"""
     top_p: float = knob(1.0, gt=0, le=1)
-    """nucleus sampling mass (1.0 = off)"""
+    """nucleus sampling mass (1.0 = off). Below 1 the sampler records the truncated distribution it drew from and its threshold (Rollouts.sampler_floor), and the trainer and reference score the same truncated distribution (DeepSeek-V3.2's 'keep sampling mask', arXiv:2512.02556)"""
     max_new_tokens: int = knob(16, ge=1, le=131072)
     """completion length cap; a completion that hits it is 'truncated'"""
     engine: Literal["auto", "fast", "hf"] = "auto"
