@@ -195,6 +195,8 @@ class AlgoConfig:
     """PPO: normalise GAE advantages to mean 0, std 1 over the batch's loss tokens"""
     dapo_clip_eps_high: float = knob(0.28, ge=0)
     """DAPO only: clip-higher, the upper clip of the ratio (clip_eps_low stays the lower one)"""
+    dual_clip_c: float | None = knob(None, gt=1)
+    """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729), as verl's compute_policy_loss (whose default is 3): where the advantage is negative, a token's policy loss is at most dual_clip_c * |A|, so a token whose probability rose far since sampling cannot dominate the update; none = off. For the PPO-clip methods: ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo"""
     cispo_eps_low: float | None = knob(None, ge=0)
     """CISPO only: the importance weight may not go below 1 - cispo_eps_low; none = no lower bound, as in the paper (MiniMax-M1, arXiv:2506.13585, Sec. 3.1: eps_low set so large that it never bites); the upper bound is 1 + clip_eps_high"""
     overlong_buffer: int = knob(0, ge=0)

@@ -84,5 +84,8 @@ def check(cfg) -> None:
         raise ConfigError(f"rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), got {r.group_size}")
     if t.kl == "none" and a.kl_coef > 0:
         raise ConfigError(f"algo.kl_coef: {a.name.upper()} has no KL term; use an algorithm with a KL in the reward or the loss")
+    if a.dual_clip_c is not None and not t.token_clip:
+        raise ConfigError(f"algo.dual_clip_c: {a.name.upper()} has no PPO token clip to cap; expected none, or one of "
+                          f"{', '.join(n for n, c in ALGORITHMS.items() if c.traits.token_clip)}")
     if cfg.dist.trainer_ranks > 1 and t.needs_values:
         raise ConfigError(f"dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic ({a.name})")
