@@ -82,6 +82,8 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({r.filter_max_pass_rate}), got {r.filter_min_pass_rate}")
     if a.overlong_buffer > r.max_new_tokens:
         raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({r.max_new_tokens}), got {a.overlong_buffer}")
+    if cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo":
+        raise ConfigError("pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo")
     if a.kl_target > 0 and a.kl_coef == 0:
         raise ConfigError("algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0")
     check_dist(cfg)

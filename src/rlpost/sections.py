@@ -263,6 +263,8 @@ class PrefConfig:
     """DPO: assumed share of flipped labels (conservative DPO)"""
     simpo_gamma: float = knob(0.5, ge=0)
     """SimPO: target reward margin"""
+    nll_coef: float = knob(0.0, ge=0)
+    """RPO (Pang et al. 2024, arXiv:2404.19733): add nll_coef * the chosen completion's length-normalised NLL to pref.loss (the paper uses 1.0), so DPO cannot lower the chosen answer's likelihood while it widens the margin; 0 = off; not with orpo, which has its own NLL"""
     orpo_lambda: float = knob(0.1, ge=0)
     """ORPO: weight of the odds-ratio term next to the SFT loss"""
     rm_margin: float = knob(0.0, ge=0)
