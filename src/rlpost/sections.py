@@ -175,6 +175,16 @@ class AlgoConfig:
     """adaptive KL: samples over which kl_coef may change by at most 20%"""
     entropy_coef: float = knob(0.0, ge=0)
     """entropy bonus: subtract entropy_coef * (aggregated per-token entropy) from the loss"""
+    cov_control: Literal["none", "clip_cov", "kl_cov"] = "none"
+    """entropy-collapse control by covariance (Cui et al. 2025, arXiv:2505.22617), as verl's: clip_cov = a random algo.cov_ratio share of the tokens whose cov(log pi, A) lies in (clip_cov_lb, clip_cov_ub) lose their gradient; kl_cov = the algo.cov_ratio share with the largest covariance get + kl_cov_coef * |log pi - log pi_old|. For the PPO-clip methods (ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo)"""
+    cov_ratio: float = knob(2e-4, gt=0, le=1)
+    """Clip-Cov / KL-Cov: share of the loss tokens restrained (at least one); verl's default 2e-4"""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: only tokens with covariance above this are candidates (verl: 1)"""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: only tokens with covariance below this are candidates (verl: 5)"""
+    kl_cov_coef: float = knob(0.1, ge=0)
+    """KL-Cov: weight of |log pi - log pi_old| on the chosen tokens (verl's ppo_kl_coef, 0.1)"""
     tis_cap: float = knob(0.0, ge=0)
     """truncated importance sampling against the sampler's recorded log-probs: scale advantages by min(pi_old / pi_sampler, tis_cap); 0 = off"""
     tis_level: Literal["token", "sequence"] = "token"

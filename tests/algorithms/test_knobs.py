@@ -99,3 +99,53 @@ def test_the_entropy_bonus_is_aggregated_like_the_loss(name):
     base, _ = plain.loss(torch.zeros(2, 2), b, **extra)
     with_ent, _ = bonus.loss(torch.zeros(2, 2), b, entropy=t([[1.0, 3.0], [2.0, 7.0]]), **extra)
     assert math.isclose(with_ent.item(), base.item() - 0.5 * want, rel_tol=1e-6, abs_tol=1e-7)
+
+
+# --- Clip-Cov and KL-Cov (Cui et al. 2025) ---------------------------------------------------------
+# One row of 4 loss tokens, A = [1, 1, -1, -1] (mean 0), log pi = [0, -4, -1, -3] (mean -2):
+# cov = (A - 0) (log pi + 2) = [2, -2, -1, 1]. Only token 0 lies strictly inside Clip-Cov's (1, 5),
+# and token 0 has the largest covariance (KL-Cov's top-1). max(1, 2e-4 * 4) = 1 token is restrained.
+COV_ADV = t([[1.0, 1.0, -1.0, -1.0]])
+COV_LOGP = [[0.0, -4.0, -1.0, -3.0]]
+
+
+def test_token_covariance_by_hand():
+    from rlpost.algorithms.wrappers import token_covariance
+    cov = token_covariance(COV_ADV, t(COV_LOGP), t([[True] * 4]))
+    assert torch.allclose(cov, t([[2.0, -2.0, -1.0, 1.0]]))
+
+
+def test_clip_cov_detaches_the_gradient_of_the_high_covariance_token():
+    # GRPO, ratio 1 everywhere (old = log pi): per-token loss -A, token mean over 4:
+    # d loss / d log pi = -A / 4 = [-.25, -.25, .25, .25]; Clip-Cov takes token 0's away -> [0, -.25, .25, .25].
+    # The loss value stays -(1 + 1 - 1 - 1) / 4 = 0 (the paper detaches; the value is not changed).
+    for control, grad0 in (("none", -0.25), ("clip_cov", 0.0)):
+        obj = algorithms.build(tiny_cfg("rollout.group_size=2", f"algo.cov_control={control}"))
+        logp = t(COV_LOGP, requires_grad=True)
+        loss, m = obj.loss(logp, rl_batch(t([[True] * 4]), old_logp=t(COV_LOGP), advantages=COV_ADV))
+        loss.backward()
+        assert torch.allclose(logp.grad, t([[grad0, -0.25, 0.25, 0.25]])), control
+        assert math.isclose(loss.item(), 0.0, abs_tol=1e-7)
+        assert m.get("actor/clip_cov_frac", 0.0) == (0.25 if control == "clip_cov" else 0.0)
+
+
+def test_kl_cov_penalises_the_top_covariance_token_by_hand():
+    # log pi_old of token 0 is 0.5 lower: ratio e^.5 = 1.65 > 1.2 with A = +1, so PPO clips it (loss -1.2,
+    # no gradient). KL-Cov adds 0.1 * |0 - (-.5)| = .05 on token 0, token-mean over 4: + .0125 to the loss
+    # and + .1 / 4 = .025 to token 0's gradient (sign of log pi - log pi_old = +).
+    old = t([[-0.5, -4.0, -1.0, -3.0]])
+    base = (-1.2 - 1.0 + 1.0 + 1.0) / 4  # tokens 1-3 at ratio 1: -A each
+    for control, extra, grad0 in (("none", 0.0, 0.0), ("kl_cov", 0.0125, 0.025)):
+        obj = algorithms.build(tiny_cfg("rollout.group_size=2", f"algo.cov_control={control}"))
+        logp = t(COV_LOGP, requires_grad=True)
+        loss, m = obj.loss(logp, rl_batch(t([[True] * 4]), old_logp=old, advantages=COV_ADV))
+        loss.backward()
+        assert math.isclose(loss.item(), base + extra, rel_tol=1e-6), control
+        assert torch.allclose(logp.grad, t([[grad0, -0.25, 0.25, 0.25]])), control
+        assert m.get("actor/kl_cov_frac", 0.0) == (0.25 if control == "kl_cov" else 0.0)
+
+
+def test_cov_control_is_refused_without_a_token_clip():
+    from rlpost.types.errors import ConfigError
+    with pytest.raises(ConfigError, match="algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which GSPO"):
+        algorithms.check(tiny_cfg("algo.name=gspo", "algo.cov_control=kl_cov"))

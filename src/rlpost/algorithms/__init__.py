@@ -25,7 +25,7 @@ from rlpost.algorithms.ppo import PPO
 from rlpost.algorithms.reinforce import Reinforce
 from rlpost.algorithms.reinforce_pp import ReinforcePP
 from rlpost.algorithms.rloo import RLOO
-from rlpost.algorithms.wrappers import with_entropy_bonus, with_tis
+from rlpost.algorithms.wrappers import with_clip_cov, with_entropy_bonus, with_kl_cov, with_tis
 from rlpost.types.errors import ConfigError
 from rlpost.types.roles import Traits
 
@@ -46,6 +46,10 @@ def build(cfg) -> Objective:
     a, r = cfg.algo, cfg.rollout
     algo = ALGORITHMS[a.name].from_config(cfg)
     loss = algo.loss
+    if a.cov_control == "clip_cov":
+        loss = with_clip_cov(loss, a.cov_ratio, a.clip_cov_lb, a.clip_cov_ub)
+    elif a.cov_control == "kl_cov":
+        loss = with_kl_cov(loss, a.cov_ratio, a.kl_cov_coef, loss_aggregator(cfg))
     if a.entropy_coef > 0:
         loss = with_entropy_bonus(loss, a.entropy_coef, loss_aggregator(cfg))
     cap = config.derived(cfg).tis_cap  # async runs get one by default: their samples are off-policy
@@ -84,6 +88,9 @@ def check(cfg) -> None:
         raise ConfigError(f"rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), got {r.group_size}")
     if t.kl == "none" and a.kl_coef > 0:
         raise ConfigError(f"algo.kl_coef: {a.name.upper()} has no KL term; use an algorithm with a KL in the reward or the loss")
+    if a.cov_control != "none" and not t.token_clip:
+        raise ConfigError(f"algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which {a.name.upper()} does "
+                          f"not have; expected none, or one of {', '.join(n for n, c in ALGORITHMS.items() if c.traits.token_clip)}")
     if a.dual_clip_c is not None and not t.token_clip:
         raise ConfigError(f"algo.dual_clip_c: {a.name.upper()} has no PPO token clip to cap; expected none, or one of "
                           f"{', '.join(n for n, c in ALGORITHMS.items() if c.traits.token_clip)}")
