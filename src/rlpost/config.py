@@ -82,6 +82,8 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({r.filter_max_pass_rate}), got {r.filter_min_pass_rate}")
     if a.overlong_buffer > r.max_new_tokens:
         raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({r.max_new_tokens}), got {a.overlong_buffer}")
+    if cfg.run.early_stop_patience > 0 and cfg.run.eval_every == 0:
+        raise ConfigError("run.early_stop_patience: needs held-out evaluations during the run; expected run.eval_every > 0")
     if cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo":
         raise ConfigError("pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo")
     if a.kl_target > 0 and a.kl_coef == 0:
@@ -330,7 +332,7 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
 # An lr change is applied to the restored optimizer (Trainer.load_state_dict); a run.steps change
 # stretches or shortens a decaying lr schedule from the step the run resumes at.
 RESUMABLE = {
-    "run": ("steps", "eval_every", "eval_n", "eval_batch_size", "checkpoint_every", "keep_checkpoints", "threads",
+    "run": ("steps", "eval_every", "early_stop_patience", "eval_n", "eval_batch_size", "checkpoint_every", "keep_checkpoints", "threads",
             "progress", "loggers", "stop_grace_s"),
     "trainer": ("lr", "max_grad_norm", "micro_batch_size", "max_nonfinite_steps"),
     "algo": ("critic_lr",),

@@ -311,6 +311,8 @@ class RunConfig:
     """held-out problems used for evaluation; 0 = all of task.n_heldout"""
     eval_batch_size: int = knob(100, ge=1)
     """prompts per generate call during evaluation"""
+    early_stop_patience: int = knob(0, ge=0)
+    """early stopping on the held-out accuracy (every run.eval_every steps): stop after this many evaluations in a row without a new best, and write RUN/model from the best step's checkpoint (kept whatever run.keep_checkpoints says; the final evaluation counts too); summary.json and the report name the selected step. 0 = off: run every step, RUN/model = the last"""
     checkpoint_every: int = knob(10, ge=0)
     """write a checkpoint every N steps (and at the end); 0 = only at the end"""
     keep_checkpoints: int = knob(1, ge=1)

@@ -24,3 +24,18 @@ def test_tool_task_trains_through_the_loop(tmp_path):
     # a random model rarely calls the tool: every episode has one turn at least, calls are counted
     assert [r["tools/turns_mean"] >= 1 and r["tools/calls_per_episode"] >= 0 for r in rows] == [True, True]
     assert all(r["actor/grad_norm"] > 0 for r in rows) and 0 <= summary["heldout_accuracy_after"] <= 1
+
+
+def test_early_stopping_ends_the_run_and_the_model_is_the_selected_step(tmp_path):
+    # The tiny random model scores 0 on every held-out problem: step 1's evaluation is the best (0.0),
+    # step 2's ties it (no new best) -> with patience 1 the run stops after step 2 of 6. The final
+    # evaluation ties too, and a tie goes to the later step: step 2 is selected. Step 1's checkpoint
+    # (a best) is kept although run.keep_checkpoints=1; RUN/model exists; the report names the step.
+    cfg = tiny_cfg("run.steps=6", "run.eval_every=1", "run.early_stop_patience=1", "run.keep_checkpoints=1",
+                   "run.checkpoint_every=0")
+    run = tmp_path / "run"
+    summary = train(cfg, run)
+    assert summary["steps"] == 2 and summary["selected_step"] == 2 and summary["heldout_accuracy_selected"] == 0.0
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
+    assert (run / "model" / "config.json").exists()
+    assert "Selected step 2" in (run / "report.html").read_text()
