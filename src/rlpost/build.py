@@ -133,7 +133,7 @@ def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, **k
     return Trainer(
         lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer, cfg.rollout.temperature,
         d.mini_batch_size, d.micro_batch_size, d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic,
-        critic_lr=cfg.algo.critic_lr, entropy_grad=cfg.algo.entropy_coef > 0, **kwargs,
+        critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg), **kwargs,
     )
 
 

@@ -175,6 +175,10 @@ class AlgoConfig:
     """adaptive KL: samples over which kl_coef may change by at most 20%"""
     entropy_coef: float = knob(0.0, ge=0)
     """entropy bonus: subtract entropy_coef * (aggregated per-token entropy) from the loss"""
+    entropy_adv_coef: float = knob(0.0, ge=0)
+    """entropy-shaped advantage (Cheng et al. 2025, arXiv:2506.14758): add min(entropy_adv_coef * H_t, |A_t| / entropy_adv_kappa) to each token's advantage, H_t the policy's entropy there (no gradient): tokens chosen where the policy was uncertain get more credit; 0 = off"""
+    entropy_adv_kappa: float = knob(2.0, gt=0)
+    """entropy-shaped advantage: the shaping term is at most |A_t| / kappa, so it never flips an advantage's sign"""
     cov_control: Literal["none", "clip_cov", "kl_cov"] = "none"
     """entropy-collapse control by covariance (Cui et al. 2025, arXiv:2505.22617), as verl's: clip_cov = a random algo.cov_ratio share of the tokens whose cov(log pi, A) lies in (clip_cov_lb, clip_cov_ub) lose their gradient; kl_cov = the algo.cov_ratio share with the largest covariance get + kl_cov_coef * |log pi - log pi_old|. For the PPO-clip methods (ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo)"""
     cov_ratio: float = knob(2e-4, gt=0, le=1)

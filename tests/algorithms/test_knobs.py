@@ -149,3 +149,23 @@ def test_cov_control_is_refused_without_a_token_clip():
     from rlpost.types.errors import ConfigError
     with pytest.raises(ConfigError, match="algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which GSPO"):
         algorithms.check(tiny_cfg("algo.name=gspo", "algo.cov_control=kl_cov"))
+
+
+def test_entropy_shaped_advantage_by_hand():
+    # A = [1, -1, .2], H = [.4, 3, 1], alpha .5, kappa 2: shaping = min(.5 H, |A| / 2)
+    #   = min([.2, 1.5, .5], [.5, .5, .1]) = [.2, .5, .1] -> A' = [1.2, -.5, .3] (no sign flips).
+    # GRPO at ratio 1: loss = -mean(A') = -(1.2 - .5 + .3) / 3 = -1/3, d loss / d log pi = -A' / 3.
+    # With the entropy bonus on too (coef .1) the entropy is handed on: loss - .1 * mean(H) = -1/3 - .44/3.
+    mask = t([[True, True, True]])
+    adv, ent = t([[1.0, -1.0, 0.2]]), t([[0.4, 3.0, 1.0]])
+    for bonus, want in ((0.0, -1 / 3), (0.1, -1 / 3 - 0.1 * 4.4 / 3)):
+        obj = algorithms.build(tiny_cfg("rollout.group_size=2", "algo.entropy_adv_coef=0.5", f"algo.entropy_coef={bonus}"))
+        logp, entropy = torch.zeros(1, 3, requires_grad=True), ent.clone().requires_grad_(True)
+        loss, m = obj.loss(logp, rl_batch(mask, old_logp=torch.zeros(1, 3), advantages=adv), entropy=entropy)
+        loss.backward()
+        assert math.isclose(loss.item(), want, rel_tol=1e-6), bonus
+        assert torch.allclose(logp.grad, -t([[1.2, -0.5, 0.3]]) / 3)
+        # no gradient through the shaping: only the bonus's -.1 / 3 per token, and none without it
+        assert torch.allclose(entropy.grad, torch.full((1, 3), -bonus / 3)) if bonus else entropy.grad is None
+        assert math.isclose(m["actor/entropy_adv_mean"], 0.8 / 3, rel_tol=1e-6)
+    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_adv_coef=0.5")) and not algorithms.loss_takes_entropy(tiny_cfg())

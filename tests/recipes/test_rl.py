@@ -39,3 +39,12 @@ def test_early_stopping_ends_the_run_and_the_model_is_the_selected_step(tmp_path
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
     assert (run / "model" / "config.json").exists()
     assert "Selected step 2" in (run / "report.html").read_text()
+
+
+def test_entropy_shaped_advantage_gets_the_trainers_entropy_in_the_loop(tmp_path):
+    # build.make_trainer must hand the loss the per-token entropy when only algo.entropy_adv_coef is on
+    # (it used to do so only for the entropy bonus; the wrapper would raise a TypeError). A reward that
+    # varies within every group whatever the model gives non-zero advantages, so the shaping is > 0.
+    train(tiny_cfg("algo.entropy_adv_coef=0.5", "algo.kl_coef=0", "task.verifier=toy_verifiers:odd_length"), tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["actor/entropy_adv_mean"] > 0 for r in rows)

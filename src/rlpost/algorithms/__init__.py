@@ -25,14 +25,14 @@ from rlpost.algorithms.ppo import PPO
 from rlpost.algorithms.reinforce import Reinforce
 from rlpost.algorithms.reinforce_pp import ReinforcePP
 from rlpost.algorithms.rloo import RLOO
-from rlpost.algorithms.wrappers import with_clip_cov, with_entropy_bonus, with_kl_cov, with_tis
+from rlpost.algorithms.wrappers import with_clip_cov, with_entropy_advantage, with_entropy_bonus, with_kl_cov, with_tis
 from rlpost.types.errors import ConfigError
 from rlpost.types.roles import Traits
 
 # In the order of docs/algorithms.md: the root, then each patch.
 ALGORITHMS = {cls.name: cls for cls in (Reinforce, PPO, ReinforcePP, GRPO, RLOO, DAPO, DrGRPO, GSPO, CISPO)}
 
-__all__ = ["ALGORITHMS", "Objective", "build", "check", "traits", "needs_old_logp_first"]
+__all__ = ["ALGORITHMS", "Objective", "build", "check", "traits", "needs_old_logp_first", "loss_takes_entropy"]
 
 
 def traits(cfg) -> Traits:
@@ -52,6 +52,8 @@ def build(cfg) -> Objective:
         loss = with_kl_cov(loss, a.cov_ratio, a.kl_cov_coef, loss_aggregator(cfg))
     if a.entropy_coef > 0:
         loss = with_entropy_bonus(loss, a.entropy_coef, loss_aggregator(cfg))
+    if a.entropy_adv_coef > 0:  # outside the bonus: it hands the bonus the entropy
+        loss = with_entropy_advantage(loss, a.entropy_adv_coef, a.entropy_adv_kappa, forward_entropy=a.entropy_coef > 0)
     cap = config.derived(cfg).tis_cap  # async runs get one by default: their samples are off-policy
     if cap > 0:
         loss = with_tis(loss, cap, a.tis_level)
@@ -66,6 +68,11 @@ def loss_aggregator(cfg) -> core.Aggregator:
     fixed = traits(cfg).fixed_aggregator
     name = "seq_mean_token_mean" if fixed == "sequence" else fixed or cfg.algo.loss_agg
     return core.aggregator(name, cfg.rollout.max_new_tokens)
+
+
+def loss_takes_entropy(cfg) -> bool:
+    """Whether the loss reads the trainer's per-token entropy (the entropy bonus, the entropy-shaped advantage)."""
+    return cfg.algo.entropy_coef > 0 or cfg.algo.entropy_adv_coef > 0
 
 
 def needs_old_logp_first(cfg) -> bool:

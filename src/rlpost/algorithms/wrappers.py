@@ -5,6 +5,7 @@ Loss side, ``loss_fn -> loss_fn`` (the trainer calls the outer one):
   with_tis             advantages scaled by min(pi_old / pi_sampler, cap)      (algo.tis_cap)
   with_clip_cov        no gradient on a few high-covariance tokens              (algo.cov_control=clip_cov)
   with_kl_cov          + coef |log pi - log pi_old| on the top-covariance tokens (algo.cov_control=kl_cov)
+  with_entropy_advantage  A + min(alpha H, |A| / kappa), H detached             (algo.entropy_adv_coef)
 
 Advantage side, ``Advantages -> Advantages`` (after the algorithm's own advantages):
   with_prime           + PRIME's implicit process reward, RLOO-centred         (algo.prime_coef)
@@ -108,6 +109,24 @@ def with_kl_cov(loss_fn: LossFn, ratio: float, coef: float, aggregate: core.Aggr
         base, metrics = loss_fn(logp, batch, **kw)
         extra = aggregate(penalty, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
         return base + coef * extra, {**metrics, "actor/kl_cov_frac": core.masked_mean(top.float(), mask).item()}
+
+    return loss
+
+
+def with_entropy_advantage(loss_fn: LossFn, alpha: float, kappa: float, forward_entropy: bool) -> LossFn:
+    """Entropy-shaped advantage (Cheng et al. 2025, "Reasoning with Exploration: An Entropy
+    Perspective", arXiv:2506.14758): A_t + min(alpha * H_t, |A_t| / kappa), H_t the policy's entropy
+    at token t without gradient. Unlike the entropy bonus it pushes no token towards uncertainty; it
+    raises the advantage of tokens chosen where the policy was uncertain (pivotal, reflective ones),
+    and the clip at |A| / kappa keeps the sign of every advantage. The trainer passes ``entropy``;
+    it is handed on to the entropy bonus inside when there is one (forward_entropy)."""
+
+    def loss(logp: Tensor, batch: Rollouts, entropy: Tensor, **kw) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        shaping = torch.minimum(alpha * entropy.detach(), batch.advantages.abs() / kappa) * mask  # (B, T), >= 0
+        inner = {"entropy": entropy} if forward_entropy else {}
+        base, metrics = loss_fn(logp, replace(batch, advantages=batch.advantages + shaping), **inner, **kw)
+        return base, {**metrics, "actor/entropy_adv_mean": core.masked_mean(shaping, mask).item()}
 
     return loss
 
