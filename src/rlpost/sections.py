@@ -292,9 +292,13 @@ class PrefConfig:
     max_len: int = knob(256, ge=2)
     """completion tokens kept per row (longer ones are cut; EOS is always appended)"""
     online_rounds: int = knob(0, ge=0)
-    """rlpost dpo: rounds of on-policy pairs (sample group_size completions per prompt, best vs worst by the verifier or reward model) and one DPO pass each; 0 = the fixed data"""
+    """rlpost rsft: rounds of (sample, keep the accepted, SFT), 0 = 1; rlpost dpo: rounds of on-policy pairs (sample group_size completions per prompt, best vs worst by the verifier or reward model) and one DPO pass each; 0 = the fixed data"""
     online_prompts: int = knob(64, ge=1)
-    """online DPO: prompts sampled per round"""
+    """online DPO and rlpost rsft: prompts sampled per round"""
+    rsft_min_reward: float = 1.0
+    """rlpost rsft: a sample is accepted when the verifier's reward is at least this"""
+    rsft_keep: Literal["all", "unique", "shortest"] = "unique"
+    """rlpost rsft: which accepted samples become SFT rows: all of them, those with distinct text, or the shortest of each prompt"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
 

@@ -11,7 +11,8 @@ A pipeline recipe is YAML:
       - {name: dpo, kind: dpo, overrides: [pref.loss=dpo, pref.beta=0.1]}
       - {name: rl,  kind: rl, recipe: recipes/grpo_arith.yaml, reward_model: rm}   # RLHF with the rm stage
 
-``kind`` is sft | rm | dpo | rl. An rl stage trains on the task's verifier, or on a reward model
+``kind`` is sft | rsft | rm | dpo | rl (rsft: rejection-sampling SFT on the policy's own accepted
+samples, recipes/rsft.py). An rl stage trains on the task's verifier, or on a reward model
 stage's output with ``reward_model: <stage name>``. After every policy stage the held-out accuracy
 of the task (greedy, the same verifier and rows as ``rlpost eval``) is measured, so the table
 shows what each stage added. A stage that already finished (its summary.json exists) is not run
@@ -33,8 +34,9 @@ from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.offline import train_offline
 from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
+from rlpost.recipes.rsft import run_rsft
 
-KINDS = ("sft", "rm", "dpo", "rl")
+KINDS = ("sft", "rsft", "rm", "dpo", "rl")
 
 
 def read_pipeline(path: str | Path) -> dict:
@@ -66,8 +68,10 @@ def stage_config(tree: dict, st: dict, model: str, outputs: dict, run_dir: Path)
 
 
 def train_stage(cfg: config.Config, run_dir: Path, kind: str) -> dict:
-    """`rlpost sft|rm|dpo` and a pipeline stage: online DPO when kind='dpo' and pref.online_rounds > 0
-    (recipes/online.py), else training on fixed rows."""
+    """`rlpost sft|rsft|rm|dpo` and a pipeline stage: rejection-sampling SFT (recipes/rsft.py); online
+    DPO when kind='dpo' and pref.online_rounds > 0 (recipes/online.py); else training on fixed rows."""
+    if kind == "rsft":
+        return run_rsft(cfg, run_dir)
     if kind == "dpo" and cfg.pref.online_rounds > 0:
         return run_online_dpo(cfg, run_dir)
     return train_offline(cfg, run_dir, kind)
@@ -127,6 +131,8 @@ def _stage_metric(kind: str, s: dict) -> str:
     if kind == "dpo":
         return (f"{s['loss']}: reward accuracy {s['heldout_before'].get('rewards/accuracy', 0):.3f} -> "
                 f"{s['heldout_after'].get('rewards/accuracy', 0):.3f}, margin {s['heldout_after'].get('rewards/margin', 0):+.3f}")
+    if kind == "rsft":
+        return f"rejection-sampling SFT: {len(s['rounds']) - 1} rounds, rows per round {[r.get('rsft/rows') for r in s['rounds'][1:]]}"
     if kind == "sft":
         return f"held-out NLL/token {s['heldout_before']['sft/nll']:.3f} -> {s['heldout_after']['sft/nll']:.3f}"
     return f"train reward {s['reward_mean_first']:.3f} -> {s['reward_mean_last']:.3f}"
