@@ -211,6 +211,8 @@ class AlgoConfig:
     """DAPO only: clip-higher, the upper clip of the ratio (clip_eps_low stays the lower one)"""
     dual_clip_c: float | None = knob(None, gt=1)
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729), as verl's compute_policy_loss (whose default is 3): where the advantage is negative, a token's policy loss is at most dual_clip_c * |A|, so a token whose probability rose far since sampling cannot dominate the update; none = off. For the PPO-clip methods: ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo"""
+    teacher: str = ""
+    """on-policy distillation (algo.name=distill only): the teacher whose per-token log-probs on the student's own samples make the advantages, -(log pi - log pi_teacher); 'embedded', a model folder or a run folder (its RUN/model), with the student's tokenizer. It takes the reference model's place"""
     cispo_eps_low: float | None = knob(None, ge=0)
     """CISPO only: the importance weight may not go below 1 - cispo_eps_low; none = no lower bound, as in the paper (MiniMax-M1, arXiv:2506.13585, Sec. 3.1: eps_low set so large that it never bites); the upper bound is 1 + clip_eps_high"""
     overlong_buffer: int = knob(0, ge=0)

@@ -40,17 +40,18 @@ def test_overlong_filter_drops_truncated_rows_from_the_loss():
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_when_the_old_log_probs_come_first(name):
     # Needed before the advantages: a critic's values (GAE), a KL in the reward (measured under the
-    # sampling weights), or adaptive KL (it tracks the measured KL). Otherwise the update's own first
-    # forward gives them for free.
+    # sampling weights), adaptive KL (it tracks the measured KL), or a teacher's token advantages
+    # (distill: -(log pi_old - log pi_teacher)). Otherwise the update's own first forward gives them for free.
     t_ = ALGORITHMS[name].traits
     for kl_coef, adaptive in ((0.0, False), (0.1, False), (0.1, True)):
-        want = t_.needs_values or (t_.kl == "reward" and kl_coef > 0) or adaptive
+        want = t_.needs_values or (t_.kl == "reward" and kl_coef > 0) or adaptive or t_.teacher
         assert old_logp_first(t_, kl_coef, adaptive) == want
+    teacher = ["algo.teacher=tiny"] if t_.teacher else []
     if t_.kl != "none":
         cfg = tiny_cfg(f"algo.name={name}", "algo.kl_coef=0.1", "algo.kl_target=0.5")
         assert algorithms.needs_old_logp_first(cfg) and algorithms.build(cfg).old_logp_first
-    cfg = tiny_cfg(f"algo.name={name}")
-    assert algorithms.needs_old_logp_first(cfg) == t_.needs_values == algorithms.build(cfg).old_logp_first
+    cfg = tiny_cfg(f"algo.name={name}", *teacher)
+    assert algorithms.needs_old_logp_first(cfg) == (t_.needs_values or t_.teacher) == algorithms.build(cfg).old_logp_first
 
 
 def test_build_wires_the_loss_side_knobs():
@@ -88,10 +89,12 @@ def test_the_entropy_bonus_is_aggregated_like_the_loss(name):
     # Rows of 2 and 1 loss tokens, entropy [1, 3 | 2]:
     want = {"token_mean": (1 + 3 + 2) / 3, "const_norm": (1 + 3 + 2) / (2 * 4),
             "sequence": ((1 + 3) / 2 + 2) / 2, "": (1 + 3 + 2) / 2}[ALGORITHMS[name].traits.fixed_aggregator]
+    teacher = ["algo.teacher=tiny"] if ALGORITHMS[name].traits.teacher else []
     cfg = lambda *x: tiny_cfg(f"algo.name={name}", "algo.loss_agg=seq_mean_token_sum", "rollout.max_new_tokens=4",
-                              "rollout.group_size=2", *x)
+                              "rollout.group_size=2", *teacher, *x)
     mask = t([[True, True], [True, False]])
-    b = rl_batch(mask, reward=t([1.0, 0.0]), old_logp=torch.zeros(2, 2), old_values=torch.zeros(2, 2))
+    b = rl_batch(mask, reward=t([1.0, 0.0]), old_logp=torch.zeros(2, 2), old_values=torch.zeros(2, 2),
+                 ref_logp=t([[-1.0, 0.5], [0.2, 0.0]]))
     plain, bonus = algorithms.build(cfg()), algorithms.build(cfg("algo.entropy_coef=0.5"))
     out = plain.advantages(b)
     b.advantages, b.returns = out.tokens, out.returns

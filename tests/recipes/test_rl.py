@@ -48,3 +48,23 @@ def test_entropy_shaped_advantage_gets_the_trainers_entropy_in_the_loop(tmp_path
     train(tiny_cfg("algo.entropy_adv_coef=0.5", "algo.kl_coef=0", "task.verifier=toy_verifiers:odd_length"), tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["actor/entropy_adv_mean"] > 0 for r in rows)
+
+
+def test_distill_pulls_the_student_towards_a_teacher_through_the_loop(tiny, tmp_path):
+    # A teacher folder that differs from the student (the tiny model with perturbed weights): the
+    # reference role holds it, its log-probs make non-zero advantages, and the student is updated.
+    # A teacher with another tokenizer is refused in one line.
+    import pytest
+    import torch
+
+    from rlpost.model.load import save_model
+    from rlpost.types.errors import ConfigError
+    with torch.no_grad():
+        for p in tiny.model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    teacher = save_model(tiny.model, tiny.tokenizer, tmp_path / "teacher")
+    summary = train(tiny_cfg("algo.name=distill", f"algo.teacher={teacher}"), tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(abs(r["distill/reverse_kl"]) > 1e-3 and r["actor/grad_norm"] > 0 for r in rows) and summary["steps"] == 2
+    with pytest.raises(ConfigError, match="algo.teacher: .* has another tokenizer"):
+        train(tiny_cfg("algo.name=distill", "algo.teacher=embedded"), tmp_path / "run2")

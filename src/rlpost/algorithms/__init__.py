@@ -17,6 +17,7 @@ from rlpost import config
 from rlpost.algorithms import core
 from rlpost.algorithms.cispo import CISPO
 from rlpost.algorithms.dapo import DAPO
+from rlpost.algorithms.distill import Distill
 from rlpost.algorithms.dr_grpo import DrGRPO
 from rlpost.algorithms.grpo import GRPO
 from rlpost.algorithms.gspo import GSPO
@@ -30,7 +31,7 @@ from rlpost.types.errors import ConfigError
 from rlpost.types.roles import Traits
 
 # In the order of docs/algorithms.md: the root, then each patch.
-ALGORITHMS = {cls.name: cls for cls in (Reinforce, PPO, ReinforcePP, GRPO, RLOO, DAPO, DrGRPO, GSPO, CISPO)}
+ALGORITHMS = {cls.name: cls for cls in (Reinforce, PPO, ReinforcePP, GRPO, RLOO, DAPO, DrGRPO, GSPO, CISPO, Distill)}
 
 __all__ = ["ALGORITHMS", "Objective", "build", "check", "traits", "needs_old_logp_first", "loss_takes_entropy"]
 
@@ -95,6 +96,10 @@ def check(cfg) -> None:
         raise ConfigError(f"rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), got {r.group_size}")
     if t.kl == "none" and a.kl_coef > 0:
         raise ConfigError(f"algo.kl_coef: {a.name.upper()} has no KL term; use an algorithm with a KL in the reward or the loss")
+    if t.teacher != bool(a.teacher):
+        raise ConfigError(f"algo.teacher: {a.name.upper()} " + ("distils from a teacher: expected a model ('embedded', a model folder, "
+                          "a run folder) with the student's tokenizer" if t.teacher else f"reads no teacher, got {a.teacher!r}; "
+                          "use algo.name=distill"))
     if a.cov_control != "none" and not t.token_clip:
         raise ConfigError(f"algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which {a.name.upper()} does "
                           f"not have; expected none, or one of {', '.join(n for n, c in ALGORITHMS.items() if c.traits.token_clip)}")

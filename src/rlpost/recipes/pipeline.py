@@ -12,7 +12,8 @@ A pipeline recipe is YAML:
       - {name: rl,  kind: rl, recipe: recipes/grpo_arith.yaml, reward_model: rm}   # RLHF with the rm stage
 
 ``kind`` is sft | rsft | rm | dpo | rl (rsft: rejection-sampling SFT on the policy's own accepted
-samples, recipes/rsft.py). An rl stage trains on the task's verifier, or on a reward model
+samples, recipes/rsft.py). An rl stage with ``teacher: <stage name>`` and algo.name=distill
+distils from that earlier stage's model (on-policy distillation, algorithms/distill.py). An rl stage trains on the task's verifier, or on a reward model
 stage's output with ``reward_model: <stage name>``. After every policy stage the held-out accuracy
 of the task (greedy, the same verifier and rows as ``rlpost eval``) is measured, so the table
 shows what each stage added. A stage that already finished (its summary.json exists) is not run
@@ -56,6 +57,10 @@ def read_pipeline(path: str | Path) -> dict:
         rm = st.get("reward_model")
         if rm is not None and (rm not in names or next(s for s in stages if s["name"] == rm)["kind"] != "rm"):
             raise config.ConfigError(f"{path}: stage {st['name']}.reward_model: expected the name of an earlier rm stage, got {rm!r}")
+        teacher = st.get("teacher")
+        earlier = names[: names.index(st["name"])]
+        if teacher is not None and (teacher not in earlier or next(s for s in stages if s["name"] == teacher)["kind"] == "rm"):
+            raise config.ConfigError(f"{path}: stage {st['name']}.teacher: expected the name of an earlier policy stage, got {teacher!r}")
     return tree
 
 
@@ -64,6 +69,8 @@ def stage_config(tree: dict, st: dict, model: str, outputs: dict, run_dir: Path)
                  f"run.out_dir={run_dir}", f"run.name={st['name']}"]
     if st.get("reward_model"):
         overrides.append(f"task.reward_model={outputs[st['reward_model']]}")
+    if st.get("teacher"):  # on-policy distillation from an earlier stage's model (algo.name=distill)
+        overrides.append(f"algo.teacher={outputs[st['teacher']]}")
     return config.load(st.get("recipe"), overrides)
 
 
