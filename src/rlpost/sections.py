@@ -65,6 +65,10 @@ class TaskConfig:
     """held-out problems, never seen in training; accuracy before/after is measured on these"""
     seed: int = 1234
     """seed of the problem generator; the held-out split is fixed by it"""
+    max_contamination: float = knob(0.05, ge=0, le=1)
+    """decontamination: refuse to train when more than this share of the held-out prompts is contained in the training prompts (8-gram overlap with one training prompt of at least task.contamination_overlap, task templates left out; envs/decontam.py); rlpost eval reports the share; 1 = do not check"""
+    contamination_overlap: float = knob(0.8, gt=0, le=1)
+    """decontamination: the share of a held-out prompt's 8-grams one training prompt must contain for it to count as contaminated (Tülu 3 uses 0.5 on long prompts; templated task prompts that differ in one constant reach it, so 0.8 here)"""
     verifier: str = ""
     """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the family's"""
     reward_model: str = ""
