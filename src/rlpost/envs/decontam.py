@@ -9,9 +9,10 @@ set. A prompt shorter than 8 words is one gram, so short prompts are compared wh
 
 Templates are not contamination. A task's fixed wording ("Give the answer as a fraction in lowest
 terms", a system prompt) would otherwise make every prompt overlap every other, so an n-gram that
-occurs in more than ``BOILERPLATE`` of the held-out prompts is left out of the count, and a
-prompt with nothing left is not counted. A training prompt copied into the held-out set still has
-its own grams. ``rlpost eval`` reports the result; training refuses to start above
+occurs in more than ``BOILERPLATE`` of the held-out prompts, or of the training prompts (each
+side counted from 10 prompts on), is left out of the count, and a prompt with nothing left is not
+counted. A training prompt copied into the held-out set still has its own grams, unless it is
+copied into more than a tenth of the training set. ``rlpost eval`` reports the result; training refuses to start above
 ``task.max_contamination`` (envs/__init__.py: build_task).
 """
 
@@ -33,15 +34,21 @@ def ngrams(text: str, n: int = N) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + n]) for i in range(max(1, len(words) - n + 1))} if words else set()
 
 
+def _frequent(prompts: list[set]) -> set:
+    """The n-grams in more than BOILERPLATE of these prompts (none below 10 prompts: too few to tell)."""
+    seen = Counter(g for grams in prompts for g in grams)  # in how many prompts each gram occurs
+    return {g for g, c in seen.items() if len(prompts) >= 10 and c > BOILERPLATE * len(prompts)}
+
+
 def contamination(train: list[dict], heldout: list[dict], threshold: float = 0.5, n: int = N) -> dict:
     """Metrics: contamination_checked (held-out prompts with grams beyond the template), contamination_contaminated,
     contamination_contaminated_frac, and up to three contaminated prompts as contamination_examples."""
     held = [ngrams(prompt_text(r), n) for r in heldout]
-    seen = Counter(g for grams in held for g in grams)  # in how many held-out prompts each gram occurs
-    template = {g for g, c in seen.items() if len(held) >= 10 and c > BOILERPLATE * len(held)}
+    trained = [ngrams(prompt_text(r), n) for r in train]
+    template = _frequent(held) | _frequent(trained)
     rows_with: dict[tuple[str, ...], list[int]] = {}  # gram -> the training prompts that contain it
-    for i, r in enumerate(train):
-        for g in ngrams(prompt_text(r), n) - template:
+    for i, grams in enumerate(trained):
+        for g in grams - template:
             rows_with.setdefault(g, []).append(i)
     checked, hits = 0, []
     for row, grams in zip(heldout, held):
