@@ -19,6 +19,7 @@ from rlpost import build, config
     ("run.progress=maybe", "run.progress: expected true or false"),
     ("task.name=tools rollout.top_p=0.9", "rollout.top_p: task.name=tools does not yet carry the top-p threshold"),
     ("run.early_stop_patience=2 run.eval_every=0", "run.early_stop_patience: needs held-out evaluations during the run"),
+    ("rollout.curriculum_window=3 dist.topology=async", "rollout.curriculum_window: async workers draw prompts steps ahead"),
     ("algo.cispo_eps_low=-1", "algo.cispo_eps_low: expected a number >= 0, got -1.0 (or none)"),
     ("nosuch.key=1", "nosuch: unknown section"),
     ("trainer.micro_batch_size=7", "trainer.micro_batch_size: expected a divisor of the mini-batch (128), got 7"),

@@ -82,6 +82,9 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({r.filter_max_pass_rate}), got {r.filter_min_pass_rate}")
     if a.overlong_buffer > r.max_new_tokens:
         raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({r.max_new_tokens}), got {a.overlong_buffer}")
+    if r.curriculum_window > 0 and cfg.dist.topology == "async":
+        raise ConfigError("rollout.curriculum_window: async workers draw prompts steps ahead of their scores; "
+                          "expected 0 with dist.topology=async")
     if cfg.run.early_stop_patience > 0 and cfg.run.eval_every == 0:
         raise ConfigError("run.early_stop_patience: needs held-out evaluations during the run; expected run.eval_every > 0")
     if cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo":

@@ -151,6 +151,8 @@ class RolloutConfig:
     """with filter_groups: keep a prompt only if at least this fraction of its group is correct (reward >= 1)"""
     filter_max_pass_rate: float = knob(1.0, ge=0, le=1)
     """with filter_groups: keep a prompt only if at most this fraction of its group is correct"""
+    curriculum_window: int = knob(0, ge=0)
+    """online curriculum (ProRL, arXiv:2505.24864; verl's samplers): a prompt whose mean pass rate over its last curriculum_window visits is 0, 1 or outside [filter_min_pass_rate, filter_max_pass_rate] is passed over when batches are drawn, and drawn again (re-measured) at its next turn (envs/data.py: PromptStream); 0 = off. Not with dist.topology=async, which draws prompts ahead of their scores"""
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,10 @@ def test_distill_pulls_the_student_towards_a_teacher_through_the_loop(tiny, tmp_
     assert all(abs(r["distill/reverse_kl"]) > 1e-3 and r["actor/grad_norm"] > 0 for r in rows) and summary["steps"] == 2
     with pytest.raises(ConfigError, match="algo.teacher: .* has another tokenizer"):
         train(tiny_cfg("algo.name=distill", "algo.teacher=embedded"), tmp_path / "run2")
+
+
+def test_the_online_curriculum_hears_every_prompts_pass_rate_in_the_loop(tmp_path):
+    # collect() reports each generated prompt's pass rate to the stream: 4 prompts a step, 2 steps
+    train(tiny_cfg("rollout.curriculum_window=2", "algo.kl_coef=0"), tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["curriculum/tracked_prompts"] for r in rows] == [4, 8] and rows[-1]["curriculum/skipped"] == 0

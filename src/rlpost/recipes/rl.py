@@ -49,7 +49,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     t_start = time.perf_counter()
     weights, trainer_state, state = resume_point(run_dir) if resume else (None, None, {})
     elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
-    stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed)
+    stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed, curriculum(cfg))
     roles = make_roles(cfg, task, weights, stream=stream, run_dir=run_dir)
     log = None
     try:
@@ -115,6 +115,12 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     return summary
 
 
+def curriculum(cfg: config.Config) -> tuple[int, float, float]:
+    """The online curriculum's (window, lowest, highest pass rate) for PromptStream (0: off)."""
+    r = cfg.rollout
+    return r.curriculum_window, r.filter_min_pass_rate, r.filter_max_pass_rate
+
+
 def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task) -> float:
     """Held-out accuracy before training (a resumed run has it from its checkpoint)."""
     if task.skipped_rows:
@@ -146,6 +152,7 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, timings: dic
         for k, v in v_metrics.items():  # counts add up over refill rounds
             metrics[k] = metrics.get(k, 0) + v if not k.startswith("timing_s") else v
         score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
+        metrics.update(stream.observe(b.rows[::K], core.pass_rate(score, K).tolist()))  # the online curriculum
         b.reward, shaping = stack.shape(b, cfg)  # overlong penalty and length shaping, part of the reward from here on
         metrics.update(shaping)
         first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
