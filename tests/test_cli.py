@@ -67,6 +67,7 @@ def test_every_recipe_runs_two_steps_on_the_tiny_model(tmp_path, monkeypatch):
             continue
         # TINY's rollout batch is 16 sequences: a recipe's mini-batch of the demo's 128 is scaled with it
         scaled = ["trainer.mini_batch_size=8"] if "mini_batch_size" in recipe.read_text() else []
+        scaled += ["algo.teacher=tiny"] if "teacher:" in recipe.read_text() else []  # the recipe's teacher is a real run
         code = cli.main(["train", str(recipe), *TINY, *scaled, f"run.out_dir={tmp_path}", f"run.name={recipe.stem}",
                          "task.verifier=toy_verifiers:odd_length"])
         assert code == 0, recipe.name

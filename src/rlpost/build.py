@@ -32,7 +32,7 @@ from rlpost import algorithms, config
 from rlpost.console import say
 from rlpost.envs import Task, verifier_timeout
 from rlpost.model import device, lora, precision
-from rlpost.model.load import load_policy
+from rlpost.model.load import load_policy, load_tokenizer
 from rlpost.rewards.judge import Judge
 from rlpost.rewards.reward_model import load_reward_model
 from rlpost.rewards.runner import VerifierRunner, default_workers
@@ -140,9 +140,20 @@ def on_device(cfg: config.Config, model: torch.nn.Module) -> torch.nn.Module:
 
 
 def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
-    """A frozen copy of `model` that gives reference log-probs, in the trainer's precision."""
-    return Reference(copy.deepcopy(on_device(cfg, model)), cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
+    """A frozen copy of `model` that gives reference log-probs, in the trainer's precision; with
+    algo.teacher (on-policy distillation) the teacher model in its place."""
+    frozen = on_device(cfg, load_teacher(cfg)) if cfg.algo.teacher else copy.deepcopy(on_device(cfg, model))
+    return Reference(frozen, cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
                      precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix)
+
+
+def load_teacher(cfg: config.Config) -> torch.nn.Module:
+    """algo.teacher, refused unless it shares the student's tokenizer (its log-probs are of the same token ids)."""
+    teacher = load_policy(cfg.algo.teacher, dtype=torch.float32, seed=cfg.run.seed)
+    if teacher.tokenizer.get_vocab() != load_tokenizer(cfg.model.name).get_vocab():
+        raise ConfigError(f"algo.teacher: {cfg.algo.teacher} has another tokenizer than model.name={cfg.model.name}; "
+                          "on-policy distillation scores the student's token ids, so they must mean the same")
+    return teacher.model
 
 
 def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
@@ -164,7 +175,7 @@ def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, **k
     return Trainer(
         lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer, cfg.rollout.temperature,
         d.mini_batch_size, d.micro_batch_size, d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic,
-        critic_lr=cfg.algo.critic_lr, entropy_grad=cfg.algo.entropy_coef > 0, **kwargs,
+        critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg), **kwargs,
     )
 
 

@@ -3,7 +3,7 @@
   rlpost train [RECIPE.yaml] [section.key=value ...]   train (no recipe = the demo defaults)
   rlpost train --resume RUN_DIR [section.key=value ...] continue a run from its last checkpoint
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
-  rlpost sft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, preference, reward-model training
+  rlpost sft | rsft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, rejection-sampling, preference, RM training
   rlpost pipeline PIPELINE.yaml [section.key=value ...] SFT -> (RM) -> DPO -> RL, one table at the end
   rlpost export RUN_DIR [--step N] [--out DIR] [--merge-lora]   a checkpoint as a transformers folder
   rlpost report RUN_DIR [--out FILE]                    self-contained HTML report with plots
@@ -88,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--out", default="", help="per-sample results (JSONL); default RUN_DIR/eval_samples.jsonl or ./eval_samples.jsonl, numbered when it exists")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
+                       ("rsft", "rejection-sampling SFT: SFT on the policy's own samples the verifier accepts"),
                        ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
                        ("rm", "Bradley-Terry reward model (a scalar head on the LM)")):
         k = sub.add_parser(kind, help=what, epilog=options, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             args.args = [*args.args, *extra]
         commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
-                    "sft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline,
+                    "sft": cmd_offline, "rsft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline,
                     "export": cmd_export}
         return commands[args.command](args)
     except (config.ConfigError, ModelLoadError) as e:
@@ -295,12 +296,16 @@ IGNORED = {
     "train": ("pref.",),
     "eval": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
     "sft": ("dist.", "algo.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
-            "pref.orpo_lambda", "pref.rm_margin"),
-    "rm": ("dist.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma", "pref.orpo_lambda"),
-    "dpo": ("dist.", "pref.rm_margin"),
+            "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef", "pref.rsft_"),
+    "rsft": ("dist.", "algo.", "pref.data", "pref.eval_data", "pref.loss", "pref.beta", "pref.label_smoothing",
+             "pref.simpo_gamma", "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef"),
+    "rm": ("dist.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma", "pref.orpo_lambda",
+           "pref.nll_coef", "pref.rsft_"),
+    "dpo": ("dist.", "pref.rm_margin", "pref.rsft_"),
 }
 WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",
        "sft": "supervised fine-tuning runs in one process, on fixed rows, with the NLL loss",
+       "rsft": "rejection-sampling SFT samples its own rows and trains them with the NLL loss",
        "rm": "the reward model trains in one process with the Bradley-Terry loss",
        "dpo": "preference optimisation runs in one process"}
 

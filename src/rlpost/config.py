@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 import math
 import textwrap
+import types
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -81,6 +82,13 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({r.filter_max_pass_rate}), got {r.filter_min_pass_rate}")
     if a.overlong_buffer > r.max_new_tokens:
         raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({r.max_new_tokens}), got {a.overlong_buffer}")
+    if r.curriculum_window > 0 and cfg.dist.topology == "async":
+        raise ConfigError("rollout.curriculum_window: async workers draw prompts steps ahead of their scores; "
+                          "expected 0 with dist.topology=async")
+    if cfg.run.early_stop_patience > 0 and cfg.run.eval_every == 0:
+        raise ConfigError("run.early_stop_patience: needs held-out evaluations during the run; expected run.eval_every > 0")
+    if cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo":
+        raise ConfigError("pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo")
     if a.kl_target > 0 and a.kl_coef == 0:
         raise ConfigError("algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0")
     check_dist(cfg)
@@ -117,6 +125,9 @@ def check_task(cfg: Config) -> None:
         [float(w) for w in t.reward_weights.split(",") if t.reward_weights]
     except ValueError:
         raise ConfigError(f"task.reward_weights: expected comma-separated numbers, got {t.reward_weights!r}") from None
+    if t.name == "tools" and cfg.rollout.top_p < 1:
+        raise ConfigError("rollout.top_p: task.name=tools does not yet carry the top-p threshold across an episode's turns, "
+                          f"so the trainer would score the full softmax; expected 1.0, got {cfg.rollout.top_p}")
     if set(filter(None, t.tools.split(","))) - {"calculator", "python"}:
         raise ConfigError(f"task.tools: expected a comma-separated subset of calculator, python, got {t.tools!r}")
     if t.name != "arithmetic":
@@ -237,6 +248,14 @@ def _build_section(cls: type, values: dict, section: str):
 
 def _coerce(key: str, value: Any, typ: Any, meta: dict) -> Any:
     origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):  # `float | None`: 'none' (or YAML null) turns the knob off
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            return None
+        inner = next(a for a in typing.get_args(typ) if a is not type(None))
+        try:
+            return _coerce(key, value, inner, meta)
+        except ConfigError as e:
+            raise ConfigError(f"{e} (or none)") from None
     if isinstance(value, CliValue):
         value = str(value) if typ is str or origin is Literal else _yaml_scalar(value)
     if origin is Literal:
@@ -316,7 +335,7 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
 # An lr change is applied to the restored optimizer (Trainer.load_state_dict); a run.steps change
 # stretches or shortens a decaying lr schedule from the step the run resumes at.
 RESUMABLE = {
-    "run": ("steps", "eval_every", "eval_n", "eval_batch_size", "checkpoint_every", "keep_checkpoints", "threads", "device",
+    "run": ("steps", "eval_every", "early_stop_patience", "eval_n", "eval_batch_size", "checkpoint_every", "keep_checkpoints", "threads", "device",
             "progress", "loggers", "stop_grace_s"),
     "trainer": ("lr", "max_grad_norm", "micro_batch_size", "max_nonfinite_steps"),
     "algo": ("critic_lr",),
@@ -367,6 +386,16 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def type_name(typ) -> str:
+    """'int', 'a|b' for a Literal, 'float|none' for an optional number."""
+    args = typing.get_args(typ)
+    if typing.get_origin(typ) is Literal:
+        return "|".join(map(str, args))
+    if args:
+        return "|".join("none" if a is type(None) else a.__name__ for a in args)
+    return typ.__name__
+
+
 def help_text() -> str:
     """Every option, its default and its meaning, grouped by section (for --help)."""
     lines = []
@@ -377,7 +406,7 @@ def help_text() -> str:
         lines.append(f"{sec.name}:")
         for f in fields(cls):
             typ = hints[f.name]
-            tname = "|".join(map(str, typing.get_args(typ))) if typing.get_origin(typ) is Literal else typ.__name__
+            tname = type_name(typ)
             lines.append(f"  {sec.name}.{f.name}={f.default!r}  ({tname}{_range_text(f.metadata)})")
             lines.append(f"      {docs.get(f.name, '')}")
     return "\n".join(lines)

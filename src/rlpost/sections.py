@@ -65,6 +65,10 @@ class TaskConfig:
     """held-out problems, never seen in training; accuracy before/after is measured on these"""
     seed: int = 1234
     """seed of the problem generator; the held-out split is fixed by it"""
+    max_contamination: float = knob(0.05, ge=0, le=1)
+    """decontamination: refuse to train when more than this share of the held-out prompts is contained in the training prompts (8-gram overlap with one training prompt of at least task.contamination_overlap, task templates left out; envs/decontam.py); rlpost eval reports the share; 1 = do not check"""
+    contamination_overlap: float = knob(0.8, gt=0, le=1)
+    """decontamination: the share of a held-out prompt's 8-grams one training prompt must contain for it to count as contaminated (Tülu 3 uses 0.5 on long prompts; templated task prompts that differ in one constant reach it, so 0.8 here)"""
     verifier: str = ""
     """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the family's"""
     reward_model: str = ""
@@ -132,7 +136,7 @@ class RolloutConfig:
     temperature: float = knob(0.7, gt=0)
     """sampling temperature; the trained policy is softmax(logits / temperature)"""
     top_p: float = knob(1.0, gt=0, le=1)
-    """nucleus sampling mass (1.0 = off)"""
+    """nucleus sampling mass (1.0 = off). Below 1 the sampler records the truncated distribution it drew from and its threshold (Rollouts.sampler_floor), and the trainer and reference score the same truncated distribution (DeepSeek-V3.2's 'keep sampling mask', arXiv:2512.02556)"""
     max_new_tokens: int = knob(16, ge=1, le=131072)
     """completion length cap; a completion that hits it is 'truncated'"""
     engine: Literal["auto", "fast", "hf"] = "auto"
@@ -147,6 +151,8 @@ class RolloutConfig:
     """with filter_groups: keep a prompt only if at least this fraction of its group is correct (reward >= 1)"""
     filter_max_pass_rate: float = knob(1.0, ge=0, le=1)
     """with filter_groups: keep a prompt only if at most this fraction of its group is correct"""
+    curriculum_window: int = knob(0, ge=0)
+    """online curriculum (ProRL, arXiv:2505.24864; verl's samplers): a prompt whose mean pass rate over its last curriculum_window visits is 0, 1 or outside [filter_min_pass_rate, filter_max_pass_rate] is passed over when batches are drawn, and drawn again (re-measured) at its next turn (envs/data.py: PromptStream); 0 = off. Not with dist.topology=async, which draws prompts ahead of their scores"""
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,8 @@ class AlgoConfig:
     """algorithm: advantages + loss, one file each in src/rlpost/algorithms/ (the file's name; `rlpost train --help` lists them)"""
     scale_by_std: bool = True
     """divide group-centred rewards by the group's std (GRPO); false = Dr. GRPO's plain r - mean"""
+    std_scope: Literal["group", "batch"] = "group"
+    """with scale_by_std (grpo, dapo, gspo, cispo): the std of each prompt's group (GRPO), or of the whole batch's rewards: group mean, batch std, the hybrid Liu et al. 2025 ('Tricks or Traps?', arXiv:2508.08221) find most robust"""
     clip_eps_low: float = knob(0.2, ge=0, lt=1)
     """PPO clip: ratio may not go below 1 - clip_eps_low where the advantage is negative"""
     clip_eps_high: float = knob(0.2, ge=0)
@@ -166,13 +174,27 @@ class AlgoConfig:
     kl_coef: float = knob(0.0, ge=0)
     """weight of the KL(pi || pi_ref) penalty: a term in the loss (GRPO family) or a per-token penalty in the reward (PPO, REINFORCE++); 0 = no reference model is loaded"""
     kl_estimator: Literal["auto", "k1", "k2", "k3"] = "auto"
-    """per-token KL estimator (Schulman 2020); auto = k1 in the reward (PPO, REINFORCE++), k3 in the loss (the rest)"""
+    """per-token KL estimator (Schulman 2020); auto = k1 in the reward (PPO, REINFORCE++), k3 in the loss (the rest). k3 is bounded at 10 per token, as verl bounds it; actor/kl_bound_frac counts the tokens held there"""
     kl_target: float = knob(0.0, ge=0)
     """adaptive KL (Ziegler et al. 2019): move kl_coef so the measured per-token KL tracks this target; 0 = fixed kl_coef"""
     kl_horizon: int = knob(10000, ge=1)
     """adaptive KL: samples over which kl_coef may change by at most 20%"""
     entropy_coef: float = knob(0.0, ge=0)
     """entropy bonus: subtract entropy_coef * (aggregated per-token entropy) from the loss"""
+    entropy_adv_coef: float = knob(0.0, ge=0)
+    """entropy-shaped advantage (Cheng et al. 2025, arXiv:2506.14758): add min(entropy_adv_coef * H_t, |A_t| / entropy_adv_kappa) to each token's advantage, H_t the policy's entropy there (no gradient): tokens chosen where the policy was uncertain get more credit; 0 = off"""
+    entropy_adv_kappa: float = knob(2.0, gt=0)
+    """entropy-shaped advantage: the shaping term is at most |A_t| / kappa, so it never flips an advantage's sign"""
+    cov_control: Literal["none", "clip_cov", "kl_cov"] = "none"
+    """entropy-collapse control by covariance (Cui et al. 2025, arXiv:2505.22617), as verl's: clip_cov = a random algo.cov_ratio share of the tokens whose cov(log pi, A) lies in (clip_cov_lb, clip_cov_ub) lose their gradient; kl_cov = the algo.cov_ratio share with the largest covariance get + kl_cov_coef * |log pi - log pi_old|. For the PPO-clip methods (ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo)"""
+    cov_ratio: float = knob(2e-4, gt=0, le=1)
+    """Clip-Cov / KL-Cov: share of the loss tokens restrained (at least one); verl's default 2e-4"""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov: only tokens with covariance above this are candidates (verl: 1)"""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov: only tokens with covariance below this are candidates (verl: 5)"""
+    kl_cov_coef: float = knob(0.1, ge=0)
+    """KL-Cov: weight of |log pi - log pi_old| on the chosen tokens (verl's ppo_kl_coef, 0.1)"""
     tis_cap: float = knob(0.0, ge=0)
     """truncated importance sampling against the sampler's recorded log-probs: scale advantages by min(pi_old / pi_sampler, tis_cap); 0 = off"""
     tis_level: Literal["token", "sequence"] = "token"
@@ -193,6 +215,12 @@ class AlgoConfig:
     """PPO: normalise GAE advantages to mean 0, std 1 over the batch's loss tokens"""
     dapo_clip_eps_high: float = knob(0.28, ge=0)
     """DAPO only: clip-higher, the upper clip of the ratio (clip_eps_low stays the lower one)"""
+    dual_clip_c: float | None = knob(None, gt=1)
+    """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729), as verl's compute_policy_loss (whose default is 3): where the advantage is negative, a token's policy loss is at most dual_clip_c * |A|, so a token whose probability rose far since sampling cannot dominate the update; none = off. For the PPO-clip methods: ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo"""
+    teacher: str = ""
+    """on-policy distillation (algo.name=distill only): the teacher whose per-token log-probs on the student's own samples make the advantages, -(log pi - log pi_teacher); 'embedded', a model folder or a run folder (its RUN/model), with the student's tokenizer. It takes the reference model's place"""
+    cispo_eps_low: float | None = knob(None, ge=0)
+    """CISPO only: the importance weight may not go below 1 - cispo_eps_low; none = no lower bound, as in the paper (MiniMax-M1, arXiv:2506.13585, Sec. 3.1: eps_low set so large that it never bites); the upper bound is 1 + clip_eps_high"""
     overlong_buffer: int = knob(0, ge=0)
     """overlong soft penalty (DAPO): over the last overlong_buffer tokens before max_new_tokens the reward falls linearly by up to overlong_penalty; 0 = off"""
     overlong_penalty: float = knob(1.0, ge=0)
@@ -257,6 +285,8 @@ class PrefConfig:
     """DPO: assumed share of flipped labels (conservative DPO)"""
     simpo_gamma: float = knob(0.5, ge=0)
     """SimPO: target reward margin"""
+    nll_coef: float = knob(0.0, ge=0)
+    """RPO (Pang et al. 2024, arXiv:2404.19733): add nll_coef * the chosen completion's length-normalised NLL to pref.loss (the paper uses 1.0), so DPO cannot lower the chosen answer's likelihood while it widens the margin; 0 = off; not with orpo, which has its own NLL"""
     orpo_lambda: float = knob(0.1, ge=0)
     """ORPO: weight of the odds-ratio term next to the SFT loss"""
     rm_margin: float = knob(0.0, ge=0)
@@ -270,9 +300,13 @@ class PrefConfig:
     max_len: int = knob(256, ge=2)
     """completion tokens kept per row (longer ones are cut; EOS is always appended)"""
     online_rounds: int = knob(0, ge=0)
-    """rlpost dpo: rounds of on-policy pairs (sample group_size completions per prompt, best vs worst by the verifier or reward model) and one DPO pass each; 0 = the fixed data"""
+    """rlpost rsft: rounds of (sample, keep the accepted, SFT), 0 = 1; rlpost dpo: rounds of on-policy pairs (sample group_size completions per prompt, best vs worst by the verifier or reward model) and one DPO pass each; 0 = the fixed data"""
     online_prompts: int = knob(64, ge=1)
-    """online DPO: prompts sampled per round"""
+    """online DPO and rlpost rsft: prompts sampled per round"""
+    rsft_min_reward: float = 1.0
+    """rlpost rsft: a sample is accepted when the verifier's reward is at least this"""
+    rsft_keep: Literal["all", "unique", "shortest"] = "unique"
+    """rlpost rsft: which accepted samples become SFT rows: all of them, those with distinct text, or the shortest of each prompt"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
 
@@ -293,6 +327,8 @@ class RunConfig:
     """held-out problems used for evaluation; 0 = all of task.n_heldout"""
     eval_batch_size: int = knob(100, ge=1)
     """prompts per generate call during evaluation"""
+    early_stop_patience: int = knob(0, ge=0)
+    """early stopping on the held-out accuracy (every run.eval_every steps): stop after this many evaluations in a row without a new best, and write RUN/model from the best step's checkpoint (kept whatever run.keep_checkpoints says; the final evaluation counts too); summary.json and the report name the selected step. 0 = off: run every step, RUN/model = the last"""
     checkpoint_every: int = knob(10, ge=0)
     """write a checkpoint every N steps (and at the end); 0 = only at the end"""
     keep_checkpoints: int = knob(1, ge=1)

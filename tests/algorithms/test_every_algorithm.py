@@ -57,14 +57,18 @@ PAPER = {
     "gspo": "Zheng 2025 Eq. 5-7: s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|), loss -1/G sum_i min(s_i A_i, clip(s_i) A_i), "
             "eps 3e-4 / 4e-4",
     "cispo": "MiniMax 2025 Eq. 4: loss -sum sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A log pi(y_t) / sum |o_i|",
+    "distill": "Agarwal 2024 (reverse KL, on-policy): A_t = -(log pi_old(y_t) - log pi_teacher(y_t)) per token, "
+               "PPO's clipped surrogate; no verifier reward",
 }
 
 
 def cfg_for(name: str, agg: str = "token_mean", *extra: str):
     kl = [] if ALGORITHMS[name].traits.kl == "none" else [f"algo.kl_coef={KL_COEF}"]
+    kl += ["algo.teacher=tiny"] if ALGORITHMS[name].traits.teacher else []  # REF holds the teacher's log-probs
     return tiny_cfg(f"algo.name={name}", f"algo.loss_agg={agg}", f"rollout.group_size={K}", f"rollout.max_new_tokens={MAX_NEW}",
                     f"algo.clip_eps_low={EPS_LOW}", f"algo.clip_eps_high={EPS_HIGH}", f"algo.dapo_clip_eps_high={EPS_HIGH}",
-                    f"algo.seq_clip_eps_low={SEQ_EPS_LOW}", f"algo.seq_clip_eps_high={SEQ_EPS_HIGH}", f"algo.gamma={GAMMA}",
+                    f"algo.cispo_eps_low={EPS_LOW}", f"algo.seq_clip_eps_low={SEQ_EPS_LOW}",
+                    f"algo.seq_clip_eps_high={SEQ_EPS_HIGH}", f"algo.gamma={GAMMA}",
                     f"algo.lam={LAM}", f"algo.value_clip={VALUE_CLIP}", f"algo.vf_coef={VF_COEF}",
                     f"algo.baseline_decay={DECAY}", *kl, *extra)
 
@@ -138,6 +142,8 @@ def expected_advantages(name: str) -> tuple[list[dict], list[dict] | None]:
     if name in ("ppo", "reinforce_pp"):
         adv, ret = token_returns(name)
         return adv, (ret if name == "ppo" else None)  # only PPO's critic has a regression target
+    if name == "distill":
+        return [{c: -(OLD[i, c] - REF[i, c]).item() for c in cols} for i, cols in enumerate(rows())], None
     seq = group_adv(name)
     return [{c: seq[i] for c in cols} for i, cols in enumerate(rows())], None
 
@@ -248,7 +254,7 @@ def test_swapped_clip_epsilons_change_the_loss(name):
     algo = ALGORITHMS[name].from_config(cfg_for(name))
     swapped = ALGORITHMS[name].from_config(cfg_for(name, "token_mean", f"algo.clip_eps_low={EPS_HIGH}",
                                                    f"algo.clip_eps_high={EPS_LOW}", f"algo.dapo_clip_eps_high={EPS_LOW}",
-                                                   f"algo.seq_clip_eps_low={SEQ_EPS_HIGH}",
+                                                   f"algo.cispo_eps_low={EPS_HIGH}", f"algo.seq_clip_eps_low={SEQ_EPS_HIGH}",
                                                    f"algo.seq_clip_eps_high={SEQ_EPS_LOW}"))
     b = batch()
     b.advantages, b.returns = algo.advantages(b).tokens, algo.advantages(batch()).returns
@@ -344,7 +350,7 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
         adv_m = {"critic/baseline": 0.0}
     elif name in ("ppo", "reinforce_pp"):
         kl = mean([(OLD[i, c] - REF[i, c]).item() for i, c in toks])
-        adv_m = {"critic/kl": kl, "critic/kl_coef": KL_COEF}
+        adv_m = {"critic/kl": kl, "critic/kl_coef": KL_COEF, "critic/kl_bound_frac": 0.0}  # no token near k3's bound
         if name == "reinforce_pp":
             adv_m["critic/advantages/max"] = max(adv[i][c] for i, c in toks)
         else:
@@ -353,6 +359,9 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
             adv_m.update({"critic/advantages/mean": mean([adv[i][c] for i, c in toks]), "critic/returns/mean": mean(rets),
                           "critic/values/mean": mean(vals),
                           "critic/explained_variance": 1 - var([r - v for r, v in zip(rets, vals)]) / var(rets)})
+    elif name == "distill":
+        kl_toks = [(OLD[i, c] - REF[i, c]).item() for i, c in toks]
+        adv_m = {"distill/reverse_kl": mean(kl_toks), "critic/advantages/mean": -mean(kl_toks)}
     else:
         adv_m = {"critic/advantages/mean": mean(seq)}
     kl_tok = [math.exp(REF[i, c].item() - logp[i, c].item()) - 1 - (REF[i, c].item() - logp[i, c].item()) for i, c in toks]
@@ -387,6 +396,7 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
                            "critic/vpred_mean": mean([VALUES[i, c].item() for i, c in toks])})
     if kl_on and ALGORITHMS[name].traits.kl == "loss":
         loss_m["actor/kl"] = mean(kl_tok)
+        loss_m["actor/kl_bound_frac"] = mean([k >= 10.0 for k in kl_tok])  # 0 here: every |log r| is small
     return adv_m, loss_m
 
 
@@ -510,3 +520,18 @@ def test_paper_cispo():
     loss.backward()
     assert math.isclose(loss.item(), math.exp(0.25) * 0.75, rel_tol=1e-6)
     assert math.isclose(logp.grad.item(), -math.exp(0.25), rel_tol=1e-6)
+
+
+def test_paper_distill():
+    # two tokens: student log pi_old [-1, -2], teacher [-1.5, -0.5] -> reverse-KL samples [.5, -1.5],
+    # advantages [-.5, 1.5] (the teacher likes token 2 more than the student does: push it up).
+    # At ratio 1 the loss is -mean(A) = -(−.5 + 1.5) / 2 = -.5; d loss / d log pi = -A / 2 = [.25, -.75].
+    distill = ALGORITHMS["distill"].from_config(cfg_for("distill"))
+    b = rl_batch(t([[True, True]]), old_logp=t([[-1.0, -2.0]]), ref_logp=t([[-1.5, -0.5]]), reward=t([1.0]))
+    out = distill.advantages(b)
+    assert torch.allclose(out.tokens, t([[-0.5, 1.5]])) and math.isclose(out.metrics["distill/reverse_kl"], -0.5)
+    b.advantages = out.tokens
+    logp = t([[-1.0, -2.0]], requires_grad=True)
+    loss, _ = distill.loss(logp, b)
+    loss.backward()
+    assert math.isclose(loss.item(), -0.5, rel_tol=1e-6) and torch.allclose(logp.grad, t([[0.25, -0.75]]))

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from helpers import loss_batch
 
@@ -84,3 +85,60 @@ def test_advantages_role_fills_tokens_and_metrics():
     adv_tok, m = out.tokens, out.metrics
     assert torch.allclose(adv_tok, t([[0.5, 0.0], [-0.5, -0.5], [0.0, 0.0], [0.0, 0.0]]))
     assert m["reward/zero_std_frac"] == 0.5
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "gspo", "cispo"])
+def test_group_mean_batch_std_is_a_config_choice(name):
+    # rewards [2, 0 | 1, 1], K = 2: group means 1 and 1 -> centred [1, -1, 0, 0].
+    # std_scope=group: group stds sqrt(2) and 0 -> [.7071, -.7071, 0, 0]
+    # std_scope=batch: batch std of [2, 0, 1, 1] = sqrt((1 + 1 + 0 + 0) / 3) = .8165 -> [1.2247, -1.2247, 0, 0]
+    from helpers import tiny_cfg
+    from rlpost.algorithms import ALGORITHMS
+    b = loss_batch(torch.zeros(4, 1), None, t([[True]] * 4))
+    b.reward = t([2.0, 0.0, 1.0, 1.0])
+    for scope, a in (("group", 1 / math.sqrt(2)), ("batch", math.sqrt(1.5))):
+        algo = ALGORITHMS[name].from_config(tiny_cfg(f"algo.name={name}", "rollout.group_size=2", f"algo.std_scope={scope}"))
+        assert torch.allclose(algo.advantages(b).tokens[:, 0], t([a, -a, 0.0, 0.0]), atol=1e-5), scope
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantages_by_hand():
+    # three tokens, eps 0.2, c = 3:
+    #   ratio e^2 = 7.389, A = -1: PPO's loss max(7.389, 1.2) = 7.389 (gradient 7.389 per unit logp);
+    #       dual clip: min(7.389, 3 * 1) = 3, a constant: gradient 0
+    #   ratio 2, A = -1: 2 < 3, dual clip leaves it: loss 2, gradient 2
+    #   ratio e^2, A = +1: min(7.389, 1.2) = 1.2 -> loss -1.2 with or without dual clip, gradient 0
+    logp_old, mask = torch.zeros(1, 3), t([[True, True, True]])
+    adv = t([[-1.0, -1.0, 1.0]])
+    for c, want, grad in ((None, [math.exp(2), 2.0, -1.2], [math.exp(2), 2.0, 0.0]), (3.0, [3.0, 2.0, -1.2], [0.0, 2.0, 0.0])):
+        logp = t([[2.0, math.log(2), 2.0]], requires_grad=True)
+        per_tok, _, _ = clipped_pg_loss(logp, logp_old, adv, mask, 0.2, 0.2, dual_clip=c)
+        per_tok.sum().backward()
+        assert torch.allclose(per_tok, t([want]), atol=1e-5), c
+        assert torch.allclose(logp.grad, t([grad]), atol=1e-5), c
+
+
+@pytest.mark.parametrize("name", ["ppo", "reinforce_pp", "grpo", "rloo", "dapo", "dr_grpo"])
+def test_dual_clip_from_config_reaches_every_ppo_clip_method(name):
+    # one token, ratio e^2, A = -1: the loss per token is 3 with algo.dual_clip_c=3 (7.389 without), and
+    # actor/pg_clipfrac_lower = 1. The aggregators all give the per-token value for one token of one
+    # sequence, except dr_grpo's const_norm: / max_new_tokens.
+    from helpers import tiny_cfg
+    from rlpost.algorithms import ALGORITHMS
+    b = loss_batch(t([[0.0]]), t([[-1.0]]), t([[True]]), ref=t([[2.0]]))
+    b.old_values = b.returns = torch.zeros(1, 1)
+    extra = {"values": torch.zeros(1, 1)} if name == "ppo" else {}
+    scale = 1 / 6 if name == "dr_grpo" else 1.0  # tiny_cfg: max_new_tokens 6
+    for c, want in (("none", math.exp(2)), ("3", 3.0)):
+        algo = ALGORITHMS[name].from_config(tiny_cfg(f"algo.name={name}", "rollout.group_size=2", f"algo.dual_clip_c={c}"))
+        loss, m = algo.loss(t([[2.0]]), b, **extra)
+        assert math.isclose(loss.item(), want * scale, rel_tol=1e-5), c
+        assert m.get("actor/pg_clipfrac_lower", 0.0) == (1.0 if c == "3" else 0.0)
+
+
+def test_dual_clip_is_refused_where_there_is_no_token_clip():
+    from helpers import tiny_cfg
+
+    from rlpost import algorithms
+    from rlpost.types.errors import ConfigError
+    with pytest.raises(ConfigError, match="algo.dual_clip_c: GSPO has no PPO token clip"):
+        algorithms.check(tiny_cfg("algo.name=gspo", "algo.dual_clip_c=3"))

@@ -1,5 +1,7 @@
 """KL estimators against the exact KL(pi || pi_ref) of known categorical distributions."""
 
+import math
+
 import torch
 
 from rlpost.algorithms import core
@@ -45,3 +47,31 @@ def test_k2_matches_kl_to_second_order():
         k2 = (pi * core.kl_k2(pi.log(), ref.log())).sum()  # exact expectation of the k2 estimator under pi
         errors.append(abs(k2 - exact) / exact)
     assert errors[1] < errors[0] / 4 and errors[1] < 0.03
+
+
+def test_k3_is_bounded_like_verl_and_the_metric_counts_the_bound():
+    # logp = -16, ref = -1: log r = 15, k3 = e^15 - 1 - 15 = 3.27e6 unbounded; verl clamps to 10.
+    # logp = -1, ref = -2: log r = -1, k3 = e^-1 - 1 + 1 = .3679, far below the bound.
+    logp = torch.tensor([[-16.0, -1.0]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -2.0]])
+    kl = core.kl_k3(logp, ref)
+    assert torch.allclose(kl, torch.tensor([[10.0, math.exp(-1)]]))
+    # the bounded token gets no gradient from the KL; the other d k3 / d logp = 1 - r = 1 - e^-1
+    kl.sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 1 - math.exp(-1)]]))
+    # one of the two loss tokens sits at the bound: 0.5; masking it away: 0
+    assert core.kl_bound_frac(kl, torch.tensor([[True, True]])) == 0.5
+    assert core.kl_bound_frac(kl, torch.tensor([[False, True]])) == 0.0
+
+
+def test_the_loss_reports_how_often_the_kl_bound_bites():
+    # GRPO with kl_coef: three loss tokens, one of them (log r = 15) held at the bound -> 1/3;
+    # the KL term is token_mean(10, 0, 0) = 10/3, not 3.27e6 / 3.
+    from helpers import loss_batch
+    from rlpost.algorithms.grpo import GRPO
+    mask = torch.tensor([[True, True, True]])
+    logp = torch.tensor([[-16.0, -1.0, -1.0]])
+    b = loss_batch(logp, torch.zeros(1, 3), mask, ref=torch.tensor([[-1.0, -1.0, -1.0]]))
+    loss, m = GRPO(group_size=2, kl_coef=1.0).loss(logp, b)
+    assert math.isclose(m["actor/kl_bound_frac"], 1 / 3, rel_tol=1e-6)
+    assert math.isclose(loss.item(), 10 / 3, rel_tol=1e-5)

@@ -40,17 +40,18 @@ def test_overlong_filter_drops_truncated_rows_from_the_loss():
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_when_the_old_log_probs_come_first(name):
     # Needed before the advantages: a critic's values (GAE), a KL in the reward (measured under the
-    # sampling weights), or adaptive KL (it tracks the measured KL). Otherwise the update's own first
-    # forward gives them for free.
+    # sampling weights), adaptive KL (it tracks the measured KL), or a teacher's token advantages
+    # (distill: -(log pi_old - log pi_teacher)). Otherwise the update's own first forward gives them for free.
     t_ = ALGORITHMS[name].traits
     for kl_coef, adaptive in ((0.0, False), (0.1, False), (0.1, True)):
-        want = t_.needs_values or (t_.kl == "reward" and kl_coef > 0) or adaptive
+        want = t_.needs_values or (t_.kl == "reward" and kl_coef > 0) or adaptive or t_.teacher
         assert old_logp_first(t_, kl_coef, adaptive) == want
+    teacher = ["algo.teacher=tiny"] if t_.teacher else []
     if t_.kl != "none":
         cfg = tiny_cfg(f"algo.name={name}", "algo.kl_coef=0.1", "algo.kl_target=0.5")
         assert algorithms.needs_old_logp_first(cfg) and algorithms.build(cfg).old_logp_first
-    cfg = tiny_cfg(f"algo.name={name}")
-    assert algorithms.needs_old_logp_first(cfg) == t_.needs_values == algorithms.build(cfg).old_logp_first
+    cfg = tiny_cfg(f"algo.name={name}", *teacher)
+    assert algorithms.needs_old_logp_first(cfg) == (t_.needs_values or t_.teacher) == algorithms.build(cfg).old_logp_first
 
 
 def test_build_wires_the_loss_side_knobs():
@@ -88,10 +89,12 @@ def test_the_entropy_bonus_is_aggregated_like_the_loss(name):
     # Rows of 2 and 1 loss tokens, entropy [1, 3 | 2]:
     want = {"token_mean": (1 + 3 + 2) / 3, "const_norm": (1 + 3 + 2) / (2 * 4),
             "sequence": ((1 + 3) / 2 + 2) / 2, "": (1 + 3 + 2) / 2}[ALGORITHMS[name].traits.fixed_aggregator]
+    teacher = ["algo.teacher=tiny"] if ALGORITHMS[name].traits.teacher else []
     cfg = lambda *x: tiny_cfg(f"algo.name={name}", "algo.loss_agg=seq_mean_token_sum", "rollout.max_new_tokens=4",
-                              "rollout.group_size=2", *x)
+                              "rollout.group_size=2", *teacher, *x)
     mask = t([[True, True], [True, False]])
-    b = rl_batch(mask, reward=t([1.0, 0.0]), old_logp=torch.zeros(2, 2), old_values=torch.zeros(2, 2))
+    b = rl_batch(mask, reward=t([1.0, 0.0]), old_logp=torch.zeros(2, 2), old_values=torch.zeros(2, 2),
+                 ref_logp=t([[-1.0, 0.5], [0.2, 0.0]]))
     plain, bonus = algorithms.build(cfg()), algorithms.build(cfg("algo.entropy_coef=0.5"))
     out = plain.advantages(b)
     b.advantages, b.returns = out.tokens, out.returns
@@ -99,3 +102,73 @@ def test_the_entropy_bonus_is_aggregated_like_the_loss(name):
     base, _ = plain.loss(torch.zeros(2, 2), b, **extra)
     with_ent, _ = bonus.loss(torch.zeros(2, 2), b, entropy=t([[1.0, 3.0], [2.0, 7.0]]), **extra)
     assert math.isclose(with_ent.item(), base.item() - 0.5 * want, rel_tol=1e-6, abs_tol=1e-7)
+
+
+# --- Clip-Cov and KL-Cov (Cui et al. 2025) ---------------------------------------------------------
+# One row of 4 loss tokens, A = [1, 1, -1, -1] (mean 0), log pi = [0, -4, -1, -3] (mean -2):
+# cov = (A - 0) (log pi + 2) = [2, -2, -1, 1]. Only token 0 lies strictly inside Clip-Cov's (1, 5),
+# and token 0 has the largest covariance (KL-Cov's top-1). max(1, 2e-4 * 4) = 1 token is restrained.
+COV_ADV = t([[1.0, 1.0, -1.0, -1.0]])
+COV_LOGP = [[0.0, -4.0, -1.0, -3.0]]
+
+
+def test_token_covariance_by_hand():
+    from rlpost.algorithms.wrappers import token_covariance
+    cov = token_covariance(COV_ADV, t(COV_LOGP), t([[True] * 4]))
+    assert torch.allclose(cov, t([[2.0, -2.0, -1.0, 1.0]]))
+
+
+def test_clip_cov_detaches_the_gradient_of_the_high_covariance_token():
+    # GRPO, ratio 1 everywhere (old = log pi): per-token loss -A, token mean over 4:
+    # d loss / d log pi = -A / 4 = [-.25, -.25, .25, .25]; Clip-Cov takes token 0's away -> [0, -.25, .25, .25].
+    # The loss value stays -(1 + 1 - 1 - 1) / 4 = 0 (the paper detaches; the value is not changed).
+    for control, grad0 in (("none", -0.25), ("clip_cov", 0.0)):
+        obj = algorithms.build(tiny_cfg("rollout.group_size=2", f"algo.cov_control={control}"))
+        logp = t(COV_LOGP, requires_grad=True)
+        loss, m = obj.loss(logp, rl_batch(t([[True] * 4]), old_logp=t(COV_LOGP), advantages=COV_ADV))
+        loss.backward()
+        assert torch.allclose(logp.grad, t([[grad0, -0.25, 0.25, 0.25]])), control
+        assert math.isclose(loss.item(), 0.0, abs_tol=1e-7)
+        assert m.get("actor/clip_cov_frac", 0.0) == (0.25 if control == "clip_cov" else 0.0)
+
+
+def test_kl_cov_penalises_the_top_covariance_token_by_hand():
+    # log pi_old of token 0 is 0.5 lower: ratio e^.5 = 1.65 > 1.2 with A = +1, so PPO clips it (loss -1.2,
+    # no gradient). KL-Cov adds 0.1 * |0 - (-.5)| = .05 on token 0, token-mean over 4: + .0125 to the loss
+    # and + .1 / 4 = .025 to token 0's gradient (sign of log pi - log pi_old = +).
+    old = t([[-0.5, -4.0, -1.0, -3.0]])
+    base = (-1.2 - 1.0 + 1.0 + 1.0) / 4  # tokens 1-3 at ratio 1: -A each
+    for control, extra, grad0 in (("none", 0.0, 0.0), ("kl_cov", 0.0125, 0.025)):
+        obj = algorithms.build(tiny_cfg("rollout.group_size=2", f"algo.cov_control={control}"))
+        logp = t(COV_LOGP, requires_grad=True)
+        loss, m = obj.loss(logp, rl_batch(t([[True] * 4]), old_logp=old, advantages=COV_ADV))
+        loss.backward()
+        assert math.isclose(loss.item(), base + extra, rel_tol=1e-6), control
+        assert torch.allclose(logp.grad, t([[grad0, -0.25, 0.25, 0.25]])), control
+        assert m.get("actor/kl_cov_frac", 0.0) == (0.25 if control == "kl_cov" else 0.0)
+
+
+def test_cov_control_is_refused_without_a_token_clip():
+    from rlpost.types.errors import ConfigError
+    with pytest.raises(ConfigError, match="algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which GSPO"):
+        algorithms.check(tiny_cfg("algo.name=gspo", "algo.cov_control=kl_cov"))
+
+
+def test_entropy_shaped_advantage_by_hand():
+    # A = [1, -1, .2], H = [.4, 3, 1], alpha .5, kappa 2: shaping = min(.5 H, |A| / 2)
+    #   = min([.2, 1.5, .5], [.5, .5, .1]) = [.2, .5, .1] -> A' = [1.2, -.5, .3] (no sign flips).
+    # GRPO at ratio 1: loss = -mean(A') = -(1.2 - .5 + .3) / 3 = -1/3, d loss / d log pi = -A' / 3.
+    # With the entropy bonus on too (coef .1) the entropy is handed on: loss - .1 * mean(H) = -1/3 - .44/3.
+    mask = t([[True, True, True]])
+    adv, ent = t([[1.0, -1.0, 0.2]]), t([[0.4, 3.0, 1.0]])
+    for bonus, want in ((0.0, -1 / 3), (0.1, -1 / 3 - 0.1 * 4.4 / 3)):
+        obj = algorithms.build(tiny_cfg("rollout.group_size=2", "algo.entropy_adv_coef=0.5", f"algo.entropy_coef={bonus}"))
+        logp, entropy = torch.zeros(1, 3, requires_grad=True), ent.clone().requires_grad_(True)
+        loss, m = obj.loss(logp, rl_batch(mask, old_logp=torch.zeros(1, 3), advantages=adv), entropy=entropy)
+        loss.backward()
+        assert math.isclose(loss.item(), want, rel_tol=1e-6), bonus
+        assert torch.allclose(logp.grad, -t([[1.2, -0.5, 0.3]]) / 3)
+        # no gradient through the shaping: only the bonus's -.1 / 3 per token, and none without it
+        assert torch.allclose(entropy.grad, torch.full((1, 3), -bonus / 3)) if bonus else entropy.grad is None
+        assert math.isclose(m["actor/entropy_adv_mean"], 0.8 / 3, rel_tol=1e-6)
+    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_adv_coef=0.5")) and not algorithms.loss_takes_entropy(tiny_cfg())

@@ -365,3 +365,31 @@ def test_bce_at_positions_by_hand():
     # mean over 3 labelled positions: 1.044446; agreement (p > .5) == (label > .5): F, F, T -> 1/3
     assert close(loss, 1.044446) and close(m["prm/bce"], 1.044446) and close(m["prm/acc@0.5"], 1 / 3)
     assert close(m["prm/prob_mean"], (0.5 + 0.880797 + 0.268941) / 3)
+
+
+def test_rpo_adds_the_chosen_length_normalised_nll_by_hand():
+    # one pair: chosen tokens log-probs [-1, -3] (sum -4, 2 tokens), rejected [-2] (sum -2), reference 0.
+    # DPO, beta 0.1: x = 0.1 * (-4 - -2) = -0.2, loss = -log sigma(-0.2) = log(1 + e^0.2) = 0.79814.
+    # RPO anchor: -(-4 / 2) = 2 per pair; pref.nll_coef = 0.5 -> loss 0.79814 + 1.0 = 1.79814.
+    # d loss / d logp of a chosen token: DPO -0.1 * (1 - sigma(-0.2)) = -0.054983, anchor -0.5 / 2 = -0.25.
+    from helpers import loss_batch
+
+    from rlpost.algorithms.preference import make_dpo_loss
+    from rlpost.sections import PrefConfig
+    mask = t([[True, True], [True, False]])
+    b = loss_batch(torch.zeros(2, 2), None, mask, ref=torch.zeros(2, 2))
+    dpo_only = math.log(1 + math.exp(0.2))
+    for coef, want in ((0.0, dpo_only), (0.5, dpo_only + 1.0)):
+        logp = t([[-1.0, -3.0], [-2.0, 0.0]], requires_grad=True)
+        loss, m = make_dpo_loss(PrefConfig(loss="dpo", beta=0.1, nll_coef=coef))(logp, b)
+        loss.backward()
+        assert close(loss, want), coef
+        dpo_grad = -0.1 * (1 - 1 / (1 + math.exp(0.2)))
+        assert close(logp.grad[0, 0], dpo_grad - coef / 2) and close(logp.grad[0, 1], dpo_grad - coef / 2)
+        assert ("nll_loss" in m) == (coef > 0) and (coef == 0 or close(m["nll_loss"], 2.0))
+
+
+def test_rpo_is_refused_with_orpo():
+    from rlpost import config
+    with pytest.raises(config.ConfigError, match="pref.nll_coef: ORPO already has its NLL"):
+        config.load(None, ["pref.loss=orpo", "pref.nll_coef=1"])

@@ -62,3 +62,19 @@ def test_reinforce_pp_whitens_over_all_tokens_by_hand():
     # std 0.4714 -> (1 - 2/3) / 0.4714 = 0.7071, (0 - 2/3) / 0.4714 = -1.4142
     adv = global_token_whitened(t([1.0, 0.0]), t([[True, True], [True, False]]))
     assert torch.allclose(adv, t([[0.7071, 0.7071], [-1.4142, 0.0]]), atol=1e-4)
+
+
+def test_cispo_has_no_lower_bound_on_the_weight_by_default():
+    # ratio e^-1 = .3679, A = -1, log pi = -1. The paper's CISPO (no floor): weight .3679,
+    # loss = -.3679 * -1 * -1 = -.3679, d loss / d logp = -w * A = +.3679.
+    # With algo.cispo_eps_low=0.2 the floor 0.8 bites: loss -0.8, gradient +0.8.
+    from helpers import tiny_cfg
+    mask, adv = t([[True]]), t([[-1.0]])
+    for overrides, w in (((), math.exp(-1)), (("algo.cispo_eps_low=0.2",), 0.8), (("algo.cispo_eps_low=none",), math.exp(-1))):
+        cispo = CISPO.from_config(tiny_cfg("algo.name=cispo", *overrides))
+        logp = t([[-1.0]], requires_grad=True)
+        loss, m = cispo.loss(logp, _batch(t([[0.0]]), adv, mask))
+        loss.backward()
+        assert math.isclose(loss.item(), -w, rel_tol=1e-6), overrides
+        assert math.isclose(logp.grad.item(), w, rel_tol=1e-6), overrides
+        assert m["actor/is_weight_clipfrac"] == (1.0 if w == 0.8 else 0.0)

@@ -88,3 +88,12 @@ def test_a_read_only_folder_names_the_path_and_the_cause(tmp_path):
         with pytest.raises(RunError, match=r"cannot write checkpoint step 2: Read-only file system \(.*checkpoints"):
             write(run, 2)
         assert loaded_step(run) == 1  # reading still works
+
+
+def test_the_protected_step_survives_the_rotation(tmp_path):
+    # keep=1 keeps only the newest, except the step early stopping selected (run.early_stop_patience)
+    for step in (1, 2, 3):
+        checkpoint.save(tmp_path, step, {"w": torch.ones(2)}, {}, {"step": step}, 1, protect=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000001", "step_000003"]
+    checkpoint.save(tmp_path, 4, {"w": torch.ones(2)}, {}, {"step": 4}, 1)  # no longer protected: it goes
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000004"]

@@ -55,3 +55,16 @@ def test_doctor_cli(tmp_path):
     assert r.returncode == 0 and "kl_explosion (from step 10)" in r.stdout and "trainer.lr" in r.stdout
     r = cli("doctor", str(tmp_path / "nope"))
     assert r.returncode == 2 and "no metrics.jsonl" in r.stderr
+
+
+def test_entropy_collapse_advice_names_the_covariance_controls():
+    # Cui et al. 2025's Clip-Cov and KL-Cov are the targeted fix for collapse; the advice must name
+    # keys that exist (algo.cov_control and its values).
+    import typing
+
+    from rlpost.sections import AlgoConfig
+    h = healthy()
+    h[8]["actor/entropy"] = 0.1
+    found = [f for f in dg.diagnose(h) if f.name == "entropy_collapse"]
+    assert found and "algo.cov_control=clip_cov or kl_cov" in found[0].knob
+    assert {"clip_cov", "kl_cov"} <= set(typing.get_args(typing.get_type_hints(AlgoConfig)["cov_control"]))

@@ -87,3 +87,30 @@ def test_nonfinite_updates_in_a_row_stop_the_run():
     guard.check_update({"actor/nonfinite_steps": 2}, 3)
     with pytest.raises(RunError, match="2 training steps in a row with a non-finite loss or gradient"):
         guard.check_update({"actor/nonfinite_steps": 1}, 4)
+
+
+def test_early_stopping_tracks_the_best_and_stops_after_patience_evaluations():
+    # run.early_stop_patience=2, held-out accuracy at steps 2, 4, 6, 8: 0.3 (best), 0.5 (best),
+    # 0.4 (1 without a new best), 0.5 (a tie is no new best: 2) -> stop after step 8.
+    # Saved: steps 2 and 4 (new bests) and 8 (the stop); not 6 nor the steps without an evaluation.
+    guard = RunGuard(tiny_cfg("run.early_stop_patience=2", "run.eval_every=2"))
+    acc = {2: 0.3, 4: 0.5, 6: 0.4, 8: 0.5}
+    saved, ran = [], []
+    for step in guard.steps(1, 20):
+        ran.append(step)
+        if guard.finish_step({"eval/heldout_accuracy": acc[step]} if step in acc else {}):
+            saved.append(step)
+    assert ran == list(range(1, 9)) and saved == [2, 4, 8]
+    assert guard.best == (4, 0.5) and guard.early_stop_state() == {"best": (4, 0.5), "evals_since_best": 2}
+    # the run's model: the best evaluation, the final one (after step 8) included; a tie goes to the later step
+    assert guard.select(0.45) == (4, 0.5)
+    assert guard.select(0.5) == (8, 0.5)
+    # a resumed run goes on counting from its checkpoint's state: one more evaluation without a best stops it
+    again = RunGuard(tiny_cfg("run.early_stop_patience=3", "run.eval_every=2"), guard.early_stop_state())
+    assert [s for s in again.steps(9, 20) if again.finish_step({"eval/heldout_accuracy": 0.1}) or True] == [9]
+
+
+def test_without_early_stopping_every_step_runs_and_nothing_is_selected():
+    guard = RunGuard(tiny_cfg())
+    ran = [s for s in guard.steps(1, 5) if not guard.finish_step({"eval/heldout_accuracy": 0.0})]
+    assert ran == [1, 2, 3, 4, 5] and guard.select(0.9) is None

@@ -46,3 +46,19 @@ def test_pipeline_recipe_errors_name_the_stage(tmp_path):
     path.write_text(yaml.safe_dump({"stages": [{"name": "a", "kind": "rl", "reward_model": "nope"}]}))
     r = cli("pipeline", str(path))
     assert r.returncode == 2 and "stage a.reward_model" in r.stderr
+
+
+def test_a_distill_stage_takes_an_earlier_stage_as_its_teacher(tmp_path):
+    from rlpost.recipes.pipeline import read_pipeline, stage_config
+    from rlpost.types.errors import ConfigError
+    path = tmp_path / "p.yaml"
+    stages = [{"name": "rs", "kind": "rsft"}, {"name": "d", "kind": "rl", "teacher": "rs", "overrides": ["algo.name=distill"]}]
+    path.write_text(yaml.safe_dump({"base": ["model.name=tiny"], "stages": stages}))
+    tree = read_pipeline(path)
+    cfg = stage_config(tree, tree["stages"][1], "tiny", {"rs": "/x/rs/model"}, tmp_path)
+    assert cfg.algo.name == "distill" and cfg.algo.teacher == "/x/rs/model"
+    for bad in ("nope", "d"):  # not a stage; not an earlier one
+        stages[1]["teacher"] = bad
+        path.write_text(yaml.safe_dump({"stages": stages}))
+        with pytest.raises(ConfigError, match="stage d.teacher: expected the name of an earlier policy stage"):
+            read_pipeline(path)

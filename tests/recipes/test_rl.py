@@ -25,3 +25,54 @@ def test_tool_task_trains_through_the_loop(tmp_path):
     # a random model rarely calls the tool: every episode has one turn at least, calls are counted
     assert [r["tools/turns_mean"] >= 1 and r["tools/calls_per_episode"] >= 0 for r in rows] == [True, True]
     assert all(r["actor/grad_norm"] > 0 for r in rows) and 0 <= summary["heldout_accuracy_after"] <= 1
+
+
+def test_early_stopping_ends_the_run_and_the_model_is_the_selected_step(tmp_path):
+    # The tiny random model scores 0 on every held-out problem: step 1's evaluation is the best (0.0),
+    # step 2's ties it (no new best) -> with patience 1 the run stops after step 2 of 6. The final
+    # evaluation ties too, and a tie goes to the later step: step 2 is selected. Step 1's checkpoint
+    # (a best) is kept although run.keep_checkpoints=1; RUN/model exists; the report names the step.
+    cfg = tiny_cfg("run.steps=6", "run.eval_every=1", "run.early_stop_patience=1", "run.keep_checkpoints=1",
+                   "run.checkpoint_every=0")
+    run = tmp_path / "run"
+    summary = train(cfg, run)
+    assert summary["steps"] == 2 and summary["selected_step"] == 2 and summary["heldout_accuracy_selected"] == 0.0
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
+    assert (run / "model" / "config.json").exists()
+    assert "Selected step 2" in (run / "report.html").read_text()
+
+
+def test_entropy_shaped_advantage_gets_the_trainers_entropy_in_the_loop(tmp_path):
+    # build.make_trainer must hand the loss the per-token entropy when only algo.entropy_adv_coef is on
+    # (it used to do so only for the entropy bonus; the wrapper would raise a TypeError). A reward that
+    # varies within every group whatever the model gives non-zero advantages, so the shaping is > 0.
+    train(tiny_cfg("algo.entropy_adv_coef=0.5", "algo.kl_coef=0", "task.verifier=toy_verifiers:odd_length"), tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["actor/entropy_adv_mean"] > 0 for r in rows)
+
+
+def test_distill_pulls_the_student_towards_a_teacher_through_the_loop(tiny, tmp_path):
+    # A teacher folder that differs from the student (the tiny model with perturbed weights): the
+    # reference role holds it, its log-probs make non-zero advantages, and the student is updated.
+    # A teacher with another tokenizer is refused in one line.
+    import pytest
+    import torch
+
+    from rlpost.model.load import save_model
+    from rlpost.types.errors import ConfigError
+    with torch.no_grad():
+        for p in tiny.model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    teacher = save_model(tiny.model, tiny.tokenizer, tmp_path / "teacher")
+    summary = train(tiny_cfg("algo.name=distill", f"algo.teacher={teacher}"), tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(abs(r["distill/reverse_kl"]) > 1e-3 and r["actor/grad_norm"] > 0 for r in rows) and summary["steps"] == 2
+    with pytest.raises(ConfigError, match="algo.teacher: .* has another tokenizer"):
+        train(tiny_cfg("algo.name=distill", "algo.teacher=embedded"), tmp_path / "run2")
+
+
+def test_the_online_curriculum_hears_every_prompts_pass_rate_in_the_loop(tmp_path):
+    # collect() reports each generated prompt's pass rate to the stream: 4 prompts a step, 2 steps
+    train(tiny_cfg("rollout.curriculum_window=2", "algo.kl_coef=0"), tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["curriculum/tracked_prompts"] for r in rows] == [4, 8] and rows[-1]["curriculum/skipped"] == 0

@@ -115,7 +115,7 @@ def test_dataset_task_rows_from_jsonl(tmp_path):
 
 def test_bad_rows_are_named_by_line_and_refused_or_skipped(tmp_path):
     rows = [{"prompt": "q1", "answer": "1"}, {"prompt": "", "answer": "1"}, {"prompt": "q3"}, "not json",
-            *[{"prompt": f"q{i}", "answer": "1"} for i in range(10)]]
+            *[{"prompt": f"p{i}", "answer": "1"} for i in range(10)]]  # not q1 again: a duplicate is contamination
     path = write_jsonl(tmp_path / "d.jsonl", rows[:3] + rows[4:])
     with pytest.raises(DataError, match=r"d.jsonl:2: 'prompt' must be a non-empty string"):
         build_task(config.load(None, ["task.name=dataset", f"task.data={path}"]))

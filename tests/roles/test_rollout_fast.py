@@ -8,8 +8,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TopPLogitsWarper
 
 from rlpost.model.logprobs import completion_logprobs
-from rlpost.roles.rollout_fast import FastRollout, _top_p, build_rollout
-from rlpost.roles.rollout_hf import HFRollout
+from rlpost.roles.rollout_fast import FastRollout, build_rollout
+from rlpost.roles.rollout_hf import HFRollout, top_p_truncate
 from rlpost.sections import ConfigError
 
 
@@ -41,36 +41,89 @@ def test_sampler_logp_match_trainer_with_groups_and_finished_rows_leaving(tiny, 
     b = fast.generate(rows(4), n=4, temperature=0.9, top_p=top_p, max_new_tokens=16)
     lengths = b.completion_mask.sum(1)
     assert len(set(lengths.tolist())) > 3 and b.group_ids.tolist() == sorted([0, 1, 2, 3] * 4)
-    with torch.no_grad():
-        logp, _ = completion_logprobs(tiny.model, b, temperature=0.9)  # trainer: plain HF forward
     m = b.completion_mask
-    assert (logp[m] - b.sampler_logp[m]).abs().max() < 1e-5
+    for chunked in (True, False):  # the trainer's ChunkedLogp and the plain (B, T, V) path
+        with torch.no_grad():
+            logp, _ = completion_logprobs(tiny.model, b, temperature=0.9, chunked=chunked)  # trainer: HF forward
+        assert (logp[m] - b.sampler_logp[m]).abs().max() < 1e-5, chunked
     assert (b.sampler_logp[~m] == 0).all() and (b.completion_ids[~m] == tiny.tokenizer.pad_token_id).all()
+    assert (b.sampler_floor is None) == (top_p == 1.0)
+
+
+@pytest.mark.parametrize("engine", ["hf", "fast"])
+def test_under_top_p_sampler_trainer_and_reference_score_the_truncated_distribution(tiny, engine):
+    # DeepSeek-V3.2's "keep sampling mask": the sampler draws from the top-p set, renormalised, and
+    # records it; the trainer's log-probs of the same batch (the threshold it stored) agree with it.
+    # Without the threshold they are the full softmax: log pi(y) - log(mass of the kept set) lower.
+    ro = pair(tiny)[0 if engine == "hf" else 1]
+    torch.manual_seed(1)
+    b = ro.generate(rows(3), n=4, temperature=1.0, top_p=0.5, max_new_tokens=10)
+    m = b.completion_mask
+    assert b.sampler_floor is not None and (b.sampler_floor[m] <= b.sampler_logp[m]).all()
+    from helpers import tcfg
+
+    from rlpost.roles.reference import Reference
+    from rlpost.roles.trainer import Trainer
+    trainer = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=12, micro_batch_size=4, total_optimizer_steps=1)
+    old_logp = trainer.recompute(b)[0]  # the trainer's pi_old, micro-batched and trimmed
+    ref_logp = Reference(copy.deepcopy(tiny.model), 1.0, 4, autocast_bf16=False).logprobs(b)
+    with torch.no_grad():
+        kept, _ = completion_logprobs(tiny.model, b, temperature=1.0)
+        b.sampler_floor = None
+        full, _ = completion_logprobs(tiny.model, b, temperature=1.0)
+    for logp in (kept, old_logp, ref_logp):
+        assert (logp[m] - b.sampler_logp[m]).abs().max() < 1e-5
+    # top_p = 0.5 keeps at most about half of the mass, so the full softmax is log 2 or more lower
+    assert (full[m] < kept[m] - 0.5).all()
+
+
+def test_truncated_log_probs_and_gradients_by_hand():
+    # logits [ln 4, ln 2, ln 1, ln 1] at T = 1: p = [.5, .25, .125, .125]. The sampler's top-p 0.7 keeps
+    # tokens 0 and 1 (.5 + .25 >= .7): floor halfway between ln .25 and ln .125. Truncated: p' = [2/3, 1/3, 0, 0], so for the
+    # target 1: log p' = ln 1/3; d log p'(1) / dz = onehot(1) - p' = [-2/3, 2/3, 0, 0].
+    # For target 2 (outside the set: kept anyway, so never -inf): p'' = [4/7, 2/7, 1/7, 0], log p''(2) = ln 1/7.
+    import math
+
+    from rlpost.model.logprobs import ChunkedLogp
+    z = torch.tensor([[math.log(4), math.log(2), 0.0, 0.0]] * 2)
+    lp_sampler, floor = top_p_truncate(z.log_softmax(-1), 0.7)
+    assert torch.allclose(floor, torch.full((2,), (math.log(0.25) + math.log(0.125)) / 2))
+    assert torch.allclose(lp_sampler[0], torch.tensor([math.log(2 / 3), math.log(1 / 3), -math.inf, -math.inf]))
+    h = torch.ones(2, 1, requires_grad=True)
+    w = z[0][:, None].clone().requires_grad_(True)  # (V, H=1): h W^T = z
+    lp, ent = ChunkedLogp.apply(h, w, torch.tensor([1, 2]), 1.0, torch.float32, True, floor)
+    assert torch.allclose(lp, torch.tensor([math.log(1 / 3), math.log(1 / 7)]), atol=1e-6)
+    p1 = torch.tensor([2 / 3, 1 / 3])
+    assert math.isclose(ent[0].item(), -(p1 * p1.log()).sum().item(), rel_tol=1e-5)  # entropy of p'
+    lp[0].backward()
+    assert torch.allclose(w.grad[:, 0], torch.tensor([-2 / 3, 2 / 3, 0.0, 0.0]), atol=1e-6)
 
 
 def test_draw_samples_the_recorded_distribution():
     fast = FastRollout.__new__(FastRollout)  # _draw uses no weights
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 3.0]]).repeat(40000, 1)
     torch.manual_seed(0)
-    tok, lp = fast._draw(logits, temperature=0.7, top_p=1.0)
+    tok, lp, floor = fast._draw(logits, temperature=0.7, top_p=1.0)
     want = (logits[0] / 0.7).softmax(-1)
     freq = torch.bincount(tok, minlength=5).float() / len(tok)
     assert (freq - want).abs().max() < 0.01
-    assert torch.allclose(lp, want.log()[tok])
-    # top-p 0.8 keeps tokens 4 and 0 (mass 0.60 + 0.14... until >= 0.8), renormalised; lp stays un-truncated
-    tok, lp = fast._draw(logits, temperature=0.7, top_p=0.8)
-    kept = torch.isfinite(_top_p(want.log()[None], 0.8))[0]
+    assert torch.allclose(lp, want.log()[tok]) and floor is None
+    # top-p 0.8 keeps tokens 4 and 0 (mass 0.60 + 0.14... until >= 0.8), renormalised; lp is the
+    # log-prob under that truncated distribution, and floor halfway between the last kept and the first dropped
+    tok, lp, floor = fast._draw(logits, temperature=0.7, top_p=0.8)
+    kept = torch.isfinite(top_p_truncate(want.log()[None], 0.8)[0])[0]
     freq = torch.bincount(tok, minlength=5).float() / len(tok)
     assert (freq[~kept] == 0).all()
     assert (freq[kept] - want[kept] / want[kept].sum()).abs().max() < 0.01
-    assert torch.allclose(lp, want.log()[tok])
+    assert torch.allclose(lp, (want / want[kept].sum()).log()[tok])
+    assert torch.allclose(floor, (want[kept].min().log() + want[~kept].max().log()) / 2)
 
 
 def test_top_p_keeps_what_transformers_keeps():
     torch.manual_seed(0)
     logits = torch.randn(64, 50) * 2
     for p in (0.3, 0.7, 0.95):
-        ours = torch.isfinite(_top_p(logits.log_softmax(-1), p))
+        ours = torch.isfinite(top_p_truncate(logits.log_softmax(-1), p)[0])
         theirs = torch.isfinite(TopPLogitsWarper(p)(None, logits.clone()))
         assert torch.equal(ours, theirs)
 

@@ -187,6 +187,7 @@ def test_every_algorithm_accumulates_exactly_through_the_trainer(tiny, name):
     # trainer): the same gradient, with the algorithm's KL term and an entropy bonus on, and holes.
     traits = ALGORITHMS[name].traits
     kl = [] if traits.kl == "none" else ["algo.kl_coef=0.1"]
+    kl += ["algo.teacher=tiny"] if traits.teacher else []  # distill: its advantages read ref_logp (set below)
     objective = algorithms.build(tiny_cfg(f"algo.name={name}", "algo.entropy_coef=0.01", "algo.loss_agg=seq_mean_token_mean",
                                           "algo.clip_eps_low=0.1", "algo.clip_eps_high=0.3", *kl))
     batch = with_holes(make_batch(tiny))

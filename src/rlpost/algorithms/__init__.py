@@ -17,6 +17,7 @@ from rlpost import config
 from rlpost.algorithms import core
 from rlpost.algorithms.cispo import CISPO
 from rlpost.algorithms.dapo import DAPO
+from rlpost.algorithms.distill import Distill
 from rlpost.algorithms.dr_grpo import DrGRPO
 from rlpost.algorithms.grpo import GRPO
 from rlpost.algorithms.gspo import GSPO
@@ -25,14 +26,14 @@ from rlpost.algorithms.ppo import PPO
 from rlpost.algorithms.reinforce import Reinforce
 from rlpost.algorithms.reinforce_pp import ReinforcePP
 from rlpost.algorithms.rloo import RLOO
-from rlpost.algorithms.wrappers import with_entropy_bonus, with_tis
+from rlpost.algorithms.wrappers import with_clip_cov, with_entropy_advantage, with_entropy_bonus, with_kl_cov, with_tis
 from rlpost.types.errors import ConfigError
 from rlpost.types.roles import Traits
 
 # In the order of docs/algorithms.md: the root, then each patch.
-ALGORITHMS = {cls.name: cls for cls in (Reinforce, PPO, ReinforcePP, GRPO, RLOO, DAPO, DrGRPO, GSPO, CISPO)}
+ALGORITHMS = {cls.name: cls for cls in (Reinforce, PPO, ReinforcePP, GRPO, RLOO, DAPO, DrGRPO, GSPO, CISPO, Distill)}
 
-__all__ = ["ALGORITHMS", "Objective", "build", "check", "traits", "needs_old_logp_first"]
+__all__ = ["ALGORITHMS", "Objective", "build", "check", "traits", "needs_old_logp_first", "loss_takes_entropy"]
 
 
 def traits(cfg) -> Traits:
@@ -46,8 +47,14 @@ def build(cfg) -> Objective:
     a, r = cfg.algo, cfg.rollout
     algo = ALGORITHMS[a.name].from_config(cfg)
     loss = algo.loss
+    if a.cov_control == "clip_cov":
+        loss = with_clip_cov(loss, a.cov_ratio, a.clip_cov_lb, a.clip_cov_ub)
+    elif a.cov_control == "kl_cov":
+        loss = with_kl_cov(loss, a.cov_ratio, a.kl_cov_coef, loss_aggregator(cfg))
     if a.entropy_coef > 0:
         loss = with_entropy_bonus(loss, a.entropy_coef, loss_aggregator(cfg))
+    if a.entropy_adv_coef > 0:  # outside the bonus: it hands the bonus the entropy
+        loss = with_entropy_advantage(loss, a.entropy_adv_coef, a.entropy_adv_kappa, forward_entropy=a.entropy_coef > 0)
     cap = config.derived(cfg).tis_cap  # async runs get one by default: their samples are off-policy
     if cap > 0:
         loss = with_tis(loss, cap, a.tis_level)
@@ -62,6 +69,11 @@ def loss_aggregator(cfg) -> core.Aggregator:
     fixed = traits(cfg).fixed_aggregator
     name = "seq_mean_token_mean" if fixed == "sequence" else fixed or cfg.algo.loss_agg
     return core.aggregator(name, cfg.rollout.max_new_tokens)
+
+
+def loss_takes_entropy(cfg) -> bool:
+    """Whether the loss reads the trainer's per-token entropy (the entropy bonus, the entropy-shaped advantage)."""
+    return cfg.algo.entropy_coef > 0 or cfg.algo.entropy_adv_coef > 0
 
 
 def needs_old_logp_first(cfg) -> bool:
@@ -84,5 +96,15 @@ def check(cfg) -> None:
         raise ConfigError(f"rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), got {r.group_size}")
     if t.kl == "none" and a.kl_coef > 0:
         raise ConfigError(f"algo.kl_coef: {a.name.upper()} has no KL term; use an algorithm with a KL in the reward or the loss")
+    if t.teacher != bool(a.teacher):
+        raise ConfigError(f"algo.teacher: {a.name.upper()} " + ("distils from a teacher: expected a model ('embedded', a model folder, "
+                          "a run folder) with the student's tokenizer" if t.teacher else f"reads no teacher, got {a.teacher!r}; "
+                          "use algo.name=distill"))
+    if a.cov_control != "none" and not t.token_clip:
+        raise ConfigError(f"algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which {a.name.upper()} does "
+                          f"not have; expected none, or one of {', '.join(n for n, c in ALGORITHMS.items() if c.traits.token_clip)}")
+    if a.dual_clip_c is not None and not t.token_clip:
+        raise ConfigError(f"algo.dual_clip_c: {a.name.upper()} has no PPO token clip to cap; expected none, or one of "
+                          f"{', '.join(n for n, c in ALGORITHMS.items() if c.traits.token_clip)}")
     if cfg.dist.trainer_ranks > 1 and t.needs_values:
         raise ConfigError(f"dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic ({a.name})")

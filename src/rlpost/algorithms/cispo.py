@@ -8,6 +8,12 @@ first are often rare, decisive ones ("However", "Wait"). CISPO instead uses
 
 so every token keeps a REINFORCE gradient, weighted by its (bounded, stop-gradient) importance
 weight. Token-mean aggregation, as in the paper. Advantages are GRPO's.
+
+The lower bound. The paper writes clip(r, 1 - eps_low, 1 + eps_high) but runs with no lower bound
+("we did not impose a lower bound on the IS weight by setting eps_low to a large value; instead,
+we only tuned eps_high"), so ``algo.cispo_eps_low`` defaults to none: a token whose probability
+fell keeps its small weight. A number restores a floor of 1 - cispo_eps_low. The upper bound is
+``algo.clip_eps_high``, shared with the PPO-clip methods.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
@@ -23,8 +30,10 @@ from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
 
-def cispo_per_token(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, eps_low: float, eps_high: float) -> Tensor:
-    weight = (logp - old_logp).exp().clamp(1 - eps_low, 1 + eps_high).detach()  # (B, T), no gradient
+def cispo_per_token(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, eps_low: float | None, eps_high: float) -> Tensor:
+    """-sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi per token (B, T); eps_low None = no floor."""
+    floor = None if eps_low is None else 1 - eps_low
+    weight = (logp - old_logp).exp().clamp(floor, 1 + eps_high).detach()  # (B, T), no gradient
     return -weight * adv_tok * logp  # (B, T): gradient flows through log pi on every token
 
 
@@ -33,26 +42,27 @@ class CISPO:
     name: ClassVar[str] = "cispo"
     traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss")
     group_size: int
-    clip_eps_low: float = 0.2
+    clip_eps_low: float | None = None  # no lower bound on the IS weight (the paper)
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     kl_estimator: core.KLEstimator = core.kl_k3
     scale_by_std: bool = True
+    batch_std: bool = False
     aggregate: core.Aggregator = core.token_mean
 
     @classmethod
     def from_config(cls, cfg) -> "CISPO":
         a, r = cfg.algo, cfg.rollout
-        return cls(group_size=r.group_size, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
+        return cls(group_size=r.group_size, clip_eps_low=a.cispo_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
                    kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), scale_by_std=a.scale_by_std,
-                   aggregate=core.aggregator(a.loss_agg, r.max_new_tokens))
+                   batch_std=a.std_scope == "batch", aggregate=core.aggregator(a.loss_agg, r.max_new_tokens))
 
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
     def advantages(self, batch: Rollouts) -> Advantages:
-        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
+        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std, batch_std=self.batch_std)  # (B,)
         return core.token_advantages(adv_seq, batch.completion_mask)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
@@ -60,10 +70,12 @@ class CISPO:
         per_tok = cispo_per_token(logp, batch.old_logp, batch.advantages, self.clip_eps_low, self.clip_eps_high)
         loss = self.aggregate(per_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
         ratio = (logp - batch.old_logp).detach().exp()
-        out_of_range = ((ratio < 1 - self.clip_eps_low) | (ratio > 1 + self.clip_eps_high)).float()
+        below = ratio < 1 - self.clip_eps_low if self.clip_eps_low is not None else torch.zeros_like(mask)
+        out_of_range = (below | (ratio > 1 + self.clip_eps_high)).float()
         metrics = {"actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
                    "actor/is_weight_clipfrac": core.masked_mean(out_of_range, mask).item()}
         if self.kl_coef > 0:
-            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, self.aggregate, self.kl_estimator)
+            kl_loss, kl_metrics = kl_in_loss(logp, batch, self.aggregate, self.kl_estimator)
+            metrics.update(kl_metrics)
             loss = loss + self.kl_coef * kl_loss
         return loss, metrics

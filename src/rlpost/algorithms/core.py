@@ -82,10 +82,22 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return 0.5 * (logp - ref_logp) ** 2
 
 
+# k3 grows like e^(log r): one token the reference likes e^15 times more than the policy gives
+# 3.3e6 and swamps the loss. verl clamps the estimate to [-10, 10] (kl_penalty 'low_var_kl'); k3 is
+# never negative, so only the top bites. ``kl_bound_frac`` reports how often it does.
+KL_BOUND = 10.0
+
+
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """r - 1 - log r with r = pi_ref/pi: unbiased and always >= 0 (GRPO's choice)."""
+    """r - 1 - log r with r = pi_ref/pi: unbiased and always >= 0 (GRPO's choice), bounded above by
+    KL_BOUND as verl bounds it; a bounded token gets no gradient from the KL term."""
     log_r = (ref_logp - logp).clamp(-20.0, 20.0)  # keep exp finite on far-off tokens
-    return log_r.exp() - 1.0 - log_r
+    return (log_r.exp() - 1.0 - log_r).clamp(max=KL_BOUND)
+
+
+def kl_bound_frac(kl_tok: Tensor, mask: Tensor) -> float:
+    """Share of loss tokens whose KL estimate is at (k3: clamped to) or past KL_BOUND."""
+    return masked_mean((kl_tok.detach() >= KL_BOUND).float(), mask).item()
 
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]  # (logp, ref_logp) -> per-token KL estimate (B, T)

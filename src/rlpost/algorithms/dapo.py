@@ -55,15 +55,16 @@ class DAPO:
     dynamic sampling and overlong shaping happen before the advantages (recipes/rl.py: collect)."""
 
     name: ClassVar[str] = "dapo"
-    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", filters_groups=True, fixed_aggregator="token_mean")
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", filters_groups=True, fixed_aggregator="token_mean", token_clip=True)
     grpo: GRPO
 
     @classmethod
     def from_config(cls, cfg) -> "DAPO":
         a = cfg.algo
-        return cls(GRPO(group_size=cfg.rollout.group_size, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
+        return cls(GRPO(group_size=cfg.rollout.group_size, scale_by_std=a.scale_by_std, batch_std=a.std_scope == "batch",
+                        clip_eps_low=a.clip_eps_low,
                         clip_eps_high=a.dapo_clip_eps_high, kl_coef=a.kl_coef, aggregate=core.token_mean,
-                        kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl)))
+                        kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), dual_clip_c=a.dual_clip_c))
 
     @property
     def needs_reference(self) -> bool:

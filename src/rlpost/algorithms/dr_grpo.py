@@ -26,19 +26,21 @@ from rlpost.types.roles import Advantages, Traits
 @dataclass
 class DrGRPO:
     name: ClassVar[str] = "dr_grpo"
-    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", fixed_aggregator="const_norm")
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", fixed_aggregator="const_norm", token_clip=True)
     group_size: int
     max_new_tokens: int
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     kl_estimator: core.KLEstimator = core.kl_k3
+    dual_clip_c: float | None = None
 
     @classmethod
     def from_config(cls, cfg) -> "DrGRPO":
         a, r = cfg.algo, cfg.rollout
         return cls(group_size=r.group_size, max_new_tokens=r.max_new_tokens, clip_eps_low=a.clip_eps_low,
-                   clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl))
+                   clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl),
+                   dual_clip_c=a.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:
@@ -50,4 +52,5 @@ class DrGRPO:
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         const = partial(core.const_norm, max_len=self.max_new_tokens)  # sum / (B * max_new_tokens)
-        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, const, self.kl_estimator)
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, const, self.kl_estimator,
+                                    self.dual_clip_c)

@@ -8,11 +8,13 @@ penalty folded into the reward.
 
 Deviations and choices, each a config key:
 1. ``scale_by_std`` (default true, as in the paper). False gives Dr. GRPO's plain r - mean, which
-   does not up-weight prompts whose group rewards barely differ.
+   does not up-weight prompts whose group rewards barely differ. ``std_scope='batch'`` divides by
+   the std of the whole batch instead of the group's (the hybrid: group mean, batch std).
 2. ``clip_eps_low`` / ``clip_eps_high`` may differ (DAPO's clip-higher); equal by default.
 3. ``loss_agg`` picks the aggregator function (algorithms/core.py). Default 'token_mean' (DAPO,
    verl); the paper's is 'seq_mean_token_mean'.
 4. KL only when ``kl_coef > 0``; then the reference model is loaded, otherwise it never is.
+5. ``dual_clip_c`` (off by default): dual-clip PPO, shared by every PPO-clip method here.
 """
 
 from __future__ import annotations
@@ -29,8 +31,14 @@ from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
 
-def grpo_advantages(reward: Tensor, group_size: int, scale_by_std: bool, eps: float = 1e-6) -> Tensor:
-    """Sequence-level GRPO advantage, Eq. in Sec. 4.1.2: (r_i - mean(r_group)) / std(r_group)."""
+def grpo_advantages(reward: Tensor, group_size: int, scale_by_std: bool, eps: float = 1e-6,
+                    batch_std: bool = False) -> Tensor:
+    """Sequence-level GRPO advantage, Eq. in Sec. 4.1.2: (r_i - mean(r_group)) / std(r_group).
+    batch_std: divide by the std of every reward in the batch instead (group mean, batch std: the
+    normalisation Liu et al. 2025, 'Tricks or Traps?' arXiv:2508.08221, find the most robust; a
+    near-unanimous group is not blown up by its own tiny std)."""
+    if scale_by_std and batch_std:
+        return core.group_mean_batch_std(reward, group_size, eps)  # (B,)
     adv_seq = core.group_centred(reward, group_size)  # (B,)
     if scale_by_std:
         adv_seq = adv_seq / (core.group_std(reward, group_size) + eps)  # (B,)
@@ -38,9 +46,15 @@ def grpo_advantages(reward: Tensor, group_size: int, scale_by_std: bool, eps: fl
 
 
 def clipped_pg_loss(
-    logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor, eps_low: float, eps_high: float
+    logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor, eps_low: float, eps_high: float,
+    dual_clip: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """PPO's clipped surrogate per token (Schulman et al. 2017, Eq. 7), negated for descent.
+
+    dual_clip = c > 1: dual-clip PPO (Ye et al. 2020, arXiv:1912.09729, Eq. 5), as verl's
+    compute_policy_loss: where A < 0 the token's loss is at most -c A. PPO's min() leaves the
+    ratio unbounded above for a negative advantage (the clip only bounds it below), so one token
+    whose probability rose far since sampling can carry an arbitrarily large loss and gradient.
 
     Returns (per-token loss (B, T), per-token 'was clipped' (B, T) bool, ratio (B, T))."""
     ratio = (logp - old_logp).exp()  # (B, T)
@@ -48,27 +62,38 @@ def clipped_pg_loss(
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv_tok  # (B, T)
     per_tok = -torch.min(unclipped, clipped)  # (B, T)
     was_clipped = (clipped < unclipped) & mask  # the min picked the clipped branch: no gradient
+    if dual_clip is not None:
+        capped = torch.minimum(per_tok, -dual_clip * adv_tok)  # (B, T): at most c |A|
+        per_tok = torch.where(adv_tok < 0, capped, per_tok)  # (B, T)
     return per_tok, was_clipped, ratio
+
+
+def dual_clip_frac(ratio: Tensor, adv_tok: Tensor, mask: Tensor, dual_clip: float) -> float:
+    """Share of loss tokens where dual-clip's cap acts (A < 0 and ratio > c): verl's actor/pg_clipfrac_lower."""
+    return core.masked_mean(((adv_tok < 0) & (ratio.detach() > dual_clip)).float(), mask).item()
 
 
 @dataclass
 class GRPO:
     name: ClassVar[str] = "grpo"
-    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss")
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", token_clip=True)
     group_size: int
     scale_by_std: bool = True
+    batch_std: bool = False
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     aggregate: core.Aggregator = core.token_mean
     kl_estimator: core.KLEstimator = core.kl_k3
+    dual_clip_c: float | None = None
 
     @classmethod
     def from_config(cls, cfg) -> "GRPO":
         a, r = cfg.algo, cfg.rollout
-        return cls(group_size=r.group_size, scale_by_std=a.scale_by_std, clip_eps_low=a.clip_eps_low,
-                   clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, aggregate=core.aggregator(a.loss_agg, r.max_new_tokens),
-                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl))
+        return cls(group_size=r.group_size, scale_by_std=a.scale_by_std, batch_std=a.std_scope == "batch",
+                   clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
+                   aggregate=core.aggregator(a.loss_agg, r.max_new_tokens), kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl),
+                   dual_clip_c=a.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:
@@ -76,7 +101,7 @@ class GRPO:
 
     def advantages(self, batch: Rollouts) -> Advantages:
         """(B, T) token advantages and metrics; reward and advantage are different variables (R10)."""
-        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
+        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std, batch_std=self.batch_std)  # (B,)
         adv_tok = core.to_tokens(adv_seq, batch.completion_mask)  # (B, T)
         std = core.group_std(batch.reward, self.group_size).view(-1, self.group_size)[:, 0]  # (n_prompts,)
         metrics = {
@@ -91,18 +116,18 @@ class GRPO:
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         """Scalar loss for this (micro-)batch, already normalised by mini-batch totals."""
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate,
-                                    self.kl_estimator)
+                                    self.kl_estimator, self.dual_clip_c)
 
 
 def clipped_loss_with_kl(
     logp: Tensor, batch: Rollouts, eps_low: float, eps_high: float, kl_coef: float, aggregate: core.Aggregator,
-    kl_estimator: core.KLEstimator = core.kl_k3,
+    kl_estimator: core.KLEstimator = core.kl_k3, dual_clip: float | None = None,
 ) -> tuple[Tensor, dict]:
     """GRPO's loss: clipped surrogate on batch.advantages, plus kl_coef * KL to the reference (k3 by default).
     RLOO and the other group-baseline methods reuse it with their own advantages."""
     mask = batch.completion_mask
     agg = partial(aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
-    per_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask, eps_low, eps_high)
+    per_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask, eps_low, eps_high, dual_clip)
     loss = agg(per_tok, mask)  # ()
     # Metrics are intensive (token means of this micro-batch) so the trainer can average them by
     # token share; the aggregated loss itself is reported by the trainer as actor/loss.
@@ -112,17 +137,21 @@ def clipped_loss_with_kl(
         "actor/ppo_kl": core.masked_mean(batch.old_logp - logp.detach(), mask).item(),
         "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
     }
+    if dual_clip is not None:
+        metrics["actor/pg_clipfrac_lower"] = dual_clip_frac(ratio, batch.advantages, mask, dual_clip)
     if kl_coef > 0:
-        kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, aggregate, kl_estimator)
-        loss = loss + kl_coef * kl_loss  # ()
+        kl_loss, kl_metrics = kl_in_loss(logp, batch, aggregate, kl_estimator)
+        loss, metrics = loss + kl_coef * kl_loss, {**metrics, **kl_metrics}  # ()
     return loss, metrics
 
 
 def kl_in_loss(logp: Tensor, batch: Rollouts, aggregate: core.Aggregator,
-               estimator: core.KLEstimator = core.kl_k3) -> tuple[Tensor, float]:
+               estimator: core.KLEstimator = core.kl_k3) -> tuple[Tensor, dict]:
     """GRPO's KL anchor: KL(pi || pi_ref) per token (k3 in the paper), aggregated like the policy loss.
-    Returns (the term to scale by kl_coef, its token mean for the actor/kl metric)."""
+    Returns (the term to scale by kl_coef, metrics: its token mean actor/kl and actor/kl_bound_frac,
+    the share of tokens held at core.KL_BOUND)."""
     mask = batch.completion_mask
     kl_tok = estimator(logp, batch.ref_logp)  # (B, T)
     term = aggregate(kl_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
-    return term, core.masked_mean(kl_tok.detach(), mask).item()
+    return term, {"actor/kl": core.masked_mean(kl_tok.detach(), mask).item(),
+                  "actor/kl_bound_frac": core.kl_bound_frac(kl_tok, mask)}

@@ -41,19 +41,21 @@ class GSPO:
     kl_coef: float = 0.0
     kl_estimator: core.KLEstimator = core.kl_k3
     scale_by_std: bool = True
+    batch_std: bool = False
 
     @classmethod
     def from_config(cls, cfg) -> "GSPO":
         a = cfg.algo
         return cls(group_size=cfg.rollout.group_size, clip_eps_low=a.seq_clip_eps_low, clip_eps_high=a.seq_clip_eps_high,
-                   kl_coef=a.kl_coef, kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), scale_by_std=a.scale_by_std)
+                   kl_coef=a.kl_coef, kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), scale_by_std=a.scale_by_std,
+                   batch_std=a.std_scope == "batch")
 
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
     def advantages(self, batch: Rollouts) -> Advantages:
-        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std)  # (B,)
+        adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std, batch_std=self.batch_std)  # (B,)
         return core.token_advantages(adv_seq, batch.completion_mask)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
@@ -67,6 +69,7 @@ class GSPO:
                    "actor/pg_clipfrac": (clipped < s * adv_seq).float().mean().item(),
                    "actor/seq_ratio_max": s.detach().max().item()}
         if self.kl_coef > 0:  # per sequence, like its policy loss
-            kl_loss, metrics["actor/kl"] = kl_in_loss(logp, batch, core.seq_mean_token_mean, self.kl_estimator)
+            kl_loss, kl_metrics = kl_in_loss(logp, batch, core.seq_mean_token_mean, self.kl_estimator)
+            metrics.update(kl_metrics)
             loss = loss + self.kl_coef * kl_loss
         return loss, metrics

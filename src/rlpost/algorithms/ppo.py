@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import clipped_pg_loss
+from rlpost.algorithms.grpo import clipped_pg_loss, dual_clip_frac
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -47,7 +47,7 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip
 @dataclass
 class PPO:
     name: ClassVar[str] = "ppo"
-    traits: ClassVar[Traits] = Traits(kl="reward", needs_values=True)
+    traits: ClassVar[Traits] = Traits(kl="reward", needs_values=True, token_clip=True)
     gamma: float = 1.0
     lam: float = 1.0
     clip_eps_low: float = 0.2
@@ -58,6 +58,7 @@ class PPO:
     kl_estimator: core.KLEstimator = core.kl_k1
     whiten_advantages: bool = True
     aggregate: core.Aggregator = core.token_mean
+    dual_clip_c: float | None = None
 
     @classmethod
     def from_config(cls, cfg) -> "PPO":
@@ -65,7 +66,7 @@ class PPO:
         return cls(gamma=a.gamma, lam=a.lam, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high,
                    value_clip=a.value_clip, vf_coef=a.vf_coef, kl_coef=a.kl_coef,
                    kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), whiten_advantages=a.whiten_advantages,
-                   aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens))
+                   aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens), dual_clip_c=a.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:
@@ -87,6 +88,7 @@ class PPO:
         }
         if kl_tok is not None:
             metrics["critic/kl"] = core.masked_mean(kl_tok, mask).item()  # per token, in the reward
+            metrics["critic/kl_bound_frac"] = core.kl_bound_frac(kl_tok, mask)
             metrics["critic/kl_coef"] = self.kl_coef
         return Advantages(adv, metrics, returns=returns)
 
@@ -94,7 +96,7 @@ class PPO:
         mask = batch.completion_mask
         agg = partial(self.aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
         pg_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask,
-                                                     self.clip_eps_low, self.clip_eps_high)  # (B, T) each
+                                                     self.clip_eps_low, self.clip_eps_high, self.dual_clip_c)  # (B, T) each
         vf_tok, v_clipped = clipped_value_loss(values, batch.old_values, batch.returns, self.value_clip)  # (B, T)
         loss = agg(pg_tok, mask) + self.vf_coef * agg(vf_tok, mask)  # ()
         metrics = {
@@ -105,6 +107,8 @@ class PPO:
             "critic/vf_clipfrac": core.masked_mean(v_clipped.float(), mask).item(),
             "critic/vpred_mean": core.masked_mean(values.detach(), mask).item(),
         }
+        if self.dual_clip_c is not None:
+            metrics["actor/pg_clipfrac_lower"] = dual_clip_frac(ratio, batch.advantages, mask, self.dual_clip_c)
         return loss, metrics
 
 

@@ -22,6 +22,7 @@ Variants and deviations, all in one place:
   ``log_odds_ratio``.
 - simpo_loss: gamma is the paper's target reward margin itself, not the reference code's
   ``gamma_beta_ratio`` (= gamma / beta).
+- nll_anchor (``pref.nll_coef``): RPO, arXiv:2404.19733; per-completion token-mean NLL (TRL's: over all tokens).
 
 The second half turns these into micro-batch losses over a ``Rollouts`` batch for the offline
 recipes (``recipes/offline.py``: SFT, the reward model, the DPO family; ``recipes/prm.py``: the
@@ -204,6 +205,12 @@ def simpo_loss(policy_chosen_logp: Tensor, policy_rejected_logp: Tensor, chosen_
     return losses.mean(), metrics
 
 
+def nll_anchor(loss: Tensor, metrics: dict, policy_chosen_logp: Tensor, chosen_len: Tensor, coef: float) -> tuple[Tensor, dict]:
+    """RPO (Pang et al. 2024 Eq. 1): loss + coef * mean -log pi(y_w) / |y_w| (DPO alone may lower both log-probs)."""
+    nll = -(policy_chosen_logp / _like(chosen_len, policy_chosen_logp).clamp(min=1)).mean()  # ()
+    return loss + coef * nll, {**metrics, "nll_loss": nll.item()}
+
+
 def bradley_terry_loss(chosen_scores: Tensor, rejected_scores: Tensor,
                        margin: float | Tensor | None = None) -> tuple[Tensor, dict]:
     """Reward-model loss, Ouyang et al. 2022 Eq. 1: -log σ(s_c - s_r - m); margin m: Touvron et al. 2023 Eq. 2."""
@@ -270,6 +277,8 @@ def make_dpo_loss(p: PrefConfig):
             desirable = torch.tensor([True, False]).repeat(len(s))
             z0 = kto_kl_ref_point(pol.detach(), ref)
             loss, m = kto_loss(pol, ref, desirable, z0, beta=p.beta)
+        if p.nll_coef > 0:  # RPO: plus an NLL anchor on the chosen completion
+            loss, m = nll_anchor(loss, m, s[:, 0], n[:, 0], p.nll_coef)
         share = len(s) / (batch.loss_seqs / 2)  # pairs here / pairs in the mini-batch
         return loss * share, m
 

@@ -31,19 +31,20 @@ def global_token_whitened(reward: Tensor, mask: Tensor, eps: float = 1e-6) -> Te
 @dataclass
 class ReinforcePP:
     name: ClassVar[str] = "reinforce_pp"
-    traits: ClassVar[Traits] = Traits(kl="reward")
+    traits: ClassVar[Traits] = Traits(kl="reward", token_clip=True)
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     aggregate: core.Aggregator = core.token_mean
     kl_estimator: core.KLEstimator = core.kl_k1
+    dual_clip_c: float | None = None
 
     @classmethod
     def from_config(cls, cfg) -> "ReinforcePP":
         a = cfg.algo
         return cls(clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
                    aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens),
-                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl))
+                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), dual_clip_c=a.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:
@@ -58,8 +59,9 @@ class ReinforcePP:
         rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef)  # (B, T)
         adv_tok = core.masked_whiten(core.returns_to_go(rewards, mask), mask)  # (B, T)
         return Advantages(adv_tok, {"critic/advantages/max": adv_tok.max().item(), "critic/kl": core.masked_mean(kl_tok, mask).item(),
-                                    "critic/kl_coef": self.kl_coef})
+                                    "critic/kl_bound_frac": core.kl_bound_frac(kl_tok, mask), "critic/kl_coef": self.kl_coef})
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         # kl_coef=0 here: the KL is already in the advantages.
-        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, 0.0, self.aggregate)
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, 0.0, self.aggregate,
+                                    dual_clip=self.dual_clip_c)

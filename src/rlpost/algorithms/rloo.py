@@ -32,20 +32,21 @@ def rloo_advantages(reward: Tensor, group_size: int) -> Tensor:
 @dataclass
 class RLOO:
     name: ClassVar[str] = "rloo"
-    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss")
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", token_clip=True)
     group_size: int
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
     kl_estimator: core.KLEstimator = core.kl_k3
     aggregate: core.Aggregator = core.token_mean
+    dual_clip_c: float | None = None
 
     @classmethod
     def from_config(cls, cfg) -> "RLOO":
         a, r = cfg.algo, cfg.rollout
         return cls(group_size=r.group_size, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
                    kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl),
-                   aggregate=core.aggregator(a.loss_agg, r.max_new_tokens))
+                   aggregate=core.aggregator(a.loss_agg, r.max_new_tokens), dual_clip_c=a.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:
@@ -57,4 +58,4 @@ class RLOO:
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate,
-                                    self.kl_estimator)
+                                    self.kl_estimator, self.dual_clip_c)

@@ -3,6 +3,9 @@
 Loss side, ``loss_fn -> loss_fn`` (the trainer calls the outer one):
   with_entropy_bonus   loss - coef * aggregated entropy                        (algo.entropy_coef)
   with_tis             advantages scaled by min(pi_old / pi_sampler, cap)      (algo.tis_cap)
+  with_clip_cov        no gradient on a few high-covariance tokens              (algo.cov_control=clip_cov)
+  with_kl_cov          + coef |log pi - log pi_old| on the top-covariance tokens (algo.cov_control=kl_cov)
+  with_entropy_advantage  A + min(alpha H, |A| / kappa), H detached             (algo.entropy_adv_coef)
 
 Advantage side, ``Advantages -> Advantages`` (after the algorithm's own advantages):
   with_prime           + PRIME's implicit process reward, RLOO-centred         (algo.prime_coef)
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
@@ -53,6 +57,76 @@ def with_tis(loss_fn: LossFn, cap: float, level: str) -> LossFn:
         raw = (batch.old_logp - batch.sampler_logp).exp()
         return base, {**metrics, "actor/tis_weight_mean": core.masked_mean(w, mask).item(),
                       "actor/tis_capped_frac": core.masked_mean((raw > cap).float(), mask).item()}
+
+    return loss
+
+
+# --- entropy control by covariance (Cui et al. 2025, "The Entropy Mechanism of Reinforcement
+# Learning for Reasoning Language Models", arXiv:2505.22617) ------------------------------------
+# Under a softmax policy the entropy changes by about -Cov(log pi(y), A) per step (their Eq. 5),
+# and a few tokens with a high covariance between their log-prob and their advantage carry most of
+# that collapse. Clip-Cov and KL-Cov restrain just those tokens, as in verl's compute_policy_loss
+# clip_cov / kl_cov. The covariance is taken over the loss tokens of the (micro-)batch in hand, as
+# verl does.
+
+
+def token_covariance(adv_tok: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
+    """(A_t - mean A) (log pi_t - mean log pi) per token (B, T), means over the mask; no gradient."""
+    a, lp = adv_tok.detach(), logp.detach()
+    return (a - core.masked_mean(a, mask)) * (lp - core.masked_mean(lp, mask))  # (B, T)
+
+
+def with_clip_cov(loss_fn: LossFn, ratio: float, lb: float, ub: float) -> LossFn:
+    """Clip-Cov (Cui et al. 2025, Sec. 4.2): of the tokens with covariance strictly between lb and
+    ub, max(1, ratio * tokens) chosen at random lose their gradient (their log-prob is detached;
+    verl also zeroes their loss value, same gradient). Deviation: verl skips tokens the PPO clip
+    already zeroed; here the choice may fall on one (none are, in the first step on a batch)."""
+
+    def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        cov = token_covariance(batch.advantages, logp, mask)  # (B, T)
+        candidates = (mask & (cov > lb) & (cov < ub)).flatten().nonzero().squeeze(1)  # (n,)
+        n = max(int(ratio * int(mask.sum())), 1)
+        chosen = candidates[torch.randperm(len(candidates))[:n]]  # (<= n,)
+        detach = torch.zeros(mask.numel(), dtype=torch.bool).index_fill_(0, chosen, True).view_as(mask)  # (B, T)
+        base, metrics = loss_fn(torch.where(detach, logp.detach(), logp), batch, **kw)
+        return base, {**metrics, "actor/clip_cov_frac": core.masked_mean(detach.float(), mask).item()}
+
+    return loss
+
+
+def with_kl_cov(loss_fn: LossFn, ratio: float, coef: float, aggregate: core.Aggregator) -> LossFn:
+    """KL-Cov (Cui et al. 2025, Sec. 4.2): the max(1, ratio * tokens) tokens with the largest
+    covariance get + coef * |log pi - log pi_old|, aggregated like the policy loss (verl's kl_cov,
+    whose ppo_kl_coef default is 0.1)."""
+
+    def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        cov = token_covariance(batch.advantages, logp, mask).masked_fill(~mask, float("-inf"))  # (B, T)
+        k = min(max(int(ratio * int(mask.sum())), 1), int(mask.sum()))
+        top = torch.zeros(mask.numel(), dtype=torch.bool).index_fill_(0, cov.flatten().topk(k).indices, True).view_as(mask)
+        penalty = (logp - batch.old_logp).abs() * top  # (B, T), 0 off the chosen tokens
+        base, metrics = loss_fn(logp, batch, **kw)
+        extra = aggregate(penalty, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
+        return base + coef * extra, {**metrics, "actor/kl_cov_frac": core.masked_mean(top.float(), mask).item()}
+
+    return loss
+
+
+def with_entropy_advantage(loss_fn: LossFn, alpha: float, kappa: float, forward_entropy: bool) -> LossFn:
+    """Entropy-shaped advantage (Cheng et al. 2025, "Reasoning with Exploration: An Entropy
+    Perspective", arXiv:2506.14758): A_t + min(alpha * H_t, |A_t| / kappa), H_t the policy's entropy
+    at token t without gradient. Unlike the entropy bonus it pushes no token towards uncertainty; it
+    raises the advantage of tokens chosen where the policy was uncertain (pivotal, reflective ones),
+    and the clip at |A| / kappa keeps the sign of every advantage. The trainer passes ``entropy``;
+    it is handed on to the entropy bonus inside when there is one (forward_entropy)."""
+
+    def loss(logp: Tensor, batch: Rollouts, entropy: Tensor, **kw) -> tuple[Tensor, dict]:
+        mask = batch.completion_mask
+        shaping = torch.minimum(alpha * entropy.detach(), batch.advantages.abs() / kappa) * mask  # (B, T), >= 0
+        inner = {"entropy": entropy} if forward_entropy else {}
+        base, metrics = loss_fn(logp, replace(batch, advantages=batch.advantages + shaping), **inner, **kw)
+        return base, {**metrics, "actor/entropy_adv_mean": core.masked_mean(shaping, mask).item()}
 
     return loss
 

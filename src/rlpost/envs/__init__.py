@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from rlpost.envs import arithmetic, code, dataset, gym, mathgen, tools
+from rlpost.envs import arithmetic, code, dataset, decontam, gym, mathgen, tools
 from rlpost.types.errors import ConfigError
 
 DEFAULT_VERIFIER = {
@@ -51,9 +51,13 @@ class Task:
     heldout: list[dict]
     verifier: str  # "module:function" with signature (completion: str, row: dict) -> (float, dict)
     skipped_rows: int = 0  # malformed data rows skipped (task.on_bad_row=skip)
+    contamination: dict | None = None  # decontam.contamination of the held-out rows (None: task.max_contamination=1, unchecked)
 
 
-def build_task(cfg) -> Task:
+def build_task(cfg, refuse_contaminated: bool = True) -> Task:
+    """The task's rows and verifier. Unless task.max_contamination is 1, the held-out prompts are
+    checked against the training prompts (envs/decontam.py) and, above that share, refused (a
+    ConfigError naming the key); ``rlpost eval`` only reports it (refuse_contaminated=False)."""
     t = cfg.task
     skipped = 0
     if t.data and t.name in ("dataset", "math", "code"):
@@ -65,9 +69,15 @@ def build_task(cfg) -> Task:
     if t.name == "code":  # refuses to start without bubblewrap (unless task.sandbox=rlimits) or with ungradable tests
         train, heldout, dropped = code.prepare(train, heldout, t)
         skipped += dropped
+    found = decontam.contamination(train, heldout, t.contamination_overlap) if t.max_contamination < 1 else None
+    if found and refuse_contaminated and found["contamination_contaminated_frac"] > t.max_contamination:
+        raise ConfigError(f"task.max_contamination: {found['contamination_contaminated']} of {found['contamination_checked']} held-out "
+                          f"prompts ({found['contamination_contaminated_frac']:.1%}) are in the training prompts (n-gram overlap, "
+                          f"envs/decontam.py), above {t.max_contamination:g}; e.g. {found['contamination_examples'][0][:80]!r}. "
+                          "Separate the splits (task.eval_data), or raise task.max_contamination to accept it")
     # The verifier is imported only in its worker processes (rewards/runner.py), whose first start
     # is the dry call that turns a bad path into one line before training.
-    return Task(train, heldout, t.verifier or DEFAULT_VERIFIER[t.name], skipped)
+    return Task(train, heldout, t.verifier or DEFAULT_VERIFIER[t.name], skipped, found)
 
 
 def _generated_splits(cfg) -> tuple[list[dict], list[dict]]:

@@ -145,12 +145,26 @@ def preference_triple(row: dict, source: str) -> tuple[list[dict], str, str]:
 
 
 class PromptStream:
-    def __init__(self, rows: list[dict], batch_size: int, seed: int):
+    """Training prompts in a fixed shuffled order per epoch, ``batch_size`` at a time.
+
+    Online curriculum (``curriculum`` = (window, lo, hi), rollout.curriculum_window): the loop
+    reports each prompt's pass rate after scoring it (``observe``); a prompt whose mean pass rate
+    over its last ``window`` visits is 0, 1, or outside [lo, hi] is passed over while drawing, so
+    batches stay in the learnable band (ProRL, Liu et al. 2025, arXiv:2505.24864; verl's curriculum
+    samplers). A pass-over forgets the prompt's oldest record, so at its next turn (the next epoch)
+    it is drawn again and re-measured: it stays out only while its new scores keep it out, and a
+    prompt the policy has since forgotten, or grown into, comes back. At most one epoch's worth of prompts is passed over per batch, so a
+    stream whose every prompt is out of band still yields batches."""
+
+    def __init__(self, rows: list[dict], batch_size: int, seed: int, curriculum: tuple[int, float, float] | None = None):
         if not rows:
             raise ValueError("the training split is empty")
         self.rows, self.batch_size, self.seed = rows, batch_size, seed
         self.epoch, self.pos = 0, 0
         self._order = self._permutation(0)
+        self.curriculum = curriculum if curriculum and curriculum[0] > 0 else None
+        self.history: dict[str, list[float]] = {}  # prompt -> its last `window` pass rates
+        self.skipped = 0  # prompts passed over so far (the curriculum/skipped metric)
 
     def _permutation(self, epoch: int) -> list[int]:
         order = list(range(len(self.rows)))
@@ -158,28 +172,62 @@ class PromptStream:
         return order
 
     def next(self) -> list[dict]:
-        out = []
+        out, passed_over = [], 0
         while len(out) < self.batch_size:
             if self.pos == len(self.rows):
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._order = self._permutation(self.epoch)
-            out.append(self.rows[self._order[self.pos]])
+            row = self.rows[self._order[self.pos]]
             self.pos += 1
+            if passed_over < len(self.rows) and not self.learnable(row):
+                passed_over += 1
+                self.history[prompt_key(row)].pop(0)  # re-measured after `window` pass-overs
+                continue
+            out.append(row)
+        self.skipped += passed_over
         return out
+
+    def learnable(self, row: dict) -> bool:
+        """False when the curriculum's record of this prompt is full and its mean lies outside the band."""
+        if self.curriculum is None:
+            return True
+        window, lo, hi = self.curriculum
+        seen = self.history.get(prompt_key(row), [])
+        if len(seen) < window:
+            return True
+        p = sum(seen) / window
+        return 0 < p < 1 and lo <= p <= hi
+
+    def observe(self, rows: list[dict], pass_rates: list[float]) -> dict:
+        """Record each prompt's pass rate of this step (one row per prompt); the curriculum's metrics."""
+        if self.curriculum is None:
+            return {}
+        for row, p in zip(rows, pass_rates):
+            seen = self.history.setdefault(prompt_key(row), [])
+            seen.append(float(p))
+            del seen[: -self.curriculum[0]]
+        return {"curriculum/skipped": self.skipped, "curriculum/tracked_prompts": len(self.history)}
 
     def peek(self, ahead: int = 0) -> list[dict]:
         """The batch ``next()`` will return after ``ahead`` more calls, without moving the stream
         (an async rollout samples the coming steps' prompts early: distributed/pool.py)."""
         probe = PromptStream.__new__(PromptStream)
-        probe.rows, probe.batch_size, probe.seed = self.rows, self.batch_size, self.seed
+        probe.rows, probe.batch_size, probe.seed, probe.curriculum = self.rows, self.batch_size, self.seed, self.curriculum
         probe.load_state_dict(self.state_dict())
         for _ in range(ahead):
             probe.next()
         return probe.next()
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos}
+        return {"epoch": self.epoch, "pos": self.pos, "history": self.history, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.pos = state["epoch"], state["pos"]
+        # copies: a peek's probe passes prompts over too (older checkpoints have no history)
+        self.history, self.skipped = {k: list(v) for k, v in state.get("history", {}).items()}, state.get("skipped", 0)
         self._order = self._permutation(self.epoch)
+
+
+def prompt_key(row: dict) -> str:
+    """A prompt's identity across processes (rows are pickled to Ray workers): its messages as JSON."""
+    return json.dumps(row.get("messages"), sort_keys=True)

@@ -63,7 +63,10 @@ def nonfinite(state: dict) -> list[str]:
     return [k for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
 
 
-def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state: dict, keep: int) -> Path:
+def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state: dict, keep: int,
+         protect: int | None = None) -> Path:
+    """Write checkpoints/step_N atomically, then delete all but the ``keep`` newest, except step
+    ``protect`` (early stopping's best, which the run's model may come from)."""
     bad = nonfinite(model_state)
     if bad:
         raise RunError(f"step {step}: the weights are not finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''});"
@@ -82,7 +85,8 @@ def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state
         _fsync_dir(root)
         write_atomic(root / "latest", final.name)
         for old in sorted(root.glob("step_*"))[:-keep]:
-            shutil.rmtree(old)
+            if protect is None or old.name != f"step_{protect:06d}":
+                shutil.rmtree(old)
     except Exception as e:  # noqa: BLE001 - disk full, read-only, quota: one line, the old checkpoints intact
         shutil.rmtree(tmp, ignore_errors=True)
         raise RunError(f"cannot write checkpoint step {step}: {write_cause(tmp, e)}") from None

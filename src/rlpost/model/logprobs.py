@@ -7,6 +7,13 @@ do the same). Position ids are rebuilt from the attention mask exactly as `gener
 for left-padded prompts; without that the trainer would see shifted positions and its log-probs
 would not match the sampler's.
 
+Top-p. When the sampler drew from the top-p set (``Rollouts.sampler_floor``, its threshold), every
+log-prob here is of the same truncated distribution: the tokens whose full-softmax log-prob is at
+or above the threshold, plus the sampled token itself, renormalised ("keep sampling mask",
+DeepSeek-V3.2). With the sampler's weights that is exactly the set it drew from (ties at the
+threshold aside); as the policy moves it is the set the same threshold keeps, and the sampled token
+always stays in it, so no log-prob is -inf.
+
 Shared prefix. The K completions of a group share one prompt, and in the demo the prompt is
 three quarters of every sequence. So the prompt runs once per group, its KV cache is repeated
 for the group's K rows, and only the completions run per row. Gradients flow back through the
@@ -56,7 +63,8 @@ def policy_forward(
         dev = hidden.device.type  # autocast is per device type: ask the one the forward ran on
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else head.dtype
         with_grad = entropy == "grad" and torch.is_grad_enabled()
-        lp, ent = ChunkedLogp.apply(hidden[mask], head, batch.completion_ids[mask], temperature, dtype, entropy != "none")
+        floor = batch.sampler_floor[mask] if batch.sampler_floor is not None else None
+        lp, ent = ChunkedLogp.apply(hidden[mask], head, batch.completion_ids[mask], temperature, dtype, entropy != "none", floor)
         logp = hidden.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, lp)  # (B, T), 0 off the mask
         if entropy != "none":
             ent = hidden.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, ent if with_grad else ent.detach())
@@ -67,14 +75,27 @@ def policy_forward(
     else:
         hidden = completion_states(model.get_decoder(), batch, share_prefix, _backbone)  # (B, T, H)
         logits = model.get_output_embeddings()(hidden)  # (B, T, V)
-    logp_all = (logits.float() / temperature).log_softmax(dim=-1)  # (B, T, V)
-    logp = logp_all.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    z = logits.float() / temperature  # (B, T, V)
+    floor = batch.sampler_floor
+    zk = truncated(z, z.logsumexp(-1) if floor is not None else None, floor, batch.completion_ids)  # (B, T, V)
+    lse = zk.logsumexp(-1, keepdim=True)  # (B, T, 1)
+    logp = z.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - lse.squeeze(-1)  # (B, T)
     ent = None
     if entropy != "none":
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
-            ent = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
+            ent = -((zk - lse).exp() * (z - lse)).sum(-1)  # (B, T); p = 0 off the set, z stays finite
     values = value_head(hidden).squeeze(-1).float() if value_head is not None else None  # (B, T)
     return PolicyForward(logp, ent, values)
+
+
+def truncated(z: Tensor, lse: Tensor, floor: Tensor | None, targets: Tensor) -> Tensor:
+    """Logits z (..., V) with -inf off the sampler's top-p set: tokens whose log-prob z - lse is at
+    or above ``floor`` (...), and the target token; z itself when there is no floor."""
+    if floor is None:
+        return z
+    keep = (z - lse.unsqueeze(-1)) >= floor.unsqueeze(-1)  # (..., V)
+    keep.scatter_(-1, targets.unsqueeze(-1), True)
+    return z.masked_fill(~keep, float("-inf"))
 
 
 def plain_head(model) -> bool:
@@ -98,28 +119,32 @@ class ChunkedLogp(torch.autograd.Function):
     forward keeps only h and one log-sum-exp per token, and the backward recomputes each chunk's
     logits z and forms the gradient in closed form: with p = softmax(z),
     d log pi(y) / dz = onehot(y) - p and d H / dz = -p (log p + H), and dz / dh = W / temperature.
+    With a top-p ``floor`` p is the truncated, renormalised distribution (0 off the kept set), and
+    the same formulas hold.
     The matmuls run in ``dtype`` (bf16 under autocast, as autocast would run the lm_head) with a
     float32 softmax; tests/model/test_logprobs.py checks values and gradients against the plain path."""
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, temperature: float, dtype: torch.dtype,
-                want_entropy: bool) -> tuple[Tensor, Tensor]:
+                want_entropy: bool, floor: Tensor | None = None) -> tuple[Tensor, Tensor]:
         w = _cast(weight, dtype)
-        logp, ent, lse = (h.new_zeros(len(h), dtype=torch.float32) for _ in range(3))  # on h's device
+        logp, ent, lse, lse_all = (h.new_zeros(len(h), dtype=torch.float32) for _ in range(4))  # on h's device
         for i in range(0, len(h), CHUNK_TOKENS):
             sl = slice(i, i + CHUNK_TOKENS)
             z = ChunkedLogp._logits(h[sl], w, temperature)  # (c, V) float32, already / temperature
-            lse[sl] = z.logsumexp(-1)
+            lse_all[sl] = z.logsumexp(-1)
+            zk = truncated(z, lse_all[sl], floor[sl] if floor is not None else None, targets[sl])  # (c, V)
+            lse[sl] = zk.logsumexp(-1) if floor is not None else lse_all[sl]  # over the kept set
             logp[sl] = z.gather(-1, targets[sl, None]).squeeze(-1) - lse[sl]
-            if want_entropy:  # H = lse - sum p z
-                ent[sl] = lse[sl] - ((z - lse[sl, None]).exp_() * z).sum(-1)
-        ctx.save_for_backward(h, weight, targets, ent, lse)
+            if want_entropy:  # H = lse - sum p z, p = 0 off the kept set
+                ent[sl] = lse[sl] - ((zk - lse[sl, None]).exp_() * z).sum(-1)
+        ctx.save_for_backward(h, weight, targets, ent, lse, lse_all, floor)
         ctx.temperature, ctx.dtype = temperature, dtype
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp: Tensor, g_ent: Tensor):
-        h, weight, targets, ent, lse = ctx.saved_tensors
+        h, weight, targets, ent, lse, lse_all, floor = ctx.saved_tensors
         w = _cast(weight, ctx.dtype)
         grad_h = torch.empty_like(h)
         # dz of every chunk is kept in ``dtype`` (bf16: 2 bytes per logit, 96 MB for 976 tokens) so
@@ -131,7 +156,8 @@ class ChunkedLogp(torch.autograd.Function):
         for i in range(0, len(h), CHUNK_TOKENS):
             sl = slice(i, i + CHUNK_TOKENS)
             z = ChunkedLogp._logits(h[sl], w, ctx.temperature)  # (c, V)
-            p = (z - lse[sl, None]).exp_()
+            zk = truncated(z, lse_all[sl], floor[sl] if floor is not None else None, targets[sl])  # the forward's set
+            p = (zk - lse[sl, None]).exp_()  # renormalised over the kept set, 0 off it
             if g_ent is not None:  # -p (log p + H) g_ent, before p is overwritten
                 ent_part = p * ((z - lse[sl, None]) + ent[sl, None]) * g_ent[sl, None]
             dz = p.mul_(-g_logp[sl, None])
@@ -145,7 +171,7 @@ class ChunkedLogp(torch.autograd.Function):
         grad_w = None
         if dz_all is not None:  # (V, H); zeros when there are no tokens
             grad_w = (dz_all.T @ h.to(ctx.dtype)).to(weight.dtype) if len(h) else torch.zeros_like(weight)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
     @staticmethod
     def _logits(h: Tensor, w: Tensor, temperature: float) -> Tensor:

@@ -67,6 +67,7 @@ def entropy_collapse(history: list[dict]) -> Finding | None:
     for step, v in pts[EARLY:]:
         if ref > 0 and v < ENTROPY_COLLAPSE * ref:
             return Finding("entropy_collapse", step, f"entropy {v:.3f} vs {ref:.3f} early (< {ENTROPY_COLLAPSE:.0%})",
+                           "algo.cov_control=clip_cov or kl_cov (Cui et al. 2025), algo.entropy_adv_coef > 0, "
                            "algo.entropy_coef > 0, a higher rollout.temperature, or clip-higher (algo.clip_eps_high / dapo)")
     return None
 

@@ -106,6 +106,8 @@ def reward_plot(history, summary) -> str:
         ey = [summary["heldout_accuracy_before"], *ey, summary["heldout_accuracy_after"]]
     if ex:
         ax.plot(ex, ey, marker="o", label="held-out accuracy (greedy)")
+    if summary and summary.get("selected_step") is not None:  # early stopping chose this step's weights
+        ax.axvline(summary["selected_step"], color="0.4", linestyle="--", label=f"selected: step {summary['selected_step']}")
     finish(ax, "Reward and held-out accuracy", ylim=(-0.05, 1.05))
     return _svg(fig)
 
@@ -204,11 +206,19 @@ def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
     config = config_file.read_text() if config_file.exists() else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>rlpost report: {html.escape(run_dir.name)}</title>"
             f"<style>{CSS}</style></head><body><h1>rlpost run {html.escape(run_dir.name)}</h1>"
-            f"<p>{len(history)} steps{'' if summary else ' (run in progress or stopped: no summary yet)'}</p>"
+            f"<p>{len(history)} steps{'' if summary else ' (run in progress or stopped: no summary yet)'}</p>{selected_line(summary)}"
             f"<table>{summary_rows}</table><h2>Health</h2><ul>{health}</ul><h2>Plots</h2><div class='grid'>"
             + "".join(f"<div>{p}</div>" for p in plots if p)
             + f"</div><h2>Samples</h2>{sample_section(run_dir, history, sample_steps)}"
             f"<h2>Config</h2><pre>{html.escape(config)}</pre></body></html>")
+
+
+def selected_line(summary: dict | None) -> str:
+    """The step early stopping selected (run.early_stop_patience), whose weights RUN/model holds."""
+    if not summary or summary.get("selected_step") is None:
+        return ""
+    return (f"<p><b>Selected step {summary['selected_step']}</b>: the best held-out accuracy "
+            f"({rounded(summary['heldout_accuracy_selected'])}); RUN/model holds its weights (run.early_stop_patience).</p>")
 
 
 def write_report(run_dir: Path, out: Path | None = None, sample_steps: list[int] | None = None) -> Path:

@@ -51,18 +51,19 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
     `weights` if given; n = 0 uses every held-out problem. With samples > 0 it also draws that many
     completions per problem at rollout.temperature and reports pass@1, pass@k and maj@k for each
     k in ks; `dump` receives every record."""
-    task = build_task(cfg)
+    task = build_task(cfg, refuse_contaminated=False)  # evaluation reports contamination, training refuses it
     roles = build.build_roles(cfg, task, weights, for_eval=True)
     rows = task.heldout[: n or None]
+    found = {k: v for k, v in (task.contamination or {}).items() if k != "contamination_examples"}
     try:
         acc = evaluate(roles, rows, cfg, dump if not samples else None)
         if not samples:
-            return acc, len(rows), {}
+            return acc, len(rows), found
         r = cfg.rollout
         records = sample_records(roles, rows, samples, r.temperature, r.top_p, r.max_new_tokens, cfg.run.eval_batch_size)
         if dump is not None:
             write_records(records, dump)
-        return acc, len(rows), {"samples": samples, "temperature": r.temperature, **summarise(records, list(ks))}
+        return acc, len(rows), {"samples": samples, "temperature": r.temperature, **summarise(records, list(ks)), **found}
     finally:
         roles.close()
 

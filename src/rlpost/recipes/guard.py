@@ -11,6 +11,12 @@
 - **Non-finite updates.** The trainer skips an optimizer step whose loss or gradient is not finite
   (roles/trainer.py); ``trainer.max_nonfinite_steps`` training steps in a row with such a skip stop
   the run before anything of them is saved.
+- **Early stopping** (``run.early_stop_patience`` > 0). Each held-out evaluation is compared with
+  the best so far; a new best is checkpointed (and kept whatever ``run.keep_checkpoints`` says),
+  and that many evaluations in a row without one end the run normally, after the step's
+  checkpoint. ``select`` then names the step the run's model comes from: the best evaluation,
+  the final one included. The before-training accuracy is no candidate (there is no checkpoint of
+  it). Chosen on the held-out set, the selected accuracy is an optimistic estimate.
 
 Signal handlers can only be set from the main thread; elsewhere (a library caller's thread) the
 guard does the other two checks and leaves signals alone.
@@ -27,9 +33,13 @@ from rlpost.types.errors import Interrupted, RunError
 
 
 class RunGuard:
-    def __init__(self, cfg: config.Config):
+    def __init__(self, cfg: config.Config, early_stop: dict | None = None):
         self.cfg = cfg
         self.step = 0
+        # early stopping: the best evaluation (step, accuracy) and evaluations since; a resumed run's from its checkpoint
+        self.best: tuple[int, float] | None = (early_stop or {}).get("best")
+        self.evals_since_best: int = (early_stop or {}).get("evals_since_best", 0)
+        self.new_best = self.early_stopped = False
         self.signum: int | None = None  # the first stop signal received
         self.stopping = False  # the loop was told to save and stop (finish_step)
         self.nonfinite_streak = 0
@@ -71,16 +81,49 @@ class RunGuard:
         for step in range(first, last + 1):
             self.step = step
             yield step
+            if self.early_stopped:
+                return
             if self.stopping:
                 raise Interrupted(self.signum, f"stopped by {signal.Signals(self.signum).name} after step {step}, "
                                   "whose checkpoint is saved", saved=step)
 
-    def finish_step(self) -> bool:
-        """The step's work is done: cancel the grace timer; True when a stop was asked for (save now)."""
+    def finish_step(self, metrics: dict | None = None) -> bool:
+        """The step's work is done: cancel the grace timer, read its held-out evaluation (if any) for
+        early stopping; True when the step must be saved (a stop was asked for, a new best, an early stop)."""
+        if metrics is not None and "eval/heldout_accuracy" in metrics:
+            self.check_eval(metrics["eval/heldout_accuracy"], self.step)
         if self.signum is not None and self.saved_handlers:
             signal.setitimer(signal.ITIMER_REAL, 0)
         self.stopping = self.signum is not None
-        return self.stopping
+        save, self.new_best = self.stopping or self.new_best or self.early_stopped, False
+        return save
+
+    # --- early stopping and the selected step ---------------------------------------------------
+
+    def check_eval(self, accuracy: float, step: int) -> None:
+        """After a held-out evaluation: track the best; stop after run.early_stop_patience evaluations without one."""
+        patience = self.cfg.run.early_stop_patience
+        if patience == 0:
+            return
+        self.new_best = self.best is None or accuracy > self.best[1]
+        self.best, self.evals_since_best = ((step, accuracy), 0) if self.new_best else (self.best, self.evals_since_best + 1)
+        if self.evals_since_best >= patience:
+            self.early_stopped = True
+            say(f"early stop after step {step}: {patience} held-out evaluations without beating "
+                f"{self.best[1]:.3f} (step {self.best[0]}); run.early_stop_patience={patience}")
+
+    def select(self, final_accuracy: float) -> tuple[int, float] | None:
+        """(step, held-out accuracy) whose weights the run's model holds: the best evaluation, the final
+        one (after the last step) included; None without early stopping (the last step, as always)."""
+        if self.cfg.run.early_stop_patience == 0:
+            return None
+        if self.best is None or final_accuracy >= self.best[1]:  # a tie goes to the later, longer-trained step
+            return self.step, final_accuracy
+        return self.best
+
+    def early_stop_state(self) -> dict:
+        """What a checkpoint keeps, so a resumed run goes on counting."""
+        return {"best": self.best, "evals_since_best": self.evals_since_best}
 
     # --- failing rewards, non-finite updates ----------------------------------------------------
 

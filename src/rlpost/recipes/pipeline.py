@@ -11,7 +11,9 @@ A pipeline recipe is YAML:
       - {name: dpo, kind: dpo, overrides: [pref.loss=dpo, pref.beta=0.1]}
       - {name: rl,  kind: rl, recipe: recipes/grpo_arith.yaml, reward_model: rm}   # RLHF with the rm stage
 
-``kind`` is sft | rm | dpo | rl. An rl stage trains on the task's verifier, or on a reward model
+``kind`` is sft | rsft | rm | dpo | rl (rsft: rejection-sampling SFT on the policy's own accepted
+samples, recipes/rsft.py). An rl stage with ``teacher: <stage name>`` and algo.name=distill
+distils from that earlier stage's model (on-policy distillation, algorithms/distill.py). An rl stage trains on the task's verifier, or on a reward model
 stage's output with ``reward_model: <stage name>``. After every policy stage the held-out accuracy
 of the task (greedy, the same verifier and rows as ``rlpost eval``) is measured, so the table
 shows what each stage added. A stage that already finished (its summary.json exists) is not run
@@ -33,8 +35,9 @@ from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.offline import train_offline
 from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
+from rlpost.recipes.rsft import run_rsft
 
-KINDS = ("sft", "rm", "dpo", "rl")
+KINDS = ("sft", "rsft", "rm", "dpo", "rl")
 
 
 def read_pipeline(path: str | Path) -> dict:
@@ -54,6 +57,10 @@ def read_pipeline(path: str | Path) -> dict:
         rm = st.get("reward_model")
         if rm is not None and (rm not in names or next(s for s in stages if s["name"] == rm)["kind"] != "rm"):
             raise config.ConfigError(f"{path}: stage {st['name']}.reward_model: expected the name of an earlier rm stage, got {rm!r}")
+        teacher = st.get("teacher")
+        earlier = names[: names.index(st["name"])]
+        if teacher is not None and (teacher not in earlier or next(s for s in stages if s["name"] == teacher)["kind"] == "rm"):
+            raise config.ConfigError(f"{path}: stage {st['name']}.teacher: expected the name of an earlier policy stage, got {teacher!r}")
     return tree
 
 
@@ -62,12 +69,16 @@ def stage_config(tree: dict, st: dict, model: str, outputs: dict, run_dir: Path)
                  f"run.out_dir={run_dir}", f"run.name={st['name']}"]
     if st.get("reward_model"):
         overrides.append(f"task.reward_model={outputs[st['reward_model']]}")
+    if st.get("teacher"):  # on-policy distillation from an earlier stage's model (algo.name=distill)
+        overrides.append(f"algo.teacher={outputs[st['teacher']]}")
     return config.load(st.get("recipe"), overrides)
 
 
 def train_stage(cfg: config.Config, run_dir: Path, kind: str) -> dict:
-    """`rlpost sft|rm|dpo` and a pipeline stage: online DPO when kind='dpo' and pref.online_rounds > 0
-    (recipes/online.py), else training on fixed rows."""
+    """`rlpost sft|rsft|rm|dpo` and a pipeline stage: rejection-sampling SFT (recipes/rsft.py); online
+    DPO when kind='dpo' and pref.online_rounds > 0 (recipes/online.py); else training on fixed rows."""
+    if kind == "rsft":
+        return run_rsft(cfg, run_dir)
     if kind == "dpo" and cfg.pref.online_rounds > 0:
         return run_online_dpo(cfg, run_dir)
     return train_offline(cfg, run_dir, kind)
@@ -127,6 +138,8 @@ def _stage_metric(kind: str, s: dict) -> str:
     if kind == "dpo":
         return (f"{s['loss']}: reward accuracy {s['heldout_before'].get('rewards/accuracy', 0):.3f} -> "
                 f"{s['heldout_after'].get('rewards/accuracy', 0):.3f}, margin {s['heldout_after'].get('rewards/margin', 0):+.3f}")
+    if kind == "rsft":
+        return f"rejection-sampling SFT: {len(s['rounds']) - 1} rounds, rows per round {[r.get('rsft/rows') for r in s['rounds'][1:]]}"
     if kind == "sft":
         return f"held-out NLL/token {s['heldout_before']['sft/nll']:.3f} -> {s['heldout_after']['sft/nll']:.3f}"
     return f"train reward {s['reward_mean_first']:.3f} -> {s['reward_mean_last']:.3f}"

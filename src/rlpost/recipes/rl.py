@@ -49,7 +49,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     t_start = time.perf_counter()
     weights, trainer_state, state = resume_point(run_dir) if resume else (None, None, {})
     elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
-    stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed)
+    stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed, curriculum(cfg))
     roles = make_roles(cfg, task, weights, stream=stream, run_dir=run_dir)
     log = None
     try:
@@ -61,7 +61,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         before = state.get("heldout_before")  # a resumed run's, from its checkpoint
         before = baseline(roles, heldout, cfg, run_dir, task) if before is None else before
         log.begin()
-        with RunGuard(cfg) as guard:
+        with RunGuard(cfg, state.get("early_stop")) as guard:
             for step in guard.steps(start + 1, cfg.run.steps):
                 timings: dict = {}
                 batch, c_metrics = collect(roles, stream, cfg, timings)
@@ -94,8 +94,9 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                 timings["timing_s/step"] = sum(timings.values())
                 log.step(step, {**c_metrics, **adv.metrics, **u_metrics, **timings, **perf(batch, timings),
                                 "training/epoch": stream.epoch}, batch)
-                if guard.finish_step() or step == cfg.run.steps or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
-                    save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed())
+                every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
+                if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
+                    save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed(), guard)
                 if on_step_end is not None:
                     on_step_end(step)
         log.close()
@@ -105,14 +106,20 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         roles.close()  # verifier workers, Ray actors and the sandboxes they run: stopped however we leave
         if log is not None:
             log.close()
-    model_dir = export.write_model(run_dir, cfg)  # the last checkpoint as a transformers folder: RUN/model
+    model_dir, selected = write_selected_model(run_dir, cfg, guard.select(after))  # a checkpoint as a transformers folder: RUN/model
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, elapsed(), {"run_dir": str(run_dir), "heldout_n": len(heldout), "model": str(model_dir),
                                                      "peak_rss_gb": round(peak_rss_gb, 2), **device.max_memory_allocated_gb(),
-                                                     "skipped_rows": task.skipped_rows})
+                                                     "skipped_rows": task.skipped_rows, **selected})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     return summary
+
+
+def curriculum(cfg: config.Config) -> tuple[int, float, float]:
+    """The online curriculum's (window, lowest, highest pass rate) for PromptStream (0: off)."""
+    r = cfg.rollout
+    return r.curriculum_window, r.filter_min_pass_rate, r.filter_max_pass_rate
 
 
 def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task) -> float:
@@ -146,6 +153,7 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, timings: dic
         for k, v in v_metrics.items():  # counts add up over refill rounds
             metrics[k] = metrics.get(k, 0) + v if not k.startswith("timing_s") else v
         score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
+        metrics.update(stream.observe(b.rows[::K], core.pass_rate(score, K).tolist()))  # the online curriculum
         b.reward, shaping = stack.shape(b, cfg)  # overlong penalty and length shaping, part of the reward from here on
         metrics.update(shaping)
         first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
@@ -222,8 +230,18 @@ def resume_state(roles: Roles, stream: PromptStream, trainer_state: dict, state:
 
 
 def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream, before: float,
-                    minutes: float) -> None:
+                    minutes: float, guard: RunGuard) -> None:
     state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
-             "heldout_before": before, "minutes": minutes, **roles.algo.state_dict()}
+             "heldout_before": before, "minutes": minutes, "early_stop": guard.early_stop_state(), **roles.algo.state_dict()}
     checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
-                    cfg.run.keep_checkpoints)
+                    cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None)
+
+
+def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int, float] | None) -> tuple[Path, dict]:
+    """RUN/model from the last checkpoint, or with early stopping from the selected step's (RunGuard.select);
+    and what summary.json records of the choice (the report marks it)."""
+    if selected is None:
+        return export.write_model(run_dir, cfg), {}
+    say(f"RUN/model holds step {selected[0]}: the best held-out accuracy, {selected[1]:.3f} (run.early_stop_patience)")
+    return (export.write_model(run_dir, cfg, selected[0], run_dir / "model"),
+            {"selected_step": selected[0], "heldout_accuracy_selected": selected[1]})

@@ -33,11 +33,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import TopPLogitsWarper
 
 from rlpost.model import device
 from rlpost.model.logprobs import position_ids
-from rlpost.roles.rollout_hf import HFRollout, continue_ids
+from rlpost.roles.rollout_hf import HFRollout, continue_ids, top_p_truncate
 from rlpost.types.batch import Rollouts
 from rlpost.types.errors import ConfigError
 
@@ -167,8 +166,8 @@ class FastRollout:
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
         enc = self.hf.encode(rows)
-        completion, sampler_logp = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p, max_new_tokens)
-        return self.hf.assemble(enc, rows, n, completion, sampler_logp)
+        completion, sampler_logp, floor = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p, max_new_tokens)
+        return self.hf.assemble(enc, rows, n, completion, sampler_logp, floor)
 
     def sample_ids(self, seqs: list[list[int]], temperature: float, top_p: float, max_new_tokens: int,
                    stop_strings: list[str]) -> list[tuple[list[int], list[float], str]]:
@@ -234,7 +233,7 @@ class FastRollout:
     # --- sampling -----------------------------------------------------------------------------
 
     def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
-                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor]:
+                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         if stop_strings:
             return self.hf._sample(input_ids, attention_mask, n, temperature, top_p, max_new_tokens, stop_strings)
         self.hf._check_awake()
@@ -246,8 +245,9 @@ class FastRollout:
             return self._decode(input_ids, attention_mask.bool(), n, temperature, top_p, max_new_tokens)
 
     def _decode(self, ids: Tensor, mask: Tensor, n: int, temperature: float, top_p: float,
-                max_new: int) -> tuple[Tensor, Tensor]:
-        """(completion (G*n, T) int64 padded after EOS, sampler log-probs (G*n, T) float32)."""
+                max_new: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(completion (G*n, T) int64 padded after EOS, sampler log-probs (G*n, T) float32, top-p
+        thresholds (G*n, T) float32 or None: HFRollout._sample's contract)."""
         G, P = ids.shape
         B = G * n
         layers = len(self.layers)
@@ -267,6 +267,7 @@ class FastRollout:
         # writes nothing more and leaves the batch at the next compaction.
         out = torch.full((B, max_new), self.tok.pad_token_id, dtype=torch.long)
         logp_out = torch.zeros(B, max_new)
+        floor_out = torch.zeros(B, max_new) if 0 < top_p < 1.0 and temperature > 0 else None
         rows = torch.arange(B)
         kmask = torch.ones(B, P + max_new, dtype=torch.bool)
         kmask[:, :P] = mask.repeat_interleave(n, dim=0)
@@ -274,9 +275,11 @@ class FastRollout:
         finished = torch.zeros(B, dtype=torch.bool)
         T = 0
         for t in range(max_new):
-            tok, lp = self._draw(logits, temperature, top_p)
+            tok, lp, floor = self._draw(logits, temperature, top_p)
             live = ~finished
             out[rows[live], t], logp_out[rows[live], t] = tok[live], lp[live]
+            if floor_out is not None:
+                floor_out[rows[live], t] = floor[live]
             finished |= torch.isin(tok, self.eos_ids)
             T = t + 1
             if bool(finished.all()) or t == max_new - 1:
@@ -290,21 +293,26 @@ class FastRollout:
             cos, sin = self._cos_sin((next_pos + t)[:, None])
             x = self._layers(self.embed[tok][:, None], cos, sin, cache, P + t, kmask[:b, None, None, : P + t + 1])
             logits = self._logits(x[:, 0])
-        return out[:, :T], logp_out[:, :T]
+        return out[:, :T], logp_out[:, :T], floor_out[:, :T] if floor_out is not None else None
 
-    def _draw(self, logits: Tensor, temperature: float, top_p: float) -> tuple[Tensor, Tensor]:
-        """(token (b,), its log-prob under softmax(logits / T)); greedy when temperature is 0."""
+    def _draw(self, logits: Tensor, temperature: float, top_p: float) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(token (b,), its log-prob under the distribution drawn from: softmax(logits / T),
+        truncated to top-p and renormalised when top_p < 1; the top-p threshold (b,) or None);
+        greedy when temperature is 0."""
         if temperature == 0:
-            return logits.argmax(-1), torch.zeros(len(logits))
+            return logits.argmax(-1), torch.zeros(len(logits)), None
         logp = (logits / temperature).log_softmax(-1)  # (b, V) the policy the trainer optimises
-        draw_from = logp if top_p >= 1.0 else _top_p(logp, top_p)
+        floor = None
+        if top_p < 1.0:  # the trainer truncates at the same threshold (Rollouts.sampler_floor)
+            logp, floor = top_p_truncate(logp, top_p)
+        draw_from = logp
         # Inverse-CDF sampling: one uniform per row against the cumulative distribution. Exact;
         # the profiler charged torch.multinomial 25 ms per step, but end to end the two measured
         # the same (benchmarks/rollout_levers.py: 1.02x).
         cdf = draw_from.exp().cumsum(-1)  # (b, V)
         u = torch.rand(len(cdf), 1) * cdf[:, -1:]
         tok = torch.searchsorted(cdf, u, side="right").squeeze(1).clamp(max=cdf.shape[1] - 1)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(1), floor
 
     def load_weights(self, state: dict[str, Tensor], version: int | None = None) -> None:
         """Weight sync: the HF parameters are views into the fused weights, so the copy lands
@@ -326,10 +334,3 @@ class FastRollout:
     def linears(self) -> list[_Linear]:
         """Every packed matmul weight: each layer's four, then the lm_head."""
         return [*(lin for L in self.layers for lin in L.linears), self.lm_head]
-
-
-def _top_p(logp: Tensor, top_p: float) -> Tensor:
-    """Keep the smallest set of tokens whose mass reaches top_p, -inf elsewhere: transformers' own
-    TopPLogitsWarper, the one HFRollout applies, on log-probs (softmax(logp) = softmax(logits))."""
-    return TopPLogitsWarper(top_p)(None, logp)
-

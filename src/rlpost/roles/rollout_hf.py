@@ -6,10 +6,15 @@ model/precision.py), and receives the trainer's float32 weights through
 ``load_weights`` after each update.
 
 Sampling is set up so that we know exactly which distribution drew each token: `generate` gets
-temperature 1, top-k off, top-p off, and our own processors do the rest. ``_RecordLogp`` divides
-the raw logits by the temperature and remembers log softmax of the result, which is the policy
-the trainer optimises; the top-p processor (if any) runs after it. The recorded log-prob of
-token t is read one call later, once `generate` has appended token t to ``input_ids``.
+temperature 1, top-k off, top-p off, and our own processor does the rest. ``_RecordLogp`` divides
+the raw logits by the temperature, applies top-p (if any) and remembers the log softmax of what it
+hands on, which is the distribution drawn from and the one the trainer optimises. The recorded
+log-prob of token t is read one call later, once `generate` has appended token t to ``input_ids``.
+
+Top-p: the sampler samples from the truncated distribution, so it records that (renormalised
+over the kept tokens) and the truncation threshold, ``Rollouts.sampler_floor``; the trainer and
+the reference then truncate their own log-probs at the same threshold (model/logprobs.py), so all
+three score the same distribution ("keep sampling mask", DeepSeek-V3.2, arXiv:2512.02556).
 """
 
 from __future__ import annotations
@@ -29,24 +34,44 @@ from rlpost.model import device, precision
 from rlpost.types.batch import Rollouts
 
 
-class _RecordLogp(LogitsProcessor):
-    """Temperature-scales scores and records log pi(token) of each sampled token."""
+def top_p_truncate(logp: Tensor, top_p: float) -> tuple[Tensor, Tensor]:
+    """(log-probs renormalised over the top-p set, -inf elsewhere (b, V); the threshold (b,)). The
+    set is transformers' TopPLogitsWarper's, the one `generate` would keep (softmax(logp) =
+    softmax(logits)). The threshold lies halfway, in full-softmax log-prob, between the least likely
+    kept token and the most likely dropped one (-inf when none is dropped): the kept token at the
+    edge sits exactly on its own log-prob, so a threshold there would lose it to the trainer's
+    rounding about half the time."""
+    kept = TopPLogitsWarper(top_p)(None, logp)  # (b, V), -inf outside the set
+    is_kept = kept.isfinite()
+    last_kept = logp.masked_fill(~is_kept, float("inf")).min(-1).values  # (b,)
+    first_dropped = logp.masked_fill(is_kept, float("-inf")).max(-1).values  # (b,)
+    return kept - kept.logsumexp(-1, keepdim=True), (last_kept + first_dropped) / 2
 
-    def __init__(self, temperature: float):
-        self.temperature = temperature
+
+class _RecordLogp(LogitsProcessor):
+    """Temperature-scales scores, truncates them to top-p, and records log pi(token) of each
+    sampled token under that distribution, with the truncation threshold."""
+
+    def __init__(self, temperature: float, top_p: float = 1.0):
+        self.temperature, self.top_p = temperature, top_p
         self.prev: Tensor | None = None  # (B, V) log-probs of the step before
+        self.prev_floor: Tensor | None = None  # (B,) its top-p threshold
         self.logp: list[Tensor] = []  # T entries of (B,)
+        self.floor: list[Tensor] = []  # T entries of (B,) when top_p < 1
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         if self.prev is not None:
             self.collect(input_ids[:, -1])
-        scores = scores / self.temperature
-        self.prev = scores.float().log_softmax(-1)  # (B, V)
-        return scores
+        self.prev = (scores / self.temperature).float().log_softmax(-1)  # (B, V)
+        if self.top_p < 1.0:
+            self.prev, self.prev_floor = top_p_truncate(self.prev, self.top_p)
+        return self.prev  # generate's softmax of these is the distribution recorded
 
     def collect(self, tokens: Tensor) -> None:
         self.logp.append(self.prev.gather(-1, tokens[:, None]).squeeze(-1))  # (B,)
-        self.prev = None
+        if self.prev_floor is not None:
+            self.floor.append(self.prev_floor)
+        self.prev = self.prev_floor = None
 
 
 class _StopOnText(StoppingCriteria):
@@ -86,14 +111,15 @@ class HFRollout:
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
         enc = self.encode(rows)
-        completion, sampler_logp = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p, max_new_tokens)
-        return self.assemble(enc, rows, n, completion, sampler_logp)
+        completion, sampler_logp, floor = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p, max_new_tokens)
+        return self.assemble(enc, rows, n, completion, sampler_logp, floor)
 
     def encode(self, rows: list[dict]):
         """The chat-templated prompts, tokenised and left-padded."""
         return self.tok(self.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
 
-    def assemble(self, enc, rows: list[dict], n: int, completion: Tensor, sampler_logp: Tensor) -> Rollouts:
+    def assemble(self, enc, rows: list[dict], n: int, completion: Tensor, sampler_logp: Tensor,
+                 sampler_floor: Tensor | None = None) -> Rollouts:
         """The batch from the prompts and their sampled completions (B = len(rows) * n)."""
         mask = self.completion_mask(completion)  # (B, T)
         return Rollouts(
@@ -107,21 +133,21 @@ class HFRollout:
             rows=[r for r in rows for _ in range(n)],
             completions=self.tok.batch_decode(completion * mask + self.tok.pad_token_id * ~mask, skip_special_tokens=True),
             policy_version=self.version,
+            sampler_floor=sampler_floor.where(mask, 0.0) if sampler_floor is not None else None,  # -inf * 0 is nan
         )
 
     def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
-                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor]:
-        """(completion (B*n, T) int64, sampler log-probs (B*n, T) float32; zeros when greedy)."""
+                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(completion (B*n, T) int64, sampler log-probs (B*n, T) float32, zeros when greedy;
+        top-p thresholds (B*n, T) float32, None without truncation)."""
         self._check_awake()
         # Sample on the model's device; the batch is assembled where the prompts came from (the host).
         home, dev = input_ids.device, device.of(self.model)
         input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
         P = input_ids.shape[1]
         greedy = temperature == 0
-        recorder = None if greedy else _RecordLogp(temperature)
+        recorder = None if greedy else _RecordLogp(temperature, top_p)
         procs = LogitsProcessorList([] if greedy else [recorder])
-        if not greedy and top_p < 1.0:
-            procs.append(TopPLogitsWarper(top_p))
         # A fresh GenerationConfig, not the model's: a model may ship top_k / top_p / repetition
         # penalties in its generation_config.json, which would silently change the distribution.
         gen_cfg = GenerationConfig(
@@ -143,7 +169,8 @@ class HFRollout:
         if recorder is not None and recorder.prev is not None:
             recorder.collect(completion[:, len(recorder.logp)])  # the last sampled token
         sampler_logp = torch.stack(recorder.logp, dim=1) if recorder else completion.new_zeros(B, T, dtype=torch.float32)  # (B, T)
-        return completion.to(home), sampler_logp.float().to(home)
+        floor = torch.stack(recorder.floor, dim=1).float().to(home) if recorder and recorder.floor else None  # (B, T)
+        return completion.to(home), sampler_logp.float().to(home), floor
 
     @torch.no_grad()
     def sample_ids(self, seqs: list[list[int]], temperature: float, top_p: float, max_new_tokens: int,
@@ -216,7 +243,7 @@ def continue_ids(rollout, seqs: list[list[int]], temperature: float, top_p: floa
     pad = tok.pad_token_id
     ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs])  # left-padded
     attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
-    completion, logp = rollout._sample(ids, attn, 1, temperature, top_p, max_new_tokens, stop_strings)
+    completion, logp, _ = rollout._sample(ids, attn, 1, temperature, top_p, max_new_tokens, stop_strings)
     out = []
     for toks, lps in zip(completion.tolist(), logp.tolist()):
         end, how = len(toks), "length"

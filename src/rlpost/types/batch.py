@@ -28,12 +28,18 @@ class Rollouts:
     prompt_mask: Tensor  # (B, P) bool, True on real prompt tokens
     completion_ids: Tensor  # (B, T) int64, sampled tokens, right-padded with pad_token_id
     completion_mask: Tensor  # (B, T) bool, True on tokens that get a loss: sampled, up to and incl. EOS
-    sampler_logp: Tensor  # (B, T) float32, log pi_sampler(token) recorded at sampling time (0 on pad)
+    sampler_logp: Tensor  # (B, T) float32, log pi_sampler(token) recorded at sampling time, under the distribution
+    # actually sampled (top-p truncated and renormalised when top_p < 1); 0 on pad
     truncated: Tensor  # (B,) bool, True when the completion hit max_new_tokens without an EOS
     group_ids: Tensor  # (B,) int64, index of the prompt each row answers; a group's rows are contiguous
     rows: list[dict]  # B task rows (prompt messages, answer, metadata), repeated across each group
     completions: list[str]  # B decoded completions (special tokens dropped)
     policy_version: int = 0  # trainer step whose weights produced these samples
+    # (B, T) float32 or None. With rollout.top_p < 1: log pi_sampler (full softmax) of the least
+    # likely token the sampler kept at each position, i.e. its truncation threshold. Every later
+    # log-prob of this batch (trainer, old, reference) keeps the same tokens: those at or above it,
+    # plus the sampled one (model/logprobs.py). None = the full softmax was sampled (top_p = 1).
+    sampler_floor: Tensor | None = None
     # --- written by later roles ----------------------------------------------------------------
     reward: Tensor | None = None  # (B,) float32, sequence-level reward from the verifier
     ref_logp: Tensor | None = None  # (B, T) float32, frozen reference log-probs (KL anchor)

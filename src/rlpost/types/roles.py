@@ -35,6 +35,8 @@ class Traits:
     filters_groups: bool = False  # always drops groups without signal and refills (DAPO's dynamic sampling)
     fixed_aggregator: str = ""  # the loss aggregation is part of the algorithm (algo.loss_agg is not read)
     on_policy_only: bool = False  # no importance ratio: one optimizer step per rollout batch
+    token_clip: bool = False  # PPO's clipped token ratio, which algo.dual_clip_c can cap (clipped_pg_loss)
+    teacher: bool = False  # the reference role holds algo.teacher, whose log-probs make the advantages (distill)
     state: tuple[str, ...] = ()  # fields that change during training and are saved in checkpoints
 
 

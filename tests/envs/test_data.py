@@ -1,0 +1,59 @@
+"""The prompt stream's online curriculum (envs/data.py: PromptStream), worked by hand."""
+
+from rlpost.envs.data import PromptStream
+
+ROWS = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(4)]
+RATE = {"q0": 1.0, "q1": 0.0, "q2": 0.5, "q3": 0.25}  # always solved, never solved, two in the band
+
+
+def visit(stream):
+    batch = stream.next()
+    stream.observe(batch, [RATE[r["messages"][0]["content"]] for r in batch])
+    return [r["messages"][0]["content"] for r in batch]
+
+
+def test_out_of_band_prompts_are_passed_over_then_re_measured():
+    # window 2, band [0, 1] (0 and 1 themselves are out). Epochs 0 and 1 visit all four prompts (no
+    # prompt has 2 records before its second visit); by then q0 (mean 1) and q1 (mean 0) are out, so
+    # epoch 2's 2-prompt batch is q2 and q3, passing over whichever of q0, q1 its order puts before
+    # them. A pass-over forgets one record: that prompt is in again at its next turn.
+    s = PromptStream(ROWS, 2, seed=0, curriculum=(2, 0.0, 1.0))
+    first_two_epochs = [q for _ in range(4) for q in visit(s)]
+    assert sorted(first_two_epochs) == sorted(["q0", "q1", "q2", "q3"] * 2) and s.skipped == 0
+    assert [s.learnable(r) for r in ROWS] == [False, False, True, True]
+    order = [ROWS[i]["messages"][0]["content"] for i in s._permutation(2)]
+    before = order[: max(order.index("q2"), order.index("q3"))]
+    assert sorted(visit(s)) == ["q2", "q3"] and s.skipped == len({"q0", "q1"} & set(before)) > 0
+    passed = [r for r in ROWS[:2] if r["messages"][0]["content"] in before]
+    assert all(s.learnable(r) for r in passed)  # re-measured at its next turn
+
+
+def test_a_narrow_band_and_an_all_out_stream_still_yield_batches():
+    # band [0.4, 0.6] leaves only q2 (0.5) once every prompt has 1 record (window 1)
+    s = PromptStream(ROWS, 1, seed=0, curriculum=(1, 0.4, 0.6))
+    for _ in range(4):
+        visit(s)
+    assert visit(s) == ["q2"]
+    # every prompt out of band: after passing over one epoch's worth (4) the stream takes the next anyway
+    all_out = PromptStream(ROWS, 2, seed=0, curriculum=(1, 0.9, 1.0))
+    for _ in range(2):
+        visit(all_out)
+    RATE_BEFORE = dict(RATE)
+    RATE.update({k: 0.0 for k in RATE})
+    try:
+        for _ in range(2):
+            visit(all_out)
+        assert len(all_out.next()) == 2
+    finally:
+        RATE.update(RATE_BEFORE)
+
+
+def test_the_curriculum_state_resumes_and_off_means_off():
+    s = PromptStream(ROWS, 2, seed=0, curriculum=(2, 0.0, 1.0))
+    for _ in range(4):
+        visit(s)
+    again = PromptStream(ROWS, 2, seed=0, curriculum=(2, 0.0, 1.0))
+    again.load_state_dict(s.state_dict())
+    assert visit(again) == visit(s) and again.skipped == s.skipped > 0
+    off = PromptStream(ROWS, 2, seed=0, curriculum=(0, 0.0, 1.0))
+    assert off.observe(ROWS, [1.0] * 4) == {} and off.learnable(ROWS[0])
