@@ -132,7 +132,7 @@ class Campaign:
             self.reference = weights(out / "ref")
         return self.reference
 
-    def resumes_exactly(self, run: Path, first) -> tuple[bool, str]:
+    def resumes_exactly(self, run: Path, first, allow_start_over: bool = False) -> tuple[bool, str]:
         """After a fault: the command ended without traceback and no orphan; resuming ends where the
         uninterrupted run ends."""
         new_orphans = set(orphans()) - self.before
@@ -140,7 +140,7 @@ class Campaign:
             return False, f"traceback or orphan workers {new_orphans}: {first.stderr[-300:]}"
         r = cli("train", "--resume", str(run))
         started_over = ""
-        if r.returncode == 2 and "no intact checkpoint to resume from; add --start-over" in r.stderr:
+        if allow_start_over and r.returncode == 2 and "no intact checkpoint to resume from; add --start-over" in r.stderr:
             # killed inside the first checkpoint's write: nothing was saved, so nothing is lost; the
             # refusal is one line, and the run it names trains from step 0 to the same weights
             r, started_over = cli("train", "--resume", str(run), "--start-over"), "no checkpoint yet: refused in one line, then --start-over; "
@@ -177,7 +177,7 @@ class Campaign:
                 if first.returncode != -signal.SIGKILL:
                     self.record("fault", name, False, f"not killed (exit {first.returncode})")
                     continue
-                self.record("fault", name, *self.resumes_exactly(run, first))
+                self.record("fault", name, *self.resumes_exactly(run, first, allow_start_over=True))
         rng = random.Random(0)
         for i in range(4):
             name = f"SIGKILL at a random moment #{i + 1}"
@@ -197,7 +197,9 @@ class Campaign:
 
     def corruptions(self) -> None:
         src = self.fresh()
-        r = cli("train", *BASE, f"run.out_dir={src}", "run.name=c")
+        # 3 kept: with step 4's folder removed below (killed after step 3's checkpoint), steps 2 and 3
+        # are what such a run holds, so a corrupt step 3 has step 2 to fall back to
+        r = cli("train", *BASE, "run.keep_checkpoints=3", f"run.out_dir={src}", "run.name=c")
         assert r.returncode == 0, r.stderr[-2000:]
         cases = {
             "truncated model.safetensors": lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:99]),
@@ -300,8 +302,9 @@ class Campaign:
             time.sleep(0.2)
             p.send_signal(signal.SIGINT)
             err = p.communicate(timeout=300)[1]
-            self.record("fault", name, p.returncode == 130 and "Traceback" not in err and not set(orphans()) - self.before,
-                        err.strip().splitlines()[-1])
+            stray = set(orphans()) - self.before
+            self.record("fault", name, p.returncode == 130 and "Traceback" not in err and not stray,
+                        f"exit {p.returncode}; workers left {sorted(stray)}; {err.strip().splitlines()[-1]}")
         for sig in (signal.SIGINT, signal.SIGTERM):
             name = f"{sig.name} during start-up"
             if self.wanted(name):

@@ -120,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None  # the rlpost command (or python -m rlpost), not a call from Python
     argv = sys.argv[1:] if argv is None else argv
     # SIGTERM outside the training loop (start-up, evaluation) stops like Ctrl-C: one line, and the
     # run folder's failed-start clean-up (observe/runfolder.py). The loop sets its own (guard.py).
@@ -150,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
         what = e.message if isinstance(e, Interrupted) and e.message else f"stopped by {signal.Signals(signum).name}"
         resume = " (`rlpost train --resume RUN_DIR` continues from the last checkpoint)" if argv[:1] == ["train"] else ""
+        if as_program and main_thread:  # stopped and saved: a second Ctrl-C while Python exits changes nothing
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
+            main_thread = False  # keep the ignore: the finally below would restore the handlers
         return _fail(what + resume, 128 + signum, prefix="\nrlpost: ")
     except (MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
