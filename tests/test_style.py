@@ -215,3 +215,19 @@ def test_no_cpu_literal_decides_a_device():
     assert not found, f"a 'cpu' literal outside tests/test_style.py CPU_LITERAL_OK: {found}"
     used = {where for where, _ in cpu_literals()}
     assert not set(CPU_LITERAL_OK) - used, f"allow-list entries with no literal left: {set(CPU_LITERAL_OK) - used}"
+
+
+FACTORIES = {"zeros", "ones", "full", "empty", "tensor", "arange", "rand", "randn"}
+
+
+def test_the_maths_makes_tensors_where_its_inputs_are():
+    # algorithms/ and search/ run wherever the batch is (run.device): a torch.zeros(...) without
+    # device= lands on the CPU beside CUDA inputs. *_like and new_* follow their tensor already.
+    found = []
+    for f in sorted((SRC / "algorithms").glob("*.py")) + sorted((SRC / "search").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in FACTORIES
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                    and not any(k.arg == "device" for k in node.keywords)):
+                found.append(f"{f.relative_to(SRC)}:{node.lineno} torch.{node.func.attr}")
+    assert not found, f"tensors made without device= (pass the input's .device): {found}"

@@ -227,7 +227,7 @@ RATIO_EDGES = [0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.01, 1.05, 1.1, 1.25, 2.0, float
 
 
 def ratio_histogram(ratio: Tensor) -> list[int]:
-    idx = torch.bucketize(ratio, torch.tensor(RATIO_EDGES[1:-1]), right=True)  # (n,) bin of each ratio
+    idx = torch.bucketize(ratio, torch.tensor(RATIO_EDGES[1:-1], device=ratio.device), right=True)  # (n,) bin of each ratio
     return torch.bincount(idx, minlength=len(RATIO_EDGES) - 1).tolist()
 
 
@@ -252,8 +252,8 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
     mask_f = mask.to(values.dtype)
     values = values * mask_f
     adv = torch.zeros_like(values)
-    next_value = torch.zeros(B, dtype=values.dtype)  # (B,)
-    next_adv = torch.zeros(B, dtype=values.dtype)  # (B,)
+    next_value = torch.zeros(B, dtype=values.dtype, device=values.device)  # (B,)
+    next_adv = torch.zeros(B, dtype=values.dtype, device=values.device)  # (B,)
     for t in reversed(range(T)):
         delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
         a = delta + gamma * lam * next_adv  # (B,)

@@ -243,7 +243,7 @@ def rm_scores(values: Tensor, mask: Tensor) -> Tensor:
 def make_rm_loss(p: PrefConfig):
     def loss_fn(logp: Tensor, batch: Rollouts, values: Tensor) -> tuple[Tensor, dict]:
         s = rm_scores(values, batch.completion_mask).view(-1, 2)  # (pairs, 2)
-        margin = torch.full((len(s),), p.rm_margin) if p.rm_margin > 0 else None
+        margin = torch.full((len(s),), p.rm_margin, device=s.device) if p.rm_margin > 0 else None
         loss, m = bradley_terry_loss(s[:, 0], s[:, 1], margin=margin)
         return loss * len(s) / (batch.loss_seqs / 2), m
 
@@ -274,7 +274,7 @@ def make_dpo_loss(p: PrefConfig):
             loss, m = orpo_loss(mean[:, 0], mean[:, 1], -mean[:, 0], lam=p.orpo_lambda)
         else:  # kto: the pairs give one desirable and one undesirable example each
             pol, ref = s.reshape(-1), r.reshape(-1)  # (B,)
-            desirable = torch.tensor([True, False]).repeat(len(s))
+            desirable = torch.tensor([True, False], device=s.device).repeat(len(s))
             z0 = kto_kl_ref_point(pol.detach(), ref)
             loss, m = kto_loss(pol, ref, desirable, z0, beta=p.beta)
         if p.nll_coef > 0:  # RPO: plus an NLL anchor on the chosen completion
