@@ -50,8 +50,10 @@ def test_callables_and_a_datasets_dataset_then_eval_and_resume_from_the_cli(tmp_
         return [0.25 * (c[0]["content"][:1] == a) for c, a in zip(completions, answer)]
 
     rows = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": str(d)}], "answer": str(d)} for d in range(10)] * 4)
+    # ten prompts repeated: every held-out row is also a training row, which decontamination would
+    # refuse (envs/decontam.py); accepted here, the point is the callables
     trainer = rlpost.Trainer(model="tiny", reward_funcs=[odd_half, trl_style, lambda c, r: 0.0], train_dataset=rows,
-                             overrides=TINY, output_dir=tmp_path / "run")
+                             overrides=[*TINY, "task.max_contamination=1"], output_dir=tmp_path / "run")
     summary = trainer.train()
     run = tmp_path / "run"
     assert summary["run_dir"] == str(run)
