@@ -42,31 +42,44 @@ def onpolicy_pairs(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple
 
 def run_online_dpo(cfg: config.Config, run_dir: Path) -> dict:
     """pref.online_rounds rounds of (sample -> pairs -> one DPO pass); returns the summary."""
+    return sampled_rounds(cfg, run_dir, cfg.pref.online_rounds, onpolicy_pairs, "dpo", "online_dpo",
+                          "pairs.jsonl", "fewer than 2 prompts gave a pair", ("pair_accuracy_after", "rewards/accuracy"))
+
+
+def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, kind: str, summary_kind: str,
+                   data_name: str, skip_reason: str, after: tuple[str, str]) -> dict:
+    """``n_rounds`` rounds of: K samples of ``pref.online_prompts`` training prompts from the current
+    policy -> rows (``collect(roles, prompts, K, cfg) -> (rows, metrics)``) -> one ``kind`` pass of
+    train_offline on them; the next round samples from the result (online DPO here, rejection-
+    sampling SFT in rsft.py). ``after`` = (round key, held-out metric of the pass) to report.
+    Returns the summary, also written to run_dir/summary.json."""
     p = cfg.pref
     task = build_task(cfg)
     rng = random.Random(cfg.run.seed)
     model = cfg.model.name
     rounds = [{"round": 0, "heldout_accuracy": model_accuracy(cfg, model)}]
-    for i in range(1, p.online_rounds + 1):
+    for i in range(1, n_rounds + 1):
         sample_cfg = config.with_overrides(cfg, [f"model.name={model}", "algo.kl_coef=0", "algo.name=grpo"])
         roles = build.build_roles(sample_cfg, task)
         torch.manual_seed(cfg.run.seed + i)
-        pairs, metrics = onpolicy_pairs(roles, rng.sample(task.train, min(p.online_prompts, len(task.train))),
-                                        cfg.rollout.group_size, cfg)
-        roles.close()
-        if len(pairs) < 2:
-            rounds.append({"round": i, "skipped": "fewer than 2 prompts gave a pair", **metrics})
+        try:
+            rows, metrics = collect(roles, rng.sample(task.train, min(p.online_prompts, len(task.train))),
+                                    cfg.rollout.group_size, cfg)
+        finally:
+            roles.close()
+        if len(rows) < 2:  # a training row and a held-out one at least
+            rounds.append({"round": i, "skipped": skip_reason, **metrics})
             continue
         rdir = run_dir / f"round_{i}"
         rdir.mkdir(parents=True, exist_ok=True)
-        data = rdir / "pairs.jsonl"
-        write_atomic(data, "".join(json.dumps(x) + "\n" for x in pairs))
+        data = rdir / data_name
+        write_atomic(data, "".join(json.dumps(x) + "\n" for x in rows))
         round_cfg = config.with_overrides(cfg, [f"model.name={model}", f"pref.data={data}", "pref.online_rounds=0"])
-        summary = train_offline(round_cfg, rdir, "dpo")
+        summary = train_offline(round_cfg, rdir, kind)
         model = summary["model"]
         rounds.append({"round": i, **metrics, "heldout_accuracy": model_accuracy(cfg, model),
-                       "pair_accuracy_after": summary["heldout_after"].get("rewards/accuracy")})
-    out = {"kind": "online_dpo", "rounds": rounds, "model": model,
+                       after[0]: summary["heldout_after"].get(after[1])})
+    out = {"kind": summary_kind, "rounds": rounds, "model": model,
            "heldout_before": rounds[0]["heldout_accuracy"], "heldout_after": rounds[-1].get("heldout_accuracy")}
     write_atomic(run_dir / "summary.json", json.dumps(out, indent=2) + "\n")
     return out

@@ -17,17 +17,10 @@ A prompt with no accepted sample gives no row. ``pref.online_rounds`` sets the r
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 
-import torch
-
-from rlpost import build, config
-from rlpost.envs import build_task
-from rlpost.model.checkpoint import write_atomic
-from rlpost.recipes.evaluate import model_accuracy
-from rlpost.recipes.offline import train_offline
+from rlpost import config
+from rlpost.recipes.online import sampled_rounds
 
 
 def accepted_rows(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[list[dict], dict]:
@@ -53,33 +46,5 @@ def accepted_rows(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[
 
 def run_rsft(cfg: config.Config, run_dir: Path) -> dict:
     """max(1, pref.online_rounds) rounds of (sample -> accepted rows -> one SFT pass); returns the summary."""
-    p = cfg.pref
-    task = build_task(cfg)
-    rng = random.Random(cfg.run.seed)
-    model = cfg.model.name
-    rounds = [{"round": 0, "heldout_accuracy": model_accuracy(cfg, model)}]
-    for i in range(1, max(1, p.online_rounds) + 1):
-        sample_cfg = config.with_overrides(cfg, [f"model.name={model}", "algo.kl_coef=0", "algo.name=grpo"])
-        roles = build.build_roles(sample_cfg, task)
-        torch.manual_seed(cfg.run.seed + i)
-        try:
-            rows, metrics = accepted_rows(roles, rng.sample(task.train, min(p.online_prompts, len(task.train))),
-                                          cfg.rollout.group_size, cfg)
-        finally:
-            roles.close()
-        if len(rows) < 2:  # SFT needs a training row and a held-out one
-            rounds.append({"round": i, "skipped": "fewer than 2 accepted samples", **metrics})
-            continue
-        rdir = run_dir / f"round_{i}"
-        rdir.mkdir(parents=True, exist_ok=True)
-        data = rdir / "accepted.jsonl"
-        write_atomic(data, "".join(json.dumps(x) + "\n" for x in rows))
-        round_cfg = config.with_overrides(cfg, [f"model.name={model}", f"pref.data={data}", "pref.online_rounds=0"])
-        summary = train_offline(round_cfg, rdir, "sft")
-        model = summary["model"]
-        rounds.append({"round": i, **metrics, "heldout_accuracy": model_accuracy(cfg, model),
-                       "sft_nll_after": summary["heldout_after"].get("sft/nll")})
-    out = {"kind": "rsft", "rounds": rounds, "model": model,
-           "heldout_before": rounds[0]["heldout_accuracy"], "heldout_after": rounds[-1].get("heldout_accuracy")}
-    write_atomic(run_dir / "summary.json", json.dumps(out, indent=2) + "\n")
-    return out
+    return sampled_rounds(cfg, run_dir, max(1, cfg.pref.online_rounds), accepted_rows, "sft", "rsft",
+                          "accepted.jsonl", "fewer than 2 accepted samples", ("sft_nll_after", "sft/nll"))
