@@ -30,7 +30,6 @@ Writes benchmarks/results/contention-<isa>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import time
@@ -96,10 +95,7 @@ def main() -> None:
             results[row]["busy" if busy else "alone"] = measure(row, busy, args.steps, args.seed)
     text = report(results, args.steps)
     print(text)
-    tag = machine.isa_tag()
-    machine.RESULTS.mkdir(exist_ok=True)
-    (machine.RESULTS / f"contention-{tag}.json").write_text(json.dumps(results, indent=1))
-    (machine.RESULTS / f"contention-{tag}.md").write_text(header.render() + text)
+    machine.write_results("contention", results, header, text)
 
 
 if __name__ == "__main__":

@@ -53,3 +53,13 @@ class Header:
         return (f"`{cmd}`, {self.start} to {time.strftime('%H:%M')}; {cpu_name()}, {os.cpu_count()} cores, "
                 f"torch {torch.__version__} ({c.probe.isa}); load average (1, 5, 15 min) {self.load_before} before, "
                 f"{load()} after; precision: {'bf16' if c.bf16 else 'float32'} ({c.reason}).\n\n")
+
+
+def write_results(name: str, data, header: Header, text: str) -> None:
+    """results/<name>-<isa>.json (the raw figures) and .md (the header, then the table)."""
+    import json
+
+    tag = isa_tag()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}-{tag}.json").write_text(json.dumps(data, indent=1))
+    (RESULTS / f"{name}-{tag}.md").write_text(header.render() + text)

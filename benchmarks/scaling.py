@@ -155,10 +155,7 @@ def main() -> None:
             results[axis].append(done[tag])
     text = report(results, args.steps)
     print(text)
-    tag = machine.isa_tag()
-    machine.RESULTS.mkdir(exist_ok=True)
-    (machine.RESULTS / f"scaling-{tag}.json").write_text(json.dumps(results, indent=1))
-    (machine.RESULTS / f"scaling-{tag}.md").write_text(header.render() + text)
+    machine.write_results("scaling", results, header, text)
 
 
 if __name__ == "__main__":

@@ -285,10 +285,7 @@ def main() -> None:
     trl, ours = summarise(runs["trl"]), summarise(runs["rlpost"])
     text = report(trl, ours, gen, args)
     print(text)
-    results, tag = machine.RESULTS, machine.isa_tag()
-    results.mkdir(exist_ok=True)
-    (results / f"vs_trl-{tag}.json").write_text(json.dumps({"trl": trl, "rlpost": ours, "generate": gen, "runs": runs}, indent=1))
-    (results / f"vs_trl-{tag}.md").write_text(header.render() + text)
+    machine.write_results("vs_trl", {"trl": trl, "rlpost": ours, "generate": gen, "runs": runs}, header, text)
 
 
 if __name__ == "__main__":
