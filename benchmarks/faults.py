@@ -63,6 +63,16 @@ def cli(*args, timeout=600, stdin=None):
                           timeout=timeout)
 
 
+def train_until_first_step(run: Path, *overrides: str) -> subprocess.Popen:
+    """`rlpost train` into folder `run` (BASE + overrides), returned once its first step is logged
+    (or it ended): the moment the signal and kill cases strike."""
+    p = subprocess.Popen([PY, "-m", "rlpost.cli", "train", *BASE, *overrides, f"run.out_dir={run.parent}",
+                          f"run.name={run.name}"], stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    while not (run / "metrics.jsonl").exists() and p.poll() is None:
+        time.sleep(0.05)
+    return p
+
+
 def parent(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
@@ -183,10 +193,7 @@ class Campaign:
             name = f"SIGKILL at a random moment #{i + 1}"
             if self.wanted(name):
                 run = self.fresh() / "k"
-                p = subprocess.Popen([PY, "-m", "rlpost.cli", "train", *BASE, f"run.out_dir={run.parent}", "run.name=k"],
-                                     stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
-                while not (run / "metrics.jsonl").exists() and p.poll() is None:
-                    time.sleep(0.05)
+                p = train_until_first_step(run)
                 time.sleep(rng.uniform(0, 3))
                 p.kill()
                 err = p.communicate()[1]
@@ -280,11 +287,7 @@ class Campaign:
             name = f"{sig.name} mid-run"
             if self.wanted(name):
                 run = self.fresh() / "s"
-                p = subprocess.Popen([PY, "-m", "rlpost.cli", "train", *BASE, "run.checkpoint_every=0",
-                                      f"run.out_dir={run.parent}", "run.name=s"], stderr=subprocess.PIPE, text=True,
-                                     env=ENV, cwd=ROOT)
-                while not (run / "metrics.jsonl").exists() and p.poll() is None:
-                    time.sleep(0.05)
+                p = train_until_first_step(run, "run.checkpoint_every=0")
                 p.send_signal(sig)
                 err = p.communicate(timeout=300)[1]
                 saved = list((run / "checkpoints").glob("step_*"))
@@ -294,10 +297,7 @@ class Campaign:
         name = "SIGINT twice mid-run"
         if self.wanted(name):
             run = self.fresh() / "s"
-            p = subprocess.Popen([PY, "-m", "rlpost.cli", "train", *BASE, f"run.out_dir={run.parent}", "run.name=s"],
-                                 stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
-            while not (run / "metrics.jsonl").exists() and p.poll() is None:
-                time.sleep(0.05)
+            p = train_until_first_step(run)
             p.send_signal(signal.SIGINT)
             time.sleep(0.2)
             p.send_signal(signal.SIGINT)
