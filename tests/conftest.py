@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from helpers import verifier_workers
 from hypothesis import HealthCheck, settings
 
 from rlpost.model.load import load_policy
@@ -17,26 +18,13 @@ torch.set_num_threads(1)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")] if p)
 
 
-def verifier_workers() -> set[int]:
-    """Verifier worker processes (rewards/worker.py) whose parent is this pytest process."""
-    found = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[1])
-            if ppid == os.getpid() and b"rlpost.rewards.worker" in open(f"/proc/{pid}/cmdline", "rb").read():
-                found.add(int(pid))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
 @pytest.fixture(autouse=True)
 def no_leaked_workers():
     """A test that leaves verifier workers running (roles or a runner never closed) fails here, by
     name: later tests that count this process's workers (tests/test_faults.py) would fail instead."""
-    before = verifier_workers()
+    before = set(verifier_workers())
     yield
-    leaked = verifier_workers() - before
+    leaked = set(verifier_workers()) - before
     for pid in leaked:
         try:
             os.kill(pid, 9)

@@ -149,3 +149,17 @@ def make_batch(tiny, n_prompts=4, k=4, seed=0) -> Rollouts:
     b = ro.generate(rows, n=k, temperature=1.0, top_p=1.0, max_new_tokens=7)
     b.reward = torch.rand(len(b))
     return b
+
+
+def verifier_workers() -> list[int]:
+    """Verifier worker processes (rewards/worker.py) whose parent is this process: none may be
+    left once a command or a test ends."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+            if ppid == os.getpid() and b"rlpost.rewards.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except (OSError, ValueError, IndexError):
+            continue
+    return sorted(found)

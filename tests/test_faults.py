@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, TINY, remount_read_only, run_cli, tmpfs
+from helpers import ROOT, TINY, remount_read_only, tmpfs, verifier_workers
 from safetensors.torch import load_file
 
 from rlpost import cli, config
@@ -32,20 +32,6 @@ def main(*args, capsys=None):
     return code, capsys.readouterr().err if capsys else ""
 
 
-def worker_processes() -> list[int]:
-    """Verifier workers whose parent is this process (there must be none once a command ends)."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rpartition(")")[2].split()[1]) == os.getpid() and b"rlpost.rewards.worker" in cmd:
-            out.append(int(pid))
-    return out
-
-
 def test_sigterm_finishes_the_step_saves_it_and_stops_every_child(tmp_path, capsys, monkeypatch):
     train = rl.train
     term_after_1 = lambda s: os.kill(os.getpid(), signal.SIGTERM) if s == 1 else None
@@ -55,7 +41,7 @@ def test_sigterm_finishes_the_step_saves_it_and_stops_every_child(tmp_path, caps
     assert code == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM after step 2, whose checkpoint is saved" in err and "Traceback" not in err
     assert [p.name for p in checkpoint.candidates(tmp_path / "t")] == ["step_000002"]
-    assert worker_processes() == []
+    assert verifier_workers() == []
     monkeypatch.setattr(rl, "train", train)
     code, err = main("train", "--resume", str(tmp_path / "t"), capsys=capsys)
     assert code == 0, err
@@ -79,7 +65,7 @@ def test_a_reward_function_failing_on_the_first_batch_stops_before_any_update(tm
     assert err.count("Traceback (most recent call last)") == 1  # the first failure, once, with its traceback
     run = tmp_path / "r"
     assert not checkpoint.candidates(run) and "RuntimeError: broken verifier" in (run / "verifier.log").read_text()
-    assert worker_processes() == []
+    assert verifier_workers() == []
 
 
 def test_reward_failures_are_counted_and_shown_by_doctor_and_the_report(tmp_path, capsys):
@@ -310,7 +296,7 @@ def test_a_kill_at_any_point_of_a_checkpoint_write_resumes_exactly(tmp_path, mon
             m.setattr(owner, attr, hit)
             with pytest.raises(Killed):
                 rl.train(cfg, run)
-        assert worker_processes() == [], name
+        assert verifier_workers() == [], name
         rl.train(cfg, run, resume=True)
         got = load_file(run / "checkpoints" / "step_000004" / "model.safetensors")
         assert all(torch.equal(want[k], got[k]) for k in want), name
