@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     # run folder's failed-start clean-up (observe/runfolder.py). The loop sets its own (guard.py).
     main_thread = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    restore_term = main_thread
     try:
         if argv[:1] == ["plan"]:
             from rlpost.observe import planner
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         if as_program and main_thread:  # stopped and saved: a second Ctrl-C while Python exits changes nothing
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_IGN)
-            main_thread = False  # keep the ignore: the finally below would restore the handlers
+            restore_term = False  # keep the ignore through the exit
         return _fail(what + resume, 128 + signum, prefix="\nrlpost: ")
     except (MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a write or read the recipes did not expect to fail: name the path and the cause
         return _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {e}", 1)
     finally:
-        if main_thread:
+        if restore_term:
             signal.signal(signal.SIGTERM, old_term)
 
 
