@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from rlpost import algorithms, config
-from rlpost.console import say
+from rlpost.console import say, say_once
 from rlpost.envs import Task, verifier_timeout
 from rlpost.model import device, lora, precision
 from rlpost.model.load import load_policy, load_tokenizer
@@ -106,21 +106,12 @@ def make_runner(cfg: config.Config, path: str, key: str, run_dir: Path | None = 
                           import_paths=(*([run_dir] if run_dir else []), os.getcwd()), max_steps=cfg.run.steps)
 
 
-_said: set[str] = set()  # the device and precision lines already printed by this process
-
-
-def _say_once(line: str) -> None:
-    if line not in _said:
-        _said.add(line)
-        say(line)
-
-
 def resolve_device(cfg: config.Config) -> config.Config:
     """cfg with run.device concrete ('cpu' or 'cuda'; 'auto' from torch.cuda.is_available()), after
     saying which in one line; run.device=cuda without CUDA is a ConfigError naming the key."""
     dev = device.resolve(cfg.run.device)
     if device.is_cuda(dev):  # on the host nothing changes from before run.device, so nothing is said
-        _say_once(f"device: cuda, {torch.cuda.get_device_name()} (run.device={cfg.run.device})")
+        say_once(f"device: cuda, {torch.cuda.get_device_name()} (run.device={cfg.run.device})")
     return replace(cfg, run=replace(cfg.run, device=dev))
 
 
@@ -130,7 +121,7 @@ def resolve_precision(cfg: config.Config) -> config.Config:
     was chosen and why (once per process and choice)."""
     cfg = resolve_device(cfg)
     cfg, line = precision.resolve_config(cfg, cfg.run.device)
-    _say_once(line)
+    say_once(line)
     return cfg
 
 

@@ -8,3 +8,14 @@ import sys
 
 def say(message: str) -> None:
     print(f"rlpost: {message}", file=sys.stderr, flush=True)
+
+
+_said: set[str] = set()  # the lines say_once has printed in this process
+
+
+def say_once(message: str) -> None:
+    """``say``, the first time this process says ``message`` (a choice made per run, repeated
+    every time roles are built, is told once)."""
+    if message not in _said:
+        _said.add(message)
+        say(message)

@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from rlpost.console import say
+from rlpost.console import say, say_once
 from rlpost.types.errors import ModelLoadError
 
 # transformers draws a progress bar for every 0.3 s weight load; rlpost has its own progress bar.
@@ -225,17 +225,12 @@ PLAIN_CHAT_TEMPLATE = (
     "{% else %}Assistant: {{ m['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-_SAID_PLAIN: set[str] = set()
-
-
 def prepare_tokenizer(tok, source: str):
     tok.padding_side = "left"
     if tok.pad_token is None:  # many base models ship without one; EOS is the usual stand-in
         tok.pad_token = tok.eos_token
     if not tok.chat_template:
-        if source not in _SAID_PLAIN:
-            say(f"{source} has no chat template (a base model?): using a plain 'User: ... / Assistant:' one")
-            _SAID_PLAIN.add(source)
+        say_once(f"{source} has no chat template (a base model?): using a plain 'User: ... / Assistant:' one")
         tok.chat_template = PLAIN_CHAT_TEMPLATE
     return tok
 
