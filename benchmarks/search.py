@@ -3,6 +3,7 @@ majority and PRM step-level beam search, at an equal sampling budget.
 
     nice -n 10 .venv/bin/python benchmarks/search.py                      # the defaults below
     nice -n 10 .venv/bin/python benchmarks/search.py --train 8 --eval 8   # a quick smoke run
+    .venv/bin/python benchmarks/search.py --save-prm runs/prm             # only train a PRM, for task.process_reward_model
 
 Why this task: the embedded SmolLM2-135M barely follows "step by step" instructions on their own
 (0-15% correct, answers in prose), so the prompt carries two worked examples as earlier chat turns
@@ -97,6 +98,19 @@ def label_and_train(args, rollout, train_rows, timings) -> tuple:
     return prm, orm, stats, examples
 
 
+def save_prm(args, rollout, train_rows, timings) -> None:
+    """--save-prm: phases 1 and 2a only, and the PRM written as a folder an RL run reads
+    (task.process_reward_model; ProcessRewardModel.save)."""
+    with timed("1_sample_and_label", timings):
+        sols = mc_step_labels(rollout, train_rows, score, args.n, args.m, args.max_new_tokens, args.temperature,
+                              chunk=args.chunk)
+    with timed("2a_train_prm", timings):
+        prm, hist = train_prm(load_policy("embedded").model, rollout.tok, process_examples(sols), epochs=args.epochs,
+                              batch_size=16, micro_batch_size=16, lr=args.lr, head_lr=args.head_lr)
+    print(f"PRM written to {prm.save(args.save_prm)} (bce {hist[0]['prm/bce']:.3f} -> {hist[-1]['prm/bce']:.3f}; "
+          + ", ".join(f"{k.removeprefix('timing_s/')} {v:.0f} s" for k, v in timings.items()) + ")")
+
+
 def evaluate(args, rollout, prm, orm, rows, timings) -> tuple[dict, dict]:
     """Phase 3: every method on the held-out rows; per-problem correctness and token counts."""
     res: dict[str, beam.SearchResult] = {}
@@ -166,6 +180,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "search")
+    ap.add_argument("--save-prm", type=Path, default=None,
+                    help="only label, train the PRM and write it to this folder (for task.process_reward_model): no ORM, no evaluation")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -174,6 +190,9 @@ def main() -> None:
     with timed("0_load", timings):
         loaded = load_policy("embedded")
         rollout = HFRollout(loaded.model, loaded.tokenizer, torch.bfloat16)
+    if args.save_prm:
+        save_prm(args, rollout, train_rows, timings)
+        return
     prm, orm, stats, examples = label_and_train(args, rollout, train_rows, timings)
     table, quality = evaluate(args, rollout, prm, orm, held, timings)
     timings["timing_s/total"] = time.perf_counter() - t0

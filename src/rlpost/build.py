@@ -34,6 +34,7 @@ from rlpost.envs import Task, verifier_timeout
 from rlpost.model import device, lora, precision
 from rlpost.model.load import load_policy, load_tokenizer
 from rlpost.rewards.judge import Judge
+from rlpost.rewards.prm import ProcessRewardModel, StepRewards
 from rlpost.rewards.reward_model import load_reward_model
 from rlpost.rewards.runner import VerifierRunner, default_workers
 from rlpost.rewards.stack import RewardStack, part_name
@@ -69,9 +70,13 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
     try:
         # The reward functions next (their dry start), before any model loads.
         reward = grader if for_eval else build_reward(cfg, grader, run_dir)
+        prm = make_process_reward(cfg) if cfg.task.process_reward_model and not for_eval else None  # before the policy loads
         if cfg.dist.topology != "colocated" and not for_eval:
-            return _remote_roles(cfg, algo, weights, stream, rollout_worker, grader, reward)
-        return _local_roles(cfg, algo, weights, for_eval, grader, reward)
+            roles = _remote_roles(cfg, algo, weights, stream, rollout_worker, grader, reward)
+        else:
+            roles = _local_roles(cfg, algo, weights, for_eval, grader, reward)
+        roles.process_reward = prm
+        return roles
     except BaseException:  # a model that does not load, a reward function that does not import
         if reward is not None and reward is not grader:
             reward.close()
@@ -136,6 +141,22 @@ def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
     frozen = on_device(cfg, load_teacher(cfg)) if cfg.algo.teacher else copy.deepcopy(on_device(cfg, model))
     return Reference(frozen, cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
                      precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix)
+
+
+def make_process_reward(cfg: config.Config) -> StepRewards:
+    """task.process_reward_model as the run's process-reward role, on run.device in the trainer's
+    precision; refused, naming the key, unless it is a PRM folder with the policy's tokenizer (it
+    reads the policy's token ids)."""
+    t, folder = cfg.task, Path(cfg.task.process_reward_model)
+    if not (folder / "value_head.safetensors").is_file():
+        raise ConfigError(f"task.process_reward_model: {folder} is not a process reward model folder (no value_head.safetensors); "
+                          "write one with ProcessRewardModel.save (benchmarks/search.py --save-prm)")
+    prm = ProcessRewardModel.load(folder, cfg.run.device, micro_batch_size=config.derived(cfg).micro_batch_size,
+                                  autocast_bf16=precision.trainer_bf16(cfg.trainer.precision))
+    if prm.tok.get_vocab() != load_tokenizer(cfg.model.name).get_vocab():
+        raise ConfigError(f"task.process_reward_model: {folder} has another tokenizer than model.name={cfg.model.name}; "
+                          "a PRM scores the policy's own token ids, so it must share its tokenizer")
+    return StepRewards(prm, t.process_reward_coef, t.process_reward_form)
 
 
 def load_teacher(cfg: config.Config) -> torch.nn.Module:

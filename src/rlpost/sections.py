@@ -73,6 +73,12 @@ class TaskConfig:
     """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the family's"""
     reward_model: str = ""
     """RLHF: the model folder written by `rlpost rm`; its score replaces the verifier's reward in training (held-out accuracy still uses the verifier)"""
+    process_reward_model: str = ""
+    """dense process rewards: a process reward model folder (rewards/prm.py: ProcessRewardModel.save; benchmarks/search.py --save-prm writes one) whose score at the end of each step (line) of a completion becomes a reward on that step's last token, next to the verifier's. PPO and REINFORCE++ add it to their token rewards (GAE, returns-to-go: Math-Shepherd's step-by-step PPO); the group methods add DeepSeekMath's process advantage (each step reward normalised within the group, summed to go) to the outcome advantage; empty = off"""
+    process_reward_coef: float = knob(1.0, ge=0)
+    """weight of task.process_reward_model's step rewards"""
+    process_reward_form: Literal["score", "delta"] = "score"
+    """task.process_reward_model: a step's reward is its score (Math-Shepherd, DeepSeekMath), or its change from the step before (delta: the step's progress, Setlur et al. 2024, arXiv:2410.08146; the rewards of a completion then sum to its last step's score, so more lines earn nothing by themselves)"""
     sandbox: Literal["bwrap", "rlimits"] = "bwrap"
     """task.name=code: how model-written code is isolated. bwrap: bubblewrap namespaces (no network, no host files, a size-capped tmpfs), the run refuses to start without it; rlimits: resource limits and a per-run uid only, for machines without bubblewrap, if you accept what it lacks (docs/environments.md lists it)"""
     sandboxes: int = knob(0, ge=0)

@@ -122,12 +122,16 @@ def last_token(mask: Tensor) -> Tensor:
     return torch.zeros_like(mask).scatter_(1, idx[:, None], True) & mask
 
 
-def token_rewards(score: Tensor, mask: Tensor, kl_tok: Tensor | None = None, kl_coef: float = 0.0) -> Tensor:
+def token_rewards(score: Tensor, mask: Tensor, kl_tok: Tensor | None = None, kl_coef: float = 0.0,
+                  dense: Tensor | None = None) -> Tensor:
     """(B, T): the sequence score on the last loss token, minus kl_coef * KL on every loss token
-    (Ziegler et al. 2019; Ouyang et al. 2022, Eq. 2)."""
+    (Ziegler et al. 2019; Ouyang et al. 2022, Eq. 2), plus ``dense`` (B, T) where given: a process
+    reward model's step rewards on each step's last token (Math-Shepherd's step-by-step PPO)."""
     r = score[:, None] * last_token(mask).to(score.dtype)  # (B, T)
     if kl_tok is not None and kl_coef > 0:
         r = r - kl_coef * kl_tok.detach() * mask.to(score.dtype)
+    if dense is not None:
+        r = r + dense * mask.to(score.dtype)
     return r
 
 
@@ -144,6 +148,23 @@ def prime_advantages(implicit: Tensor, mask: Tensor, group_size: int) -> Tensor:
     grouped = per_token.view(-1, group_size)
     loo = (grouped.sum(1, keepdim=True) - grouped) / max(1, group_size - 1)  # (n_prompts, K)
     return returns_to_go((implicit - loo.view(-1, 1)) * mask, mask)
+
+
+def process_advantages(step_reward: Tensor, step_end: Tensor, mask: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """(B, T) advantage of a process reward model's step rewards in a group method: DeepSeekMath's
+    process supervision (Shao et al. 2024, arXiv:2402.03300, Sec. 4.1.3). Each step reward is
+    normalised by the mean and (unbiased) std of every step reward of its group's K completions,
+    and a token's advantage is the sum of the normalised rewards of the steps ending at or after
+    it. A group with a single step, or with equal step rewards, gives 0."""
+    B, T = step_reward.shape
+    ends = step_end & mask  # (B, T)
+    r = step_reward.reshape(-1, group_size * T)  # (n_prompts, K*T): a group's rows are contiguous
+    m = ends.reshape(-1, group_size * T).to(r.dtype)  # (n_prompts, K*T)
+    n = m.sum(1, keepdim=True)  # (n_prompts, 1) steps in the group
+    mean = (r * m).sum(1, keepdim=True) / n.clamp(min=1)
+    var = (((r - mean) * m) ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)
+    normed = ((r - mean) / (var.sqrt() + eps) * m).view(B, T)  # (B, T), 0 off the step ends
+    return normed.flip(1).cumsum(1).flip(1) * mask.to(r.dtype)  # sum over steps ending at or after t
 
 
 # --- group baselines (sequence level: one value per completion) ------------------------------

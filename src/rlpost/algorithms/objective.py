@@ -2,7 +2,7 @@
 knobs around it. Built from a config by ``algorithms.build``; every knob is optional and off by
 default, so ``Objective(GRPO(...), GRPO(...).loss)`` is plain GRPO.
 
-  advantages(batch)   the algorithm's own, then PRIME and the overlong filter (wrappers.py)
+  advantages(batch)   the algorithm's own, then a PRM's step rewards, PRIME and the overlong filter (wrappers.py)
   loss                the algorithm's loss inside the entropy bonus and TIS (wrappers.py)
   end_step(...)       after each update: adaptive KL moves kl_coef (core.AdaptiveKLController)
   state_dict()        what a checkpoint keeps: the fields the algorithm's traits name as state
@@ -14,7 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlpost.algorithms import core
-from rlpost.algorithms.wrappers import with_overlong_filter, with_prime
+from rlpost.algorithms.wrappers import (
+    with_overlong_filter,
+    with_prime,
+    with_process_reward,
+)
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Algorithm, LossFn, Traits
 
@@ -50,6 +54,8 @@ class Objective:
 
     def advantages(self, batch: Rollouts) -> Advantages:
         adv = self.algo.advantages(batch)
+        if batch.step_reward is not None:  # a process reward model scored the steps (task.process_reward_model)
+            adv = with_process_reward(adv, batch, self.group_size, self.traits.token_rewards)
         if self.prime_coef > 0:
             adv = with_prime(adv, batch, self.prime_coef, self.group_size)
         if self.overlong_filter:  # after PRIME: the filtered rows get no loss at all

@@ -47,7 +47,7 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip
 @dataclass
 class PPO:
     name: ClassVar[str] = "ppo"
-    traits: ClassVar[Traits] = Traits(kl="reward", needs_values=True, token_clip=True)
+    traits: ClassVar[Traits] = Traits(kl="reward", needs_values=True, token_clip=True, token_rewards=True)
     gamma: float = 1.0
     lam: float = 1.0
     clip_eps_low: float = 0.2
@@ -76,7 +76,7 @@ class PPO:
         """GAE advantages (B, T), and the returns the critic regresses on."""
         mask = batch.completion_mask
         kl_tok = self.kl_estimator(batch.old_logp, batch.ref_logp) * mask if self.kl_coef > 0 else None  # (B, T)
-        rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef)  # (B, T)
+        rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef, batch.step_reward)  # (B, T)
         adv, returns = core.gae(rewards, batch.old_values, mask, self.gamma, self.lam)  # (B, T) each
         if self.whiten_advantages:
             adv = core.masked_whiten(adv, mask)

@@ -7,7 +7,8 @@ batch. No per-group baseline and no critic, so no bias from small groups.
 
 KL, as in the paper, is a per-token penalty in the reward (k1 by default): each token's reward
 is -kl_coef * KL_t, plus the score on the last token; a token's advantage is then its return to
-go (the sum of the rewards from it on), whitened over the batch. So KL is not in the loss.
+go (the sum of the rewards from it on), whitened over the batch. So KL is not in the loss. A
+process reward model's step rewards (task.process_reward_model) join those token rewards the same way.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def global_token_whitened(reward: Tensor, mask: Tensor, eps: float = 1e-6) -> Te
 @dataclass
 class ReinforcePP:
     name: ClassVar[str] = "reinforce_pp"
-    traits: ClassVar[Traits] = Traits(kl="reward", token_clip=True)
+    traits: ClassVar[Traits] = Traits(kl="reward", token_clip=True, token_rewards=True)
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0
@@ -52,14 +53,17 @@ class ReinforcePP:
 
     def advantages(self, batch: Rollouts) -> Advantages:
         mask = batch.completion_mask
-        if self.kl_coef == 0:
+        if self.kl_coef == 0 and batch.step_reward is None:
             adv_tok = global_token_whitened(batch.reward, mask)  # (B, T)
             return Advantages(adv_tok, {"critic/advantages/max": adv_tok.max().item()})
-        kl_tok = self.kl_estimator(batch.old_logp, batch.ref_logp) * mask  # (B, T)
-        rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef)  # (B, T)
+        kl_tok = self.kl_estimator(batch.old_logp, batch.ref_logp) * mask if self.kl_coef > 0 else None  # (B, T)
+        rewards = core.token_rewards(batch.reward, mask, kl_tok, self.kl_coef, batch.step_reward)  # (B, T)
         adv_tok = core.masked_whiten(core.returns_to_go(rewards, mask), mask)  # (B, T)
-        return Advantages(adv_tok, {"critic/advantages/max": adv_tok.max().item(), "critic/kl": core.masked_mean(kl_tok, mask).item(),
-                                    "critic/kl_bound_frac": core.kl_bound_frac(kl_tok, mask), "critic/kl_coef": self.kl_coef})
+        metrics = {"critic/advantages/max": adv_tok.max().item()}
+        if kl_tok is not None:
+            metrics.update({"critic/kl": core.masked_mean(kl_tok, mask).item(), "critic/kl_bound_frac": core.kl_bound_frac(kl_tok, mask),
+                            "critic/kl_coef": self.kl_coef})
+        return Advantages(adv_tok, metrics)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         # kl_coef=0 here: the KL is already in the advantages.

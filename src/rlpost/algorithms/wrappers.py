@@ -9,6 +9,7 @@ Loss side, ``loss_fn -> loss_fn`` (the trainer calls the outer one):
 
 Advantage side, ``Advantages -> Advantages`` (after the algorithm's own advantages):
   with_prime           + PRIME's implicit process reward, RLOO-centred         (algo.prime_coef)
+  with_process_reward  + a PRM's step rewards, group-normalised, summed to go (task.process_reward_model)
   with_overlong_filter truncated completions drop out of the loss              (algo.overlong_filter)
 
 Adaptive KL (algo.kl_target) moves the algorithm's kl_coef after each update; it is state, so it
@@ -140,6 +141,24 @@ def with_prime(adv: Advantages, batch: Rollouts, coef: float, group_size: int) -
     implicit = coef * (policy_logp - batch.ref_logp) * batch.completion_mask  # (B, T)
     dense = core.prime_advantages(implicit, batch.completion_mask, group_size)  # (B, T)
     metrics = {**adv.metrics, "reward/implicit_prm_mean": implicit.sum(1).mean().item()}
+    return replace(adv, tokens=adv.tokens + dense, metrics=metrics)
+
+
+def with_process_reward(adv: Advantages, batch: Rollouts, group_size: int, in_rewards: bool) -> Advantages:
+    """A process reward model's step rewards (``batch.step_reward``, on each step's last token) in the
+    advantages. An algorithm whose advantages come from token rewards (``Traits.token_rewards``: PPO's
+    GAE, REINFORCE++'s returns-to-go) has already added them to its rewards (Math-Shepherd's
+    step-by-step PPO, Wang et al. 2023); here only their metrics are added. For the rest, DeepSeekMath's
+    process supervision (``core.process_advantages``): step rewards normalised within the group,
+    summed to go, added to the outcome advantage."""
+    mask = batch.completion_mask
+    ends = batch.step_end & mask  # (B, T)
+    metrics = {**adv.metrics, "reward/process_per_seq": (batch.step_reward * ends).sum(1).mean().item(),
+               "reward/steps_per_seq": ends.sum(1).float().mean().item()}
+    if in_rewards:
+        return replace(adv, metrics=metrics)
+    dense = core.process_advantages(batch.step_reward, batch.step_end, mask, group_size)  # (B, T)
+    metrics["critic/process_advantages/mean"] = core.masked_mean(dense, mask).item()
     return replace(adv, tokens=adv.tokens + dense, metrics=metrics)
 
 

@@ -158,7 +158,7 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, timings: dic
         metrics.update(shaping)
         first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
         if not filtering:
-            return b, {**metrics, **first}
+            return score_steps(roles, b, timings), {**metrics, **first}
         keep = dapo.keep_groups(score, K, r.filter_min_pass_rate, r.filter_max_pass_rate)  # (n_prompts,)
         kept.append(b.select(keep.repeat_interleave(K).nonzero().squeeze(1)))
         n_kept += int(keep.sum())
@@ -171,7 +171,16 @@ def collect(roles: Roles, stream: PromptStream, cfg: config.Config, timings: dic
     batch = batch.select(slice(0, r.prompts_per_step * K))  # whole groups: every part holds whole groups
     metrics.update({"rollout/refill_rounds": rounds, "rollout/groups_trained": len(batch) // K,
                     "reward/mean_before_filter": first["reward/mean"]})
-    return batch, {**metrics, **(batch_metrics(batch, K) if len(batch) else first)}
+    return score_steps(roles, batch, timings), {**metrics, **(batch_metrics(batch, K) if len(batch) else first)}
+
+
+def score_steps(roles: Roles, batch: Rollouts, timings: dict) -> Rollouts:
+    """The process reward model's step rewards written in (task.process_reward_model), once the
+    groups are chosen: filtered-out groups cost no PRM forward."""
+    if roles.process_reward is not None and len(batch):
+        with timed("prm", timings):
+            batch.step_reward, batch.step_end = roles.process_reward.dense(batch)
+    return batch
 
 
 def batch_metrics(batch: Rollouts, group_size: int) -> dict:

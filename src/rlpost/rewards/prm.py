@@ -115,8 +115,8 @@ class ProcessRewardModel:
         self.autocast_bf16 = precision.trainer_bf16("auto") if autocast_bf16 is None else autocast_bf16
 
     @torch.no_grad()
-    def step_scores(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
-        """P(correct) at each step end of each (prompt, completion)."""
+    def scored_steps(self, prompts: list[list[int]], completions: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        """(index of each step's last token, P(correct) there) of each (prompt, completion)."""
         ctx = precision.autocast(self.autocast_bf16, self.device)
         out = []
         for i in range(0, len(prompts), self.micro):
@@ -125,8 +125,14 @@ class ProcessRewardModel:
             with ctx:
                 values = completion_values(self.lm.get_decoder(), self.head.head, batch)  # (b, T)
             prob = values.float().sigmoid()  # (b, T)
-            out += [prob[j, step_ends(token_texts(self.tok, cj))].tolist() for j, cj in enumerate(c)]
+            for j, cj in enumerate(c):
+                ends = step_ends(token_texts(self.tok, cj))
+                out.append((ends, prob[j, ends].tolist()))
         return out
+
+    def step_scores(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        """P(correct) at each step end of each (prompt, completion)."""
+        return [scores for _, scores in self.scored_steps(prompts, completions)]
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], aggregate=agg_min) -> list[float]:
         """One number per solution: ``aggregate`` of its step scores (``prm_score``)."""
@@ -146,3 +152,50 @@ class ProcessRewardModel:
         head = Critic(loaded.model, "shared")
         head.head.load_state_dict(load_file(Path(folder) / "value_head.safetensors"))
         return cls(loaded.model.float(), head, loaded.tokenizer, **kw)
+
+
+# --- dense rewards for RL (task.process_reward_model) ------------------------------------------
+
+
+def step_rewards(scores: Sequence[float], form: str) -> list[float]:
+    """The reward of each step from the PRM's scores s_1..s_n of one completion.
+
+    score  r_k = s_k: Math-Shepherd's step-by-step PPO (Wang et al. 2023) and DeepSeekMath's process
+           supervision (Shao et al. 2024) reward each step with its score.
+    delta  r_k = s_k - s_(k-1), s_0 = 0: the step's progress (Setlur et al. 2024, arXiv:2410.08146),
+           potential-based shaping (Ng et al. 1999). The rewards of a completion sum to its last
+           score however many steps it takes, so splitting an answer into more lines earns nothing."""
+    if form == "score":
+        return list(scores)
+    return [s - p for s, p in zip(scores, [0.0, *scores[:-1]])]
+
+
+class StepRewards:
+    """The process-reward role of an RL run: a PRM's step rewards, times ``coef``, on each step's
+    last loss token (``Rollouts.step_reward`` / ``step_end``; the algorithm's side is
+    ``wrappers.with_process_reward``). The PRM reads each completion whole, a tool's observations
+    included; a step that ends inside an observation gets its reward on the model's last token before it."""
+
+    def __init__(self, prm: ProcessRewardModel, coef: float = 1.0, form: str = "score"):
+        self.prm, self.coef, self.form = prm, coef, form
+
+    def dense(self, batch: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = batch.completion_mask  # (B, T)
+        B, T = mask.shape
+        length = torch.where(mask.any(1), (mask.long().cumsum(1) * mask).argmax(1) + 1, 0)  # (B,) up to the last loss token
+        prompts = [p[m].tolist() for p, m in zip(batch.prompt_ids, batch.prompt_mask)]
+        completions = [batch.completion_ids[j, :n].tolist() for j, n in enumerate(length.tolist())]
+        reward, ends = torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool)
+        for j, (at, scores) in enumerate(self.prm.scored_steps(prompts, completions)):
+            loss_cols = mask[j].nonzero().squeeze(1)  # (n_loss,)
+            if not at or not len(loss_cols):
+                continue
+            k = torch.searchsorted(loss_cols, torch.tensor(at), right=True) - 1  # last loss token at or before each end
+            cols, r = loss_cols[k.clamp(min=0)], torch.tensor(step_rewards(scores, self.form)) * self.coef
+            keep = k >= 0  # a step ending before the first loss token (none today) has nowhere to go
+            reward[j].index_put_((cols[keep],), r[keep], accumulate=True)
+            ends[j, cols[keep]] = True
+        return reward, ends
+
+    def close(self) -> None:
+        pass

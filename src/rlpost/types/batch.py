@@ -47,6 +47,11 @@ class Rollouts:
     advantages: Tensor | None = None  # (B, T) float32, token-level advantage (0 where mask is 0)
     old_values: Tensor | None = None  # (B, T) float32, critic's V(prefix) under the sampling weights (PPO)
     returns: Tensor | None = None  # (B, T) float32, the critic's regression target (PPO: GAE advantage + V)
+    # With a process reward model (task.process_reward_model): its dense reward on each step's last
+    # loss token (algo.process_reward_coef x the step's score, or its change), 0 elsewhere; and
+    # where the steps end. The algorithm turns them into advantages (objective.py). None = no PRM.
+    step_reward: Tensor | None = None  # (B, T) float32
+    step_end: Tensor | None = None  # (B, T) bool, True on each step's last loss token
     # --- loss normalisers, set by the trainer when it slices micro-batches ----------------------
     # Totals over the optimizer mini-batch this slice belongs to. Aggregators divide by these, so
     # summing micro-batch losses reproduces the full mini-batch loss exactly (accumulation

@@ -37,6 +37,7 @@ class Traits:
     on_policy_only: bool = False  # no importance ratio: one optimizer step per rollout batch
     token_clip: bool = False  # PPO's clipped token ratio, which algo.dual_clip_c can cap (clipped_pg_loss)
     teacher: bool = False  # the reference role holds algo.teacher, whose log-probs make the advantages (distill)
+    token_rewards: bool = False  # advantages from per-token rewards (GAE, returns-to-go): a PRM's step rewards go in there
     state: tuple[str, ...] = ()  # fields that change during training and are saved in checkpoints
 
 
@@ -69,6 +70,14 @@ class Verifier(Protocol):
     """Turns completions into rewards; never raises on a bad completion (it scores 0 and counts it)."""
 
     def score(self, batch: Rollouts) -> tuple[Tensor, list[dict], dict]: ...  # (B,) rewards, infos, metrics
+
+    def close(self) -> None: ...
+
+
+class ProcessReward(Protocol):
+    """A process reward model scoring each step of each completion (rewards/prm.py: StepRewards)."""
+
+    def dense(self, batch: Rollouts) -> tuple[Tensor, Tensor]: ...  # step_reward (B, T) float32, step_end (B, T) bool
 
     def close(self) -> None: ...
 
@@ -137,8 +146,9 @@ class Roles:
     algo: Objective
     trainer: Trainer | None  # None when built for evaluation only
     grader: Verifier  # held-out accuracy: always the task's own verifier
+    process_reward: ProcessReward | None = None  # dense step rewards (task.process_reward_model), else None
 
     def close(self) -> None:
-        for role in (self.verifier, self.grader, self.rollout, self.trainer):
+        for role in (self.verifier, self.grader, self.rollout, self.trainer, self.process_reward):
             if role is not None:
                 role.close()
