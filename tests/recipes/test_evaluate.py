@@ -45,6 +45,18 @@ def test_per_task_accuracy_by_hand(tmp_path):
     assert by_task_summary(tmp_path)["heldout_accuracy_after/math"] == 1.0
 
 
+def test_eval_of_a_mix_reports_each_familys_accuracy():
+    from helpers import tiny_cfg
+
+    from rlpost.recipes.evaluate import heldout_accuracy
+
+    # n=3 of the interleaved held-out rows (arithmetic, math, arithmetic, math): both families are in
+    acc, n, summary = heldout_accuracy(tiny_cfg("task.mix=arithmetic:1,math:1", "task.n_heldout=2"), n=3)
+    per_task = {k: v for k, v in summary.items() if k.startswith("heldout_accuracy/")}
+    assert n == 3 and set(per_task) == {"heldout_accuracy/arithmetic", "heldout_accuracy/math"}
+    assert acc == pytest.approx((2 * per_task["heldout_accuracy/arithmetic"] + per_task["heldout_accuracy/math"]) / 3)
+
+
 def test_answer_key():
     assert answer_key({"pred": "12"}, "... 12") == "12"
     assert answer_key({"parsed": True, "extracted": "x"}, "c") == "x"
