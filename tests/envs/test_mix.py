@@ -110,7 +110,7 @@ def test_resumed_stream_draws_exactly_what_the_uninterrupted_one_draws():
 def test_peek_is_the_coming_batch_and_moves_nothing():
     s = stream()
     ahead, now = s.peek(2), s.peek()
-    assert s.next() == now  # peeking moved nothing
+    assert all(a is b for a, b in zip(now, s.next()))  # peeking moved nothing; the very row objects (pool.py: holds)
     s.next()
     assert s.next() == ahead  # peek(2): the batch after two more calls
 
@@ -146,6 +146,12 @@ def test_each_row_is_scored_by_its_own_familys_rules():
     row = {**row, TASK_KEY: "gym"}
     gold = row["gym"]["entry"]["answer"]
     assert score(f"<answer>{gold}</answer>", row)[0] == 1.0 and score("<answer>nope</answer>", row)[0] < 1.0
+    # a code row: its hidden tests, in the sandbox its row names (rlimits: runs where bubblewrap cannot)
+    add = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], "limits": {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 256},
+           "sandbox": {"backend": "rlimits", "parallel": 1}, TASK_KEY: "code"}
+    with pytest.warns(RuntimeWarning, match="rlimits"):
+        assert score("```python\ndef add(a, b):\n    return a + b\n```", add)[0] == 1.0
+        assert score("```python\ndef add(a, b):\n    return a * b\n```", add)[0] == 0.5  # 1*2 != 3, 2*2 == 4
     for bad in ({"answer": "1"}, {"answer": "1", TASK_KEY: "tools"}, {"answer": "1", TASK_KEY: "chess"}):
         with pytest.raises(ValueError, match="expected the family of a task.mix row"):
             score("1", bad)
