@@ -133,6 +133,7 @@ def test_make_stream_is_a_plain_prompt_stream_outside_a_mix():
 # --- the verifier -----------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:rlpost.envs.sandbox. running model-written code under rlimits:RuntimeWarning")
 def test_each_row_is_scored_by_its_own_familys_rules():
     # "\boxed{0.5}" for the answer 1/2: math-verify says equal (1.0); the arithmetic rule (last integer
     # equals the answer) would read 5 and fail. "12 + 7 = 19" for 19: arithmetic's last integer, 1.0.
@@ -149,9 +150,8 @@ def test_each_row_is_scored_by_its_own_familys_rules():
     # a code row: its hidden tests, in the sandbox its row names (rlimits: runs where bubblewrap cannot)
     add = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], "limits": {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 256},
            "sandbox": {"backend": "rlimits", "parallel": 1}, TASK_KEY: "code"}
-    with pytest.warns(RuntimeWarning, match="rlimits"):
-        assert score("```python\ndef add(a, b):\n    return a + b\n```", add)[0] == 1.0
-        assert score("```python\ndef add(a, b):\n    return a * b\n```", add)[0] == 0.5  # 1*2 != 3, 2*2 == 4
+    assert score("```python\ndef add(a, b):\n    return a + b\n```", add)[0] == 1.0
+    assert score("```python\ndef add(a, b):\n    return a * b\n```", add)[0] == 0.5  # 1*2 != 3, 2*2 == 4
     for bad in ({"answer": "1"}, {"answer": "1", TASK_KEY: "tools"}, {"answer": "1", TASK_KEY: "chess"}):
         with pytest.raises(ValueError, match="expected the family of a task.mix row"):
             score("1", bad)
