@@ -173,7 +173,7 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
     wrapped in tool episodes for the tools task."""
     rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer,
                             precision.sampler_dtype(cfg.rollout.dtype, cfg.run.device))
-    if cfg.task.name == "tools":  # multi-turn episodes: same generate() contract, tool calls inside
+    if config.task_families(cfg.task) == ["tools"]:  # multi-turn episodes: same generate() contract, tool calls inside
         rollout = ToolRollout(rollout, cfg.task)
     return rollout
 

@@ -202,7 +202,7 @@ def cmd_train(args) -> int:
     from rlpost.recipes.rl import train
 
     build.check(cfg)
-    name = cfg.run.name or f"{cfg.task.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = cfg.run.name or f"{'mix' if cfg.task.mix else cfg.task.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.run.out_dir) / name
     with runfolder.claim(run_dir, "new", f"use --resume {run_dir}, or another run.name") as rf:
         rf.write_config(cfg)

@@ -103,11 +103,65 @@ def check_dist(cfg: Config) -> None:
         raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with LoRA")
 
 
+FAMILIES = typing.get_args(typing.get_type_hints(TaskConfig)["name"])  # task.name's choices
+DATA_FAMILIES = ("dataset", "math", "code")  # the families that read task.data when it is set
+
+
+def task_mix(t: TaskConfig) -> dict[str, float]:
+    """task.mix as {family: weight}, in the order given ({} when empty). Each mistake is one
+    ConfigError naming task.mix."""
+    mix: dict[str, float] = {}
+    for entry in filter(None, (e.strip() for e in t.mix.split(","))):
+        family, sep, weight = (s.strip() for s in entry.partition(":"))
+        if not sep or not family:
+            raise ConfigError(f"task.mix: expected comma-separated 'family:weight' entries, e.g. 'arithmetic:0.7,gym:0.3', got {entry!r}")
+        if family not in FAMILIES:
+            raise ConfigError(f"task.mix: unknown family {family!r}; expected some of {', '.join(f for f in FAMILIES if f != 'tools')}")
+        if family == "tools":  # ToolRollout samples every prompt of a batch as an episode (build.make_rollout)
+            raise ConfigError("task.mix: tools runs multi-turn episodes with its own sampler and cannot share a batch "
+                              "with single-turn families; train it alone (task.name=tools)")
+        if family in mix:
+            raise ConfigError(f"task.mix: {family} is named twice in {t.mix!r}")
+        try:
+            w = float(weight)
+        except ValueError:
+            raise ConfigError(f"task.mix: the weight of {family} must be a number, got {weight!r}") from None
+        if not (math.isfinite(w) and w > 0):
+            raise ConfigError(f"task.mix: the weight of {family} must be a positive number, got {weight!r}")
+        mix[family] = w
+    return mix
+
+
+def task_families(t: TaskConfig) -> list[str]:
+    """The families of a run: those of task.mix, else task.name alone."""
+    return list(task_mix(t)) or [t.name]
+
+
+def check_mix(t: TaskConfig, mix: dict[str, float]) -> None:
+    """What a mix needs of task.data and task.verifier (build_task reads task.data for the one data family)."""
+    readers = [f for f in mix if f in DATA_FAMILIES]
+    if "dataset" in mix and not t.data:
+        raise ConfigError("task.mix: dataset needs task.data (a .jsonl or .parquet file or a `datasets` folder)")
+    if t.data and len(readers) > 1:
+        raise ConfigError(f"task.mix: task.data would feed both {readers[0]} and {readers[1]}; mix at most one of "
+                          f"{', '.join(DATA_FAMILIES)} with task.data")
+    if (t.data or t.eval_data) and not readers:
+        key = "task.data" if t.data else "task.eval_data"
+        raise ConfigError(f"{key}: no family of task.mix={t.mix!r} reads it (only {', '.join(DATA_FAMILIES)} do); it would be ignored")
+    if t.verifier:
+        raise ConfigError("task.verifier: with task.mix each row is scored by its own family's verifier (envs/mix.py); "
+                          "expected it empty (task.reward_funcs can add a reward that reads row['task_family'])")
+
+
 def check_task(cfg: Config) -> None:
     t = cfg.task
-    if t.name == "dataset" and not t.data:
+    mix = task_mix(t)
+    families = list(mix) or [t.name]
+    if mix:
+        check_mix(t, mix)
+    elif t.name == "dataset" and not t.data:
         raise ConfigError(f"task.data: task.name={t.name} needs a data file (.jsonl, .parquet or a `datasets` folder)")
-    if (t.data or t.eval_data) and t.name not in ("dataset", "math", "code"):
+    elif (t.data or t.eval_data) and t.name not in DATA_FAMILIES:
         key = "task.data" if t.data else "task.eval_data"
         raise ConfigError(f"{key}: task.name={t.name} generates its own problems and would ignore it; use task.name=dataset (or math, code)")
     if t.eval_data and not t.data:
@@ -125,12 +179,12 @@ def check_task(cfg: Config) -> None:
         [float(w) for w in t.reward_weights.split(",") if t.reward_weights]
     except ValueError:
         raise ConfigError(f"task.reward_weights: expected comma-separated numbers, got {t.reward_weights!r}") from None
-    if t.name == "tools" and cfg.rollout.top_p < 1:
+    if families == ["tools"] and cfg.rollout.top_p < 1:
         raise ConfigError("rollout.top_p: task.name=tools does not yet carry the top-p threshold across an episode's turns, "
                           f"so the trainer would score the full softmax; expected 1.0, got {cfg.rollout.top_p}")
     if set(filter(None, t.tools.split(","))) - {"calculator", "python"}:
         raise ConfigError(f"task.tools: expected a comma-separated subset of calculator, python, got {t.tools!r}")
-    if t.name != "arithmetic":
+    if "arithmetic" not in families:
         return
     if cfg.task.min_a > cfg.task.max_a:
         raise ConfigError(f"task.min_a: expected <= task.max_a ({cfg.task.max_a}), got {cfg.task.min_a}")

@@ -43,6 +43,8 @@ class ModelConfig:
 class TaskConfig:
     name: Literal["arithmetic", "dataset", "math", "gym", "code", "tools"] = "arithmetic"
     """task family that supplies prompts, answers and the verifier: arithmetic (generated), dataset (rows from task.data scored by task.verifier), math (math-verify; task.data or generated fraction problems), gym (a reasoning-gym dataset), code (Python run against hidden tests in a sandbox), tools (multi-turn calculator/Python tool use)"""
+    mix: str = ""
+    """several task families in one run, 'family:weight' comma-separated, e.g. 'arithmetic:0.7,gym:0.3' (relative weights, normalised); empty = task.name alone. Each training prompt's family is drawn with these weights (seeded, resumable), each row carries its family in row['task_family'] (verl's data_source) and is scored by that family's own verifier; each family keeps task.n_heldout held-out rows; reward, pass rate and held-out accuracy are also logged per family (reward/mean/<family>, eval/heldout_accuracy/<family>). Every family reads the task.* options it reads alone (ops, gym_name, ...); task.data feeds the one of dataset, math, code in the mix. Not with tools (its own multi-turn sampler) or task.verifier (envs/mix.py)"""
     ops: str = "+-*"
     """operators to draw from, e.g. '+', '+-', '+-*'"""
     min_a: int = knob(2, ge=0)

@@ -121,3 +121,17 @@ def test_summary_numbers_are_rounded():
 
     rows = summary_items({"wall_minutes": 0.123456789, "steps": 25, "heldout_before": {"sft/nll": 4.31234567}})
     assert rows == [("wall_minutes", 0.1235), ("steps", 25), ("heldout_before sft/nll", 4.312)]
+
+
+def test_a_mix_gets_a_row_per_family_in_the_closing_table_and_a_plot_in_the_report():
+    from rlpost.observe.report import task_plot
+    from rlpost.observe.runlog import closing_table
+
+    summary = {"heldout_accuracy_before": 0.25, "heldout_accuracy_after": 0.5, "steps": 2, "wall_minutes": 0.1,
+               "heldout_accuracy_before/math": 0.0, "heldout_n/math": 4, "heldout_accuracy_after/math": 0.5}
+    # math: 0.0 -> 0.5 is +50 points, over its 4 problems
+    assert closing_table(summary).splitlines()[2] == f"{'  math':24s}{0.0:>10.3f}{0.5:>10.3f}   (+50.0 points, 4 problems)"
+    one_family = {k: v for k, v in summary.items() if "/" not in k}
+    assert len(closing_table(one_family).splitlines()) == 3  # header, held-out accuracy, steps: no family rows
+    assert task_plot(history(2, **{"reward/mean": 0.1}), one_family) is None
+    assert "<svg" in task_plot(history(2, **{"reward/mean": 0.1, "reward/mean/math": 0.2}), summary)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlpost.recipes.evaluate import answer_key, summarise
+from rlpost.recipes.evaluate import answer_key, by_task, by_task_summary, summarise
 
 
 def rec(problem, sample, answer, correct):
@@ -30,6 +30,31 @@ def test_summarise_by_hand():
     assert s["maj@2"] == s["maj@4"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="k=5"):
         summarise(records, [5])
+
+
+def test_per_task_accuracy_by_hand(tmp_path):
+    # arithmetic: 2 right of 3; math: 0 of 1; a record without a task (one family) is left out
+    records = [{"task": "arithmetic", "correct": True}, {"task": "math", "correct": False},
+               {"task": "arithmetic", "correct": False}, {"task": "arithmetic", "correct": True}, {"correct": True}]
+    assert by_task(records) == {"arithmetic": (2 / 3, 3), "math": (0.0, 1)}
+    # summary.json's keys, from the run's eval dumps (a run with no 'after' dump yet has only 'before')
+    (tmp_path / "eval_before.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert by_task_summary(tmp_path) == {"heldout_accuracy_before/arithmetic": 2 / 3, "heldout_n/arithmetic": 3,
+                                         "heldout_accuracy_before/math": 0.0, "heldout_n/math": 1}
+    (tmp_path / "eval_after.jsonl").write_text(json.dumps({"task": "math", "correct": True}) + "\n")
+    assert by_task_summary(tmp_path)["heldout_accuracy_after/math"] == 1.0
+
+
+def test_eval_of_a_mix_reports_each_familys_accuracy():
+    from helpers import tiny_cfg
+
+    from rlpost.recipes.evaluate import heldout_accuracy
+
+    # n=3 of the interleaved held-out rows (arithmetic, math, arithmetic, math): both families are in
+    acc, n, summary = heldout_accuracy(tiny_cfg("task.mix=arithmetic:1,math:1", "task.n_heldout=2"), n=3)
+    per_task = {k: v for k, v in summary.items() if k.startswith("heldout_accuracy/")}
+    assert n == 3 and set(per_task) == {"heldout_accuracy/arithmetic", "heldout_accuracy/math"}
+    assert acc == pytest.approx((2 * per_task["heldout_accuracy/arithmetic"] + per_task["heldout_accuracy/math"]) / 3)
 
 
 def test_answer_key():

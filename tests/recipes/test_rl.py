@@ -2,8 +2,11 @@
 
 import json
 
+import pytest
 from helpers import tiny_cfg
 
+from rlpost import build
+from rlpost.envs import TASK_KEY, build_task
 from rlpost.recipes.rl import train
 
 
@@ -76,3 +79,47 @@ def test_the_online_curriculum_hears_every_prompts_pass_rate_in_the_loop(tmp_pat
     train(tiny_cfg("rollout.curriculum_window=2", "algo.kl_coef=0"), tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["curriculum/tracked_prompts"] for r in rows] == [4, 8] and rows[-1]["curriculum/skipped"] == 0
+
+
+def test_a_mix_reports_each_familys_reward_and_heldout_accuracy_consistent_with_the_whole(tmp_path):
+    # task.mix=arithmetic:0.5,math:0.5 on the tiny model, whose own completions are all wrong: the
+    # sampler is wrapped to answer some rows with the gold answer, written as each family's verifier
+    # reads it (the integer; \boxed{} for math): arithmetic rows with an even answer, math rows whose
+    # answer is a fraction. The real mix verifier (worker processes) scores them, so each family's
+    # held-out accuracy is known here by counting, and the whole is their mean weighted by rows.
+    cfg = tiny_cfg("task.mix=arithmetic:0.5,math:0.5", "run.eval_every=1", "run.steps=2", "algo.kl_coef=0")
+    solved = lambda r: int(r["answer"]) % 2 == 0 if r[TASK_KEY] == "arithmetic" else "\\frac" in r["answer"]
+    gold = lambda r: r["answer"] if r[TASK_KEY] == "arithmetic" else f"\\boxed{{{r['answer']}}}"
+
+    def make_roles(*args, **kwargs):
+        roles = build.build_roles(*args, **kwargs)
+        generate = roles.rollout.generate
+
+        def answering(rows, **kw):
+            b = generate(rows, **kw)
+            b.completions = [gold(r) if solved(r) else c for r, c in zip(b.rows, b.completions)]
+            return b
+
+        roles.rollout.generate = answering
+        return roles
+
+    heldout = build_task(cfg).heldout
+    expected = {f: sum(map(solved, rs)) / len(rs) for f in ("arithmetic", "math")
+                for rs in [[r for r in heldout if r[TASK_KEY] == f]]}
+    assert 0 < expected["arithmetic"] < 1 and 0 < expected["math"] < 1  # both families partly right: not a 0 = 0 check
+    s = train(cfg, tmp_path / "run", make_roles=make_roles)
+    whole = (expected["arithmetic"] * s["heldout_n/arithmetic"] + expected["math"] * s["heldout_n/math"]) / s["heldout_n"]
+    assert s["heldout_n/arithmetic"] == s["heldout_n/math"] == 8 and s["heldout_n"] == 16
+    for when in ("before", "after"):
+        assert {f: s[f"heldout_accuracy_{when}/{f}"] for f in expected} == pytest.approx(expected)
+        assert s[f"heldout_accuracy_{when}"] == pytest.approx(whole)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["eval/heldout_accuracy/math"] == pytest.approx(expected["math"])
+    assert rows[0]["eval/heldout_accuracy"] == pytest.approx(whole)
+    for r in rows:  # each step's batch: the shares add up to 1 and weight the families' rewards into the mean
+        share = {f: r.get(f"mix/share/{f}", 0.0) for f in expected}
+        assert sum(share.values()) == pytest.approx(1.0)
+        assert r["reward/mean"] == pytest.approx(sum(share[f] * r.get(f"reward/mean/{f}", 0.0) for f in expected))
+    assert any(0 < r.get("reward/mean/math", 0) for r in rows)  # the wrapped answers were scored by math-verify
+    text = (tmp_path / "run" / "report.html").read_text()
+    assert "Per task (task.mix)" in text and "heldout_accuracy_after/math" in text

@@ -11,14 +11,20 @@ Families (``task.name``):
   gym         any reasoning-gym dataset (``task.gym_name`` / ``task.gym_config``), its own scorer
   code        Python run against hidden tests in the sandbox (envs/sandbox.py)
   tools       multi-turn episodes with calculator / Python tools (envs/tools.py)
+
+``task.mix`` builds several families (not tools) from the one config, each as it is built alone,
+and stamps every row with its family (``row["task_family"]``, verl's ``data_source``); the
+training prompts are drawn from them by weight and each row is scored by its own family's
+verifier (envs/mix.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import yaml
 
+from rlpost import config
 from rlpost.envs import arithmetic, code, dataset, decontam, gym, mathgen, tools
 from rlpost.types.errors import ConfigError
 
@@ -41,8 +47,13 @@ def is_correct(info: dict, reward: float) -> bool:
 DEFAULT_TIMEOUT_S = {"math": 10.0, "gym": 10.0, "code": 60.0}
 
 
+TASK_KEY = "task_family"  # the row key naming a mixed row's family: its verifier, its metrics (verl's data_source)
+MIX_VERIFIER = "rlpost.envs.mix:score"  # scores each row of a mix with its family's DEFAULT_VERIFIER
+
+
 def verifier_timeout(cfg) -> float:
-    return cfg.task.verifier_timeout_s or DEFAULT_TIMEOUT_S.get(cfg.task.name, 2.0)
+    """task.verifier_timeout_s, else the family's default; a mix's calls get the longest of its families'."""
+    return cfg.task.verifier_timeout_s or max(DEFAULT_TIMEOUT_S.get(f, 2.0) for f in config.task_families(cfg.task))
 
 
 @dataclass
@@ -52,24 +63,24 @@ class Task:
     verifier: str  # "module:function" with signature (completion: str, row: dict) -> (float, dict)
     skipped_rows: int = 0  # malformed data rows skipped (task.on_bad_row=skip)
     contamination: dict | None = None  # decontam.contamination of the held-out rows (None: task.max_contamination=1, unchecked)
+    mix: dict[str, float] = field(default_factory=dict)  # task.mix: family -> weight ({}: one family, no task_family key)
 
 
 def build_task(cfg, refuse_contaminated: bool = True) -> Task:
     """The task's rows and verifier. Unless task.max_contamination is 1, the held-out prompts are
     checked against the training prompts (envs/decontam.py) and, above that share, refused (a
-    ConfigError naming the key); ``rlpost eval`` only reports it (refuse_contaminated=False)."""
+    ConfigError naming the key); ``rlpost eval`` only reports it (refuse_contaminated=False).
+
+    A mix (task.mix) is its families' splits together, each row stamped with its family; the
+    held-out rows interleaved, so that run.eval_n takes the same number of each family."""
     t = cfg.task
-    skipped = 0
-    if t.data and t.name in ("dataset", "math", "code"):
-        train, heldout, skipped = dataset.build_splits(t)
-    elif t.name == "dataset":
-        raise ValueError("task.data is required for task.name=dataset")  # config.check_task says so first
-    else:
-        train, heldout = _generated_splits(cfg)
-    if t.name == "code":  # refuses to start without bubblewrap (unless task.sandbox=rlimits) or with ungradable tests
-        train, heldout, dropped = code.prepare(train, heldout, t)
-        skipped += dropped
-    found = decontam.contamination(train, heldout, t.contamination_overlap) if t.max_contamination < 1 else None
+    mix = config.task_mix(t)
+    splits = {f: family_splits(t, f) for f in mix or [t.name]}  # family -> (train, held-out, skipped)
+    if mix:
+        splits = {f: ([{**r, TASK_KEY: f} for r in tr], [{**r, TASK_KEY: f} for r in h], n) for f, (tr, h, n) in splits.items()}
+    train = [r for tr, _, _ in splits.values() for r in tr]
+    heldouts = [h for _, h, _ in splits.values()]
+    found = contamination(train, heldouts, t.contamination_overlap) if t.max_contamination < 1 else None
     if found and refuse_contaminated and found["contamination_contaminated_frac"] > t.max_contamination:
         raise ConfigError(f"task.max_contamination: {found['contamination_contaminated']} of {found['contamination_checked']} held-out "
                           f"prompts ({found['contamination_contaminated_frac']:.1%}) are in the training prompts (n-gram overlap, "
@@ -77,16 +88,48 @@ def build_task(cfg, refuse_contaminated: bool = True) -> Task:
                           "Separate the splits (task.eval_data), or raise task.max_contamination to accept it")
     # The verifier is imported only in its worker processes (rewards/runner.py), whose first start
     # is the dry call that turns a bad path into one line before training.
-    return Task(train, heldout, t.verifier or DEFAULT_VERIFIER[t.name], skipped, found)
+    verifier = MIX_VERIFIER if mix else t.verifier or DEFAULT_VERIFIER[t.name]
+    return Task(train, interleave(heldouts), verifier, sum(n for _, _, n in splits.values()), found, mix)
 
 
-def _generated_splits(cfg) -> tuple[list[dict], list[dict]]:
-    t = cfg.task
-    if t.name == "arithmetic":
+def family_splits(t, family: str) -> tuple[list[dict], list[dict], int]:
+    """(train rows, held-out rows, malformed rows skipped) of one family, built from the task section."""
+    skipped = 0
+    if t.data and family in config.DATA_FAMILIES:
+        train, heldout, skipped = dataset.build_splits(t)
+    elif family == "dataset":
+        raise ValueError("task.data is required for task.name=dataset")  # config.check_task says so first
+    else:
+        train, heldout = _generated_splits(t, family)
+    if family == "code":  # refuses to start without bubblewrap (unless task.sandbox=rlimits) or with ungradable tests
+        train, heldout, dropped = code.prepare(train, heldout, t)
+        skipped += dropped
+    return train, heldout, skipped
+
+
+def interleave(groups: list[list[dict]]) -> list[dict]:
+    """Round-robin over the groups (one group: itself), so any prefix holds them equally."""
+    return [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
+
+
+def contamination(train: list[dict], heldouts: list[list[dict]], overlap: float) -> dict:
+    """decontam.contamination of each family's held-out rows against every training row, added up:
+    a family's template text is told among its own prompts, whatever its share of the mix."""
+    parts = [decontam.contamination(train, h, overlap) for h in heldouts]
+    if len(parts) == 1:
+        return parts[0]
+    checked, hit = (sum(p[k] for p in parts) for k in ("contamination_checked", "contamination_contaminated"))
+    return {"contamination_checked": checked, "contamination_contaminated": hit,
+            "contamination_contaminated_frac": hit / checked if checked else 0.0,
+            "contamination_examples": [e for p in parts for e in p["contamination_examples"]][:3]}
+
+
+def _generated_splits(t, family: str) -> tuple[list[dict], list[dict]]:
+    if family == "arithmetic":
         return arithmetic.build_splits(t)
-    if t.name == "math":
+    if family == "math":
         return mathgen.build_splits(t)
-    if t.name == "gym":
+    if family == "gym":
         # reasoning-gym's own system prompt asks for <answer> tags, which its scorers expect
         try:
             return gym.build_splits(t.gym_name, yaml.safe_load(t.gym_config) or {}, t.n_train, t.n_heldout, t.seed,
@@ -95,6 +138,6 @@ def _generated_splits(cfg) -> tuple[list[dict], list[dict]]:
             raise ConfigError(f"task.name=gym needs reasoning-gym ({e}); install it with: pip install 'rlpost[envs]'") from None
         except ValueError as e:
             raise ConfigError(f"task.{'gym_config' if 'config' in str(e) else 'gym_name'}: {e}") from None
-    if t.name == "code":
+    if family == "code":
         return code.build_splits(t.n_train, t.n_heldout, t.seed)
     return tools.build_splits(t)

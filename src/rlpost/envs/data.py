@@ -171,9 +171,10 @@ class PromptStream:
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)  # one fixed order per epoch
         return order
 
-    def next(self) -> list[dict]:
-        out, passed_over = [], 0
-        while len(out) < self.batch_size:
+    def next(self, n: int | None = None) -> list[dict]:
+        """The next ``n`` prompts (default ``batch_size``)."""
+        out, passed_over, want = [], 0, self.batch_size if n is None else n
+        while len(out) < want:
             if self.pos == len(self.rows):
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._order = self._permutation(self.epoch)
@@ -211,12 +212,17 @@ class PromptStream:
     def peek(self, ahead: int = 0) -> list[dict]:
         """The batch ``next()`` will return after ``ahead`` more calls, without moving the stream
         (an async rollout samples the coming steps' prompts early: distributed/pool.py)."""
-        probe = PromptStream.__new__(PromptStream)
-        probe.rows, probe.batch_size, probe.seed, probe.curriculum = self.rows, self.batch_size, self.seed, self.curriculum
-        probe.load_state_dict(self.state_dict())
+        probe = self.fork()
         for _ in range(ahead):
             probe.next()
         return probe.next()
+
+    def fork(self) -> PromptStream:
+        """A copy at the same position that moves on its own (peek's probe; envs/mix.py)."""
+        probe = PromptStream.__new__(PromptStream)
+        probe.rows, probe.batch_size, probe.seed, probe.curriculum = self.rows, self.batch_size, self.seed, self.curriculum
+        probe.load_state_dict(self.state_dict())
+        return probe
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos, "history": self.history, "skipped": self.skipped}

@@ -2,7 +2,7 @@
 scripts) from what a run folder already holds: metrics.jsonl, summary.json, config.yaml and
 samples/. It can be written while the run is going (it reads only complete lines).
 
-Plots: reward and held-out accuracy; KL to the reference (only when the run has one); the policy's
+Plots: reward and held-out accuracy (and, for a task.mix run, both per family); KL to the reference (only when the run has one); the policy's
 change per update (PPO's old -> new KL); entropy; response length and truncation; clip fractions;
 the sampler/trainer importance-ratio histogram; group reward std and the all-pass / all-fail
 shares; grad norm; throughput; wall-clock per role per step, stacked. Then the health findings
@@ -112,6 +112,29 @@ def reward_plot(history, summary) -> str:
     return _svg(fig)
 
 
+def task_plot(history, summary) -> str | None:
+    """A mix's families (task.mix), one colour each: train reward per step (reward/mean/<task>,
+    solid) and held-out accuracy (eval/heldout_accuracy/<task>, before = step 0 and after = the last
+    step from summary.json, dashed with markers). None outside a mix."""
+    tasks = sorted({k.partition("/")[2].partition("/")[2] for h in history for k in h if k.startswith("reward/mean/")}
+                   | {k.partition("/")[2] for k in (summary or {}) if k.startswith("heldout_accuracy_before/")})
+    if not tasks:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 3.0))
+    for i, task in enumerate(tasks):
+        colour = f"C{i % 10}"
+        x, y = _series(history, f"reward/mean/{task}")
+        ax.plot(x, y, color=colour, label=f"{task}: train reward")
+        ex, ey = _series(history, f"eval/heldout_accuracy/{task}")
+        if summary and f"heldout_accuracy_before/{task}" in summary:
+            ex = [0, *ex, summary.get("steps", x[-1] if x else 0)]
+            ey = [summary[f"heldout_accuracy_before/{task}"], *ey, summary.get(f"heldout_accuracy_after/{task}")]
+        if ex:
+            ax.plot(ex, ey, color=colour, linestyle="--", marker="o", label=f"{task}: held-out accuracy")
+    finish(ax, "Per task (task.mix)", ylim=(-0.05, 1.05))
+    return _svg(fig)
+
+
 def ratio_plot(history) -> str | None:
     RATIO_EDGES = core.RATIO_EDGES
 
@@ -189,8 +212,8 @@ def plots_for(history, summary) -> list[str | None]:
     if summary and summary.get("kind") in ("sft", "rm", "dpo"):  # offline: a loss curve, no rollouts
         loss = (f"{summary['kind']} training loss ({summary.get('loss')})", [("actor/loss", "loss per step")], "loss")
         return [line_plot(history, *loss), line_plot(history, "Gradient norm (pre-clip)", [("actor/grad_norm", "policy")], "")]
-    return [reward_plot(history, summary), *(line_plot(history, *p) for p in LINE_PLOTS), ratio_plot(history),
-            timing_plot(history)]
+    return [reward_plot(history, summary), task_plot(history, summary), *(line_plot(history, *p) for p in LINE_PLOTS),
+            ratio_plot(history), timing_plot(history)]
 
 
 def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:

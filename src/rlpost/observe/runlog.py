@@ -112,11 +112,17 @@ class RunLog:
 
 
 def closing_table(summary: dict) -> str:
+    """The table printed when a run ends: held-out accuracy before/after (a mix's also per family),
+    the reward's first/last mean, steps and wall time."""
     b, a = summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]
     lines = [
         f"{'':24s}{'before':>10s}{'after':>10s}",
         f"{'held-out accuracy':24s}{b:>10.3f}{a:>10.3f}   ({100 * (a - b):+.1f} points)",
     ]
+    for task in [k.partition("/")[2] for k in summary if k.startswith("heldout_accuracy_before/")]:  # a mix's families
+        tb, ta = summary[f"heldout_accuracy_before/{task}"], summary.get(f"heldout_accuracy_after/{task}", float("nan"))
+        lines.append(f"{'  ' + task:24s}{tb:>10.3f}{ta:>10.3f}   ({100 * (ta - tb):+.1f} points, "
+                     f"{summary.get(f'heldout_n/{task}')} problems)")
     if summary.get("reward_mean_first") is not None:
         lines.append(f"{'reward/mean (first/last)':24s}{summary['reward_mean_first']:>10.3f}{summary['reward_mean_last']:>10.3f}")
     lines.append(f"{'steps / wall time':24s}{summary['steps']:>10d}{summary['wall_minutes']:>9.1f}m")

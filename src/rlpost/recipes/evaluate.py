@@ -22,27 +22,59 @@ import json
 from pathlib import Path
 
 from rlpost import build, config
-from rlpost.envs import build_task, is_correct
+from rlpost.envs import TASK_KEY, build_task, is_correct
 from rlpost.search.metrics import maj_at_k, pass_at_k
 from rlpost.types.roles import Roles
+
+ACCURACY = "eval/heldout_accuracy"  # the metric; a mix adds one per family, ACCURACY/<family>
 
 
 def evaluate(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | None = None) -> float:
     """Greedy held-out accuracy: the fraction of rows the task's verifier marks correct."""
-    correct, records = [], []
+    return heldout_scores(roles, rows, cfg, dump)[ACCURACY]
+
+
+def heldout_scores(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | None = None) -> dict:
+    """Greedy held-out accuracy as metrics: eval/heldout_accuracy and, for a mix (task.mix), each
+    family's as eval/heldout_accuracy/<family> (verl's val-core/<data_source>/...). ``dump``
+    receives one record per row: prompt, completion, answer, correct and, in a mix, its task."""
+    records = []
     bs = cfg.run.eval_batch_size
     for i in range(0, len(rows), bs):
         batch = roles.rollout.generate(rows[i : i + bs], n=1, temperature=0.0, top_p=1.0,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
         rewards, infos, _ = roles.grader.score(batch)
         for row, completion, r, info in zip(batch.rows, batch.completions, rewards.tolist(), infos):
-            ok = is_correct(info, r)
-            correct.append(ok)
             records.append({"prompt": row["messages"][-1]["content"], "completion": completion,
-                            "answer": row.get("answer"), "correct": ok})
+                            "answer": row.get("answer"), "correct": is_correct(info, r),
+                            **({"task": row[TASK_KEY]} if TASK_KEY in row else {})})
     if dump is not None:
         dump.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return sum(correct) / max(1, len(correct))
+    per_task = {f"{ACCURACY}/{t}": acc for t, (acc, _) in by_task(records).items()}
+    return {ACCURACY: sum(r["correct"] for r in records) / max(1, len(records)), **per_task}
+
+
+def by_task(records: list[dict]) -> dict[str, tuple[float, int]]:
+    """Per task of the records that name one: (accuracy, number of records); {} outside a mix."""
+    counts: dict[str, list[int]] = {}
+    for rec in records:
+        if "task" in rec:
+            c = counts.setdefault(rec["task"], [0, 0])
+            c[0], c[1] = c[0] + bool(rec["correct"]), c[1] + 1
+    return {t: (right / n, n) for t, (right, n) in counts.items()}
+
+
+def by_task_summary(samples: Path) -> dict:
+    """summary.json's per-task held-out results of a mix, from the run's eval_before/eval_after.jsonl
+    dumps (so a resumed run has its first run's 'before'): heldout_accuracy_before/<task>,
+    heldout_accuracy_after/<task>, heldout_n/<task>; {} outside a mix."""
+    out = {}
+    for when in ("before", "after"):
+        path = samples / f"eval_{when}.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        for t, (acc, n) in by_task(records).items():
+            out[f"heldout_accuracy_{when}/{t}"], out[f"heldout_n/{t}"] = acc, n
+    return out
 
 
 def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0, samples: int = 0,
@@ -50,20 +82,22 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
     """(greedy held-out accuracy, problems used, sampled summary) of cfg.model, with checkpoint
     `weights` if given; n = 0 uses every held-out problem. With samples > 0 it also draws that many
     completions per problem at rollout.temperature and reports pass@1, pass@k and maj@k for each
-    k in ks; `dump` receives every record."""
+    k in ks; `dump` receives every record. A mix's summary has each family's greedy accuracy
+    (heldout_accuracy/<family>)."""
     task = build_task(cfg, refuse_contaminated=False)  # evaluation reports contamination, training refuses it
     roles = build.build_roles(cfg, task, weights, for_eval=True)
     rows = task.heldout[: n or None]
     found = {k: v for k, v in (task.contamination or {}).items() if k != "contamination_examples"}
     try:
-        acc = evaluate(roles, rows, cfg, dump if not samples else None)
+        scores = heldout_scores(roles, rows, cfg, dump if not samples else None)
+        acc, per_task = scores.pop(ACCURACY), {k.replace("eval/", ""): v for k, v in scores.items()}  # a mix's, per family
         if not samples:
-            return acc, len(rows), found
+            return acc, len(rows), {**per_task, **found}
         r = cfg.rollout
         records = sample_records(roles, rows, samples, r.temperature, r.top_p, r.max_new_tokens, cfg.run.eval_batch_size)
         if dump is not None:
             write_records(records, dump)
-        return acc, len(rows), {"samples": samples, "temperature": r.temperature, **summarise(records, list(ks)), **found}
+        return acc, len(rows), {"samples": samples, "temperature": r.temperature, **summarise(records, list(ks)), **per_task, **found}
     finally:
         roles.close()
 

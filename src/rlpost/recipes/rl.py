@@ -20,13 +20,14 @@ import torch
 from rlpost import build, config
 from rlpost.algorithms import core, dapo
 from rlpost.console import say
-from rlpost.envs import Task, build_task
+from rlpost.envs import Task, build_task, mix
 from rlpost.envs.data import PromptStream
+from rlpost.envs.mix import MixedStream, make_stream
 from rlpost.model import checkpoint, device, export
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table, timed
-from rlpost.recipes.evaluate import evaluate
+from rlpost.recipes.evaluate import by_task_summary, evaluate, heldout_scores
 from rlpost.recipes.guard import RunGuard
 from rlpost.rewards import stack
 from rlpost.types.batch import Rollouts
@@ -49,7 +50,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     t_start = time.perf_counter()
     weights, trainer_state, state = resume_point(run_dir) if resume else (None, None, {})
     elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
-    stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed, curriculum(cfg))
+    stream = make_stream(task, cfg.rollout.prompts_per_step, cfg.run.seed, curriculum(cfg))  # task.mix: by weight
     roles = make_roles(cfg, task, weights, stream=stream, run_dir=run_dir)
     log = None
     try:
@@ -90,7 +91,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                         roles.rollout.load_weights(roles.trainer.weights(), version=step)
                 if evaluating:
                     with timed("eval", timings):
-                        u_metrics["eval/heldout_accuracy"] = evaluate(roles, heldout, cfg)
+                        u_metrics.update(heldout_scores(roles, heldout, cfg))  # and a mix's per family
                 timings["timing_s/step"] = sum(timings.values())
                 log.step(step, {**c_metrics, **adv.metrics, **u_metrics, **timings, **perf(batch, timings),
                                 "training/epoch": stream.epoch}, batch)
@@ -110,7 +111,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, elapsed(), {"run_dir": str(run_dir), "heldout_n": len(heldout), "model": str(model_dir),
                                                      "peak_rss_gb": round(peak_rss_gb, 2), **device.max_memory_allocated_gb(),
-                                                     "skipped_rows": task.skipped_rows, **selected})
+                                                     "skipped_rows": task.skipped_rows, **selected, **by_task_summary(run_dir / "samples")})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     return summary
@@ -132,7 +133,7 @@ def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Pat
     return before
 
 
-def collect(roles: Roles, stream: PromptStream, cfg: config.Config, timings: dict) -> tuple[Rollouts, dict]:
+def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config, timings: dict) -> tuple[Rollouts, dict]:
     """Generate and score one rollout batch, with the reward shaping and group filtering asked for.
 
     With group filtering (DAPO's dynamic sampling) groups that carry no signal are dropped and more
@@ -199,6 +200,7 @@ def batch_metrics(batch: Rollouts, group_size: int) -> dict:
         "response_length/min": length.min().item(),
         "response_length/clip_ratio": batch.truncated.float().mean().item(),
         "prompt_length/mean": batch.prompt_mask.sum(1).float().mean().item(),
+        **mix.batch_metrics(batch.rows, batch.reward.tolist()),  # task.mix: reward, pass rate, share per family
     }
 
 
@@ -226,7 +228,7 @@ def resume_point(run_dir: Path) -> tuple[dict, dict, dict]:
     return found[1]
 
 
-def resume_state(roles: Roles, stream: PromptStream, trainer_state: dict, state: dict) -> int:
+def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state: dict, state: dict) -> int:
     """Put a checkpoint's run state back (optimizer, stream position, RNG, algorithm state) and give
     the sampler the trainer's weights; returns the step it was taken after."""
     roles.trainer.load_state_dict(trainer_state)
@@ -238,7 +240,7 @@ def resume_state(roles: Roles, stream: PromptStream, trainer_state: dict, state:
     return state["step"]
 
 
-def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream, before: float,
+def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream | MixedStream, before: float,
                     minutes: float, guard: RunGuard) -> None:
     state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
              "heldout_before": before, "minutes": minutes, "early_stop": guard.early_stop_state(), **roles.algo.state_dict()}
