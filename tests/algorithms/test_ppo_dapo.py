@@ -97,6 +97,23 @@ def test_overlong_soft_penalty():
     assert overlong_penalty(t([10]), 10, 0).tolist() == [0.0]  # off
 
 
+def test_keep_groups_bounds_are_closed():
+    # K = 2: [1, 1.5] all pass (p = 1) yet varied, so its advantages are not all 0: kept under the
+    # default max_pass 1; [1, 0] has p = 0.5, kept when max_pass is exactly 0.5
+    reward = t([1.0, 1.5, 1.0, 0.0])
+    assert keep_groups(reward, 2).tolist() == [True, True]
+    assert keep_groups(reward, 2, max_pass=0.5).tolist() == [False, True]
+
+
+def test_overlong_penalty_edges():
+    # buffer 1, max_len 10: free up to 9 tokens, -1 at 10
+    assert overlong_penalty(t([9, 10]), 10, 1).tolist() == [0.0, -1.0]
+    # off (buffer 0) it is still a float reward term, not int zeros
+    assert overlong_penalty(t([10]), 10, 0).dtype == torch.float32
+    # a length past max_len (the sampler never makes one) costs no more than -factor: (12 - 6) / 4 = 1.5 -> 1
+    assert overlong_penalty(t([12]), 10, 4).tolist() == [-1.0]
+
+
 def test_entropy_bonus_subtracts_aggregated_entropy():
     loss_fn = with_entropy_bonus(lambda logp, batch: (torch.tensor(0.0), {}), coef=0.1, aggregate=core.token_mean)
     b = _batch(t([[True, True, False]]))
