@@ -137,3 +137,9 @@ def test_truncated_importance_weight_scales_advantages():
     b = _batch(t([[True, True]]), old_logp=t([[math.log(1.1), math.log(1.2)]]), advantages=t([[1.0, 1.0]]))
     with_tis(inner, cap=5.0, level="sequence")(None, b)  # one weight per sequence: 1.1 * 1.2 = 1.32
     assert torch.allclose(seen["adv"], t([[1.32, 1.32]]))
+
+def test_tis_counts_only_weights_strictly_past_the_cap():
+    # pi_old / pi_sampler = e^0 = 1 = cap: min(1, 1) = 1, the cap changes nothing, so nothing is "capped"
+    b = _batch(t([[True]]), old_logp=t([[0.0]]), advantages=t([[1.0]]))
+    _, m = with_tis(lambda logp, batch: (torch.tensor(0.0), {}), cap=1.0, level="token")(None, b)
+    assert m["actor/tis_capped_frac"] == 0.0 and m["actor/tis_weight_mean"] == 1.0

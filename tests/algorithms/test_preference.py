@@ -163,6 +163,13 @@ def test_kto_reference_point_is_clamped_and_detached():
     assert close(pol.grad, -0.117502)
 
 
+def test_kto_number_inputs_take_the_log_probs_dtype():
+    # float64 log-probs with z0 given as the number 0.1: z0 is made a float64 0.1, not float32's
+    # 0.10000000149; r = 0.5 - 0 = 0.5, desirable: σ(0.1 * (0.1 - 0.5)) = σ(-0.04) = 0.490001
+    loss, m = kto_loss(t([0.5], dtype=torch.float64), t([0.0], dtype=torch.float64), t([True]), 0.1)
+    assert m["kl"] == 0.1 and loss.dtype == torch.float64 and close(loss, 0.490001)
+
+
 def test_kto_kl_ref_point():
     # diffs [0.5, 1.0] -> mean 0.75
     z0 = kto_kl_ref_point(t([-1.0, -2.0], requires_grad=True), t([-1.5, -3.0]))
