@@ -66,6 +66,13 @@ def test_hybrid_normalisation_by_hand():
     assert torch.allclose(core.group_mean_batch_std(r, 2), t([1.0, -1.0, 0.0, 0.0]), atol=1e-4)
 
 
+def test_hybrid_normalisation_adds_eps_to_a_tiny_std():
+    # groups [2e-6, 0] and [0, 0]: centred [1e-6, -1e-6, 0, 0]; batch mean 0.5e-6, squared deviations
+    # 2.25e-12 + 3 * 0.25e-12 = 3e-12, unbiased / 3 -> std 1e-6; + eps 1e-6 -> [0.5, -0.5, 0, 0]
+    out = core.group_mean_batch_std(t([2e-6, 0.0, 0.0, 0.0]), 2)
+    assert torch.allclose(out, t([0.5, -0.5, 0.0, 0.0]), atol=1e-4)
+
+
 def test_adaptive_kl_controller_by_hand():
     ctl = core.AdaptiveKLController(init_coef=0.1, target=6.0, horizon=10_000)
     # KL 12 vs target 6: error = 12/6 - 1 = 1 -> clipped to 0.2; n = 1000 -> 0.1 * (1 + 0.2 * 0.1) = 0.102

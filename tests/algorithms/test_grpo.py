@@ -117,6 +117,15 @@ def test_dual_clip_caps_the_loss_of_negative_advantages_by_hand():
         assert torch.allclose(logp.grad, t([grad]), atol=1e-5), c
 
 
+def test_dual_clip_frac_counts_negative_advantages_strictly_past_c():
+    from rlpost.algorithms.grpo import dual_clip_frac
+
+    # c = 3. (A, ratio): (-1, 4) counts; (-1, 3) sits at c, where the cap changes nothing; (0.5, 5) and
+    # (2, 5) have A > 0, which dual-clip leaves alone; the pad (-1, 9) is no loss token -> 1 / 4
+    ratio, adv = t([[4.0, 3.0, 5.0, 5.0, 9.0]]), t([[-1.0, -1.0, 0.5, 2.0, -1.0]])
+    assert dual_clip_frac(ratio, adv, t([[True, True, True, True, False]]), 3.0) == 0.25
+
+
 @pytest.mark.parametrize("name", ["ppo", "reinforce_pp", "grpo", "rloo", "dapo", "dr_grpo"])
 def test_dual_clip_from_config_reaches_every_ppo_clip_method(name):
     # one token, ratio e^2, A = -1: the loss per token is 3 with algo.dual_clip_c=3 (7.389 without), and

@@ -30,6 +30,20 @@ def test_prime_adds_the_rloo_centred_implicit_reward_to_go(trainer_logp):
     assert out.metrics["x"] == 1.0 and math.isclose(out.metrics["reward/implicit_prm_mean"], 0.05, rel_tol=1e-6)
 
 
+def test_prime_reads_the_reference_and_leaves_padding_out():
+    # coef 0.5, K = 2; row 0 has one loss token and a pad (whose log-probs 7 and 3 must not count).
+    # implicit 0.5 * (log pi - log pi_ref) on the mask: row 0 [0.5 * 0.2, 0] = [0.1, 0],
+    # row 1 [0.5 * -0.2, 0.5 * -0.4] = [-0.1, -0.2]. Per-token means 0.1 and -0.15; leave-one-out
+    # baselines: row 0 gets -0.15, row 1 gets 0.1. r - b: row 0 [0.25, pad], row 1 [-0.2, -0.3]
+    # -> to go: row 0 [0.25, 0], row 1 [-0.5, -0.3]; plus the outcome advantages [[1, 0], [-1, -1]].
+    mask = t([[True, False], [True, True]])
+    b = rl_batch(mask, old_logp=t([[0.4, 7.0], [0.1, -0.3]]), ref_logp=t([[0.2, 3.0], [0.3, 0.1]]))
+    out = with_prime(Advantages(t([[1.0, 0.0], [-1.0, -1.0]]), {}), b, coef=0.5, group_size=2)
+    assert torch.allclose(out.tokens, t([[1.25, 0.0], [-1.5, -1.3]]))
+    # mean over rows of the summed implicit reward: (0.1 + -0.3) / 2 = -0.1
+    assert math.isclose(out.metrics["reward/implicit_prm_mean"], -0.1, rel_tol=1e-6)
+
+
 def test_overlong_filter_drops_truncated_rows_from_the_loss():
     b = rl_batch(t([[True, True], [True, False]]), truncated=t([True, False]))
     out = with_overlong_filter(Advantages(t([[1.0, 1.0], [2.0, 0.0]]), {"m": 1.0}), b)
@@ -118,6 +132,14 @@ def test_token_covariance_by_hand():
     assert torch.allclose(cov, t([[2.0, -2.0, -1.0, 1.0]]))
 
 
+def test_token_covariance_centres_both_factors_on_the_mask():
+    from rlpost.algorithms.wrappers import token_covariance
+    # means over the 2 loss tokens: A (2 + 0) / 2 = 1, log pi (0 - 2) / 2 = -1
+    # -> [(2 - 1)(0 + 1), (0 - 1)(-2 + 1)] = [1, 1]; the pad (not a loss token) gets (9 - 1)(5 + 1) = 48
+    cov = token_covariance(t([[2.0, 0.0, 9.0]]), t([[0.0, -2.0, 5.0]]), t([[True, True, False]]))
+    assert cov.tolist() == [[1.0, 1.0, 48.0]]
+
+
 def test_clip_cov_detaches_the_gradient_of_the_high_covariance_token():
     # GRPO, ratio 1 everywhere (old = log pi): per-token loss -A, token mean over 4:
     # d loss / d log pi = -A / 4 = [-.25, -.25, .25, .25]; Clip-Cov takes token 0's away -> [0, -.25, .25, .25].
@@ -146,6 +168,69 @@ def test_kl_cov_penalises_the_top_covariance_token_by_hand():
         assert math.isclose(loss.item(), base + extra, rel_tol=1e-6), control
         assert torch.allclose(logp.grad, t([[grad0, -0.25, 0.25, 0.25]])), control
         assert m.get("actor/kl_cov_frac", 0.0) == (0.25 if control == "kl_cov" else 0.0)
+
+
+# The wrappers alone, around a loss that needs a keyword (the trainer passes values= or entropy=
+# through them): one row of 4 loss tokens with the covariances [2, -2, -1, 1] above, and a pad.
+COV_MASK = t([[True, True, True, True, False]])
+
+
+def _cov_batch(old=None):
+    logp = t([COV_LOGP[0] + [0.0]], requires_grad=True)
+    adv = t([[1.0, 1.0, -1.0, -1.0, 0.0]])
+    return logp, rl_batch(COV_MASK, advantages=adv, old_logp=logp.detach() if old is None else old)
+
+
+def _kw_loss(logp, batch, scale):
+    return (logp * batch.advantages).sum() * scale, {}
+
+
+def test_clip_cov_takes_candidates_strictly_inside_and_max_1_ratio_tokens():
+    from rlpost.algorithms.wrappers import with_clip_cov
+
+    # (lb, ub) = (-3, 1): tokens 1 (cov -2) and 2 (-1) lie inside; token 3's cov 1 = ub does not.
+    # ratio 1: up to 1 * 4 = 4 tokens, so both candidates lose their gradient: d/d logp = 2 A on the others
+    logp, b = _cov_batch()
+    loss, m = with_clip_cov(_kw_loss, ratio=1.0, lb=-3.0, ub=1.0)(logp, b, scale=2.0)
+    loss.backward()
+    assert logp.grad.tolist() == [[2.0, 0.0, 0.0, -2.0, 0.0]] and m["actor/clip_cov_frac"] == 0.5
+    # ratio 1e-4: max(1, int(1e-4 * 4)) = 1 of the 2 candidates (either one, at random): 1 / 4 tokens
+    logp, b = _cov_batch()
+    loss, m = with_clip_cov(_kw_loss, ratio=1e-4, lb=-3.0, ub=1.0)(logp, b, scale=2.0)
+    loss.backward()
+    assert m["actor/clip_cov_frac"] == 0.25 and (logp.grad == 0).sum() == 2  # the pad's and one token's
+
+
+def test_kl_cov_penalises_ratio_tokens_aggregated_with_both_totals():
+    from rlpost.algorithms import core
+    from rlpost.algorithms.wrappers import with_kl_cov
+
+    # ratio 0.5: int(0.5 * 4) = 2 tokens with the largest covariance, tokens 0 (2) and 3 (1).
+    # |log pi - log pi_old| = [0.5, 0.2, 0.3, 0.4]: penalty [0.5, 0, 0, 0.4]; seq_mean_token_sum over
+    # 1 sequence: 0.9; coef 0.1 -> + 0.09. Base: sum(A log pi) * 2 = (0 - 4 + 1 + 3) * 2 = 0.
+    old = t([[-0.5, -4.2, -1.3, -3.4, 0.0]])
+    logp, b = _cov_batch(old)
+    loss, m = with_kl_cov(_kw_loss, ratio=0.5, coef=0.1, aggregate=core.seq_mean_token_sum)(logp, b, scale=2.0)
+    assert math.isclose(loss.item(), 0.09, rel_tol=1e-5) and m["actor/kl_cov_frac"] == 0.5
+
+
+def test_entropy_advantage_leaves_padding_alone_and_passes_keywords():
+    from rlpost.algorithms.wrappers import with_entropy_advantage
+
+    # A = [1, -1 | pad 0.5], H = [.4, 3 | 2], alpha .5, kappa 2: shaping min(.5 H, |A| / 2) on the mask
+    # = min([.2, 1.5], [.5, .5]) = [.2, .5], 0 on the pad -> A' = [1.2, -.5, .5]; the loss below is
+    # sum(A') * scale = 1.2 * 2 = 2.4, and the mean shaping over the 2 loss tokens is .35
+    b = rl_batch(t([[True, True, False]]), advantages=t([[1.0, -1.0, 0.5]]))
+    wrapped = with_entropy_advantage(lambda logp, batch, scale: (batch.advantages.sum() * scale, {}), 0.5, 2.0, False)
+    loss, m = wrapped(None, b, entropy=t([[0.4, 3.0, 2.0]]), scale=2.0)
+    assert math.isclose(loss.item(), 2.4, rel_tol=1e-6) and math.isclose(m["actor/entropy_adv_mean"], 0.35, rel_tol=1e-6)
+
+
+def test_loss_takes_entropy_for_either_knob():
+    # any positive coefficient, however small, needs the trainer's entropy
+    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_coef=0.5"))
+    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_adv_coef=0.5"))
+    assert not algorithms.loss_takes_entropy(tiny_cfg())
 
 
 def test_cov_control_is_refused_without_a_token_clip():

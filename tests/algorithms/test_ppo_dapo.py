@@ -97,6 +97,23 @@ def test_overlong_soft_penalty():
     assert overlong_penalty(t([10]), 10, 0).tolist() == [0.0]  # off
 
 
+def test_keep_groups_bounds_are_closed():
+    # K = 2: [1, 1.5] all pass (p = 1) yet varied, so its advantages are not all 0: kept under the
+    # default max_pass 1; [1, 0] has p = 0.5, kept when max_pass is exactly 0.5
+    reward = t([1.0, 1.5, 1.0, 0.0])
+    assert keep_groups(reward, 2).tolist() == [True, True]
+    assert keep_groups(reward, 2, max_pass=0.5).tolist() == [False, True]
+
+
+def test_overlong_penalty_edges():
+    # buffer 1, max_len 10: free up to 9 tokens, -1 at 10
+    assert overlong_penalty(t([9, 10]), 10, 1).tolist() == [0.0, -1.0]
+    # off (buffer 0) it is still a float reward term, not int zeros
+    assert overlong_penalty(t([10]), 10, 0).dtype == torch.float32
+    # a length past max_len (the sampler never makes one) costs no more than -factor: (12 - 6) / 4 = 1.5 -> 1
+    assert overlong_penalty(t([12]), 10, 4).tolist() == [-1.0]
+
+
 def test_entropy_bonus_subtracts_aggregated_entropy():
     loss_fn = with_entropy_bonus(lambda logp, batch: (torch.tensor(0.0), {}), coef=0.1, aggregate=core.token_mean)
     b = _batch(t([[True, True, False]]))
@@ -120,3 +137,9 @@ def test_truncated_importance_weight_scales_advantages():
     b = _batch(t([[True, True]]), old_logp=t([[math.log(1.1), math.log(1.2)]]), advantages=t([[1.0, 1.0]]))
     with_tis(inner, cap=5.0, level="sequence")(None, b)  # one weight per sequence: 1.1 * 1.2 = 1.32
     assert torch.allclose(seen["adv"], t([[1.32, 1.32]]))
+
+def test_tis_counts_only_weights_strictly_past_the_cap():
+    # pi_old / pi_sampler = e^0 = 1 = cap: min(1, 1) = 1, the cap changes nothing, so nothing is "capped"
+    b = _batch(t([[True]]), old_logp=t([[0.0]]), advantages=t([[1.0]]))
+    _, m = with_tis(lambda logp, batch: (torch.tensor(0.0), {}), cap=1.0, level="token")(None, b)
+    assert m["actor/tis_capped_frac"] == 0.0 and m["actor/tis_weight_mean"] == 1.0

@@ -163,6 +163,13 @@ def test_kto_reference_point_is_clamped_and_detached():
     assert close(pol.grad, -0.117502)
 
 
+def test_kto_number_inputs_take_the_log_probs_dtype():
+    # float64 log-probs with z0 given as the number 0.1: z0 is made a float64 0.1, not float32's
+    # 0.10000000149; r = 0.5 - 0 = 0.5, desirable: σ(0.1 * (0.1 - 0.5)) = σ(-0.04) = 0.490001
+    loss, m = kto_loss(t([0.5], dtype=torch.float64), t([0.0], dtype=torch.float64), t([True]), 0.1)
+    assert m["kl"] == 0.1 and loss.dtype == torch.float64 and close(loss, 0.490001)
+
+
 def test_kto_kl_ref_point():
     # diffs [0.5, 1.0] -> mean 0.75
     z0 = kto_kl_ref_point(t([-1.0, -2.0], requires_grad=True), t([-1.5, -3.0]))
@@ -204,6 +211,16 @@ def test_orpo_log_odds_stay_finite_and_accurate_near_zero():
     x = t([-1e-6, -0.5, -math.log(2.0), -1.0, -20.0])
     ref = torch.log1p(-torch.exp(x.double()))
     assert torch.allclose(log1mexp(x).double(), ref, rtol=1e-5)
+
+
+def test_log1mexp_gradient_is_finite_where_exp_rounds_to_one():
+    # f(x) = log(1 - e^x), f'(x) = -1 / (e^-x - 1). At x = -1e-9, float32 e^x rounds to 1, so a branch
+    # computing log1p(-e^x) there is -inf, and its zero-weighted gradient inside torch.where is nan;
+    # each branch therefore only sees inputs clamped to its own side of -ln 2.
+    # f'(-1e-9) = -1e9, f'(-0.5) = -1 / (e^0.5 - 1) = -1.541494, f'(-2) = -1 / (e^2 - 1) = -0.156518
+    x = t([-1e-9, -0.5, -2.0], requires_grad=True)
+    log1mexp(x).sum().backward()
+    assert torch.allclose(x.grad, t([-1e9, -1.541494, -0.156518]), rtol=1e-4)
 
 
 # --- SimPO ---------------------------------------------------------------------------------------
@@ -263,6 +280,85 @@ def test_every_loss_reports_the_four_reward_metrics_as_floats():
         assert loss.shape == ()
         for key in ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy"):
             assert type(m[key]) is float, key
+
+
+# --- documented defaults, every metric, ties (each value below tells a mutant from the loss) ------
+
+
+def test_dpo_default_beta_and_every_metric():
+    # β defaults to 0.1 (the paper's and TRL's). chosen logratio -1 - -3 = 2, rejected -2.5 - -2 = -0.5
+    # m = 2.5, βm = 0.25, loss -log σ(0.25) = log(1 + e^-0.25) = 0.575939
+    # rewards β * logratio: chosen 0.2, rejected -0.05, margin 0.25 (asymmetric, so β / x would show)
+    loss, m = dpo_loss(t([-1.0]), t([-2.5]), t([-3.0]), t([-2.0]))
+    assert close(loss, 0.575939)
+    assert m == pytest.approx({"rewards/chosen": 0.2, "rewards/rejected": -0.05, "rewards/margin": 0.25,
+                               "rewards/accuracy": 1.0, "logps/chosen": -1.0, "logps/rejected": -2.5})
+    # label_smoothing may be 0.5 (the closed end of [0, 0.5]): 0.5 * -log σ(0.25) + 0.5 * -log σ(-0.25)
+    # = 0.5 * 0.575939 + 0.5 * (0.575939 + 0.25) = 0.700939
+    loss, _ = dpo_loss(t([-1.0]), t([-2.5]), t([-3.0]), t([-2.0]), label_smoothing=0.5)
+    assert close(loss, 0.700939)
+
+
+def test_ipo_default_beta_and_every_metric():
+    # β = 0.1 -> target 1 / (2 * 0.1) = 5; logratios 2 and -0.5 as above: h = 2.5, loss (2.5 - 5)^2 = 6.25
+    loss, m = ipo_loss(t([-1.0]), t([-2.5]), t([-3.0]), t([-2.0]))
+    assert close(loss, 6.25)
+    assert m == pytest.approx({"rewards/chosen": 0.2, "rewards/rejected": -0.05, "rewards/margin": 0.25,
+                               "rewards/accuracy": 1.0, "ipo/h": 2.5})
+
+
+def test_kto_default_beta_every_metric_and_ties_at_the_reference_point():
+    # β = 0.1, z0 = 0.5, reference 0 so r = policy: desirable r = [0.5, 2.5], undesirable r = [0.5, -1.5].
+    # desirable   σ(β(z0 - r)): σ(0) = 0.5, σ(0.1 * -2) = σ(-0.2) = 0.450166
+    # undesirable σ(β(r - z0)): σ(0) = 0.5, σ(0.1 * -2) = 0.450166;  mean (1 + 2 * 0.450166) / 4 = 0.475083
+    pol, des = t([0.5, 2.5, 0.5, -1.5]), t([True, True, False, False])
+    loss, m = kto_loss(pol, torch.zeros(4), des, 0.5)
+    assert close(loss, 0.475083)
+    # rewards β r: desirable [0.05, 0.25] sum 0.3 mean 0.15; undesirable [0.05, -0.15] sum -0.1 mean -0.05
+    # margin 0.15 - -0.05 = 0.2. Accuracy: a row exactly at z0 is on neither side (a tie counts as
+    # wrong), so only rows 1 and 3 are right: 2 / 4.
+    assert m == pytest.approx({"rewards/chosen": 0.15, "rewards/rejected": -0.05, "rewards/margin": 0.2,
+                               "rewards/accuracy": 0.5, "rewards/chosen_sum": 0.3, "rewards/rejected_sum": -0.1,
+                               "count/chosen": 2.0, "count/rejected": 2.0, "kl": 0.5})
+    # no desirable row: its mean is nan (no 0 / 0), its sum 0; the undesirable side r = 0 = z0: σ(0) = 0.5
+    loss, m = kto_loss(t([0.0]), t([0.0]), t([False]), 0.0)
+    assert close(loss, 0.5) and math.isnan(m["rewards/chosen"]) and m["rewards/chosen_sum"] == 0.0
+    assert m["rewards/rejected"] == 0.0 and m["count/chosen"] == 0.0
+
+
+def test_orpo_default_lambda_and_every_metric():
+    # λ defaults to 0.1 (the paper's): the loss of test_orpo_by_hand, 0.693147 + 0.1 * 0.223144 = 0.715461.
+    # rewards λ * mean logp: chosen 0.1 * log 0.5 = -0.069315, rejected 0.1 * log 0.2 = -0.160944,
+    # margin 0.1 * log 2.5 = 0.091629
+    loss, m = orpo_loss(t([math.log(0.5)]), t([math.log(0.2)]), t(0.693147))
+    assert close(loss, 0.715461)
+    assert m == pytest.approx({"rewards/chosen": -0.069315, "rewards/rejected": -0.160944, "rewards/margin": 0.091629,
+                               "rewards/accuracy": 1.0, "logps/chosen": -0.693147, "logps/rejected": -1.609438,
+                               "nll_loss": 0.693147, "log_odds_ratio": math.log(4.0), "or_loss": 0.223144}, abs=1e-5)
+
+
+def test_simpo_default_beta_gamma_and_every_metric():
+    # β = 2, γ = 0.5 by default (the paper's): the numbers of test_simpo_by_hand, loss 0.201413
+    loss, m = simpo_loss(t([-4.0]), t([-6.0]), t([4]), t([3]))
+    assert close(loss, 0.201413)
+    assert m == pytest.approx({"rewards/chosen": -2.0, "rewards/rejected": -4.0, "rewards/margin": 2.0,
+                               "rewards/accuracy": 1.0, "logps/chosen": -4.0, "logps/rejected": -6.0})
+
+
+def test_bradley_terry_tie_counts_as_wrong():
+    # diffs [0, 2]: -log σ(0) = log 2 = 0.693147, -log σ(2) = 0.126928; mean 0.410038
+    loss, m = bradley_terry_loss(t([1.0, 2.0]), t([1.0, 0.0]))
+    assert close(loss, 0.410038)
+    assert m["rm/accuracy"] == 0.5 and m["rewards/accuracy"] == 0.5  # the tie is not a right answer
+
+
+def test_nll_anchor_divides_by_each_length_and_clamps_only_zero():
+    from rlpost.algorithms.preference import nll_anchor
+
+    # chosen sums [-3, -4, 0] over [1, 2, 0] tokens: per token [-3, -2, 0] (an empty one: 0 / max(0, 1))
+    # nll = -mean = 5 / 3 = 1.666667; coef 0.6 -> loss 0 + 1.0
+    loss, m = nll_anchor(t(0.0), {"x": 1.0}, t([-3.0, -4.0, 0.0]), t([1, 2, 0]), 0.6)
+    assert close(loss, 1.0) and m == pytest.approx({"x": 1.0, "nll_loss": 5 / 3})
 
 
 # --- the micro-batch losses of the offline recipes (rows 2i, 2i + 1 are a pair: chosen, rejected) ---
@@ -393,3 +489,38 @@ def test_rpo_is_refused_with_orpo():
     from rlpost import config
     with pytest.raises(config.ConfigError, match="pref.nll_coef: ORPO already has its NLL"):
         config.load(None, ["pref.loss=orpo", "pref.nll_coef=1"])
+
+
+def test_bce_at_positions_passes_both_totals_and_a_half_label_is_negative():
+    from helpers import rl_batch
+
+    from rlpost.algorithms import core
+    from rlpost.algorithms.preference import bce_at_positions
+
+    logits, labels = t([[1.0, -1.0], [2.0, 0.0]]), t([[0.5, 0.0], [0.0, 0.0]])
+    mask = t([[True, True], [True, False]])
+    loss, m = bce_at_positions(logits, rl_batch(mask, returns=labels), aggregate=core.seq_mean_token_sum)
+    # BCE = softplus(x) - x y: 1.313262 - 0.5 = 0.813262, softplus(-1) = 0.313262, softplus(2) = 2.126928
+    # seq_mean_token_sum: sum 3.253452 / 2 sequences = 1.626726; masked mean over 3 labels 1.084484
+    assert close(loss, 1.626726) and close(m["prm/bce"], 1.084484)
+    # agreement (p > .5) == (label > .5): a soft label of exactly 0.5 is not positive, so p = .731
+    # disagrees with it; (p .269, label 0) agrees; (p .881, label 0) disagrees -> 1 / 3
+    assert close(m["prm/acc@0.5"], 1 / 3)
+
+
+@pytest.mark.parametrize("kind", ["simpo", "orpo"])
+def test_reference_free_losses_need_no_reference_log_probs(kind):
+    from helpers import rl_batch
+
+    from rlpost.algorithms.preference import make_dpo_loss
+    from rlpost.sections import PrefConfig
+
+    # A batch without ref_logp (the offline recipe loads no reference for these) gives the same loss
+    # as one with it: the reference is never read. SimPO, β 0.3, γ 0.7, sums [-3, -0.5 | -3, -0.6] over
+    # [2, 1 | 3, 2]: x = 0.3 * (-1.5 - -0.5) - 0.7 = -1.0 and 0.3 * (-1 - -0.3) - 0.7 = -0.91;
+    # mean(softplus(1.0), softplus(0.91)) = (1.313262 + 1.248274) / 2 = 1.280768
+    p = PrefConfig(loss=kind, beta=0.3, simpo_gamma=0.7, orpo_lambda=0.2)
+    loss, m = make_dpo_loss(p)(MB_LOGP, rl_batch(MB_MASK))
+    with_ref, m_ref = make_dpo_loss(p)(MB_LOGP, mb())
+    assert close(loss, with_ref.item()) and m == pytest.approx(m_ref)
+    assert kind != "simpo" or close(loss, 1.280768)

@@ -62,6 +62,11 @@ def test_weighted_vote():
         majority_vote(["x"], weights=[1.0, 2.0])
 
 
+def test_weighted_vote_sums_from_zero():
+    # "x" 1e-20 beats "y" 0; sums started at 1.0 would both round to 1.0 and tie ("y", first seen)
+    assert majority_vote(["y", "x"], weights=[0.0, 1e-20]) == "x"
+
+
 def test_maj_at_k_is_the_expectation_over_k_subsets():
     answers, right = ["4", "5", "4", "6"], {"4": True}
     # k=1: each sample alone; 2 of 4 right = 0.5, which is pass@1
