@@ -45,6 +45,7 @@ CATALOGUE = {
     "top_p_mask": ("train", ["rollout.top_p=0.9"]),
     "batch_std": ("train", ["algo.std_scope=batch"]),
     "curriculum": ("train", ["rollout.curriculum_window=1", "task.n_train=24"]),
+    "curriculum_off": ("train", ["task.n_train=24"]),  # the curriculum row's control: the same 24 prompts
     "early_stop": ("train", ["run.early_stop_patience=1", "run.eval_every=2"]),
     "prm": ("train", ["task.process_reward_model={prm}"]),
     "prm_ppo": ("train", ["algo.name=ppo", "task.process_reward_model={prm}"]),
