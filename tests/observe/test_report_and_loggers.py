@@ -9,6 +9,8 @@ import subprocess
 import pytest
 from helpers import TINY, cli, run_cli
 
+pytestmark = pytest.mark.plots  # the report's plots are read here: drawn, not left to conftest.py's stand-in
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
