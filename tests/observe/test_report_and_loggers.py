@@ -9,8 +9,6 @@ import subprocess
 import pytest
 from helpers import TINY, cli, run_cli
 
-pytestmark = pytest.mark.plots  # the report's plots are read here: drawn, not left to conftest.py's stand-in
-
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -44,6 +42,7 @@ def test_unknown_or_missing_logger_is_a_config_error(tmp_path):
     assert r.returncode == 2 and "run.loggers: unknown logger 'tensorbored'" in r.stderr
 
 
+@pytest.mark.plots  # reads the plots: drawn, not left to conftest.py's stand-in
 def test_report_has_every_plot_and_samples(run):
     r = cli("report", str(run))
     assert r.returncode == 0, r.stderr
@@ -60,6 +59,7 @@ def test_report_has_every_plot_and_samples(run):
     assert r.returncode == 0 and re.findall(r"<h3>step (\d+)</h3>", (run / "two.html").read_text()) == ["2"]
 
 
+@pytest.mark.plots  # reads the plots: drawn, not left to conftest.py's stand-in
 def test_report_renders_in_headless_chromium(run, tmp_path):
     # Debian's chromium is installed by scripts/setup.sh (best effort), never by a test.
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -94,6 +94,7 @@ def history(steps=3, **metrics):
     return [{"step": i, **{k: v * i for k, v in metrics.items()}} for i in range(1, steps + 1)]
 
 
+@pytest.mark.plots  # reads the plots: drawn, not left to conftest.py's stand-in
 def test_kl_to_the_reference_is_plotted_only_with_a_reference(tmp_path):
     from rlpost.observe.report import build_html
 
