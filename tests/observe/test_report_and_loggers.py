@@ -63,11 +63,15 @@ def test_report_has_every_plot_and_samples(run):
     assert page.count("<svg") == 11  # reward, 8 line plots, ratio histogram, timing
     assert "top reward" in page and "random" in page and "Health" in page
     assert [int(x) for x in re.findall(r"<h3>step (\d+)</h3>", page)] == [1, 3, 4]  # first, middle, last
-    r = cli("report", str(run), "--steps", "2", "--out", str(run / "two.html"))
-    assert r.returncode == 0 and re.findall(r"<h3>step (\d+)</h3>", (run / "two.html").read_text()) == ["2"]
+
+
+def test_report_steps_picks_the_sample_steps(run, tmp_path):
+    r = cli("report", str(run), "--steps", "2", "--out", str(tmp_path / "two.html"))
+    assert r.returncode == 0 and re.findall(r"<h3>step (\d+)</h3>", (tmp_path / "two.html").read_text()) == ["2"]
 
 
 @pytest.mark.plots  # reads the plots: drawn, not left to conftest.py's stand-in
+@pytest.mark.slow  # two launches of headless Chromium, 3-6 s on 2 cores; the fast tests count the page's plots
 def test_report_renders_in_headless_chromium(run, tmp_path):
     # Debian's chromium is installed by scripts/setup.sh (best effort), never by a test.
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
