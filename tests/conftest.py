@@ -33,6 +33,27 @@ def no_leaked_workers():
     assert not leaked, f"verifier workers left running by this test: {sorted(leaked)} (close its roles or runners)"
 
 
+def _undrawn(fig) -> str:
+    """report._svg for tests that do not read the plots: the figure was built from the run's
+    metrics (every series, label and legend), and is closed without being drawn."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return "<svg><!-- not drawn: tests/conftest.py --></svg>"
+
+
+@pytest.fixture(autouse=True)
+def plots_drawn_only_where_read(request, monkeypatch):
+    """Every RL run ends by writing its report (recipes/rl.py), and drawing its ~11 plots takes
+    matplotlib ~1.5 s on these 2 cores, most of a tiny run's time. A test marked `plots` gets them
+    drawn; elsewhere each figure is built and closed undrawn (observe/report.py's _svg), and the
+    rest of the page (summary, health, samples, config) is written as usual."""
+    if request.node.get_closest_marker("plots") is None:
+        from rlpost.observe import report
+
+        monkeypatch.setattr(report, "_svg", _undrawn)
+
+
 @pytest.fixture
 def tiny():
     torch.manual_seed(0)

@@ -153,13 +153,21 @@ def make_batch(tiny, n_prompts=4, k=4, seed=0) -> Rollouts:
 
 def verifier_workers() -> list[int]:
     """Verifier worker processes (rewards/worker.py) whose parent is this process: none may be
-    left once a command or a test ends."""
-    found = []
+    left once a command or a test ends. conftest.py asks twice per test, so this reads each
+    /proc/PID/stat with one os.read (a third of pathlib's cost: ~2 ms a call here, ~90 processes)."""
+    me, found = os.getpid(), []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-            if ppid == os.getpid() and b"rlpost.rewards.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(int(pid))
+            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+            try:
+                stat = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            if int(stat.rpartition(b")")[2].split()[1]) != me:  # field 4, after the parenthesised name
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"rlpost.rewards.worker" in f.read():
+                    found.append(int(pid))
         except (OSError, ValueError, IndexError):
             continue
     return sorted(found)

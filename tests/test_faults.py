@@ -240,6 +240,7 @@ def test_sft_refuses_an_existing_run_and_a_failed_start_leaves_nothing(tmp_path,
     assert code == 2 and "already holds a run" in err and (tmp_path / "s" / "summary.json").read_text() == "{}"
 
 
+@pytest.mark.slow  # a second rlpost process (prlimit): ~6 s of Python, torch and transformers start-up
 def test_a_batch_too_big_for_memory_is_one_line(tmp_path):
     # Under a 6 GB address-space limit (so that the allocation fails here, whatever the machine).
     import subprocess

@@ -3,6 +3,7 @@ layers with one direction (docs: README "Layout"), no algorithm named outside al
 naming every role, and the size budgets of STYLE R15."""
 
 import ast
+import functools
 from pathlib import Path
 
 from rlpost.algorithms import ALGORITHMS
@@ -69,8 +70,9 @@ def rlpost_imports(tree: ast.Module):
             yield name, node.lineno, id(node) in in_function
 
 
+@functools.cache  # parsed once for the five checks that walk every module (read-only trees)
 def sources():
-    return [(module_name(f), f, ast.parse(f.read_text())) for f in sorted(SRC.rglob("*.py"))]
+    return tuple((module_name(f), f, ast.parse(f.read_text())) for f in sorted(SRC.rglob("*.py")))
 
 
 def test_imports_only_go_down_the_layers():
@@ -196,15 +198,15 @@ def cpu_literals():
     """("file:function", line) of every "cpu" (or "cpu:N") string constant under src/."""
     for _, f, tree in sources():
         rel = f.relative_to(SRC).as_posix()
-        owner = {}
-        for fn in ast.walk(tree):  # innermost def or class wins: walk order visits outer ones first
-            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                for n in ast.walk(fn):
-                    owner[id(n)] = fn.name
-        for node in ast.walk(tree):
+        todo = [(tree, "<module>")]  # (node, its innermost enclosing def or class): one pass down the tree
+        while todo:
+            node, owner = todo.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                owner = node.name
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                     (node.value == "cpu" or node.value.startswith("cpu:")):
-                yield f"{rel}:{owner.get(id(node), '<module>')}", node.lineno
+                yield f"{rel}:{owner}", node.lineno
+            todo.extend((child, owner) for child in ast.iter_child_nodes(node))
 
 
 def test_no_cpu_literal_decides_a_device():

@@ -157,7 +157,10 @@ def machine_allows() -> dict[str, bool]:
 # --- the batch ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=sandbox.BACKENDS)
+# Each backend's batch takes 10-12 s of wall time on 2 cores (most of the programs run until their
+# 2 s wall limit, 4 at a time), so every test that reads a batch is slow; the fast selection keeps
+# test_sandbox.py's limits and clean-up and test_code.py's hostile completions through the runner.
+@pytest.fixture(scope="module", params=[pytest.param(b, marks=pytest.mark.slow) for b in sandbox.BACKENDS])
 def batch(request, host):
     """Grade every applicable program (and the interleaved correct ones) once per backend."""
     backend = request.param

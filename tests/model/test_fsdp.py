@@ -133,6 +133,7 @@ def flat(state, prefix="") -> dict:
     return {prefix: state}
 
 
+@pytest.mark.slow  # 2 spawned ranks, each importing torch and transformers: 7-13 s on 2 cores
 def test_two_ranks_match_one_process(tmp_path):
     batch = synthetic_batch(load_policy("tiny", dtype=torch.float32, seed=SEED).model)
     dp = run_two_ranks(batch, str(tmp_path / "rank0.pt"))

@@ -1,4 +1,4 @@
-"""A real tiny run with every logger on: the same metrics reach TensorBoard and W&B (offline), and
+"""A real tiny run with the loggers on: the same metrics reach TensorBoard and W&B (offline), and
 `rlpost report` writes a self-contained page that headless Chromium renders."""
 
 import json
@@ -12,9 +12,11 @@ from helpers import TINY, cli, run_cli
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    """4 steps with the console and TensorBoard loggers, in this process (a second process costs
+    ~6 s of start-up; W&B, which changes process-wide state, gets its own: see its test)."""
     out = tmp_path_factory.mktemp("runs")
-    r = run_cli("train", *TINY, "run.steps=4", "run.eval_every=2", "algo.kl_coef=0.1", f"run.out_dir={out}",
-                "run.name=r", "run.loggers=console,tensorboard,wandb", "task.verifier=toy_verifiers:odd_length")
+    r = cli("train", *TINY, "run.steps=4", "run.eval_every=2", "algo.kl_coef=0.1", f"run.out_dir={out}",
+            "run.name=r", "run.loggers=console,tensorboard", "task.verifier=toy_verifiers:odd_length")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rlpost: step 4 reward/mean=" in r.stderr  # the console logger
     return out / "r"
@@ -32,8 +34,14 @@ def test_tensorboard_gets_the_jsonl_metrics(run):
     assert "hist/sampler_ratio" in acc.Tags()["histograms"]
 
 
-def test_wandb_offline_run_is_written(run):
-    runs = list((run / "wandb").glob("offline-run-*"))
+# W&B sets os.environ (WANDB_MODE) and starts a service process that lives as long as the process
+# that logged: so a process of its own, the real entry point's, ~9 s of start-up on 2 cores.
+@pytest.mark.slow
+def test_wandb_offline_run_is_written(tmp_path):
+    r = run_cli("train", *TINY, f"run.out_dir={tmp_path}", "run.name=w", "run.loggers=wandb",
+                "task.verifier=toy_verifiers:odd_length")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = list((tmp_path / "w" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
@@ -42,6 +50,7 @@ def test_unknown_or_missing_logger_is_a_config_error(tmp_path):
     assert r.returncode == 2 and "run.loggers: unknown logger 'tensorbored'" in r.stderr
 
 
+@pytest.mark.plots  # reads the plots: drawn, not left to conftest.py's stand-in
 def test_report_has_every_plot_and_samples(run):
     r = cli("report", str(run))
     assert r.returncode == 0, r.stderr
@@ -54,10 +63,15 @@ def test_report_has_every_plot_and_samples(run):
     assert page.count("<svg") == 11  # reward, 8 line plots, ratio histogram, timing
     assert "top reward" in page and "random" in page and "Health" in page
     assert [int(x) for x in re.findall(r"<h3>step (\d+)</h3>", page)] == [1, 3, 4]  # first, middle, last
-    r = cli("report", str(run), "--steps", "2", "--out", str(run / "two.html"))
-    assert r.returncode == 0 and re.findall(r"<h3>step (\d+)</h3>", (run / "two.html").read_text()) == ["2"]
 
 
+def test_report_steps_picks_the_sample_steps(run, tmp_path):
+    r = cli("report", str(run), "--steps", "2", "--out", str(tmp_path / "two.html"))
+    assert r.returncode == 0 and re.findall(r"<h3>step (\d+)</h3>", (tmp_path / "two.html").read_text()) == ["2"]
+
+
+@pytest.mark.plots  # reads the plots: drawn, not left to conftest.py's stand-in
+@pytest.mark.slow  # two launches of headless Chromium, 3-6 s on 2 cores; the fast tests count the page's plots
 def test_report_renders_in_headless_chromium(run, tmp_path):
     # Debian's chromium is installed by scripts/setup.sh (best effort), never by a test.
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -92,6 +106,7 @@ def history(steps=3, **metrics):
     return [{"step": i, **{k: v * i for k, v in metrics.items()}} for i in range(1, steps + 1)]
 
 
+@pytest.mark.plots  # reads the plots: drawn, not left to conftest.py's stand-in
 def test_kl_to_the_reference_is_plotted_only_with_a_reference(tmp_path):
     from rlpost.observe.report import build_html
 

@@ -191,6 +191,7 @@ def test_trl_preference_layouts_are_read_and_train(tmp_path, layout):
         assert s["rows"] == 57 and s["skipped_rows"] == 0  # 64 minus the 10% held out, none refused
 
 
+@pytest.mark.plots  # the loss curves are drawn: the page holds a real <svg>
 def test_report_on_sft_rm_and_dpo_runs(tmp_path, pairs):
     from rlpost import cli
 
