@@ -34,6 +34,33 @@ def test_wrong_answers_score_zero(completion, answer):
     assert reward == 0.0 and info["correct"] is False and info["parsed"] is not None  # read, but wrong
 
 
+@pytest.mark.parametrize("completion, answer", [
+    ("To find 8/3 * 1/3, we need to perform", "\\frac{8}{9}"),  # the question restated, cut off: SymPy makes it 8/9
+    ("\\boxed{8/3 \\cdot 1/3}", "\\frac{8}{9}"),  # the same in LaTeX, boxed
+    ("\\boxed{\\frac{8}{3}\\times\\frac{1}{3}}", "\\frac{8}{9}"),
+    ("17 * 23", "391"),
+    ("2 - 5", "-3"),  # a minus between operands is an operation; a sign is not (next test)
+    ("\\boxed{2^3}", "8"),
+])
+def test_an_operation_left_undone_is_not_an_answer(completion, answer):
+    # math-verify alone scores each of these 1: the prediction evaluates to the gold. A model
+    # rewarded for them learns to copy the question (the mix benchmark's math rows went 0.04 -> 1.00
+    # in 6 steps that way, benchmarks/README.md).
+    reward, info = score(completion, {"answer": answer})
+    assert reward == 0.0 and info["correct"] is False and info["unevaluated"] is True
+
+
+@pytest.mark.parametrize("completion, answer", [
+    ("8/3 * 1/3 = 8/9", "\\frac{8}{9}"),  # the working, then the value: the last expression is the value
+    ("\\boxed{-3}", "-3"),
+    ("\\boxed{1+\\sqrt{2}}", "1 + \\sqrt{2}"),  # a gold that is an expression is compared as math-verify does
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\sqrt{3}/2"),  # one fraction bar is a value
+])
+def test_values_and_expression_golds_still_score_one(completion, answer):
+    reward, info = score(completion, {"answer": answer})
+    assert reward == 1.0 and "unevaluated" not in info
+
+
 def test_nothing_to_parse():
     assert score("I do not know.", {"answer": "3"}) == (0.0, {"correct": False, "parsed": None})
     assert score("", {"answer": "3"})[1]["parsed"] is None

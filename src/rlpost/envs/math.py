@@ -64,7 +64,8 @@ def score(completion: str, row: dict) -> tuple[float, dict]:
     """1.0 if the completion's final answer is mathematically equal to ``row["answer"]``.
 
     info: ``correct`` (bool) and ``parsed`` (the prediction math-verify read, as a string, or
-    None when nothing could be parsed)."""
+    None when nothing could be parsed), and ``unevaluated`` when a prediction equal to the gold
+    was an operation left undone, e.g. the question restated (``_unevaluated``: scored 0)."""
     from math_verify import verify
 
     gold = _parse_gold(str(row["answer"]))
@@ -72,7 +73,23 @@ def score(completion: str, row: dict) -> tuple[float, dict]:
     # verify(gold, pred) is not symmetric (the gold decides e.g. how intervals are read):
     # math-verify's README insists on this order.
     correct = bool(gold and pred and verify(list(gold), pred, timeout_seconds=VERIFY_TIMEOUT_S))
-    return float(correct), {"correct": correct, "parsed": _as_text(pred)}
+    unevaluated = correct and _unevaluated(_as_text(pred), _as_text(list(gold)))
+    info = {"correct": correct and not unevaluated, "parsed": _as_text(pred)}
+    return float(info["correct"]), {**info, "unevaluated": True} if unevaluated else info
+
+
+# An arithmetic operation still to be done: a binary operator (a minus between operands, not a sign),
+# or a second fraction bar. \frac alone is a value, so it is not one.
+_OPERATION = re.compile(r"[+*×·÷^]|\\(?:times|cdot|div)\b|[\d)}]\s*-\s*[\d(\\]|/[^/]*/")
+
+
+def _unevaluated(pred: str | None, gold: str | None) -> bool:
+    """Whether the prediction is an operation left undone where the gold is a single value: "What
+    is 8/3 * 1/3?" answered "To find 8/3 * 1/3, we need to" parses to 8/3 * 1/3, which SymPy
+    evaluates to the gold 8/9, so math-verify alone scores the restated question right (and
+    "17 * 23" for "What is 17 * 23?"). Such a prediction scores 0. A gold that is itself an
+    expression (1 + \\sqrt{2}, 10^{6}) is compared as math-verify does."""
+    return bool(pred and gold and not _OPERATION.search(gold) and _OPERATION.search(pred))
 
 
 def format_score(completion: str, row: dict) -> tuple[float, dict]:
