@@ -41,6 +41,7 @@ def test_wrong_answers_score_zero(completion, answer):
     ("17 * 23", "391"),
     ("2 - 5", "-3"),  # a minus between operands is an operation; a sign is not (next test)
     ("\\boxed{2^3}", "8"),
+    ("2/1 - 8/9 = (2/1) - ", "\\frac{10}{9}"),  # working cut off mid-line: math-verify reads the left side, unevaluated
 ])
 def test_an_operation_left_undone_is_not_an_answer(completion, answer):
     # math-verify alone scores each of these 1: the prediction evaluates to the gold. A model
@@ -55,6 +56,10 @@ def test_an_operation_left_undone_is_not_an_answer(completion, answer):
     ("\\boxed{-3}", "-3"),
     ("\\boxed{1+\\sqrt{2}}", "1 + \\sqrt{2}"),  # a gold that is an expression is compared as math-verify does
     ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\sqrt{3}/2"),  # one fraction bar is a value
+    ("1/2", "0.5"),  # a single fraction p/q is a value
+    ("-1/2", "-0.5"),
+    ("\\boxed{16/18}", "\\frac{8}{9}"),  # not in lowest terms, but a value: math-verify's call, kept
+    ("1/1 + 1/1 = 2/1\n\nThis", "2"),
 ])
 def test_values_and_expression_golds_still_score_one(completion, answer):
     reward, info = score(completion, {"answer": answer})

@@ -73,23 +73,40 @@ def score(completion: str, row: dict) -> tuple[float, dict]:
     # verify(gold, pred) is not symmetric (the gold decides e.g. how intervals are read):
     # math-verify's README insists on this order.
     correct = bool(gold and pred and verify(list(gold), pred, timeout_seconds=VERIFY_TIMEOUT_S))
-    unevaluated = correct and _unevaluated(_as_text(pred), _as_text(list(gold)))
+    unevaluated = correct and _unevaluated(pred[0], gold[0])
     info = {"correct": correct and not unevaluated, "parsed": _as_text(pred)}
     return float(info["correct"]), {**info, "unevaluated": True} if unevaluated else info
 
 
-# An arithmetic operation still to be done: a binary operator (a minus between operands, not a sign),
-# or a second fraction bar. \frac alone is a value, so it is not one.
-_OPERATION = re.compile(r"[+*×·÷^]|\\(?:times|cdot|div)\b|[\d)}]\s*-\s*[\d(\\]|/[^/]*/")
+def _unevaluated(pred, gold) -> bool:
+    """Whether the prediction is an operation left undone where the gold is a number: "What is
+    8/3 * 1/3?" answered "To find 8/3 * 1/3, we need to" parses to 8/3 * 1/3 (math-verify keeps
+    it unevaluated), which equals the gold 8/9, so math-verify alone scores the restated question
+    right; so it does "2/1 - 8/9 = (2/1) - " and "17 * 23". Where the gold is a number (SymPy
+    Integer, Rational, Float), a prediction that is a sum, a power, or a product of more than one
+    integer or with more than one division scores 0; a single fraction p/q (what "1/2" parses to)
+    and a percentage stay values. A gold that is itself an
+    expression (1 + \\sqrt{2}, \\sqrt{3}/2, 50\\%) is compared as math-verify does."""
+    import sympy
+
+    if not isinstance(gold, sympy.Number) or isinstance(pred, sympy.Number):
+        return False
+    if isinstance(pred, sympy.Mul):  # p/q parses to Mul(p, Pow(q, -1)), 50\\% to Mul(50, UnevaluatedExpr(1/100)): values
+        factors = [f for f in _factors(pred) if not (isinstance(f, sympy.Integer) and abs(f) == 1)]
+        ints = sum(isinstance(f, sympy.Integer) for f in factors)
+        divisions = sum((isinstance(f, sympy.Pow) and f.exp == -1) or (isinstance(f, sympy.Rational) and not f.is_integer)
+                        for f in factors)
+        percent = sum(isinstance(f, sympy.UnevaluatedExpr) and f.args[0] == sympy.Rational(1, 100) for f in factors)
+        # a value: at most one integer and one division (p/q, 1/q, 8/3), or an integer and a percent sign
+        return ints > 1 or divisions > 1 or len(factors) > ints + divisions + percent or (percent and divisions > 0)
+    return isinstance(pred, (sympy.Add, sympy.Pow))  # an assignment (x = 3) reads as its value
 
 
-def _unevaluated(pred: str | None, gold: str | None) -> bool:
-    """Whether the prediction is an operation left undone where the gold is a single value: "What
-    is 8/3 * 1/3?" answered "To find 8/3 * 1/3, we need to" parses to 8/3 * 1/3, which SymPy
-    evaluates to the gold 8/9, so math-verify alone scores the restated question right (and
-    "17 * 23" for "What is 17 * 23?"). Such a prediction scores 0. A gold that is itself an
-    expression (1 + \\sqrt{2}, 10^{6}) is compared as math-verify does."""
-    return bool(pred and gold and not _OPERATION.search(gold) and _OPERATION.search(pred))
+def _factors(expr) -> list:
+    """The factors of a product, nested products flattened (LaTeX parses \\frac{8}{3} \\cdot ... as Mul(Mul(..), ..))."""
+    import sympy
+
+    return [f for a in expr.args for f in (_factors(a) if isinstance(a, sympy.Mul) else [a])]
 
 
 def format_score(completion: str, row: dict) -> tuple[float, dict]:
