@@ -81,6 +81,7 @@ def test_the_online_curriculum_hears_every_prompts_pass_rate_in_the_loop(tmp_pat
     assert [r["curriculum/tracked_prompts"] for r in rows] == [4, 8] and rows[-1]["curriculum/skipped"] == 0
 
 
+@pytest.mark.plots  # reads the per-family plot's title in report.html
 def test_a_mix_reports_each_familys_reward_and_heldout_accuracy_consistent_with_the_whole(tmp_path):
     # task.mix=arithmetic:0.5,math:0.5 on the tiny model, whose own completions are all wrong: the
     # sampler is wrapped to answer some rows with the gold answer, written as each family's verifier
