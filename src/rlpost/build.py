@@ -153,18 +153,21 @@ def make_process_reward(cfg: config.Config) -> StepRewards:
                           "write one with ProcessRewardModel.save (benchmarks/search.py --save-prm)")
     prm = ProcessRewardModel.load(folder, cfg.run.device, micro_batch_size=config.derived(cfg).micro_batch_size,
                                   autocast_bf16=precision.trainer_bf16(cfg.trainer.precision))
-    if prm.tok.get_vocab() != load_tokenizer(cfg.model.name).get_vocab():
-        raise ConfigError(f"task.process_reward_model: {folder} has another tokenizer than model.name={cfg.model.name}; "
-                          "a PRM scores the policy's own token ids, so it must share its tokenizer")
+    same_tokenizer(cfg, prm.tok, f"task.process_reward_model: {folder}", "a PRM scores the policy's own token ids, so it must share its tokenizer")
     return StepRewards(prm, t.process_reward_coef, t.process_reward_form)
+
+
+def same_tokenizer(cfg: config.Config, tokenizer, what: str, why: str) -> None:
+    """Refuse (ConfigError naming ``what``) a model that reads the policy's token ids with another vocabulary."""
+    if tokenizer.get_vocab() != load_tokenizer(cfg.model.name).get_vocab():
+        raise ConfigError(f"{what} has another tokenizer than model.name={cfg.model.name}; {why}")
 
 
 def load_teacher(cfg: config.Config) -> torch.nn.Module:
     """algo.teacher, refused unless it shares the student's tokenizer (its log-probs are of the same token ids)."""
     teacher = load_policy(cfg.algo.teacher, dtype=torch.float32, seed=cfg.run.seed)
-    if teacher.tokenizer.get_vocab() != load_tokenizer(cfg.model.name).get_vocab():
-        raise ConfigError(f"algo.teacher: {cfg.algo.teacher} has another tokenizer than model.name={cfg.model.name}; "
-                          "on-policy distillation scores the student's token ids, so they must mean the same")
+    same_tokenizer(cfg, teacher.tokenizer, f"algo.teacher: {cfg.algo.teacher}",
+                   "on-policy distillation scores the student's token ids, so they must mean the same")
     return teacher.model
 
 

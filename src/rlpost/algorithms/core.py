@@ -164,7 +164,7 @@ def process_advantages(step_reward: Tensor, step_end: Tensor, mask: Tensor, grou
     mean = (r * m).sum(1, keepdim=True) / n.clamp(min=1)
     var = (((r - mean) * m) ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)
     normed = ((r - mean) / (var.sqrt() + eps) * m).view(B, T)  # (B, T), 0 off the step ends
-    return normed.flip(1).cumsum(1).flip(1) * mask.to(r.dtype)  # sum over steps ending at or after t
+    return returns_to_go(normed, mask)  # sum over the steps ending at or after t
 
 
 # --- group baselines (sequence level: one value per completion) ------------------------------

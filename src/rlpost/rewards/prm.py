@@ -183,7 +183,7 @@ class StepRewards:
         mask = batch.completion_mask  # (B, T)
         B, T = mask.shape
         length = torch.where(mask.any(1), (mask.long().cumsum(1) * mask).argmax(1) + 1, 0)  # (B,) up to the last loss token
-        prompts = [p[m].tolist() for p, m in zip(batch.prompt_ids, batch.prompt_mask)]
+        prompts = unpadded(batch)[0]
         completions = [batch.completion_ids[j, :n].tolist() for j, n in enumerate(length.tolist())]
         reward, ends = torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool)
         for j, (at, scores) in enumerate(self.prm.scored_steps(prompts, completions)):
