@@ -72,14 +72,25 @@ def correct(result: beam.SearchResult, rows: list[dict]) -> list[float]:
     return [score(c, r)[0] for c, r in zip(result.completions, rows)]
 
 
-def label_and_train(args, rollout, train_rows, timings) -> tuple:
-    """Phases 1-2: MC-labelled solutions, then a PRM and an ORM trained on them."""
+def label_and_train_prm(args, rollout, train_rows, timings) -> tuple:
+    """Phases 1 and 2a: MC-labelled solutions, and a PRM trained on them (from a fresh model).
+    Returns (solutions, PRM, its training history)."""
     with timed("1_sample_and_label", timings):
         sols = mc_step_labels(rollout, train_rows, score, args.n, args.m, args.max_new_tokens, args.temperature,
                               chunk=args.chunk)
-    kw = dict(epochs=args.epochs, batch_size=16, micro_batch_size=16, lr=args.lr, head_lr=args.head_lr)
     with timed("2a_train_prm", timings):
-        prm, prm_hist = train_prm(load_policy("embedded").model, rollout.tok, process_examples(sols), **kw)
+        prm, hist = train_prm(load_policy("embedded").model, rollout.tok, process_examples(sols), **train_kw(args))
+    return sols, prm, hist
+
+
+def train_kw(args) -> dict:
+    return dict(epochs=args.epochs, batch_size=16, micro_batch_size=16, lr=args.lr, head_lr=args.head_lr)
+
+
+def label_and_train(args, rollout, train_rows, timings) -> tuple:
+    """Phases 1-2: MC-labelled solutions, then a PRM and an ORM trained on them."""
+    sols, prm, prm_hist = label_and_train_prm(args, rollout, train_rows, timings)
+    kw = train_kw(args)
     with timed("2b_train_orm", timings):
         orm, orm_hist = train_prm(load_policy("embedded").model, rollout.tok, outcome_examples(sols), **kw)
     steps = [len(s.step_ends) for s in sols]
@@ -101,12 +112,7 @@ def label_and_train(args, rollout, train_rows, timings) -> tuple:
 def save_prm(args, rollout, train_rows, timings) -> None:
     """--save-prm: phases 1 and 2a only, and the PRM written as a folder an RL run reads
     (task.process_reward_model; ProcessRewardModel.save)."""
-    with timed("1_sample_and_label", timings):
-        sols = mc_step_labels(rollout, train_rows, score, args.n, args.m, args.max_new_tokens, args.temperature,
-                              chunk=args.chunk)
-    with timed("2a_train_prm", timings):
-        prm, hist = train_prm(load_policy("embedded").model, rollout.tok, process_examples(sols), epochs=args.epochs,
-                              batch_size=16, micro_batch_size=16, lr=args.lr, head_lr=args.head_lr)
+    _, prm, hist = label_and_train_prm(args, rollout, train_rows, timings)
     print(f"PRM written to {prm.save(args.save_prm)} (bce {hist[0]['prm/bce']:.3f} -> {hist[-1]['prm/bce']:.3f}; "
           + ", ".join(f"{k.removeprefix('timing_s/')} {v:.0f} s" for k, v in timings.items()) + ")")
 
