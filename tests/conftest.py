@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 import torch
@@ -53,14 +52,6 @@ def plots_drawn_only_where_read(request, monkeypatch):
         from rlpost.observe import report
 
         monkeypatch.setattr(report, "_svg", _undrawn)
-
-
-@pytest.fixture(autouse=True)
-def default_ctrl_c():
-    """Each test starts with Python's own Ctrl-C (KeyboardInterrupt), whatever an earlier test in
-    this process left installed: the signal tests (test_faults.py) depend on it."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
 
 
 @pytest.fixture

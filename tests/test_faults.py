@@ -6,6 +6,8 @@ is tests/test_resume.py's."""
 import json
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,7 +52,11 @@ def test_sigterm_finishes_the_step_saves_it_and_stops_every_child(tmp_path, caps
 
 def test_ctrl_c_during_start_up_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
     def interrupted(*a, **k):
-        os.kill(os.getpid(), signal.SIGINT)  # while the task is being built
+        # while the task is being built; to the main thread, and waited for there: sent to the
+        # process, it may land on another thread (left by an earlier test), and the main thread
+        # could run on past this function before Python handles it
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        time.sleep(5)  # the handler's KeyboardInterrupt ends the sleep
     monkeypatch.setattr(rl, "build_task", interrupted)
     code, err = main("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=c", capsys=capsys)
     assert code == 130 and "Traceback" not in err and err.strip().splitlines()[-1].startswith("rlpost: stopped by SIGINT")
