@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -117,6 +118,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="rows to run (default: all of the table)")
     ap.add_argument("--catalogue", action="store_true", help="the method catalogue's rows (CATALOGUE) instead of the algorithms")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / f"bench-algorithms-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument("--keep-runs", action="store_true", help="keep each row's checkpoints and RUN/model "
+                    "(about 2.2 GB a row; by default only the metrics, summary and report stay)")
     ap.add_argument("extra", nargs="*", help="overrides passed to every run, e.g. run.eval_n=100")
     args = ap.parse_args()
     out = ROOT / "benchmarks" / "results"
@@ -130,6 +133,10 @@ def main() -> None:
     args.steps = args.steps or (6 if args.catalogue else 12)
     for name in args.only or rows:
         results[name] = run(name, args.steps, args.out, args.extra)
+        if not args.keep_runs:  # the grpo row's model is distill's teacher ("{out}/grpo")
+            shutil.rmtree(args.out / name / "checkpoints", ignore_errors=True)
+            if name != "grpo":
+                shutil.rmtree(args.out / name / "model", ignore_errors=True)
         results[name]["date"] = time.strftime("%Y-%m-%d")
         (out / f"{stem}.json").write_text(json.dumps(results, indent=1))  # partial results survive a crash
         (out / f"{stem}.md").write_text(table({k: results[k] for k in rows if k in results}) + "\n")

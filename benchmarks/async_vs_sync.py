@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -114,6 +115,7 @@ def main() -> None:
         print(f"{name} ...", flush=True)
         results.append(run(name, extra, args.steps, data, out))
         print(f"  median step {results[-1]['step_s']:.2f} s, wall {results[-1]['wall_s']:.0f} s", flush=True)
+    shutil.rmtree(out)  # every topology's RUN/model and checkpoint: GBs the tables do not need
     (res_dir / "async_vs_sync.json").write_text(json.dumps(results, indent=1))
     text = table(results)
     (res_dir / "async_vs_sync.md").write_text(text)

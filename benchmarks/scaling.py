@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,6 +91,7 @@ def run_one(c: dict, steps: int) -> dict:
     from rlpost.observe import planner
 
     cal = planner.calibrate(run_dir, "cpu")
+    shutil.rmtree(out)  # RUN/model alone is 0.5-1.4 GB a row; the table needs only the figures above
     pred = {r["name"]: r["predicted"] for r in cal["rows"]}
     gen_tokens = med("response_length/mean") * c["prompts"] * c["group"]
     return {**c, "params": cal["plan"]["params"], "step_s": med("timing_s/step"), "gen_s": med("timing_s/gen"), "update_s": med("timing_s/update"),

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,8 +106,9 @@ def child_trl(a: argparse.Namespace) -> None:
             if logs and "reward" in logs and steps_log:
                 steps_log[-1].update(reward=logs["reward"], mean_length=logs.get("completions/mean_length"))
 
+    trl_dir = tempfile.mkdtemp()
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=precision.choose().bf16, per_device_train_batch_size=a.prompts * a.group,
+        output_dir=trl_dir, use_cpu=True, bf16=precision.choose().bf16, per_device_train_batch_size=a.prompts * a.group,
         num_generations=a.group, max_completion_length=a.max_new, temperature=TEMPERATURE, top_p=1.0,
         learning_rate=LR, lr_scheduler_type="constant", adam_beta2=0.99, beta=0.0, loss_type="grpo",
         scale_rewards="group", gradient_checkpointing=False, max_steps=a.steps, logging_steps=1,
@@ -115,6 +117,7 @@ def child_trl(a: argparse.Namespace) -> None:
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                           processing_class=load_tokenizer("embedded"), callbacks=[Timer()])
     trainer.train()
+    shutil.rmtree(trl_dir)
     for s in steps_log:
         s["tokens"] = s.get("mean_length", 0) * a.prompts * a.group
         s["update_s"] = s["step_s"] - s["gen_s"]  # reward time (microseconds here) included
@@ -135,6 +138,7 @@ def child_rlpost(a: argparse.Namespace) -> None:
     ])
     assert code == 0, f"rlpost train exited {code}"
     rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    shutil.rmtree(run_dir.parent)  # RUN/model: 0.5 GB a child the table does not need
     steps_log = [{
         "step_s": m["timing_s/step"], "gen_s": m["timing_s/gen"], "update_s": m["timing_s/update"],
         "reward": m["reward/mean"], "mean_length": m["response_length/mean"],
