@@ -182,7 +182,8 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
     dtype = precision.sampler_dtype(cfg.rollout.dtype, cfg.run.device)
     if cfg.rollout.engine == "vllm":
         rollout = rollout_vllm.VLLMRollout(on_device(cfg, model), tokenizer, resolve(cfg.model.name), dtype,
-                                           seed=cfg.run.seed, kv_cache_gb=cfg.rollout.vllm_kv_cache_gb)
+                                           seed=cfg.run.seed, kv_cache_gb=cfg.rollout.vllm_kv_cache_gb,
+                                           gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
     else:
         rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype)
     if config.task_families(cfg.task) == ["tools"]:  # multi-turn episodes: same generate() contract, tool calls inside

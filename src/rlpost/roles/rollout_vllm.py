@@ -31,9 +31,9 @@ call), so on CPU ``sleep`` keeps everything.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import tempfile
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -52,19 +52,20 @@ def check(top_p: float) -> None:
         raise ConfigError("rollout.top_p < 1 with rollout.engine=vllm: vLLM returns the truncated log-probs but "
                           "not the truncation threshold the trainer needs to score the same distribution "
                           "(Rollouts.sampler_floor); use rollout.engine=auto for top-p, or rollout.top_p=1")
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:
-        raise ConfigError(f"{INSTALL} ({e})") from None
+    if importlib.util.find_spec("vllm") is None:  # found, not imported: its settings below come first
+        raise ConfigError(f"{INSTALL} (No module named 'vllm')")
 
 
 class VLLMRollout(HFRollout):
     def __init__(self, model: torch.nn.Module, tokenizer, source: str, dtype: torch.dtype, *, seed: int = 0,
-                 kv_cache_gb: float = 1.0):
+                 kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.3):
         """``model``: the policy whose weights vLLM samples with (read once, not kept); ``source``:
         a folder or hub id with its architecture ('tiny' is written to a temporary folder)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: in-place weight sync
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # share the cores with the trainer, as the other engines do
+        # vLLM's INFO lines (and on CPU a warning each time the loop sets torch's thread count) would
+        # bury the progress bar; its errors still print. VLLM_LOGGING_LEVEL=INFO brings them back.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         try:
             from vllm import LLM
         except ImportError as e:
@@ -77,27 +78,30 @@ class VLLMRollout(HFRollout):
         self.asleep: set[str] = set()  # vLLM's memory tags released by sleep ('weights', 'kv_cache')
         self.weights_gone = False  # slept with discard_weights and not synced since
         self._folder = None
-        if not Path(source).is_dir() and source == "tiny":  # no folder to start from: write one
+        if source == "tiny":  # no folder to start from: write one
             self._folder = tempfile.TemporaryDirectory(prefix="rlpost-vllm-")
             model.save_pretrained(self._folder.name)
             tokenizer.save_pretrained(self._folder.name)
             source = self._folder.name
         try:
-            self.llm = self._start(LLM, source, dtype, seed, kv_cache_gb)
+            self.llm = self._start(LLM, source, dtype, seed, kv_cache_gb, gpu_memory_utilization)
         except ValueError as e:  # vLLM's own words on what does not fit, with the key that changes it
-            if "KV cache" not in str(e):
-                raise
-            raise ConfigError(f"rollout.vllm_kv_cache_gb={kv_cache_gb}: {e}") from None
+            if "KV cache" in str(e):
+                raise ConfigError(f"rollout.vllm_kv_cache_gb={kv_cache_gb}: {e}") from None
+            if "memory utilization" in str(e):
+                raise ConfigError(f"rollout.vllm_gpu_memory_utilization={gpu_memory_utilization}: {e}") from None
+            raise
         self.load_weights(model.state_dict())  # what it samples with is the given model, not the folder's weights
 
-    def _start(self, LLM, source: str, dtype: torch.dtype, seed: int, kv_cache_gb: float):
+    def _start(self, LLM, source: str, dtype: torch.dtype, seed: int, kv_cache_gb: float, share: float):
         return LLM(
             model=source, tokenizer=source, dtype=str(dtype).removeprefix("torch."), seed=seed,
             logprobs_mode="processed_logprobs",  # log softmax(logits / T) of the drawn token: what the trainer scores
             kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
             enforce_eager=not self.on_gpu,  # CPU: no compile, no warm-up (start-up in seconds, not minutes)
             enable_sleep_mode=self.on_gpu,  # CPU has none
-            gpu_memory_utilization=0.9 if self.on_gpu else 0.05,  # the KV size above wins; CPU: only a start-up check
+            # GPU: what vLLM may take beside the trainer; CPU: only a start-up check there, the KV size above decides
+            gpu_memory_utilization=share if self.on_gpu else 0.05,
         )
 
     def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
