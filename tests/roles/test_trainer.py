@@ -261,3 +261,20 @@ def test_train_step_is_one_accumulated_step(tiny):
     assert all(got[k] == pytest.approx(v, rel=1e-6) for k, v in want.items())
     assert got["actor/grad_norm"] == pytest.approx(norm, rel=1e-6) and got["actor/lr"] == 1e-2
     assert all(torch.equal(p, q) for p, q in zip(a.params, b.params))
+
+
+def test_sampler_diff_metrics_by_hand():
+    from rlpost.roles.trainer import sampler_diff_metrics
+
+    # |diff| of 0.1, 0.3 (float64 in, so a float32 store of the sums would show: 0.1 is not a float32)
+    diff = torch.tensor([0.1, -0.3], dtype=torch.float64)
+    m = sampler_diff_metrics(diff, data_parallel=False)
+    assert m["actor/logp_diff_sampler_mean"] == (0.1 + 0.3) / 2
+    assert m["actor/logp_diff_sampler_max"] == 0.3
+    # ratios e^0.1 and e^-0.3, one in each of their bins, every bin of the histogram reported
+    hist = core.ratio_histogram(diff.exp())
+    assert m["hist/sampler_ratio"] == hist and len(hist) == len(core.RATIO_EDGES) - 1 and sum(hist) == 2
+    # no tokens (every completion masked): zeros, not a division by zero or a max of nothing
+    empty = sampler_diff_metrics(torch.zeros(0), data_parallel=False)
+    assert empty["actor/logp_diff_sampler_mean"] == 0.0 and empty["actor/logp_diff_sampler_max"] == 0.0
+    assert empty["hist/sampler_ratio"] == [0] * (len(core.RATIO_EDGES) - 1)
