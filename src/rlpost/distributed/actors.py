@@ -60,9 +60,9 @@ class RolloutWorker:
     def receive_weights(self, version: int) -> None:
         """Take part in the trainer's broadcast of version ``version`` and load what arrives."""
         t0 = time.perf_counter()
-        self.rollout.load_weights(self.sync.receive(self.spec), version)
-        heap.trim()
-        self.sync_s += time.perf_counter() - t0
+        state = self.sync.receive(self.spec)
+        self.sync_s += time.perf_counter() - t0  # load_weights adds its own share
+        self.load_weights(state, version)
 
     def generate(self, chunk_id: int, rows: list[dict], n: int, kw: dict):
         """(the chunk's Rollouts, {seconds spent loading weights since the last chunk, metrics})."""

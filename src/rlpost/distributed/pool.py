@@ -129,22 +129,24 @@ class RolloutPool:
         ray.wait([ref], fetch_local=False)
         with self.cv:
             self.weights_ref, self.initial = ref, None
-            if version is not None and version != self.version:
-                self.version = version
-                self.pushes.append(version)
+            self._new_version(version)
             self.cv.notify_all()
 
     def _receive(self, pushed: Pushed, version: int | None) -> None:
         ray.get(self.pushing)  # the previous broadcast's errors surface here, not never
         with self.cv:
-            if version is not None and version != self.version:
-                self.version = version
-                self.pushes.append(version)
+            self._new_version(version)
             for i, w in enumerate(self.workers):
                 w.receive_weights.remote(self.version)
                 self.held[i] = self.version
             self.pushing, self.initial = pushed.refs, None
             self.cv.notify_all()
+
+    def _new_version(self, version: int | None) -> None:
+        """Called with the lock held: a push of ``version`` (None: the same version again)."""
+        if version is not None and version != self.version:
+            self.version = version
+            self.pushes.append(version)
 
     def sleep(self, discard_weights: bool = False) -> None:
         """Nothing to free here: the workers are their own processes."""

