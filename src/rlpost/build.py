@@ -132,6 +132,10 @@ def resolve_precision(cfg: config.Config) -> config.Config:
     cfg = resolve_device(cfg)
     cfg, line = precision.resolve_config(cfg, cfg.run.device)
     say_once(line)
+    if cfg.trainer.param_dtype == "bfloat16":  # explicit, so said only where the probe finds bf16 slow
+        choice = precision.choose(cfg.run.device)
+        if not choice.bf16:
+            say_once(f"trainer.param_dtype=bfloat16 as set, though {choice.reason}: float32 is faster on this machine")
     return cfg
 
 
@@ -143,9 +147,14 @@ def on_device(cfg: config.Config, model: torch.nn.Module) -> torch.nn.Module:
 def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
     """A frozen copy of `model` that gives reference log-probs, in the trainer's precision; with
     algo.teacher (on-policy distillation) the teacher model in its place."""
-    frozen = on_device(cfg, load_teacher(cfg)) if cfg.algo.teacher else copy.deepcopy(on_device(cfg, model))
+    if cfg.offload.reference:  # loaded on the host, so no second copy is ever made on the device
+        frozen = load_teacher(cfg) if cfg.algo.teacher else load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed).model
+    else:
+        frozen = on_device(cfg, load_teacher(cfg)) if cfg.algo.teacher else copy.deepcopy(on_device(cfg, model))
     return Reference(frozen, cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
-                     precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix)
+                     precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix,
+                     dtype=precision.PARAMS[cfg.trainer.param_dtype], offload=cfg.offload.reference,
+                     on=device.resolve(cfg.run.device))
 
 
 def make_process_reward(cfg: config.Config) -> StepRewards:
@@ -200,7 +209,7 @@ def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, **k
     return Trainer(
         lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer, cfg.rollout.temperature,
         d.mini_batch_size, d.micro_batch_size, d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic,
-        critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg), **kwargs,
+        critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg), offload_critic=cfg.offload.critic, **kwargs,
     )
 
 
@@ -219,7 +228,8 @@ def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = 
             parts.append((part_name(f), make_runner(cfg, f, "task.reward_funcs", run_dir), w))
         if t.reward_model:
             scorer = load_reward_model(t.reward_model, config.derived(cfg).micro_batch_size,
-                                        precision.trainer_bf16(cfg.trainer.precision), device.resolve(cfg.run.device))
+                                        precision.trainer_bf16(cfg.trainer.precision), device.resolve(cfg.run.device),
+                                        offload=cfg.offload.reward_model)
             parts.append(("reward_model", scorer, 1.0))
         if t.judge_model:
             parts.append(("judge", Judge.from_config(cfg), t.judge_weight))

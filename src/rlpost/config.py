@@ -1,7 +1,7 @@
 """Typed run configuration: frozen dataclasses, YAML recipes, dotted ``key=value`` overrides.
 
 A config is one ``Config`` made of sections (``model``, ``task``, ``rollout``, ``algo``,
-``trainer``, ``pref``, ``run``, ``dist``), defined in sections.py. Each field's docstring (the string literal
+``trainer``, ``pref``, ``run``, ``dist``, ``offload``), defined in sections.py. Each field's docstring (the string literal
 under it) is its ``--help`` text, so nothing is documented twice. Ranges and choices live next to
 the field, in ``metadata``; cross-field rules live here in ``check_consistency``; derived numbers
 live in ``derived``.
@@ -32,6 +32,7 @@ from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc
     ConfigError,
     DistConfig,
     ModelConfig,
+    OffloadConfig,
     PrefConfig,
     RolloutConfig,
     RunConfig,
@@ -101,6 +102,9 @@ def check_dist(cfg: Config) -> None:
         raise ConfigError(f"dist.topology: rollout_workers/trainer_ranks > 1 need dist.topology=disaggregated or async, got {d.topology}")
     if d.trainer_ranks > 1 and cfg.model.lora_r > 0:
         raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with LoRA")
+    if d.trainer_ranks > 1 and cfg.trainer.param_dtype != "float32":
+        raise ConfigError("trainer.param_dtype=bfloat16 keeps its float32 master copy beside one unsharded model; "
+                          "expected float32 with dist.trainer_ranks > 1 (FSDP2 shards float32 weights, bf16 compute by trainer.precision)")
     if d.weight_sync == "broadcast" and d.topology == "colocated":
         raise ConfigError("dist.weight_sync=broadcast moves weights from the trainer's actor to the rollout workers' "
                           "actors: it needs dist.topology=disaggregated or async (colocated syncs in process)")
@@ -398,6 +402,7 @@ RESUMABLE = {
     "algo": ("critic_lr",),
     "task": ("verifier_timeout_s", "verifier_workers", "verifier_memory_mb", "max_reward_error_frac", "sandboxes"),
     "dist": ("rollout_threads", "trainer_threads", "ray_address"),
+    "offload": ("reference", "critic", "reward_model"),  # where weights wait between uses, not what they are
 }
 
 

@@ -275,6 +275,8 @@ class TrainerConfig:
     """at most this many sequences per forward/backward (gradients accumulate up to the mini-batch); 0 = the mini-batch"""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """the trainer's forward and backward (and the reference, critic, reward model and PRM scorer): bf16 = under bf16 autocast over float32 master weights, fp32 = plain float32, auto = bf16 where the start-up probe finds it measurably faster (model/precision.py)"""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """the trainable weights (policy, LoRA adapters, critic) and their gradients: float32 (bf16 compute comes from trainer.precision's autocast), or bfloat16 = parameters and gradients in bf16, AdamW stepping a float32 master copy with float32 moments (DeepSpeed's bf16 mode): the forward reads half the bytes, a weight sync moves half, and the small updates bf16 alone would round away accumulate in the master copy; the reference is then held in bf16 too. Not with dist.trainer_ranks > 1 (roles/trainer.py, docs/gpu.md)"""
     share_prompt_prefix: bool = True
     """run each prompt once per micro-batch and reuse its KV cache for the group's completions (same maths, ~3x fewer tokens in the demo)"""
     max_nonfinite_steps: int = knob(3, ge=1)
@@ -358,6 +360,16 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class OffloadConfig:
+    reference: bool = False
+    """keep the reference policy's weights on the host between uses and move them onto run.device for each of its forwards (verl's ref param_offload): GPU memory for the rollout and the update, at one host-to-device copy per step. No effect on the CPU, where they already are (model/device.py)"""
+    critic: bool = False
+    """keep the critic (its weights, gradients and AdamW state) on the host while the rollout samples; it moves onto run.device for the trainer's recompute and update (verl's critic param_offload and optimizer_offload). No effect on the CPU"""
+    reward_model: bool = False
+    """keep task.reward_model's weights on the host between scoring calls, moved onto run.device for each (verl's reward_model param_offload). No effect on the CPU"""
+
+
+@dataclass(frozen=True)
 class DistConfig:
     topology: Literal["colocated", "disaggregated", "async"] = "colocated"
     """where the roles run: colocated = one process; disaggregated = rollout workers and the trainer in their own Ray actors, the loop unchanged; async = the same actors, with workers generating up to dist.max_staleness steps ahead of the trainer (distributed/pool.py)"""
@@ -391,4 +403,5 @@ class Config:
     pref: PrefConfig = field(default_factory=PrefConfig)
     run: RunConfig = field(default_factory=RunConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
 

@@ -119,3 +119,13 @@ def test_a_run_under_the_avx2_cap_probes_and_chooses_float32(tmp_path):
     assert probe["isa"] == "AVX2" and probe["bf16_gflops"] * precision.FASTER_BY < probe["fp32_gflops"]
     summary = json.loads((tmp_path / "capped" / "summary.json").read_text())
     assert summary["steps"] == 2
+
+
+@pytest.mark.parametrize("bf16_fast", [True, False])
+def test_bf16_parameters_where_bf16_is_slow_are_kept_but_said(monkeypatch, capsys, bf16_fast):
+    reason = f"injected reason {bf16_fast}"  # a message per case: say_once tells each once per process
+    monkeypatch.setattr(precision, "choose", lambda device="cpu": precision.Choice(bf16_fast, reason, cpu_probe(1, 1)))
+    out = build.resolve_precision(tiny_cfg("trainer.param_dtype=bfloat16"))
+    assert out.trainer.param_dtype == "bfloat16"  # explicit: kept either way
+    said = [l for l in capsys.readouterr().err.splitlines() if "trainer.param_dtype" in l]
+    assert said == ([] if bf16_fast else [f"rlpost: trainer.param_dtype=bfloat16 as set, though {reason}: float32 is faster on this machine"])

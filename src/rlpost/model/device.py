@@ -7,6 +7,9 @@ role names a device: each reads it from its own model (``of``) and moves a batch
 tokenizer makes it on the CPU, so it can be pickled to a Ray actor and read by the verifier), and
 each role hands back what it computed on the caller's device.
 
+``Offloaded`` keeps a role's weights on the host between its uses (``offload.reference``,
+``offload.critic``, ``offload.reward_model``, as verl's ``param_offload``).
+
 CPU-only levers stay CPU-only: the fast engine's oneDNN-packed weights (roles/rollout_fast.py:
 ``rollout.engine=auto`` picks ``hf`` on CUDA, and ``fast`` is refused there), glibc's
 ``malloc_trim`` (model/heap.py) and torch's CPU thread counts. ``tests/test_style.py`` fails on a
@@ -14,6 +17,8 @@ CPU-only levers stay CPU-only: the fast engine's oneDNN-packed weights (roles/ro
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 
@@ -50,3 +55,45 @@ def max_memory_allocated_gb() -> dict[str, float]:
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return {}
     return {"perf/max_memory_allocated_gb": round(torch.cuda.max_memory_allocated() / 2**30, 3)}
+
+
+class Offloaded:
+    """A role's weights kept on the host between uses and moved onto ``dev`` for each one (verl's
+    ``param_offload``): wrap every use in ``with offloaded:``. Nested uses move once. Besides the
+    module, ``params`` are an optimizer's own tensors for it (float32 master copies, or the module's
+    parameters themselves) whose ``.grad`` and ``optimizer.state`` move with them (verl's
+    ``optimizer_offload``). ``enabled=False`` leaves everything on ``dev`` and each ``with`` costs
+    nothing; on the CPU, ``dev`` is the host and the moves are no-ops."""
+
+    def __init__(self, module: torch.nn.Module, dev: torch.device | str, enabled: bool,
+                 optimizer: torch.optim.Optimizer | None = None, params: Iterable[torch.Tensor] = ()):
+        self.module, self.dev, self.enabled = module, torch.device(dev), enabled
+        self.optimizer, self.params = optimizer, list(params)
+        self.depth = 0  # open uses; the weights go home when the outermost one ends
+        self._move(CPU if enabled else self.dev)
+
+    def __enter__(self) -> "Offloaded":
+        if self.enabled and self.depth == 0:
+            self._move(self.dev)
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+        if self.enabled and self.depth == 0:
+            self._move(CPU)
+            if is_cuda(self.dev):
+                torch.cuda.empty_cache()  # hand the freed blocks back, so the next role can have them
+
+    @torch.no_grad()
+    def _move(self, dev: torch.device) -> None:
+        self.module.to(dev)  # parameters keep their identity (the optimizer's keys); .data and .grad move
+        for p in self.params:
+            if p.device != dev:
+                p.data = p.data.to(dev)
+                if p.grad is not None:
+                    p.grad = p.grad.to(dev)
+            state = self.optimizer.state.get(p, {}) if self.optimizer is not None else {}
+            for k, v in state.items():  # AdamW's moments and (fused) step counter live beside the parameter
+                if torch.is_tensor(v) and v.device != dev:
+                    state[k] = v.to(dev)

@@ -27,6 +27,7 @@ import platform
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -38,6 +39,7 @@ from rlpost.model.load import cache_dir
 HOST = CPU.type  # the probe times this machine's CPU unless build.py passes run.device (a GPU: read, not timed)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+PARAMS = DTYPES  # trainer.param_dtype -> the trainable weights' dtype (MasterWeights below for bfloat16)
 TRAINER = {"bf16": True, "fp32": False}  # trainer.precision -> bf16 autocast over float32 master weights?
 
 # bf16 must beat float32 by this factor to be chosen: "measurably faster", not a tie inside the
@@ -197,3 +199,60 @@ def autocast(bf16: bool, device: torch.device | str, cache: bool = True):
     float32 weights, or nothing (plain float32)."""
     dev_type = torch.device(device).type
     return torch.autocast(dev_type, dtype=torch.bfloat16, cache_enabled=cache) if bf16 else nullcontext()
+
+
+def cast_params(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``module``'s parameters (not its buffers) cast to ``dtype`` in place, each keeping its
+    identity. Buffers such as the rotary ``inv_freq`` stay float32: ``module.to(bfloat16)`` would
+    round the positions' frequencies too."""
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dtype != dtype:
+                p.data = p.data.to(dtype)
+    return module
+
+
+class MasterWeights:
+    """bf16 trainable parameters stepped through float32 master copies (``trainer.param_dtype=bfloat16``,
+    DeepSpeed's bf16 mode).
+
+    The optimizer holds the masters, so AdamW's moments are float32 too. Each parameter's gradient
+    moves into its master's ``.grad`` as float32 the moment the backward has accumulated it (a
+    post-accumulate-grad hook), so micro-batches add up in float32 and no bf16 gradient outlives its
+    backward. After ``optimizer.step()``, ``weights_out`` rounds the masters into the parameters the
+    forward reads. The point of the master: bf16 keeps 8 significant bits, so a 1e-5 step on a
+    weight of 0.05 (below half of bf16's spacing there, 2e-4) rounds away in bf16 alone; in the
+    master it adds up until it shows."""
+
+    def __init__(self, params: list[torch.nn.Parameter], keep: dict[int, torch.Tensor]):
+        """params: the trainable parameters, already bf16; keep: their float32 values from before the
+        cast, by ``id`` (so a master starts from the unrounded weight)."""
+        self.pairs = [(p, torch.nn.Parameter(keep[id(p)], requires_grad=True)) for p in params]
+        self._of = {id(p): m for p, m in self.pairs}
+        for p, m in self.pairs:
+            p.register_post_accumulate_grad_hook(partial(_grad_to_master, m))
+
+    def of(self, p: torch.nn.Parameter) -> torch.nn.Parameter:
+        return self._of[id(p)]
+
+    @torch.no_grad()
+    def weights_out(self) -> None:
+        for p, m in self.pairs:
+            p.copy_(m)
+
+    def state(self) -> list[torch.Tensor]:
+        return [m.detach() for _, m in self.pairs]
+
+    @torch.no_grad()
+    def load(self, values: list[torch.Tensor]) -> None:
+        assert len(values) == len(self.pairs), (len(values), len(self.pairs))
+        for (_, m), v in zip(self.pairs, values):
+            m.copy_(v)
+        self.weights_out()
+
+
+@torch.no_grad()
+def _grad_to_master(master: torch.nn.Parameter, p: torch.nn.Parameter) -> None:
+    g = p.grad.float()
+    master.grad = g if master.grad is None else master.grad.add_(g)
+    p.grad = None

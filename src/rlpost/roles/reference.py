@@ -14,9 +14,15 @@ from rlpost.types.batch import Rollouts
 
 class Reference:
     def __init__(self, model: torch.nn.Module, temperature: float, micro_batch_size: int, autocast_bf16: bool | None,
-                 share_prefix: bool = True):
-        self.model = model.float().eval()  # frozen by never being stepped; see rollout_hf.py on requires_grad
-        self.device = device.of(self.model)  # where build.py put it (run.device)
+                 share_prefix: bool = True, dtype: torch.dtype = torch.float32, offload: bool = False,
+                 on: torch.device | str | None = None):
+        """dtype: its weights' (bfloat16 beside trainer.param_dtype=bfloat16); offload: keep them on the
+        host between calls (offload.reference), moved onto ``on`` (run.device) for each; ``on`` None:
+        where the model is."""
+        # frozen by never being stepped; see rollout_hf.py on requires_grad
+        self.model = precision.cast_params(model, dtype).eval()
+        self.device = torch.device(on) if on is not None else device.of(self.model)
+        self.home = device.Offloaded(self.model, self.device, offload)
         self.temperature, self.micro, self.share_prefix = temperature, micro_batch_size, share_prefix
         # bf16 autocast over the float32 copy, or plain float32 (None: what the probe chose, model/precision.py)
         self.autocast_bf16 = precision.trainer_bf16("auto") if autocast_bf16 is None else autocast_bf16
@@ -24,7 +30,7 @@ class Reference:
     @torch.no_grad()
     def logprobs(self, batch: Rollouts) -> Tensor:  # (B, T) float32, on the batch's device
         home, batch = batch.device, batch.to(self.device)  # computed on the model's device, returned home
-        with precision.autocast(self.autocast_bf16, self.device):
+        with self.home, precision.autocast(self.autocast_bf16, self.device):
             parts = [
                 completion_logprobs(self.model, batch.select(slice(i, i + self.micro)), self.temperature,
                                     share_prefix=self.share_prefix)[0]

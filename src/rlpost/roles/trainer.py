@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from contextlib import nullcontext
 from functools import partial
 from typing import Callable
 
@@ -100,9 +101,10 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, tcfg, temperature: float, mini_batch_size: int,
                  micro_batch_size: int, total_optimizer_steps: int, gradient_checkpointing: bool = False,
                  critic: Critic | None = None, critic_lr: float = 1e-5, entropy_grad: bool = False,
-                 data_parallel: bool = False):
+                 data_parallel: bool = False, offload_critic: bool = False):
         """data_parallel: shard the model over the ranks of the already initialised process group
-        (module docstring); every rank must construct it with the same model and arguments."""
+        (module docstring); every rank must construct it with the same model and arguments.
+        offload_critic: keep the critic on the host between the verbs that use it (offload.critic)."""
         self.model = model.float().train()  # on its device already (build.py); batches follow it
         self.device = device.of(self.model)
         self.critic = critic.float().train() if critic is not None else None
@@ -118,6 +120,7 @@ class Trainer:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.dp = data_parallel
         self.updates = 0  # update() calls in this process, for the heap trims
+        keep = self._cast_bf16() if tcfg.param_dtype == "bfloat16" else None  # before the tied lookup is split off
         if data_parallel:
             self._shard()
         else:
@@ -126,15 +129,33 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad and p is not self.lookup]
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad] if critic is not None else []
         self.critic_lr = critic_lr
-        groups = [{"params": self.params, "lr": tcfg.lr}]
+        # trainer.param_dtype=bfloat16: AdamW steps float32 masters of the bf16 parameters (model/precision.py)
+        self.master = precision.MasterWeights(self.params + self.critic_params, keep) if keep is not None else None
+        stepped = (lambda ps: [self.master.of(p) for p in ps]) if self.master is not None else list
+        groups = [{"params": stepped(self.params), "lr": tcfg.lr}]
         if self.critic_params:  # its own learning rate and its own gradient clipping
-            groups.append({"params": self.critic_params, "lr": critic_lr})
+            groups.append({"params": stepped(self.critic_params), "lr": critic_lr})
         # fused=True: one kernel over all parameters. Measured on 135M parameters here: 0.11 s per
         # step against 1.34 s for the default per-tensor loop on CPU (benchmarks/README.md). It
         # takes FSDP's DTensor shards too (torch 2.13 CPU; tests/distributed/test_fsdp.py).
         self.opt = torch.optim.AdamW(groups, betas=(tcfg.beta1, tcfg.beta2), weight_decay=tcfg.weight_decay, fused=True)
         sched = lambda s: lr_lambda(s, tcfg.warmup_steps, total_optimizer_steps, tcfg.schedule, tcfg.min_lr_ratio)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, sched)
+        # offload.critic: the critic and its optimizer's tensors wait on the host while the rollout
+        # samples, and come onto the device for each verb that uses them (model/device.py)
+        self.critic_home = (device.Offloaded(self.critic, self.device, offload_critic, self.opt, groups[1]["params"])
+                            if self.critic_params else nullcontext())
+
+    def _cast_bf16(self) -> dict[int, Tensor]:
+        """trainer.param_dtype=bfloat16: the policy's (and critic's) parameters cast to bf16 in place;
+        returns the trainable ones' float32 values by id, the masters' starting points."""
+        if self.dp:
+            raise NotImplementedError("trainer.param_dtype=bfloat16 with data_parallel: FSDP2 shards float32 weights")
+        mods = [self.model, *([self.critic] if self.critic is not None else [])]
+        keep = {id(p): p.detach().clone() for m in mods for p in m.parameters() if p.requires_grad}
+        for m in mods:
+            precision.cast_params(m, torch.bfloat16)
+        return keep
 
     def _shard(self) -> None:
         """FSDP2 over the policy. The tied embedding is NOT split into its own leaf here: that
@@ -169,6 +190,10 @@ class Trainer:
     @torch.no_grad()
     def recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
         """(old_logp (B, T), old_values (B, T) or None) under the current weights, before any step."""
+        with self.critic_home:  # offload.critic: on the device for this verb only
+            return self._recompute(batch)
+
+    def _recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
         home, batch = batch.device, batch.to(self.device)  # results go back where the batch came from
         T = batch.completion_ids.shape[1]
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
@@ -211,6 +236,10 @@ class Trainer:
 
     def update(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         """Consume one rollout batch (epochs x mini-batches optimizer steps); return metrics."""
+        with self.critic_home:
+            return self._update(batch, loss_fn)
+
+    def _update(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         batch = batch.to(self.device)  # the trainer's own copy on its device (a no-op on the host)
         # A filtered batch (DAPO) may be short of the configured size: split it into as many
         # near-equal mini-batches as fit, at least one.
@@ -316,7 +345,9 @@ class Trainer:
         schedule does not advance. The loop counts these and stops a run that keeps making them."""
         if self.lookup is not None and self.lookup.grad is not None:  # fold the lookup's rows into the head's gradient
             head = self.model.get_output_embeddings().weight
-            head.grad = self.lookup.grad.to_dense() if head.grad is None else head.grad.add_(self.lookup.grad)
+            head = self.master.of(head) if self.master is not None else head  # the gradient the optimizer reads
+            rows = self.lookup.grad.to(head.dtype)
+            head.grad = rows.to_dense() if head.grad is None else head.grad.add_(rows)
             self.lookup.grad = None
         # Under FSDP the norm is a DTensor over the sharded gradients: full_tensor() is the global norm.
         norms = [float(fsdp.full_tensor(torch.nn.utils.clip_grad_norm_(g["params"], self.cfg.max_grad_norm)))
@@ -325,6 +356,8 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             return norms, False
         self.opt.step()
+        if self.master is not None:
+            self.master.weights_out()  # the stepped float32 masters, rounded into the bf16 weights
         clear_cast_cache()  # the weights changed in place (fused AdamW leaves _version alone)
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
@@ -333,6 +366,10 @@ class Trainer:
     def train_step(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         """One optimizer step on ``batch`` (one mini-batch, cut into micro-batches), without the
         rollout diagnostics of ``update``: the offline recipes' verb (SFT, reward models, DPO, PRM)."""
+        with self.critic_home:
+            return self._train_step(batch, loss_fn)
+
+    def _train_step(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         lr = self.opt.param_groups[0]["lr"]  # the lr this step uses (the scheduler moves it after)
         metrics = self._accumulate(batch.to(self.device), loss_fn, first_epoch=False)
         norms, stepped = self._step()
@@ -345,6 +382,11 @@ class Trainer:
     def evaluate(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         """The loss (``loss``) and the loss's metrics over ``batch``, micro-batch by micro-batch,
         without gradients: a held-out evaluation (the offline recipes)."""
+        with self.critic_home:
+            return self._evaluate(batch, loss_fn)
+
+    @torch.no_grad()
+    def _evaluate(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         sums: dict[str, float] = {}
         n = len(batch)
         batch = replace(batch.to(self.device), norm_tokens=float(batch.completion_mask.sum()), norm_seqs=n)
@@ -367,8 +409,15 @@ class Trainer:
 
     def checkpoint_weights(self) -> dict[str, Tensor]:
         """What a checkpoint stores: the float32 master weights, as ``weights()`` gives them here
-        (a remote trainer's ``weights()`` is the sampler's copy; distributed/actors.py)."""
-        return self.weights()
+        (a remote trainer's ``weights()`` is the sampler's copy; distributed/actors.py). With
+        trainer.param_dtype=bfloat16, each trained weight's float32 master in place of its bf16
+        rounding (found by storage: the tied lookup shares the head's); with LoRA, the merged bf16
+        weights, the adapters' masters being in ``state_dict``."""
+        weights = self.weights()
+        if self.master is None or lora.is_lora(self.model):
+            return weights
+        masters = {p.data_ptr(): m.detach() for p, m in self.master.pairs}
+        return {k: masters.get(v.data_ptr(), v) for k, v in weights.items()}
 
     def state_dict(self) -> dict:
         # Data parallel: the full, unsharded optimizer state keyed by parameter name, the same on
@@ -379,6 +428,8 @@ class Trainer:
             state["lora"] = lora.adapter_state(self.model)
         if self.critic is not None:  # the head, and the trunk when separate (a shared trunk is the policy)
             state["critic"] = self.critic.state_dict()
+        if self.master is not None:  # the float32 masters of every trained weight, adapters and critic included
+            state["master"] = self.master.state()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -397,6 +448,8 @@ class Trainer:
             assert not missing.unexpected_keys, missing.unexpected_keys
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
+        if self.master is not None and "master" in state:  # last: the masters, and the bf16 weights rounded from them
+            self.master.load(state["master"])
 
     def close(self) -> None:
         """Nothing to release in-process (a remote trainer's actors end here: distributed/actors.py)."""
