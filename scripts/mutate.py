@@ -2,7 +2,8 @@
 
 Which code: everything in ``algorithms/`` (the algorithms, core.py, wrappers.py, objective.py, the
 preference losses), ``search/metrics.py``, ``model/logprobs.py``, and the batch aggregation of
-``roles/trainer.py`` (``update``, ``_accumulate``, ``_micro``, ``train_step``, ``sampler_diff_metrics``).
+``roles/trainer.py`` (``update``/``_update``, ``_accumulate``, ``_micro``, ``train_step``/``_train_step``,
+``sampler_diff_metrics``).
 Which tests: the fast files listed in pyproject.toml's ``[tool.mutmut]``; mutmut runs, for each
 mutant, only those of their tests that reach the mutated function. Lines that raise an error are
 not mutated (``do_not_mutate_patterns``): their messages are not maths.
@@ -31,8 +32,9 @@ TRAINER = "rlpost.roles.trainer."
 SCOPE = [
     "rlpost.algorithms.*", "rlpost.search.metrics.*", "rlpost.model.logprobs.*",
     TRAINER + "x_sampler_diff_metrics__mutmut_*", TRAINER + "xǁTrainerǁupdate__mutmut_*",
-    TRAINER + "xǁTrainerǁ_accumulate__mutmut_*", TRAINER + "xǁTrainerǁ_micro__mutmut_*",
-    TRAINER + "xǁTrainerǁtrain_step__mutmut_*",
+    TRAINER + "xǁTrainerǁ_update__mutmut_*", TRAINER + "xǁTrainerǁ_accumulate__mutmut_*",
+    TRAINER + "xǁTrainerǁ_micro__mutmut_*", TRAINER + "xǁTrainerǁtrain_step__mutmut_*",
+    TRAINER + "xǁTrainerǁ_train_step__mutmut_*",
 ]
 # mutmut's exit codes (mutmut/stats.py): 1 and 3 killed, 0 survived, 33 and 5 no tests reached it,
 # 36/24/-24/152/255 timeout (a mutant that loops forever is caught), None not run yet.

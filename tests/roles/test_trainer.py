@@ -278,3 +278,145 @@ def test_sampler_diff_metrics_by_hand():
     empty = sampler_diff_metrics(torch.zeros(0), data_parallel=False)
     assert empty["actor/logp_diff_sampler_mean"] == 0.0 and empty["actor/logp_diff_sampler_max"] == 0.0
     assert empty["hist/sampler_ratio"] == [0] * (len(core.RATIO_EDGES) - 1)
+
+
+# --- The update's bookkeeping, each against what it must count (tests/README.md, mutation testing) ---
+
+
+def grpo_batch(tiny, n_prompts=4):
+    batch = make_batch(tiny, n_prompts=n_prompts)
+    algo = GRPO(group_size=4)
+    batch.advantages = algo.advantages(batch).tokens
+    return batch, algo
+
+
+def test_non_finite_steps_are_counted_and_skipped(tiny):
+    # 3 mini-batches, the 1st and 3rd with a NaN loss: 2 steps skipped, 1 taken
+    batch, algo = grpo_batch(tiny, n_prompts=6)  # 24 rows, 3 mini-batches of 8
+    calls = []
+
+    def poisoned(logp, mb, **kw):
+        loss, m = algo.loss(logp, mb, **kw)
+        calls.append(1)
+        return (loss * float("nan") if len(calls) in (1, 3) else loss), m
+
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=8, micro_batch_size=8, total_optimizer_steps=3)
+    m = tr.update(batch, poisoned)
+    assert len(calls) == 3 and m["actor/nonfinite_steps"] == 2
+    assert tr.sched.last_epoch == 1  # the schedule moved for the one step taken
+    assert tr.update(grpo_batch(tiny, 6)[0], algo.loss)["actor/nonfinite_steps"] == 0
+
+
+def value_loss(logp, mb, values):
+    """Squared error of the values against a fixed target, plus the policy's mean log-prob: both
+    the policy and a critic get a gradient."""
+    err = (values - 0.5) ** 2 + logp
+    return (err * mb.completion_mask).sum() / mb.norm_tokens, {}
+
+
+def test_critic_grad_norm_is_the_mean_over_the_steps_on_both_verbs(tiny):
+    batch, _ = grpo_batch(tiny)
+    model = copy.deepcopy(tiny.model)
+    tr = Trainer(model, tcfg(), 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4,
+                 critic=Critic(model, "separate"))
+    norms, step = [], tr._step
+    tr._step = lambda: norms.append(step()) or norms[-1]
+    m = tr.update(copy.deepcopy(batch), value_loss)
+    assert len(norms) == 2 and all(n[1] > 0 for n, _ in norms)
+    assert m["critic/grad_norm"] == pytest.approx((norms[0][0][1] + norms[1][0][1]) / 2, rel=1e-6)
+    assert m["actor/grad_norm"] == pytest.approx((norms[0][0][0] + norms[1][0][0]) / 2, rel=1e-6)
+    batch.old_logp = batch.sampler_logp
+    m = tr.train_step(batch.select(slice(0, 8)), value_loss)
+    assert m["critic/grad_norm"] == norms[-1][0][1] > 0
+
+
+def test_the_heap_is_trimmed_every_trim_every_updates_on_the_host(tiny, monkeypatch):
+    from rlpost.model import heap
+
+    trims = []
+    monkeypatch.setattr(heap, "trim", lambda: trims.append(1))
+    batch, algo = grpo_batch(tiny, n_prompts=1)
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=4, total_optimizer_steps=30)
+    for i in range(2 * heap.TRIM_EVERY + 1):
+        tr.update(copy.deepcopy(batch), algo.loss)
+        assert len(trims) == (i + 1) // heap.TRIM_EVERY, i
+    assert tr.updates == 2 * heap.TRIM_EVERY + 1
+
+
+@pytest.mark.parametrize("epochs, mini, recomputes, steps", [(1, 16, 0, 1), (2, 16, 1, 2), (1, 8, 1, 2)])
+def test_old_logprobs_are_recomputed_only_when_the_batch_takes_more_than_one_step(tiny, epochs, mini, recomputes, steps):
+    batch, algo = grpo_batch(tiny)
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=epochs), 1.0, mini_batch_size=mini, micro_batch_size=4,
+                 total_optimizer_steps=4)
+    calls, recompute = [], tr.recompute
+    tr.recompute = lambda b: calls.append(1) or recompute(b)
+    tr.update(batch, algo.loss)
+    assert len(calls) == recomputes and tr.sched.last_epoch == steps
+
+
+def test_actor_loss_is_the_mini_batch_loss_whatever_the_micro_batches(tiny):
+    batch, algo = grpo_batch(tiny)
+    losses = []
+    for micro in (16, 4):
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        losses.append(tr.update(copy.deepcopy(batch), algo.loss)["actor/loss"])
+    b = copy.deepcopy(batch)
+    b.norm_tokens, b.norm_seqs = float(b.completion_mask.sum()), len(b)
+    logp, _ = completion_logprobs(tiny.model, b, 1.0)
+    b.old_logp = logp.detach()
+    want = algo.loss(logp, b)[0].item()
+    assert losses[0] == pytest.approx(want, rel=1e-5, abs=1e-7) and losses[1] == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def test_a_metric_of_a_one_token_mini_batch_is_its_value(tiny):
+    batch, algo = grpo_batch(tiny, n_prompts=1)
+    batch.completion_mask = torch.zeros_like(batch.completion_mask)
+    batch.completion_mask[2, 0] = True  # one token in the whole mini-batch
+
+    def loss(logp, mb, **kw):
+        return (logp * mb.completion_mask).sum() / mb.norm_tokens, {"m": 5.0}
+
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=2, total_optimizer_steps=1)
+    assert tr.update(batch, loss)["m"] == 5.0  # token share 1/1; the empty micro-batch adds 0
+
+
+def test_an_entropy_bonus_gets_the_entropys_gradient(tiny):
+    # entropy_grad=True: the loss receives the entropy with its graph; its gradient must equal the
+    # one computed straight from policy_forward(entropy="grad")
+    from rlpost.model.logprobs import policy_forward
+
+    batch, _ = grpo_batch(tiny)
+
+    def bonus(logp, mb, entropy):
+        return -(entropy * mb.completion_mask).sum() / mb.norm_tokens, {}
+
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=1,
+                 entropy_grad=True)
+    b = copy.deepcopy(batch)
+    b.norm_tokens, b.norm_seqs = float(b.completion_mask.sum()), len(b)
+    tr._accumulate(b, bonus)
+    model = copy.deepcopy(tiny.model)
+    ent = policy_forward(model, b, 1.0, entropy="grad").entropy
+    bonus(None, b, ent)[0].backward()
+    want = dict(model.named_parameters())  # tied: one embedding/head leaf with both uses' gradient
+    got = {n: p.grad for n, p in tr.model.named_parameters() if p.grad is not None and n in want}
+    tied = tr.model.get_output_embeddings().weight.grad + tr.lookup.grad.to_dense()  # the trainer's split leaves
+    got["model.embed_tokens.weight"] = tied
+    assert len(got) == len(want) and all(torch.allclose(g, want[n].grad, atol=1e-6) for n, g in got.items())
+
+
+def test_micro_batches_are_cut_from_the_length_order(tiny):
+    # rows of similar length share a micro-batch (less padding): the micro-batches are consecutive
+    # slices of Rollouts.length_order, and with one micro-batch the rows keep their order
+    batch, algo = grpo_batch(tiny)
+    seen = []
+    for micro in (4, 16):
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        micro_fn, rows = tr._micro, []
+        tr._micro = lambda mb, *a: rows.append(mb.completion_ids[:, 0].tolist()) or micro_fn(mb, *a)
+        tr.update(copy.deepcopy(batch), algo.loss)
+        seen.append(rows)
+    order = batch.length_order()
+    first = batch.completion_ids[:, 0]
+    assert seen[0] == [first[order[i : i + 4]].tolist() for i in range(0, 16, 4)]
+    assert seen[1] == [first.tolist()]

@@ -38,6 +38,9 @@ def position_ids(attention_mask: Tensor) -> Tensor:  # (B, L) int64
     return pos.clamp(min=0)  # left pads get 0; they are masked out of attention anyway
 
 
+ENTROPY_MODES = ("none", "detached", "grad")  # policy_forward's entropy: not computed, a diagnostic, in the loss
+
+
 @dataclass
 class PolicyForward:
     logp: Tensor  # (B, T) float32, log pi(token); differentiable when grad is on
@@ -56,6 +59,8 @@ def policy_forward(
     states the logits come from, so policy and value cost one forward.
     chunked: the lm_head and log-softmax run through ``ChunkedLogp`` on the completion tokens only
     (where the model's head is a plain bias-free linear layer); False = full (B, T, V) logits."""
+    if entropy not in ENTROPY_MODES:
+        raise ValueError(f"entropy={entropy!r}: expected one of {', '.join(ENTROPY_MODES)}")
     mask = batch.completion_mask
     if chunked and plain_head(model):
         hidden = completion_states(model.get_decoder(), batch, share_prefix, _backbone)  # (B, T, H)

@@ -1,0 +1,270 @@
+"""Every path of model/logprobs.py against a computation written out here: the top-p truncation by
+hand, which heads take the chunked path, the entropy modes, the value head on both paths, the
+top-p floor through both paths, the chunking itself, the bf16 head matmul, a frozen head and an
+empty batch. Each test names the behaviour a one-line slip would change (tests/README.md,
+mutation testing)."""
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import rlpost.model.logprobs as lp_mod
+from rlpost.model.logprobs import ChunkedLogp, completion_logprobs, completion_values, plain_head, policy_forward, truncated
+from rlpost.roles.rollout_hf import HFRollout
+
+T = 0.9  # a temperature other than 1, so a missing division shows
+
+
+@pytest.fixture
+def batch(tiny):
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    torch.manual_seed(0)
+    rows = [{"messages": [{"role": "user", "content": "7" * (i + 1) + "+1="}]} for i in range(3)]
+    return ro.generate(rows, n=4, temperature=1.0, top_p=1.0, max_new_tokens=6)
+
+
+def full_logits(model, batch):  # (B, T, V) float32 / T: the positions that predict each completion token
+    ids, attn = batch.input_ids(), batch.attention_mask()
+    pos = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    n = batch.completion_ids.shape[1]
+    return model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, -n - 1 : -1].float() / T
+
+
+def reference(model, batch, floor=None):
+    """(logp, entropy) of each completion token written out: full logits, the kept set (tokens at
+    or above the floor, plus the target), the log-softmax over it."""
+    z = full_logits(model, batch)
+    y = batch.completion_ids
+    keep = torch.ones_like(z, dtype=torch.bool)
+    if floor is not None:
+        keep = (z - z.logsumexp(-1, keepdim=True)) >= floor[..., None]
+        keep |= nn.functional.one_hot(y, z.shape[-1]).bool()
+    zk = z.masked_fill(~keep, -math.inf)
+    logq = zk - zk.logsumexp(-1, keepdim=True)
+    logp = logq.gather(-1, y[..., None])[..., 0]
+    ent = -(logq.exp() * logq.masked_fill(~keep, 0)).sum(-1)
+    m = batch.completion_mask
+    return logp * m, ent * m
+
+
+# --- truncated, by hand ---
+
+
+def test_truncated_keeps_the_top_p_set_and_the_target_by_hand():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    z = probs.log().repeat(2, 3, 1) + torch.arange(6.0).view(2, 3, 1)  # (B=2, T=3, V=4); a shift per position
+    lse = z.logsumexp(-1)  # (2, 3)
+    logq = z - lse[..., None]  # the same expression truncated uses, so a floor can sit exactly on a token
+    floor = torch.stack([logq[0, 0, 1], logq[0, 1, 0], logq[0, 2, 3], logq[1, 0, 2], logq[1, 1, 1], logq[1, 2, 0]]).view(2, 3)
+    targets = torch.tensor([[3, 2, 0], [3, 0, 1]])
+    out = truncated(z, lse, floor, targets)
+    want = [[[1, 1, 0, 1], [1, 0, 1, 0], [1, 1, 1, 1]],  # a token exactly at the floor is kept (>=)
+            [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]]  # the target is kept below the floor
+    assert torch.isfinite(out).int().tolist() == want
+    assert torch.equal(out[torch.isfinite(out)], z[torch.isfinite(out)])  # kept logits unchanged
+    assert truncated(z, lse, None, targets) is z
+
+
+# --- which heads take the chunked path ---
+
+
+class Head(nn.Linear):
+    """An lm_head that is not a plain nn.Linear (a subclass may scale or cap in forward)."""
+
+
+def test_plain_head_is_a_bias_free_linear_without_logit_scaling(tiny):
+    assert plain_head(tiny.model)
+    cases = {"bias": lambda m: setattr(m, "lm_head", nn.Linear(64, 76, bias=True)),
+             "subclass": lambda m: setattr(m, "lm_head", Head(64, 76, bias=False)),
+             "final_logit_softcapping": lambda m: setattr(m.config, "final_logit_softcapping", 30.0),
+             "logit_scale": lambda m: setattr(m.config, "logit_scale", 2.0),
+             "logits_scaling": lambda m: setattr(m.config, "logits_scaling", 2.0)}
+    for name, change in cases.items():
+        model = copy.deepcopy(tiny.model)
+        change(model)
+        assert not plain_head(model), name
+
+
+def test_a_head_with_a_bias_is_scored_with_its_bias(tiny, batch):
+    model = copy.deepcopy(tiny.model)
+    model.lm_head = nn.Linear(64, 76, bias=True)
+    nn.init.normal_(model.lm_head.bias, std=1.0)  # large enough that ignoring it shows
+    want, _ = reference(model, batch)
+    for chunked in (True, False):
+        got, _ = completion_logprobs(model, batch, T, chunked=chunked)
+        assert torch.allclose(got * batch.completion_mask, want, atol=1e-5), chunked  # the full path leaves pads unmasked
+
+
+# --- entropy modes ---
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_entropy_modes(tiny, batch, chunked):
+    _, want = reference(tiny.model, batch)
+    m = batch.completion_mask
+    assert policy_forward(tiny.model, batch, T, chunked=chunked).entropy is None  # the default: not computed
+    assert policy_forward(tiny.model, batch, T, entropy="none", chunked=chunked).entropy is None
+    det = policy_forward(tiny.model, batch, T, entropy="detached", chunked=chunked).entropy
+    assert not det.requires_grad and det.dtype == torch.float32 and torch.allclose(det * m, want, atol=1e-5)
+    grad = policy_forward(tiny.model, batch, T, entropy="grad", chunked=chunked)
+    assert grad.entropy.requires_grad and grad.logp.requires_grad
+    with torch.no_grad():
+        assert not policy_forward(tiny.model, batch, T, entropy="grad", chunked=chunked).entropy.requires_grad
+    with pytest.raises(ValueError, match="entropy='detach'"):
+        policy_forward(tiny.model, batch, T, entropy="detach", chunked=chunked)
+
+
+def test_completion_logprobs_gives_entropy_only_when_asked(tiny, batch):
+    _, want = reference(tiny.model, batch)
+    logp, ent = completion_logprobs(tiny.model, batch, T)
+    assert ent is None and logp.dtype == torch.float32
+    _, ent = completion_logprobs(tiny.model, batch, T, with_entropy=True)
+    assert not ent.requires_grad and torch.allclose(ent * batch.completion_mask, want, atol=1e-5)
+
+
+def test_the_defaults_are_the_shared_prefix_chunked_path(tiny, batch):
+    # bit for bit: the defaults are that path, not another one that agrees to rounding
+    assert not batch.prompt_mask.all()  # left padding, so the full and shared-prefix forwards differ in rounding
+    explicit = policy_forward(tiny.model, batch, T, share_prefix=True, chunked=True).logp
+    assert torch.equal(policy_forward(tiny.model, batch, T).logp, explicit)
+    assert torch.equal(completion_logprobs(tiny.model, batch, T)[0], explicit)
+    others = [policy_forward(tiny.model, batch, T, share_prefix=s, chunked=c).logp for s, c in ((False, True), (True, False))]
+    assert all(not torch.equal(o, explicit) for o in others), "the paths agree bit for bit: this test checks nothing"
+
+
+# --- the value head ---
+
+
+def decoder_states(model, batch):  # (B, T, H) final hidden states at the positions that predict each token
+    ids, attn = batch.input_ids(), batch.attention_mask()
+    pos = (attn.long().cumsum(-1) - 1).clamp(min=0)
+    n = batch.completion_ids.shape[1]
+    return model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state[:, -n - 1 : -1]
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_a_shared_value_head_reads_the_policys_final_states_on_both_paths(tiny, batch, chunked):
+    torch.manual_seed(1)
+    head = nn.Linear(64, 1)
+    want = head(decoder_states(tiny.model, batch)).squeeze(-1)
+    out = policy_forward(tiny.model, batch, T, value_head=head, chunked=chunked)
+    m = batch.completion_mask
+    assert out.values.shape == m.shape and out.values.dtype == torch.float32
+    assert torch.allclose(out.values * m, want * m, atol=1e-5)
+    plain = policy_forward(tiny.model, batch, T, chunked=chunked).logp  # the head changes no log-prob
+    assert torch.allclose(out.logp, plain, atol=1e-6)
+    assert policy_forward(tiny.model, batch, T, chunked=chunked).values is None
+
+
+def test_a_separate_critics_values_are_its_trunks_states_through_its_head(tiny, batch):
+    torch.manual_seed(1)
+    head = nn.Linear(64, 1)
+    want = head(decoder_states(tiny.model, batch)).squeeze(-1) * batch.completion_mask
+    default = completion_values(tiny.model.get_decoder(), head, batch)
+    assert torch.allclose(default * batch.completion_mask, want, atol=1e-5)
+    assert torch.equal(default, completion_values(tiny.model.get_decoder(), head, batch, share_prefix=True))
+
+
+# --- the top-p floor through both paths ---
+
+
+def with_floor(model, batch):
+    """A copy of ``batch`` with a top-p floor per token: 0.05 nats below the sampled token's
+    log-prob on most tokens (several tokens kept), above it on every third (the target is kept
+    only because it was drawn)."""
+    with torch.no_grad():
+        z = full_logits(model, batch)
+        own = (z - z.logsumexp(-1, keepdim=True)).gather(-1, batch.completion_ids[..., None])[..., 0]
+    shift = torch.full_like(own, -0.05)
+    shift.view(-1)[::3] = 0.5
+    b = copy.deepcopy(batch)
+    b.sampler_floor = (own + shift) * b.completion_mask
+    return b
+
+
+def test_a_top_p_floor_scores_the_truncated_distribution_on_both_paths(tiny, batch, monkeypatch):
+    b = with_floor(tiny.model, batch)
+    want_lp, want_ent = reference(tiny.model, b, b.sampler_floor)
+    full_lp, _ = reference(tiny.model, b)
+    m = b.completion_mask
+    assert (want_lp[m] > full_lp[m] + 1e-3).float().mean() > 0.9  # the truncation matters on nearly every token
+    monkeypatch.setattr(lp_mod, "CHUNK_TOKENS", 7)  # several chunks
+    grads = []
+    for chunked in (True, False):
+        model = copy.deepcopy(tiny.model)
+        out = policy_forward(model, b, T, entropy="grad", chunked=chunked)
+        assert torch.allclose(out.logp * m, want_lp, atol=1e-5) and torch.allclose(out.entropy * m, want_ent, atol=1e-5)
+        w = torch.linspace(0.5, 1.5, m.numel()).view(m.shape) * m
+        ((out.logp * w).sum() + 0.3 * (out.entropy * w).sum()).backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.allclose(a, c, atol=1e-5) for a, c in zip(*grads))
+
+
+# --- ChunkedLogp itself ---
+
+
+def rows(n=20, h=8, v=11, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, h, generator=g, requires_grad=True), torch.randn(v, h, generator=g, requires_grad=True),
+            torch.randint(0, v, (n,), generator=g))
+
+
+def test_each_token_runs_through_the_head_once_per_pass_in_chunks(monkeypatch):
+    h, w, y = rows()
+    monkeypatch.setattr(lp_mod, "CHUNK_TOKENS", 7)
+    seen = []
+    real = ChunkedLogp._logits
+    monkeypatch.setattr(ChunkedLogp, "_logits", staticmethod(lambda hh, ww, t: seen.append(len(hh)) or real(hh, ww, t)))
+    logp, ent = ChunkedLogp.apply(h, w, y, T, torch.float32, True, None)
+    assert seen == [7, 7, 6]  # forward: 20 tokens in chunks of 7
+    (logp.sum() + ent.sum()).backward()
+    assert seen == [7, 7, 6] * 2  # and the backward recomputes each chunk once
+
+
+def manual(h, w, y, dtype):
+    z = (h.to(dtype) @ w.to(dtype).T).float() / T
+    logq = z.log_softmax(-1)
+    return logq.gather(-1, y[:, None])[:, 0], -(logq.exp() * logq).sum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_values_and_gradients_match_autograd_in_the_head_dtype(dtype, monkeypatch):
+    # bf16: the lm_head matmul runs in bf16 (as autocast would run it), the softmax in float32
+    monkeypatch.setattr(lp_mod, "CHUNK_TOKENS", 7)
+    h, w, y = rows()
+    gl, ge = torch.linspace(0.5, 1.5, len(y)), torch.linspace(-1, 1, len(y))
+    out = ChunkedLogp.apply(h, w, y, T, dtype, True, None)
+    assert out[0].dtype == out[1].dtype == torch.float32
+    (out[0] @ gl + out[1] @ ge).backward()
+    got = (out[0].detach(), out[1].detach(), h.grad.clone(), w.grad.clone())
+    assert got[2].dtype == h.dtype and got[3].dtype == w.dtype
+    h.grad = w.grad = None
+    want = manual(h, w, y, dtype)
+    (want[0] @ gl + want[1] @ ge).backward()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: the closed form and autograd round differently
+    assert torch.allclose(got[0], want[0].detach(), atol=1e-5) and torch.allclose(got[1], want[1].detach(), atol=1e-5)
+    assert torch.allclose(got[2], h.grad, atol=tol, rtol=tol) and torch.allclose(got[3], w.grad, atol=tol, rtol=tol)
+    if dtype == torch.bfloat16:  # the values are the bf16 matmul's, not float32's
+        fp32 = manual(h.detach(), w.detach(), y, torch.float32)[0]
+        assert (got[0] - fp32).abs().max() > 1e-4
+
+
+def test_a_frozen_head_gets_no_gradient_and_the_states_still_do():
+    h, w, y = rows()
+    w = w.detach()  # LoRA: the base model's head is frozen
+    logp, _ = ChunkedLogp.apply(h, w, y, T, torch.float32, False, None)
+    logp.sum().backward()
+    got = h.grad.clone()
+    h.grad = None
+    manual(h, w, y, torch.float32)[0].sum().backward()
+    assert torch.allclose(got, h.grad, atol=1e-6)
+
+
+def test_no_tokens_give_a_zero_head_gradient():
+    h, w, y = rows(n=0)
+    logp, ent = ChunkedLogp.apply(h, w, y, T, torch.float32, True, None)
+    (logp.sum() + ent.sum()).backward()
+    assert logp.shape == (0,) and torch.equal(w.grad, torch.zeros_like(w))
