@@ -268,3 +268,94 @@ def test_no_tokens_give_a_zero_head_gradient():
     logp, ent = ChunkedLogp.apply(h, w, y, T, torch.float32, True, None)
     (logp.sum() + ent.sum()).backward()
     assert logp.shape == (0,) and torch.equal(w.grad, torch.zeros_like(w))
+
+
+# --- the arguments each entry point passes on, bit for bit ---
+
+
+def test_share_prefix_and_chunked_reach_the_forward_they_name(tiny, batch):
+    # the shared-prefix and full forwards agree to rounding, not bit for bit (checked above), so a
+    # flag dropped on its way down shows as a bit-level difference from the path it names
+    dec = tiny.model.get_decoder()
+    torch.manual_seed(1)
+    head = nn.Linear(64, 1)
+    for chunked in (True, False):
+        shared = policy_forward(tiny.model, batch, T, share_prefix=True, chunked=chunked, value_head=head)
+        full = policy_forward(tiny.model, batch, T, share_prefix=False, chunked=chunked, value_head=head)
+        assert not torch.equal(shared.values, full.values) and not torch.equal(shared.logp, full.logp), chunked
+        plain = policy_forward(tiny.model, batch, T, share_prefix=True, chunked=chunked).logp
+        assert not torch.equal(plain, policy_forward(tiny.model, batch, T, share_prefix=False, chunked=chunked).logp)
+    assert not torch.equal(completion_values(dec, head, batch, share_prefix=True), completion_values(dec, head, batch, share_prefix=False))
+    for chunked in (True, False):
+        want = policy_forward(tiny.model, batch, T, chunked=chunked).logp
+        assert torch.equal(completion_logprobs(tiny.model, batch, T, chunked=chunked)[0], want)
+
+
+def test_rows_that_share_no_prompt_take_the_full_forward(tiny, batch):
+    b = batch.select(torch.tensor([0, 4, 8]))  # one row of each group: nothing to share
+    b.group_ids = torch.arange(3)
+    shared, _ = completion_logprobs(tiny.model, b, T, share_prefix=True)
+    assert torch.equal(shared, completion_logprobs(tiny.model, b, T, share_prefix=False)[0])
+
+
+def test_checkpointing_is_read_from_the_model():
+    from rlpost.model.logprobs import checkpointing
+
+    assert not checkpointing(nn.Linear(2, 2))  # a module with neither flag is not checkpointing
+
+
+def gpt2_like(tiny):
+    """A random GPT-2 on the tiny tokenizer: learned absolute positions, where a position off by one
+    changes the output (Llama's rotary positions are relative, so a shift of a whole row is invisible)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=76, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=1, eos_token_id=2,
+                     pad_token_id=0)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_left_padding_changes_no_log_prob_under_absolute_positions(tiny, batch, share_prefix):
+    model = gpt2_like(tiny)
+    got, _ = completion_logprobs(model, batch, T, share_prefix=share_prefix)
+    n = batch.completion_ids.shape[1]
+    for i in range(len(batch)):  # each row alone, without its left padding, positions from 0
+        ids = torch.cat([batch.prompt_ids[i][batch.prompt_mask[i]], batch.completion_ids[i]])[None]
+        with torch.no_grad():
+            z = model(input_ids=ids).logits[0, -n - 1 : -1].float() / T
+        want = z.log_softmax(-1).gather(-1, batch.completion_ids[i][:, None])[:, 0]
+        m = batch.completion_mask[i]
+        assert torch.allclose(got[i][m], want[m], atol=1e-5), i
+    assert not batch.prompt_mask.all()  # some rows were padded
+
+
+# --- the dtypes the forward computes in ---
+
+
+def test_the_head_runs_in_autocasts_dtype_or_the_weights(tiny, batch, monkeypatch):
+    # ChunkedLogp's backward runs outside autocast, so the forward must hand it the dtype autocast
+    # would use (bf16), or else the weights' own; the results are float32 either way
+    from rlpost.model.precision import cast_params
+
+    seen, apply = [], ChunkedLogp.apply
+    monkeypatch.setattr(ChunkedLogp, "apply", lambda *a: seen.append(a[4:6]) or apply(*a))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = policy_forward(tiny.model, batch, T, entropy="detached")
+    assert got.logp.dtype == got.entropy.dtype == torch.float32
+    policy_forward(tiny.model, batch, T)
+    policy_forward(cast_params(copy.deepcopy(tiny.model), torch.bfloat16), batch, T, entropy="grad")
+    # (dtype, whether the entropy is computed at all: not for entropy="none")
+    assert seen == [(torch.bfloat16, True), (torch.float32, False), (torch.bfloat16, True)]
+
+
+def test_a_bf16_model_still_gives_float32_log_probs_and_entropies(tiny, batch):
+    from rlpost.model.precision import cast_params
+
+    model = cast_params(copy.deepcopy(tiny.model), torch.bfloat16)  # trainer.param_dtype=bfloat16
+    for chunked in (True, False):
+        out = policy_forward(model, batch, T, entropy="detached", chunked=chunked)
+        assert out.logp.dtype == out.entropy.dtype == torch.float32, chunked
+    h, w, y = rows()
+    logp, ent = ChunkedLogp.apply(h.detach().bfloat16(), w.detach().bfloat16(), y, T, torch.bfloat16, True, None)
+    assert logp.dtype == ent.dtype == torch.float32

@@ -409,6 +409,9 @@ def test_micro_batches_are_cut_from_the_length_order(tiny):
     # rows of similar length share a micro-batch (less padding): the micro-batches are consecutive
     # slices of Rollouts.length_order, and with one micro-batch the rows keep their order
     batch, algo = grpo_batch(tiny)
+    for g, longest in enumerate((7, 3, 5, 2)):  # groups of different lengths, not already in order
+        batch.completion_mask[4 * g : 4 * g + 4, longest:] = False
+    assert batch.length_order().tolist() != list(range(16))
     seen = []
     for micro in (4, 16):
         tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
@@ -420,3 +423,47 @@ def test_micro_batches_are_cut_from_the_length_order(tiny):
     first = batch.completion_ids[:, 0]
     assert seen[0] == [first[order[i : i + 4]].tolist() for i in range(0, 16, 4)]
     assert seen[1] == [first.tolist()]
+
+
+def test_accumulate_reports_the_entropy_by_default(tiny):
+    batch, algo = grpo_batch(tiny, n_prompts=1)
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=4, total_optimizer_steps=1)
+    assert "actor/entropy" in tr._accumulate(batch, algo.loss)  # the first epoch's diagnostic, unless told otherwise
+
+
+def test_one_rank_data_parallel_equals_the_plain_trainer(tiny):
+    # The data-parallel path (FSDP2 over a process group, its own accumulation and reductions) on a
+    # group of one, in this process: the same metrics and weights as the plain trainer. Two ranks:
+    # tests/model/test_fsdp.py (slow, spawned processes).
+    import torch.distributed as dist
+
+    batch, algo = grpo_batch(tiny)
+    plain = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=2, total_optimizer_steps=4)
+    want = plain.update(copy.deepcopy(batch), algo.loss)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        dp = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=2,
+                     total_optimizer_steps=4, data_parallel=True)
+        got = dp.update(copy.deepcopy(batch), algo.loss)
+        weights = dp.weights()
+    finally:
+        dist.destroy_process_group()
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert got[k] == (v if k.startswith("hist/") else pytest.approx(v, rel=1e-4, abs=1e-6)), k
+    assert all(torch.allclose(weights[n], p, atol=1e-5) for n, p in plain.model.state_dict().items())
+
+
+def test_the_forward_computes_the_entropy_only_where_it_is_used(tiny):
+    # the first epoch's forwards report it (detached), later epochs' skip it, a bonus needs its graph
+    batch, algo = grpo_batch(tiny, n_prompts=1)
+    modes = {}
+    for entropy_grad in (False, True):
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=4, micro_batch_size=4,
+                     total_optimizer_steps=2, entropy_grad=entropy_grad)
+        forward, modes[entropy_grad] = tr._forward, []
+        tr._forward = lambda mb, entropy="none", seen=modes[entropy_grad], f=forward: seen.append(entropy) or f(mb, entropy)
+        loss = (lambda lp, mb, entropy: algo.loss(lp, mb)) if entropy_grad else algo.loss
+        tr.update(copy.deepcopy(batch), loss)
+    assert modes[False][-2:] == ["detached", "none"]  # (the recompute's forward comes first)
+    assert modes[True][-2:] == ["grad", "grad"]
