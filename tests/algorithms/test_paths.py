@@ -75,3 +75,95 @@ def test_sequence_level_tis_weights_each_row_by_its_own_log_ratio():
 def test_dual_clip_counts_only_negative_advantages():
     ratio, mask = t([[4.0, 4.0, 4.0]]), torch.ones(1, 3, dtype=torch.bool)
     assert dual_clip_frac(ratio, t([[-1.0, 0.0, 1.0]]), mask, 3.0) == pytest.approx(1 / 3)  # a zero advantage is not negative
+
+
+def test_ratio_histogram_by_hand():
+    # bins [0,0.5) [0.5,0.8) [0.8,0.9) [0.9,0.95) [0.95,0.99) [0.99,1.01) [1.01,1.05) [1.05,1.1) [1.1,1.25) [1.25,2) [2,inf)
+    ratios = t([0.1, 0.5, 0.85, 0.92, 0.97, 1.0, 1.0, 1.01, 1.07, 1.2, 1.5, 2.0, 40.0])  # an edge goes up (right=True)
+    assert core.ratio_histogram(ratios) == [1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 2]
+    assert core.ratio_histogram(torch.zeros(0)) == [0] * 11
+
+
+def test_k3_of_a_far_off_token_is_bounded_with_a_finite_gradient():
+    logp = t([-200.0, 0.0], requires_grad=True)  # log(pi_ref / pi) = 200: exp would overflow without the clamp
+    kl = core.kl_k3(logp, t([0.0, -200.0]))
+    kl.sum().backward()
+    assert kl.tolist() == [core.KL_BOUND, core.KL_BOUND] and torch.isfinite(logp.grad).all()
+
+
+@pytest.mark.parametrize("keys, key", [
+    (["algo.name=reinforce", "trainer.epochs=2"], "trainer.epochs"),  # on-policy only: no second epoch
+    (["algo.name=reinforce", "trainer.mini_batch_size=4"], "trainer.epochs"),  # nor a second mini-batch
+    (["algo.name=grpo", "rollout.filter_groups=true", "rollout.group_size=1"], "rollout"),
+    (["algo.name=reinforce", "algo.kl_coef=0.5"], "algo.kl_coef"),  # a KL below 1 is still a KL
+    (["algo.name=ppo", "dist.topology=disaggregated", "dist.trainer_ranks=2"], "dist.trainer_ranks"),
+])
+def test_what_an_algorithm_cannot_run_is_refused(keys, key):
+    with pytest.raises(config.ConfigError, match=key.replace(".", r"\.")):
+        build(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
+
+
+def objective_loss(keys, logp, old, adv, mask, ref=None):
+    from helpers import loss_batch
+
+    obj = build(config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=1", *keys]))
+    b = loss_batch(old, adv, mask, ref)
+    b.norm_tokens, b.norm_seqs = float(mask.sum()), len(mask)
+    return obj.algo.loss(logp, b) if not keys or "algo.tis_cap" not in " ".join(keys) else obj.loss(logp, b)
+
+
+@pytest.mark.parametrize("name", ["grpo", "cispo", "gspo"])
+def test_the_kl_in_the_loss_is_the_configured_estimator(name):
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    logp, ref = t([[-1.0, -2.0], [-0.5, -1.5]]), t([[-1.5, -1.0], [-0.5, -3.0]])
+    _, m = objective_loss([f"algo.name={name}", "algo.kl_coef=0.1", "algo.kl_estimator=k2"], logp, logp, torch.ones(2, 2), mask, ref)
+    assert m["actor/kl"] == pytest.approx(core.masked_mean(core.kl_k2(logp, ref), mask).item(), rel=1e-6)
+
+
+def test_dual_clip_caps_a_negative_advantage_at_c_times_its_size():
+    # A = -2 at ratio e^2 (7.39): plain PPO loss -A * r = 14.8; dual clip c = 3 caps it at c|A| = 6.
+    # A = +0.5 at ratio 1: untouched (0.5 * 1 = -0.5 as a loss)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    logp, old, adv = t([[2.0, 0.0]]), torch.zeros(1, 2), t([[-2.0, 0.5]])
+    loss, _ = objective_loss(["algo.name=grpo", "algo.dual_clip_c=3", "algo.loss_agg=token_mean"], logp, old, adv, mask)
+    assert loss.item() == pytest.approx((6.0 - 0.5) / 2, rel=1e-6)
+
+
+def test_ratio_max_of_a_batch_without_loss_tokens_is_one():
+    mask = torch.zeros(1, 2, dtype=torch.bool)
+    _, m = objective_loss(["algo.name=grpo"], torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), mask)
+    assert m["actor/ratio_max"] == 1.0
+
+
+@pytest.mark.parametrize("cap, level", [(0.5, "token"), (0.5, "sequence")])
+def test_a_tis_cap_below_one_is_applied_at_its_level(cap, level):
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    old = t([[0.0, 0.0]])
+    sampler = t([[-1.0, 1.0]])  # token weights e^1 and e^-1; sequence weight e^0 = 1
+    from helpers import loss_batch
+
+    obj = build(config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=1", f"algo.tis_cap={cap}",
+                                   f"algo.tis_level={level}"]))
+    b = loss_batch(old, torch.ones(1, 2), mask)
+    b.sampler_logp, b.norm_tokens, b.norm_seqs = sampler, 2.0, 1
+    _, m = obj.loss(old, b)
+    want = [min(1.0, cap)] * 2 if level == "sequence" else [min(2.718281828, cap), min(0.3678794, cap)]
+    assert m["actor/tis_weight_mean"] == pytest.approx(sum(want) / 2, rel=1e-5)
+
+
+def test_reinforce_moving_average_baseline_by_hand():
+    obj = build(config.load(None, ["algo.name=reinforce", "algo.baseline_decay=0.9", "rollout.group_size=2",
+                                   "rollout.prompts_per_step=1"]))
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    first = obj.advantages(rl_batch(mask, reward=t([1.0, 0.0])))  # no baseline yet: b = 0, then b = 0.5
+    second = obj.advantages(rl_batch(mask, reward=t([1.0, 0.0])))  # b = 0.5, then 0.9 * 0.5 + 0.1 * 0.5 = 0.5
+    third = obj.advantages(rl_batch(mask, reward=t([1.0, 1.0])))  # b = 0.5, then 0.9 * 0.5 + 0.1 * 1 = 0.55
+    assert first.metrics["critic/baseline"] == 0.0 and second.metrics["critic/baseline"] == 0.5
+    assert third.tokens.flatten().tolist() == [0.5, 0.5] and obj.algo.b == pytest.approx(0.55)
+
+
+def test_reinforce_pp_reports_the_largest_advantage():
+    obj = build(config.load(None, ["algo.name=reinforce_pp", "rollout.group_size=2", "rollout.prompts_per_step=2"]))
+    adv = obj.advantages(rl_batch(torch.ones(4, 2, dtype=torch.bool), reward=t([1.0, 0.0, 0.0, 0.0])))
+    assert adv.metrics == {"critic/advantages/max": pytest.approx(adv.tokens.max().item())}
+    assert adv.tokens.max().item() == pytest.approx(3**0.5, rel=1e-5)  # (1 - 0.25) / (std 0.433 + eps): whitened over 8 tokens
