@@ -94,7 +94,7 @@ def test_k3_of_a_far_off_token_is_bounded_with_a_finite_gradient():
 @pytest.mark.parametrize("keys, key", [
     (["algo.name=reinforce", "trainer.epochs=2"], "trainer.epochs"),  # on-policy only: no second epoch
     (["algo.name=reinforce", "trainer.mini_batch_size=4"], "trainer.epochs"),  # nor a second mini-batch
-    (["algo.name=grpo", "rollout.filter_groups=true", "rollout.group_size=1"], "rollout"),
+    (["algo.name=reinforce", "rollout.filter_groups=true", "rollout.group_size=1"], "rollout.filter_groups"),
     (["algo.name=reinforce", "algo.kl_coef=0.5"], "algo.kl_coef"),  # a KL below 1 is still a KL
     (["algo.name=ppo", "dist.topology=disaggregated", "dist.trainer_ranks=2"], "dist.trainer_ranks"),
 ])
