@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from rlpost.model.load import load_policy
 
 
+@pytest.mark.slow  # several seconds of process start-up; make test runs it, make test-fast skips it
 def test_train_two_steps_then_eval(tmp_path):
     r = run_cli("train", *TINY, f"run.out_dir={tmp_path}", "run.name=cli", "algo.kl_coef=0.05",
                 "task.verifier=toy_verifiers:odd_length")

@@ -167,3 +167,48 @@ def test_reinforce_pp_reports_the_largest_advantage():
     adv = obj.advantages(rl_batch(torch.ones(4, 2, dtype=torch.bool), reward=t([1.0, 0.0, 0.0, 0.0])))
     assert adv.metrics == {"critic/advantages/max": pytest.approx(adv.tokens.max().item())}
     assert adv.tokens.max().item() == pytest.approx(3**0.5, rel=1e-5)  # (1 - 0.25) / (std 0.433 + eps): whitened over 8 tokens
+
+
+def test_process_advantages_by_hand():
+    # 3 groups of 2 rows, T = 2, each step ending on the last token. Group 0 has a single step (row 1
+    # has none): 0. Groups 1 and 2: rewards (0, 4) and (1, 3), unbiased std 2.83 and 1.41, so
+    # -/+ 0.707 each; each token sums the steps ending at or after it, so both tokens carry it.
+    mask = torch.ones(6, 2, dtype=torch.bool)
+    step_end = t([[0, 1], [0, 0], [0, 1], [0, 1], [0, 1], [0, 1]]).bool()
+    step_reward = t([[0, 0.5], [0, 0], [0, 0.0], [0, 4.0], [0, 1.0], [0, 3.0]])
+    got = core.process_advantages(step_reward, step_end, mask, group_size=2)
+    s = 2**-0.5
+    want = t([[0, 0], [0, 0], [-s, -s], [s, s], [-s, -s], [s, s]])
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_process_reward_advantages_are_added_and_reported():
+    from rlpost.algorithms.core import Advantages
+    from rlpost.algorithms.wrappers import with_process_reward
+
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    b = rl_batch(mask, step_reward=t([[0, 1.0], [0, 3.0]]), step_end=t([[0, 1], [0, 1]]).bool())
+    out = with_process_reward(Advantages(torch.ones(2, 2), {}), b, group_size=2, in_rewards=False)
+    s = 2**-0.5
+    assert torch.allclose(out.tokens, t([[1 - s, 1 - s], [1 + s, 1 + s]]), atol=1e-5)
+    assert out.metrics["critic/process_advantages/mean"] == pytest.approx(0.0, abs=1e-6)
+    assert out.metrics["reward/process_per_seq"] == 2.0 and out.metrics["reward/steps_per_seq"] == 1.0
+
+
+def test_gspo_divides_by_each_rows_own_length_and_reports_its_clip_fraction():
+    # row 0: one token, advantage 2; row 1: two tokens, advantage 1 (broadcast). Ratio 1: the loss is
+    # -(2 + 1) / 2. At log-ratio 0.5 per token both sequence ratios (e^0.5) are clipped.
+    mask = t([[1, 0], [1, 1]]).bool()
+    adv = t([[2.0, 0.0], [1.0, 1.0]])
+    loss, _ = objective_loss(["algo.name=gspo"], torch.zeros(2, 2), torch.zeros(2, 2), adv, mask)
+    assert loss.item() == pytest.approx(-1.5)
+    _, m = objective_loss(["algo.name=gspo"], t([[0.5, 0.0], [0.5, 0.5]]), torch.zeros(2, 2), adv, mask)
+    assert m["actor/pg_clipfrac"] == 1.0
+
+
+def test_distillation_applies_dual_clip_too():
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    logp, old, adv = t([[2.0, 0.0]]), torch.zeros(1, 2), t([[-2.0, 0.5]])
+    keys = ["algo.dual_clip_c=3", "algo.loss_agg=token_mean"]
+    got, _ = objective_loss(["algo.name=distill", "algo.teacher=embedded", *keys], logp, old, adv, mask)
+    assert got.item() == pytest.approx((6.0 - 0.5) / 2, rel=1e-6)  # as GRPO's dual clip above

@@ -183,6 +183,7 @@ def test_concurrent_runs_get_their_own_uid():
     assert len(uids) == 2 and all(lo <= u < lo + 2 for u in uids)
 
 
+@pytest.mark.slow  # several seconds of process start-up; make test runs it, make test-fast skips it
 def test_slots_bound_how_many_run_at_once(backend):
     # 3 runs of 0.6 s with 1 slot take >= 1.8 s (serial); with 3 slots about one run's time
     def three(parallel):
@@ -198,6 +199,7 @@ def test_slots_bound_how_many_run_at_once(backend):
     assert three(1) >= 1.8 and three(3) < 1.6
 
 
+@pytest.mark.slow  # several seconds of process start-up; make test runs it, make test-fast skips it
 @pytest.mark.skipif(not ROOT, reason="per-run uids need root")
 def test_rlimits_fork_bomb_then_correct_run_on_the_same_slot():
     """The bomb's orphans are reaped before its slot is given back: the next run on that slot

@@ -161,6 +161,7 @@ def test_workers_score_in_parallel_and_keep_the_order():
         r.close()
 
 
+@pytest.mark.slow  # several seconds of process start-up; make test runs it, make test-fast skips it
 def test_workers_die_with_their_parent(tmp_path):
     # A parent that is SIGKILLed (no clean-up runs) while its worker spins: the worker goes too.
     code = ("import sys, time; sys.path[:0] = sys.argv[2:]\n"
