@@ -153,7 +153,7 @@ def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
         frozen = on_device(cfg, load_teacher(cfg)) if cfg.algo.teacher else copy.deepcopy(on_device(cfg, model))
     return Reference(frozen, cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
                      precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix,
-                     dtype=precision.PARAMS[cfg.trainer.param_dtype], offload=cfg.offload.reference,
+                     dtype=precision.DTYPES[cfg.trainer.param_dtype], offload=cfg.offload.reference,
                      on=device.resolve(cfg.run.device))
 
 

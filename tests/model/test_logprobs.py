@@ -6,15 +6,6 @@ import pytest
 import torch
 
 from rlpost.model.logprobs import completion_logprobs, prompt_groups
-from rlpost.roles.rollout_hf import HFRollout
-
-
-@pytest.fixture
-def batch(tiny):
-    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
-    torch.manual_seed(0)
-    rows = [{"messages": [{"role": "user", "content": "7" * (i + 1) + "+1="}]} for i in range(3)]
-    return ro.generate(rows, n=4, temperature=1.0, top_p=1.0, max_new_tokens=6)
 
 
 def grads_of(model, batch, share):

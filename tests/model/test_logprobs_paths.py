@@ -13,17 +13,8 @@ from torch import nn
 
 import rlpost.model.logprobs as lp_mod
 from rlpost.model.logprobs import ChunkedLogp, completion_logprobs, completion_values, plain_head, policy_forward, truncated
-from rlpost.roles.rollout_hf import HFRollout
 
 T = 0.9  # a temperature other than 1, so a missing division shows
-
-
-@pytest.fixture
-def batch(tiny):
-    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
-    torch.manual_seed(0)
-    rows = [{"messages": [{"role": "user", "content": "7" * (i + 1) + "+1="}]} for i in range(3)]
-    return ro.generate(rows, n=4, temperature=1.0, top_p=1.0, max_new_tokens=6)
 
 
 def full_logits(model, batch):  # (B, T, V) float32 / T: the positions that predict each completion token

@@ -38,8 +38,7 @@ from rlpost.model.load import cache_dir
 
 HOST = CPU.type  # the probe times this machine's CPU unless build.py passes run.device (a GPU: read, not timed)
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-PARAMS = DTYPES  # trainer.param_dtype -> the trainable weights' dtype (MasterWeights below for bfloat16)
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}  # rollout.dtype, trainer.param_dtype
 TRAINER = {"bf16": True, "fp32": False}  # trainer.precision -> bf16 autocast over float32 master weights?
 
 # bf16 must beat float32 by this factor to be chosen: "measurably faster", not a tie inside the

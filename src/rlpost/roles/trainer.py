@@ -24,8 +24,8 @@ by the whole mini-batch). ``recompute`` and ``weights`` return full tensors on e
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 from typing import Callable
 
