@@ -1,6 +1,6 @@
 """How one GRPO step's cost grows with completion length, group size and model size.
 
-    .venv/bin/python benchmarks/scaling.py                    # 6 runs x 2 steps; ~1.5 h on 2 AVX2 cores
+    .venv/bin/python benchmarks/scaling.py                    # 6 runs x 2 steps; ~20 min on 2 quiet AVX2 cores
     .venv/bin/python benchmarks/scaling.py --steps 3 --only length
 
 One axis at a time around a base of 2 prompts x 8 completions, at most 256 new tokens, on

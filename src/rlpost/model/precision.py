@@ -46,7 +46,11 @@ TRAINER = {"bf16": True, "fp32": False}  # trainer.precision -> bf16 autocast ov
 FASTER_BY = 1.25
 PROBE_N = 512  # square matmul size of the probe: 268 MFLOP, ~4 ms in float32 on one core
 SLOW_N = 256  # bf16 is first tried at this size; where it is already far slower, it stops there
-PROBE_VERSION = 1  # bump when the probe's method changes: older cached figures are then ignored
+PROBE_VERSION = 2  # bump when the probe's method changes: older cached figures are then ignored
+# Load average per core above which a probe may have shared its core with other work: its figures
+# are then too low (measured here: 33 GFLOP/s fp32 under load, 94 quiet, one core), and a later start
+# on a quieter machine measures again and keeps the better figures (``probe``).
+BUSY = 0.5
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class Probe:
     cores: int  # CPU cores this process may use (1 for a GPU)
     key: str  # what the cache file is named by
     bf16_supported: bool = True  # a GPU that cannot run bf16 says so here
+    load: float = 0.0  # the 1-minute load average per core when a CPU probe measured
 
 
 @dataclass(frozen=True)
@@ -95,14 +100,23 @@ def cache_path(device: str = HOST) -> Path:
 
 def probe(device: str = HOST, refresh: bool = False) -> Probe:
     """This machine's figures: from the cache when it holds them for this key, else measured now
-    (< 1 s) and cached. ``refresh`` measures again."""
+    (< 1 s) and cached. ``refresh`` measures again. Figures cached under load (``BUSY``) are measured
+    again once the machine is quieter than it was then, keeping each figure's better value: a probe
+    taken while other work shared the cores does not make every later plan pessimistic."""
     path = cache_path(device)
+    cached = None
     if not refresh and path.exists():
         try:
-            return Probe(**json.loads(path.read_text()))
+            cached = Probe(**json.loads(path.read_text()))
         except (ValueError, TypeError):
             pass  # a file from another version, or torn: measure again
+        if cached is not None and not (device == HOST and cached.load > BUSY and _load() < cached.load):
+            return cached
     result = _probe_gpu(device) if device != HOST else _probe_cpu()
+    if cached is not None:  # measured again because the cached figures were taken under load
+        result = dataclasses.replace(result, bf16_gflops=max(result.bf16_gflops, cached.bf16_gflops),
+                                     fp32_gflops=max(result.fp32_gflops, cached.fp32_gflops),
+                                     mem_gbs=max(result.mem_gbs, cached.mem_gbs), load=min(result.load, cached.load))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -111,6 +125,18 @@ def probe(device: str = HOST, refresh: bool = False) -> Probe:
     except OSError:
         pass  # a read-only cache: probe again next time (< 1 s)
     return result
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _load() -> float:
+    """The 1-minute load average per core this process may use (0 where the OS has none)."""
+    try:
+        return os.getloadavg()[0] / _cores()
+    except (OSError, AttributeError):  # no load average on this OS
+        return 0.0
 
 
 def _probe_gpu(device: str) -> Probe:
@@ -132,9 +158,8 @@ def _probe_cpu() -> Probe:
         mem = 2 * src.numel() * 4 / _best(lambda: dst.copy_(src), 3) / 1e9
     finally:
         torch.set_num_threads(threads)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return Probe(HOST, torch.backends.cpu.get_cpu_capability(), round(bf16, 2), round(fp32, 2), round(mem, 2), cores,
-                 machine_key(HOST))
+    return Probe(HOST, torch.backends.cpu.get_cpu_capability(), round(bf16, 2), round(fp32, 2), round(mem, 2), _cores(),
+                 machine_key(HOST), load=round(_load(), 2))
 
 
 def matmul_gflops(dtype: torch.dtype, n: int, reps: int = 3) -> float:
