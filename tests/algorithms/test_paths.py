@@ -3,7 +3,7 @@ against numbers worked out here or the wrapper it must apply."""
 
 import pytest
 import torch
-from helpers import rl_batch
+from helpers import loss_batch, rl_batch
 
 from rlpost import config
 from rlpost.algorithms import build, core
@@ -103,13 +103,14 @@ def test_what_an_algorithm_cannot_run_is_refused(keys, key):
         build(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
 
 
-def objective_loss(keys, logp, old, adv, mask, ref=None):
-    from helpers import loss_batch
-
+def objective_loss(keys, logp, old, adv, mask, ref=None, sampler=None):
+    """The built objective's loss (the algorithm's, wrapped by the loss-side knobs in ``keys``)."""
     obj = build(config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=1", *keys]))
     b = loss_batch(old, adv, mask, ref)
     b.norm_tokens, b.norm_seqs = float(mask.sum()), len(mask)
-    return obj.algo.loss(logp, b) if not keys or "algo.tis_cap" not in " ".join(keys) else obj.loss(logp, b)
+    if sampler is not None:  # else the sampler's log-probs are the old ones (loss_batch)
+        b.sampler_logp = sampler
+    return obj.loss(logp, b)
 
 
 @pytest.mark.parametrize("name", ["grpo", "cispo", "gspo"])
@@ -140,13 +141,8 @@ def test_a_tis_cap_below_one_is_applied_at_its_level(cap, level):
     mask = torch.ones(1, 2, dtype=torch.bool)
     old = t([[0.0, 0.0]])
     sampler = t([[-1.0, 1.0]])  # token weights e^1 and e^-1; sequence weight e^0 = 1
-    from helpers import loss_batch
-
-    obj = build(config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=1", f"algo.tis_cap={cap}",
-                                   f"algo.tis_level={level}"]))
-    b = loss_batch(old, torch.ones(1, 2), mask)
-    b.sampler_logp, b.norm_tokens, b.norm_seqs = sampler, 2.0, 1
-    _, m = obj.loss(old, b)
+    _, m = objective_loss([f"algo.tis_cap={cap}", f"algo.tis_level={level}"], old, old, torch.ones(1, 2), mask,
+                          sampler=sampler)
     want = [min(1.0, cap)] * 2 if level == "sequence" else [min(2.718281828, cap), min(0.3678794, cap)]
     assert m["actor/tis_weight_mean"] == pytest.approx(sum(want) / 2, rel=1e-5)
 
