@@ -196,7 +196,7 @@ def generate_tokens(hf, tokenizer, enc, rollout, cache: str | None) -> int:
                          eos_token_id=tokenizer.eos_token_id, cache_implementation=cache)
     with torch.no_grad():
         ids = hf.generate(input_ids=enc.input_ids, attention_mask=enc.attention_mask, generation_config=g)
-    return rollout.completion_mask(ids[:, enc.input_ids.shape[1]:]).sum().item()
+    return rollout.hf.completion_mask(ids[:, enc.input_ids.shape[1]:]).sum().item()
 
 
 # ---------------------------------------------------------------------------------------------
