@@ -184,7 +184,7 @@ CPU_LITERAL_OK = {
     "sections.py:RunConfig": "run.device's choices (auto | cpu | cuda): the config key itself",
     "observe/devices.py:probed_cpu": "the planner's hardware catalogue: 'cpu' is a machine to predict for, no tensor moves",
     "observe/devices.py:<module>": "the planner's efficiency table keyed by hardware kind ('cpu' vs 'gpu')",
-    "observe/devices.py:efficiency": "the planner's efficiency table keyed by hardware kind",
+    "observe/devices.py:table": "the planner's efficiency and overhead tables keyed by hardware kind",
     "observe/devices.py:resolve_device": "`rlpost plan --device cpu|cpu-avx512|<gpu>`: hardware names, not torch devices",
     "observe/planner.py:calibrate": "`rlpost plan calibrate --device cpu`: a hardware name for the planner",
     "observe/planner.py:parse_eff": "the planner's efficiency phases, read from its 'cpu' table",

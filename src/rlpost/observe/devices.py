@@ -53,22 +53,46 @@ def probed_cpu() -> Device:
 
 # Efficiency per phase, (bf16, fp32): a fraction of peak FLOP/s, or of bandwidth for decode_bw, sync.
 # CPU, measured on the embedded model (benchmarks/README.md, MEASUREMENTS.md):
-#   decode  : generate 32 x 64 tokens at ~275 tok/s bf16, ~150 fp32 -> 0.11, 0.25
+#   decode  : rlpost's own loop (roles/rollout_fast.py), with DECODE_OVERHEAD below. fp32: the slope of
+#             step time against rows on the AVX2 kind, 3.03 ms per row of 0.273 GFLOP at a probed
+#             189 GFLOP/s -> 0.48 (benchmarks/decode_cost.py). bf16: not measured alone (no AVX-512
+#             machine since); solved with its overhead from two AVX-512 runs, the demo's gen 3.3 s and
+#             vs_trl.py's 3.44 s (taking the demo's mean completion as 12.5 tokens) -> 0.24
 #   forward : reference forward of 64 demo rows, bf16 autocast, 1.56 s -> 0.32
 #   update  : forward+backward of 64 demo rows, 6.45 s bf16 autocast, 11.26 s fp32 -> 0.24, 0.58
-#   prefill : not measured alone; set so the demo's generate (128 x 16 tokens, 10.5 s) comes out
+#   prefill : each prompt once. fp32: 16 demo prompts in 1.79 s (decode_cost.py) -> 0.48; bf16 0.45,
+#             set when the demo ran on `generate` (128 x 16 tokens, 10.5 s), not re-measured
 # GPU: common planning figures for an inference engine (vLLM/SGLang; HF generate on a GPU is several
 # times slower) and an FSDP trainer at 40% MFU. Calibrate against your own run and pass --eff.
 EFFICIENCY = {
-    "cpu": {"prefill": (0.45, 0.6), "decode": (0.11, 0.25), "decode_bw": (1.0, 1.0),
+    "cpu": {"prefill": (0.45, 0.48), "decode": (0.24, 0.48), "decode_bw": (1.0, 1.0),
             "forward": (0.32, 0.6), "update": (0.24, 0.58), "sync": (1.0, 1.0)},
     "gpu": {"prefill": (0.5, 0.5), "decode": (0.5, 0.5), "decode_bw": (0.6, 0.6),
             "forward": (0.45, 0.45), "update": (0.4, 0.4), "sync": (0.7, 0.7)},
 }
 
 
+def table(dev: Device) -> str:
+    """The column of the tables below that prices ``dev``: 'cpu' or 'gpu'."""
+    return "cpu" if dev.cpu else "gpu"
+
+
 def efficiency(dev: Device, phase: str, bf16: bool, overrides: dict | None = None) -> float:
-    return (overrides or {}).get(phase) or EFFICIENCY["cpu" if dev.cpu else "gpu"][phase][0 if bf16 else 1]
+    return (overrides or {}).get(phase) or EFFICIENCY[table(dev)][phase][0 if bf16 else 1]
+
+
+# Seconds per layer per decode step that no FLOP or byte explains, (bf16, fp32): on a CPU the ~20
+# small ops of a layer's step cost about this whatever the batch. fp32: the intercept of step time
+# against rows on the AVX2 kind, 52 and 42 ms for 30 layers in two runs (benchmarks/decode_cost.py,
+# rows 8/32/128): 1.6 ms per layer. bf16: solved with its decode efficiency from the AVX-512 runs
+# (above), 30 ms. A GPU engine captures its decode step in a CUDA graph, which leaves no per-op
+# launch cost to speak of: 0.
+DECODE_OVERHEAD = {"cpu": (1.0e-3, 1.6e-3), "gpu": (0.0, 0.0)}
+
+
+def decode_overhead(dev: Device, bf16: bool) -> float:
+    return DECODE_OVERHEAD[table(dev)][0 if bf16 else 1]
+
 
 def resolve_device(name: str, arg: str) -> Device:
     name = name.lower()

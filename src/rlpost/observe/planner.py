@@ -26,6 +26,7 @@ from rlpost.observe.devices import (  # noqa: F401 - re-exported: planner.GPUS e
     GPUS,
     Device,
     bf16_on,
+    decode_overhead,
     efficiency,
     probed_cpu,
     resolve_device,
@@ -141,6 +142,7 @@ class Workload:
     early_old: bool = False  # old log-probs (and values) before the advantages (PPO, KL in the reward)
     share_prefix: bool = True  # trainer/reference run each group's prompt once (rlpost's default)
     grad_ckpt: bool = False  # activation checkpointing: keep layer inputs only, recompute in backward
+    mean_response_len: float = 0  # mean completion length; 0 = T (every row runs to the longest)
 
     @property
     def batch(self) -> int:
@@ -245,21 +247,34 @@ def memory(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1) -> di
     return mem
 
 
-def rollout_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> float:
-    """Prefill is FLOP bound. Each later decode step costs the larger of its FLOPs and its bytes:
-    every sampler weight read once for the whole batch, plus the KV cache read at mean context."""
+def rollout_parts(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict[str, float]:
+    """The rollout engine's prefill and one decode step, in seconds, and the step's FLOPs.
+
+    Prefill is FLOP bound and runs each distinct prompt once (rlpost's loop copies its KV to the
+    group's rows; vLLM shares it by prefix caching). A decode step costs a fixed overhead per layer
+    (its ~20 small ops, whatever the batch) plus the larger of its FLOPs and its bytes: every
+    sampler weight read once for the whole batch, and the KV cache at mean context. The batch
+    decodes until its longest row ends, T - 1 steps after the prefill's token, but a finished row
+    leaves it: the FLOPs are those of the mean live rows, rows x (mean length - 1) / (T - 1)."""
     bf16, rows = w.sampler_bf16, w.batch / gpus
+    mean = min(max(w.mean_response_len or w.T, 1), w.T)
+    live = rows * (mean - 1) / (w.T - 1) if w.T > 1 else rows
     peak, nbytes = (dev.bf16_flops, 2) if bf16 else (dev.fp32_flops, 4)
-    flops_tok = 2 * s.trunk_params
-    prefill = rows * w.prompt_len * flops_tok + attn_flops(s, rows * w.prompt_len, w.prompt_len / 2)
-    prefill += rows * 2 * s.head_params  # logits of the last prompt position only
-    ctx = w.prompt_len + w.new_tokens / 2  # mean context while decoding
-    step_flops = rows * (flops_tok + 2 * s.head_params) + attn_flops(s, rows, ctx)
-    step_bytes = s.params * nbytes + kv_cache_bytes(s, rows, ctx, nbytes)
-    step = max(step_flops / (peak * efficiency(dev, "decode", bf16, eff)),
-               step_bytes / (dev.mem_bw * efficiency(dev, "decode_bw", bf16, eff)))
-    # The first new token comes out of the prefill; new_tokens - 1 decode steps follow.
-    return prefill / (peak * efficiency(dev, "prefill", bf16, eff)) + (w.new_tokens - 1) * step
+    flops_tok, runs = 2 * s.trunk_params, rows / w.group
+    prefill = runs * w.prompt_len * flops_tok + attn_flops(s, runs * w.prompt_len, w.prompt_len / 2)
+    prefill += runs * 2 * s.head_params  # logits of the last prompt position only
+    ctx = w.prompt_len + w.T / 2  # mean context while decoding
+    step_flops = live * (flops_tok + 2 * s.head_params) + attn_flops(s, live, ctx)
+    step_bytes = s.params * nbytes + kv_cache_bytes(s, live, ctx, nbytes)
+    step = s.layers * decode_overhead(dev, bf16) + max(
+        step_flops / (peak * efficiency(dev, "decode", bf16, eff)),
+        step_bytes / (dev.mem_bw * efficiency(dev, "decode_bw", bf16, eff)))
+    prefill_s = prefill / (peak * efficiency(dev, "prefill", bf16, eff))
+    return {"prefill": prefill_s, "step": step, "step_flops": step_flops, "total": prefill_s + (w.T - 1) * step}
+
+
+def rollout_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> float:
+    return rollout_parts(s, w, dev, gpus, eff)["total"]
 
 
 def step_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict[str, float]:
@@ -333,6 +348,7 @@ def workload_from_run(cfg: Config, med: dict, dev: Device) -> Workload:
     return Workload(  # lengths as the run saw them; the trainer pads completions to the batch's longest
         prompts=r.prompts_per_step, group=r.group_size, prompt_len=math.ceil(med.get("prompt_length/mean", 47)),
         new_tokens=r.max_new_tokens, response_len=math.ceil(med.get("response_length/max", r.max_new_tokens)),
+        mean_response_len=med.get("response_length/mean", 0),
         micro_batch=t.micro_batch_size, mini_batch=t.mini_batch_size, epochs=t.epochs,
         # 'auto' (the default, saved as such): what the probe's rule picks on the device planned for
         trainer_bf16=bf16_on(t.precision, dev), sampler_bf16=bf16_on({"bfloat16": "bf16", "float32": "fp32"}.get(r.dtype, r.dtype), dev),
