@@ -248,7 +248,7 @@ def memory(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1) -> di
 
 
 def rollout_parts(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict[str, float]:
-    """The rollout engine's prefill and one decode step, in seconds, and the step's FLOPs.
+    """The rollout engine's prefill and its mean decode step, in seconds, and that step's FLOPs.
 
     Prefill is FLOP bound and runs each distinct prompt once (rlpost's loop copies its KV to the
     group's rows; vLLM shares it by prefix caching). A decode step costs a fixed overhead per layer
