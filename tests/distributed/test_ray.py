@@ -96,8 +96,12 @@ def test_async_run_learns_and_keeps_the_staleness_bound(tmp_path):
     lag = [r["async/staleness_mean"] for r in rows[3:]]
     assert sum(lag) / len(lag) > 1.5, lag
     assert all(r["actor/tis_weight_mean"] > 0 for r in rows)  # async turns truncated IS on by default
-    # Chance is 1/76 (test_learning's task); 80 steps of 2-step-stale samples must learn most of it.
-    assert summary["heldout_accuracy_before"] < 0.2 and summary["heldout_accuracy_after"] >= 0.5, summary
+    # Chance is 1/76 (test_learning's task): 80 steps of 2-step-stale samples must learn it. Which
+    # version each sample comes from depends on how the workers and the trainer are scheduled, so the
+    # end point varies with the machine's load: 0.68 in five quiet runs, 0.52, 0.54 and 1.0 beside
+    # `stress-ng --cpu 1`, 0.48 once in the full CI suite (2026-11-24). 0.3 is 15 of 50 held-out
+    # problems where chance is under 1; a run that does not learn stays near 0.
+    assert summary["heldout_accuracy_before"] < 0.2 and summary["heldout_accuracy_after"] >= 0.3, summary
 
 
 def test_async_with_max_staleness_0_is_the_synchronous_run(tmp_path, sync_run):
