@@ -4,8 +4,8 @@ behind the planner's `gen` phase (observe/planner.py, docs/planner.md).
     .venv/bin/python benchmarks/decode_cost.py            # rows 8, 32, 128 (groups of 8), 32 new tokens, ~2 min on AVX2
 
 The embedded model, the demo's prompts, the sampler dtype rlpost's probe picks on this machine, and
-EOS switched off so every row decodes every step (the planner prices a step for the whole batch;
-rows leaving it early is the run's business). Per batch size, alternating, `--reps` times:
+EOS switched off so every row decodes every step (the planner's live rows are then all rows; how
+many leave early is a property of the run, which ``rlpost plan --from`` reads). Per batch size, alternating, `--reps` times:
   prefill  = time to the first token (max_new_tokens=1): each prompt once, its KV copied to its rows;
   step     = (time for `--new` tokens - prefill) / (`--new` - 1).
 A line t_step = overhead + rows x per_row is fitted by least squares; per_row against the FLOPs of

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/scaling.py                    # 6 runs x 2 steps; ~20 min on 2 quiet AVX2 cores
     .venv/bin/python benchmarks/scaling.py --steps 3 --only length
+    .venv/bin/python benchmarks/scaling.py --replan           # today's planner against the recorded runs, no run
 
 One axis at a time around a base of 2 prompts x 8 completions, at most 256 new tokens, on
 reasoning-gym's basic_arithmetic with its chain-of-thought system prompt (task.name=gym: "think
@@ -20,7 +21,9 @@ figure is the planner's prediction for the same run (``rlpost plan --from RUN_DI
 probed peaks and the run's own prompt and completion lengths). Per axis, the exponent b of
 time ~ x^b is fitted by least squares on logs, for the measurement and for the planner, so
 growth faster than the arithmetic says stands out.
-Writes benchmarks/results/scaling-<isa>.{json,md}.
+Writes benchmarks/results/scaling-<isa>.{json,md}. ``--replan`` reads that JSON back and prints the
+planner's generation time for each recorded run as the planner stands now (after a formula change),
+with measured / predicted; rows recorded before their prompt length was saved take ``--prompt-len``.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ def run_one(c: dict, steps: int) -> dict:
     gen_tokens = med("response_length/mean") * c["prompts"] * c["group"]
     return {**c, "params": cal["plan"]["params"], "step_s": med("timing_s/step"), "gen_s": med("timing_s/gen"), "update_s": med("timing_s/update"),
             "gen_tok_s": med("perf/gen_tokens_per_s"), "mean_len": med("response_length/mean"),
+            "prompt_len": med("prompt_length/mean"),
             "max_len": med("response_length/max"), "gen_tokens": gen_tokens, "peak_rss_gb": summary["peak_rss_gb"],
             "pred_step_s": pred["timing_s/step"], "pred_gen_s": pred["timing_s/gen"],
             "pred_update_s": pred["timing_s/update"], "pred_peak_gb": pred["peak memory"],
@@ -139,11 +143,38 @@ def report(results: dict, steps: int) -> str:
     return "\n".join(lines)
 
 
+def replan(prompt_len: int | None) -> None:
+    """Measured / predicted generation time of every recorded row, with today's planner on this CPU."""
+    from rlpost.observe import planner
+
+    dev = planner.probed_cpu()
+    wide = planner.Shape(layers=SHAPE_360M["num_hidden_layers"], hidden=SHAPE_360M["hidden_size"],
+                         intermediate=SHAPE_360M["intermediate_size"], heads=SHAPE_360M["num_attention_heads"],
+                         kv_heads=SHAPE_360M["num_key_value_heads"], vocab=planner.EMBEDDED.vocab, tied=True,
+                         head_dim=SHAPE_360M["head_dim"])
+    results = json.loads((machine.RESULTS / f"scaling-{machine.isa_tag()}.json").read_text())
+    print("| axis | value | gen s | predicted s | measured / predicted |\n|---|---|---|---|---|")
+    for axis, rows in results.items():
+        for r in rows:
+            p = r.get("prompt_len") or prompt_len
+            if p is None:
+                raise SystemExit(f"--replan: the {axis} row {r[AXES[axis][0]]} has no prompt length: give --prompt-len")
+            w = planner.Workload(prompts=r["prompts"], group=r["group"], prompt_len=math.ceil(p), new_tokens=r["tokens"],
+                                 response_len=math.ceil(r["max_len"]), mean_response_len=r["mean_len"],
+                                 sampler_bf16=False, trainer_bf16=False)  # what the probe picks on this kind: the runs' dtype
+            pred = planner.rollout_time(planner.EMBEDDED if r["model"] == "embedded" else wide, w, dev)
+            print(f"| {axis} | {r[AXES[axis][0]]} | {r['gen_s']:.1f} | {pred:.1f} | {r['gen_s'] / pred:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--only", choices=list(AXES), action="append", help="run only this axis (repeatable)")
+    ap.add_argument("--replan", action="store_true", help="no run: today's planner against the recorded results")
+    ap.add_argument("--prompt-len", type=int, help="--replan: prompt tokens of rows recorded without theirs")
     args = ap.parse_args()
+    if args.replan:
+        return replan(args.prompt_len)
     header, done, results = machine.Header(), {}, {}
     for axis in args.only or list(AXES):
         key, values = AXES[axis]

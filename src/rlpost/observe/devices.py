@@ -57,7 +57,7 @@ def probed_cpu() -> Device:
 #             step time against rows on the AVX2 kind, 3.03 ms per row of 0.273 GFLOP at a probed
 #             189 GFLOP/s -> 0.48 (benchmarks/decode_cost.py). bf16: not measured alone (no AVX-512
 #             machine since); solved with its overhead from two AVX-512 runs, the demo's gen 3.3 s and
-#             vs_trl.py's 3.44 s (taking the demo's mean completion as 12.5 tokens) -> 0.24
+#             vs_trl.py's 3.44 s (taking the demo's mean completion as 12.2 tokens, the AVX2 demo's median) -> 0.24
 #   forward : reference forward of 64 demo rows, bf16 autocast, 1.56 s -> 0.32
 #   update  : forward+backward of 64 demo rows, 6.45 s bf16 autocast, 11.26 s fp32 -> 0.24, 0.58
 #   prefill : each prompt once. fp32: 16 demo prompts in 1.79 s (decode_cost.py) -> 0.48; bf16 0.45,
