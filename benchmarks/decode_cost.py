@@ -9,8 +9,19 @@ many leave early is a property of the run, which ``rlpost plan --from`` reads). 
   prefill  = time to the first token (max_new_tokens=1): each prompt once, its KV copied to its rows;
   step     = (time for `--new` tokens - prefill) / (`--new` - 1).
 A line t_step = overhead + rows x per_row is fitted by least squares; per_row against the FLOPs of
-one row's step gives the matmul efficiency, the overhead is what a step costs with no rows at all
-(about 20 small ops per layer, whatever the batch). Beside each: the planner's prediction.
+one row's step gives the matmul efficiency, the overhead is what a step costs with no rows at all.
+Beside each: the planner's prediction.
+
+What the step is made of, timed directly (the profiler inflates small ops several times), each
+part on its own with the loop's own weights and code at the same rows:
+  matmuls   = every linear of one step in the loop's order (each layer's q/k/v, o, gate/up, down,
+              then the lm_head), oneDNN-packed as the loop runs them: the model's weights stream
+              from memory once per step, as in the loop;
+  attention = `_attend` in every layer, at the mean context of the run (prompt + new / 2);
+  sampling  = `_draw` on (rows, vocab) logits: log-softmax, exp, cumulative sum, search;
+  the rest  = step - those three: norms, RoPE, KV cache writes, residual adds, SiLU, embedding,
+              Python.
+Each part gets its own line against rows, so the overhead splits into its causes.
 Writes benchmarks/results/decode_cost-<isa>.{json,md}.
 """
 
@@ -39,6 +50,41 @@ def timed(fast: FastRollout, enc, n: int, new: int) -> float:
     return time.perf_counter() - t
 
 
+def median_s(fn, reps: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def parts(fast: FastRollout, rows: int, ctx: int) -> dict[str, float]:
+    """Seconds per decode step in the matmuls, the attention and the sampling, at ``rows`` rows and
+    context ``ctx``: each part run alone on random inputs of the loop's shapes and dtype."""
+    hidden, inter = fast.layers[0].o.weight.shape[0], fast.layers[0].down.weight.shape[1]
+    x, xi = torch.randn(rows, 1, hidden, dtype=fast.dtype), torch.randn(rows, 1, inter, dtype=fast.dtype)
+
+    def matmuls():
+        for L in fast.layers:
+            L.qkv(x), L.o(x), L.gate_up(x), L.down(xi)
+        fast.lm_head(x)
+
+    q = torch.randn(rows, fast.nh, 1, fast.hd, dtype=fast.dtype)
+    kt = torch.randn(rows, fast.nkv, fast.hd, ctx, dtype=fast.dtype)
+    v, kmask = torch.randn(rows, fast.nkv, ctx, fast.hd, dtype=fast.dtype), torch.ones(rows, 1, 1, ctx, dtype=torch.bool)
+
+    def attention():
+        for _ in fast.layers:
+            fast._attend(q, kt, v, kmask)
+
+    logits = torch.randn(rows, fast.lm_head.weight.shape[0])
+    return {"matmul_s": median_s(matmuls), "attention_s": median_s(attention),
+            "sampling_s": median_s(lambda: fast._draw(logits, 0.7, 1.0))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[8, 32, 128], help="batch rows, multiples of 8")
@@ -55,10 +101,12 @@ def main() -> None:
     encs = {b: fast.hf.encode(prompts[: b // GROUP]) for b in a.rows}
     timed(fast, encs[a.rows[0]], GROUP, 4)  # packs the weights, warms the allocator
     pre, full = {b: [] for b in a.rows}, {b: [] for b in a.rows}
+    split = {b: [] for b in a.rows}
     for rep in range(a.reps):
         for b in a.rows if rep % 2 == 0 else reversed(a.rows):
             pre[b].append(timed(fast, encs[b], GROUP, 1))
             full[b].append(timed(fast, encs[b], GROUP, a.new))
+            split[b].append(parts(fast, b, encs[b].input_ids.shape[1] + a.new // 2))
         print(f"rep {rep + 1}/{a.reps} done", flush=True)
 
     dev = planner.probed_cpu()
@@ -69,10 +117,12 @@ def main() -> None:
         p, f = statistics.median(pre[b]), statistics.median(full[b])
         w = planner.Workload(prompts=b // GROUP, group=GROUP, prompt_len=encs[b].input_ids.shape[1], new_tokens=a.new,
                              sampler_bf16=choice.bf16, trainer_bf16=choice.bf16)
-        parts = planner.rollout_parts(shape, w, dev)
+        plan = planner.rollout_parts(shape, w, dev)
         rows.append({"rows": b, "prompt_len": encs[b].input_ids.shape[1], "prefill_s": p, "step_s": (f - p) / (a.new - 1),
-                     "plan_prefill_s": parts["prefill"], "plan_step_s": parts["step"],
-                     "step_gflop": parts["step_flops"] / 1e9, "gen_s": f, "plan_gen_s": parts["total"]})
+                     "plan_prefill_s": plan["prefill"], "plan_step_s": plan["step"],
+                     "step_gflop": plan["step_flops"] / 1e9, "gen_s": f, "plan_gen_s": plan["total"],
+                     **{k: statistics.median(d[k] for d in split[b]) for k in split[b][0]}})
+        rows[-1]["rest_s"] = rows[-1]["step_s"] - rows[-1]["matmul_s"] - rows[-1]["attention_s"] - rows[-1]["sampling_s"]
     xs, ys = [r["rows"] for r in rows], [r["step_s"] for r in rows]
     slope, overhead = statistics.linear_regression(xs, ys)
     row_flops = statistics.mean(r["step_gflop"] / r["rows"] for r in rows) * 1e9
@@ -91,10 +141,30 @@ def main() -> None:
     lines += ["", f"Fit, decode step = overhead + rows x per-row: overhead {1e3 * overhead:.1f} ms "
               f"({1e3 * fit['overhead_per_layer_s']:.2f} ms per layer), per row {1e3 * slope:.2f} ms for "
               f"{row_flops / 1e9:.3f} GFLOP: {fit['efficiency']:.2f} of the probed peak {peak / 1e9:.0f} GFLOP/s."]
+    weight_gb = sum(lin.weight.numel() * lin.weight.element_size() for lin in fast.linears()) / 1e9
+    names = {"matmul_s": "matmuls", "attention_s": "attention", "sampling_s": "sampling", "rest_s": "the rest"}
+    split_fit = {k: dict(zip(("per_row_s", "intercept_s"), statistics.linear_regression(xs, [r[k] for r in rows])))
+                 for k in names}
+    fit["parts"] = split_fit
+    lines += ["", "What a decode step is made of, ms (each part timed alone at the same rows; the rest = step - the "
+              "three), and each part's line against rows:", "",
+              "| rows | step | matmuls | of which GFLOP/s; weights GB/s | attention | sampling | the rest |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mm_flops = r["rows"] * 2 * sum(lin.weight.numel() for lin in fast.linears())
+        lines.append(f"| {r['rows']} | {1e3 * r['step_s']:.1f} | {1e3 * r['matmul_s']:.1f} | "
+                     f"{mm_flops / r['matmul_s'] / 1e9:.0f}; {weight_gb / r['matmul_s']:.1f} | "
+                     f"{1e3 * r['attention_s']:.1f} | {1e3 * r['sampling_s']:.1f} | {1e3 * r['rest_s']:.1f} |")
+    lines.append("| line: intercept + per row | " + f"{1e3 * overhead:.1f} + {1e3 * slope:.2f} | " + " | ".join(
+        f"{1e3 * split_fit[k]['intercept_s']:.1f} + {1e3 * split_fit[k]['per_row_s']:.2f}"
+        + (" |" if k == "matmul_s" else "") for k in names) + " |")
+    lines += ["", f"The matmuls read {weight_gb:.2f} GB of weights per step; this machine copies memory at "
+              f"{dev.mem_bw / 1e9:.1f} GB/s (read + write, the planner's figure)."]
     text = "\n".join(lines) + "\n"
     print(header.render() + text)
     machine.write_results("decode_cost", {"rows": rows, "fit": fit, "new": a.new, "reps": a.reps,
-                                          "pre": pre, "full": full}, header, text)
+                                          "pre": pre, "full": full,
+                                          "weight_gb": weight_gb}, header, text)
 
 
 if __name__ == "__main__":

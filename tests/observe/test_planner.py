@@ -143,19 +143,24 @@ def test_rollout_hand_worked():
     # ctx 1 x 4 tokens = 64; the last position's logits 2 x 2 x 40 = 160 -> 1504 / 500 = 3.008 s
     assert parts["prefill"] == pytest.approx(3.008)
     # a decode step, 6 rows at mean context 2 + 4/2 = 4: 6 x (320 + 80) + 4 x 4 x 4 x 6 = 2784 FLOPs
-    # -> 11.136 s at 250 FLOP/s; bytes: 212 x 4 + KV 2 x 4 x 4 x 6 rows x 4 = 1616 -> 1.616 s: FLOPs win
+    # -> 11.136 s at 250 FLOP/s; bytes: 212 x 4 + KV 2 x 4 x 4 x 6 rows x 4 = 1616 -> 1.616 s. On a CPU
+    # the two add (the small-batch matmuls stream the weights, then compute): 12.752 s
     oh = planner.decode_overhead(dev, bf16=False)  # per layer per step, 1 layer here
-    assert parts["step_flops"] == 2784 and parts["step"] == pytest.approx(11.136 + oh)
+    assert parts["step_flops"] == 2784 and parts["step"] == pytest.approx(12.752 + oh)
     # the batch decodes to its longest row: 4 - 1 steps after the prefill's token
-    assert parts["total"] == pytest.approx(3.008 + 3 * (11.136 + oh))
+    assert parts["total"] == pytest.approx(3.008 + 3 * (12.752 + oh))
     assert planner.rollout_time(s, w, dev, eff=eff) == parts["total"]
-    # at 100 bytes/s the same step is bandwidth bound: 1616 / 100 = 16.16 s
+    # at 100 bytes/s the reads cost 1616 / 100 = 16.16 s
     slow = planner.rollout_parts(s, w, replace(dev, mem_bw=100), eff=eff)
-    assert slow["step"] == pytest.approx(16.16 + oh)
+    assert slow["step"] == pytest.approx(11.136 + 16.16 + oh)
+    # a GPU overlaps the reads with the FLOPs, and has no per-layer overhead: the larger counts
+    gpu = replace(dev, cpu=False)
+    assert planner.rollout_parts(s, w, gpu, eff=eff)["step"] == pytest.approx(11.136)
+    assert planner.rollout_parts(s, w, replace(gpu, mem_bw=100), eff=eff)["step"] == pytest.approx(16.16)
     # rows that finish leave the batch: mean length 2.5 of the longest 4 leaves 6 x 1.5 / 3 = 3 live
-    # rows per step on average: 3 x 400 + 4 x 4 x 4 x 3 = 1392 FLOPs -> 5.568 s (bytes 848 + 384)
+    # rows per step on average: 3 x 400 + 4 x 4 x 4 x 3 = 1392 FLOPs -> 5.568 s, bytes 848 + 384 -> 1.232 s
     short = planner.rollout_parts(s, replace(w, mean_response_len=2.5), dev, eff=eff)
-    assert short["step_flops"] == 1392 and short["step"] == pytest.approx(5.568 + oh)
+    assert short["step_flops"] == 1392 and short["step"] == pytest.approx(5.568 + 1.232 + oh)
     assert planner.decode_overhead(dev, bf16=False) > 0 and planner.decode_overhead(GPUS["h100"], bf16=True) == 0
 
 

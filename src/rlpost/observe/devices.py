@@ -62,6 +62,8 @@ def probed_cpu() -> Device:
 #   update  : forward+backward of 64 demo rows, 6.45 s bf16 autocast, 11.26 s fp32 -> 0.24, 0.58
 #   prefill : each prompt once. fp32: 16 demo prompts in 1.79 s (decode_cost.py) -> 0.48; bf16 0.45,
 #             set when the demo ran on `generate` (128 x 16 tokens, 10.5 s), not re-measured
+#   decode_bw: the matmuls' fixed cost per decode step, 0.54 GB of fp32 weights in 31.3 ms on the AVX2
+#             kind (decode_cost.py), is the probed copy bandwidth (16.5 GB/s) within 5% -> 1.0
 # GPU: common planning figures for an inference engine (vLLM/SGLang; HF generate on a GPU is several
 # times slower) and an FSDP trainer at 40% MFU. Calibrate against your own run and pass --eff.
 EFFICIENCY = {
@@ -81,13 +83,16 @@ def efficiency(dev: Device, phase: str, bf16: bool, overrides: dict | None = Non
     return (overrides or {}).get(phase) or EFFICIENCY[table(dev)][phase][0 if bf16 else 1]
 
 
-# Seconds per layer per decode step that no FLOP or byte explains, (bf16, fp32): on a CPU the ~20
-# small ops of a layer's step cost about this whatever the batch. fp32: the intercept of step time
-# against rows on the AVX2 kind, 52 and 42 ms for 30 layers in two runs (benchmarks/decode_cost.py,
-# rows 8/32/128): 1.6 ms per layer. bf16: solved with its decode efficiency from the AVX-512 runs
-# (above), 30 ms. A GPU engine captures its decode step in a CUDA graph, which leaves no per-op
-# launch cost to speak of: 0.
-DECODE_OVERHEAD = {"cpu": (1.0e-3, 1.6e-3), "gpu": (0.0, 0.0)}
+# Seconds per layer per decode step that no FLOP or byte explains, (bf16, fp32): on a CPU a layer's
+# small ops (norms, RoPE, cache writes, residual adds, SiLU) cost about this whatever the batch.
+# fp32: benchmarks/decode_cost.py on the AVX2 kind fits step time against rows (rows 8/32/128) and
+# times the matmuls alone: intercepts 54.2 ms for the step, 31.3 ms for the matmuls (their fixed
+# cost: 0.54 GB of weights at 17 GB/s, which rollout_parts prices as bytes), so 22.9 ms for 30
+# layers: 0.76 ms per layer. bf16: the 1.0 ms per layer solved with its decode efficiency from the
+# AVX-512 runs (above), less the 0.27 GB of bf16 weights at CPU_AVX512's 24 GB/s over 30 layers
+# (0.37 ms), which the formula now adds as bytes: 0.63 ms. A GPU engine captures its decode step in a
+# CUDA graph, which leaves no per-op launch cost to speak of: 0.
+DECODE_OVERHEAD = {"cpu": (0.63e-3, 0.76e-3), "gpu": (0.0, 0.0)}
 
 
 def decode_overhead(dev: Device, bf16: bool) -> float:
