@@ -64,7 +64,7 @@ def model_shape() -> dict:
     hd = c.get("head_dim") or H // c["num_attention_heads"]
     kv = c["num_key_value_heads"] * hd
     per_layer = H * H * 2 + H * kv * 2 + 3 * H * I  # q, o, k, v, gate, up, down
-    return {"trunk": per_layer * L, "head": V * H, "layers": L, "kv": kv}
+    return {"trunk": per_layer * L, "head": V * H, "layers": L, "kv": kv, "vocab": V}
 
 
 def main() -> None:
