@@ -3,7 +3,9 @@ same accumulated gradients, the same parameters after updates, the same metrics,
 on every rank, and optimizer state that round-trips."""
 
 import copy
+import os
 import socket
+import sys
 import time
 
 import pytest
@@ -94,12 +96,19 @@ def scenario(data_parallel: bool, batch: Rollouts) -> dict:
 def _rank_main(rank: int, world: int, port: int, batch: Rollouts, path: str) -> None:
     torch.set_num_threads(1)  # two ranks on two cores
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        out = scenario(True, batch)
-        if rank == 0:
-            torch.save(out, path)
-    finally:
-        dist.destroy_process_group()
+    out = scenario(True, batch)
+    if rank == 0:
+        torch.save(out, path)
+    # Tear down together, then leave without the interpreter's own exit: a CI run lost rank 1 to
+    # SIGABRT ("terminate called without an active exception", a C++ thread destroyed while still
+    # joinable) after its work was done, while rank 0 was still saving. A rank that finishes first
+    # no longer closes its sockets under the other, and no C++ static destructor runs at exit.
+    # An exception above still reaches the parent (mp.spawn's error file) before any of this.
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def free_port() -> int:
