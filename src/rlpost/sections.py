@@ -278,7 +278,9 @@ class TrainerConfig:
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """the trainable weights (policy, LoRA adapters, critic) and their gradients: float32 (bf16 compute comes from trainer.precision's autocast), or bfloat16 = parameters and gradients in bf16, AdamW stepping a float32 master copy with float32 moments (DeepSpeed's bf16 mode): the forward reads half the bytes, a weight sync moves half, and the small updates bf16 alone would round away accumulate in the master copy; the reference is then held in bf16 too. Not with dist.trainer_ranks > 1 (roles/trainer.py, docs/gpu.md)"""
     share_prompt_prefix: bool = True
-    """run each prompt once per micro-batch and reuse its KV cache for the group's completions (same maths, ~3x fewer tokens in the demo)"""
+    """run each prompt once per micro-batch (or per mini-batch: prompts_once) and reuse its KV cache for the group's completions (same maths, ~3x fewer tokens in the demo)"""
+    prompts_once: bool = True
+    """with share_prompt_prefix: run a mini-batch's prompts once ahead of its micro-batches (where they are no more tokens than one micro-batch's rows), so micro-batches can take rows of similar length from different groups (less padding; the same gradient). Their activations stay live through the mini-batch; false runs each micro-batch's own groups' prompts. Single-process trainer only"""
     max_nonfinite_steps: int = knob(3, ge=1)
     """a non-finite loss or gradient skips that optimizer step (counted in actor/nonfinite_steps); this many training steps in a row with a skipped update stop the run, before anything is saved"""
 

@@ -319,3 +319,19 @@ def test_a_run_folder_plans_the_model_it_ended_with(tmp_path):
         "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 76, "tie_word_embeddings": True}))
     assert planner.resolve_model(str(tmp_path)) == planner.TINY
+
+
+def test_prompts_once_per_mini_batch_as_the_trainer_decides():
+    # vs_trl.py's update: 32 rows in micro-batches of 8, groups of 4, P 46, T 64. The mini-batch's
+    # 8 prompts (368 tokens) fit in one micro-batch's 8 x 110: the trainer runs them once, so a
+    # forward over 32 rows costs 8 prompt runs; at micro 2 (8 x 46 > 2 x 110) each micro-batch runs
+    # its part-group's prompt: 32 / min(4, 2) = 16. Data parallel (2 GPUs), or switched off: never.
+    w = Workload(prompts=8, group=4, prompt_len=46, new_tokens=64, micro_batch=8)
+    assert planner.prompts_once(w) and planner.prompt_runs(w, 32) == 8
+    assert not planner.prompts_once(w, gpus=2) and not planner.prompts_once(replace(w, prompts_once=False))
+    two = replace(w, micro_batch=2)
+    assert not planner.prompts_once(two) and planner.prompt_runs(two, 32) == 16
+    assert planner.prompt_runs(replace(w, micro_batch=32), 32) == 8  # one micro-batch: per group anyway
+    # the memory counts the 8 prompts beside one micro-batch's completions: 8 x 46 + 8 x 64 tokens
+    got = planner.memory(EMBEDDED, w, CPU)["activations"] - planner.kv_cache_bytes(EMBEDDED, 8, 46, 2)
+    assert got == pytest.approx(planner.activation_bytes(EMBEDDED, 8 * 46 + 8 * 64, True))

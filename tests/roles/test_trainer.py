@@ -11,6 +11,7 @@ from rlpost import algorithms
 from rlpost.algorithms import ALGORITHMS, core
 from rlpost.algorithms.grpo import GRPO
 from rlpost.model.logprobs import completion_logprobs
+from rlpost.model.lora import wrap as lora_wrap
 from rlpost.roles.critic import Critic
 from rlpost.roles.trainer import Trainer, lr_lambda
 
@@ -405,24 +406,96 @@ def test_an_entropy_bonus_gets_the_entropys_gradient(tiny):
     assert len(got) == len(want) and all(torch.allclose(g, want[n].grad, atol=1e-6) for n, g in got.items())
 
 
-def test_micro_batches_are_cut_from_the_length_order(tiny):
+@pytest.mark.parametrize("prefix_once", [False, True])
+def test_micro_batches_are_cut_from_the_length_order(tiny, prefix_once):
     # rows of similar length share a micro-batch (less padding): the micro-batches are consecutive
-    # slices of Rollouts.length_order, and with one micro-batch the rows keep their order
+    # slices of a stable sort by length, and with one micro-batch the rows keep their order. With
+    # the prompts run per micro-batch, groups stay whole (Rollouts.length_order, by each group's
+    # longest row); with the prompts run once per mini-batch, rows sort by their own length.
     batch, algo = grpo_batch(tiny)
     for g, longest in enumerate((7, 3, 5, 2)):  # groups of different lengths, not already in order
         batch.completion_mask[4 * g : 4 * g + 4, longest:] = False
+        batch.completion_mask[4 * g + 1, 1:] = False  # and one short row in each
     assert batch.length_order().tolist() != list(range(16))
     seen = []
     for micro in (4, 16):
         tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        tr.prefix_once = prefix_once
         micro_fn, rows = tr._micro, []
         tr._micro = lambda mb, *a: rows.append(mb.completion_ids[:, 0].tolist()) or micro_fn(mb, *a)
         tr.update(copy.deepcopy(batch), algo.loss)
         seen.append(rows)
     order = batch.length_order()
+    if prefix_once:
+        order = torch.sort(batch.completion_mask.sum(1), stable=True).indices
+        assert order[:4].tolist() == [1, 5, 9, 13]  # the four short rows, one from each group, together
     first = batch.completion_ids[:, 0]
     assert seen[0] == [first[order[i : i + 4]].tolist() for i in range(0, 16, 4)]
     assert seen[1] == [first.tolist()]
+
+
+def accumulated(tiny, batch, loss, micro, prefix_once, critic=None, bf16=False, lora=False, entropy_grad=False):
+    """(every gradient by name, metrics) after one mini-batch of ``batch`` through a fresh trainer."""
+    model = copy.deepcopy(tiny.model)
+    if lora:
+        model = lora_wrap(model, tiny_cfg("model.lora_r=4", "model.lora_dropout=0").model, seed=0)
+    tr = Trainer(model, tcfg(precision="bf16" if bf16 else "fp32"), 1.0, mini_batch_size=len(batch), micro_batch_size=micro,
+                 total_optimizer_steps=1, critic=Critic(model, critic) if critic else None, entropy_grad=entropy_grad)
+    tr.prefix_once = prefix_once
+    metrics = tr._accumulate(copy.deepcopy(batch), loss)
+    grads = {n: p.grad.to_dense().clone() for n, p in [*tr.model.named_parameters(), *((tr.critic.named_parameters()) if critic else [])]
+             if p.grad is not None}
+    return grads, metrics
+
+
+@pytest.mark.parametrize("case", ["plain", "shared_critic", "lora", "entropy"])
+def test_prompts_once_per_mini_batch_give_the_same_gradient(tiny, case):
+    # The prompts run once ahead of the micro-batches, the rows regrouped by their own length
+    # across groups: the same gradients and metrics as each micro-batch running its groups' prompts.
+    batch, algo = grpo_batch(tiny)
+    batch.completion_mask[1::4, 2:] = False  # a short row in every group: regrouping moves rows
+    loss, critic = algo.loss, None
+    if case == "shared_critic":
+        critic = "shared"
+        loss = lambda logp, mb, values: (lambda l, m: (l + (values * mb.completion_mask).pow(2).sum() / mb.norm_tokens, m))(*algo.loss(logp, mb))
+    if case == "entropy":  # an entropy bonus: the entropy with its gradient, through the prefix too
+        loss = lambda logp, mb, entropy: (lambda l, m: (l - 0.1 * (entropy * mb.completion_mask).sum() / mb.norm_tokens, m))(*algo.loss(logp, mb))
+    kw = dict(critic=critic, lora=case == "lora", entropy_grad=case == "entropy")
+    once, m_once = accumulated(tiny, batch, loss, 4, True, **kw)
+    per, m_per = accumulated(tiny, batch, loss, 4, False, **kw)
+    assert once.keys() == per.keys() and len(once) > 2
+    assert all(torch.allclose(once[n], per[n], atol=1e-6, rtol=1e-5) for n in once), max((once[n] - per[n]).abs().max() for n in once)
+    assert any(g.abs().sum() > 0 for g in once.values())
+    assert m_once == pytest.approx(m_per, rel=1e-5, abs=1e-7)
+
+
+def test_prompts_once_per_mini_batch_under_bf16_autocast(tiny):
+    # bf16 autocast: equal up to bf16 rounding (micro-batchings differ among themselves by as much)
+    batch, algo = grpo_batch(tiny)
+    once, _ = accumulated(tiny, batch, algo.loss, 4, True, bf16=True)
+    per, _ = accumulated(tiny, batch, algo.loss, 4, False, bf16=True)
+    scale = max(g.abs().max() for g in per.values())
+    assert max((once[n] - per[n]).abs().max() for n in once) < 2e-2 * scale
+
+
+def test_prompts_run_once_per_mini_batch_only_where_they_fit(tiny):
+    # The decoder's forwards: with the prompts once, one forward over the 4 distinct prompts, then
+    # completions only; the prompts are not run again per micro-batch. Where the prompts of a
+    # mini-batch outgrow one micro-batch's tokens (micro 1 here), each micro-batch runs its own.
+    batch, algo = grpo_batch(tiny)
+    P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
+    for micro, once in ((4, True), (1, False)):
+        assert (4 * P <= micro * (P + T)) == once
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        calls = []  # (rows, columns, on a cache) of each forward
+        hook = lambda m, a, kw, out: calls.append((*kw["input_ids"].shape, kw.get("past_key_values") is not None))
+        tr.model.get_decoder().register_forward_hook(hook, with_kwargs=True)
+        tr._accumulate(copy.deepcopy(batch), algo.loss)
+        fresh = [c for c in calls if not c[2]]  # forwards that start from the prompt
+        if once:  # the 4 distinct prompts, then 4 micro-batches of completions on their cache
+            assert fresh == [(4, P, False)] and len(calls) == 5, calls
+        else:  # one row a micro-batch: each runs its prompt and completion in one forward
+            assert len(fresh) == len(calls) == 16 and all(c[0] == 1 and c[1] > P for c in calls), calls
 
 
 def test_accumulate_reports_the_entropy_by_default(tiny):
@@ -439,6 +512,9 @@ def test_one_rank_data_parallel_equals_the_plain_trainer(tiny):
 
     batch, algo = grpo_batch(tiny)
     plain = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=2, total_optimizer_steps=4)
+    # as the data-parallel path cuts its micro-batches (whole groups, each running its prompts):
+    # metrics such as actor/ratio_max are per-micro-batch maxima, so they follow the cut
+    plain.prefix_once = False
     want = plain.update(copy.deepcopy(batch), algo.loss)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -462,7 +538,7 @@ def test_the_forward_computes_the_entropy_only_where_it_is_used(tiny):
         tr = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=4, micro_batch_size=4,
                      total_optimizer_steps=2, entropy_grad=entropy_grad)
         forward, modes[entropy_grad] = tr._forward, []
-        tr._forward = lambda mb, entropy="none", seen=modes[entropy_grad], f=forward: seen.append(entropy) or f(mb, entropy)
+        tr._forward = lambda mb, entropy="none", prefix=None, seen=modes[entropy_grad], f=forward: seen.append(entropy) or f(mb, entropy, prefix)
         loss = (lambda lp, mb, entropy: algo.loss(lp, mb)) if entropy_grad else algo.loss
         tr.update(copy.deepcopy(batch), loss)
     assert modes[False][-2:] == ["detached", "none"]  # (the recompute's forward comes first)

@@ -20,10 +20,19 @@ for the group's K rows, and only the completions run per row. Gradients flow bac
 repeated cache into the single prompt forward, so the result is the same function of the
 weights as the plain forward (tests/model/test_logprobs.py checks values and gradients), at about a
 third of the tokens.
+
+Prompts once per mini-batch. Within a micro-batch a group's rows are padded to its longest
+completion; with the prompt run per micro-batch, micro-batches must keep groups whole, so short rows
+carry their group's long one's padding. ``prompt_prefix`` runs every prompt of a mini-batch once,
+with grad, and hands its KV cache to the micro-batches as detached leaves; micro-batches then take
+rows sorted by their own length, across groups (``Prefix.take``). Each micro-batch's backward stops
+at the leaves and adds into their ``.grad``; ``Prefix.backward`` then sends those sums through the
+prompt forward once. The result is the same gradient (a sum over micro-batches either way).
 """
 
 from __future__ import annotations
 
+import copy
 import weakref
 from dataclasses import dataclass
 
@@ -51,6 +60,7 @@ class PolicyForward:
 def policy_forward(
     model: torch.nn.Module, batch: Rollouts, temperature: float, *, entropy: str = "none",
     share_prefix: bool = True, value_head: torch.nn.Module | None = None, chunked: bool = True,
+    prefix: "Prefix | None" = None,
 ) -> PolicyForward:
     """One forward of the policy over the completions.
 
@@ -58,12 +68,14 @@ def policy_forward(
     value_head: PPO's critic on the policy's own trunk: the head reads the same final hidden
     states the logits come from, so policy and value cost one forward.
     chunked: the lm_head and log-softmax run through ``ChunkedLogp`` on the completion tokens only
-    (where the model's head is a plain bias-free linear layer); False = full (B, T, V) logits."""
+    (where the model's head is a plain bias-free linear layer); False = full (B, T, V) logits.
+    prefix: these rows' prompts already run (``Prefix.take``, the same ``chunked``/``value_head``)."""
     if entropy not in ENTROPY_MODES:
         raise ValueError(f"entropy={entropy!r}: expected one of {', '.join(ENTROPY_MODES)}")
     mask = batch.completion_mask
+    module, run = trunk(model, chunked, value_head)
     if chunked and plain_head(model):
-        hidden = completion_states(model.get_decoder(), batch, share_prefix, _backbone)  # (B, T, H)
+        hidden = completion_states(module, batch, share_prefix, run, prefix)  # (B, T, H)
         head = model.get_output_embeddings().weight
         dev = hidden.device.type  # autocast is per device type: ask the one the forward ran on
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else head.dtype
@@ -76,9 +88,9 @@ def policy_forward(
         values = value_head(hidden).squeeze(-1).float() if value_head is not None else None  # (B, T)
         return PolicyForward(logp, ent if entropy != "none" else None, values)
     if value_head is None:
-        logits = completion_states(model, batch, share_prefix, _causal_lm)  # (B, T, V)
+        logits = completion_states(module, batch, share_prefix, run, prefix)  # (B, T, V)
     else:
-        hidden = completion_states(model.get_decoder(), batch, share_prefix, _backbone)  # (B, T, H)
+        hidden = completion_states(module, batch, share_prefix, run, prefix)  # (B, T, H)
         logits = model.get_output_embeddings()(hidden)  # (B, T, V)
     z = logits.float() / temperature  # (B, T, V)
     floor = batch.sampler_floor
@@ -217,9 +229,20 @@ def completion_values(decoder: torch.nn.Module, head: torch.nn.Module, batch: Ro
     return head(hidden).squeeze(-1).float()
 
 
-def completion_states(module, batch: Rollouts, share_prefix: bool, run) -> Tensor:  # (B, T, D)
+def trunk(model: torch.nn.Module, chunked: bool = True, value_head: torch.nn.Module | None = None):
+    """(module, run) that ``policy_forward`` runs: the decoder for final hidden states (the chunked
+    head, or a value head reading them), else the *ForCausalLM for its logits."""
+    if (chunked and plain_head(model)) or value_head is not None:
+        return model.get_decoder(), _backbone
+    return model, _causal_lm
+
+
+def completion_states(module, batch: Rollouts, share_prefix: bool, run, prefix: "Prefix | None" = None) -> Tensor:  # (B, T, D)
     """What ``module`` outputs at the T positions that predict the completion tokens: logits
-    (a *ForCausalLM, run=_causal_lm) or final hidden states (its decoder, run=_backbone)."""
+    (a *ForCausalLM, run=_causal_lm) or final hidden states (its decoder, run=_backbone).
+    prefix: the rows' prompts, already run (``Prefix.take``)."""
+    if prefix is not None:
+        return _completions(module, batch, prefix.states, prefix.cache, run)
     first, row_to_group = prompt_groups(batch) if share_prefix else (None, None)
     # With activation checkpointing, transformers turns the KV cache off, so share nothing then.
     if first is not None and len(first) < len(batch) and not checkpointing(module):
@@ -272,7 +295,13 @@ def _shared_prefix(module, batch: Rollouts, first: Tensor, row_to_group: Tensor,
     first_states, cache = run(module, 1, input_ids=p_ids, attention_mask=p_mask.long(),
                               position_ids=position_ids(p_mask), use_cache=True)
     cache.batch_select_indices(row_to_group)  # (G, ...) -> (B, ...) rows; differentiable indexing
-    first_states = first_states[row_to_group]  # (B, 1, D)
+    return _completions(module, batch, first_states[row_to_group], cache, run)  # (B, 1, D) first states
+
+
+def _completions(module, batch: Rollouts, first_states: Tensor, cache, run) -> Tensor:  # (B, T, D)
+    """The completions run on top of their rows' prompt cache (B rows, P columns); first_states
+    (B, 1, D) is the last prompt position's output, which predicts completion token 0."""
+    T = batch.completion_ids.shape[1]
     if T == 1:
         return first_states
     # 2. The completions (all but the last token, which predicts nothing we score) on top of it.
@@ -281,6 +310,61 @@ def _shared_prefix(module, batch: Rollouts, first: Tensor, row_to_group: Tensor,
     states, _ = run(module, 0, input_ids=batch.completion_ids[:, :-1], attention_mask=attn, position_ids=pos,
                     past_key_values=cache, use_cache=True)
     return torch.cat([first_states, states], dim=1)  # (B, T, D)
+
+
+@dataclass
+class Prefix:
+    """The distinct prompts of a mini-batch, run once with grad (``prompt_prefix``): their outputs
+    and KV cache as detached leaves, which the micro-batches index into (``take``) and whose
+    gradients ``backward`` sends through the prompt forward once, after the last micro-batch."""
+    states: Tensor  # (G, 1, D) leaf: each prompt's last position's output
+    cache: object  # the prompts' KV cache (G rows, P columns), each layer's keys and values leaves
+    group: Tensor  # (B,) row of the mini-batch -> its prompt's index
+    outputs: list[Tensor]  # the prompt forward's own tensors, in the order of ``leaves``
+    leaves: list[Tensor]
+
+    def take(self, idx: Tensor, prompt_cols: int) -> "Prefix":
+        """The prompts of mini-batch rows ``idx`` (B,), as a micro-batch trimmed to its last
+        ``prompt_cols`` prompt columns (left padding: the columns dropped are padding for every row
+        of it) sees them. The copy's cache is a fresh object over indexed leaves: a forward appends
+        the completions' keys to it, never to the shared one."""
+        rows = self.group[idx]  # (b,)
+        cache = copy.copy(self.cache)
+        cache.layers = [copy.copy(layer) for layer in self.cache.layers]
+        for layer in cache.layers:
+            layer.keys = layer.keys[rows, :, -prompt_cols:]  # (b, kv heads, P', head dim)
+            layer.values = layer.values[rows, :, -prompt_cols:]
+        return Prefix(self.states[rows], cache, self.group[idx], [], [])
+
+    def backward(self) -> None:
+        """The prompt forward's backward, with the gradients the micro-batches left on the leaves."""
+        pairs = [(out, leaf.grad) for out, leaf in zip(self.outputs, self.leaves) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        self.outputs, self.leaves = [], []  # free the prompt forward's graph
+
+
+def prompt_prefix(model: torch.nn.Module, batch: Rollouts, chunked: bool = True,
+                  value_head: torch.nn.Module | None = None) -> Prefix | None:
+    """Every distinct prompt of ``batch`` run once, for ``policy_forward(..., prefix=p.take(...))``
+    on its rows in any grouping; None where ``completion_states`` would not share prefixes (no
+    repeated prompts, or activation checkpointing, which turns the KV cache off)."""
+    module, run = trunk(model, chunked, value_head)
+    first, row_to_group = prompt_groups(batch)
+    if first is None or len(first) == len(batch) or checkpointing(module):
+        return None
+    p_ids, p_mask = batch.prompt_ids[first], batch.prompt_mask[first]  # (G, P) each
+    states, cache = run(module, 1, input_ids=p_ids, attention_mask=p_mask.long(),
+                        position_ids=position_ids(p_mask), use_cache=True)
+    outputs, leaves = [states], [states.detach().requires_grad_(states.requires_grad)]
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            out = getattr(layer, name)  # (G, kv heads, P, head dim)
+            leaf = out.detach().requires_grad_(out.requires_grad)
+            setattr(layer, name, leaf)
+            outputs.append(out)
+            leaves.append(leaf)
+    return Prefix(leaves[0], cache, row_to_group, outputs, leaves)
 
 
 def clear_cast_cache() -> None:

@@ -141,6 +141,7 @@ class Workload:
     critic: str = ""  # PPO: 'separate' (own trunk) or 'shared' (a head on the policy); '' = none
     early_old: bool = False  # old log-probs (and values) before the advantages (PPO, KL in the reward)
     share_prefix: bool = True  # trainer/reference run each group's prompt once (rlpost's default)
+    prompts_once: bool = True  # ... once per mini-batch where they fit (trainer.prompts_once)
     grad_ckpt: bool = False  # activation checkpointing: keep layer inputs only, recompute in backward
     mean_response_len: float = 0  # mean completion length; 0 = T (every row runs to the longest)
 
@@ -166,10 +167,20 @@ GPU_LACKS = ("run.device=cuda places every role on the GPU, but no GPU run has b
 
 
 # --- Tokens, FLOPs, bytes ---
+def prompts_once(w: Workload, gpus: int = 1) -> bool:
+    """Whether the trainer runs a mini-batch's prompts once ahead of its micro-batches (Trainer._prefix:
+    one process, 2+ micro-batches, the prompts no more tokens than one micro-batch's rows)."""
+    mini, micro = max(1, w.mini_batch or w.batch), w.micro()
+    return (gpus == 1 and w.prompts_once and w.share_prefix and w.group > 1 and micro < mini
+            and mini / w.group * w.prompt_len <= micro * (w.prompt_len + w.T))
+
+
 def prompt_runs(w: Workload, rows: float) -> float:
-    """Prompt forwards for `rows` sequences: one per group (per micro-batch when a micro-batch holds
-    part of a group) with the shared prefix, else one per row."""
-    return rows / min(w.group, w.micro()) if w.share_prefix and w.group > 1 else rows
+    """Prompt forwards for `rows` sequences with the shared prefix: one per group (per micro-batch
+    when one holds part of a group and prompts_once does not hold); else one per row."""
+    if not (w.share_prefix and w.group > 1):
+        return rows
+    return rows / (w.group if prompts_once(w) else min(w.group, w.micro()))
 
 
 def attn_flops(s: Shape, tokens: float, ctx: float) -> float:
@@ -231,7 +242,9 @@ def memory(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1) -> di
     if w.critic == "separate":
         mem["critic"] = 16 * s.critic_params / gpus  # 4 weights + 4 grads + 8 AdamW
     rows, wt = w.micro(gpus), w.trainer()
-    tokens = prompt_runs(wt, rows) * w.prompt_len + rows * w.T  # one micro-batch
+    # one micro-batch; with the prompts run once per mini-batch, all of its prompts stay live too
+    prompts = max(1, w.mini_batch or w.batch) / w.group if prompts_once(wt, gpus) else prompt_runs(wt, rows)
+    tokens = prompts * w.prompt_len + rows * w.T
     act = activation_bytes(s, tokens, w.trainer_bf16)
     if w.grad_ckpt:  # each layer's fp32 input is kept; one layer's tensors are rebuilt at a time
         act = s.layers * tokens * 4 * s.hidden + act / s.layers
@@ -357,8 +370,7 @@ def workload_from_run(cfg: Config, med: dict, dev: Device) -> Workload:
         # 'auto' (the default, saved as such): what the probe's rule picks on the device planned for
         trainer_bf16=bf16_on(t.precision, dev), sampler_bf16=bf16_on({"bfloat16": "bf16", "float32": "fp32"}.get(r.dtype, r.dtype), dev),
         reference=reference, critic=critic, early_old=early_old,
-        share_prefix=t.share_prompt_prefix,
-        grad_ckpt=cfg.model.gradient_checkpointing)
+        share_prefix=t.share_prompt_prefix, prompts_once=t.prompts_once, grad_ckpt=cfg.model.gradient_checkpointing)
 
 
 def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict | None = None) -> dict:

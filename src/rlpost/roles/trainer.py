@@ -34,7 +34,7 @@ from torch import Tensor
 
 from rlpost.algorithms.core import masked_mean, ratio_histogram
 from rlpost.model import device, fsdp, heap, lora, precision
-from rlpost.model.logprobs import PolicyForward, clear_cast_cache, policy_forward
+from rlpost.model.logprobs import Prefix, PolicyForward, clear_cast_cache, policy_forward, prompt_prefix
 from rlpost.roles.critic import Critic
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import LossFn
@@ -119,6 +119,9 @@ class Trainer:
                 else:
                     m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.dp = data_parallel
+        # trainer.prompts_once: each mini-batch's prompts once, ahead of its micro-batches (_prefix).
+        # The data-parallel path runs them per micro-batch: each rank's rows are its own.
+        self.prefix_once = tcfg.prompts_once and not data_parallel
         self.updates = 0  # update() calls in this process, for the heap trims
         keep = self._cast_bf16() if tcfg.param_dtype == "bfloat16" else None  # before the tied lookup is split off
         if data_parallel:
@@ -177,15 +180,35 @@ class Trainer:
         # against 1e-3 of bf16 noise; exact with one micro-batch). Each forward casts afresh.
         return precision.autocast(self.bf16, self.device, cache=not self.dp)
 
-    def _forward(self, batch: Rollouts, entropy: str = "none") -> PolicyForward:
-        """Policy log-probs (and the critic's values when there is one) for a micro-batch."""
-        shared_head = self.critic.head if self.critic is not None and self.critic.shared else None
+    def _forward(self, batch: Rollouts, entropy: str = "none", prefix: Prefix | None = None) -> PolicyForward:
+        """Policy log-probs (and the critic's values when there is one) for a micro-batch; prefix:
+        its rows' prompts, already run (``_prefix``)."""
+        shared_head = self._shared_head()
         with self._autocast():
             out = self._policy_forward(batch, self.temperature, entropy=entropy,
-                                       share_prefix=self.cfg.share_prompt_prefix, value_head=shared_head)
+                                       share_prefix=self.cfg.share_prompt_prefix, value_head=shared_head, prefix=prefix)
             if self.critic is not None and not self.critic.shared:
                 out.values = self.critic.values(batch, self.cfg.share_prompt_prefix)
         return out
+
+    def _shared_head(self) -> torch.nn.Module | None:
+        return self.critic.head if self.critic is not None and self.critic.shared else None
+
+    def _prefix(self, mini: Rollouts) -> Prefix | None:
+        """The mini-batch's prompts run once ahead of its micro-batches (model/logprobs.py), or None
+        to run them per micro-batch as before: with one micro-batch there is nothing to share
+        across; a critic with its own trunk runs its own prompts; and the prompts' activations,
+        held until the last micro-batch, must not outgrow one micro-batch's (P + T) tokens, which
+        is what micro_batch_size bounds. Called inside the mini-batch's autocast."""
+        if (not self.prefix_once or not self.cfg.share_prompt_prefix or self.micro >= len(mini)
+                or (self.critic is not None and not self.critic.shared)):
+            groups = 0
+        else:
+            groups = len(torch.unique_consecutive(mini.group_ids))
+        P, T = mini.prompt_ids.shape[1], mini.completion_ids.shape[1]
+        if not groups or groups * P > self.micro * (P + T):
+            return None
+        return prompt_prefix(self.model, mini, value_head=self._shared_head())
 
     @torch.no_grad()
     def recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
@@ -286,12 +309,25 @@ class Trainer:
         if self.dp:  # totals above are the whole mini-batch's, written before this rank's slice
             return self._accumulate_rows(mini, loss_fn, first_epoch, diffs)
         sums: dict[str, float] = {}
-        # Micro-batches of similar length, each cut to its own longest completion (sums, not means,
-        # cross micro-batch boundaries, so the order does not change the accumulated gradient).
-        order = mini.length_order() if self.micro < len(mini) else torch.arange(len(mini))
         with self._autocast():  # open across the micro-batches: the weights' bf16 casts are made once
+            prefix = self._prefix(mini)
+            # Micro-batches of similar length, each cut to its own longest completion (sums, not
+            # means, cross micro-batch boundaries, so the order does not change the accumulated
+            # gradient): rows sorted by their own length when the prompts ran once above, else
+            # whole groups (each micro-batch runs its groups' prompts) sorted by their longest row.
+            if self.micro >= len(mini):
+                order = torch.arange(len(mini))
+            elif prefix is not None:
+                order = torch.sort(mini.completion_mask.sum(1), stable=True).indices
+            else:
+                order = mini.length_order()
             for i in range(0, len(mini), self.micro):
-                sums = self._micro(mini.select(order[i : i + self.micro]).trimmed(), mini, loss_fn, first_epoch, diffs, sums)
+                idx = order[i : i + self.micro]
+                mb = mini.select(idx).trimmed()
+                part = prefix.take(idx, mb.prompt_ids.shape[1]) if prefix is not None else None
+                sums = self._micro(mb, mini, loss_fn, first_epoch, diffs, sums, part)
+            if prefix is not None:
+                prefix.backward()  # the prompts' share of the gradient, summed over the micro-batches
         return sums
 
     def _accumulate_rows(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None) -> dict:
@@ -308,14 +344,14 @@ class Trainer:
         return fsdp.all_reduce_sums(sums, self.device)
 
     def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None,
-               sums: dict) -> dict:
+               sums: dict, prefix: Prefix | None = None) -> dict:
         """Forward and backward of one micro-batch; adds its metrics into ``sums``.
 
         Called inside the mini-batch's autocast context; everything but the forward runs with
         autocast off. Autocast caches its bf16 copy of each weight until the *outermost* context
         exits, so one cast serves every micro-batch of the mini-batch (the weights do not change
         before the optimizer step), where a context per forward re-cast all 135M weights each time."""
-        out = self._forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none")
+        out = self._forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none", prefix)
         with torch.autocast(out.logp.device.type, enabled=False):  # the forward's device, not a fixed one
             logp, entropy = out.logp, out.entropy  # (b, T) each
             if mb.old_logp is None:  # single optimizer step: this forward runs under the sampling weights
