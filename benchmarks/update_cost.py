@@ -125,37 +125,45 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra rlpost override, e.g. trainer.prompts_once=false (micro-batches of whole groups)")
     a = ap.parse_args()
     header = machine.Header()
     plain, timed_s, ops, tokens, positions = [], [], [], {}, []
-    update = trainer.Trainer.update
+    update, micro, ran = trainer.Trainer.update, trainer.Trainer._micro, []
+
+    def counted_micro(self, mb, *args):  # completion positions the trainer actually computes
+        ran.append(mb.completion_ids.numel())
+        return micro(self, mb, *args)
 
     def timed_update(self, batch, loss_fn):
         # Completion positions each step computes (rows x their micro-batch's longest): as the trainer
-        # forms micro-batches (whole groups, by their longest row), and with rows sorted by length
-        # across groups (what sharing the prefix once per mini-batch would allow).
+        # formed its micro-batches ("computed"), and both ways it can form them: whole groups sorted by
+        # their longest row (each micro-batch runs its groups' prompts), or rows sorted by their own
+        # length across groups (the prompts run once per mini-batch, trainer.prompts_once).
         lengths = batch.completion_mask.sum(1)
+        ran.clear()
         positions.append({"tokens": int(lengths.sum()), "now": padded(lengths[batch.length_order()]),
                           "rows_sorted": padded(lengths.sort().values)})
         if len(plain) < a.steps - 1:
             t = time.perf_counter()
             out = update(self, batch, loss_fn)
             plain.append(time.perf_counter() - t)
+            positions[-1]["computed"] = sum(ran)
             return out
-        # The trainer's micro-batches (Trainer._accumulate): groups sorted by their longest row, MICRO
-        # rows each, every row computed to its micro-batch's longest completion.
-        tokens.update(completion=int(lengths.sum()), computed=positions[-1]["now"],
-                      prompt=int(batch.prompt_mask[:: a.group].sum()))  # each group's prompt once (shared prefix)
         timer = OpTimer()
         t = time.perf_counter()
         with timer:
             out = update(self, batch, loss_fn)
         timed_s.append(time.perf_counter() - t)
+        positions[-1]["computed"] = sum(ran)
+        tokens.update(completion=int(lengths.sum()), computed=sum(ran), sorted=sum(ran) == positions[-1]["rows_sorted"],
+                      prompt=int(batch.prompt_mask[:: a.group].sum()))  # each group's prompt once (shared prefix)
         ops.extend({"op": name, "shapes": [list(x) for x in shapes], "calls": c, "s": sec, "flops": f}
                    for (name, shapes), (c, sec, f) in timer.ops.items())
         return out
 
-    trainer.Trainer.update = timed_update
+    trainer.Trainer.update, trainer.Trainer._micro = timed_update, counted_micro
     out = Path(tempfile.mkdtemp())
     try:
         code = cli.main([
@@ -163,11 +171,11 @@ def main() -> None:
             f"rollout.max_new_tokens={a.max_new}", "rollout.temperature=0.7", "trainer.lr=1e-5",
             f"run.steps={a.steps}", "run.seed=0", "run.eval_every=0", "run.checkpoint_every=0",
             "task.n_heldout=16", "run.progress=false", f"run.out_dir={out}", "run.name=run",
-            f"trainer.micro_batch_size={MICRO}",
+            f"trainer.micro_batch_size={MICRO}", *a.set,
         ])
         assert code == 0, f"rlpost train exited {code}"
     finally:
-        trainer.Trainer.update = update
+        trainer.Trainer.update, trainer.Trainer._micro = update, micro
         shutil.rmtree(out)
 
     choice = precision.choose()
@@ -212,8 +220,10 @@ def main() -> None:
     recompute = 2 * m["head"] * tokens["completion"]  # ChunkedLogp's backward runs the lm_head forward again
     lines += ["", f"The timed batch: {tokens['completion']} completion tokens, {tokens['prompt']} prompt tokens "
               f"(each group's once). The roofline counts {useful / 1e9:.0f} GFLOP of useful work for it; the matmuls "
-              f"did {mm_flops / 1e9:.0f} ({mm_flops / useful:.2f}x). Padding: micro-batches of {MICRO} rows keep each "
-              f"group whole (its rows share the prompt prefix) and run every row to the micro-batch's longest, "
+              f"did {mm_flops / 1e9:.0f} ({mm_flops / useful:.2f}x). Padding: micro-batches of {MICRO} rows "
+              + ("sorted by their own length across groups (the prompts ran once for the mini-batch) "
+                 if tokens["sorted"] else "that keep each group whole (each runs its groups' prompts) ")
+              + f"run every row to the micro-batch's longest, "
               f"{tokens['computed']} completion positions for {tokens['completion']} tokens, "
               f"{padding / 1e9:.0f} GFLOP through the trunk; the log-probs' lm_head runs again in the backward, "
               f"{recompute / 1e9:.0f} GFLOP.",
@@ -222,10 +232,11 @@ def main() -> None:
               f"(= {mm_flops / useful:.2f}x the FLOPs, the matmuls at {mm_flops / mm_s / peak:.2f} of peak, "
               f"and {1 - mm_s / wall:.0%} of the time outside them)."]
     now, free = sum(x["now"] for x in positions), sum(x["rows_sorted"] for x in positions)
-    lines += ["", f"Completion positions computed over the {a.steps} steps, for {sum(x['tokens'] for x in positions)} "
-              f"tokens: {now} as micro-batches are formed now (whole groups), {free} with rows sorted by length "
-              f"across groups ({free / now - 1:+.0%}); by step, now / sorted: "
-              + ", ".join(f"{x['now']} / {x['rows_sorted']}" for x in positions) + "."]
+    done = sum(x["computed"] for x in positions)
+    lines += ["", f"Completion positions over the {a.steps} steps, for {sum(x['tokens'] for x in positions)} "
+              f"tokens: {done} computed; {now} with micro-batches of whole groups, {free} with rows sorted by length "
+              f"across groups ({free / now - 1:+.0%}); by step, computed / whole groups / sorted: "
+              + ", ".join(f"{x['computed']} / {x['now']} / {x['rows_sorted']}" for x in positions) + "."]
     text = "\n".join(lines) + "\n"
     print(header.render() + text)
     machine.write_results("update_cost", {"plain_s": plain, "timed_s_s": timed_s, "ops_s": total,

@@ -55,9 +55,11 @@ def probed_cpu() -> Device:
 # CPU, measured on the embedded model (benchmarks/README.md, MEASUREMENTS.md):
 #   decode  : rlpost's own loop (roles/rollout_fast.py), with DECODE_OVERHEAD below. fp32: the slope of
 #             step time against rows on the AVX2 kind, 3.03 ms per row of 0.273 GFLOP at a probed
-#             189 GFLOP/s -> 0.48 (benchmarks/decode_cost.py). bf16: not measured alone (no AVX-512
-#             machine since); solved with its overhead from two AVX-512 runs, the demo's gen 3.3 s and
-#             vs_trl.py's 3.44 s (taking the demo's mean completion as 12.2 tokens, the AVX2 demo's median) -> 0.24
+#             189 GFLOP/s -> 0.48 (benchmarks/decode_cost.py). bf16: solved with its overhead from two
+#             Intel AVX-512 runs, the demo's gen 3.3 s and vs_trl.py's 3.44 s (taking the demo's mean
+#             completion as 12.2 tokens, the AVX2 demo's median) -> 0.24. An isolated step on AMD Zen 4
+#             measured 0.39 (decode_cost.py), which under-prices real rollouts there (3.1 s vs 4.8 s
+#             for vs_trl.py's; 0.24 gives 4.2 s): the end-to-end fit is kept
 #   forward : reference forward of 64 demo rows, bf16 autocast, 1.56 s -> 0.32
 #   update  : forward+backward of 64 demo rows, 6.45 s bf16 autocast, 11.26 s fp32 -> 0.24, 0.58
 #   prefill : each prompt once. fp32: 16 demo prompts in 1.79 s (decode_cost.py) -> 0.48; bf16 0.45,

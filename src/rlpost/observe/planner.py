@@ -141,9 +141,9 @@ class Workload:
     critic: str = ""  # PPO: 'separate' (own trunk) or 'shared' (a head on the policy); '' = none
     early_old: bool = False  # old log-probs (and values) before the advantages (PPO, KL in the reward)
     share_prefix: bool = True  # trainer/reference run each group's prompt once (rlpost's default)
-    prompts_once: bool = True  # ... once per mini-batch where they fit (trainer.prompts_once)
     grad_ckpt: bool = False  # activation checkpointing: keep layer inputs only, recompute in backward
     mean_response_len: float = 0  # mean completion length; 0 = T (every row runs to the longest)
+    prompts_once: bool = True  # the trainer runs a mini-batch's prompts once where they fit (trainer.prompts_once)
 
     @property
     def batch(self) -> int:
