@@ -14,12 +14,16 @@ Why this can cost far more than the fair 2x: a torch op on 2 threads ends at a b
 with GNU OpenMP's default wait (spin ~300k iterations, then sleep) the thread that finished first
 spins on a core while the other one waits to be scheduled, possibly on that very core. Rows:
 
-* ``rlpost``: as shipped, OpenMP waits sleep (``OMP_WAIT_POLICY=PASSIVE``, set by
-  ``rlpost/__init__.py`` before torch loads);
+* ``rlpost``: as shipped, OpenMP waits spin ~10 us, then sleep (``OMP_WAIT_POLICY=PASSIVE`` with
+  ``GOMP_SPINCOUNT=1000``, set by ``rlpost/__init__.py`` before torch loads; until 2026-11-24 it
+  was PASSIVE alone, the ``rlpost_passive`` row);
+* ``rlpost_passive``: waits sleep at once (``GOMP_SPINCOUNT=0``);
 * ``rlpost_spin``: rlpost as before that (``GOMP_SPINCOUNT=300000``: libgomp's spin when
   ``OMP_WAIT_POLICY`` is unset, ~3 ms by its own estimate of 100k spins per ms);
 * ``rlpost_shortspin``: a middle way, spin ~0.1 ms then sleep (``GOMP_SPINCOUNT=10000``), in case
   sleeping costs a quiet machine wake-ups between the decode loop's many small ops;
+* ``rlpost_spin1k``: ~10 us (``GOMP_SPINCOUNT=1000``, libgomp's own spin when it sees more threads
+  than free cores): the shipped setting, spelled out;
 * ``rlpost_1thread``: ``run.threads=1``, the thread-count way out (one core idle when alone);
 * ``trl``: TRL's GRPOTrainer as its users run it (libgomp's default; it imports torch first);
 * ``trl_passive``: TRL with ``OMP_WAIT_POLICY=PASSIVE`` in its environment.
@@ -40,8 +44,10 @@ import vs_trl
 DEMO = (16, 8, 16)  # prompts, group, max new tokens: the demo's step
 ROWS = {  # name: (child kind, extra environment, extra rlpost overrides)
     "rlpost": ("rlpost", {}, ()),
+    "rlpost_passive": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}, ()),
     "rlpost_spin": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "300000"}, ()),
     "rlpost_shortspin": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}, ()),
+    "rlpost_spin1k": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}, ()),
     "rlpost_1thread": ("rlpost", {}, ("run.threads=1",)),
     "trl": ("trl", {}, ()),
     "trl_passive": ("trl", {"OMP_WAIT_POLICY": "PASSIVE"}, ()),

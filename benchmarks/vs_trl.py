@@ -16,8 +16,9 @@ grad clip 1.0, full fine-tune, no gradient checkpointing (TRL's default turns it
 update time for memory). Precision on both sides is what rlpost's start-up probe picks on this
 machine (model/precision.py): bf16 autocast over float32 master weights and a bf16 sampler where
 bf16 is fast (AVX-512 BF16), plain float32 where it is not (AVX2: TRL gets bf16=False too).
-OpenMP waits sleep on both sides (OMP_WAIT_POLICY=PASSIVE: rlpost's default since issue 20, given
-to TRL's child here), so this compares the engines; contention.py compares the wait policies
+OpenMP waits spin briefly, then sleep, on both sides (OMP_WAIT_POLICY=PASSIVE with GOMP_SPINCOUNT=1000:
+rlpost's default, given to TRL's child here; runs before 2026-11-24 22:00 had PASSIVE alone, rlpost's
+default then), so this compares the engines; contention.py compares the wait policies
 (with libgomp's default spin, TRL on a loaded machine is slower still).
 
 Also measured, on the same 8 x 4 x 64 batch: tokens/s of rlpost's rollout engine against plain
@@ -46,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 TRL_DIR = HERE / ".trl"
 TRL_VERSION = "1.16.0"
 PROMPTS, GROUP, MAX_NEW, TEMPERATURE, LR = 8, 4, 64, 0.7, 1e-5  # the defaults of --prompts, --group, --max-new
-SAME_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}  # what rlpost sets for itself, given to both children
+SAME_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}  # what rlpost sets for itself, given to both children
 
 
 def ensure_trl() -> None:
