@@ -22,8 +22,8 @@ spins on a core while the other one waits to be scheduled, possibly on that very
   ``OMP_WAIT_POLICY`` is unset, ~3 ms by its own estimate of 100k spins per ms);
 * ``rlpost_shortspin``: a middle way, spin ~0.1 ms then sleep (``GOMP_SPINCOUNT=10000``), in case
   sleeping costs a quiet machine wake-ups between the decode loop's many small ops;
-* ``rlpost_spin1k``: ~10 us (``GOMP_SPINCOUNT=1000``, libgomp's own spin when it sees more threads
-  than free cores): the shipped setting, spelled out;
+* ``rlpost_spin1k``: ~10 us (``GOMP_SPINCOUNT=1000``, by libgomp's estimate of 100k spins per ms):
+  the shipped setting, spelled out;
 * ``rlpost_1thread``: ``run.threads=1``, the thread-count way out (one core idle when alone);
 * ``trl``: TRL's GRPOTrainer as its users run it (libgomp's default; it imports torch first);
 * ``trl_passive``: TRL with ``OMP_WAIT_POLICY=PASSIVE`` in its environment.
