@@ -50,16 +50,6 @@ def timed(fast: FastRollout, enc, n: int, new: int) -> float:
     return time.perf_counter() - t
 
 
-def median_s(fn, reps: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 @torch.no_grad()
 def parts(fast: FastRollout, rows: int, ctx: int) -> dict[str, float]:
     """Seconds per decode step in the matmuls, the attention and the sampling, at ``rows`` rows and
@@ -81,8 +71,8 @@ def parts(fast: FastRollout, rows: int, ctx: int) -> dict[str, float]:
             fast._attend(q, kt, v, kmask)
 
     logits = torch.randn(rows, fast.lm_head.weight.shape[0])
-    return {"matmul_s": median_s(matmuls), "attention_s": median_s(attention),
-            "sampling_s": median_s(lambda: fast._draw(logits, 0.7, 1.0))}
+    return {"matmul_s": machine.median_s(matmuls), "attention_s": machine.median_s(attention),
+            "sampling_s": machine.median_s(lambda: fast._draw(logits, 0.7, 1.0))}
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -63,3 +64,15 @@ def write_results(name: str, data, header: Header, text: str) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}-{tag}.json").write_text(json.dumps(data, indent=1))
     (RESULTS / f"{name}-{tag}.md").write_text(header.render() + text)
+
+
+def median_s(fn, reps: int = 5) -> float:
+    """Median wall time of ``reps`` calls of ``fn``, after one warm-up call (first calls allocate
+    and pick kernels)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import time
 from dataclasses import replace
 
+import machine  # benchmarks/machine.py: median_s
 import torch
 
 from rlpost import config
@@ -28,16 +27,6 @@ from rlpost.model.load import load_policy
 from rlpost.model.logprobs import completion_logprobs
 from rlpost.roles.rollout_hf import HFRollout
 from rlpost.roles.trainer import Trainer
-
-
-def timeit(fn, reps: int) -> float:
-    fn()  # warm-up: first calls allocate and pick kernels
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -56,9 +45,9 @@ def main() -> None:
     ro = HFRollout(copy.deepcopy(loaded.model), loaded.tokenizer, dtype=torch.bfloat16)
     torch.manual_seed(0)
     gen = lambda: ro.generate(rows, args.group, 0.7, 1.0, args.max_new)
-    t_on = timeit(gen, args.reps)
+    t_on = machine.median_s(gen, args.reps)
     ro.model.requires_grad_(False)
-    t_off = timeit(gen, args.reps)
+    t_off = machine.median_s(gen, args.reps)
     ro.model.requires_grad_(True)
     batch = gen()
     tokens = int(batch.completion_mask.sum())
@@ -82,7 +71,7 @@ def main() -> None:
             tr.opt.zero_grad(set_to_none=True)
 
         print(f"forward+backward, shared prefix={share!s:5}, autocast={autocast!s:5}, micro-batch {micro:3d}: "
-              f"{timeit(fwd_bwd, args.reps):6.2f} s")
+              f"{machine.median_s(fwd_bwd, args.reps):6.2f} s")
 
     for share in (True, False):
         def ref_forward():
@@ -90,7 +79,7 @@ def main() -> None:
                 for i in range(0, B, 32):
                     completion_logprobs(loaded.model, batch.select(slice(i, i + 32)), 0.7, share_prefix=share)
 
-        print(f"reference forward (no grad, autocast, micro 32), shared prefix={share!s:5}: {timeit(ref_forward, args.reps):6.2f} s")
+        print(f"reference forward (no grad, autocast, micro 32), shared prefix={share!s:5}: {machine.median_s(ref_forward, args.reps):6.2f} s")
 
 
 if __name__ == "__main__":

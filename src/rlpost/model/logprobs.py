@@ -243,10 +243,9 @@ def completion_states(module, batch: Rollouts, share_prefix: bool, run, prefix: 
     prefix: the rows' prompts, already run (``Prefix.take``)."""
     if prefix is not None:
         return _completions(module, batch, prefix.states, prefix.cache, run)
-    first, row_to_group = prompt_groups(batch) if share_prefix else (None, None)
-    # With activation checkpointing, transformers turns the KV cache off, so share nothing then.
-    if first is not None and len(first) < len(batch) and not checkpointing(module):
-        return _shared_prefix(module, batch, first, row_to_group, run)
+    groups = _shared_groups(module, batch) if share_prefix else None
+    if groups is not None:
+        return _shared_prefix(module, batch, *groups, run)
     return _full(module, batch, run)
 
 
@@ -280,6 +279,22 @@ def prompt_groups(batch: Rollouts) -> tuple[Tensor | None, Tensor | None]:
     return (first, row_to_group) if same else (None, None)
 
 
+def _shared_groups(module, batch: Rollouts) -> tuple[Tensor, Tensor] | None:
+    """``prompt_groups`` where the prompt prefix can be shared: some prompt repeats, and activation
+    checkpointing is off (transformers turns the KV cache off under it); else None."""
+    first, row_to_group = prompt_groups(batch)
+    if first is None or len(first) == len(batch) or checkpointing(module):
+        return None
+    return first, row_to_group
+
+
+def _prompts(module, batch: Rollouts, first: Tensor, run):
+    """Each distinct prompt (rows ``first``) once: (its last position's output (G, 1, D), which
+    predicts completion token 0, and the prompts' KV cache)."""
+    p_ids, p_mask = batch.prompt_ids[first], batch.prompt_mask[first]  # (G, P) each
+    return run(module, 1, input_ids=p_ids, attention_mask=p_mask.long(), position_ids=position_ids(p_mask), use_cache=True)
+
+
 def _full(module, batch: Rollouts, run) -> Tensor:  # (B, T, D)
     T = batch.completion_ids.shape[1]
     ids, attn = batch.input_ids(), batch.attention_mask()  # (B, P+T) each
@@ -289,11 +304,7 @@ def _full(module, batch: Rollouts, run) -> Tensor:  # (B, T, D)
 
 
 def _shared_prefix(module, batch: Rollouts, first: Tensor, row_to_group: Tensor, run) -> Tensor:  # (B, T, D)
-    T = batch.completion_ids.shape[1]
-    p_ids, p_mask = batch.prompt_ids[first], batch.prompt_mask[first]  # (G, P) each
-    # 1. Each distinct prompt once. Its last position predicts completion token 0.
-    first_states, cache = run(module, 1, input_ids=p_ids, attention_mask=p_mask.long(),
-                              position_ids=position_ids(p_mask), use_cache=True)
+    first_states, cache = _prompts(module, batch, first, run)  # 1. each distinct prompt once
     cache.batch_select_indices(row_to_group)  # (G, ...) -> (B, ...) rows; differentiable indexing
     return _completions(module, batch, first_states[row_to_group], cache, run)  # (B, 1, D) first states
 
@@ -334,7 +345,7 @@ class Prefix:
         for layer in cache.layers:
             layer.keys = layer.keys[rows, :, -prompt_cols:]  # (b, kv heads, P', head dim)
             layer.values = layer.values[rows, :, -prompt_cols:]
-        return Prefix(self.states[rows], cache, self.group[idx], [], [])
+        return Prefix(self.states[rows], cache, rows, [], [])
 
     def backward(self) -> None:
         """The prompt forward's backward, with the gradients the micro-batches left on the leaves."""
@@ -350,12 +361,11 @@ def prompt_prefix(model: torch.nn.Module, batch: Rollouts, chunked: bool = True,
     on its rows in any grouping; None where ``completion_states`` would not share prefixes (no
     repeated prompts, or activation checkpointing, which turns the KV cache off)."""
     module, run = trunk(model, chunked, value_head)
-    first, row_to_group = prompt_groups(batch)
-    if first is None or len(first) == len(batch) or checkpointing(module):
+    groups = _shared_groups(module, batch)
+    if groups is None:
         return None
-    p_ids, p_mask = batch.prompt_ids[first], batch.prompt_mask[first]  # (G, P) each
-    states, cache = run(module, 1, input_ids=p_ids, attention_mask=p_mask.long(),
-                        position_ids=position_ids(p_mask), use_cache=True)
+    first, row_to_group = groups
+    states, cache = _prompts(module, batch, first, run)
     outputs, leaves = [states], [states.detach().requires_grad_(states.requires_grad)]
     for layer in cache.layers:
         for name in ("keys", "values"):

@@ -202,11 +202,10 @@ class Trainer:
         is what micro_batch_size bounds. Called inside the mini-batch's autocast."""
         if (not self.prefix_once or not self.cfg.share_prompt_prefix or self.micro >= len(mini)
                 or (self.critic is not None and not self.critic.shared)):
-            groups = 0
-        else:
-            groups = len(torch.unique_consecutive(mini.group_ids))
+            return None
+        groups = len(torch.unique_consecutive(mini.group_ids))
         P, T = mini.prompt_ids.shape[1], mini.completion_ids.shape[1]
-        if not groups or groups * P > self.micro * (P + T):
+        if groups * P > self.micro * (P + T):
             return None
         return prompt_prefix(self.model, mini, value_head=self._shared_head())
 
