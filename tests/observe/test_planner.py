@@ -332,6 +332,13 @@ def test_prompts_once_per_mini_batch_as_the_trainer_decides():
     two = replace(w, micro_batch=2)
     assert not planner.prompts_once(two) and planner.prompt_runs(two, 32) == 16
     assert planner.prompt_runs(replace(w, micro_batch=32), 32) == 8  # one micro-batch: per group anyway
+    # Data parallel: each rank cuts micro-batches from its own share of the rows. 4 GPUs, no micro-batch
+    # limit, groups of 16: a rank's 8 rows are half a group, so 32 rows run 4 prompts (one process: 2),
+    # and the FLOPs count them: 2 more prompt runs of 46 tokens through the trunk, 3x for fwd + bwd.
+    wide = Workload(prompts=2, group=16, prompt_len=46, new_tokens=64)
+    assert planner.prompt_runs(wide, 32) == 2 and planner.prompt_runs(wide, 32, gpus=4) == 4
+    more = planner.update_flops(EMBEDDED, wide, gpus=4) - planner.update_flops(EMBEDDED, wide)
+    assert more == pytest.approx(3 * (2 * EMBEDDED.trunk_params * 2 * 46 + planner.attn_flops(EMBEDDED, 2 * 46, 23)))
     # the memory counts the 8 prompts beside one micro-batch's completions: 8 x 46 + 8 x 64 tokens
     got = planner.memory(EMBEDDED, w, CPU)["activations"] - planner.kv_cache_bytes(EMBEDDED, 8, 46, 2)
     assert got == pytest.approx(planner.activation_bytes(EMBEDDED, 8 * 46 + 8 * 64, True))

@@ -175,12 +175,12 @@ def prompts_once(w: Workload, gpus: int = 1) -> bool:
             and mini / w.group * w.prompt_len <= micro * (w.prompt_len + w.T))
 
 
-def prompt_runs(w: Workload, rows: float) -> float:
+def prompt_runs(w: Workload, rows: float, gpus: int = 1) -> float:
     """Prompt forwards for `rows` sequences with the shared prefix: one per group (per micro-batch
     when one holds part of a group and prompts_once does not hold); else one per row."""
     if not (w.share_prefix and w.group > 1):
         return rows
-    return rows / (w.group if prompts_once(w) else min(w.group, w.micro()))
+    return rows / (w.group if prompts_once(w, gpus) else min(w.group, w.micro(gpus)))
 
 
 def attn_flops(s: Shape, tokens: float, ctx: float) -> float:
@@ -188,19 +188,19 @@ def attn_flops(s: Shape, tokens: float, ctx: float) -> float:
     return 4 * s.layers * s.heads * s.hd * ctx * tokens
 
 
-def forward_flops(s: Shape, w: Workload, rows: float, head: bool = True) -> float:
+def forward_flops(s: Shape, w: Workload, rows: float, head: bool = True, gpus: int = 1) -> float:
     """One forward over `rows` sequences as the trainer runs it: 2 FLOPs per weight per token,
     the lm_head only at the T scored positions (logits_to_keep), causal attention."""
-    p_tok, c_tok = prompt_runs(w, rows) * w.prompt_len, rows * w.T
+    p_tok, c_tok = prompt_runs(w, rows, gpus) * w.prompt_len, rows * w.T
     flops = 2 * s.trunk_params * (p_tok + c_tok)
     flops += attn_flops(s, p_tok, w.prompt_len / 2) + attn_flops(s, c_tok, w.prompt_len + w.T / 2)
     return flops + (2 * s.head_params * c_tok if head else 0)
 
 
-def update_flops(s: Shape, w: Workload) -> float:
+def update_flops(s: Shape, w: Workload, gpus: int = 1) -> float:
     """epochs x (forward + backward = 3 forwards) of the policy, and of a separate critic's trunk."""
-    critic = forward_flops(s, w, w.batch, head=False) if w.critic == "separate" else 0.0
-    return w.epochs * 3 * (forward_flops(s, w, w.batch) + critic)
+    critic = forward_flops(s, w, w.batch, False, gpus) if w.critic == "separate" else 0.0
+    return w.epochs * 3 * (forward_flops(s, w, w.batch, gpus=gpus) + critic)
 
 
 def kv_cache_bytes(s: Shape, rows: float, ctx: float, bytes_per: int) -> float:
@@ -243,7 +243,7 @@ def memory(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1) -> di
         mem["critic"] = 16 * s.critic_params / gpus  # 4 weights + 4 grads + 8 AdamW
     rows, wt = w.micro(gpus), w.trainer()
     # one micro-batch; with the prompts run once per mini-batch, all of its prompts stay live too
-    prompts = max(1, w.mini_batch or w.batch) / w.group if prompts_once(wt, gpus) else prompt_runs(wt, rows)
+    prompts = max(1, w.mini_batch or w.batch) / w.group if prompts_once(wt, gpus) else prompt_runs(wt, rows, gpus)
     tokens = prompts * w.prompt_len + rows * w.T
     act = activation_bytes(s, tokens, w.trainer_bf16)
     if w.grad_ckpt:  # each layer's fp32 input is kept; one layer's tensors are rebuilt at a time
@@ -298,7 +298,7 @@ def step_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, ef
     """Seconds per phase, named as the loop's timing_s/<phase>. Data parallel over `gpus`."""
     bf16 = w.trainer_bf16
     rate = (dev.bf16_flops if bf16 else dev.fp32_flops) * gpus
-    fwd = lambda wl, head=True: forward_flops(s, wl, w.batch, head) / (rate * efficiency(dev, "forward", bf16, eff))
+    fwd = lambda wl, head=True: forward_flops(s, wl, w.batch, head, gpus) / (rate * efficiency(dev, "forward", bf16, eff))
     t, wt = {"gen": rollout_time(s, w, dev, gpus, eff)}, w.trainer()
     if w.reference:  # the reference is copied before checkpointing is switched on: it shares the prefix
         t["ref"] = fwd(w)
@@ -306,7 +306,7 @@ def step_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, ef
         t["old"] = fwd(wt) + (fwd(wt, head=False) if w.critic == "separate" else 0.0)
     n_mini = max(1, w.batch // (w.mini_batch or w.batch))
     # Checkpointing runs each forward twice: 4 forwards' worth of FLOPs per fwd+bwd instead of 3.
-    update = update_flops(s, wt) * (4 / 3 if w.grad_ckpt else 1) / (rate * efficiency(dev, "update", bf16, eff))
+    update = update_flops(s, wt, gpus) * (4 / 3 if w.grad_ckpt else 1) / (rate * efficiency(dev, "update", bf16, eff))
     if not w.early_old and (w.epochs > 1 or n_mini > 1):  # the trainer recomputes old log-probs itself
         update += fwd(wt)
     # AdamW is memory bound: read param, grad, m, v and write param, m, v = 28 bytes per parameter.
