@@ -90,7 +90,7 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
 def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool, grader: VerifierRunner,
                  reward: Verifier) -> Roles:
     """Every role in this process (dist.topology=colocated, and evaluation)."""
-    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
+    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed, attn=cfg.model.attn_implementation)
     on_device(cfg, loaded.model)  # once, so the copies below are made there
     # The reference is the *starting* policy: copy it before any checkpoint weights are loaded.
     reference = make_reference(cfg, loaded.model) if algo.needs_reference and not for_eval else None
@@ -148,7 +148,7 @@ def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
     """A frozen copy of `model` that gives reference log-probs, in the trainer's precision; with
     algo.teacher (on-policy distillation) the teacher model in its place."""
     if cfg.offload.reference:  # loaded on the host, so no second copy is ever made on the device
-        frozen = load_teacher(cfg) if cfg.algo.teacher else load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed).model
+        frozen = load_teacher(cfg) if cfg.algo.teacher else load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed, attn=cfg.model.attn_implementation).model
     else:
         frozen = on_device(cfg, load_teacher(cfg)) if cfg.algo.teacher else copy.deepcopy(on_device(cfg, model))
     return Reference(frozen, cfg.rollout.temperature, config.derived(cfg).micro_batch_size,

@@ -72,3 +72,31 @@ def test_unreachable_hub_means_offline_mode_and_a_clear_error(monkeypatch):
     with pytest.raises(ModelLoadError, match=r"cannot load model 'someorg/somemodel' \(the hub cannot be reached"):
         load_policy("someorg/somemodel")
     assert constants.HF_HUB_OFFLINE is True
+
+
+def test_attn_implementation_reaches_the_trainer_and_reference_and_computes_the_same():
+    # model.attn_implementation: the trainer's and reference's models run that kernel; eager and sdpa
+    # are the same function (float32, a left-padded row), so the choice is speed, not the policy.
+    from helpers import tiny_cfg
+
+    from rlpost.build import build_roles
+    from rlpost.envs import Task
+
+    roles = build_roles(tiny_cfg("model.attn_implementation=eager", "algo.kl_coef=0.1"), Task([], [], "toy_verifiers:odd_length"))
+    roles.close()
+    assert roles.trainer.model.config._attn_implementation == "eager"
+    assert roles.reference.model.config._attn_implementation == "eager"
+    sdpa, eager = load_policy("tiny").model, load_policy("tiny", attn="eager").model
+    assert sdpa.config._attn_implementation == "sdpa"
+    ids, mask = torch.randint(0, 50, (2, 7)), torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
+    with torch.no_grad():
+        a, b = sdpa(input_ids=ids, attention_mask=mask).logits, eager(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(a[:, 2:], b[:, 2:], atol=1e-5)
+
+
+def test_an_attn_implementation_transformers_refuses_names_the_field():
+    # flash-attn is not installed on these machines (and needs a GPU): a config error, not a traceback
+    from rlpost.types.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.attn_implementation=flash_attention_2"):
+        load_policy("tiny", attn="flash_attention_2")

@@ -32,7 +32,7 @@ class Pushed:
 
 def _policy(cfg, weights: dict | None):
     """The starting policy (seeded), with `weights` loaded when given."""
-    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
+    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed, attn=cfg.model.attn_implementation)
     if weights is not None:
         loaded.model.load_state_dict(weights)
     return loaded

@@ -40,7 +40,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from transformers.utils import logging as hf_logging
 
 from rlpost.console import say, say_once
-from rlpost.types.errors import ModelLoadError
+from rlpost.types.errors import ConfigError, ModelLoadError
 
 # transformers draws a progress bar for every 0.3 s weight load; rlpost has its own progress bar.
 hf_logging.disable_progress_bar()
@@ -205,13 +205,19 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerFast:
     return prepare_tokenizer(tok, source)
 
 
-def load_policy(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Loaded:
+def load_policy(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, attn: str = "sdpa") -> Loaded:
+    """``attn``: transformers' attn_implementation (model.attn_implementation)."""
     source = resolve(spec)
     tok = load_tokenizer(spec)
     if source == "tiny":
         model = tiny_model(len(tok), seed=seed).to(dtype)
     else:
         model = _from_pretrained(AutoModelForCausalLM, source, dtype=dtype)
+    if model.config._attn_implementation != attn:
+        try:
+            model.set_attn_implementation(attn)
+        except (ImportError, ValueError) as e:  # e.g. flash_attention_2 without the flash-attn package or a GPU
+            raise ConfigError(f"model.attn_implementation={attn}: transformers refused it: {e}") from None
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     return Loaded(model=model, tokenizer=tok, source=source)
