@@ -1,7 +1,7 @@
 """How one GRPO step's cost grows with completion length, group size and model size.
 
-    .venv/bin/python benchmarks/scaling.py                    # 6 runs x 2 steps; ~20 min on 2 quiet AVX2 cores
-    .venv/bin/python benchmarks/scaling.py --steps 3 --only length
+    .venv/bin/python benchmarks/scaling.py                    # 9 runs x 2 steps; ~20 min on 2 quiet AVX2 cores, + ~12 for length_to_cap
+    .venv/bin/python benchmarks/scaling.py --steps 3 --only length   # one axis; the others' rows are kept
     .venv/bin/python benchmarks/scaling.py --replan           # today's planner against the recorded runs, no run
 
 One axis at a time around a base of 2 prompts x 8 completions, at most 256 new tokens, on
@@ -12,7 +12,10 @@ step by step", then <answer>...</answer>), so completions run long:
 * group size: rollout.group_size = 4, 8, 16 (embedded 135M, 256 tokens);
 * model size: the embedded SmolLM2-135M and a random-initialised Llama of SmolLM2-360M's shape
   (960 wide, 32 layers, 15 heads / 5 KV heads, 2560 MLP, tied 49152 vocab), 256 tokens, group 8.
-  The random model never says EOS, so its completions always run to the cap.
+  The random model never says EOS, so its completions always run to the cap;
+* completion length to the cap (length_to_cap): 64, 256, 1024 new tokens on a random-initialised
+  model of the embedded shape, which never says EOS either, so the length is the cap (the embedded
+  model stops at ~150-500 tokens whatever the cap).
 
 Each configuration is one `rlpost train` process (the real CLI, precision as the probe picks it,
 no evaluation, no checkpoints); its figures are the median over steps 2..N (step 1 warms up):
@@ -43,18 +46,23 @@ import machine  # benchmarks/machine.py: where the figures came from
 
 HERE = Path(__file__).resolve().parent
 BASE = {"prompts": 2, "group": 8, "tokens": 256, "model": "embedded"}
-AXES = {  # axis: (config key varied, values, x used in the fit)
-    "length": ("tokens", [64, 256, 1024]),
-    "group": ("group", [4, 8, 16]),
-    "model": ("model", ["embedded", "random-360m"]),
+AXES = {  # axis: (config key varied, values, what else differs from BASE)
+    "length": ("tokens", [64, 256, 1024], {}),
+    "group": ("group", [4, 8, 16], {}),
+    "model": ("model", ["embedded", "random-360m"], {}),
+    # The embedded model says EOS long before 1024 tokens; a random-initialised model of the same
+    # shape never does, so every row runs to the cap and the length is what the axis says.
+    "length_to_cap": ("tokens", [64, 256, 1024], {"model": "random-135m"}),
 }
 # SmolLM2-360M's shape (its config.json on the HF hub), for the random-initialised model.
 SHAPE_360M = dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
                   num_key_value_heads=5, head_dim=64)
+RANDOM = {"random-360m": SHAPE_360M, "random-135m": {}}  # {}: the embedded model's own shape
 
 
-def random_360m(folder: Path) -> Path:
-    """A transformers folder with a random-initialised 360M-shaped Llama and the embedded tokenizer."""
+def random_model(folder: Path, shape: dict) -> Path:
+    """A transformers folder with a random-initialised Llama of the embedded config updated by
+    ``shape``, and the embedded tokenizer."""
     if (folder / "model.safetensors").exists():
         return folder
     import torch
@@ -63,14 +71,15 @@ def random_360m(folder: Path) -> Path:
     from rlpost.model.load import embedded_model_dir, load_tokenizer, save_model
 
     base = json.loads((embedded_model_dir() / "config.json").read_text())
-    cfg = LlamaConfig(**{**{k: v for k, v in base.items() if not k.startswith("_")}, **SHAPE_360M})
+    cfg = LlamaConfig(**{**{k: v for k, v in base.items() if not k.startswith("_")}, **shape})
     torch.manual_seed(0)
     save_model(LlamaForCausalLM(cfg), load_tokenizer("embedded"), folder)
     return folder
 
 
 def overrides(c: dict, steps: int, out: Path, name: str) -> list[str]:
-    model = str(random_360m(HERE / ".cache" / "llama-360m-random")) if c["model"] == "random-360m" else c["model"]
+    m = c["model"]
+    model = str(random_model(HERE / ".cache" / f"llama-{m.split('-')[1]}-random", RANDOM[m])) if m in RANDOM else m
     return [f"model.name={model}", "task.name=gym", "task.n_heldout=1", "task.n_train=200",
             f"rollout.prompts_per_step={c['prompts']}", f"rollout.group_size={c['group']}",
             f"rollout.max_new_tokens={c['tokens']}", f"run.steps={steps}", "run.eval_every=0",
@@ -135,7 +144,7 @@ def report(results: dict, steps: int) -> str:
                 for k in ("step_s", "gen_s", "update_s")}
         lines += ["", "exponent b of time ~ x^b, measured (planner): " +
                   ", ".join(f"{k[:-2]} {m:.2f} ({p:.2f})" for k, (m, p) in fits.items())]
-        if axis == "length":  # per completion token: flat if decode cost did not grow with the context
+        if axis.startswith("length"):  # per completion token: flat if decode cost did not grow with the context
             per_tok = [1e3 * r["gen_s"] / r["gen_tokens"] for r in rows]
             lines.append("generation ms per completion token: " + ", ".join(f"{p:.1f}" for p in per_tok) +
                          f" (exponent against mean completion length {exponent([r['mean_len'] for r in rows], per_tok):.2f})")
@@ -147,7 +156,9 @@ def replan(prompt_len: int | None) -> None:
     """Measured / predicted generation time of every recorded row, with today's planner on this CPU."""
     from rlpost.observe import planner
 
-    dev = planner.probed_cpu()
+    from rlpost.model import precision
+
+    dev, bf16 = planner.probed_cpu(), precision.choose().bf16
     wide = planner.Shape(layers=SHAPE_360M["num_hidden_layers"], hidden=SHAPE_360M["hidden_size"],
                          intermediate=SHAPE_360M["intermediate_size"], heads=SHAPE_360M["num_attention_heads"],
                          kv_heads=SHAPE_360M["num_key_value_heads"], vocab=planner.EMBEDDED.vocab, tied=True,
@@ -161,8 +172,8 @@ def replan(prompt_len: int | None) -> None:
                 raise SystemExit(f"--replan: the {axis} row {r[AXES[axis][0]]} has no prompt length: give --prompt-len")
             w = planner.Workload(prompts=r["prompts"], group=r["group"], prompt_len=math.ceil(p), new_tokens=r["tokens"],
                                  response_len=math.ceil(r["max_len"]), mean_response_len=r["mean_len"],
-                                 sampler_bf16=False, trainer_bf16=False)  # what the probe picks on this kind: the runs' dtype
-            pred = planner.rollout_time(planner.EMBEDDED if r["model"] == "embedded" else wide, w, dev)
+                                 sampler_bf16=bf16, trainer_bf16=bf16)  # what the probe picks on this kind: the runs' dtype
+            pred = planner.rollout_time(wide if r["model"] == "random-360m" else planner.EMBEDDED, w, dev)
             print(f"| {axis} | {r[AXES[axis][0]]} | {r['gen_s']:.1f} | {pred:.1f} | {r['gen_s'] / pred:.2f} |")
 
 
@@ -177,15 +188,18 @@ def main() -> None:
         return replan(args.prompt_len)
     header, done, results = machine.Header(), {}, {}
     for axis in args.only or list(AXES):
-        key, values = AXES[axis]
+        key, values, other = AXES[axis]
         results[axis] = []
         for v in values:
-            c = {**BASE, key: v}
+            c = {**BASE, **other, key: v}
             tag = json.dumps(c, sort_keys=True)
             if tag not in done:  # the base configuration serves all three axes
                 print(f"{axis}: {key}={v} ...", flush=True)
                 done[tag] = run_one(c, args.steps)
             results[axis].append(done[tag])
+    old = machine.RESULTS / f"scaling-{machine.isa_tag()}.json"
+    if args.only and old.exists():  # one axis run again: the others keep their recorded rows
+        results = {**{k: v for k, v in json.loads(old.read_text()).items() if k in AXES}, **results}
     text = report(results, args.steps)
     print(text)
     machine.write_results("scaling", results, header, text)
