@@ -2,6 +2,7 @@
 behind the planner's `gen` phase (observe/planner.py, docs/planner.md).
 
     .venv/bin/python benchmarks/decode_cost.py            # rows 8, 32, 128 (groups of 8), 32 new tokens, ~2 min on AVX2
+    .venv/bin/python benchmarks/decode_cost.py --context 190 382 1150   # attention alone by context, 16 rows, ~10 s
 
 The embedded model, the demo's prompts, the sampler dtype rlpost's probe picks on this machine, and
 EOS switched off so every row decodes every step (the planner's live rows are then all rows; how
@@ -22,7 +23,9 @@ part on its own with the loop's own weights and code at the same rows:
   the rest  = step - those three: norms, RoPE, KV cache writes, residual adds, SiLU, embedding,
               Python.
 Each part gets its own line against rows, so the overhead splits into its causes.
-Writes benchmarks/results/decode_cost-<isa>.{json,md}.
+Writes benchmarks/results/decode_cost-<isa>.{json,md}. With ``--context``, only the attention part,
+at ``--attention-rows`` rows over each context length (what scaling.py's long completions pay per
+step beyond the weights), against the bytes of K and V it reads; writes decode_attention-<isa>.
 """
 
 from __future__ import annotations
@@ -75,17 +78,35 @@ def parts(fast: FastRollout, rows: int, ctx: int) -> dict[str, float]:
             "sampling_s": machine.median_s(lambda: fast._draw(logits, 0.7, 1.0))}
 
 
+def attention_by_context(fast: FastRollout, rows: int, contexts: list[int], header) -> None:
+    """A decode step's attention in every layer at each context length, and the K/V bytes it reads."""
+    lines = [f"`_attend` in all {len(fast.layers)} layers at {rows} rows, {fast.dtype}, median of 5 after a warm-up:", "",
+             "| context | ms per step | K and V read, MB | GB/s |", "|---|---|---|---|"]
+    out = []
+    for ctx in contexts:
+        ms = 1e3 * parts(fast, rows, ctx)["attention_s"]
+        mb = 2 * len(fast.layers) * rows * fast.nkv * fast.hd * ctx * fast.dtype.itemsize / 1e6
+        out.append({"context": ctx, "rows": rows, "attention_ms": ms, "kv_mb": mb})
+        lines.append(f"| {ctx} | {ms:.1f} | {mb:.0f} | {mb / ms:.1f} |")
+    print("\n".join(lines))
+    machine.write_results("decode_attention", out, header, "\n".join(lines) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[8, 32, 128], help="batch rows, multiples of 8")
     ap.add_argument("--new", type=int, default=32, help="new tokens per row")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--context", type=int, nargs="+", help="only the attention, at these context lengths")
+    ap.add_argument("--attention-rows", type=int, default=16, help="--context: rows (scaling.py's 2 x 8)")
     a = ap.parse_args()
     header = machine.Header()
     choice = precision.choose()
     dtype = torch.bfloat16 if choice.bf16 else torch.float32
     loaded = load_policy("embedded")
     fast = FastRollout(loaded.model, loaded.tokenizer, dtype)
+    if a.context:
+        return attention_by_context(fast, a.attention_rows, a.context, header)
     fast.hf.eos_ids = torch.tensor([-1])  # no token ends a row: every row decodes every step
     prompts = build_task(config.load(None, [])).train
     encs = {b: fast.hf.encode(prompts[: b // GROUP]) for b in a.rows}

@@ -197,10 +197,12 @@ def main() -> None:
                 print(f"{axis}: {key}={v} ...", flush=True)
                 done[tag] = run_one(c, args.steps)
             results[axis].append(done[tag])
-    old = machine.RESULTS / f"scaling-{machine.isa_tag()}.json"
-    if args.only and old.exists():  # one axis run again: the others keep their recorded rows
-        results = {**{k: v for k, v in json.loads(old.read_text()).items() if k in AXES}, **results}
-    text = report(results, args.steps)
+    old, kept = machine.RESULTS / f"scaling-{machine.isa_tag()}.json", ""
+    if args.only and old.exists():  # one axis run again: the others keep their recorded rows, and say whence
+        before = {k: v for k, v in json.loads(old.read_text()).items() if k in AXES and k not in results}
+        results, first = {**before, **results}, old.with_suffix(".md").read_text().splitlines()[0]
+        kept = f"The {', '.join(before)} rows are kept from the run before, whose header was: {first}\n\n" if before else ""
+    text = kept + report(results, args.steps)
     print(text)
     machine.write_results("scaling", results, header, text)
 
