@@ -26,12 +26,21 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+CAPS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # the instruction-set caps that mimic the AVX2 kind
+
+
+def caps() -> str:
+    """The caps in force, as the command line that set them ('' when none)."""
+    return " ".join(f"{k}={os.environ[k]}" for k in CAPS if k in os.environ)
+
+
 def isa_tag() -> str:
-    """This CPU's kind as torch sees it under any caps in force: 'avx2', 'avx512', ... (results
-    files are named by it, so each kind's figures stay side by side)."""
+    """This CPU's kind as torch sees it under any caps in force: 'avx2', 'avx512', ..., with 'cap'
+    after it when the kind comes from a cap (results files are named by it, so each kind's
+    figures, and a capped machine's beside a real one's, stay side by side)."""
     import torch
 
-    return torch.backends.cpu.get_cpu_capability().lower()
+    return torch.backends.cpu.get_cpu_capability().lower() + ("cap" if caps() else "")
 
 
 def load() -> str:
@@ -50,7 +59,7 @@ class Header:
         from rlpost.model import precision
 
         c = precision.choose()
-        cmd = " ".join([".venv/bin/python", os.path.relpath(sys.argv[0], Path.cwd()), *sys.argv[1:]])
+        cmd = " ".join([*filter(None, [caps()]), ".venv/bin/python", os.path.relpath(sys.argv[0], Path.cwd()), *sys.argv[1:]])
         return (f"`{cmd}`, {self.start} to {time.strftime('%H:%M')}; {cpu_name()}, {os.cpu_count()} cores, "
                 f"torch {torch.__version__} ({c.probe.isa}); load average (1, 5, 15 min) {self.load_before} before, "
                 f"{load()} after; precision: {'bf16' if c.bf16 else 'float32'} ({c.reason}).\n\n")
