@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/vs_trl.py                   # 2 rounds x (TRL, rlpost) x 6 steps, + the generate comparison
     .venv/bin/python benchmarks/vs_trl.py --rounds 1 --steps 3
+    .venv/bin/python benchmarks/vs_trl.py --spincount 300000  # both children spin ~3 ms (a machine of one's own)
 
 TRL is installed only for this benchmark, into benchmarks/.trl (pip --no-deps --target: its
 dependencies, transformers, accelerate and datasets, are rlpost's own), and imported only by the
@@ -272,6 +273,8 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=GROUP)
     ap.add_argument("--max-new", type=int, default=MAX_NEW)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="child rlpost: an extra override")
+    ap.add_argument("--spincount", default=SAME_WAIT["GOMP_SPINCOUNT"],
+                    help="GOMP_SPINCOUNT for both children (default: rlpost's own); another value writes vs_trl-spinN")
     ap.add_argument("--child", choices=["trl", "rlpost", "generate"])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -280,17 +283,19 @@ def main() -> None:
         return
     ensure_trl()
     header, shape = machine.Header(), (args.prompts, args.group, args.max_new)
+    wait = {**SAME_WAIT, "GOMP_SPINCOUNT": args.spincount}
     runs: dict[str, list] = {"trl": [], "rlpost": []}
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
         for kind in (["trl", "rlpost"] if r % 2 == 0 else ["rlpost", "trl"]):
-            runs[kind].append(spawn(kind, args.steps, args.seed + r, shape, SAME_WAIT))
-    gen = spawn("generate", args.gen_reps, args.seed, shape, SAME_WAIT)
+            runs[kind].append(spawn(kind, args.steps, args.seed + r, shape, wait))
+    gen = spawn("generate", args.gen_reps, args.seed, shape, wait)
     gen.pop("peak_rss_gb"), gen.pop("wall_s")
     trl, ours = summarise(runs["trl"]), summarise(runs["rlpost"])
     text = report(trl, ours, gen, args)
     print(text)
-    machine.write_results("vs_trl", {"trl": trl, "rlpost": ours, "generate": gen, "runs": runs}, header, text)
+    name = "vs_trl" if wait == SAME_WAIT else f"vs_trl-spin{args.spincount}"
+    machine.write_results(name, {"trl": trl, "rlpost": ours, "generate": gen, "runs": runs}, header, text)
 
 
 if __name__ == "__main__":
