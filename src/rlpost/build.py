@@ -32,7 +32,7 @@ from rlpost import algorithms, config
 from rlpost.console import say, say_once
 from rlpost.envs import Task, verifier_timeout
 from rlpost.model import device, lora, precision
-from rlpost.model.load import load_policy, load_tokenizer, resolve
+from rlpost.model.load import load_policy, load_policy_for, load_tokenizer, resolve
 from rlpost.rewards.judge import Judge
 from rlpost.rewards.prm import ProcessRewardModel, StepRewards
 from rlpost.rewards.reward_model import load_reward_model
@@ -90,7 +90,7 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
 def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool, grader: VerifierRunner,
                  reward: Verifier) -> Roles:
     """Every role in this process (dist.topology=colocated, and evaluation)."""
-    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed, attn=cfg.model.attn_implementation)
+    loaded = load_policy_for(cfg)
     on_device(cfg, loaded.model)  # once, so the copies below are made there
     # The reference is the *starting* policy: copy it before any checkpoint weights are loaded.
     reference = make_reference(cfg, loaded.model) if algo.needs_reference and not for_eval else None
@@ -148,7 +148,7 @@ def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
     """A frozen copy of `model` that gives reference log-probs, in the trainer's precision; with
     algo.teacher (on-policy distillation) the teacher model in its place."""
     if cfg.offload.reference:  # loaded on the host, so no second copy is ever made on the device
-        frozen = load_teacher(cfg) if cfg.algo.teacher else load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed, attn=cfg.model.attn_implementation).model
+        frozen = load_teacher(cfg) if cfg.algo.teacher else load_policy_for(cfg).model
     else:
         frozen = on_device(cfg, load_teacher(cfg)) if cfg.algo.teacher else copy.deepcopy(on_device(cfg, model))
     return Reference(frozen, cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
@@ -254,5 +254,5 @@ def _remote_roles(cfg: config.Config, algo, weights: dict | None, stream, rollou
         raise ConfigError(f"dist.topology: {cfg.dist.topology} runs on Ray ({e}); pip install 'rlpost[dist]'") from None
     rollout, trainer = topology.place(cfg, weights, make_rollout, make_trainer, stream, rollout_worker, say)
     # The reference is the starting policy, so a fresh load is it (checkpoint weights never go in).
-    reference = make_reference(cfg, load_policy(cfg.model.name, seed=cfg.run.seed).model) if algo.needs_reference else None
+    reference = make_reference(cfg, load_policy_for(cfg).model) if algo.needs_reference else None
     return Roles(rollout, reward, reference, algo, trainer, grader=grader)

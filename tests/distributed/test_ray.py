@@ -172,6 +172,15 @@ def test_topology_settings_are_checked():
         algorithms.check(tiny_cfg("dist.topology=async", "dist.trainer_ranks=2", "algo.name=ppo"))
 
 
+def test_the_driver_side_reference_of_a_ray_topology_has_the_configured_attention():
+    # The reference is loaded afresh in the driver under a Ray topology (build._remote_roles), not copied
+    # from the policy: it must get model.attn_implementation as the colocated one does (test_load.py).
+    roles = build_roles(tiny_cfg("model.attn_implementation=eager", "algo.kl_coef=0.1", "dist.topology=async"),
+                        Task([], [], "toy_verifiers:odd_length"))
+    roles.close()
+    assert roles.reference.model.config._attn_implementation == "eager"
+
+
 def test_checkpoints_of_a_remote_trainer_hold_the_float32_master_weights():
     # The sampler gets a bf16 copy through the object store; a checkpoint must not (a resumed
     # trainer would lose its master weights' precision).

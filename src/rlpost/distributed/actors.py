@@ -19,7 +19,7 @@ import torch
 
 from rlpost.distributed import sync
 from rlpost.model import device, heap, precision
-from rlpost.model.load import load_policy
+from rlpost.model.load import load_policy_for
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Pushed:
 
 def _policy(cfg, weights: dict | None):
     """The starting policy (seeded), with `weights` loaded when given."""
-    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed, attn=cfg.model.attn_implementation)
+    loaded = load_policy_for(cfg)
     if weights is not None:
         loaded.model.load_state_dict(weights)
     return loaded

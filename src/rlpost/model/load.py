@@ -39,6 +39,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
+from rlpost import config
 from rlpost.console import say, say_once
 from rlpost.types.errors import ConfigError, ModelLoadError
 
@@ -221,6 +222,12 @@ def load_policy(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, at
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     return Loaded(model=model, tokenizer=tok, source=source)
+
+
+def load_policy_for(cfg: config.Config) -> Loaded:
+    """The run's starting policy, as every role that trains or copies it loads it: model.name in
+    float32 (the master weights), seeded by run.seed, with model.attn_implementation."""
+    return load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed, attn=cfg.model.attn_implementation)
 
 
 # For base models that ship no chat template: plain role labels, the completion closed by EOS (as

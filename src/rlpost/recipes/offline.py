@@ -39,7 +39,7 @@ from rlpost.console import say
 from rlpost.envs import build_task, data
 from rlpost.model import encode, lora, precision
 from rlpost.model.checkpoint import write_atomic
-from rlpost.model.load import load_policy, save_model
+from rlpost.model.load import load_policy_for, save_model
 from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
 from rlpost.roles.trainer import Trainer
@@ -109,7 +109,7 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
     rows, heldout, skipped = load_rows(cfg, kind)
     if skipped:
         say(f"skipped {skipped} malformed rows (pref.on_bad_row=skip)")
-    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed, attn=cfg.model.attn_implementation)
+    loaded = load_policy_for(cfg)
     build.on_device(cfg, loaded.model)  # run.device (resolved above); the roles move each batch to it
     tok = loaded.tokenizer
     enc = (lambda rs: encode.encode_sft(tok, rs, p.max_len)) if kind == "sft" else (lambda rs: encode.encode_pairs(tok, rs, p.max_len))
