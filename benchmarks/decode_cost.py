@@ -65,6 +65,13 @@ def parts(fast: FastRollout, rows: int, ctx: int) -> dict[str, float]:
             L.qkv(x), L.o(x), L.gate_up(x), L.down(xi)
         fast.lm_head(x)
 
+    logits = torch.randn(rows, fast.lm_head.weight.shape[0])
+    return {"matmul_s": machine.median_s(matmuls), "attention_s": attention_s(fast, rows, ctx),
+            "sampling_s": machine.median_s(lambda: fast._draw(logits, 0.7, 1.0))}
+
+
+def attention_s(fast: FastRollout, rows: int, ctx: int) -> float:
+    """Seconds per decode step in `_attend`, every layer, at ``rows`` rows over ``ctx`` cached tokens."""
     q = torch.randn(rows, fast.nh, 1, fast.hd, dtype=fast.dtype)
     kt = torch.randn(rows, fast.nkv, fast.hd, ctx, dtype=fast.dtype)
     v, kmask = torch.randn(rows, fast.nkv, ctx, fast.hd, dtype=fast.dtype), torch.ones(rows, 1, 1, ctx, dtype=torch.bool)
@@ -73,9 +80,7 @@ def parts(fast: FastRollout, rows: int, ctx: int) -> dict[str, float]:
         for _ in fast.layers:
             fast._attend(q, kt, v, kmask)
 
-    logits = torch.randn(rows, fast.lm_head.weight.shape[0])
-    return {"matmul_s": machine.median_s(matmuls), "attention_s": machine.median_s(attention),
-            "sampling_s": machine.median_s(lambda: fast._draw(logits, 0.7, 1.0))}
+    return machine.median_s(attention)
 
 
 def attention_by_context(fast: FastRollout, rows: int, contexts: list[int], header) -> None:
@@ -84,7 +89,7 @@ def attention_by_context(fast: FastRollout, rows: int, contexts: list[int], head
              "| context | ms per step | K and V read, MB | GB/s |", "|---|---|---|---|"]
     out = []
     for ctx in contexts:
-        ms = 1e3 * parts(fast, rows, ctx)["attention_s"]
+        ms = 1e3 * attention_s(fast, rows, ctx)
         mb = 2 * len(fast.layers) * rows * fast.nkv * fast.hd * ctx * fast.dtype.itemsize / 1e6
         out.append({"context": ctx, "rows": rows, "attention_ms": ms, "kv_mb": mb})
         lines.append(f"| {ctx} | {ms:.1f} | {mb:.0f} | {mb / ms:.1f} |")
