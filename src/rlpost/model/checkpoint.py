@@ -148,10 +148,21 @@ def candidates(run_dir: Path) -> list[Path]:
 
 def load(ckpt: Path) -> tuple[dict, dict, dict]:
     """(model_state, trainer_state, state) of one checkpoint, unverified."""
-    model_state = load_file(ckpt / "model.safetensors")
-    trainer_state = torch.load(ckpt / "trainer.pt", map_location=device.CPU, weights_only=False)
+    model_state = load_weights(ckpt)
+    trainer_state = load_trainer_state(ckpt)
     state = torch.load(ckpt / "state.pt", map_location=device.CPU, weights_only=False)
     return model_state, trainer_state, state
+
+
+def load_weights(ckpt: Path) -> dict:
+    """The policy's weights alone (what an export writes), unverified: not the trainer state,
+    whose optimizer moments are twice the weights' size."""
+    return load_file(ckpt / "model.safetensors")
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    """The trainer's state (optimizer, LoRA adapters, critic), unverified."""
+    return torch.load(ckpt / "trainer.pt", map_location=device.CPU, weights_only=False)
 
 
 def newest_intact(run_dir: Path) -> Path | None:

@@ -52,14 +52,13 @@ def write_model(run_dir: Path, cfg: config.Config, step: int | None = None, out:
     if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model (and LoRA adapter) folder is final
         return _copy_final(run_dir, out, "model" if merge_lora else "adapter")
     out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter") + ("" if step is None else f"_step_{step}"))
-    weights, trainer_state, _ = checkpoint.load(ckpt)
     loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
-    if merge_lora:
-        loaded.model.load_state_dict(weights)
+    if merge_lora:  # the checkpoint's weights alone: its optimizer moments would double the memory this needs
+        loaded.model.load_state_dict(checkpoint.load_weights(ckpt))
         return save_model(loaded.model, loaded.tokenizer, out)
     # The adapters on the run's base: the same wrap as the trainer's, then its saved adapter tensors.
     peft_model = lora.wrap(loaded.model, cfg.model, cfg.run.seed)
-    missing = peft_model.load_state_dict(trainer_state["lora"], strict=False)
+    missing = peft_model.load_state_dict(checkpoint.load_trainer_state(ckpt)["lora"], strict=False)
     assert not missing.unexpected_keys, missing.unexpected_keys
     return lora.save_adapter(peft_model, loaded.tokenizer, out)
 

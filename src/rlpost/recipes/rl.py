@@ -9,6 +9,7 @@ field of ``Rollouts`` is set in view here. Wall-clock per role goes into ``timin
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import time
@@ -57,6 +58,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         heldout = task.heldout[: cfg.run.eval_n or None]
         torch.manual_seed(cfg.run.seed)  # after building: loading a model may draw from the RNG
         start = resume_state(roles, stream, trainer_state, state) if resume else 0
+        weights = trainer_state = None  # copied into the roles: a resumed run would carry a second set of weights to its end
         sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before step 1
         log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks)
         before = state.get("heldout_before")  # a resumed run's, from its checkpoint
@@ -107,11 +109,21 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         roles.close()  # verifier workers, Ray actors and the sandboxes they run: stopped however we leave
         if log is not None:
             log.close()
+    roles = batch = None  # their memory goes before the export loads a model and a checkpoint (finish)
+    gc.collect()
+    return finish(run_dir, cfg, log, guard, before, after, len(heldout), task, elapsed())
+
+
+def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, before: float, after: float,
+           heldout_n: int, task: Task, minutes: float) -> dict:
+    """RUN/model, summary.json, the closing table and the report, after the training roles are gone:
+    with their weights, gradients and optimizer moments still held, the export (a model and a
+    checkpoint loaded) made the run's memory peak (tests/recipes/test_run_memory.py)."""
     model_dir, selected = write_selected_model(run_dir, cfg, guard.select(after))  # a checkpoint as a transformers folder: RUN/model
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
-    summary = log.summary(before, after, elapsed(), {"run_dir": str(run_dir), "heldout_n": len(heldout), "model": str(model_dir),
-                                                     "peak_rss_gb": round(peak_rss_gb, 2), **device.max_memory_allocated_gb(),
-                                                     "skipped_rows": task.skipped_rows, **selected, **by_task_summary(run_dir / "samples")})
+    summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": heldout_n, "model": str(model_dir),
+                                                   "peak_rss_gb": round(peak_rss_gb, 2), **device.max_memory_allocated_gb(),
+                                                   "skipped_rows": task.skipped_rows, **selected, **by_task_summary(run_dir / "samples")})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     return summary
