@@ -31,6 +31,28 @@ def test_greedy_matches_generate_token_for_token(tiny):
     assert a.completions == b.completions
 
 
+def test_rope_and_decode_scores_are_transformers_bit_for_bit_in_bf16(tiny):
+    # The loop turns q and k with roll(x) * (sin, first half negated) and adds a 0/-inf mask to
+    # the scores; transformers' rotate_half(x) * sin and eager's masked_fill must give the same bits.
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    fast = FastRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 500, (4, 3), generator=g)
+    cos, sin = fast.rotary(fast.embed[:1], pos)  # (4, 3, hd), the loop's dtype
+    q = torch.randn(4, 2, 3, fast.hd, generator=g).bfloat16()
+    k = torch.randn(4, 1, 3, fast.hd, generator=g).bfloat16()
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)  # (b, heads, s, hd)
+    got = fast._rope(torch.cat([q, k], 1).transpose(1, 2), *fast._cos_sin(pos))  # (b, s, heads, hd)
+    assert torch.equal(got.transpose(1, 2), torch.cat([want_q, want_k], 1))
+
+    scores = torch.randn(4, 1, 2, 7, generator=g).bfloat16()
+    keep = torch.rand(4, 1, 1, 7, generator=g) > 0.3
+    eager = (scores.float() * fast.hd**-0.5).masked_fill(~keep, float("-inf"))
+    additive = torch.zeros(4, 1, 1, 7).masked_fill(~keep, float("-inf"))
+    assert torch.equal(torch.add(additive, scores, alpha=fast.hd**-0.5), eager)
+
+
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
 def test_sampler_logp_match_trainer_with_groups_and_finished_rows_leaving(tiny, top_p):
     _, fast = pair(tiny)
