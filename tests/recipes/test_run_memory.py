@@ -4,7 +4,6 @@ resumed run does not carry the checkpoint it started from. In vs_trl.py's config
 the roles through the export made the export the run's memory peak: 5.7 GiB against 4.6 during the
 steps (benchmarks/README.md)."""
 
-import gc
 import weakref
 
 import torch
@@ -61,8 +60,7 @@ def test_a_resumed_run_does_not_keep_the_checkpoint_it_loaded(tmp_path, monkeypa
     monkeypatch.setattr(rl, "resume_point", tracked)
     freed = []
 
-    def after_step(step):
-        gc.collect()
+    def after_step(step):  # by reference counting alone: no gc.collect (175 ms a call in a process this size)
         freed.append(sum(ref() is None for ref in loaded))
 
     train(tiny_cfg("run.steps=2", "run.checkpoint_every=1"), run, resume=True, on_step_end=after_step)

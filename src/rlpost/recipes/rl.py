@@ -9,7 +9,6 @@ field of ``Rollouts`` is set in view here. Wall-clock per role goes into ``timin
 
 from __future__ import annotations
 
-import gc
 import os
 import resource
 import time
@@ -110,7 +109,6 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         if log is not None:
             log.close()
     roles = batch = None  # their memory goes before the export loads a model and a checkpoint (finish)
-    gc.collect()
     return finish(run_dir, cfg, log, guard, before, after, len(heldout), task, elapsed())
 
 
