@@ -74,7 +74,8 @@ def attention_s(fast: FastRollout, rows: int, ctx: int) -> float:
     """Seconds per decode step in `_attend`, every layer, at ``rows`` rows over ``ctx`` cached tokens."""
     q = torch.randn(rows, fast.nh, 1, fast.hd, dtype=fast.dtype)
     kt = torch.randn(rows, fast.nkv, fast.hd, ctx, dtype=fast.dtype)
-    v, kmask = torch.randn(rows, fast.nkv, ctx, fast.hd, dtype=fast.dtype), torch.ones(rows, 1, 1, ctx, dtype=torch.bool)
+    v = torch.randn(rows, fast.nkv, ctx, fast.hd, dtype=fast.dtype)
+    kmask = torch.zeros(rows, 1, 1, ctx)  # a decode step's additive mask (FastRollout._attend): every slot seen
 
     def attention():
         for _ in fast.layers:

@@ -46,11 +46,18 @@ def test_rope_and_decode_scores_are_transformers_bit_for_bit_in_bf16(tiny):
     got = fast._rope(torch.cat([q, k], 1).transpose(1, 2), *fast._cos_sin(pos))  # (b, s, heads, hd)
     assert torch.equal(got.transpose(1, 2), torch.cat([want_q, want_k], 1))
 
-    scores = torch.randn(4, 1, 2, 7, generator=g).bfloat16()
-    keep = torch.rand(4, 1, 1, 7, generator=g) > 0.3
-    eager = (scores.float() * fast.hd**-0.5).masked_fill(~keep, float("-inf"))
-    additive = torch.zeros(4, 1, 1, 7).masked_fill(~keep, float("-inf"))
-    assert torch.equal(torch.add(additive, scores, alpha=fast.hd**-0.5), eager)
+    # A decode step's attention (_attend at s = 1) against eager's: float32 scores * scale, masked, softmax.
+    L, g_ = 7, fast.nh // fast.nkv
+    q = torch.randn(4, fast.nh, 1, fast.hd, generator=g).bfloat16()
+    kt = torch.randn(4, fast.nkv, fast.hd, L, generator=g).bfloat16()
+    v = torch.randn(4, fast.nkv, L, fast.hd, generator=g).bfloat16()
+    keep = torch.rand(4, 1, 1, L, generator=g) > 0.3
+    keep[..., -1] = True  # the token being decoded always sees itself
+    scores = (q.view(4, fast.nkv, g_, fast.hd) @ kt).float() * fast.hd**-0.5
+    probs = scores.masked_fill(~keep, float("-inf")).softmax(-1).to(v.dtype)
+    eager = (probs @ v).view(4, fast.nh, 1, fast.hd)
+    additive = torch.zeros(4, 1, 1, L).masked_fill(~keep, float("-inf"))
+    assert torch.equal(fast._attend(q, kt, v, additive), eager)
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
