@@ -1,6 +1,7 @@
 """The shared-prefix forward equals the plain forward, in values and in gradients."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -22,6 +23,22 @@ def test_shared_prefix_equals_full_forward(tiny, batch):
     m = batch.completion_mask
     assert torch.allclose(lp_full[m], lp_shared[m], atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_full, g_shared))
+
+
+def test_the_kv_cache_goes_by_the_installed_transformers_name(tiny, batch):
+    # transformers 5.24 renamed past_key_values (argument and output field) to cache: the old name
+    # warned on every run and goes in 5.40, while rlpost admits transformers 5.0 to 5.x.
+    import inspect
+
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from rlpost.model.logprobs import CACHE_KW
+
+    assert CACHE_KW in CausalLMOutputWithPast.__dataclass_fields__
+    assert CACHE_KW in inspect.signature(type(tiny.model.get_decoder()).forward).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the deprecated name, passed
+        completion_logprobs(tiny.model, batch, 0.9, share_prefix=True)
 
 
 def test_groups_cut_by_a_micro_batch_still_share(tiny, batch):

@@ -10,7 +10,7 @@ from helpers import make_batch, tcfg, tiny_cfg
 from rlpost import algorithms
 from rlpost.algorithms import ALGORITHMS, core
 from rlpost.algorithms.grpo import GRPO
-from rlpost.model.logprobs import completion_logprobs
+from rlpost.model.logprobs import CACHE_KW, completion_logprobs
 from rlpost.model.lora import wrap as lora_wrap
 from rlpost.roles.critic import Critic
 from rlpost.roles.trainer import Trainer, lr_lambda
@@ -488,7 +488,7 @@ def test_prompts_run_once_per_mini_batch_only_where_they_fit(tiny):
         assert (4 * P <= micro * (P + T)) == once
         tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
         calls = []  # (rows, columns, on a cache) of each forward
-        hook = lambda m, a, kw, out: calls.append((*kw["input_ids"].shape, kw.get("past_key_values") is not None))
+        hook = lambda m, a, kw, out: calls.append((*kw["input_ids"].shape, kw.get(CACHE_KW) is not None))
         tr.model.get_decoder().register_forward_hook(hook, with_kwargs=True)
         tr._accumulate(copy.deepcopy(batch), algo.loss)
         fresh = [c for c in calls if not c[2]]  # forwards that start from the prompt

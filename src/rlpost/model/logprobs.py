@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from rlpost.types.batch import Rollouts
 
@@ -249,18 +250,24 @@ def completion_states(module, batch: Rollouts, share_prefix: bool, run, prefix: 
     return _full(module, batch, run)
 
 
+# transformers 5.24 renamed the KV cache's argument and output field from ``past_key_values`` to
+# ``cache``; the old name warns on every run and goes in 5.40, and ``transformers>=5.0,<6`` admits
+# both sides of the rename. The output classes say which side this install is on.
+CACHE_KW = "cache" if "cache" in getattr(BaseModelOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
+
+
 def _causal_lm(model, keep: int, **kw):
     """(logits of the last `keep` positions, cache). logits_to_keep skips the lm_head (a
     576 x 49152 matmul per token) on positions we do not score."""
     out = model(logits_to_keep=keep, **kw)
-    return out.logits, out.past_key_values
+    return out.logits, getattr(out, CACHE_KW)
 
 
 def _backbone(decoder, keep: int, **kw):
     """(final hidden states of the last `keep` positions (0 = all), cache)."""
     out = decoder(**kw)
     h = out.last_hidden_state
-    return (h[:, -keep:] if keep else h), out.past_key_values
+    return (h[:, -keep:] if keep else h), getattr(out, CACHE_KW)
 
 
 def checkpointing(model) -> bool:
@@ -319,7 +326,7 @@ def _completions(module, batch: Rollouts, first_states: Tensor, cache, run) -> T
     attn = batch.attention_mask()[:, :-1]  # (B, P+T-1)
     pos = position_ids(attn)[:, -(T - 1):]  # (B, T-1): positions continue after each prompt
     states, _ = run(module, 0, input_ids=batch.completion_ids[:, :-1], attention_mask=attn, position_ids=pos,
-                    past_key_values=cache, use_cache=True)
+                    use_cache=True, **{CACHE_KW: cache})
     return torch.cat([first_states, states], dim=1)  # (B, T, D)
 
 
