@@ -154,7 +154,7 @@ def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
     return Reference(frozen, cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
                      precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix,
                      dtype=precision.DTYPES[cfg.trainer.param_dtype], offload=cfg.offload.reference,
-                     on=device.resolve(cfg.run.device))
+                     on=device.resolve(cfg.run.device), forward=cfg.trainer.forward)
 
 
 def make_process_reward(cfg: config.Config) -> StepRewards:

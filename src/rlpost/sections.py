@@ -30,7 +30,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, about 30% more update time"""
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"] = "auto"
-    """the trainer's and the reference's attention kernel, transformers' attn_implementation (the sampler's own loop has its own): auto = transformers' choice (sdpa where the model supports it), sdpa = torch's scaled_dot_product_attention, eager = plain matmuls and softmax, flash_attention_2/3 = the flash-attn packages on a GPU; on CPU, eager measured the same as sdpa within noise (benchmarks/README.md, levers)"""
+    """the attention kernel of transformers' forward for the trainer and the reference (trainer.forward=hf, or where the packed trunk does not apply; the sampler's own loop and the packed trunk have their own): auto = transformers' choice (sdpa where the model supports it), sdpa = torch's scaled_dot_product_attention, eager = plain matmuls and softmax, flash_attention_2/3 = the flash-attn packages on a GPU; on CPU, eager measured the same as sdpa within noise (benchmarks/README.md, levers)"""
     lora_r: int = knob(0, ge=0)
     """LoRA rank via peft (0 = full fine-tune), for train, sft, rm and dpo: train low-rank adapters on a frozen base; the sampler, checkpoints and RUN/model get merged weights (RUN/adapter or `rlpost export` the adapters alone)"""
     lora_alpha: int = knob(16, ge=1)
@@ -279,6 +279,8 @@ class TrainerConfig:
     """the trainer's forward and backward (and the reference, critic, reward model and PRM scorer): bf16 = under bf16 autocast over float32 master weights, fp32 = plain float32, auto = bf16 where the start-up probe finds it measurably faster (model/precision.py)"""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
     """the trainable weights (policy, LoRA adapters, critic) and their gradients: float32 (bf16 compute comes from trainer.precision's autocast), or bfloat16 = parameters and gradients in bf16, AdamW stepping a float32 master copy with float32 moments (DeepSpeed's bf16 mode): the forward reads half the bytes, a weight sync moves half, and the small updates bf16 alone would round away accumulate in the master copy; the reference is then held in bf16 too. Not with dist.trainer_ranks > 1 (roles/trainer.py, docs/gpu.md)"""
+    forward: Literal["auto", "packed", "hf"] = "auto"
+    """the trainer's and the reference's forward: 'packed' = rlpost's own trunk for Llama/Qwen2 on CPU (only the tokens that carry or precede a loss token, fused q/k/v and gate/up, attention as two matmuls with its backward written out; model/packed.py), 'hf' = transformers' forward with model.attn_implementation's kernel, 'auto' = packed where it applies (not with LoRA, activation checkpointing, data parallelism or on a GPU)"""
     share_prompt_prefix: bool = True
     """run each prompt once per micro-batch (or per mini-batch: prompts_once) and reuse its KV cache for the group's completions (same maths, ~3x fewer tokens in the demo)"""
     prompts_once: bool = True

@@ -10,6 +10,7 @@ from helpers import make_batch, tcfg, tiny_cfg
 from rlpost import algorithms
 from rlpost.algorithms import ALGORITHMS, core
 from rlpost.algorithms.grpo import GRPO
+from rlpost.model import packed
 from rlpost.model.logprobs import CACHE_KW, completion_logprobs
 from rlpost.model.lora import wrap as lora_wrap
 from rlpost.roles.critic import Critic
@@ -478,24 +479,35 @@ def test_prompts_once_per_mini_batch_under_bf16_autocast(tiny):
     assert max((once[n] - per[n]).abs().max() for n in once) < 2e-2 * scale
 
 
-def test_prompts_run_once_per_mini_batch_only_where_they_fit(tiny):
+@pytest.mark.parametrize("forward", ["hf", "packed"])
+def test_prompts_run_once_per_mini_batch_only_where_they_fit(tiny, forward, monkeypatch):
     # The decoder's forwards: with the prompts once, one forward over the 4 distinct prompts, then
     # completions only; the prompts are not run again per micro-batch. Where the prompts of a
     # mini-batch outgrow one micro-batch's tokens (micro 1 here), each micro-batch runs its own.
     batch, algo = grpo_batch(tiny)
     P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
+    calls = []  # (rows, columns, on a cache) of each forward
+    if forward == "packed":  # the packed trunk's two verbs: prompts, and completions on top of them
+        for verb, on_cache in (("prompts", False), ("completions", True)):
+            plain = getattr(packed.PackedTrunk, verb)
+            monkeypatch.setattr(packed.PackedTrunk, verb, lambda self, ids, *a, _f=plain, _c=on_cache, **k:
+                                calls.append((*ids.shape, _c)) or _f(self, ids, *a, **k))
     for micro, once in ((4, True), (1, False)):
         assert (4 * P <= micro * (P + T)) == once
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
-        calls = []  # (rows, columns, on a cache) of each forward
-        hook = lambda m, a, kw, out: calls.append((*kw["input_ids"].shape, kw.get(CACHE_KW) is not None))
-        tr.model.get_decoder().register_forward_hook(hook, with_kwargs=True)
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(forward=forward), 1.0, mini_batch_size=16, micro_batch_size=micro,
+                     total_optimizer_steps=1)
+        calls.clear()
+        if forward == "hf":
+            hook = lambda m, a, kw, out: calls.append((*kw["input_ids"].shape, kw.get(CACHE_KW) is not None))
+            tr.model.get_decoder().register_forward_hook(hook, with_kwargs=True)
         tr._accumulate(copy.deepcopy(batch), algo.loss)
         fresh = [c for c in calls if not c[2]]  # forwards that start from the prompt
         if once:  # the 4 distinct prompts, then 4 micro-batches of completions on their cache
             assert fresh == [(4, P, False)] and len(calls) == 5, calls
-        else:  # one row a micro-batch: each runs its prompt and completion in one forward
+        elif forward == "hf":  # one row a micro-batch: each runs its prompt and completion in one forward
             assert len(fresh) == len(calls) == 16 and all(c[0] == 1 and c[1] > P for c in calls), calls
+        else:  # one row a micro-batch: its prompt, then its completion
+            assert len(fresh) == 16 and len(calls) == 32 and all(c[0] == 1 for c in calls), calls
 
 
 def test_accumulate_reports_the_entropy_by_default(tiny):

@@ -11,7 +11,8 @@ each role hands back what it computed on the caller's device.
 ``offload.critic``, ``offload.reward_model``, as verl's ``param_offload``).
 
 CPU-only levers stay CPU-only: the fast engine's oneDNN-packed weights (roles/rollout_fast.py:
-``rollout.engine=auto`` picks ``hf`` on CUDA, and ``fast`` is refused there), glibc's
+``rollout.engine=auto`` picks ``hf`` on CUDA, and ``fast`` is refused there), the trainer's packed
+trunk (model/packed.py: ``trainer.forward=auto`` is transformers' forward on CUDA), glibc's
 ``malloc_trim`` (model/heap.py) and torch's CPU thread counts. ``tests/test_style.py`` fails on a
 ``"cpu"`` string literal anywhere under ``src/`` outside its allow-list of those levers.
 """

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
+from rlpost.model import packed
 from rlpost.types.batch import Rollouts
 
 
@@ -242,6 +243,9 @@ def completion_states(module, batch: Rollouts, share_prefix: bool, run, prefix: 
     """What ``module`` outputs at the T positions that predict the completion tokens: logits
     (a *ForCausalLM, run=_causal_lm) or final hidden states (its decoder, run=_backbone).
     prefix: the rows' prompts, already run (``Prefix.take``)."""
+    trunk = packed.trunk_of(module)
+    if trunk is not None and run is _backbone:  # the packed trunk gives final hidden states (model/packed.py)
+        return _packed_states(trunk, batch, share_prefix, prefix)
     if prefix is not None:
         return _completions(module, batch, prefix.states, prefix.cache, run)
     groups = _shared_groups(module, batch) if share_prefix else None
@@ -368,6 +372,9 @@ def prompt_prefix(model: torch.nn.Module, batch: Rollouts, chunked: bool = True,
     on its rows in any grouping; None where ``completion_states`` would not share prefixes (no
     repeated prompts, or activation checkpointing, which turns the KV cache off)."""
     module, run = trunk(model, chunked, value_head)
+    packed_trunk = packed.trunk_of(module)
+    if packed_trunk is not None and run is _backbone:
+        return _packed_prompts(packed_trunk, batch, True, leaves=True)
     groups = _shared_groups(module, batch)
     if groups is None:
         return None
@@ -384,5 +391,38 @@ def prompt_prefix(model: torch.nn.Module, batch: Rollouts, chunked: bool = True,
     return Prefix(leaves[0], cache, row_to_group, outputs, leaves)
 
 
+def _matmul_dtype(weight: Tensor) -> torch.dtype:
+    """What the forward's matmuls run in: autocast's dtype where it is on, else the weights' own."""
+    dev = weight.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
+
+
+def _packed_prompts(trunk: packed.PackedTrunk, batch: Rollouts, share_prefix: bool, leaves: bool) -> packed.PackedPrefix:
+    """Each distinct prompt of ``batch`` once on the packed trunk (every row's own without
+    share_prefix, or where a group's rows do not share one); ``leaves``: for ``Prefix``'s use."""
+    first, row_to_group = prompt_groups(batch) if share_prefix else (None, None)
+    if first is None:
+        first = row_to_group = torch.arange(len(batch), device=batch.device)
+    ids, mask = batch.prompt_ids[first], batch.prompt_mask[first]  # (G, P) each
+    dtype = _matmul_dtype(trunk.decoder.embed_tokens.weight)
+    with torch.autocast(batch.device.type, enabled=False):  # the trunk casts for itself
+        prefix = trunk.prompts(ids, mask, position_ids(mask), dtype, leaves)
+    prefix.group = row_to_group
+    return prefix
+
+
+def _packed_states(trunk: packed.PackedTrunk, batch: Rollouts, share_prefix: bool,
+                   prefix: packed.PackedPrefix | None) -> Tensor:  # (B, T, H)
+    """``completion_states`` on the packed trunk; prefix: the rows' prompts already run (taken)."""
+    if prefix is None:
+        prefix = _packed_prompts(trunk, batch, share_prefix, leaves=False).take(
+            torch.arange(len(batch), device=batch.device), batch.prompt_ids.shape[1])
+    dtype = _matmul_dtype(trunk.decoder.embed_tokens.weight)
+    with torch.autocast(batch.device.type, enabled=False):
+        return trunk.completions(batch.completion_ids, batch.completion_mask, batch.prompt_mask, prefix, dtype)
+
+
 def clear_cast_cache() -> None:
+    """Forget every cast of the weights: the head's (``_cast``) and the packed trunks' fused copies."""
     _cast_cache.clear()
+    packed.clear_caches()

@@ -117,7 +117,8 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
     train_b, held_b = enc(rows), enc(heldout)
     reference = None
     if kind == "dpo" and p.loss not in REFERENCE_FREE:  # ORPO and SimPO compare the policy with itself
-        reference = Reference(loaded.model, 1.0, 32, precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix)
+        reference = Reference(loaded.model, 1.0, 32, precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix,
+                              forward=cfg.trainer.forward)
         train_b.ref_logp, held_b.ref_logp = reference.logprobs(train_b), reference.logprobs(held_b)  # once, cached
         reference.model = None  # frozen numbers are all it was for
     model = lora.wrap(loaded.model, cfg.model, cfg.run.seed) if cfg.model.lora_r > 0 else loaded.model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlpost.model import device, precision
+from rlpost.model import device, packed, precision
 from rlpost.model.logprobs import completion_logprobs
 from rlpost.types.batch import Rollouts
 
@@ -15,14 +15,17 @@ from rlpost.types.batch import Rollouts
 class Reference:
     def __init__(self, model: torch.nn.Module, temperature: float, micro_batch_size: int, autocast_bf16: bool | None,
                  share_prefix: bool = True, dtype: torch.dtype = torch.float32, offload: bool = False,
-                 on: torch.device | str | None = None):
+                 on: torch.device | str | None = None, forward: str = "hf"):
         """dtype: its weights' (bfloat16 beside trainer.param_dtype=bfloat16); offload: keep them on the
         host between calls (offload.reference), moved onto ``on`` (run.device) for each; ``on`` None:
-        where the model is."""
+        where the model is. forward: trainer.forward, which the reference follows (model/packed.py)."""
         # frozen by never being stepped; see rollout_hf.py on requires_grad
         self.model = precision.cast_params(model, dtype).eval()
         self.device = torch.device(on) if on is not None else device.of(self.model)
         self.home = device.Offloaded(self.model, self.device, offload)
+        on_gpu = device.is_cuda(self.device)  # an offloaded copy waits on the host but computes here
+        self.packed = packed.resolve("hf" if on_gpu else forward, self.model)
+        (packed.enable if self.packed else packed.disable)(self.model)
         self.temperature, self.micro, self.share_prefix = temperature, micro_batch_size, share_prefix
         # bf16 autocast over the float32 copy, or plain float32 (None: what the probe chose, model/precision.py)
         self.autocast_bf16 = precision.trainer_bf16("auto") if autocast_bf16 is None else autocast_bf16
@@ -36,4 +39,6 @@ class Reference:
                                     share_prefix=self.share_prefix)[0]
                 for i in range(0, len(batch), self.micro)
             ]
+        if self.packed:  # its fused weights, rebuilt per call: they never change, but need not stay resident
+            packed.trunk_of(self.model).clear()
         return (torch.cat(parts) * batch.completion_mask).to(home)

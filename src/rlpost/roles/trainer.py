@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms.core import masked_mean, ratio_histogram
-from rlpost.model import device, fsdp, heap, lora, precision
+from rlpost.model import device, fsdp, heap, lora, packed, precision
 from rlpost.model.logprobs import Prefix, PolicyForward, clear_cast_cache, policy_forward, prompt_prefix
 from rlpost.roles.critic import Critic
 from rlpost.types.batch import Rollouts
@@ -129,6 +129,9 @@ class Trainer:
         else:
             self.lookup = split_tied_embedding(self.model)
             self._policy_forward = partial(policy_forward, self.model)
+        # trainer.forward: the policy's forward on the packed trunk where it applies (model/packed.py)
+        self.packed = packed.resolve(tcfg.forward, self.model, checkpointing=gradient_checkpointing, data_parallel=data_parallel)
+        (packed.enable if self.packed else packed.disable)(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad and p is not self.lookup]
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad] if critic is not None else []
         self.critic_lr = critic_lr

@@ -1,0 +1,292 @@
+"""The trainer's and the reference's forward on a packed trunk for Llama-family decoders: the
+same function of the weights as transformers' forward, without padding, on CPU.
+
+Why a trunk of our own. transformers' forward of a micro-batch runs every row to the longest
+completion in it, casts each linear layer's float32 input to bf16 once per projection (q, k and
+v each cast the same normed input), and on CPU runs SDPA's flash kernel, whose backward took
+8.8 ms for an 8-row, 63 x 110 attention here (0.74 s of a 6.4 s update). This trunk, the
+training-side twin of the sampler's decode loop (roles/rollout_fast.py):
+
+* **packs the tokens**: the linear layers, norms and MLP see only the positions that carry a
+  loss token or precede one (no padded rows), as verl's ``use_remove_padding`` does with flash
+  attention's varlen kernel; only attention, which is cheap here, works on a padded grid;
+* **fuses the projections**: q/k/v is one matmul and gate/up is one, over bf16 copies of the
+  weights built once per mini-batch (``cached``) with autograd, so each micro-batch's weight
+  gradient flows back into the float32 parameters through them;
+* **runs attention as two batched matmuls** (``Attention``) with a hand-written backward, each
+  kv head serving its group of query heads without copying keys (transformers' repeat_kv order).
+
+Numerics follow transformers' bf16 autocast: the residual stream and RMSNorm in float32, every
+matmul in bf16, RoPE on the bf16 projections in the residual stream's dtype, then cast for
+attention; scores in bf16 and softmax in float32, as transformers' eager attention computes
+them (its SDPA path keeps the scores in float32: the two differ by bf16 rounding). With float32
+weights and no autocast everything is float32. tests/model/test_packed.py checks values and
+gradients against transformers' forward.
+
+Which models: ``llama`` and ``qwen2`` (q/k/v biases) without sliding windows, attention dropout,
+LoRA adapters, FSDP or activation checkpointing, on CPU (``reason_unsupported``); trainer.forward
+picks this trunk (auto/packed) or transformers' forward (hf). The batch-side glue (prompt groups,
+positions) is model/logprobs.py's, which calls ``PackedTrunk.prompts`` and ``.completions``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlpost.model.device import CPU
+from rlpost.types.errors import ConfigError
+
+SUPPORTED = ("llama", "qwen2")  # the sampler's decode loop supports the same (roles/rollout_fast.py)
+
+
+def reason_unsupported(model: torch.nn.Module) -> str | None:
+    """Why the packed trunk cannot stand in for ``model``'s forward, or None when it can."""
+    c = getattr(model, "config", None)
+    if c is None or c.model_type not in SUPPORTED:
+        return f"model type {getattr(c, 'model_type', type(model).__name__)!r} (supported: {', '.join(SUPPORTED)})"
+    if getattr(c, "hidden_act", "silu") != "silu" or getattr(c, "mlp_bias", False):
+        return "an MLP other than bias-free SiLU gate/up/down"
+    if getattr(c, "use_sliding_window", False) or getattr(c, "attention_dropout", 0.0):
+        return "sliding-window attention or attention dropout"
+    if any(type(m).__module__.startswith("peft") for m in model.modules()):
+        return "LoRA adapters (peft)"
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        return "FSDP-sharded parameters"
+    if any(p.device.type != CPU.type for p in model.parameters()):
+        return "a model on a GPU (this trunk is a CPU lever; transformers' kernels serve GPUs)"
+    return None
+
+
+def resolve(setting: str, model: torch.nn.Module, *, checkpointing: bool = False, data_parallel: bool = False) -> bool:
+    """trainer.forward for ``model``: whether its forward runs packed. 'auto' = where it applies;
+    'packed' where it does not is a config error naming why; 'hf' = never."""
+    if setting == "hf":
+        return False
+    why = ("activation checkpointing (model.gradient_checkpointing)" if checkpointing
+           else "data parallelism (dist.trainer_ranks > 1)" if data_parallel else reason_unsupported(model))
+    if why is not None and setting == "packed":
+        raise ConfigError(f"trainer.forward=packed does not apply to {why}; use trainer.forward=auto or hf")
+    return why is None
+
+
+class Attention(torch.autograd.Function):
+    """softmax(q k^T * scale + mask) v for grouped-query attention, with its backward written out.
+
+    q (b, nkv, g*T, hd): the g query heads of each kv head stacked along the rows (head-major);
+    k, v (b, nkv, L, hd); mask (b, 1, 1, T, L) float32, 0 where a query may look and -inf where it
+    may not. Returns (b, nkv, g*T, hd) in q's dtype. The scores are q k^T in q's dtype (as eager
+    attention computes them), the softmax in float32. The backward is the textbook one (with
+    p = softmax(s), o = p v): dv = p^T do, dp = do v^T, ds = p (dp - rowsum(p dp)) * scale,
+    dq = ds k, dk = ds^T q. It keeps p in float32 for it (2 MB a layer at 8 x 9 x 63 x 110)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+        b, nkv, gT, _ = q.shape
+        T, L = mask.shape[-2:]
+        acc = torch.promote_types(q.dtype, torch.float32)  # the softmax's dtype: float32, or float64 in tests
+        s = (q @ k.transpose(-1, -2)).to(acc).view(b, nkv, gT // T, T, L)  # (b, nkv, g, T, L)
+        p = torch.add(mask, s, alpha=scale).softmax(-1).view(b, nkv, gT, L)
+        ctx.save_for_backward(q, k, v, p)
+        ctx.scale = scale
+        return p.to(q.dtype) @ v  # (b, nkv, g*T, hd)
+
+    @staticmethod
+    def backward(ctx, do: Tensor):
+        q, k, v, p = ctx.saved_tensors
+        do = do.to(q.dtype)
+        dv = p.to(q.dtype).transpose(-1, -2) @ do  # (b, nkv, L, hd)
+        dp = (do @ v.transpose(-1, -2)).to(p.dtype)  # (b, nkv, g*T, L)
+        ds = (p * (dp - (p * dp).sum(-1, keepdim=True)) * ctx.scale).to(q.dtype)  # softmax's backward, 0 off the mask
+        return ds @ k, ds.transpose(-1, -2) @ q, dv, None, None
+
+
+@dataclass
+class PackedPrefix:
+    """The prompts of a batch run once (``PackedTrunk.prompts``): what ``logprobs.Prefix`` is for
+    transformers' forward, with plain per-layer keys and values in place of a cache object.
+
+    As leaves (the trainer's prompts once per mini-batch), micro-batches index into them (``take``)
+    and ``backward`` sends their gradients through the prompt forward once; otherwise they are the
+    prompt forward's own outputs and one backward covers prompts and completions."""
+    states: Tensor  # (G, 1, H) each prompt's last position's output (final norm applied): predicts completion token 0
+    kv: list[tuple[Tensor, Tensor]]  # per layer (keys after RoPE, values), each (G, nkv, P, hd) in the matmul dtype
+    group: Tensor  # (B,) row of the batch -> its prompt's index
+    outputs: list[Tensor] = field(default_factory=list)  # the prompt forward's tensors, in the order of ``leaves``
+    leaves: list[Tensor] = field(default_factory=list)
+
+    def take(self, idx: Tensor, prompt_cols: int) -> "PackedPrefix":
+        """Rows ``idx`` of the batch, seeing their prompts' last ``prompt_cols`` columns (a trimmed
+        micro-batch drops columns that are left padding for all of its rows)."""
+        rows = self.group[idx]  # (b,)
+        kv = [(k[rows, :, -prompt_cols:], v[rows, :, -prompt_cols:]) for k, v in self.kv]
+        return PackedPrefix(self.states[rows], kv, torch.arange(len(idx)))
+
+    def backward(self) -> None:
+        pairs = [(out, leaf.grad) for out, leaf in zip(self.outputs, self.leaves) if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        self.outputs, self.leaves = [], []  # free the prompt forward's graph
+
+
+class PackedTrunk:
+    """The decoder of a Llama-family model, run packed. Holds no weights of its own: the fused bf16
+    copies (``cached``) are rebuilt from the model's parameters after every optimizer step."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.decoder = model.get_decoder()
+        c = self.decoder.config
+        self.nh, self.nkv = c.num_attention_heads, c.num_key_value_heads
+        self.hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.scale = self.decoder.layers[0].self_attn.scaling
+        self._fused: dict[tuple, list] = {}
+
+    # --- weights ----------------------------------------------------------------------------------
+
+    def cached(self, dtype: torch.dtype) -> list[tuple]:
+        """Per layer (qkv weight, qkv bias or None, o weight, o bias or None, gate/up weight, down
+        weight) in ``dtype``: concatenated and cast with autograd, once until ``clear``. Keyed by
+        grad mode too: copies made under no_grad (old log-probs, the reference) carry no graph."""
+        key = (dtype, torch.is_grad_enabled())
+        if key not in self._fused:
+            cast = lambda ts: None if ts[0] is None else torch.cat(ts).to(dtype) if len(ts) > 1 else ts[0].to(dtype)
+            out = []
+            for layer in self.decoder.layers:
+                a, m = layer.self_attn, layer.mlp
+                qkv = [a.q_proj, a.k_proj, a.v_proj]
+                out.append((cast([l.weight for l in qkv]), cast([l.bias for l in qkv]), cast([a.o_proj.weight]),
+                            cast([a.o_proj.bias]), cast([m.gate_proj.weight, m.up_proj.weight]), cast([m.down_proj.weight])))
+            self._fused[key] = out
+        return self._fused[key]
+
+    def clear(self) -> None:
+        """Drop the fused copies: the weights changed (an optimizer step), or a pass is over."""
+        self._fused.clear()
+
+    # --- the layers -----------------------------------------------------------------------------
+
+    def _layers(self, x: Tensor, pos: Tensor, grid: Tensor | None, b: int, T: int, prefix_kv: list | None,
+                mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """Every decoder layer over packed tokens x (N, H) at positions pos (N,). ``grid``: each
+        token's cell in the padded (b, T) grid attention works on (None: the tokens fill it);
+        ``prefix_kv``: per layer the rows' prompt keys and values (b, nkv, P, hd) placed before
+        their own; mask (b, 1, 1, T, P+T) additive. Returns x and per layer the tokens' own keys
+        and values on the grid (b, nkv, T, hd)."""
+        nh, nkv, hd, N = self.nh, self.nkv, self.hd, x.shape[0]
+        g = nh // nkv
+        cos, sin = self.decoder.rotary_emb(x, pos[None])  # (1, N, hd) each, in the residual stream's dtype
+        cos, sin = cos[0, :, None], torch.cat((-sin[0, :, : hd // 2], sin[0, :, hd // 2 :]), -1)[:, None]  # (N, 1, hd)
+        kv_out = []
+        for i, layer in enumerate(self.decoder.layers):
+            w_qkv, b_qkv, w_o, b_o, w_gu, w_down = self.cached(dtype)[i]
+            qkv = F.linear(rms_norm(x, layer.input_layernorm).to(dtype), w_qkv, b_qkv)  # (N, (nh + 2 nkv) hd)
+            # RoPE on q and k in one go, as transformers' x cos + rotate_half(x) sin with rotate_half
+            # written as roll(x) times a sin whose first half is negated (rollout_fast._rope)
+            qk = qkv[:, : (nh + nkv) * hd].view(N, nh + nkv, hd)
+            qk = (qk * cos + qk.roll(hd // 2, -1) * sin).to(dtype)  # (N, nh + nkv, hd)
+            v = qkv[:, (nh + nkv) * hd :].view(N, nkv, hd)
+            if grid is not None:  # onto the padded grid: (b T, ...) rows, zeros off the tokens
+                qk = qk.new_zeros(b * T, nh + nkv, hd).index_copy(0, grid, qk)
+                v = v.new_zeros(b * T, nkv, hd).index_copy(0, grid, v)
+            qk, v = qk.view(b, T, nh + nkv, hd), v.view(b, T, nkv, hd).transpose(1, 2)  # v: (b, nkv, T, hd)
+            q = qk[:, :, :nh].permute(0, 2, 1, 3).reshape(b, nkv, g * T, hd)  # kv head j's g query heads, stacked
+            k = qk[:, :, nh:].transpose(1, 2)  # (b, nkv, T, hd)
+            kv_out.append((k, v))
+            if prefix_kv is not None:
+                k, v = torch.cat([prefix_kv[i][0], k], 2), torch.cat([prefix_kv[i][1], v], 2)  # (b, nkv, P+T, hd)
+            o = Attention.apply(q, k, v, mask, self.scale).view(b, nh, T, hd).transpose(1, 2).reshape(b * T, nh * hd)
+            if grid is not None:
+                o = o.index_select(0, grid)  # (N, nh hd): back to the tokens
+            x = x + F.linear(o, w_o, b_o)
+            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm).to(dtype), w_gu).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w_down)
+        return x, kv_out
+
+    # --- prompts and completions ------------------------------------------------------------------
+
+    def prompts(self, ids: Tensor, mask: Tensor, pos: Tensor, dtype: torch.dtype, leaves: bool) -> PackedPrefix:
+        """Each distinct prompt once: ids, mask (bool), pos (G, P), left-padded. ``leaves``: hand
+        the outputs over as leaves (``PackedPrefix``), for a backward of their own."""
+        G, P = ids.shape
+        allow = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril() & mask[:, None, :]  # (G, P, P)
+        allow |= torch.eye(P, dtype=torch.bool, device=ids.device)  # a left pad looks at itself (never read; no NaN)
+        x = self.decoder.embed_tokens(ids).reshape(G * P, -1)  # (G P, H)
+        x, kv = self._layers(x, pos.reshape(-1), None, G, P, None, additive(allow), dtype)
+        states = self.decoder.norm(x.view(G, P, -1)[:, -1:])  # (G, 1, H): position P-1 predicts token 0
+        if not leaves:
+            return PackedPrefix(states, kv, torch.arange(G, device=ids.device))
+        outputs = [states, *(t for pair in kv for t in pair)]
+        made = [t.detach().requires_grad_(t.requires_grad) for t in outputs]
+        return PackedPrefix(made[0], list(zip(made[1::2], made[2::2])), torch.arange(G, device=ids.device), outputs, made)
+
+    def completions(self, ids: Tensor, loss_mask: Tensor, prompt_mask: Tensor, prefix: PackedPrefix,
+                    dtype: torch.dtype) -> Tensor:
+        """Final hidden states (b, T, H) at the positions that predict completion tokens ids (b, T):
+        row r's state t predicts its token t, for t below its length (up to its last loss token;
+        zeros after). Token t-1 is fed to predict token t; state 0 is the prompt's (``prefix``,
+        taken for these rows)."""
+        b, T = ids.shape
+        cols = torch.arange(T, device=ids.device)
+        length = torch.where(loss_mask, cols + 1, 0).amax(1)  # (b,) last loss token + 1; tokens before it are fed
+        Tf = int(length.max()) - 1 if b else 0  # fed positions of the longest row
+        if Tf <= 0:
+            return F.pad(prefix.states, (0, 0, 0, T - 1))
+        fed = cols[None, :Tf] < (length - 1)[:, None]  # (b, Tf)
+        grid = fed.reshape(-1).nonzero().squeeze(1)  # (N,) cell of each fed token in the (b, Tf) grid
+        P = prompt_mask.shape[1]
+        pos = (prompt_mask.sum(1, keepdim=True) + cols[None, :Tf]).reshape(-1)[grid]  # positions continue after the prompt
+        allow = torch.cat([prompt_mask[:, None, :].expand(b, Tf, P),
+                           torch.ones(Tf, Tf, dtype=torch.bool, device=ids.device).tril().expand(b, Tf, Tf)], -1)
+        x = self.decoder.embed_tokens(ids[:, :Tf].reshape(-1)[grid])  # (N, H)
+        x, _ = self._layers(x, pos, grid, b, Tf, prefix.kv, additive(allow), dtype)
+        x = self.decoder.norm(x)  # (N, H)
+        fed_states = x.new_zeros(b * Tf, x.shape[-1]).index_copy(0, grid, x).view(b, Tf, -1)
+        return F.pad(torch.cat([prefix.states.to(x.dtype), fed_states], 1), (0, 0, 0, T - 1 - Tf))  # (b, T, H)
+
+
+def rms_norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
+    """transformers' LlamaRMSNorm, written out: in float32, cast back, then the weight."""
+    h = x.float()
+    return norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)).to(x.dtype)
+
+
+def additive(allow: Tensor) -> Tensor:
+    """(b, T, L) bool -> (b, 1, 1, T, L) float32: 0 where allowed, -inf elsewhere."""
+    return torch.zeros(allow.shape, device=allow.device).masked_fill_(~allow, float("-inf"))[:, None, None]
+
+
+# The models whose forward runs packed: decoder module -> its trunk. Weak, so a dropped model
+# (the end of a run, a test) takes its trunk and cached weights with it.
+_TRUNKS: "weakref.WeakKeyDictionary[torch.nn.Module, PackedTrunk]" = weakref.WeakKeyDictionary()
+
+
+def enable(model: torch.nn.Module) -> PackedTrunk:
+    """Run ``model``'s trainer/reference forward (model/logprobs.py) on the packed trunk from now on."""
+    trunk = PackedTrunk(model)
+    _TRUNKS[trunk.decoder] = trunk
+    return trunk
+
+
+def disable(model: torch.nn.Module) -> None:
+    """transformers' forward for ``model`` again (a model shared with a role that enabled it, later
+    wrapped in LoRA adapters, say)."""
+    if hasattr(model, "get_decoder"):
+        _TRUNKS.pop(model.get_decoder(), None)
+
+
+def trunk_of(module: torch.nn.Module) -> PackedTrunk | None:
+    """The packed trunk of a decoder (or of the model holding it), when enabled."""
+    found = _TRUNKS.get(module)
+    if found is None and hasattr(module, "get_decoder"):
+        found = _TRUNKS.get(module.get_decoder())
+    return found
+
+
+def clear_caches() -> None:
+    """Every trunk drops its fused weights (after an optimizer step: logprobs.clear_cast_cache)."""
+    for trunk in list(_TRUNKS.values()):
+        trunk.clear()
