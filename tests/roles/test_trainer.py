@@ -550,7 +550,8 @@ def test_the_forward_computes_the_entropy_only_where_it_is_used(tiny):
         tr = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=4, micro_batch_size=4,
                      total_optimizer_steps=2, entropy_grad=entropy_grad)
         forward, modes[entropy_grad] = tr._forward, []
-        tr._forward = lambda mb, entropy="none", prefix=None, seen=modes[entropy_grad], f=forward: seen.append(entropy) or f(mb, entropy, prefix)
+        tr._forward = lambda mb, entropy="none", prefix=None, head_grad=None, seen=modes[entropy_grad], f=forward: \
+            seen.append(entropy) or f(mb, entropy, prefix, head_grad)
         loss = (lambda lp, mb, entropy: algo.loss(lp, mb)) if entropy_grad else algo.loss
         tr.update(copy.deepcopy(batch), loss)
     assert modes[False][-2:] == ["detached", "none"]  # (the recompute's forward comes first)

@@ -62,7 +62,7 @@ class PolicyForward:
 def policy_forward(
     model: torch.nn.Module, batch: Rollouts, temperature: float, *, entropy: str = "none",
     share_prefix: bool = True, value_head: torch.nn.Module | None = None, chunked: bool = True,
-    prefix: "Prefix | None" = None,
+    prefix: "Prefix | None" = None, head_grad: "HeadGrad | None" = None,
 ) -> PolicyForward:
     """One forward of the policy over the completions.
 
@@ -71,7 +71,9 @@ def policy_forward(
     states the logits come from, so policy and value cost one forward.
     chunked: the lm_head and log-softmax run through ``ChunkedLogp`` on the completion tokens only
     (where the model's head is a plain bias-free linear layer); False = full (B, T, V) logits.
-    prefix: these rows' prompts already run (``Prefix.take``, the same ``chunked``/``value_head``)."""
+    prefix: these rows' prompts already run (``Prefix.take``, the same ``chunked``/``value_head``).
+    head_grad: where the chunked head's weight gradient goes instead of the backward's return
+    (``HeadGrad``: the trainer forms it once per mini-batch)."""
     if entropy not in ENTROPY_MODES:
         raise ValueError(f"entropy={entropy!r}: expected one of {', '.join(ENTROPY_MODES)}")
     mask = batch.completion_mask
@@ -83,7 +85,10 @@ def policy_forward(
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else head.dtype
         with_grad = entropy == "grad" and torch.is_grad_enabled()
         floor = batch.sampler_floor[mask] if batch.sampler_floor is not None else None
-        lp, ent = ChunkedLogp.apply(hidden[mask], head, batch.completion_ids[mask], temperature, dtype, entropy != "none", floor)
+        # With head_grad, the head's gradient is not the backward's to return: autograd does not see the weight
+        deferred = head_grad is not None and head.requires_grad and torch.is_grad_enabled()
+        lp, ent = ChunkedLogp.apply(hidden[mask], head.detach() if deferred else head, batch.completion_ids[mask],
+                                    temperature, dtype, entropy != "none", floor, head_grad if deferred else None)
         logp = hidden.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, lp)  # (B, T), 0 off the mask
         if entropy != "none":
             ent = hidden.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, ent if with_grad else ent.detach())
@@ -135,8 +140,9 @@ class ChunkedLogp(torch.autograd.Function):
 
     The plain path keeps (B, T, V) float32 logits, their log-softmax and (for the entropy) their
     softmax alive for the backward: ~1.2 GB at 32 x 64 tokens of a 49152 vocabulary. Here the
-    forward keeps only h and one log-sum-exp per token, and the backward recomputes each chunk's
-    logits z and forms the gradient in closed form: with p = softmax(z),
+    forward keeps h, one log-sum-exp per token and the lm_head's output in its own dtype (bf16 under
+    autocast: a sixth of that, and no matmul to redo), and the backward rebuilds each chunk's
+    logits z from it and forms the gradient in closed form: with p = softmax(z),
     d log pi(y) / dz = onehot(y) - p and d H / dz = -p (log p + H), and dz / dh = W / temperature.
     With a top-p ``floor`` p is the truncated, renormalised distribution (0 off the kept set), and
     the same formulas hold.
@@ -145,36 +151,44 @@ class ChunkedLogp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, temperature: float, dtype: torch.dtype,
-                want_entropy: bool, floor: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                want_entropy: bool, floor: Tensor | None = None, head_grad: "HeadGrad | None" = None) -> tuple[Tensor, Tensor]:
         w = _cast(weight, dtype)
         logp, ent, lse, lse_all = (h.new_zeros(len(h), dtype=torch.float32) for _ in range(4))  # on h's device
+        # The matmul's output, kept for the backward when there is one (2 bytes a logit in bf16: 20 MB
+        # for 200 tokens), so the backward does not run the lm_head again: it is deterministic, so the
+        # kept logits are the ones the backward would recompute.
+        kept = h.new_empty(len(h), w.shape[0], dtype=w.dtype) if any(ctx.needs_input_grad) else None
         for i in range(0, len(h), CHUNK_TOKENS):
             sl = slice(i, i + CHUNK_TOKENS)
-            z = ChunkedLogp._logits(h[sl], w, temperature)  # (c, V) float32, already / temperature
+            zw = ChunkedLogp._logits(h[sl], w)  # (c, V) in the matmul's dtype
+            if kept is not None:
+                kept[sl] = zw
+            z = zw.float().div_(temperature)  # (c, V) float32
             lse_all[sl] = z.logsumexp(-1)
             zk = truncated(z, lse_all[sl], floor[sl] if floor is not None else None, targets[sl])  # (c, V)
             lse[sl] = zk.logsumexp(-1) if floor is not None else lse_all[sl]  # over the kept set
             logp[sl] = z.gather(-1, targets[sl, None]).squeeze(-1) - lse[sl]
             if want_entropy:  # H = lse - sum p z, p = 0 off the kept set
                 ent[sl] = lse[sl] - ((zk - lse[sl, None]).exp_() * z).sum(-1)
-        ctx.save_for_backward(h, weight, targets, ent, lse, lse_all, floor)
-        ctx.temperature, ctx.dtype = temperature, dtype
+        ctx.save_for_backward(h, weight, targets, ent, lse, lse_all, floor, kept)
+        ctx.temperature, ctx.dtype, ctx.head_grad = temperature, dtype, head_grad
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp: Tensor, g_ent: Tensor):
-        h, weight, targets, ent, lse, lse_all, floor = ctx.saved_tensors
+        h, weight, targets, ent, lse, lse_all, floor, kept = ctx.saved_tensors
         w = _cast(weight, ctx.dtype)
         grad_h = torch.empty_like(h)
         # dz of every chunk is kept in ``dtype`` (bf16: 2 bytes per logit, 96 MB for 976 tokens) so
         # the weight's gradient is one matmul: accumulating it chunk by chunk meant a full 49152 x
         # 576 float32 add per chunk, the slowest ops of the whole update in the profile.
-        dz_all = h.new_empty(len(h), w.shape[0], dtype=ctx.dtype) if ctx.needs_input_grad[1] else None
+        want_w = ctx.needs_input_grad[1] or ctx.head_grad is not None
+        dz_all = h.new_empty(len(h), w.shape[0], dtype=ctx.dtype) if want_w else None
         g_logp = g_logp / ctx.temperature  # the chain through z = h W^T / temperature
         g_ent = g_ent / ctx.temperature if g_ent is not None and bool(g_ent.any()) else None
         for i in range(0, len(h), CHUNK_TOKENS):
             sl = slice(i, i + CHUNK_TOKENS)
-            z = ChunkedLogp._logits(h[sl], w, ctx.temperature)  # (c, V)
+            z = kept[sl].float().div_(ctx.temperature)  # (c, V): the forward's logits
             zk = truncated(z, lse_all[sl], floor[sl] if floor is not None else None, targets[sl])  # the forward's set
             p = (zk - lse[sl, None]).exp_()  # renormalised over the kept set, 0 off it
             if g_ent is not None:  # -p (log p + H) g_ent, before p is overwritten
@@ -188,13 +202,43 @@ class ChunkedLogp(torch.autograd.Function):
             if dz_all is not None:
                 dz_all[sl] = dz
         grad_w = None
-        if dz_all is not None:  # (V, H); zeros when there are no tokens
+        if dz_all is not None and ctx.head_grad is not None:  # formed once per mini-batch (HeadGrad)
+            ctx.head_grad.add(dz_all, h.to(ctx.dtype))
+        elif dz_all is not None:  # (V, H); zeros when there are no tokens
             grad_w = (dz_all.T @ h.to(ctx.dtype)).to(weight.dtype) if len(h) else torch.zeros_like(weight)
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
     @staticmethod
-    def _logits(h: Tensor, w: Tensor, temperature: float) -> Tensor:
-        return (h.to(w.dtype) @ w.T).float().div_(temperature)
+    def _logits(h: Tensor, w: Tensor) -> Tensor:  # (c, V): the lm_head, once per token (the forward's)
+        return h.to(w.dtype) @ w.T
+
+
+class HeadGrad:
+    """The lm_head weight's gradient over a mini-batch's micro-batches, formed once at the end.
+
+    Each micro-batch's backward through ``ChunkedLogp`` would make a (V, H) gradient in bf16, cast it
+    to a fresh float32 tensor (113 MB for SmolLM2's 49152 x 576 head) and add it into ``.grad``:
+    in the update profile that was 44 ms of casting and ~20 ms of adding per micro-batch, most of it
+    first-touch page faults. Here each backward leaves its dz (tokens, V) and h (tokens, H) in the
+    matmul's dtype, and ``flush`` makes the sum over all of them one matmul, one cast and one add:
+    sum_mb dz_mb^T h_mb = [dz_1; ...; dz_n]^T [h_1; ...; h_n]."""
+
+    def __init__(self):
+        self.dz: list[Tensor] = []
+        self.h: list[Tensor] = []
+
+    def add(self, dz: Tensor, h: Tensor) -> None:
+        self.dz.append(dz)
+        self.h.append(h)
+
+    def flush(self, weight: Tensor) -> None:
+        """Accumulate the mini-batch's gradient into ``weight`` (a leaf) through autograd, so its
+        hooks run as for any other gradient (trainer.param_dtype=bfloat16's masters)."""
+        if not self.dz:
+            return
+        dz, h = torch.cat(self.dz), torch.cat(self.h)  # (N, V), (N, H)
+        self.dz, self.h = [], []
+        torch.autograd.backward(weight, (dz.T @ h).to(weight.dtype))
 
 
 _cast_cache: dict = {}

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from rlpost.algorithms.core import masked_mean, ratio_histogram
 from rlpost.model import device, fsdp, heap, lora, packed, precision
-from rlpost.model.logprobs import Prefix, PolicyForward, clear_cast_cache, policy_forward, prompt_prefix
+from rlpost.model.logprobs import HeadGrad, Prefix, PolicyForward, clear_cast_cache, policy_forward, prompt_prefix
 from rlpost.roles.critic import Critic
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import LossFn
@@ -183,13 +183,14 @@ class Trainer:
         # against 1e-3 of bf16 noise; exact with one micro-batch). Each forward casts afresh.
         return precision.autocast(self.bf16, self.device, cache=not self.dp)
 
-    def _forward(self, batch: Rollouts, entropy: str = "none", prefix: Prefix | None = None) -> PolicyForward:
+    def _forward(self, batch: Rollouts, entropy: str = "none", prefix: Prefix | None = None,
+                 head_grad: HeadGrad | None = None) -> PolicyForward:
         """Policy log-probs (and the critic's values when there is one) for a micro-batch; prefix:
-        its rows' prompts, already run (``_prefix``)."""
+        its rows' prompts, already run (``_prefix``); head_grad: the mini-batch's lm_head gradient."""
         shared_head = self._shared_head()
         with self._autocast():
-            out = self._policy_forward(batch, self.temperature, entropy=entropy,
-                                       share_prefix=self.cfg.share_prompt_prefix, value_head=shared_head, prefix=prefix)
+            out = self._policy_forward(batch, self.temperature, entropy=entropy, share_prefix=self.cfg.share_prompt_prefix,
+                                       value_head=shared_head, prefix=prefix, head_grad=head_grad)
             if self.critic is not None and not self.critic.shared:
                 out.values = self.critic.values(batch, self.cfg.share_prompt_prefix)
         return out
@@ -311,6 +312,8 @@ class Trainer:
         if self.dp:  # totals above are the whole mini-batch's, written before this rank's slice
             return self._accumulate_rows(mini, loss_fn, first_epoch, diffs)
         sums: dict[str, float] = {}
+        # The lm_head's weight gradient, formed once after the last micro-batch (logprobs.HeadGrad).
+        head_grad = HeadGrad() if self.model.get_output_embeddings() is not None else None
         with self._autocast():  # open across the micro-batches: the weights' bf16 casts are made once
             prefix = self._prefix(mini)
             # Micro-batches of similar length, each cut to its own longest completion (sums, not
@@ -327,9 +330,11 @@ class Trainer:
                 idx = order[i : i + self.micro]
                 mb = mini.select(idx).trimmed()
                 part = prefix.take(idx, mb.prompt_ids.shape[1]) if prefix is not None else None
-                sums = self._micro(mb, mini, loss_fn, first_epoch, diffs, sums, part)
+                sums = self._micro(mb, mini, loss_fn, first_epoch, diffs, sums, part, head_grad)
             if prefix is not None:
                 prefix.backward()  # the prompts' share of the gradient, summed over the micro-batches
+        if head_grad is not None:
+            head_grad.flush(self.model.get_output_embeddings().weight)
         return sums
 
     def _accumulate_rows(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None) -> dict:
@@ -346,14 +351,14 @@ class Trainer:
         return fsdp.all_reduce_sums(sums, self.device)
 
     def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None,
-               sums: dict, prefix: Prefix | None = None) -> dict:
+               sums: dict, prefix: Prefix | None = None, head_grad: HeadGrad | None = None) -> dict:
         """Forward and backward of one micro-batch; adds its metrics into ``sums``.
 
         Called inside the mini-batch's autocast context; everything but the forward runs with
         autocast off. Autocast caches its bf16 copy of each weight until the *outermost* context
         exits, so one cast serves every micro-batch of the mini-batch (the weights do not change
         before the optimizer step), where a context per forward re-cast all 135M weights each time."""
-        out = self._forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none", prefix)
+        out = self._forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none", prefix, head_grad)
         with torch.autocast(out.logp.device.type, enabled=False):  # the forward's device, not a fixed one
             logp, entropy = out.logp, out.entropy  # (b, T) each
             if mb.old_logp is None:  # single optimizer step: this forward runs under the sampling weights
