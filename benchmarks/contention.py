@@ -1,6 +1,6 @@
 """The demo step alone and beside one busy process, rlpost and TRL, in one invocation.
 
-    .venv/bin/python benchmarks/contention.py                 # 6 rows x (alone, busy) x 3 steps, ~1 h on AVX2
+    .venv/bin/python benchmarks/contention.py                 # 7 rows x (alone, busy) x 3 steps, ~1 h on AVX2
     .venv/bin/python benchmarks/contention.py --steps 2 --rows rlpost,trl
 
 Each measurement is one child of vs_trl.py (the speed benchmark's own children, so the two
@@ -14,19 +14,21 @@ Why this can cost far more than the fair 2x: a torch op on 2 threads ends at a b
 with GNU OpenMP's default wait (spin ~300k iterations, then sleep) the thread that finished first
 spins on a core while the other one waits to be scheduled, possibly on that very core. Rows:
 
-* ``rlpost``: as shipped, OpenMP waits spin ~10 us, then sleep (``OMP_WAIT_POLICY=PASSIVE`` with
-  ``GOMP_SPINCOUNT=1000``, set by ``rlpost/__init__.py`` before torch loads; until 2026-11-24 it
-  was PASSIVE alone, the ``rlpost_passive`` row);
-* ``rlpost_passive``: waits sleep at once (``GOMP_SPINCOUNT=0``);
-* ``rlpost_spin``: rlpost as before that (``GOMP_SPINCOUNT=300000``: libgomp's spin when
-  ``OMP_WAIT_POLICY`` is unset, ~3 ms by its own estimate of 100k spins per ms);
-* ``rlpost_shortspin``: a middle way, spin ~0.1 ms then sleep (``GOMP_SPINCOUNT=10000``), in case
-  sleeping costs a quiet machine wake-ups between the decode loop's many small ops;
-* ``rlpost_spin1k``: ~10 us (``GOMP_SPINCOUNT=1000``, by libgomp's estimate of 100k spins per ms):
-  the shipped setting, spelled out;
-* ``rlpost_1thread``: ``run.threads=1``, the thread-count way out (one core idle when alone);
-* ``trl``: TRL's GRPOTrainer as its users run it (libgomp's default; it imports torch first);
+* ``rlpost``: as shipped since 2026-11-26: GNU OpenMP's default wait, and torch's thread count
+  follows the other processes' work on the cores (``run.threads=0``, model/cores.py): beside one
+  busy process on 2 cores it computes on 1 thread, so none of its threads spins against it;
+* ``rlpost_fixed``: the same spin on every core, whatever else runs (``run.threads=<cores>``):
+  what the thread count saves;
+* ``rlpost_spin1k``: the default from 2026-11-24 22:00 until 2026-11-26, on every core: spin ~10 us,
+  then sleep (``OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=1000``);
+* ``rlpost_passive``: sleep at once (``OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=0``), every core
+  (the default until 2026-11-24 22:00);
+* ``rlpost_1thread``: ``run.threads=1``, one core idle when alone;
+* ``trl``: TRL's GRPOTrainer as its users run it (GNU OpenMP's default);
 * ``trl_passive``: TRL with ``OMP_WAIT_POLICY=PASSIVE`` in its environment.
+
+Results before 2026-11-26 named the rows by the default then (``rlpost`` was PASSIVE with a
+~10 us spin, or PASSIVE alone; ``rlpost_spin`` was today's wait on every core).
 
 Writes benchmarks/results/contention-<isa>.{json,md}.
 """
@@ -34,6 +36,7 @@ Writes benchmarks/results/contention-<isa>.{json,md}.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import time
@@ -42,17 +45,16 @@ import machine  # benchmarks/machine.py: where the figures came from
 import vs_trl
 
 DEMO = (16, 8, 16)  # prompts, group, max new tokens: the demo's step
+ALL = f"run.threads={os.cpu_count()}"  # every core whatever else runs: the thread count held still
 ROWS = {  # name: (child kind, extra environment, extra rlpost overrides)
     "rlpost": ("rlpost", {}, ()),
-    "rlpost_passive": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}, ()),
-    "rlpost_spin": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "300000"}, ()),
-    "rlpost_shortspin": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}, ()),
-    "rlpost_spin1k": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}, ()),
+    "rlpost_fixed": ("rlpost", {}, (ALL,)),
+    "rlpost_spin1k": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}, (ALL,)),
+    "rlpost_passive": ("rlpost", {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}, (ALL,)),
     "rlpost_1thread": ("rlpost", {}, ("run.threads=1",)),
     "trl": ("trl", {}, ()),
     "trl_passive": ("trl", {"OMP_WAIT_POLICY": "PASSIVE"}, ()),
 }
-
 
 def measure(row: str, busy: bool, steps: int, seed: int) -> dict:
     kind, env, overrides = ROWS[row]

@@ -43,6 +43,12 @@ def isa_tag() -> str:
     return torch.backends.cpu.get_cpu_capability().lower() + ("cap" if caps() else "")
 
 
+def omp_wait() -> str:
+    """The OpenMP wait settings the children inherit ('GNU OpenMP's default' when none is set)."""
+    return " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ) \
+        or "GNU OpenMP's default"
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -62,7 +68,7 @@ class Header:
         cmd = " ".join([*filter(None, [caps()]), ".venv/bin/python", os.path.relpath(sys.argv[0], Path.cwd()), *sys.argv[1:]])
         return (f"`{cmd}`, {self.start} to {time.strftime('%H:%M')}; {cpu_name()}, {os.cpu_count()} cores, "
                 f"torch {torch.__version__} ({c.probe.isa}); load average (1, 5, 15 min) {self.load_before} before, "
-                f"{load()} after; precision: {'bf16' if c.bf16 else 'float32'} ({c.reason}).\n\n")
+                f"{load()} after; precision: {'bf16' if c.bf16 else 'float32'} ({c.reason}); OpenMP wait: {omp_wait()}.\n\n")
 
 
 def write_results(name: str, data, header: Header, text: str) -> None:

@@ -17,10 +17,12 @@ grad clip 1.0, full fine-tune, no gradient checkpointing (TRL's default turns it
 update time for memory). Precision on both sides is what rlpost's start-up probe picks on this
 machine (model/precision.py): bf16 autocast over float32 master weights and a bf16 sampler where
 bf16 is fast (AVX-512 BF16), plain float32 where it is not (AVX2: TRL gets bf16=False too).
-OpenMP waits spin briefly, then sleep, on both sides (OMP_WAIT_POLICY=PASSIVE with GOMP_SPINCOUNT=1000:
-rlpost's default, given to TRL's child here; runs before 2026-11-24 22:00 had PASSIVE alone, rlpost's
-default then), so this compares the engines; contention.py compares the wait policies
-(with libgomp's default spin, TRL on a loaded machine is slower still).
+OpenMP waits as the environment says, the same for both children: by default GNU OpenMP's own
+policy (spin ~300k iterations at a barrier, then sleep), TRL as its users run it and rlpost as it
+ships since 2026-11-26 (it leaves the policy alone and moves its thread count instead:
+model/cores.py). Runs from 2026-11-24 22:00 to 2026-11-26 gave both children rlpost's default then,
+OMP_WAIT_POLICY=PASSIVE with GOMP_SPINCOUNT=1000 (``--spincount 1000`` reproduces it); runs before
+that, PASSIVE alone. contention.py compares the wait policies beside a busy process.
 
 Also measured, on the same 8 x 4 x 64 batch: tokens/s of rlpost's rollout engine against plain
 transformers `generate` with the same weights' dtype (dynamic cache and static cache).
@@ -48,7 +50,6 @@ HERE = Path(__file__).resolve().parent
 TRL_DIR = HERE / ".trl"
 TRL_VERSION = "1.16.0"
 PROMPTS, GROUP, MAX_NEW, TEMPERATURE, LR = 8, 4, 64, 0.7, 1e-5  # the defaults of --prompts, --group, --max-new
-SAME_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "1000"}  # what rlpost sets for itself, given to both children
 
 
 def ensure_trl() -> None:
@@ -146,6 +147,7 @@ def child_rlpost(a: argparse.Namespace) -> None:
         "reward": m["reward/mean"], "mean_length": m["response_length/mean"],
         "tokens": m["response_length/mean"] * a.prompts * a.group,
         "logp_diff_mean": m["actor/logp_diff_sampler_mean"], "logp_diff_max": m["actor/logp_diff_sampler_max"],
+        "threads": m.get("perf/threads"), "other_cores": m.get("perf/other_cores"),  # model/cores.py's count
     } for m in rows if "timing_s/update" in m]
     a.out.write_text(json.dumps({"steps": steps_log}))
 
@@ -273,8 +275,9 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=GROUP)
     ap.add_argument("--max-new", type=int, default=MAX_NEW)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="child rlpost: an extra override")
-    ap.add_argument("--spincount", default=SAME_WAIT["GOMP_SPINCOUNT"],
-                    help="GOMP_SPINCOUNT for both children (default: rlpost's own); another value writes vs_trl-spinN")
+    ap.add_argument("--spincount", default=None,
+                    help="both children under OMP_WAIT_POLICY=PASSIVE with this GOMP_SPINCOUNT (default: the environment's "
+                         "wait, GNU OpenMP's own unless set); writes vs_trl-spinN")
     ap.add_argument("--child", choices=["trl", "rlpost", "generate"])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -283,7 +286,7 @@ def main() -> None:
         return
     ensure_trl()
     header, shape = machine.Header(), (args.prompts, args.group, args.max_new)
-    wait = {**SAME_WAIT, "GOMP_SPINCOUNT": args.spincount}
+    wait = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": args.spincount} if args.spincount is not None else {}
     runs: dict[str, list] = {"trl": [], "rlpost": []}
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
@@ -294,7 +297,7 @@ def main() -> None:
     trl, ours = summarise(runs["trl"]), summarise(runs["rlpost"])
     text = report(trl, ours, gen, args)
     print(text)
-    name = "vs_trl" if wait == SAME_WAIT else f"vs_trl-spin{args.spincount}"
+    name = "vs_trl" if args.spincount is None else f"vs_trl-spin{args.spincount}"
     machine.write_results(name, {"trl": trl, "rlpost": ours, "generate": gen, "runs": runs}, header, text)
 
 

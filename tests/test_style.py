@@ -189,6 +189,7 @@ CPU_LITERAL_OK = {
     "observe/planner.py:calibrate": "`rlpost plan calibrate --device cpu`: a hardware name for the planner",
     "observe/planner.py:parse_eff": "the planner's efficiency phases, read from its 'cpu' table",
     "observe/planner.py:add_arguments": "`rlpost plan --device` default and help: a hardware name for the planner",
+    "model/cores.py:sample": "the /proc/stat lines of this process's cores ('cpu0', 'cpu1', ...), not a torch device",
     "envs/isolation.py:_own_cgroup_dirs": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
     "envs/isolation.py:cgroup_host": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
 }

@@ -9,23 +9,15 @@ config mistake is reported before torch loads:
   rlpost.Task           your own rows and verifier for ``train`` (envs/__init__.py)
   rlpost.export_run     a run's checkpoint as a transformers folder (model/export.py)
 
-One process-wide setting is made here, before anything imports torch: OpenMP threads that wait
-spin briefly, then sleep (``OMP_WAIT_POLICY=PASSIVE`` with ``GOMP_SPINCOUNT=1000``, ~10 us; read by
-libgomp once, when torch loads). With GNU OpenMP's default (spin ~300k iterations at every
-barrier), a torch op split over both cores waits for whichever thread the kernel has descheduled,
-while the other spins on the core that thread needs: 3.3-4.0x the step beside one busy process,
-where sleeping at once costs 1.1-1.6x. Sleeping at once costs a quiet machine the wake-ups between
-small ops instead (1.1-1.5x the step alone on AVX-512 AMD EPYC); the short spin keeps most of both
-(alone 0.67-0.90x of sleeping at once, busy 1.6-2.0x its own alone). benchmarks/contention.py.
-An explicit ``OMP_WAIT_POLICY`` in the environment wins (and then no spin count is set), as does an
-explicit ``GOMP_SPINCOUNT``; so does importing torch before rlpost.
+OpenMP's wait policy is left as the user has it (GNU OpenMP's default: threads spin a few ms at
+every barrier before they sleep). On a quiet machine that spin is what keeps a decode step's ~180
+parallel matmuls fast (waking a sleeping thread for each cost the loop's generation 4.0 s against
+2.9 s spinning); beside a busy process it is what made a step 3.3-4.0x as slow. The run answers
+that with its thread count instead: one thread fewer for each core other processes keep busy
+(model/cores.py, ``run.threads=0``), so no spinning thread competes with a neighbour.
+benchmarks/contention.py measures both. Until 2026-11-26 this module set a ~10 us spin
+(``OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=1000``) for every process that imported rlpost.
 """
-
-import os
-
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 __all__ = ["Trainer", "train", "load_config", "Task", "export_run"]
 

@@ -9,7 +9,6 @@ field of ``Rollouts`` is set in view here. Wall-clock per role goes into ``timin
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from rlpost.envs import Task, build_task, mix
 from rlpost.envs.data import PromptStream
 from rlpost.envs.mix import MixedStream, make_stream
 from rlpost.model import checkpoint, device, export
+from rlpost.model.cores import Cores
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table, timed
@@ -44,7 +44,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     (build.build_roles; tests wrap both to inject faults). What stops a run early (signals, failing
     reward functions, non-finite updates) is recipes/guard.py; the roles' processes are stopped
     however the loop ends."""
-    torch.set_num_threads(cfg.run.threads or os.cpu_count())
+    cores = Cores(cfg.run.threads)  # torch's threads: every core, fewer while other processes keep some busy
     task, run_dir = task or build_task(cfg), Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # library use: the CLI has claimed it already (observe/runfolder.py)
     t_start = time.perf_counter()
@@ -66,7 +66,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         with RunGuard(cfg, state.get("early_stop")) as guard:
             for step in guard.steps(start + 1, cfg.run.steps):
                 timings: dict = {}
-                batch, c_metrics = collect(roles, stream, cfg, timings)
+                batch, c_metrics = collect(roles, stream, cfg, timings, cores)
                 guard.check_rewards(c_metrics, step)  # a reward function that keeps failing stops the run here
                 if len(batch) == 0:  # every group was filtered out, even after refills: nothing to learn from
                     log.step(step, {**c_metrics, **timings, "timing_s/step": sum(timings.values())}, None)
@@ -84,6 +84,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                     batch.advantages, batch.returns = adv.tokens, adv.returns
                     batch.completion_mask = adv.loss_mask if adv.loss_mask is not None else batch.completion_mask
                 with timed("update", timings):
+                    cores.adjust()
                     u_metrics = roles.trainer.update(batch, roles.algo.loss)
                 guard.check_update(u_metrics, step)  # non-finite loss or gradient: skipped, and N in a row stop
                 u_metrics.update(roles.algo.end_step(u_metrics, adv.metrics, len(batch)))  # adaptive KL
@@ -94,7 +95,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                     with timed("eval", timings):
                         u_metrics.update(heldout_scores(roles, heldout, cfg))  # and a mix's per family
                 timings["timing_s/step"] = sum(timings.values())
-                log.step(step, {**c_metrics, **adv.metrics, **u_metrics, **timings, **perf(batch, timings),
+                log.step(step, {**c_metrics, **adv.metrics, **u_metrics, **timings, **perf(batch, timings, cores),
                                 "training/epoch": stream.epoch}, batch)
                 every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
                 if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
@@ -143,7 +144,8 @@ def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Pat
     return before
 
 
-def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config, timings: dict) -> tuple[Rollouts, dict]:
+def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config, timings: dict,
+            cores: Cores | None = None) -> tuple[Rollouts, dict]:
     """Generate and score one rollout batch, with the reward shaping and group filtering asked for.
 
     With group filtering (DAPO's dynamic sampling) groups that carry no signal are dropped and more
@@ -155,6 +157,8 @@ def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config
     kept, n_kept, rounds, metrics, first = [], 0, 0, {}, None
     while True:
         with timed("gen", timings):
+            if cores is not None:
+                cores.adjust()
             b = roles.rollout.generate(stream.next(), n=K, temperature=r.temperature, top_p=r.top_p,
                                        max_new_tokens=r.max_new_tokens)
             metrics.update(roles.rollout.last_metrics)
@@ -214,12 +218,13 @@ def batch_metrics(batch: Rollouts, group_size: int) -> dict:
     }
 
 
-def perf(batch: Rollouts, timings: dict) -> dict:
+def perf(batch: Rollouts, timings: dict, cores: Cores) -> dict:
     tokens = float(batch.completion_mask.sum() + batch.prompt_mask.sum())
     # On CUDA also the allocator's peak (perf/max_memory_allocated_gb), the GPU's counterpart of peak RSS.
+    # perf/threads: torch's threads for the update; perf/other_cores: other processes' work before it (model/cores.py)
     return {"perf/throughput": tokens / timings["timing_s/step"],
             "perf/gen_tokens_per_s": float(batch.completion_mask.sum()) / timings["timing_s/gen"],
-            **device.max_memory_allocated_gb()}
+            "perf/threads": cores.threads, "perf/other_cores": round(cores.others, 2), **device.max_memory_allocated_gb()}
 
 
 def schedule(cfg: config.Config, step: int) -> tuple[bool, bool]:
