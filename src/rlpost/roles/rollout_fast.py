@@ -36,6 +36,7 @@ from torch import Tensor
 
 from rlpost.model import device
 from rlpost.model.logprobs import position_ids
+from rlpost.roles import sampling
 from rlpost.roles.rollout_hf import HFRollout, continue_ids, top_p_truncate
 from rlpost.types.batch import Rollouts
 from rlpost.types.errors import ConfigError
@@ -306,15 +307,15 @@ class FastRollout:
         greedy when temperature is 0."""
         if temperature == 0:
             return logits.argmax(-1), torch.zeros(len(logits)), None
+        if top_p >= 1.0:  # the full softmax: a two-level inverse CDF, a few passes over the logits (roles/sampling.py)
+            tok, lp = sampling.draw(logits / temperature)
+            return tok, lp, None
         logp = (logits / temperature).log_softmax(-1)  # (b, V) the policy the trainer optimises
-        floor = None
-        if top_p < 1.0:  # the trainer truncates at the same threshold (Rollouts.sampler_floor)
-            logp, floor = top_p_truncate(logp, top_p)
-        draw_from = logp
+        logp, floor = top_p_truncate(logp, top_p)  # the trainer truncates at the same threshold (Rollouts.sampler_floor)
         # Inverse-CDF sampling: one uniform per row against the cumulative distribution. Exact;
         # the profiler charged torch.multinomial 25 ms per step, but end to end the two measured
         # the same (benchmarks/rollout_levers.py: 1.02x).
-        cdf = draw_from.exp().cumsum(-1)  # (b, V)
+        cdf = logp.exp().cumsum(-1)  # (b, V)
         u = torch.rand(len(cdf), 1) * cdf[:, -1:]
         tok = torch.searchsorted(cdf, u, side="right").squeeze(1).clamp(max=cdf.shape[1] - 1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(1), floor
