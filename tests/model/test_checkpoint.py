@@ -97,3 +97,15 @@ def test_the_protected_step_survives_the_rotation(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000001", "step_000003"]
     checkpoint.save(tmp_path, 4, {"w": torch.ones(2)}, {}, {"step": 4}, 1)  # no longer protected: it goes
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000004"]
+
+
+def test_only_a_shared_storage_is_copied_for_safetensors():
+    # The tied head is the embedding: safetensors refuses two names on one storage, so the second is
+    # copied; every other weight is written from where it is (no 540 MB transient per checkpoint).
+    from rlpost.model.checkpoint import unshared
+
+    emb, w = torch.randn(5, 3), torch.randn(3, 3)
+    out = unshared({"embed": emb, "head": emb, "w": w, "wt": w.t()})
+    assert out["embed"].data_ptr() == emb.data_ptr() and out["w"].data_ptr() == w.data_ptr()  # first users: not copied
+    assert out["head"].data_ptr() != emb.data_ptr() and torch.equal(out["head"], emb)
+    assert out["wt"].is_contiguous() and torch.equal(out["wt"], w.t())
