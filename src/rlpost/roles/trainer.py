@@ -123,6 +123,8 @@ class Trainer:
         # The data-parallel path runs them per micro-batch: each rank's rows are its own.
         self.prefix_once = tcfg.prompts_once and not data_parallel
         self.updates = 0  # update() calls in this process, for the heap trims
+        if not device.is_cuda(self.device):  # CPU-only lever: an update's memory comes back without page faults
+            heap.keep_freed()
         keep = self._cast_bf16() if tcfg.param_dtype == "bfloat16" else None  # before the tied lookup is split off
         if data_parallel:
             self._shard()
