@@ -2,9 +2,10 @@
 the roofline's update row (roofline.py), by kind of work.
 
     .venv/bin/python benchmarks/update_cost.py        # vs_trl.py's shape: 8 prompts x 4, <= 64 new tokens, 6 steps; ~4.5 min on AVX2
+    .venv/bin/python benchmarks/update_cost.py --set trainer.forward=hf --set trainer.micro_batch_size=8   # the runs before 2026-11-26
 
 Runs ``rlpost train`` in this process with vs_trl.py's rlpost configuration (the embedded model,
-the demo task, micro-batch 8, the precision the probe picks) for ``--steps`` steps. The last step's
+the demo task, micro-batch 32, the precision the probe picks) for ``--steps`` steps. The last step's
 update runs with every aten op timed (``OpTimer``, a dispatch mode), with FLOPs counted for the
 matmuls (aten::mm, addmm, bmm); the others are timed plainly, so the table can say how much the
 timing itself adds. Each op, grouped by name and input shapes, goes to the first kind of work that
@@ -18,7 +19,8 @@ fits:
                  a fresh tensor; in place, each micro-batch's gradient accumulated into .grad;
   log-probs      any other op on a (..., vocab) tensor: ChunkedLogp's log-sum-exp, softmax and
                  gradient over the completion tokens' logits;
-  attention      SDPA forward and backward (the flash kernel's matmuls are inside it, uncounted);
+  attention      SDPA forward and backward (the flash kernel's matmuls are inside it, uncounted;
+                 transformers' forward only: the packed trunk's attention is two bmms, counted as matmuls);
   embedding      the token embedding's lookup and its sparse gradient;
   optimizer      gradient clipping and the fused AdamW step;
   memory         copies, fills, casts, cat and the tensors they allocate;
@@ -45,7 +47,7 @@ from rlpost.model import precision
 from rlpost.observe import planner
 from rlpost.roles import trainer
 
-MICRO = 8  # vs_trl.py's micro-batch
+MICRO = 32  # vs_trl.py's micro-batch since 2026-11-26 (8 before; --set trainer.micro_batch_size=8)
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 # By the op's own name, without "aten::" and leading or trailing underscores: equal to a key, or a
 # key then "_" (silu_backward, foreach_norm, ...). After the matmul, gradient-sum and vocab rules.
@@ -133,7 +135,8 @@ def main() -> None:
     update, micro, ran = trainer.Trainer.update, trainer.Trainer._micro, []
 
     def counted_micro(self, mb, *args):  # completion positions the trainer actually computes
-        ran.append(mb.completion_ids.numel())
+        # the packed trunk runs a row's positions up to its last loss token; transformers' forward every column
+        ran.append(int(mb.completion_mask.sum()) if self.packed else mb.completion_ids.numel())
         return micro(self, mb, *args)
 
     def timed_update(self, batch, loss_fn):
@@ -171,7 +174,7 @@ def main() -> None:
             f"rollout.max_new_tokens={a.max_new}", "rollout.temperature=0.7", "trainer.lr=1e-5",
             f"run.steps={a.steps}", "run.seed=0", "run.eval_every=0", "run.checkpoint_every=0",
             "task.n_heldout=16", "run.progress=false", f"run.out_dir={out}", "run.name=run",
-            f"trainer.micro_batch_size={MICRO}", *a.set,
+            f"trainer.micro_batch_size={MICRO}", *a.set,  # a --set of the micro-batch comes later and wins
         ])
         assert code == 0, f"rlpost train exited {code}"
     finally:
@@ -217,16 +220,12 @@ def main() -> None:
     lines.append(f"| outside the ops | {wall - total:.2f} | {(wall - total) / wall:.0%} | Python, autograd's "
                  f"bookkeeping, the timer's own cost ({calls} op calls timed) |")
     padding = 6 * m["trunk"] * (tokens["computed"] - tokens["completion"])
-    recompute = 2 * m["head"] * tokens["completion"]  # ChunkedLogp's backward runs the lm_head forward again
+    recompute = 0  # since 2026-11-26 ChunkedLogp keeps the lm_head's output for its backward (no second pass)
     lines += ["", f"The timed batch: {tokens['completion']} completion tokens, {tokens['prompt']} prompt tokens "
               f"(each group's once). The roofline counts {useful / 1e9:.0f} GFLOP of useful work for it; the matmuls "
-              f"did {mm_flops / 1e9:.0f} ({mm_flops / useful:.2f}x). Padding: micro-batches of {MICRO} rows "
-              + ("sorted by their own length across groups (the prompts ran once for the mini-batch) "
-                 if tokens["sorted"] else "that keep each group whole (each runs its groups' prompts) ")
-              + f"run every row to the micro-batch's longest, "
-              f"{tokens['computed']} completion positions for {tokens['completion']} tokens, "
-              f"{padding / 1e9:.0f} GFLOP through the trunk; the log-probs' lm_head runs again in the backward, "
-              f"{recompute / 1e9:.0f} GFLOP.",
+              f"did {mm_flops / 1e9:.0f} ({mm_flops / useful:.2f}x; attention's bmms and the lm_head's are in both). "
+              f"Through the trunk: {tokens['computed']} completion positions for {tokens['completion']} tokens, "
+              f"{padding / 1e9:.0f} GFLOP of padding.",
               f"At the peak, the useful FLOPs would take {useful / peak:.2f} s, the counted ones {mm_flops / peak:.2f} s: "
               f"{useful / peak / wall:.0%} and {mm_flops / peak / wall:.0%} of this update's {wall:.2f} s "
               f"(= {mm_flops / useful:.2f}x the FLOPs, the matmuls at {mm_flops / mm_s / peak:.2f} of peak, "
