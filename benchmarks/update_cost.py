@@ -203,7 +203,8 @@ def main() -> None:
                  if k == kind]
         return ", ".join(parts[:n])
     lines = [f"`rlpost train` with vs_trl.py's configuration ({a.prompts} prompts x {a.group}, <= {a.max_new} new "
-             f"tokens, micro-batch 8, {'bf16 autocast' if choice.bf16 else 'float32'}), {a.steps} steps; "
+             f"tokens, micro-batch {MICRO}{''.join(f', {kv}' for kv in a.set)}, {'bf16 autocast' if choice.bf16 else 'float32'}), "
+             f"{a.steps} steps; "
              f"step {a.steps}'s update timed op by op (OpTimer).", "",
              f"Update wall time, plain: {', '.join(f'{x:.2f}' for x in plain)} s (steps 1-{a.steps - 1}, other batches); "
              f"step {a.steps}: {wall:.2f} s timed op by op, of which the ops' own times are {total:.2f} s. Shares are of "

@@ -144,6 +144,7 @@ class Workload:
     grad_ckpt: bool = False  # activation checkpointing: keep layer inputs only, recompute in backward
     mean_response_len: float = 0  # mean completion length; 0 = T (every row runs to the longest)
     prompts_once: bool = True  # the trainer runs a mini-batch's prompts once where they fit (trainer.prompts_once)
+    packed: bool = True  # trainer.forward auto/packed: on a CPU, without checkpointing, only real tokens (model/packed.py)
 
     @property
     def batch(self) -> int:
@@ -155,6 +156,15 @@ class Workload:
 
     def trainer(self) -> Workload:  # as the trainer runs it: checkpointing turns the shared prefix off
         return replace(self, share_prefix=self.share_prefix and not self.grad_ckpt)
+
+    def on(self, dev: Device) -> Workload:  # the packed trunk runs on a CPU without checkpointing only
+        return replace(self, packed=self.packed and dev.cpu and not self.grad_ckpt)
+
+    @property
+    def trained_len(self) -> float:
+        """Completion positions per row through the trainer's linear layers: the mean completion when
+        the trunk is packed (no padded rows), else T (every row padded to the longest)."""
+        return min(max(self.mean_response_len or self.T, 1), self.T) if self.packed else self.T
 
     def micro(self, gpus: int = 1) -> int:  # sequences per forward/backward on one device
         mini = max(1, (self.mini_batch or self.batch) // gpus)
@@ -191,7 +201,7 @@ def attn_flops(s: Shape, tokens: float, ctx: float) -> float:
 def forward_flops(s: Shape, w: Workload, rows: float, head: bool = True, gpus: int = 1) -> float:
     """One forward over `rows` sequences as the trainer runs it: 2 FLOPs per weight per token,
     the lm_head only at the T scored positions (logits_to_keep), causal attention."""
-    p_tok, c_tok = prompt_runs(w, rows, gpus) * w.prompt_len, rows * w.T
+    p_tok, c_tok = prompt_runs(w, rows, gpus) * w.prompt_len, rows * w.trained_len
     flops = 2 * s.trunk_params * (p_tok + c_tok)
     flops += attn_flops(s, p_tok, w.prompt_len / 2) + attn_flops(s, c_tok, w.prompt_len + w.T / 2)
     return flops + (2 * s.head_params * c_tok if head else 0)
@@ -234,7 +244,7 @@ LABELS = {"weights": "policy weights (fp32 master)", "sampler": "sampler copy", 
 def memory(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1) -> dict[str, float]:
     """Bytes per device. FSDP shards master weights, grads, AdamW, reference and critic over `gpus`;
     the sampler holds a full copy and generates B / gpus rows."""
-    P = s.params
+    P, w = s.params, w.on(dev)
     mem = {"weights": 4 * P / gpus, "sampler": P * (2 if w.sampler_bf16 else 4), "grads": 4 * P / gpus,
            "adamw": 8 * P / gpus}
     if w.reference:
@@ -244,7 +254,7 @@ def memory(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1) -> di
     rows, wt = w.micro(gpus), w.trainer()
     # one micro-batch; with the prompts run once per mini-batch, all of its prompts stay live too
     prompts = max(1, w.mini_batch or w.batch) / w.group if prompts_once(wt, gpus) else prompt_runs(wt, rows, gpus)
-    tokens = prompts * w.prompt_len + rows * w.T
+    tokens = prompts * w.prompt_len + rows * w.trained_len
     act = activation_bytes(s, tokens, w.trainer_bf16)
     if w.grad_ckpt:  # each layer's fp32 input is kept; one layer's tensors are rebuilt at a time
         act = s.layers * tokens * 4 * s.hidden + act / s.layers
@@ -296,7 +306,7 @@ def rollout_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1,
 
 def step_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict[str, float]:
     """Seconds per phase, named as the loop's timing_s/<phase>. Data parallel over `gpus`."""
-    bf16 = w.trainer_bf16
+    bf16, w = w.trainer_bf16, w.on(dev)
     rate = (dev.bf16_flops if bf16 else dev.fp32_flops) * gpus
     fwd = lambda wl, head=True: forward_flops(s, wl, w.batch, head, gpus) / (rate * efficiency(dev, "forward", bf16, eff))
     t, wt = {"gen": rollout_time(s, w, dev, gpus, eff)}, w.trainer()
@@ -370,7 +380,8 @@ def workload_from_run(cfg: Config, med: dict, dev: Device) -> Workload:
         # 'auto' (the default, saved as such): what the probe's rule picks on the device planned for
         trainer_bf16=bf16_on(t.precision, dev), sampler_bf16=bf16_on({"bfloat16": "bf16", "float32": "fp32"}.get(r.dtype, r.dtype), dev),
         reference=reference, critic=critic, early_old=early_old,
-        share_prefix=t.share_prompt_prefix, prompts_once=t.prompts_once, grad_ckpt=cfg.model.gradient_checkpointing)
+        share_prefix=t.share_prompt_prefix, prompts_once=t.prompts_once, grad_ckpt=cfg.model.gradient_checkpointing,
+        packed=t.forward != "hf" and not cfg.model.lora_r)
 
 
 def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict | None = None) -> dict:
@@ -425,6 +436,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sampler weights; auto = as rollout.dtype=auto picks on --device")
     w.add_argument("--no-share-prefix", action="store_true", help="the trainer runs every row's prompt")
     w.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing (model.gradient_checkpointing)")
+    w.add_argument("--forward", default="auto", choices=("auto", "hf"),
+                   help="trainer.forward: auto packs the trainer's tokens on a CPU, so only real tokens count (a run's "
+                        "mean completion with --from; every row --response-len long otherwise); hf pads to the longest")
     c = p.add_argument_group("cluster")
     c.add_argument("--device", default="cpu", help=f"cpu (this machine, probed; default), cpu-avx512 (the reference "
                    f"2-core AVX-512 bf16 machine) or a GPU: {', '.join(GPUS)}")
@@ -446,7 +460,7 @@ def workload_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Workl
     reference, critic, early_old = algorithm_parts(cfg)
     return Workload(a.prompts, a.group, a.prompt_len, a.new_tokens, a.response_len, a.micro_batch, a.mini_batch,
                     a.epochs, bf16_on(a.precision, dev), bf16_on(a.sampler_dtype, dev), reference, critic, early_old,
-                    not a.no_share_prefix, a.grad_ckpt)
+                    not a.no_share_prefix, a.grad_ckpt, packed=a.forward != "hf")
 
 
 def format_plan(p: dict, label: str) -> str:
