@@ -314,6 +314,12 @@ def test_the_fitted_efficiencies_still_reproduce_the_runs_they_were_fitted_to(tm
     demo = {"timing_s/update": 9.45, "prompt_length/mean": 46.2, "response_length/max": 16, "response_length/mean": 10.8}
     cal = planner.calibrate(fake_run(tmp_path / "amd", ["model.name=embedded"], [demo]), device="cpu")
     assert 0.8 < {r["name"]: r for r in cal["rows"]}["timing_s/update"]["ratio"] < 1.25
+    # The same machine capped to AVX2 (2026-11-26; probed bf16 2.3, fp32 82.9 GFLOP/s per core, float32
+    # picked): the demo's update 13.83 s, mean completion 12.2
+    monkeypatch.setattr(precision, "probe", lambda device="cpu": precision.Probe("cpu", "AVX2", 2.3, 82.9, 18.1, 2, "k"))
+    demo = {"timing_s/update": 13.83, "prompt_length/mean": 46.2, "response_length/max": 16, "response_length/mean": 12.2}
+    cal = planner.calibrate(fake_run(tmp_path / "avx2", ["model.name=embedded"], [demo]), device="cpu")
+    assert 0.8 < {r["name"]: r for r in cal["rows"]}["timing_s/update"]["ratio"] < 1.25
 
 
 def test_plan_through_the_cli():

@@ -64,7 +64,9 @@ def probed_cpu() -> Device:
 #   update  : forward+backward on the trainer's packed trunk (model/packed.py: the mean completion's
 #             tokens, not the padded batch). bf16: the AMD Zen 4 demo (2026-11-26, update 9.45 s, 0.40)
 #             and vs_trl.py's rlpost child (4.22 s for 0.82 TFLOP, 0.46) against the probed peak -> 0.42.
-#             (0.24 on transformers' padded forward, 2026-11-22.) fp32: see FP32_UPDATE below
+#             (0.24 on transformers' padded forward, 2026-11-22.) fp32, the same machine capped to AVX2
+#             (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2): the demo 13.8 s (0.78) and vs_trl.py's
+#             6.74 s for 0.82 TFLOP (0.73) -> 0.75 (0.58 on transformers' forward on the AVX2 kind)
 #   prefill : each prompt once. fp32: 16 demo prompts in 1.79 s (decode_cost.py) -> 0.48; bf16 0.45,
 #             set when the demo ran on `generate` (128 x 16 tokens, 10.5 s), not re-measured
 #   decode_bw: the matmuls' fixed cost per decode step, 0.54 GB of fp32 weights in 31.3 ms on the AVX2
@@ -73,7 +75,7 @@ def probed_cpu() -> Device:
 # times slower) and an FSDP trainer at 40% MFU. Calibrate against your own run and pass --eff.
 EFFICIENCY = {
     "cpu": {"prefill": (0.45, 0.48), "decode": (0.24, 0.48), "decode_bw": (1.0, 1.0),
-            "forward": (0.32, 0.6), "update": (0.42, 0.58), "sync": (1.0, 1.0)},
+            "forward": (0.32, 0.6), "update": (0.42, 0.75), "sync": (1.0, 1.0)},
     "gpu": {"prefill": (0.5, 0.5), "decode": (0.5, 0.5), "decode_bw": (0.6, 0.6),
             "forward": (0.45, 0.45), "update": (0.4, 0.4), "sync": (0.7, 0.7)},
 }
