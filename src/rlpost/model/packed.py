@@ -76,10 +76,6 @@ def resolve(setting: str, model: torch.nn.Module, *, checkpointing: bool = False
     return why is None
 
 
-SAVED_BYTES = 16 * 2**20  # a layer's float32 probabilities up to this size are kept for the backward
-CHUNK_BYTES = 64 * 2**20  # larger ones are computed this many bytes of scores at a time, and recomputed
-
-
 class Attention(torch.autograd.Function):
     """softmax(q k^T * scale + mask) v for grouped-query attention, with its backward written out.
 
@@ -89,76 +85,47 @@ class Attention(torch.autograd.Function):
     (q and k cast up: products of bf16 numbers are exact in float32), p is cast to v's dtype for
     p v. The backward is the textbook one (with
     p = softmax(s), o = p v): dv = p^T do, dp = do v^T, ds = p (dp - rowsum(p dp)) * scale,
-    dq = ds k, dk = ds^T q.
-
-    Memory. p is (b, nkv, g*T, L) float32 a layer: 2 MB at 8 x 9 x 63 x 110, kept for the backward
-    while it is at most ``SAVED_BYTES``. Longer rows make it grow with T^2 (324 MB a layer at 8 rows
-    of 1,024 tokens, ~10 GB over 30 layers), so past that the forward runs ``CHUNK_BYTES`` of scores
-    at a time over the query positions and keeps only each query's log-sum-exp, and the backward
-    recomputes p a chunk at a time from it, as flash attention does: one more q k^T per layer, no
-    T^2 tensor kept."""
+    dq = ds k, dk = ds^T q. It keeps p in float32 for it (2 MB a layer at 8 x 9 x 63 x 110)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-        b, nkv, gT, hd = q.shape
+        b, nkv, gT, _ = q.shape
         T, L = mask.shape[-2:]
         acc = torch.promote_types(q.dtype, torch.float32)  # the scores' dtype: float32, or float64 in tests
-        ctx.scale, ctx.keep = scale, b * nkv * gT * L * 4 <= SAVED_BYTES
-        if ctx.keep:
-            s = (q.to(acc) @ k.to(acc).transpose(-1, -2)).view(b, nkv, gT // T, T, L)  # (b, nkv, g, T, L)
-            p = torch.add(mask, s, alpha=scale).softmax(-1).view(b, nkv, gT, L)
-            ctx.save_for_backward(q, k, v, mask, p)
-            return p.to(q.dtype) @ v  # (b, nkv, g*T, hd)
-        o = q.new_empty(b, nkv, gT // T, T, hd)
-        lse = torch.empty(b, nkv, gT // T, T, dtype=acc, device=q.device)
-        ctx.step = max(1, CHUNK_BYTES * T // (b * nkv * gT * L * 4))  # query positions a chunk
-        for t0, qc, mc in _chunks(q, mask, ctx.step):
-            tc = mc.shape[3]
-            s = torch.add(mc, (qc.to(acc) @ k.to(acc).transpose(-1, -2)).view(b, nkv, -1, tc, L), alpha=scale)
-            lse[:, :, :, t0 : t0 + tc] = s.logsumexp(-1)
-            p = s.sub_(lse[:, :, :, t0 : t0 + tc, None]).exp_().to(q.dtype)  # (b, nkv, g, tc, L)
-            o[:, :, :, t0 : t0 + tc] = (p.flatten(2, 3) @ v).view(b, nkv, -1, tc, hd)
-        ctx.save_for_backward(q, k, v, mask, lse)
-        return o.view(b, nkv, gT, hd)
+        s = (q.to(acc) @ k.to(acc).transpose(-1, -2)).view(b, nkv, gT // T, T, L)  # (b, nkv, g, T, L)
+        p = torch.add(mask, s, alpha=scale).softmax(-1).view(b, nkv, gT, L)
+        ctx.save_for_backward(q, k, v, p)
+        ctx.scale = scale
+        return p.to(q.dtype) @ v  # (b, nkv, g*T, hd)
 
     @staticmethod
     def backward(ctx, do: Tensor):
-        q, k, v, mask, p_or_lse = ctx.saved_tensors
-        b, nkv, gT, hd = q.shape
-        T = mask.shape[-2]
+        q, k, v, p = ctx.saved_tensors
         do = do.to(q.dtype)
-        if ctx.keep:
-            return (*_backward(q, k, v, do, p_or_lse, ctx.scale), None, None)
-        dq = torch.empty_like(q).view(b, nkv, gT // T, T, hd)
-        dk, dv = (torch.zeros(t.shape, dtype=p_or_lse.dtype, device=t.device) for t in (k, v))  # summed over chunks
-        for t0, qc, mc in _chunks(q, mask, ctx.step):
-            tc = mc.shape[3]
-            s = torch.add(mc, (qc.to(p_or_lse.dtype) @ k.to(p_or_lse.dtype).transpose(-1, -2)).view(b, nkv, -1, tc, mc.shape[4]),
-                          alpha=ctx.scale)
-            p = s.sub_(p_or_lse[:, :, :, t0 : t0 + tc, None]).exp_().flatten(2, 3)  # (b, nkv, g tc, L), as the forward's
-            doc = do.view(b, nkv, gT // T, T, hd)[:, :, :, t0 : t0 + tc].reshape(b, nkv, -1, hd)
-            dqc, dkc, dvc = _backward(qc, k, v, doc, p, ctx.scale)
-            dq[:, :, :, t0 : t0 + tc] = dqc.view(b, nkv, -1, tc, hd)
-            dk += dkc
-            dv += dvc
-        return dq.view(b, nkv, gT, hd), dk.to(k.dtype), dv.to(v.dtype), None, None
+        dv = p.to(q.dtype).transpose(-1, -2) @ do  # (b, nkv, L, hd)
+        dp = do.to(p.dtype) @ v.to(p.dtype).transpose(-1, -2)  # (b, nkv, g*T, L)
+        ds = (p * (dp - (p * dp).sum(-1, keepdim=True)) * ctx.scale).to(q.dtype)  # softmax's backward, 0 off the mask
+        return ds @ k, ds.transpose(-1, -2) @ q, dv, None, None
 
 
-def _backward(q: Tensor, k: Tensor, v: Tensor, do: Tensor, p: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv of softmax attention for queries q with probabilities p (float32) and output grad do."""
-    dv = p.to(q.dtype).transpose(-1, -2) @ do  # (b, nkv, L, hd)
-    dp = do.to(p.dtype) @ v.to(p.dtype).transpose(-1, -2)  # (b, nkv, g*T, L)
-    ds = (p * (dp - (p * dp).sum(-1, keepdim=True)) * scale).to(q.dtype)  # softmax's backward, 0 off the mask
-    return ds @ k, ds.transpose(-1, -2) @ q, dv
+SAVED_BYTES = 16 * 2**20  # Attention keeps a layer's float32 probabilities up to this size; SDPA past it
 
 
-def _chunks(q: Tensor, mask: Tensor, step: int):
-    """(t0, q's rows for query positions t0..t0+step of every head (b, nkv, g*tc, hd), their mask)."""
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """``Attention`` while its float32 probabilities, which it keeps for the backward, are at most
+    ``SAVED_BYTES`` a layer (the demo: 5 MB; vs_trl.py's batch: 8 MB). They grow with the square of
+    the length, 324 MB a layer at 8 rows of 1,024 tokens, ~10 GB over 30 layers (scaling.py's
+    longest run was OOM-killed at 23.5 GB), and the float32 q k^T with them: past that, torch's SDPA
+    (its CPU flash kernel, as transformers' forward runs it) keeps only a log-sum-exp per query and
+    computes the scores in the inputs' dtype with float32 accumulation. Same layout either way: q
+    (b, nkv, g*T, hd) is (b, nh, T, hd) with query head j*g + i on kv head j, SDPA's enable_gqa order."""
     b, nkv, gT, hd = q.shape
-    T = mask.shape[-2]
-    q5 = q.view(b, nkv, gT // T, T, hd)
-    for t0 in range(0, T, step):
-        yield t0, q5[:, :, :, t0 : t0 + step].reshape(b, nkv, -1, hd), mask[..., t0 : t0 + step, :]
+    T, L = mask.shape[-2:]
+    if b * nkv * gT * L * 4 <= SAVED_BYTES:
+        return Attention.apply(q, k, v, mask, scale)
+    o = F.scaled_dot_product_attention(q.view(b, nkv * (gT // T), T, hd), k, v, mask[:, 0].to(q.dtype), scale=scale,
+                                       enable_gqa=True)  # (b, nh, T, hd)
+    return o.view(b, nkv, gT, hd)
 
 
 @dataclass
@@ -254,7 +221,7 @@ class PackedTrunk:
             kv_out.append((k, v))
             if prefix_kv is not None:
                 k, v = torch.cat([prefix_kv[i][0], k], 2), torch.cat([prefix_kv[i][1], v], 2)  # (b, nkv, P+T, hd)
-            o = Attention.apply(q, k, v, mask, self.scale).view(b, nh, T, hd).transpose(1, 2).reshape(b * T, nh * hd)
+            o = attention(q, k, v, mask, self.scale).view(b, nh, T, hd).transpose(1, 2).reshape(b * T, nh * hd)
             if grid is not None:
                 o = o.index_select(0, grid)  # (N, nh hd): back to the tokens
             x = x + F.linear(o, w_o, b_o)
