@@ -337,7 +337,7 @@ def test_a_gpu_plan_says_what_rlpost_lacks_instead_of_fits_yes(capsys):
     assert planner.main(["--params", "7B", "--gpu", "h100", "--gpus", "8"]) == 0
     out = capsys.readouterr().out
     assert "fits in device memory" not in out and "(estimate only)" in out
-    assert "rlpost cannot run this set-up yet" in out and "no GPU run has been made" in out and "vLLM" in out
+    assert "rlpost cannot run this set-up yet" in out and "checked only on a tiny model" in out and "vLLM" in out
     assert planner.main(["--params", "7B", "--gpu", "h100", "--gpus", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["lacks"]
     assert planner.main(["--model", "tiny"]) == 0  # the CPU plan is one rlpost runs today

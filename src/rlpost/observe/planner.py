@@ -21,16 +21,7 @@ import yaml
 from rlpost import algorithms
 from rlpost.config import Config, ConfigError, from_dict, to_dict
 from rlpost.observe.devices import (  # noqa: F401 - re-exported: planner.GPUS etc.
-    CPU_AVX512,
-    EFFICIENCY,
-    GPUS,
-    Device,
-    bf16_on,
-    decode_overhead,
-    efficiency,
-    probed_cpu,
-    resolve_device,
-)
+    CPU_AVX512, EFFICIENCY, GPUS, Device, bf16_on, decode_overhead, efficiency, probed_cpu, resolve_device)
 
 GiB = 2**30
 
@@ -161,9 +152,7 @@ class Workload:
         return replace(self, packed=self.packed and dev.cpu and not self.grad_ckpt)
 
     @property
-    def trained_len(self) -> float:
-        """Completion positions per row through the trainer's linear layers: the mean completion when
-        the trunk is packed (no padded rows), else T (every row padded to the longest)."""
+    def trained_len(self) -> float:  # completion positions per row through the linears: the mean if packed, else T
         return min(max(self.mean_response_len or self.T, 1), self.T) if self.packed else self.T
 
     def micro(self, gpus: int = 1) -> int:  # sequences per forward/backward on one device
@@ -172,7 +161,7 @@ class Workload:
 
 
 # Why a GPU plan is for a set-up rlpost cannot run yet ("fits" is the memory check alone).
-GPU_LACKS = ("run.device=cuda places every role on the GPU, but no GPU run has been made: verified on CPU only (docs/gpu.md)",
+GPU_LACKS = ("run.device=cuda places every role on the GPU, checked only on a tiny model on one H100 (docs/gpu.md)",
              "the GPU decode figure assumes the vLLM engine (rollout.engine=vllm), which was tested on CPU only")
 
 
@@ -408,8 +397,6 @@ INT_ARGS = (  # (name, default, smallest allowed, help): the workload's integer 
     ("mini_batch", 0, 0, "sequences per optimizer step (0 = all)"), ("epochs", 1, 1, "passes over each batch"))
 
 
-
-
 def parse_eff(items: list[str] | None) -> dict[str, float]:
     """['update=0.3', ...] -> {'update': 0.3}: efficiencies (e.g. from calibrate) replacing the table's."""
     pairs = [item.partition("=")[::2] for item in items or ()]
@@ -437,8 +424,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--no-share-prefix", action="store_true", help="the trainer runs every row's prompt")
     w.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing (model.gradient_checkpointing)")
     w.add_argument("--forward", default="auto", choices=("auto", "hf"),
-                   help="trainer.forward: auto packs the trainer's tokens on a CPU, so only real tokens count (a run's "
-                        "mean completion with --from; every row --response-len long otherwise); hf pads to the longest")
+                   help="trainer.forward: auto counts real tokens on a CPU (the run's mean with --from), hf pads rows")
     c = p.add_argument_group("cluster")
     c.add_argument("--device", default="cpu", help=f"cpu (this machine, probed; default), cpu-avx512 (the reference "
                    f"2-core AVX-512 bf16 machine) or a GPU: {', '.join(GPUS)}")
