@@ -30,16 +30,21 @@ def assert_close(a, b, atol, rtol=0.0):
     assert torch.allclose(a, b, atol=atol, rtol=rtol), (a - b).abs().max()
 
 
+def assert_same_function(hf, pk, mask):
+    """Two logp_and_grads results agree in float32: log-probs on the mask, and every weight's gradient
+    (embedding, norms, fused projections split back apart)."""
+    assert_close(hf[0][mask], pk[0][mask], atol=1e-5)
+    assert hf[1].keys() == pk[1].keys()
+    for name in hf[1]:
+        assert_close(hf[1][name], pk[1][name], atol=1e-5)
+
+
 @pytest.mark.parametrize("share", [True, False])
 def test_float32_values_and_gradients_equal_transformers(tiny, batch, share):
     assert not batch.prompt_mask.all()  # left padding is exercised
     hf = logp_and_grads(tiny.model, batch, use_packed=False, share=share)
     pk = logp_and_grads(tiny.model, batch, use_packed=True, share=share)
-    m = batch.completion_mask
-    assert_close(hf[0][m], pk[0][m], atol=1e-5)
-    assert hf[1].keys() == pk[1].keys()
-    for name in hf[1]:  # every weight: embedding, norms, fused projections split back apart
-        assert_close(hf[1][name], pk[1][name], atol=1e-5)
+    assert_same_function(hf, pk, batch.completion_mask)
 
 
 def test_bf16_autocast_tracks_transformers(tiny, batch):
@@ -64,10 +69,7 @@ def test_holes_in_the_loss_mask_are_fed_but_not_scored(tiny, batch):
     holed.completion_mask[:, 1] = False
     hf = logp_and_grads(tiny.model, holed, use_packed=False)
     pk = logp_and_grads(tiny.model, holed, use_packed=True)
-    m = holed.completion_mask
-    assert_close(hf[0][m], pk[0][m], atol=1e-5)
-    for name in hf[1]:
-        assert_close(hf[1][name], pk[1][name], atol=1e-5)
+    assert_same_function(hf, pk, holed.completion_mask)
 
 
 def test_prompts_once_as_leaves_give_the_same_gradient(tiny, batch):
@@ -101,11 +103,8 @@ def test_qwen2_biases(batch):
             torch.nn.init.normal_(p, std=0.5)  # zeros at init would not test them
     hf = logp_and_grads(model, batch, use_packed=False)
     pk = logp_and_grads(model, batch, use_packed=True)
-    m = batch.completion_mask
-    assert_close(hf[0][m], pk[0][m], atol=1e-5)
     assert any("q_proj.bias" in n for n in pk[1])
-    for name in hf[1]:
-        assert_close(hf[1][name], pk[1][name], atol=1e-5)
+    assert_same_function(hf, pk, batch.completion_mask)
 
 
 def test_long_rows_take_sdpa_and_still_equal_transformers(tiny, batch, monkeypatch):
@@ -118,9 +117,7 @@ def test_long_rows_take_sdpa_and_still_equal_transformers(tiny, batch, monkeypat
     hf = logp_and_grads(tiny.model, batch, use_packed=False)
     pk = logp_and_grads(tiny.model, batch, use_packed=True)
     m = batch.completion_mask
-    assert_close(hf[0][m], pk[0][m], atol=1e-5)
-    for name in hf[1]:
-        assert_close(hf[1][name], pk[1][name], atol=1e-5)
+    assert_same_function(hf, pk, m)
     hf16 = logp_and_grads(tiny.model, batch, use_packed=False, autocast=True)
     pk16 = logp_and_grads(tiny.model, batch, use_packed=True, autocast=True)
     err = lambda run: (run[0][m] - hf[0][m]).abs().max()
