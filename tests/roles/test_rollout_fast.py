@@ -46,7 +46,7 @@ def test_rope_and_decode_scores_are_transformers_bit_for_bit_in_bf16(tiny):
     got = fast._rope(torch.cat([q, k], 1).transpose(1, 2), *fast._cos_sin(pos))  # (b, s, heads, hd)
     assert torch.equal(got.transpose(1, 2), torch.cat([want_q, want_k], 1))
 
-    # A decode step's attention (_attend at s = 1) against eager's: float32 scores * scale, masked, softmax.
+    # A decode step's attention (_attend_step) against eager's: float32 scores * scale, masked, softmax.
     L, g_ = 7, fast.nh // fast.nkv
     q = torch.randn(4, fast.nh, 1, fast.hd, generator=g).bfloat16()
     kt = torch.randn(4, fast.nkv, fast.hd, L, generator=g).bfloat16()
@@ -57,7 +57,7 @@ def test_rope_and_decode_scores_are_transformers_bit_for_bit_in_bf16(tiny):
     probs = scores.masked_fill(~keep, float("-inf")).softmax(-1).to(v.dtype)
     eager = (probs @ v).view(4, fast.nh, 1, fast.hd)
     additive = torch.zeros(4, 1, 1, L).masked_fill(~keep, float("-inf"))
-    assert torch.equal(fast._attend(q, kt, v, additive), eager)
+    assert torch.equal(fast._attend_step(q.view(4, fast.nh, fast.hd), kt, v, additive), eager.view(4, -1))
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.8])

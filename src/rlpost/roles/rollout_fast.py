@@ -189,67 +189,59 @@ class FastRollout:
         bit for bit, in two ops fewer."""
         return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
-    def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, cache: tuple[Tensor, Tensor], at: int,
-                kmask: Tensor) -> Tensor:
-        """Run all layers on x (b, s, H) whose tokens sit at cache slots [at, at+s); attention sees
-        slots [0, at+s) where kmask (b, 1, s, at+s) is True (prefill), or, for a decode step, where
-        the additive kmask (b, 1, 1, at+1) is 0 rather than -inf. Writes the new K/V into the cache:
-        keys transposed (layers, B, nkv, hd, L), so a decode step's q @ K needs no copy, and values
-        (layers, B, nkv, L, hd). RoPE turns q and k in one go: they sit side by side in qkv."""
+    def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, cache: tuple[Tensor, Tensor], kmask: Tensor) -> Tensor:
+        """Prefill: run all layers on x (b, s, H), the prompts, whose tokens fill cache slots [0, s);
+        attention (SDPA) sees the slots where the boolean kmask (b, 1, s, s) is True. Writes their K/V
+        into the cache: keys transposed (layers, B, nkv, hd, L), so a decode step's q @ K needs no copy
+        (``_step``), and values (layers, B, nkv, L, hd). RoPE turns q and k in one go: they sit side by
+        side in qkv."""
         kc, vc = cache
         b, s, _ = x.shape
         nq, nk = self.nh * self.hd, self.nkv * self.hd
         for i, L in enumerate(self.layers):
-            h = self._rms(x, L.norm_in)
-            qkv = L.qkv(h)  # (b, s, nq + 2 nk)
+            qkv = L.qkv(self._rms(x, L.norm_in))  # (b, s, nq + 2 nk)
             qk = self._rope(qkv[..., : nq + nk].view(b, s, self.nh + self.nkv, self.hd), cos, sin)
             q, k = qk[:, :, : self.nh].transpose(1, 2), qk[:, :, self.nh :].transpose(1, 2)  # (b, heads, s, hd)
-            kc[i, :b, :, :, at : at + s] = k.transpose(-1, -2)
-            vc[i, :b, :, at : at + s] = qkv[..., nq + nk :].view(b, s, self.nkv, self.hd).transpose(1, 2)
-            o = self._attend(q, kc[i, :b, :, :, : at + s], vc[i, :b, :, : at + s], kmask)
-            x = x + L.o(o.transpose(1, 2).reshape(b, s, nq))
-            gate, up = L.gate_up(self._rms(x, L.norm_post)).chunk(2, dim=-1)
-            x = x + L.down(F.silu(gate) * up)
+            kc[i, :b, :, :, :s] = k.transpose(-1, -2)
+            vc[i, :b, :, :s] = qkv[..., nq + nk :].view(b, s, self.nkv, self.hd).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, kc[i, :b, :, :, :s].transpose(-1, -2), vc[i, :b, :, :s], attn_mask=kmask,
+                                               enable_gqa=self.nkv != self.nh)
+            x = self._mlp(x + L.o(o.transpose(1, 2).reshape(b, s, nq)), L)
         return x
 
     def _step(self, x: Tensor, cos: Tensor, sin: Tensor, views: list[tuple[Tensor, Tensor]], at: int,
               kmask: Tensor) -> Tensor:
-        """``_layers`` for one decode step, in fewer ops (a step is ~2,100 small ops at a few rows, each
-        ~5 us of dispatch): x (b, 1, H) one new token per row at cache column ``at``; ``views``: each
-        layer's cache for the live rows, keys (b, nkv, hd, L) and values (b, nkv, L, hd); cos, sin
-        (b, 1, hd); kmask (b, 1, 1, at+1) additive. The same products and sums as ``_layers`` and
-        ``_attend`` (a decode step's scores in bf16, then float32 plus the mask; tests check the bits);
-        only the views differ: q stays stacked by kv head, so the two bmms need no broadcast copies and
-        their output is already (b, nh * hd) in transformers' head order."""
+        """One decode step through all layers, in few ops (a step is ~2,100 small ops at a few rows,
+        each ~5 us of dispatch): x (b, 1, H) one new token per row at cache column ``at``; ``views``:
+        each layer's cache for the live rows, keys (b, nkv, hd, L) and values (b, nkv, L, hd); cos, sin
+        (b, 1, hd); kmask (b, 1, 1, at+1) additive (``_attend_step``)."""
         b, nh, nkv, hd = x.shape[0], self.nh, self.nkv, self.hd
-        nq, nk, g = nh * hd, nkv * hd, nh // nkv
+        nq, nk = nh * hd, nkv * hd
         for L, (kl, vl) in zip(self.layers, views):
             qkv = L.qkv(self._rms(x, L.norm_in))  # (b, 1, nq + 2 nk)
             qk = self._rope(qkv[:, 0, : nq + nk].view(b, nh + nkv, hd), cos, sin)  # (b, nh + nkv, hd)
             kl[..., at] = qk[:, nh:]  # this token's keys, column at of (b, nkv, hd, L)
             vl[:, :, at] = qkv[:, 0, nq + nk :].view(b, nkv, hd)
-            s = torch.bmm(qk[:, :nh].reshape(b * nkv, g, hd), kl[..., : at + 1].view(b * nkv, hd, at + 1))  # (b nkv, g, L)
-            p = torch.add(kmask, s.view(b, nkv, g, at + 1), alpha=hd**-0.5).softmax(-1).to(vl.dtype)  # float32 softmax
-            o = torch.bmm(p.view(b * nkv, g, at + 1), vl[:, :, : at + 1].view(b * nkv, at + 1, hd))  # (b nkv, g, hd)
-            x = x + L.o(o.view(b, 1, nq))
-            gate, up = L.gate_up(self._rms(x, L.norm_post)).chunk(2, dim=-1)
-            x = x + L.down(F.silu(gate) * up)
+            o = self._attend_step(qk[:, :nh], kl[..., : at + 1], vl[:, :, : at + 1], kmask)
+            x = self._mlp(x + L.o(o.view(b, 1, nq)), L)
         return x
 
-    def _attend(self, q: Tensor, kt: Tensor, v: Tensor, kmask: Tensor) -> Tensor:  # -> (b, nh, s, hd)
-        """Attention of q (b, nh, s, hd) over keys kt (b, nkv, hd, L) and values v (b, nkv, L, hd).
-        Prefill (s > 1) uses SDPA where the boolean kmask (b, 1, s, L) is True; a decode step
-        (s = 1) uses two small matmuls, which measured ~10x faster than CPU SDPA's flash kernel at
-        this size, and adds the float32 kmask (b, 1, 1, L) of 0 and -inf: 0 + scores * scale is
-        eager's float32 scores * scale exactly, in one op where a boolean mask took three. Each kv
-        head serves nh / nkv consecutive query heads (transformers' repeat_kv order); softmax in
-        float32 as in eager."""
-        b, _, s, _ = q.shape
-        if s > 1:
-            return F.scaled_dot_product_attention(q, kt.transpose(-1, -2), v, attn_mask=kmask, enable_gqa=self.nkv != self.nh)
-        q = q.reshape(b, self.nkv, self.nh // self.nkv, self.hd)  # (b, nkv, g, hd)
-        scores = torch.add(kmask, q @ kt, alpha=self.hd**-0.5)  # (b, nkv, g, L) float32, -inf off the mask
-        return (scores.softmax(-1).to(v.dtype) @ v).view(b, self.nh, 1, self.hd)
+    def _attend_step(self, q: Tensor, kt: Tensor, v: Tensor, kmask: Tensor) -> Tensor:  # -> (b, nh * hd)
+        """A decode step's attention: q (b, nh, hd), one query per row, over keys kt (b, nkv, hd, L)
+        and values v (b, nkv, L, hd). Two small bmms, which measured ~10x faster than CPU SDPA's flash
+        kernel at this size, with q stacked by kv head (each kv head serves nh / nkv consecutive query
+        heads, transformers' repeat_kv order), so they need no broadcast copies and their output is
+        already in transformers' head order. The float32 kmask (b, 1, 1, L) of 0 and -inf is added to
+        the scores: 0 + scores * scale is eager's float32 scores * scale exactly, in one op where a
+        boolean mask took three; softmax in float32 as in eager (tests check the bits)."""
+        b, (nkv, hd, L), g = q.shape[0], kt.shape[1:], self.nh // self.nkv
+        s = torch.bmm(q.reshape(b * nkv, g, hd), kt.view(b * nkv, hd, L))  # (b nkv, g, L)
+        p = torch.add(kmask, s.view(b, nkv, g, L), alpha=hd**-0.5).softmax(-1).to(v.dtype)
+        return torch.bmm(p.view(b * nkv, g, L), v.view(b * nkv, L, hd)).view(b, nkv * g * hd)
+
+    def _mlp(self, x: Tensor, L) -> Tensor:  # x + the layer's SwiGLU MLP of its post-attention norm
+        gate, up = L.gate_up(self._rms(x, L.norm_post)).chunk(2, dim=-1)
+        return x + L.down(F.silu(gate) * up)
 
     def _logits(self, x: Tensor) -> Tensor:  # (b, H) last-position states -> (b, V) float32
         return self.lm_head(self._rms(x, self.norm)).float()
@@ -288,7 +280,7 @@ class FastRollout:
         causal = torch.ones(P, P, dtype=torch.bool).tril()
         kmask = causal & mask[:, None, None, :]  # (G, 1, P, P)
         kmask |= torch.eye(P, dtype=torch.bool)  # a left pad attends itself (never read; avoids NaN)
-        x = self._layers(self.embed[ids], *self._cos_sin(pos), cache, 0, kmask)  # (G, P, H)
+        x = self._layers(self.embed[ids], *self._cos_sin(pos), cache, kmask)  # (G, P, H)
         if n > 1:
             cache[0][:, :B, :, :, :P] = cache[0][:, :G, :, :, :P].repeat_interleave(n, dim=1)  # group g's KV -> its n rows
             cache[1][:, :B, :, :P] = cache[1][:, :G, :, :P].repeat_interleave(n, dim=1)
