@@ -221,7 +221,6 @@ def main() -> None:
     lines.append(f"| outside the ops | {wall - total:.2f} | {(wall - total) / wall:.0%} | Python, autograd's "
                  f"bookkeeping, the timer's own cost ({calls} op calls timed) |")
     padding = 6 * m["trunk"] * (tokens["computed"] - tokens["completion"])
-    recompute = 0  # since 2026-11-26 ChunkedLogp keeps the lm_head's output for its backward (no second pass)
     lines += ["", f"The timed batch: {tokens['completion']} completion tokens, {tokens['prompt']} prompt tokens "
               f"(each group's once). The roofline counts {useful / 1e9:.0f} GFLOP of useful work for it; the matmuls "
               f"did {mm_flops / 1e9:.0f} ({mm_flops / useful:.2f}x; attention's bmms and the lm_head's are in both). "
@@ -242,7 +241,7 @@ def main() -> None:
     machine.write_results("update_cost", {"plain_s": plain, "timed_s_s": timed_s, "ops_s": total,
                                           "by_kind_s": by_kind, "matmul_flops": mm_flops, "peak_flops": peak,
                                           "useful_flops": useful, "tokens": tokens, "op_calls": sum(o["calls"] for o in ops), "positions": positions,
-                                          "padding_flops": padding, "recompute_flops": recompute,
+                                          "padding_flops": padding,
                                           "by_op_s": {f"{k}: {op}": sec for (k, op), sec in
                                                       sorted(by_op.items(), key=lambda kv: -kv[1])},
                                           "ops": sorted(ops, key=lambda o: -o["s"])[:60]},
