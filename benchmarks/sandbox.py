@@ -33,7 +33,11 @@ import json, os, statistics, sys, threading, time, warnings
 warnings.simplefilter("ignore")
 backend, n = sys.argv[1], int(sys.argv[2])
 os.environ["RLPOST_SANDBOX"] = {"rlimits": "rlimit"}.get(backend, backend)  # the old code reads only this
-from rlpost.envs import code, sandbox
+from rlpost.envs import code
+try:
+    from rlpost import sandbox  # rlpost/sandbox/ since issue 41
+except ImportError:
+    from rlpost.envs import sandbox
 new = hasattr(sandbox, "resolve_backend")
 rows = [code.make_row(t, t.space[len(t.space) // 2]) for t in code.TEMPLATES]
 def stamp(row, k):

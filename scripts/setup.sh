@@ -7,7 +7,7 @@
 #      dependencies (the `llm` CLI) are not needed
 #   4. install rlpost itself, editable, with its test extras
 #   0. (every run, best effort) Debian packages that tests and tasks use, when missing: bubblewrap,
-#      the sandbox for model-written code (envs/sandbox.py; without it code tasks refuse to start
+#      the sandbox for model-written code (src/rlpost/sandbox/; without it code tasks refuse to start
 #      unless task.sandbox=rlimits, a weaker sandbox), and chromium, which only the test that renders
 #      the run report headless uses (it skips, saying why, without it). Only on Debian/apt, only as
 #      root or with passwordless sudo, never failing the script. Tests never install anything.

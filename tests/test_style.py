@@ -15,6 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlpost"
 LAYERS = [
     ("types", "console"),  # the batch, the role contracts, the errors; one line to the user
     ("config", "sections"),  # typed config, loading and checks
+    ("sandbox",),  # runs model-written programs under limits and isolation; nothing else of rlpost, no torch
     ("envs",),  # task families, verifier functions, data rows; no torch
     ("algorithms", "search"),  # pure maths: advantages, losses, knobs as wrappers; pass@k, votes
     ("model",),  # loading, log-probs, LoRA, FSDP, checkpoints, encoding rows
@@ -190,8 +191,8 @@ CPU_LITERAL_OK = {
     "observe/planner.py:parse_eff": "the planner's efficiency phases, read from its 'cpu' table",
     "observe/planner.py:add_arguments": "`rlpost plan --device` default and help: a hardware name for the planner",
     "model/cores.py:sample": "the /proc/stat lines of this process's cores ('cpu0', 'cpu1', ...), not a torch device",
-    "envs/isolation.py:_own_cgroup_dirs": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
-    "envs/isolation.py:cgroup_host": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
+    "sandbox/isolation.py:_own_cgroup_dirs": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
+    "sandbox/isolation.py:cgroup_host": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
 }
 
 

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlpost.envs import code, grading, sandbox
+from rlpost.envs import code, grading
+from rlpost.sandbox import run
 from rlpost.envs.code import TEMPLATES, build_splits, extract_program, make_row, prepare, score
 from rlpost.envs.grading import CallTest, IoTest, Refused, canon, decode, parse_test, same
 from rlpost.rewards.runner import VerifierRunner
@@ -21,7 +22,7 @@ from rlpost.sections import ConfigError
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(10, 1) == 11", "assert add(7, 7) == 14"]
 FAST = {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 256}
 ADD_ROW = {"tests": ADD_TESTS, "limits": FAST}
-needs_bwrap = pytest.mark.skipif(not sandbox.bwrap_works(), reason="bubblewrap is missing or cannot run here")
+needs_bwrap = pytest.mark.skipif(not run.bwrap_works(), reason="bubblewrap is missing or cannot run here")
 
 
 def fenced(src: str) -> str:
@@ -149,7 +150,7 @@ def test_expected_values_never_enter_the_sandbox():
            "def f(x):\n    return x")
     tests = ["assert f(12345) == 'zq-expected-1'", {"call": "f('in')", "expected": "zq-expected-2"}, "assert not f('zq-input-3')"]
     statuses, res = grading.run_calls(extract_program(fenced(spy)), [parse_test(t) for t in tests],
-                                      sandbox.Limits(**FAST), "bwrap", 0)
+                                      run.Limits(**FAST), "bwrap", 0)
     assert statuses == ["fail", "fail", "fail"] and res.status == "ok"
     assert res.stderr == "inputs True True expected False\n", res.stderr  # the program's print goes to stderr
     assert "zq-expected" not in res.stdout
@@ -228,8 +229,8 @@ def test_code_task_refuses_to_start_without_bubblewrap(monkeypatch):
 
 
 def test_a_row_without_sandbox_settings_is_graded_under_bwrap_or_not_at_all(monkeypatch):
-    monkeypatch.setattr(sandbox, "bwrap_works", lambda: False)
-    with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+    monkeypatch.setattr(run, "bwrap_works", lambda: False)
+    with pytest.raises(run.SandboxUnavailable, match="apt-get install bubblewrap"):
         score(fenced("def add(a, b):\n    return a + b"), ADD_ROW)
 
 

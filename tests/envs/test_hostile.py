@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.envs import isolation, sandbox
+from rlpost.sandbox import isolation, run
 from rlpost.envs.code import score
 
 HOSTILE = Path(__file__).parent / "hostile"
@@ -59,7 +59,7 @@ def test_suite_covers_every_class_of_the_issue():
             "keyring", "priv", "cross"} <= prefixes
     for name in PROGRAMS:
         form, requires = header(name)
-        assert form in ("call", "io") and set(requires) <= set(sandbox.guarantees("bwrap")), name
+        assert form in ("call", "io") and set(requires) <= set(run.guarantees("bwrap")), name
 
 
 # --- the host side of the attacks: things a contained program must not reach -----------------
@@ -160,17 +160,17 @@ def machine_allows() -> dict[str, bool]:
 # Each backend's batch takes 10-12 s of wall time on 2 cores (most of the programs run until their
 # 2 s wall limit, 4 at a time), so every test that reads a batch is slow; the fast selection keeps
 # test_sandbox.py's limits and clean-up and test_code.py's hostile completions through the runner.
-@pytest.fixture(scope="module", params=[pytest.param(b, marks=pytest.mark.slow) for b in sandbox.BACKENDS])
+@pytest.fixture(scope="module", params=[pytest.param(b, marks=pytest.mark.slow) for b in run.BACKENDS])
 def batch(request, host):
     """Grade every applicable program (and the interleaved correct ones) once per backend."""
     backend = request.param
-    if backend == "bwrap" and not sandbox.bwrap_works():
+    if backend == "bwrap" and not run.bwrap_works():
         pytest.skip("bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)")
     values, listener, abstract = host
-    have = sandbox.guarantees(backend)
+    have = run.guarantees(backend)
     if backend == "bwrap":  # what bwrap lacks must be explained by the machine, never by the code
         have = machine_allows()
-        assert {g: ok for g, ok in sandbox.guarantees("bwrap").items() if g in have} == have
+        assert {g: ok for g, ok in run.guarantees("bwrap").items() if g in have} == have
     skipped = {n: [g for g in header(n)[1] if not have.get(g, True)] for n in PROGRAMS}
     skipped = {n: lacks for n, lacks in skipped.items() if lacks}
     marks = {n: f"rlpost-hostile-{n}-{os.urandom(4).hex()}" for n in PROGRAMS}

@@ -133,7 +133,7 @@ def test_make_stream_is_a_plain_prompt_stream_outside_a_mix():
 # --- the verifier -----------------------------------------------------------------------------
 
 
-@pytest.mark.filterwarnings("ignore:rlpost.envs.sandbox. running model-written code under rlimits:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:rlpost.sandbox. running model-written code under rlimits:RuntimeWarning")
 def test_each_row_is_scored_by_its_own_familys_rules():
     # "\boxed{0.5}" for the answer 1/2: math-verify says equal (1.0); the arithmetic rule (last integer
     # equals the answer) would read 5 and fail. "12 + 7 = 19" for 19: arithmetic's last integer, 1.0.

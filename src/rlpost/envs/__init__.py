@@ -9,7 +9,7 @@ Families (``task.name``):
   dataset     rows from ``task.data``; ``task.verifier`` or exact match on ``task.answer_column``
   math        math-verify answer equivalence; ``task.data`` or generated fraction problems
   gym         any reasoning-gym dataset (``task.gym_name`` / ``task.gym_config``), its own scorer
-  code        Python run against hidden tests in the sandbox (envs/sandbox.py)
+  code        Python run against hidden tests in the sandbox (rlpost/sandbox/)
   tools       multi-turn episodes with calculator / Python tools (envs/tools.py)
 
 ``task.mix`` builds several families (not tools) from the one config, each as it is built alone,

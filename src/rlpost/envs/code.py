@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rlpost.envs.grading import Refused, grade, parse_test
-from rlpost.envs.sandbox import BACKENDS, INSTALL_HINT, Limits, bwrap_works
+from rlpost.sandbox import BACKENDS, INSTALL_HINT, Limits, bwrap_works
 from rlpost.types.errors import ConfigError
 
 

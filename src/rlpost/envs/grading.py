@@ -56,7 +56,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from rlpost.envs.sandbox import Limits, Result, run_python
+from rlpost.sandbox import Limits, Result, run_python
 
 REL_TOL, ABS_TOL = 1e-6, 1e-9
 

@@ -26,7 +26,7 @@ import re
 
 from rlpost.envs.arithmetic import disjoint_splits, make_problem
 from rlpost.envs.arithmetic import score as last_integer
-from rlpost.envs.sandbox import Limits, run_python
+from rlpost.sandbox import Limits, run_python
 
 CALL = re.compile(r"<(calculator|python)>(.*?)</\1>", re.S)
 STOPS = ["</calculator>", "</python>"]
@@ -80,7 +80,7 @@ def calculator(expression: str) -> str:
 
 
 def python(code: str) -> str:
-    """Run the code in the sandbox (envs/sandbox.py); the observation is its stdout, or the error."""
+    """Run the code in the sandbox (rlpost/sandbox/); the observation is its stdout, or the error."""
     result = run_python(code, limits=Limits(wall_s=5, cpu_s=5, memory_mb=256))
     if result.status == "ok":
         return result.stdout.strip()

@@ -65,47 +65,15 @@ import subprocess
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
 
-from rlpost.envs import isolation, launch
-from rlpost.envs.launch import MAIN
+from rlpost.sandbox import isolation, launch
+from rlpost.sandbox.launch import MAIN
+from rlpost.sandbox.limits import Limits, Result
 
 KILL_WAIT_S = 2.0  # after a kill, how long to wait for the pipes to close
 REAP_WAIT_S = 5.0  # rlimits as root: how long to wait for init to reap a run's orphans (see kill_matching)
 BACKENDS = ("bwrap", "rlimits")
 INSTALL_HINT = "install bubblewrap (apt-get install bubblewrap)"
-
-
-@dataclass
-class Limits:
-    wall_s: float = 5.0
-    """wall-clock seconds before the whole process tree is killed"""
-    cpu_s: float = 5
-    """CPU seconds per process (RLIMIT_CPU)"""
-    memory_mb: int = 512
-    """address space per process (RLIMIT_AS)"""
-    max_processes: int = 32
-    """processes and threads in the sandbox (RLIMIT_NPROC; the cgroup's pids.max where there is one)"""
-    max_output_bytes: int = 1 << 20
-    """cap on stdout and on stderr; the program is killed when either goes over"""
-    max_file_mb: int = 16
-    """largest file the program may write (RLIMIT_FSIZE; also caps each memfd)"""
-    max_disk_mb: int = 64
-    """size of the working directory (bwrap: a tmpfs of this size; rlimits: not enforced)"""
-    total_memory_mb: int = 0
-    """memory of the whole run, memfd, tmpfs and shared memory included (cgroup); 0 = memory_mb + max_disk_mb"""
-
-
-@dataclass
-class Result:
-    status: str  # "ok" | "error" (non-zero exit) | "timeout" | "memory" | "output_limit" | "killed"
-    returncode: int | None  # exit code; -N = killed by signal N (bwrap's 128 + N is mapped to -N)
-    stdout: str  # decoded, at most max_output_bytes
-    stderr: str  # decoded, at most max_output_bytes
-    wall_s: float
-    backend: str  # "bwrap" | "rlimits"
-    peak_memory_mb: float | None = None  # the run's cgroup peak, where there is a cgroup
-    cleanup: str = ""  # what could not be cleaned up (never raised: the program's result stands)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -167,7 +135,7 @@ def guarantees(backend: str | None = None) -> dict[str, bool]:
 def _warn_missing(backend: str) -> None:
     missing = sorted(k for k, ok in guarantees(backend).items() if not ok)
     if missing:
-        warnings.warn(f"rlpost.envs.sandbox: running model-written code under {backend} without: "
+        warnings.warn(f"rlpost.sandbox: running model-written code under {backend} without: "
                       f"{', '.join(missing)} (see docs/environments.md)"
                       + (f"; {INSTALL_HINT} for the full sandbox" if backend == "rlimits" else ""),
                       RuntimeWarning, stacklevel=4)

@@ -1,4 +1,4 @@
-"""The sandbox itself (envs/sandbox.py, launch.py, isolation.py): both backends run honest
+"""The sandbox itself (rlpost/sandbox/: run.py, launch.py, isolation.py): both backends run honest
 programs, say exactly what they guarantee, enforce the limits the kernel can enforce, and clean up
 whatever a program leaves, without ever raising for it. The hostile programs are in
 test_hostile.py; the grading contract is in test_code.py.
@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from rlpost.envs import isolation, sandbox
-from rlpost.envs.sandbox import BACKENDS, Limits, SandboxUnavailable, guarantees, resolve_backend, run_python
+from rlpost.sandbox import isolation, run
+from rlpost.sandbox import BACKENDS, Limits, SandboxUnavailable, guarantees, resolve_backend, run_python
 
 ROOT = os.geteuid() == 0
 FAST = Limits(wall_s=3.0, cpu_s=2, memory_mb=128, max_disk_mb=16, max_processes=16)
@@ -27,7 +27,7 @@ FAST = Limits(wall_s=3.0, cpu_s=2, memory_mb=128, max_disk_mb=16, max_processes=
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    if request.param == "bwrap" and not sandbox.bwrap_works():
+    if request.param == "bwrap" and not run.bwrap_works():
         pytest.skip("bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)")
     return request.param
 
@@ -60,7 +60,7 @@ def test_program_sees_only_its_inputs(backend):
 
 
 def test_bwrap_workdir_is_a_capped_tmpfs_not_the_host_disk():
-    if not sandbox.bwrap_works():
+    if not run.bwrap_works():
         pytest.skip("bubblewrap is missing or cannot create namespaces here")
     probe = ("import os\nst = os.statvfs('.')\nprint(os.getcwd(), st.f_blocks * st.f_frsize >> 20)\n"
              "print(sorted(os.listdir('/')))")
@@ -84,12 +84,12 @@ def test_guarantees_name_everything_and_bwrap_with_cgroups_has_them_all():
     if ROOT and os.access("/sys/fs/cgroup", os.W_OK):  # root with a writable cgroupfs makes cgroups
         assert isolation.cgroup_host() is not None
     if ROOT and isolation.cgroup_host() and os.uname().machine in isolation.SECCOMP_ARCHES \
-            and sandbox.bwrap_works() and "--size" in subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout:
+            and run.bwrap_works() and "--size" in subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout:
         assert all(guarantees("bwrap").values()), guarantees("bwrap")
 
 
 def test_rlimits_warns_naming_every_missing_guarantee():
-    sandbox._warn_missing.cache_clear()
+    run._warn_missing.cache_clear()
     missing = sorted(k for k, ok in guarantees("rlimits").items() if not ok)
     with pytest.warns(RuntimeWarning) as caught:
         run_python("pass", backend="rlimits", limits=FAST)
@@ -98,7 +98,7 @@ def test_rlimits_warns_naming_every_missing_guarantee():
 
 
 def test_naming_bwrap_where_it_cannot_run_refuses(monkeypatch):
-    monkeypatch.setattr(sandbox, "bwrap_works", lambda: False)
+    monkeypatch.setattr(run, "bwrap_works", lambda: False)
     with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap.*task.sandbox=rlimits"):
         resolve_backend("bwrap")
     with pytest.raises(SandboxUnavailable):
@@ -248,7 +248,7 @@ def test_remove_tree_deletes_any_depth_without_recursion(tree_dir):
 
 
 def test_rlimits_deep_tree_is_cleaned_and_a_cleanup_failure_is_reported_not_raised(monkeypatch):
-    if SHM is not None:  # the run's working directory (sandbox.py: tempfile.mkdtemp) goes there
+    if SHM is not None:  # the run's working directory (run.py: tempfile.mkdtemp) goes there
         monkeypatch.setattr(tempfile, "tempdir", SHM)
     tree = "import os\nfor _ in range(1200):\n    os.mkdir('d'); os.chdir('d')\nos.chmod('..', 0)\nprint('built')"
     res = run_python(tree, backend="rlimits", limits=FAST)
@@ -295,8 +295,8 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run(monkeypatch):
     program is orphaned, still running under the slot's uid. The next run on that slot finds the
     slot dirty, kills it and sweeps the dead worker's cgroups before it starts."""
     lo = isolation.SLOT_UID_BASE + 1024  # slot 0 of the rlimits block
-    monkeypatch.setattr(sandbox, "_swept", [0])  # this process has swept already: only the dirty slot can tell
-    worker = subprocess.Popen([sys.executable, "-c", "from rlpost.envs.sandbox import Limits, run_python\n"
+    monkeypatch.setattr(run, "_swept", [0])  # this process has swept already: only the dirty slot can tell
+    worker = subprocess.Popen([sys.executable, "-c", "from rlpost.sandbox import Limits, run_python\n"
                                "run_python('import time; time.sleep(60)', backend='rlimits', parallel=1, limits=Limits(wall_s=60))"],
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     alive = lambda: [p for p, state, _, uid in isolation._processes() if uid == lo and state not in "ZX"]

@@ -1,7 +1,7 @@
 """What the kernel enforces around one sandbox run, seen from the host: a slot, a cgroup, a
 seccomp filter, a kill that finds everything, and a cleanup that cannot recurse.
 
-sandbox.py decides *how* a program runs (bubblewrap or plain rlimits); this module holds the host
+run.py decides *how* a program runs (bubblewrap or plain rlimits); this module holds the host
 resources that make the limits real whichever backend runs it:
 
 * **Slots.** A run holds one of N machine-wide slots (a lock file under flock) while it runs. The

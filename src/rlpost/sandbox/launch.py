@@ -1,7 +1,7 @@
 """How a sandbox run is started: the boot shim, the bubblewrap command line, and the gate that
 holds the run until the parent has put it in its cgroup.
 
-sandbox.py says what the backends guarantee; this is the mechanics. Nothing here decides a
+run.py says what the backends guarantee; this is the mechanics. Nothing here decides a
 limit; it only makes sure each one is in place before the program's first instruction:
 
 * the run starts *held*: under bwrap at ``--block-fd`` (the sandbox's pid 1 exists but has not
@@ -23,12 +23,8 @@ import select
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
-
-from rlpost.envs import isolation
-
-if TYPE_CHECKING:
-    from rlpost.envs.sandbox import Limits
+from rlpost.sandbox import isolation
+from rlpost.sandbox.limits import Limits
 
 NOBODY = 65534
 INSIDE = "/sandbox"  # the working directory as the program sees it under bwrap
