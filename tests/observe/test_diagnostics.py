@@ -12,6 +12,7 @@ def healthy(n=12):
     return [{"step": s, "actor/logp_diff_sampler_mean": 0.01, "actor/logp_diff_sampler_max": 0.3,
              "actor/entropy": 1.0 - 0.02 * s, "actor/kl": 0.01 + 0.001 * s, "response_length/mean": 8.0,
              "response_length/clip_ratio": 0.01, "reward/mean": 0.3 + 0.02 * s, "reward/outside_band_frac": 0.4,
+             "reward/zero_std_frac": 0.4, "reward/min": 0.0, "reward/max": 1.0, "actor/grad_norm": 0.5,
              **({"eval/heldout_accuracy": 0.4 + 0.01 * s} if s % 4 == 0 else {})} for s in range(1, n + 1)]
 
 
@@ -27,7 +28,10 @@ def test_each_check_fires_on_its_failure():
         "length_inflation": lambda h: h[7].update({"response_length/mean": 20.0, "response_length/clip_ratio": 0.5}),
         # held-out evaluations at steps 4, 8: reward up (means over steps 2-4 vs 6-8), accuracy down 0.44 -> 0.30
         "proxy_overfit": lambda h: h[7].update({"eval/heldout_accuracy": 0.30}),
-        "outside_learnable_band": lambda h: [r.update({"reward/outside_band_frac": 0.95}) for r in h],
+        "outside_learnable_band": lambda h: [r.update({"reward/zero_std_frac": 0.95}) for r in h],
+        "truncation": lambda h: h[5].update({"response_length/clip_ratio": 0.87}),  # length not doubled
+        "constant_reward": lambda h: [r.update({"reward/max": 0.0}) for r in h],
+        "no_update": lambda h: [r.update({"actor/grad_norm": 0.0}) for r in h],
     }
     for name, breaks in cases.items():
         h = healthy()
@@ -68,3 +72,45 @@ def test_entropy_collapse_advice_names_the_covariance_controls():
     found = [f for f in dg.diagnose(h) if f.name == "entropy_collapse"]
     assert found and "algo.cov_control=clip_cov or kl_cov" in found[0].knob
     assert {"clip_cov", "kl_cov"} <= set(typing.get_args(typing.get_type_hints(AlgoConfig)["cov_control"]))
+
+
+def test_a_short_failing_run_is_not_called_healthy(tmp_path):
+    # The 2-step run: reward 0, 87.5% of the answers cut off, every group all-fail, no gradient.
+    h = [{"step": s, "reward/mean": 0.0, "reward/min": 0.0, "reward/max": 0.0, "response_length/clip_ratio": 0.875,
+          "response_length/max": 16.0, "response_length/mean": 15.5, "reward/zero_std_frac": 1.0,
+          "reward/outside_band_frac": 1.0, "actor/grad_norm": 0.0} for s in (1, 2)]
+    assert [f.name for f in dg.diagnose(h)] == ["truncation", "constant_reward", "no_update"]
+    assert "88% of the completions were cut off at the cap of 16 tokens" in dg.truncation(h).what
+    assert dg.truncation(h).step == 1
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in h))
+    text = dg.doctor_text(tmp_path)
+    assert "no health problems" not in text and "3 finding(s)" in text
+    assert "too few steps to judge entropy_collapse" in text and "too few steps to judge proxy_overfit" in text
+
+
+def test_a_healthy_short_run_says_what_it_could_not_judge(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in healthy(2)))
+    text = dg.doctor_text(tmp_path)
+    assert "no health problems found (8 of 11 checks could judge)" in text, text
+    assert "length_inflation: it needs more than 3 steps (has 2)" in text
+
+
+def test_continuous_rewards_are_not_called_all_pass_or_all_fail():
+    # A reward model's scores are never >= 1, so every group is "all-fail" by pass rate, yet each
+    # group's rewards differ: the group baseline has signal.
+    h = healthy()
+    for r in h:
+        r.update({"reward/outside_band_frac": 1.0, "reward/zero_std_frac": 0.0, "reward/min": -1.3, "reward/max": 0.7})
+    assert dg.diagnose(h) == []
+    for r in h:  # a run logged before zero_std_frac existed is judged by the pass-rate share, as then
+        del r["reward/zero_std_frac"]
+    assert [f.name for f in dg.diagnose(h)] == ["outside_learnable_band"]
+
+
+def test_truncation_warns_at_step_one():
+    warnings = []
+    health = dg.Health(warnings.append)
+    first = {**healthy(1)[0], "response_length/clip_ratio": 0.9, "response_length/max": 16.0}
+    m = health.metrics([first])
+    assert m["health/truncation"] == 1.0 and len(warnings) == 1
+    assert "rollout.max_new_tokens" in warnings[0] and "(step 1)" in warnings[0]

@@ -3,11 +3,12 @@
 import json
 
 import pytest
-from helpers import tiny_cfg
+import torch
+from helpers import rl_batch, tiny_cfg
 
 from rlpost import build
 from rlpost.envs import TASK_KEY, build_task
-from rlpost.recipes.rl import train
+from rlpost.recipes.rl import batch_metrics, train
 
 
 def test_prime_runs_in_the_loop_and_logs_the_implicit_reward(tmp_path):
@@ -124,3 +125,11 @@ def test_a_mix_reports_each_familys_reward_and_heldout_accuracy_consistent_with_
     assert any(0 < r.get("reward/mean/math", 0) for r in rows)  # the wrapped answers were scored by math-verify
     text = (tmp_path / "run" / "report.html").read_text()
     assert "Per task (task.mix)" in text and "heldout_accuracy_after/math" in text
+
+
+def test_batch_metrics_count_groups_without_signal_for_any_reward_scale():
+    # Three groups of two: a reward model's (0.3, 0.7) differ (signal, though both "fail" by >= 1),
+    # (0.5, 0.5) and (1, 1) are one reward each: zero_std_frac 2/3; by pass rate all three are out of band.
+    batch = rl_batch(torch.ones(6, 2, dtype=torch.bool), reward=torch.tensor([0.3, 0.7, 0.5, 0.5, 1.0, 1.0]))
+    m = batch_metrics(batch, 2)
+    assert m["reward/zero_std_frac"] == pytest.approx(2 / 3) and m["reward/outside_band_frac"] == 1.0

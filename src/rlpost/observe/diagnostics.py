@@ -5,6 +5,10 @@ that returns a Finding or None. The same functions run during training (``Health
 findings become ``health/<name>`` metrics and one warning line each, the first time they fire)
 and afterwards (``rlpost doctor RUN_DIR``), so what the run warned about and what the doctor
 says never disagree. Thresholds are module constants, named and documented here.
+
+What can be seen in one step is judged from step 1 (most answers cut off, no reward at all, no
+group with signal, no update); what needs a trend (entropy collapse, length inflation, proxy
+overfitting) says so when the run is too short to judge it (``unjudged``), rather than passing.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ KL_EXPLOSION = 1.0  # nats per token: far beyond any useful trust region
 KL_SPIKE = 10.0  # x the median KL of the steps before
 LENGTH_INFLATION = 2.0  # x the early mean response length ...
 TRUNCATION = 0.2  # ... together with this share of completions hitting the length cap
+TRUNCATED_MOST = 0.5  # more than this share of a step's completions cut off at the cap: the cap is too short
 PROXY_REWARD_GAIN = 0.05  # reward mean up by this much between two held-out evaluations ...
 PROXY_HELDOUT_FLAT = 0.01  # ... while held-out accuracy rose by less than this (flat or down): likely reward hacking
-OUTSIDE_BAND = 0.8  # share of groups with pass rate 0 or 1 (no gradient from a group baseline)
+OUTSIDE_BAND = 0.8  # share of groups whose completions all got one reward (no gradient from a group baseline)
 EARLY = 3  # steps averaged as the "early" reference value
 
 
@@ -99,6 +104,21 @@ def length_inflation(history: list[dict]) -> Finding | None:
     return None
 
 
+def truncation(history: list[dict]) -> Finding | None:
+    """Most completions of a step hit rollout.max_new_tokens: their answers are cut off, so a
+    verifier that reads the end of the answer scores them 0 (a user's data under the demo's
+    16-token cap). Seen from step 1."""
+    for h in history:
+        share = h.get("response_length/clip_ratio")
+        if share is not None and share > TRUNCATED_MOST:
+            cap = h.get("response_length/max")
+            at = f" at the cap of {cap:g} tokens" if cap is not None else ""
+            return Finding("truncation", h["step"], f"{share:.0%} of the completions were cut off{at} "
+                           "before they ended", "a higher rollout.max_new_tokens (TRL and verl's examples use "
+                           "256-1024), or a prompt that asks for a shorter answer")
+    return None
+
+
 def proxy_overfit(history: list[dict]) -> Finding | None:
     evals = [(h["step"], h["eval/heldout_accuracy"]) for h in history if "eval/heldout_accuracy" in h]
     reward = dict(_series(history, "reward/mean"))
@@ -111,13 +131,45 @@ def proxy_overfit(history: list[dict]) -> Finding | None:
     return None
 
 
+def constant_reward(history: list[dict]) -> Finding | None:
+    """Every completion of every step so far got the same reward (all 0, typically): nothing to
+    learn from, and usually a verifier that never reads the model's answer. Seen from step 1; a
+    run that ever scored two rewards apart is past it."""
+    pts = [(h["step"], h["reward/min"], h["reward/max"]) for h in history
+           if h.get("reward/min") is not None and h.get("reward/max") is not None]
+    if not pts or any(lo != hi for _, lo, hi in pts) or len({lo for _, lo, _ in pts}) > 1:
+        return None
+    return Finding("constant_reward", pts[0][0], f"every completion of steps {pts[0][0]}-{pts[-1][0]} got reward "
+                   f"{pts[0][1]:g}: no signal at all", "read RUN_DIR/samples/step_*.jsonl: does the verifier find the "
+                   "answer in the model's format (task.verifier, task.answer_column)? are answers cut off "
+                   "(rollout.max_new_tokens)? is the task too hard for this model?")
+
+
 def outside_learnable_band(history: list[dict]) -> Finding | None:
-    pts = _series(history, "reward/outside_band_frac")
-    for step, v in pts[EARLY:] if len(pts) > EARLY else []:
-        if v > OUTSIDE_BAND and _early(pts) > OUTSIDE_BAND:
-            return Finding("outside_learnable_band", step, f"{v:.0%} of groups all-pass or all-fail: no signal from them",
+    """Most groups gave all their completions one reward, so a group baseline (GRPO, RLOO, DAPO's
+    family) learns nothing from them. reward/zero_std_frac counts it for any reward (a reward
+    model's too: its scores are never exactly 1); runs logged before it have the pass-rate share."""
+    key = "reward/zero_std_frac" if any("reward/zero_std_frac" in h for h in history) else "reward/outside_band_frac"
+    pts = _series(history, key)
+    for i, (step, v) in enumerate(pts):
+        recent = [x for _, x in pts[max(0, i + 1 - EARLY):i + 1]]  # this step and up to EARLY - 1 before
+        if sum(recent) / len(recent) > OUTSIDE_BAND and constant_reward(history) is None:
+            return Finding("outside_learnable_band", step, f"{v:.0%} of groups gave every completion the same "
+                           "reward: a group baseline gets no signal from them",
                            "algo.name=dapo or rollout.filter_groups=true; an easier or harder task mix")
     return None
+
+
+def no_update(history: list[dict]) -> Finding | None:
+    """No step so far moved the policy: no update ran (every group filtered out), or its gradient
+    was 0 at every step (every advantage 0)."""
+    idle = [h.get("actor/grad_norm") == 0 or h.get("rollout/groups_trained") == 0 for h in history]
+    if not history or not all(idle):
+        return None
+    return Finding("no_update", history[0]["step"], f"none of the {len(history)} steps changed the policy (gradient "
+                   "norm 0 or no update: every advantage was 0, or every group was filtered out)",
+                   "see constant_reward / outside_learnable_band above; rollout.filter_groups with a wider "
+                   "band (rollout.filter_min_pass_rate / filter_max_pass_rate), or an easier task")
 
 
 def reward_errors(history: list[dict]) -> Finding | None:
@@ -153,9 +205,22 @@ def nonfinite_updates(history: list[dict]) -> Finding | None:
 
 
 CHECKS: list[Callable[[list[dict]], Finding | None]] = [
-    sampler_mismatch, entropy_collapse, kl_explosion, length_inflation, proxy_overfit, outside_learnable_band,
-    reward_errors, nonfinite_updates,
+    sampler_mismatch, entropy_collapse, kl_explosion, length_inflation, truncation, proxy_overfit, constant_reward,
+    outside_learnable_band, no_update, reward_errors, nonfinite_updates,
 ]
+
+
+def unjudged(history: list[dict]) -> dict[str, str]:
+    """{check: what it needs} for the checks this history is too short for: a trend needs steps
+    after the first EARLY, proxy overfitting two held-out evaluations during the run."""
+    out = {}
+    if len(history) <= EARLY:
+        for check in (entropy_collapse, length_inflation):
+            out[check.__name__] = f"more than {EARLY} steps (has {len(history)})"
+    evals = sum("eval/heldout_accuracy" in h for h in history)
+    if evals < 2:
+        out[proxy_overfit.__name__] = f"two held-out evaluations during the run, run.eval_every (has {evals})"
+    return out
 
 
 def diagnose(history: list[dict]) -> list[Finding]:
@@ -184,12 +249,15 @@ def doctor(run_dir: Path) -> tuple[list[Finding], int]:
 
 
 def doctor_text(run_dir: Path) -> str:
-    findings, n = doctor(run_dir)
-    if not findings:
-        return f"{run_dir}: {n} steps, no health problems found ({len(CHECKS)} checks)"
-    lines = [f"{run_dir}: {n} steps, {len(findings)} finding(s)"]
+    history = jsonl.read_lines(Path(run_dir) / "metrics.jsonl")
+    findings, n, short = diagnose(history), len(history), unjudged(history)
+    if not n:
+        return f"{run_dir}: no steps logged yet: nothing to judge"
+    judged = f"{len(CHECKS) - len(short)} of {len(CHECKS)} checks could judge" if short else f"{len(CHECKS)} checks"
+    lines = [f"{run_dir}: {n} steps, " + (f"{len(findings)} finding(s)" if findings else f"no health problems found ({judged})")]
     for f in findings:
         lines += [f"- {f.name} (from step {f.step}): {f.what}", f"    knob: {f.knob}"]
+    lines += [f"too few steps to judge {name}: it needs {what}" for name, what in short.items()]
     return "\n".join(lines)
 
 

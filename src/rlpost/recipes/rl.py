@@ -205,10 +205,13 @@ def score_steps(roles: Roles, batch: Rollouts, timings: dict) -> Rollouts:
 def batch_metrics(batch: Rollouts, group_size: int) -> dict:
     length = batch.completion_mask.sum(1).float()  # (B,)
     p = core.pass_rate(batch.reward, group_size)  # (n_prompts,) share of each group with reward >= 1
+    grouped = batch.reward.view(-1, group_size)  # (n_prompts, K)
     return {
         "reward/all_pass_frac": (p == 1).float().mean().item(),
         "reward/all_fail_frac": (p == 0).float().mean().item(),
         "reward/outside_band_frac": ((p == 0) | (p == 1)).float().mean().item(),  # p(1 - p) = 0
+        # groups whose completions all got one reward: no signal for a group baseline, whatever the reward's scale
+        "reward/zero_std_frac": (grouped.max(1).values == grouped.min(1).values).float().mean().item(),
         "reward/mean": batch.reward.mean().item(),
         "reward/std": batch.reward.std().item() if len(batch) > 1 else 0.0,
         "reward/max": batch.reward.max().item(),
