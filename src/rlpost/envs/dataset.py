@@ -10,7 +10,8 @@ we, see envs/worker.py). A row that does not fit is reported as ``file:line`` an
 run (``task.on_bad_row=refuse``) or is skipped and counted (``skip``).
 
 The held-out split is ``task.eval_data`` when given, else ``task.n_heldout`` rows of a seeded
-shuffle of ``task.data`` (at most half of it), so before/after accuracy never sees training rows.
+shuffle of ``task.data`` (at most a tenth of it: a small dataset keeps most rows for training), so
+before/after accuracy never sees training rows.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from __future__ import annotations
 import random
 import re
 
+from rlpost.console import say
 from rlpost.envs.data import DataError, check_rows, read_rows, where
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+HELDOUT_SHARE = 10  # without task.eval_data, at most 1 / HELDOUT_SHARE of task.data is held out
 
 
 def exact_match(completion: str, row: dict) -> tuple[float, dict]:
@@ -91,7 +94,10 @@ def build_splits(tcfg) -> tuple[list[dict], list[dict], int]:
         skipped += bad
     else:
         random.Random(tcfg.seed).shuffle(rows)
-        n = min(tcfg.n_heldout, len(rows) // 2)
+        n = min(tcfg.n_heldout, max(1, len(rows) // HELDOUT_SHARE))
+        if n < tcfg.n_heldout:
+            say(f"held out {n} of the {len(rows)} rows of {tcfg.data} for evaluation (at most a tenth of them; "
+                "task.eval_data names a split of your own)")
         heldout, rows = rows[:n], rows[n:]
     if not rows or not heldout:
         raise DataError(f"{tcfg.data}: too few usable rows ({len(rows)} train, {len(heldout)} held-out)")

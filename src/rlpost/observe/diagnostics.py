@@ -139,10 +139,11 @@ def constant_reward(history: list[dict]) -> Finding | None:
            if h.get("reward/min") is not None and h.get("reward/max") is not None]
     if not pts or any(lo != hi for _, lo, hi in pts) or len({lo for _, lo, _ in pts}) > 1:
         return None
-    return Finding("constant_reward", pts[0][0], f"every completion of steps {pts[0][0]}-{pts[-1][0]} got reward "
-                   f"{pts[0][1]:g}: no signal at all", "read RUN_DIR/samples/step_*.jsonl: does the verifier find the "
-                   "answer in the model's format (task.verifier, task.answer_column)? are answers cut off "
-                   "(rollout.max_new_tokens)? is the task too hard for this model?")
+    steps = f"step {pts[0][0]}" if len(pts) == 1 else f"steps {pts[0][0]}-{pts[-1][0]}"
+    return Finding("constant_reward", pts[0][0], f"every completion of {steps} got reward {pts[0][1]:g}: no signal at all",
+                   "a look at RUN_DIR/samples/step_*.jsonl (does the verifier find the answer in the model's format? "
+                   "task.verifier, task.answer_column), a higher rollout.max_new_tokens if answers are cut off, or a "
+                   "task this model solves sometimes")
 
 
 def outside_learnable_band(history: list[dict]) -> Finding | None:
@@ -166,10 +167,10 @@ def no_update(history: list[dict]) -> Finding | None:
     idle = [h.get("actor/grad_norm") == 0 or h.get("rollout/groups_trained") == 0 for h in history]
     if not history or not all(idle):
         return None
-    return Finding("no_update", history[0]["step"], f"none of the {len(history)} steps changed the policy (gradient "
-                   "norm 0 or no update: every advantage was 0, or every group was filtered out)",
-                   "see constant_reward / outside_learnable_band above; rollout.filter_groups with a wider "
-                   "band (rollout.filter_min_pass_rate / filter_max_pass_rate), or an easier task")
+    steps = "step 1" if len(history) == 1 else f"any of the {len(history)} steps"
+    return Finding("no_update", history[0]["step"], f"the policy did not change in {steps}: gradient norm 0 (every "
+                   "advantage 0) or no update (every group filtered out)", "rollout.filter_groups=true (train only "
+                   "on groups with signal), a task this model solves sometimes, or the findings above")
 
 
 def reward_errors(history: list[dict]) -> Finding | None:

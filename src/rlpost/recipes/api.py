@@ -87,7 +87,9 @@ class Trainer:
             task.append(f"task.reward_weights={','.join(str(float(w)) for w in reward_weights)}")
         registry.save()
         where = [f"run.out_dir={self.run_dir.parent}", f"run.name={self.run_dir.name}"]
-        self.config = build.check(with_overrides(cfg, [*task, *where]))
+        # Loaded again from the same source with the task's keys, not on top of cfg: the defaults that
+        # follow the data (rollout.max_new_tokens for rows of your own) are filled in at load.
+        self.config = build.check(_load(config, [*items, *task, *where]))
 
     def _write_rows(self, rows: list[dict], eval_rows: list[dict] | None) -> list[str]:
         data = self.run_dir / "data"

@@ -142,6 +142,11 @@ def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Pat
     """Held-out accuracy before training (a resumed run has it from its checkpoint)."""
     if task.skipped_rows:
         say(f"skipped {task.skipped_rows} malformed data rows (task.on_bad_row=skip); counted in summary.json")
+    if cfg.task.data:  # your own rows: how much of them the run will see (the defaults were sized for the demo)
+        prompts = cfg.run.steps * cfg.rollout.prompts_per_step
+        say(f"training on {prompts} prompts ({cfg.run.steps} steps x {cfg.rollout.prompts_per_step}, run.steps x "
+            f"rollout.prompts_per_step): {prompts / len(task.train):.2g} epochs of {len(task.train)} training rows; "
+            f"answers up to {cfg.rollout.max_new_tokens} tokens (rollout.max_new_tokens)")
     say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
     before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
     say(f"held-out accuracy before training: {before:.3f}")
