@@ -200,7 +200,7 @@ class AlgoConfig:
     entropy_adv_kappa: float = knob(2.0, gt=0)
     """entropy-shaped advantage: the shaping term is at most |A_t| / kappa, so it never flips an advantage's sign"""
     cov_control: Literal["none", "clip_cov", "kl_cov"] = "none"
-    """entropy-collapse control by covariance (Cui et al. 2025, arXiv:2505.22617), as verl's: clip_cov = a random algo.cov_ratio share of the tokens whose cov(log pi, A) lies in (clip_cov_lb, clip_cov_ub) lose their gradient; kl_cov = the algo.cov_ratio share with the largest covariance get + kl_cov_coef * |log pi - log pi_old|. For the PPO-clip methods (ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo)"""
+    """entropy-collapse control by covariance (Cui et al. 2025, arXiv:2505.22617), as verl's: clip_cov = a random algo.cov_ratio share of the tokens whose cov(log pi, A) lies in (clip_cov_lb, clip_cov_ub) lose their gradient; kl_cov = the algo.cov_ratio share with the largest covariance get + kl_cov_coef * |log pi - log pi_old|, on the unclipped surrogate (the paper's and verl's: the penalty replaces the PPO clip), and only with several optimizer steps per batch (trainer.mini_batch_size below the batch, or trainer.epochs >= 2: on a batch's first forward the penalty is 0, so with one step it is refused). For the PPO-clip methods (ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo)"""
     cov_ratio: float = knob(2e-4, gt=0, le=1)
     """Clip-Cov / KL-Cov: share of the loss tokens restrained (at least one); verl's default 2e-4"""
     clip_cov_lb: float = 1.0

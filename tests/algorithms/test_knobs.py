@@ -154,20 +154,41 @@ def test_clip_cov_detaches_the_gradient_of_the_high_covariance_token():
         assert m.get("actor/clip_cov_frac", 0.0) == (0.25 if control == "clip_cov" else 0.0)
 
 
-def test_kl_cov_penalises_the_top_covariance_token_by_hand():
-    # log pi_old of token 0 is 0.5 lower: ratio e^.5 = 1.65 > 1.2 with A = +1, so PPO clips it (loss -1.2,
-    # no gradient). KL-Cov adds 0.1 * |0 - (-.5)| = .05 on token 0, token-mean over 4: + .0125 to the loss
-    # and + .1 / 4 = .025 to token 0's gradient (sign of log pi - log pi_old = +).
-    old = t([[-0.5, -4.0, -1.0, -3.0]])
-    base = (-1.2 - 1.0 + 1.0 + 1.0) / 4  # tokens 1-3 at ratio 1: -A each
-    for control, extra, grad0 in (("none", 0.0, 0.0), ("kl_cov", 0.0125, 0.025)):
-        obj = algorithms.build(tiny_cfg("rollout.group_size=2", f"algo.cov_control={control}"))
-        logp = t(COV_LOGP, requires_grad=True)
-        loss, m = obj.loss(logp, rl_batch(t([[True] * 4]), old_logp=old, advantages=COV_ADV))
-        loss.backward()
-        assert math.isclose(loss.item(), base + extra, rel_tol=1e-6), control
-        assert torch.allclose(logp.grad, t([[grad0, -0.25, 0.25, 0.25]])), control
-        assert m.get("actor/kl_cov_frac", 0.0) == (0.25 if control == "kl_cov" else 0.0)
+# KL-Cov's surrogate is unclipped (the paper's and verl's): with kl_cov the PPO clip is open. Token 0 has the
+# largest covariance (2) and is the one chosen; 2 optimizer steps per batch (mini-batch 4 of 8), else it is refused.
+KL_COV = ("rollout.group_size=2", "trainer.mini_batch_size=4")
+
+
+@pytest.mark.parametrize("old0, control, loss_want, grad0", [
+    # log pi_old of token 0 is 0.5 lower (its log-prob rose): ratio e^.5 = 1.6487 > 1.2 with A = +1.
+    # none: PPO clips it (loss -1.2, no gradient); tokens 1-3 at ratio 1 give -A each: (-1.2 - 1 + 1 + 1) / 4.
+    (-0.5, "none", (-1.2 - 1.0 + 1.0 + 1.0) / 4, 0.0),
+    # kl_cov: unclipped -A r = -1.6487 (gradient -A r / 4 = -.41218) + .1 |0 - (-.5)| / 4 = + .0125 to the loss
+    # and + .1 / 4 = + .025 to the gradient (the sign of log pi - log pi_old is +).
+    (-0.5, "kl_cov", (-math.exp(0.5) - 1.0 + 1.0 + 1.0) / 4 + 0.0125, -math.exp(0.5) / 4 + 0.025),
+    # log pi_old is 0.5 higher (its log-prob fell): ratio e^-.5 = .6065, inside no clip for A = +1 (min picks r A).
+    (0.5, "none", (-math.exp(-0.5) - 1.0 + 1.0 + 1.0) / 4, -math.exp(-0.5) / 4),
+    # kl_cov: the penalty .1 |0 - .5| / 4 = + .0125 still adds to the loss, and its gradient is - .1 / 4: the
+    # sign of log pi - log pi_old is - here. A penalty without its |.|, or subtracted, fails this row.
+    (0.5, "kl_cov", (-math.exp(-0.5) - 1.0 + 1.0 + 1.0) / 4 + 0.0125, -math.exp(-0.5) / 4 - 0.025),
+])
+def test_kl_cov_penalises_the_top_covariance_token_by_hand_on_the_unclipped_surrogate(old0, control, loss_want, grad0):
+    obj = algorithms.build(tiny_cfg(*KL_COV, f"algo.cov_control={control}"))
+    logp = t(COV_LOGP, requires_grad=True)
+    loss, m = obj.loss(logp, rl_batch(t([[True] * 4]), old_logp=t([[old0, -4.0, -1.0, -3.0]]), advantages=COV_ADV))
+    loss.backward()
+    assert math.isclose(loss.item(), loss_want, rel_tol=1e-6), control
+    assert torch.allclose(logp.grad, t([[grad0, -0.25, 0.25, 0.25]]), atol=1e-7), control
+    assert m.get("actor/kl_cov_frac", 0.0) == (0.25 if control == "kl_cov" else 0.0)
+    assert m["actor/pg_clipfrac"] == (0.25 if (old0, control) == (-0.5, "none") else 0.0)
+
+
+def test_kl_cov_is_refused_with_one_optimizer_step_per_batch():
+    from rlpost.types.errors import ConfigError
+    with pytest.raises(ConfigError, match="algo.cov_control=kl_cov: with one optimizer step per rollout batch"):
+        algorithms.check(tiny_cfg("rollout.group_size=2", "algo.cov_control=kl_cov"))
+    algorithms.check(tiny_cfg("rollout.group_size=2", "algo.cov_control=kl_cov", "trainer.epochs=2"))  # acts from epoch 2
+    algorithms.check(tiny_cfg("rollout.group_size=2", "algo.cov_control=clip_cov"))  # acts on the first forward
 
 
 # The wrappers alone, around a loss that needs a keyword (the trainer passes values= or entropy=

@@ -309,6 +309,27 @@ def test_non_finite_steps_are_counted_and_skipped(tiny):
     assert tr.update(grpo_batch(tiny, 6)[0], algo.loss)["actor/nonfinite_steps"] == 0
 
 
+def test_a_step_whose_critic_loss_alone_is_non_finite_is_skipped_whole(tiny):
+    # The policy's gradient is finite, the separate critic's is NaN (its loss term alone): the norms are
+    # [finite, nan]. The step is skipped for both (an `all` -> `any` slip in _step takes it, and the NaN
+    # gradient turns the critic's weights into NaN); the policy's weights do not move either.
+    batch, _ = grpo_batch(tiny)
+    model = copy.deepcopy(tiny.model)
+    critic = Critic(model, "separate")
+    tr = Trainer(model, tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=2, critic=critic)
+    policy_before = [p.detach().clone() for p in tr.params]
+    critic_before = [p.detach().clone() for p in critic.parameters()]
+
+    def nan_critic(logp, mb, values):
+        return (logp * mb.completion_mask).sum() / mb.norm_tokens + (values * float("nan")).sum(), {}
+
+    m = tr.update(copy.deepcopy(batch), nan_critic)
+    assert m["actor/nonfinite_steps"] == 1 and math.isfinite(m["actor/grad_norm"]) and math.isnan(m["critic/grad_norm"])
+    assert all(torch.equal(a, p) for a, p in zip(policy_before, tr.params))
+    assert all(torch.equal(a, p) for a, p in zip(critic_before, critic.parameters()))
+    assert tr.sched.last_epoch == 0  # the schedule did not move either
+
+
 def value_loss(logp, mb, values):
     """Squared error of the values against a fixed target, plus the policy's mean log-prob: both
     the policy and a critic get a gradient."""

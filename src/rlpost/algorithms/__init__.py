@@ -13,6 +13,9 @@ algorithm cannot run, reading only traits, so nothing outside this package names
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from rlpost import config
 from rlpost.algorithms import core
 from rlpost.algorithms.cispo import CISPO
@@ -45,7 +48,9 @@ def build(cfg) -> Objective:
     """The algorithm named by cfg.algo.name, its knobs from the config, with the shared knobs on."""
     check(cfg)
     a, r = cfg.algo, cfg.rollout
-    algo = ALGORITHMS[a.name].from_config(cfg)
+    if a.cov_control == "kl_cov":  # KL-Cov's surrogate is unclipped: its penalty is the trust region (wrappers.with_kl_cov)
+        a = replace(a, clip_eps_low=math.inf, clip_eps_high=math.inf, dapo_clip_eps_high=math.inf)
+    algo = ALGORITHMS[a.name].from_config(replace(cfg, algo=a))
     loss = algo.loss
     if a.cov_control == "clip_cov":
         loss = with_clip_cov(loss, a.cov_ratio, a.clip_cov_lb, a.clip_cov_ub)
@@ -103,6 +108,11 @@ def check(cfg) -> None:
     if a.cov_control != "none" and not t.token_clip:
         raise ConfigError(f"algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which {a.name.upper()} does "
                           f"not have; expected none, or one of {', '.join(n for n, c in ALGORITHMS.items() if c.traits.token_clip)}")
+    if a.cov_control == "kl_cov" and cfg.trainer.epochs == 1 and d.mini_batch_size >= d.batch_size:
+        raise ConfigError("algo.cov_control=kl_cov: with one optimizer step per rollout batch (trainer.epochs=1, "
+                          "trainer.mini_batch_size=0) every forward has log pi = log pi_old, so KL-Cov's penalty and its "
+                          f"gradient are 0 and it would do nothing; set trainer.mini_batch_size below {d.batch_size} or "
+                          "trainer.epochs >= 2, or use algo.cov_control=clip_cov")
     if a.dual_clip_c is not None and not t.token_clip:
         raise ConfigError(f"algo.dual_clip_c: {a.name.upper()} has no PPO token clip to cap; expected none, or one of "
                           f"{', '.join(n for n, c in ALGORITHMS.items() if c.traits.token_clip)}")

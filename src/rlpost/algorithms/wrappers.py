@@ -80,8 +80,10 @@ def token_covariance(adv_tok: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
 def with_clip_cov(loss_fn: LossFn, ratio: float, lb: float, ub: float) -> LossFn:
     """Clip-Cov (Cui et al. 2025, Sec. 4.2): of the tokens with covariance strictly between lb and
     ub, max(1, ratio * tokens) chosen at random lose their gradient (their log-prob is detached;
-    verl also zeroes their loss value, same gradient). Deviation: verl skips tokens the PPO clip
-    already zeroed; here the choice may fall on one (none are, in the first step on a batch)."""
+    verl also zeroes their loss value, same gradient). The algorithm's PPO clip stays on, as in the
+    paper and verl's clip_cov. It acts from the first forward of a batch (the covariance needs no
+    policy change), so with one optimizer step per batch too. Deviation: verl skips tokens the PPO
+    clip already zeroed; here the choice may fall on one (none are, in the first step on a batch)."""
 
     def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
@@ -99,7 +101,14 @@ def with_clip_cov(loss_fn: LossFn, ratio: float, lb: float, ub: float) -> LossFn
 def with_kl_cov(loss_fn: LossFn, ratio: float, coef: float, aggregate: core.Aggregator) -> LossFn:
     """KL-Cov (Cui et al. 2025, Sec. 4.2): the max(1, ratio * tokens) tokens with the largest
     covariance get + coef * |log pi - log pi_old|, aggregated like the policy loss (verl's kl_cov,
-    whose ppo_kl_coef default is 0.1)."""
+    whose ppo_kl_coef default is 0.1).
+
+    Two choices differ from Clip-Cov's, both the paper's and verl's: the surrogate under the
+    penalty is the unclipped ratio * A (``algorithms.build`` opens the algorithm's PPO clip when
+    kl_cov is on: the penalty is the trust region; the two differ once the policy has moved off
+    the sampling one), and it needs that move: on the first forward of a batch log pi = log pi_old,
+    so the penalty and its gradient are 0. With one optimizer step per batch it would never act,
+    so ``algorithms.check`` refuses that combination in one line (verl does nothing there, silently)."""
 
     def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
