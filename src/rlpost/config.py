@@ -302,8 +302,13 @@ def task_defaults(cfg: Config) -> Config:
     """cfg with the defaults that follow the task filled in (rollout.max_new_tokens=0), once, at load."""
     if cfg.rollout.max_new_tokens:
         return cfg
-    tokens = USER_DATA_MAX_NEW_TOKENS if cfg.task.data else GENERATED_MAX_NEW_TOKENS
+    tokens = default_max_new_tokens(bool(cfg.task.data))
     return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_new_tokens=tokens))
+
+
+def default_max_new_tokens(user_data: bool) -> int:
+    """What rollout.max_new_tokens=0 becomes: rows of your own (task.data) or a generated task."""
+    return USER_DATA_MAX_NEW_TOKENS if user_data else GENERATED_MAX_NEW_TOKENS
 
 
 def _section_cls(name: str) -> type:

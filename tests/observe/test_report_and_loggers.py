@@ -56,11 +56,13 @@ def test_report_has_every_plot_and_samples(run):
     assert r.returncode == 0, r.stderr
     page = (run / "report.html").read_text()
     assert "<script" not in page and "src=" not in page  # self-contained
-    for title in ("Reward and held-out accuracy", "KL to the reference", "Policy change per update", "Policy entropy", "Response length",
+    for title in ("Reward and held-out accuracy", "KL to the reference", "Policy entropy", "Response length",
                   "Clip fractions", "Group reward spread", "Gradient norm", "Throughput",
                   "pi_trainer / pi_sampler", "Wall-clock per role per step"):
         assert title in page, title
-    assert page.count("<svg") == 11  # reward, 8 line plots, ratio histogram, timing
+    # one epoch over one mini-batch: the old -> new KL is 0 at every step, so its plot is not drawn but named, with why
+    assert "Policy change per update" not in page and "<code>actor/ppo_kl</code>: one epoch over one mini-batch" in page
+    assert page.count("<svg") == 10  # reward, 7 line plots, ratio histogram, timing
     assert "top reward" in page and "random" in page and "Health" in page
     assert [int(x) for x in re.findall(r"<h3>step (\d+)</h3>", page)] == [1, 3, 4]  # first, middle, last
 
@@ -80,7 +82,7 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                           (run / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert len(re.findall(r"<svg", dom.stdout)) == 11  # the browser parsed every inline plot
+    assert len(re.findall(r"<svg", dom.stdout)) == 10  # the browser parsed every inline plot
     shot = tmp_path / "report.png"
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                     "--window-size=1200,2400", (run / "report.html").as_uri()], capture_output=True, timeout=120)
@@ -134,8 +136,31 @@ def test_plots_tick_whole_steps_and_keep_legends_off_the_data():
 def test_summary_numbers_are_rounded():
     from rlpost.observe.report import summary_items
 
-    rows = summary_items({"wall_minutes": 0.123456789, "steps": 25, "heldout_before": {"sft/nll": 4.31234567}})
-    assert rows == [("wall_minutes", 0.1235), ("steps", 25), ("heldout_before sft/nll", 4.312)]
+    rows = summary_items({"wall_minutes": 7.266512, "steps": 25, "heldout_before": {"sft/nll": 4.31234567}})
+    assert rows == [("wall_minutes", 7.27), ("steps", 25), ("heldout_before sft/nll", 4.31)]
+
+
+@pytest.mark.plots  # reads the plots: drawn, not left to conftest.py's stand-in
+def test_zero_series_are_not_drawn_and_the_histogram_counts_its_bars(tmp_path):
+    from rlpost.observe.report import LEGEND_SIZE, build_html, line_figure, ratio_plot
+
+    # the PPO clip fraction of one epoch over one mini-batch is 0 at every step: not a line of its plot
+    h = history(3, **{"actor/pg_clipfrac": 0.0, "response_length/clip_ratio": 0.1})
+    fig = line_figure(h, "Clip fractions", [("actor/pg_clipfrac", "PPO"), ("response_length/clip_ratio", "truncated")], "share")
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["truncated (response_length/clip_ratio)"]
+    assert fig.axes[0].get_legend().get_texts()[0].get_fontsize() == LEGEND_SIZE >= 9  # was 7: unreadable
+    assert line_figure(history(3, **{"actor/ppo_kl": 0.0}), "Policy change", [("actor/ppo_kl", "KL")], "") is None
+    # one bin of 996 tokens and a tail of 4: shares on a linear axis, each count written on its bar
+    svg = ratio_plot([{"step": 1, "hist/sampler_ratio": [0, 0, 0, 0, 0, 996, 4, 0, 0, 0, 0]}])
+    assert "1,000 tokens" in svg and "share of tokens" in svg
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in h))
+    (tmp_path / "config.yaml").write_text("model:\n  name: tiny\nrollout:\n  group_size: 8\n  max_new_tokens: 16\n"
+                                          "run:\n  progress: false\n")
+    page = build_html(tmp_path)
+    assert "<code>actor/pg_clipfrac</code>: the same: with the ratio at 1" in page
+    # the config section: what differs from the defaults (group_size 8 and 16 tokens are the defaults), the rest folded
+    assert "<pre>model.name=tiny\nrun.progress=false</pre><details>" in page
+    assert "too few steps to judge <b>entropy_collapse</b>" in page
 
 
 def test_a_mix_gets_a_row_per_family_in_the_closing_table_and_a_plot_in_the_report():

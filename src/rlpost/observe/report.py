@@ -9,7 +9,11 @@ shares; grad norm; throughput; wall-clock per role per step, stacked. Then the h
 (observe/diagnostics.py) and, for a few steps, the top-reward and random samples for a human
 audit. An ``rlpost sft|rm|dpo`` run gets its training loss and held-out metrics before / after
 instead of the RL plots. Steps are integer ticks, legends sit below the plot (never over the
-data), and summary numbers are rounded to 4 significant digits.
+data) in a readable size, and summary numbers are rounded to 3 significant digits. A series that
+is 0 at every step is not drawn: a line under the plots names it and why (the policy change and
+the PPO clip fraction of one epoch over one mini-batch, where the ratio is 1 by construction).
+The config section lists what the run set away from the defaults; the whole file is one click
+away.
 """
 
 from __future__ import annotations
@@ -21,17 +25,25 @@ import random
 from pathlib import Path
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")  # no display: render to SVG text
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from rlpost.algorithms import core  # noqa: E402
-from rlpost.config import run_config_path  # noqa: E402
+from rlpost.config import Config, default_max_new_tokens, run_config_path, to_dict  # noqa: E402
 from rlpost.model.checkpoint import write_atomic  # noqa: E402
 from rlpost.observe import jsonl  # noqa: E402
-from rlpost.observe.diagnostics import diagnose  # noqa: E402
+from rlpost.observe.diagnostics import diagnose, unjudged  # noqa: E402
 
+LEGEND_SIZE = 9  # points; the page shows a 5.2-inch figure ~560 px wide, so 9 pt reads as ~13 px (7 was ~10 px)
+# Why a metric can be 0 at every step of a healthy run; named under the plots when it is not drawn.
+ZERO_WHY = {
+    "actor/ppo_kl": "one epoch over one mini-batch (trainer.epochs=1, trainer.mini_batch_size=0): the policy has not "
+                    "moved when the ratio is taken",
+    "actor/pg_clipfrac": "the same: with the ratio at 1 nothing is clipped (more epochs or mini-batches make it move)",
+}
 ROLES = ["gen", "reward", "ref", "old", "adv", "update", "sync", "eval"]  # timing_s/<role>, stacked in this order
 # (title, [(metric, label)], y label): one line plot each; a plot with no data is left out.
 LINE_PLOTS = [
@@ -42,8 +54,8 @@ LINE_PLOTS = [
     ("Response length", [("response_length/mean", "mean"), ("response_length/max", "max")], "tokens"),
     ("Clip fractions", [("actor/pg_clipfrac", "PPO ratio clipped"), ("response_length/clip_ratio", "truncated"),
                         ("actor/is_weight_clipfrac", "IS weight clipped (CISPO)")], "share"),
-    ("Group reward spread", [("reward/group_std", "group reward std"), ("reward/all_pass_frac", "all-pass groups"),
-                             ("reward/all_fail_frac", "all-fail groups")], ""),
+    ("Group reward spread", [("reward/group_std", "group reward std"), ("reward/zero_std_frac", "groups with one reward"),
+                             ("reward/all_pass_frac", "all-pass groups"), ("reward/all_fail_frac", "all-fail groups")], ""),
     ("Gradient norm (pre-clip)", [("actor/grad_norm", "policy"), ("critic/grad_norm", "critic")], ""),
     ("Throughput", [("perf/gen_tokens_per_s", "generated tokens / s"), ("perf/throughput", "all tokens / s")], "tokens / s"),
     # Ray topologies only (docs/distributed.md); a plot with no data is not drawn.
@@ -72,7 +84,7 @@ def finish(ax, title: str, ylabel: str = "", **kw) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+        ax.legend(fontsize=LEGEND_SIZE, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
 
 
 def line_figure(history, title, keys, ylabel):
@@ -81,7 +93,7 @@ def line_figure(history, title, keys, ylabel):
     drawn = 0
     for key, label in keys:
         x, y = _series(history, key)
-        if x:
+        if x and any(y):  # a series of zeros says nothing a plot should show: always_zero names it
             ax.plot(x, y, marker="." if len(x) < 40 else None, label=f"{label} ({key})")
             drawn += 1
     if not drawn:
@@ -136,17 +148,21 @@ def task_plot(history, summary) -> str | None:
 
 
 def ratio_plot(history) -> str | None:
-    RATIO_EDGES = core.RATIO_EDGES
-
+    """The sampler/trainer ratio per token, all steps: each bin's share on a linear axis with its
+    count written on the bar, so a tail of a few tokens is read, not guessed from a log scale."""
     hists = [h["hist/sampler_ratio"] for h in history if isinstance(h.get("hist/sampler_ratio"), list)]
     if not hists:
         return None
     counts = [sum(c) for c in zip(*hists)]
-    labels = [f"{a:g}-{b:g}" for a, b in zip(RATIO_EDGES, RATIO_EDGES[1:])]
+    total = sum(counts) or 1
+    edges = core.RATIO_EDGES
+    labels = [f"{a:g}-{b:g}" for a, b in zip(edges, edges[1:])]
     fig, ax = plt.subplots(figsize=(5.2, 3.0))
-    ax.bar(range(len(counts)), counts)
-    ax.set_xticks(range(len(counts)), labels, rotation=45, fontsize=7)
-    ax.set(title="pi_trainer / pi_sampler per token, all steps", ylabel="tokens", yscale="log")
+    bars = ax.bar(range(len(counts)), [c / total for c in counts])
+    ax.bar_label(bars, labels=[f"{c:,}" if c else "" for c in counts], fontsize=LEGEND_SIZE - 1)
+    ax.set_xticks(range(len(counts)), labels, rotation=45, fontsize=LEGEND_SIZE - 1)
+    ax.set(title=f"pi_trainer / pi_sampler per token, all steps ({total:,} tokens)", ylabel="share of tokens",
+           ylim=(0, 1.15))
     return _svg(fig)
 
 
@@ -196,8 +212,9 @@ pre{margin:0;white-space:pre-wrap}.warn{color:#a40}"""
 
 
 def rounded(value):
-    """Summary numbers to 4 significant digits (nested dicts flattened by the caller)."""
-    return float(f"{value:.4g}") if isinstance(value, float) else value
+    """Summary numbers to 3 significant digits (nested dicts flattened by the caller): an accuracy
+    reads 0.355, a time 7.27, not 7.266512."""
+    return float(f"{value:.3g}") if isinstance(value, float) else value
 
 
 def summary_items(summary: dict | None) -> list[tuple[str, object]]:
@@ -221,19 +238,49 @@ def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
     history = jsonl.read_lines(run_dir / "metrics.jsonl")
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else None
     plots = plots_for(history, summary)
-    findings = diagnose(history)
-    health = "".join(f"<li class='warn'><b>{f.name}</b> (step {f.step}): {html.escape(f.what)}<br>knob: "
-                      f"{html.escape(f.knob)}</li>" for f in findings) or "<li>no problems found</li>"
     summary_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in summary_items(summary))
-    config_file = run_config_path(run_dir)  # the newest of config.yaml and its config.resume-N.yaml
-    config = config_file.read_text() if config_file.exists() else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>rlpost report: {html.escape(run_dir.name)}</title>"
             f"<style>{CSS}</style></head><body><h1>rlpost run {html.escape(run_dir.name)}</h1>"
             f"<p>{len(history)} steps{'' if summary else ' (run in progress or stopped: no summary yet)'}</p>{selected_line(summary)}"
-            f"<table>{summary_rows}</table><h2>Health</h2><ul>{health}</ul><h2>Plots</h2><div class='grid'>"
+            f"<table>{summary_rows}</table><h2>Health</h2>{health_section(history)}<h2>Plots</h2><div class='grid'>"
             + "".join(f"<div>{p}</div>" for p in plots if p)
-            + f"</div><h2>Samples</h2>{sample_section(run_dir, history, sample_steps)}"
-            f"<h2>Config</h2><pre>{html.escape(config)}</pre></body></html>")
+            + f"</div>{always_zero(history)}<h2>Samples</h2>{sample_section(run_dir, history, sample_steps)}"
+            f"<h2>Config</h2>{config_section(run_dir)}</body></html>")
+
+
+def health_section(history: list[dict]) -> str:
+    """The findings and their knobs, and the checks the run is too short to judge."""
+    findings = diagnose(history)
+    items = "".join(f"<li class='warn'><b>{f.name}</b> (step {f.step}): {html.escape(f.what)}<br>knob: "
+                    f"{html.escape(f.knob)}</li>" for f in findings) or "<li>no problems found</li>"
+    items += "".join(f"<li>too few steps to judge <b>{name}</b>: it needs {html.escape(what)}</li>"
+                     for name, what in unjudged(history).items())
+    return f"<ul>{items}</ul>"
+
+
+def always_zero(history: list[dict]) -> str:
+    """The plotted metrics that were 0 at every step (left out of their plots), each with why when known."""
+    keys = [key for _, series, _ in LINE_PLOTS for key, _ in series]
+    zero = [k for k in keys if _series(history, k)[0] and not any(_series(history, k)[1])]
+    if not zero:
+        return ""
+    items = "".join(f"<li><code>{k}</code>{': ' + html.escape(ZERO_WHY[k]) if k in ZERO_WHY else ''}</li>" for k in zero)
+    return f"<p>0 at every step, so not drawn:</p><ul>{items}</ul>"
+
+
+def config_section(run_dir: Path) -> str:
+    """What the run set away from the defaults, one key a line; the whole config folded below."""
+    config_file = run_config_path(run_dir)  # the newest of config.yaml and its config.resume-N.yaml
+    if not config_file.exists():
+        return "<p>no config.yaml</p>"
+    text = config_file.read_text()
+    tree, defaults = yaml.safe_load(text) or {}, to_dict(Config())
+    defaults["rollout"]["max_new_tokens"] = default_max_new_tokens(bool((tree.get("task") or {}).get("data")))  # what 0 became
+    changed = [f"{sec}.{key}={str(value).lower() if isinstance(value, bool) else value}" for sec, values in tree.items()
+               if isinstance(values, dict) for key, value in values.items() if defaults.get(sec, {}).get(key, object()) != value]
+    return (f"<p>set away from the defaults ({config_file.name} holds all of it):</p>"
+            f"<pre>{html.escape(chr(10).join(changed) or '(nothing: the defaults)')}</pre>"
+            f"<details><summary>the whole config ({len(text.splitlines())} lines)</summary><pre>{html.escape(text)}</pre></details>")
 
 
 def selected_line(summary: dict | None) -> str:
