@@ -41,7 +41,7 @@ from rlpost.rewards.stack import RewardStack, part_name
 from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
 from rlpost.roles import rollout_vllm
-from rlpost.roles.rollout_fast import build_rollout, check_engine
+from rlpost.roles.engine import auto_picks_vllm, build_rollout
 from rlpost.roles.rollout_tools import ToolRollout
 from rlpost.roles.trainer import Trainer
 from rlpost.types.errors import ConfigError
@@ -52,8 +52,7 @@ def check(cfg: config.Config) -> config.Config:
     """Everything ``config.load`` cannot check alone: what the chosen algorithm can run. Returns
     cfg, so ``build.check(config.load(...))`` reads as one step."""
     algorithms.check(cfg)
-    # run.device=cuda without CUDA, or the CPU-only engine on a GPU: one line, before any model loads
-    check_engine(cfg.rollout.engine, device.is_cuda(device.resolve(cfg.run.device)))
+    device.resolve(cfg.run.device)  # run.device=cuda without CUDA: one line, before any model loads
     if cfg.rollout.engine == "vllm":  # not installed, or top-p (no threshold from vLLM): one line
         rollout_vllm.check(cfg.rollout.top_p)
     return cfg
@@ -125,11 +124,22 @@ def resolve_device(cfg: config.Config) -> config.Config:
     return replace(cfg, run=replace(cfg.run, device=dev))
 
 
+def resolve_engine(cfg: config.Config) -> config.Config:
+    """cfg with rollout.engine=auto made vllm where it means vLLM (on CUDA, installed: roles/engine.py),
+    said in one line; every other choice waits for the model (``build_rollout``)."""
+    r = cfg.rollout
+    if not auto_picks_vllm(r.engine, device.is_cuda(cfg.run.device), r.top_p, cfg.model.name):
+        return cfg
+    say_once("rollout.engine=auto on cuda: vLLM (installed), in this process beside the trainer")
+    return replace(cfg, rollout=replace(r, engine="vllm"))
+
+
 def resolve_precision(cfg: config.Config) -> config.Config:
-    """cfg with run.device (``resolve_device``), rollout.dtype and trainer.precision concrete
+    """cfg with run.device (``resolve_device``), rollout.engine=auto where it means vLLM
+    (``resolve_engine``), rollout.dtype and trainer.precision concrete
     (explicit settings kept, 'auto' from the probe of that device), after saying in one line what
     was chosen and why (once per process and choice)."""
-    cfg = resolve_device(cfg)
+    cfg = resolve_engine(resolve_device(cfg))
     cfg, line = precision.resolve_config(cfg, cfg.run.device)
     say_once(line)
     if cfg.trainer.param_dtype == "bfloat16":  # explicit, so said only where the probe finds bf16 slow

@@ -3,10 +3,11 @@ there is none. No test here needs a GPU; on a machine with one, torch.cuda.is_av
 patched so the same cases run."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
-from helpers import TINY, cli, make_batch
+from helpers import TINY, cli, make_batch, tiny_cfg
 
 from rlpost.model import device, precision
 from rlpost.model.load import load_policy
@@ -34,11 +35,20 @@ def test_cuda_without_cuda_exits_2_with_one_line_through_the_cli(no_cuda, tmp_pa
     assert not any(tmp_path.iterdir())  # refused before a run folder exists
 
 
-def test_fast_engine_is_refused_on_cuda_before_any_model_loads(monkeypatch, tmp_path):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # build.check only asks, nothing runs there
-    r = cli("train", *TINY, "run.device=cuda", "rollout.engine=fast", f"run.out_dir={tmp_path}")
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "rollout.engine=fast" in lines[0], r.stderr
+def test_auto_engine_on_cuda_is_vllm_where_installed_said_in_one_line(monkeypatch, capsys):
+    from rlpost import build
+    from rlpost.roles import engine
+
+    cfg = tiny_cfg("model.name=embedded", "run.device=cpu")
+    on_cuda = replace(cfg, run=replace(cfg.run, device="cuda"))  # resolved already; nothing runs there
+    monkeypatch.setattr(engine, "vllm_installed", lambda: True)
+    assert build.resolve_engine(on_cuda).rollout.engine == "vllm"
+    assert "rollout.engine=auto on cuda: vLLM (installed)" in capsys.readouterr().err
+    for other in (cfg, replace(on_cuda, rollout=replace(cfg.rollout, top_p=0.9)),  # the host; top-p
+                  replace(on_cuda, rollout=replace(cfg.rollout, engine="fast"))):  # asked for the own engine
+        assert build.resolve_engine(other).rollout.engine == other.rollout.engine
+    monkeypatch.setattr(engine, "vllm_installed", lambda: False)
+    assert build.resolve_engine(on_cuda).rollout.engine == "auto"  # the model decides: roles/engine.py
 
 
 def test_run_device_cpu_trains_and_reports_no_gpu_memory(no_cuda, tmp_path):

@@ -131,3 +131,12 @@ def test_head_gradient_formed_once_per_mini_batch_equals_the_backwards_own(tiny,
         grads.append([p.grad.clone() for p in tiny.model.parameters()])
     assert grads[0][0].abs().sum() > 0
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads))  # float32 sums in another order
+
+
+def test_chunk_size_by_device_by_hand():
+    from rlpost.model.logprobs import chunk_tokens
+
+    # a CPU keeps 128-token chunks (cache-sized); a GPU takes 256 MiB of float32 logits a chunk:
+    # 2**28 / (4 x 49152) = 1365 tokens of SmolLM2's vocabulary, 441 of Qwen2.5's 151936, never below 128
+    assert chunk_tokens(False, 49152) == 128 and chunk_tokens(True, 49152) == 1365
+    assert chunk_tokens(True, 151936) == 441 and chunk_tokens(True, 10**7) == 128

@@ -146,6 +146,27 @@ def test_attention_backward_matches_autograd():
         assert_close(a, w, atol=1e-10)
 
 
+def test_sdpa_with_kv_heads_expanded_equals_gqa_and_the_written_out_attention():
+    # The GPU's path (packed.attention on CUDA: SDPA with each kv head copied to its query heads, the
+    # memory-efficient kernel's layout) is the same function as SDPA's own GQA and ``Attention``, in
+    # values and gradients (float64; rows with masked columns)
+    torch.manual_seed(0)
+    b, nkv, g, T, L, hd = 2, 2, 3, 4, 6, 8
+    q = torch.randn(b, nkv, g * T, hd, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(b, nkv, L, hd, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    allow = torch.rand(b, T, L) > 0.3
+    allow[..., 0] = True
+    mask = torch.zeros(b, 1, 1, T, L, dtype=torch.float64).masked_fill_(~allow[:, None, None], float("-inf"))
+    do = torch.randn(b, nkv, g * T, hd, dtype=torch.float64)
+    runs = [Attention.apply(q, k, v, mask, 0.3), packed.sdpa(q, k, v, mask, 0.3, expand_kv=False),
+            packed.sdpa(q, k, v, mask, 0.3, expand_kv=True)]
+    grads = [torch.autograd.grad(o, (q, k, v), do) for o in runs]
+    for o, gr in zip(runs[1:], grads[1:]):
+        assert_close(o, runs[0], atol=1e-10)
+        for a, w in zip(gr, grads[0]):
+            assert_close(a, w, atol=1e-10)
+
+
 def test_attention_scores_are_not_rounded_to_bf16():
     # bf16 q and k with large scores (|s| ~ 10): rounding the scores to bf16 before the softmax, as
     # eager attention does, was 0.058 off the float64 answer here; float32 scores 0.011 (p's cast

@@ -8,7 +8,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TopPLogitsWarper
 
 from rlpost.model.logprobs import completion_logprobs
-from rlpost.roles.rollout_fast import FastRollout, build_rollout
+from rlpost.roles.engine import build_rollout, pick
+from rlpost.roles.rollout_fast import FastRollout
 from rlpost.roles.rollout_hf import HFRollout, top_p_truncate
 from rlpost.sections import ConfigError
 
@@ -175,3 +176,13 @@ def test_build_rollout_picks_an_engine(tiny):
     assert type(build_rollout("auto", gpt2, tiny.tokenizer, torch.float32)) is HFRollout
     with pytest.raises(ConfigError, match="rollout.engine=fast"):
         build_rollout("fast", gpt2, tiny.tokenizer, torch.float32)
+
+
+def test_engine_table_on_each_device():
+    # (rollout.engine, on a GPU, a model the own engine runs) -> the engine (roles/engine.py's table)
+    assert [pick(e, False, True) for e in ("auto", "fast", "hf")] == ["fast", "fast", "hf"]
+    assert [pick(e, True, True) for e in ("auto", "fast", "hf")] == ["static", "static", "hf"]
+    assert [pick(e, gpu, False) for e in ("auto", "hf") for gpu in (False, True)] == ["hf"] * 4
+    for gpu in (False, True):
+        with pytest.raises(ConfigError, match="rollout.engine=fast supports"):
+            pick("fast", gpu, False)

@@ -10,11 +10,12 @@ each role hands back what it computed on the caller's device.
 ``Offloaded`` keeps a role's weights on the host between its uses (``offload.reference``,
 ``offload.critic``, ``offload.reward_model``, as verl's ``param_offload``).
 
-CPU-only levers stay CPU-only: the fast engine's oneDNN-packed weights (roles/rollout_fast.py:
-``rollout.engine=auto`` picks ``hf`` on CUDA, and ``fast`` is refused there), the trainer's packed
-trunk (model/packed.py: ``trainer.forward=auto`` is transformers' forward on CUDA), glibc's
-``malloc_trim`` (model/heap.py) and torch's CPU thread counts. ``tests/test_style.py`` fails on a
-``"cpu"`` string literal anywhere under ``src/`` outside its allow-list of those levers.
+CPU-only levers stay CPU-only: the fast engine's oneDNN-packed weights (roles/rollout_fast.py; on
+CUDA the own engine is roles/rollout_static.py, its decode step a CUDA graph, and ``auto`` prefers
+vLLM where it is installed: roles/engine.py), the packed trunk's written-out attention (model/packed.py:
+SDPA on CUDA), glibc's ``malloc_trim`` (model/heap.py) and torch's CPU thread counts.
+``tests/test_style.py`` fails on a ``"cpu"`` string literal anywhere under ``src/`` outside its
+allow-list of those levers.
 """
 
 from __future__ import annotations

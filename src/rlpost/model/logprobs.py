@@ -129,14 +129,23 @@ def plain_head(model) -> bool:
             and getattr(c, "logit_scale", None) is None and getattr(c, "logits_scaling", None) is None)
 
 
-# Tokens per chunk: 128 x 49152 float32 logits (25 MB) stay in cache better than bigger chunks;
-# measured here 0.36 s for 976 tokens at 128 against 0.49 s at 1024 (forward, lm_head included).
+# Tokens per chunk on a CPU: 128 x 49152 float32 logits (25 MB) stay in cache better than bigger
+# chunks; measured here 0.36 s for 976 tokens at 128 against 0.49 s at 1024 (forward, lm_head included).
 CHUNK_TOKENS = 128
+# On a GPU a chunk's cost is its ~15 kernel launches, not cache: 128-token chunks made a 32k-token
+# micro-batch 256 chunks of small kernels. There a chunk holds up to this many bytes of float32
+# logits (1365 tokens of a 49152 vocabulary; its few float32 temporaries together ~1 GB).
+GPU_CHUNK_BYTES = 256 * 2**20
+
+
+def chunk_tokens(on_gpu: bool, vocab: int) -> int:
+    """Tokens per ``ChunkedLogp`` chunk: CHUNK_TOKENS on a CPU, GPU_CHUNK_BYTES of logits on a GPU."""
+    return max(CHUNK_TOKENS, GPU_CHUNK_BYTES // (4 * vocab)) if on_gpu else CHUNK_TOKENS
 
 
 class ChunkedLogp(torch.autograd.Function):
     """log pi(target) and the entropy of pi = softmax(h W^T / temperature) for rows of h, without
-    ever holding more than CHUNK_TOKENS rows of logits.
+    ever holding more than a chunk of rows of logits (``chunk_tokens``).
 
     The plain path keeps (B, T, V) float32 logits, their log-softmax and (for the entropy) their
     softmax alive for the backward: ~1.2 GB at 32 x 64 tokens of a 49152 vocabulary. Here the
@@ -158,8 +167,9 @@ class ChunkedLogp(torch.autograd.Function):
         # for 200 tokens), so the backward does not run the lm_head again: it is deterministic, so the
         # kept logits are the ones the backward would recompute.
         kept = h.new_empty(len(h), w.shape[0], dtype=w.dtype) if any(ctx.needs_input_grad) else None
-        for i in range(0, len(h), CHUNK_TOKENS):
-            sl = slice(i, i + CHUNK_TOKENS)
+        chunk = chunk_tokens(h.is_cuda, w.shape[0])
+        for i in range(0, len(h), chunk):
+            sl = slice(i, i + chunk)
             zw = ChunkedLogp._logits(h[sl], w)  # (c, V) in the matmul's dtype
             if kept is not None:
                 kept[sl] = zw
@@ -186,8 +196,9 @@ class ChunkedLogp(torch.autograd.Function):
         dz_all = h.new_empty(len(h), w.shape[0], dtype=ctx.dtype) if want_w else None
         g_logp = g_logp / ctx.temperature  # the chain through z = h W^T / temperature
         g_ent = g_ent / ctx.temperature if g_ent is not None and bool(g_ent.any()) else None
-        for i in range(0, len(h), CHUNK_TOKENS):
-            sl = slice(i, i + CHUNK_TOKENS)
+        chunk = chunk_tokens(h.is_cuda, w.shape[0])
+        for i in range(0, len(h), chunk):
+            sl = slice(i, i + chunk)
             z = kept[sl].float().div_(ctx.temperature)  # (c, V): the forward's logits
             zk = truncated(z, lse_all[sl], floor[sl] if floor is not None else None, targets[sl])  # the forward's set
             p = (zk - lse[sl, None]).exp_()  # renormalised over the kept set, 0 off it

@@ -1,5 +1,5 @@
 """The trainer's and the reference's forward on a packed trunk for Llama-family decoders: the
-same function of the weights as transformers' forward, without padding, on CPU.
+same function of the weights as transformers' forward, without padding, on the CPU and on CUDA.
 
 Why a trunk of our own. transformers' forward of a micro-batch runs every row to the longest
 completion in it, casts each linear layer's float32 input to bf16 once per projection (q, k and
@@ -26,8 +26,15 @@ float32). With float32 weights and no autocast everything is float32. tests/mode
 checks values and gradients against transformers' forward.
 
 Which models: ``llama`` and ``qwen2`` (q/k/v biases) without sliding windows, attention dropout,
-LoRA adapters, FSDP or activation checkpointing, on CPU (``reason_unsupported``); trainer.forward
-picks this trunk (auto/packed) or transformers' forward (hf). The batch-side glue (prompt groups,
+LoRA adapters, FSDP or activation checkpointing (``reason_unsupported``); trainer.forward picks
+this trunk (auto/packed) or transformers' forward (hf).
+
+On CUDA the linear layers, norms and MLP run packed as on the CPU (fewer kernels: fused q/k/v and
+gate/up, no padded rows); attention is torch's SDPA on the padded grid with the mask
+(``attention``), the memory-efficient kernel transformers' own CUDA forward runs. True varlen
+attention (FlexAttention's block masks, flash-attn's varlen kernel) would drop the grid's padding
+too, but attention is a small share of a micro-batch's work at these lengths, FlexAttention is fast
+only compiled (a compile per new length), and flash-attn is a CUDA-only build CI cannot run. The batch-side glue (prompt groups,
 positions) is model/logprobs.py's, which calls ``PackedTrunk.prompts`` and ``.completions``.
 """
 
@@ -40,7 +47,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlpost.model.device import CPU
 from rlpost.types.errors import ConfigError
 
 SUPPORTED = ("llama", "qwen2")  # the sampler's decode loop supports the same (roles/rollout_fast.py)
@@ -59,8 +65,6 @@ def reason_unsupported(model: torch.nn.Module) -> str | None:
         return "LoRA adapters (peft)"
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         return "FSDP-sharded parameters"
-    if any(p.device.type != CPU.type for p in model.parameters()):
-        return "a model on a GPU (this trunk is a CPU lever; transformers' kernels serve GPUs)"
     return None
 
 
@@ -112,19 +116,31 @@ SAVED_BYTES = 16 * 2**20  # Attention keeps a layer's float32 probabilities up t
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """``Attention`` while its float32 probabilities, which it keeps for the backward, are at most
-    ``SAVED_BYTES`` a layer (the demo: 5 MB; vs_trl.py's batch: 8 MB). They grow with the square of
+    """``Attention`` on the CPU while its float32 probabilities, which it keeps for the backward, are at
+    most ``SAVED_BYTES`` a layer (the demo: 5 MB; vs_trl.py's batch: 8 MB). They grow with the square of
     the length, 324 MB a layer at 8 rows of 1,024 tokens, ~10 GB over 30 layers (scaling.py's
-    longest run was OOM-killed at 23.5 GB), and the float32 q k^T with them: past that, torch's SDPA
-    (its CPU flash kernel, as transformers' forward runs it) keeps only a log-sum-exp per query and
-    computes the scores in the inputs' dtype with float32 accumulation. Same layout either way: q
-    (b, nkv, g*T, hd) is (b, nh, T, hd) with query head j*g + i on kv head j, SDPA's enable_gqa order."""
+    longest run was OOM-killed at 23.5 GB), and the float32 q k^T with them: past that, and on a
+    GPU always, torch's SDPA (``sdpa``) keeps only a log-sum-exp per query and computes the scores in
+    the inputs' dtype with float32 accumulation, as transformers' forward runs it."""
     b, nkv, gT, hd = q.shape
     T, L = mask.shape[-2:]
-    if b * nkv * gT * L * 4 <= SAVED_BYTES:
+    if not q.is_cuda and b * nkv * gT * L * 4 <= SAVED_BYTES:
         return Attention.apply(q, k, v, mask, scale)
-    o = F.scaled_dot_product_attention(q.view(b, nkv * (gT // T), T, hd), k, v, mask[:, 0].to(q.dtype), scale=scale,
-                                       enable_gqa=True)  # (b, nh, T, hd)
+    return sdpa(q, k, v, mask, scale, expand_kv=q.is_cuda)
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, expand_kv: bool) -> Tensor:
+    """``Attention``'s layout through torch's SDPA: q (b, nkv, g*T, hd) is (b, nh, T, hd) with query head
+    j*g + i on kv head j, SDPA's enable_gqa order. ``expand_kv``: hand SDPA every query head its
+    own copy of its kv head's keys and values instead (CUDA: with an arbitrary mask, GQA would leave
+    only the math kernel; the memory-efficient kernel takes the mask, not GQA)."""
+    b, nkv, gT, hd = q.shape
+    T, L = mask.shape[-2:]
+    g = gT // T
+    if expand_kv:
+        k, v = (x[:, :, None].expand(b, nkv, g, L, hd).reshape(b, nkv * g, L, hd) for x in (k, v))
+    o = F.scaled_dot_product_attention(q.view(b, nkv * g, T, hd), k, v, mask[:, 0].to(q.dtype), scale=scale,
+                                       enable_gqa=not expand_kv)  # (b, nh, T, hd)
     return o.view(b, nkv, gT, hd)
 
 

@@ -34,40 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlpost.model import device
 from rlpost.model.logprobs import position_ids
 from rlpost.roles import sampling
 from rlpost.roles.rollout_hf import HFRollout, continue_ids, top_p_truncate
 from rlpost.types.batch import Rollouts
-from rlpost.types.errors import ConfigError
 
 SUPPORTED = ("llama", "qwen2")
 # Compact the decode batch once this fraction of its rows has finished: compaction copies the
 # whole cache, so doing it on every finished row would cost more than it saves.
 COMPACT_FRACTION = 0.25
-
-
-def build_rollout(engine: str, model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> HFRollout | FastRollout:
-    """The rollout role for ``rollout.engine``: 'fast' (this loop), 'hf' (`generate`), or 'auto'
-    (this loop when the architecture is supported, else `generate`).
-
-    This loop is a CPU-only lever (oneDNN-packed weights, a decode step tuned against CPU SDPA):
-    on a GPU, 'auto' is `generate` and 'fast' is refused, since nothing here was measured there."""
-    on_gpu = device.is_cuda(device.of(model))
-    check_engine(engine, on_gpu)
-    if engine == "hf" or (engine == "auto" and (on_gpu or not supported(model))):
-        return HFRollout(model, tokenizer, dtype=dtype)
-    if not supported(model):
-        raise ConfigError(f"rollout.engine=fast supports model types {', '.join(SUPPORTED)}, not "
-                         f"{model.config.model_type!r}; use rollout.engine=auto or hf")
-    return FastRollout(model, tokenizer, dtype=dtype)
-
-
-def check_engine(engine: str, on_gpu: bool) -> None:
-    """rollout.engine=fast on a GPU: refused in one line (build.check calls it before any model loads)."""
-    if engine == "fast" and on_gpu:
-        raise ConfigError("rollout.engine=fast is the CPU-only decode loop (oneDNN); on run.device=cuda use "
-                          "rollout.engine=auto or hf")
 
 
 def supported(model) -> bool:
@@ -323,7 +298,7 @@ class FastRollout:
         truncated to top-p and renormalised when top_p < 1; the top-p threshold (b,) or None);
         greedy when temperature is 0."""
         if temperature == 0:
-            return logits.argmax(-1), torch.zeros(len(logits)), None
+            return logits.argmax(-1), logits.new_zeros(len(logits)), None
         if top_p >= 1.0:  # the full softmax: a two-level inverse CDF, a few passes over the logits (roles/sampling.py)
             tok, lp = sampling.draw(logits / temperature)
             return tok, lp, None
@@ -333,7 +308,7 @@ class FastRollout:
         # the profiler charged torch.multinomial 25 ms per step, but end to end the two measured
         # the same (benchmarks/rollout_levers.py: 1.02x).
         cdf = logp.exp().cumsum(-1)  # (b, V)
-        u = torch.rand(len(cdf), 1) * cdf[:, -1:]
+        u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
         tok = torch.searchsorted(cdf, u, side="right").squeeze(1).clamp(max=cdf.shape[1] - 1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(1), floor
 

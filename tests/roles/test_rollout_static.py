@@ -1,0 +1,132 @@
+"""The own engine's GPU path (roles/rollout_static.py) run eagerly on the CPU: the decode step a CUDA
+graph captures is this same function, so here it is held to transformers' `generate` (greedy tokens,
+sampler log-probs, the sampled frequencies) as rows finish and leave the batch."""
+
+import copy
+
+import pytest
+import torch
+
+from rlpost.model.logprobs import completion_logprobs
+from rlpost.roles import rollout_static
+from rlpost.roles.rollout_hf import HFRollout, top_p_truncate
+from rlpost.roles.rollout_static import StaticRollout, buckets, fitting
+
+
+def rows(n):  # prompts of different lengths, so the batch is left-padded
+    return [{"messages": [{"role": "user", "content": f"{i * 37}+{i}="}]} for i in range(n)]
+
+
+def shake(model, scale: float):
+    """The tiny model with its matrices shaken: the random init's greedy completions repeat one
+    token and its distributions are nearly flat; shaken, completions vary (rows reach an EOS at
+    different steps) and the distributions have shape."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model
+
+
+def engines(tiny, eos=None):
+    hf = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    static = StaticRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    if eos is not None:  # more ids count as EOS, so rows finish at different steps
+        hf.eos_ids = static.hf.eos_ids = static.eos_dev = eos
+    return hf, static
+
+
+def test_bucket_ladder_by_hand():
+    assert buckets(128) == [128, 64, 32, 16, 8] and buckets(100) == [100, 64, 32, 16, 8]
+    assert buckets(16) == [16, 8] and buckets(8) == [8] and buckets(5) == [5] and buckets(1) == [1]
+    assert fitting([128, 64, 32, 16, 8], 33) == 64 and fitting([128, 64, 32, 16, 8], 3) == 8
+
+
+@pytest.mark.parametrize("check_every", [1, 3, 8])
+def test_greedy_matches_generate_as_rows_finish_and_free_their_slots(tiny, monkeypatch, check_every):
+    # When the host looks at the finished flags (every check_every steps) changes nothing in what
+    # is drawn; rows that finished leave for a smaller bucket, the path most likely to misplace a row.
+    monkeypatch.setattr(rollout_static, "CHECK_EVERY", check_every)
+    monkeypatch.setattr(rollout_static, "MIN_BUCKET", 2)
+    shake(tiny.model, 0.1)
+    hf, static = engines(tiny, eos=torch.arange(5, len(tiny.tokenizer), 4))
+    a = hf.generate(rows(12), n=1, temperature=0.0, top_p=1.0, max_new_tokens=14)
+    b = static.generate(rows(12), n=1, temperature=0.0, top_p=1.0, max_new_tokens=14)
+    assert len(set(a.completion_mask.sum(1).tolist())) > 3  # rows of many lengths
+    assert torch.equal(a.prompt_ids, b.prompt_ids) and a.completions == b.completions
+    assert torch.equal(a.completion_ids * a.completion_mask, b.completion_ids * b.completion_mask)
+    assert static.buckets_used[0] == 12 and static.buckets_used == sorted(static.buckets_used, reverse=True)
+    if check_every == 1:
+        assert len(static.buckets_used) >= 3  # the live rows moved down the ladder twice or more
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_sampler_logp_match_trainer_with_groups_and_finished_rows_leaving(tiny, monkeypatch, top_p):
+    monkeypatch.setattr(rollout_static, "CHECK_EVERY", 2)
+    monkeypatch.setattr(rollout_static, "MIN_BUCKET", 2)
+    _, static = engines(tiny, eos=torch.arange(5, len(tiny.tokenizer), 3))
+    torch.manual_seed(0)
+    b = static.generate(rows(4), n=4, temperature=0.9, top_p=top_p, max_new_tokens=16)
+    lengths = b.completion_mask.sum(1)
+    assert len(set(lengths.tolist())) > 3 and b.group_ids.tolist() == sorted([0, 1, 2, 3] * 4)
+    assert len(static.buckets_used) >= 2
+    m = b.completion_mask
+    with torch.no_grad():
+        logp, _ = completion_logprobs(tiny.model, b, temperature=0.9)  # the trainer's forward
+    assert (logp[m] - b.sampler_logp[m]).abs().max() < 1e-5
+    assert (b.sampler_logp[~m] == 0).all() and (b.completion_ids[~m] == tiny.tokenizer.pad_token_id).all()
+    assert (b.sampler_floor is None) == (top_p == 1.0)
+    if b.sampler_floor is not None:
+        assert (b.sampler_floor[m] <= b.sampler_logp[m]).all()
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.7])
+def test_sampled_tokens_follow_the_models_distribution(tiny, top_p):
+    # Every token the engine drew, at every position (the prefill's first, the decode step's later
+    # ones), against the model's own distribution there, p_i. Two statistics, each ~N(0, 1) when the
+    # sampler is right: the summed log p_i(drawn) against its expectation, -sum H(p_i) (it moves
+    # by 8 sigma when the sampler draws at a 10% lower temperature), and for each vocabulary entry
+    # its count against sum p_i(v) (a bias towards some tokens). None outside the top-p sets.
+    shake(tiny.model, 0.3)
+    _, static = engines(tiny)
+    torch.manual_seed(1)
+    b = static.generate(rows(6), n=64, temperature=1.0, top_p=top_p, max_new_tokens=8)
+    ids, mask = b.input_ids(), b.attention_mask()
+    with torch.no_grad():
+        logits = tiny.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+    P, m = b.prompt_ids.shape[1], b.completion_mask
+    logp = logits[:, P - 1 : -1].log_softmax(-1)[m].double()  # (positions, V): what each token was drawn from
+    if top_p < 1:
+        logp = top_p_truncate(logp, top_p)[0]
+    p, drawn = logp.exp(), b.completion_ids[m]
+    assert len(p) > 2500
+    plogp = torch.where(p > 0, p * logp, 0.0)
+    entropy, second = -plogp.sum(1), torch.where(p > 0, plogp * logp, 0.0).sum(1)
+    s = (logp.gather(1, drawn[:, None])[:, 0] + entropy).sum() / (second - entropy**2).sum().sqrt()
+    assert s.abs() < 4, s
+    count = torch.bincount(drawn, minlength=p.shape[1]).double()
+    z = (count - p.sum(0)) / (p * (1 - p)).sum(0).clamp(min=1e-9).sqrt()
+    assert z.abs().max() < 4.5, z.abs().max()
+
+
+def test_arena_is_reused_grown_and_freed_without_a_trace(tiny):
+    _, static = engines(tiny)
+    fresh = StaticRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    torch.manual_seed(3)
+    static.generate(rows(2), n=2, temperature=0.8, top_p=1.0, max_new_tokens=5)  # a small arena, warmed up
+    small = static.arena
+    torch.manual_seed(4)
+    again = static.generate(rows(3), n=4, temperature=0.8, top_p=1.0, max_new_tokens=30)  # more rows and columns
+    assert static.arena is not small and static.arena.rows == 12 and static.arena.columns == 64
+    torch.manual_seed(4)
+    first = fresh.generate(rows(3), n=4, temperature=0.8, top_p=1.0, max_new_tokens=30)
+    assert torch.equal(again.completion_ids, first.completion_ids)  # warm-up and an earlier decode left nothing behind
+    assert torch.equal(again.sampler_logp, first.sampler_logp)
+    static.sleep()
+    assert static.arena is None  # the KV cache (and on CUDA the graphs) go before the update
+    greedy = lambda ro: ro.generate(rows(3), n=1, temperature=0.0, top_p=1.0, max_new_tokens=10).completions
+    assert greedy(static) == greedy(fresh)
+    static.sleep(discard_weights=True)
+    static.load_weights(tiny.model.state_dict(), version=2)
+    assert greedy(static) == greedy(fresh)
