@@ -342,7 +342,7 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
     toks = [(i, c) for i, cols in enumerate(R) for c in cols]
     seq = [adv[i][cols[0]] for i, cols in enumerate(R)]
     kl_on = ALGORITHMS[name].traits.kl != "none"
-    if name in ("grpo", "dapo"):
+    if ALGORITHMS[name].traits.group_baseline:  # one metric set for every group method (grpo.group_advantages)
         stds = [REWARD[g * K:(g + 1) * K].std().item() for g in range(len(R) // K)]
         adv_m = {"critic/advantages/mean": mean(seq), "critic/advantages/max": max(seq), "critic/advantages/min": min(seq),
                  "reward/group_std": mean(stds), "reward/zero_std_frac": mean([s == 0 for s in stds])}
@@ -481,7 +481,7 @@ def test_paper_rloo():
 
 def test_paper_dapo():
     dapo = ALGORITHMS["dapo"].from_config(tiny_cfg("algo.name=dapo", "algo.loss_agg=seq_mean_token_mean"))
-    assert (dapo.grpo.clip_eps_low, dapo.grpo.clip_eps_high) == (0.2, 0.28)
+    assert (dapo.clip_eps_low, dapo.clip_eps_high) == (0.2, 0.28)
     # token-level: rows of 2 and 1 tokens, A = 1, 1 | -2, ratio 1: (-1 - 1 + 2) / 3 = 0 (a per-sequence
     # mean would give (-1 + 2) / 2 = .5)
     loss, _ = dapo.loss(torch.zeros(2, 2), rl_batch(t([[True, True], [True, False]]), old_logp=torch.zeros(2, 2),

@@ -7,7 +7,8 @@ import torch
 from helpers import loss_batch
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import GRPO, clipped_pg_loss, grpo_advantages
+from rlpost.algorithms.grpo import GRPO, grpo_advantages
+from rlpost.algorithms.ppo import clipped_pg_loss
 
 t = torch.tensor
 
@@ -118,7 +119,7 @@ def test_dual_clip_caps_the_loss_of_negative_advantages_by_hand():
 
 
 def test_dual_clip_frac_counts_negative_advantages_strictly_past_c():
-    from rlpost.algorithms.grpo import dual_clip_frac
+    from rlpost.algorithms.ppo import dual_clip_frac
 
     # c = 3. (A, ratio): (-1, 4) counts; (-1, 3) sits at c, where the cap changes nothing; (0.5, 5) and
     # (2, 5) have A > 0, which dual-clip leaves alone; the pad (-1, 9) is no loss token -> 1 / 4

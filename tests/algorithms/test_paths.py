@@ -7,8 +7,7 @@ from helpers import loss_batch, rl_batch
 
 from rlpost import config
 from rlpost.algorithms import build, core
-from rlpost.algorithms.grpo import dual_clip_frac
-from rlpost.algorithms.ppo import clipped_value_loss, explained_variance
+from rlpost.algorithms.ppo import clipped_value_loss, dual_clip_frac, explained_variance
 from rlpost.algorithms.wrappers import with_overlong_filter, with_prime
 
 t = torch.tensor
@@ -179,7 +178,7 @@ def test_process_advantages_by_hand():
 
 
 def test_process_reward_advantages_are_added_and_reported():
-    from rlpost.algorithms.core import Advantages
+    from rlpost.types.roles import Advantages
     from rlpost.algorithms.wrappers import with_process_reward
 
     mask = torch.ones(2, 2, dtype=torch.bool)

@@ -15,8 +15,6 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from rlpost.types.roles import Advantages
-
 # An aggregator turns per-token values (B, T) into the scalar loss, given the mask and the
 # mini-batch totals. It is passed to the loss as a function (STYLE R3), never chosen by a string
 # inside the loss.
@@ -185,11 +183,6 @@ def group_std(reward: Tensor, group_size: int) -> Tensor:
 def to_tokens(adv_seq: Tensor, mask: Tensor) -> Tensor:
     """Broadcast a sequence-level advantage (B,) to its completion tokens (B, T)."""
     return adv_seq[:, None] * mask.to(adv_seq.dtype)  # (B, T)
-
-
-def token_advantages(adv_seq: Tensor, mask: Tensor) -> Advantages:
-    """What an algorithm's advantages() returns for a sequence-level advantage: (B, T) and metrics."""
-    return Advantages(to_tokens(adv_seq, mask), {"critic/advantages/mean": adv_seq.mean().item()})
 
 
 # --- advantage normalisation -----------------------------------------------------------------

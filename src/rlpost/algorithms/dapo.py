@@ -19,7 +19,7 @@ Patches over GRPO (Sec. 3 of the paper), each its own switch here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -27,8 +27,7 @@ from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import GRPO
-from rlpost.types.batch import Rollouts
-from rlpost.types.roles import Advantages, Traits
+from rlpost.types.roles import Traits
 
 
 def keep_groups(reward: Tensor, group_size: int, min_pass: float = 0.0, max_pass: float = 1.0) -> Tensor:
@@ -50,36 +49,14 @@ def overlong_penalty(length: Tensor, max_len: int, buffer: int, factor: float = 
 
 
 @dataclass
-class DAPO:
-    """GRPO's advantages and clipped loss (it holds a GRPO), with clip-higher and token-mean fixed;
-    dynamic sampling and overlong shaping happen before the advantages (recipes/rl.py: collect)."""
+class DAPO(GRPO):
+    """GRPO's advantages and clipped loss with clip-higher (algo.dapo_clip_eps_high) and the token
+    mean fixed; dynamic sampling and overlong shaping happen before the advantages (recipes/rl.py: collect)."""
 
     name: ClassVar[str] = "dapo"
-    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", filters_groups=True, fixed_aggregator="token_mean", token_clip=True)
-    grpo: GRPO
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", filters_groups=True, fixed_aggregator="token_mean",
+                                      token_clip=True)
 
     @classmethod
     def from_config(cls, cfg) -> "DAPO":
-        a = cfg.algo
-        return cls(GRPO(group_size=cfg.rollout.group_size, scale_by_std=a.scale_by_std, batch_std=a.std_scope == "batch",
-                        clip_eps_low=a.clip_eps_low,
-                        clip_eps_high=a.dapo_clip_eps_high, kl_coef=a.kl_coef, aggregate=core.token_mean,
-                        kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), dual_clip_c=a.dual_clip_c))
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.grpo.needs_reference
-
-    @property
-    def kl_coef(self) -> float:  # adaptive KL moves it (algorithms/objective.py)
-        return self.grpo.kl_coef
-
-    @kl_coef.setter
-    def kl_coef(self, value: float) -> None:
-        self.grpo.kl_coef = value
-
-    def advantages(self, batch: Rollouts) -> Advantages:
-        return self.grpo.advantages(batch)
-
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
-        return self.grpo.loss(logp, batch)
+        return replace(super().from_config(cfg), clip_eps_high=cfg.algo.dapo_clip_eps_high, aggregate=core.token_mean)

@@ -8,7 +8,7 @@ log pi_teacher(y_t) (k1), is a cost; its negative is the token's advantage,
 
     A_t = -(log pi_old(y_t) - log pi_teacher(y_t))       (no gradient; no discount, no baseline)
 
-and the loss is PPO's clipped surrogate on it (grpo.clipped_loss_with_kl, no KL term). Its
+and the loss is PPO's clipped surrogate on it (ppo.clipped_policy_loss, no KL term). Its
 expected gradient is the gradient of KL(pi || pi_teacher) on the student's own samples, so the
 student learns where it actually goes, mode-seeking. The teacher (``algo.teacher``: any model
 folder with the student's tokenizer, a larger checkpoint or an RL-trained run) sits in the
@@ -23,7 +23,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import clipped_loss_with_kl
+from rlpost.algorithms.ppo import clipped_policy_loss
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -60,5 +60,4 @@ class Distill:
                                     "critic/advantages/mean": core.masked_mean(adv_tok, mask).item()})
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
-        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, 0.0, self.aggregate,
-                                    dual_clip=self.dual_clip_c)
+        return clipped_policy_loss(logp, batch, self.clip_eps_low, self.clip_eps_high, self.aggregate, self.dual_clip_c)

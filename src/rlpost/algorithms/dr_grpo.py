@@ -18,7 +18,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import clipped_loss_with_kl, grpo_advantages
+from rlpost.algorithms.grpo import clipped_loss_with_kl, group_advantages, grpo_advantages
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -48,7 +48,7 @@ class DrGRPO:
 
     def advantages(self, batch: Rollouts) -> Advantages:
         adv_seq = grpo_advantages(batch.reward, self.group_size, scale_by_std=False)  # (B,)
-        return core.token_advantages(adv_seq, batch.completion_mask)
+        return group_advantages(batch.reward, adv_seq, batch.completion_mask, self.group_size)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         const = partial(core.const_norm, max_len=self.max_new_tokens)  # sum / (B * max_new_tokens)

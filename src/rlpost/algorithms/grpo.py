@@ -2,7 +2,7 @@
 
 Patch over PPO: no critic. The baseline for a completion is the mean reward of the K completions
 sampled for the same prompt; the advantage is that difference, optionally divided by the group's
-std, and every token of the completion gets it. The policy loss is PPO's clipped surrogate;
+std, and every token of the completion gets it. The policy loss is PPO's clipped surrogate (ppo.py);
 the KL anchor to the frozen reference is a separate term in the loss (k3 estimator), not a
 penalty folded into the reward.
 
@@ -20,13 +20,12 @@ Deviations and choices, each a config key:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import ClassVar
 
-import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
+from rlpost.algorithms.ppo import clipped_policy_loss
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -45,32 +44,19 @@ def grpo_advantages(reward: Tensor, group_size: int, scale_by_std: bool, eps: fl
     return adv_seq
 
 
-def clipped_pg_loss(
-    logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor, eps_low: float, eps_high: float,
-    dual_clip: float | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """PPO's clipped surrogate per token (Schulman et al. 2017, Eq. 7), negated for descent.
-
-    dual_clip = c > 1: dual-clip PPO (Ye et al. 2020, arXiv:1912.09729, Eq. 5), as verl's
-    compute_policy_loss: where A < 0 the token's loss is at most -c A. PPO's min() leaves the
-    ratio unbounded above for a negative advantage (the clip only bounds it below), so one token
-    whose probability rose far since sampling can carry an arbitrarily large loss and gradient.
-
-    Returns (per-token loss (B, T), per-token 'was clipped' (B, T) bool, ratio (B, T))."""
-    ratio = (logp - old_logp).exp()  # (B, T)
-    unclipped = ratio * adv_tok  # (B, T)
-    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv_tok  # (B, T)
-    per_tok = -torch.min(unclipped, clipped)  # (B, T)
-    was_clipped = (clipped < unclipped) & mask  # the min picked the clipped branch: no gradient
-    if dual_clip is not None:
-        capped = torch.minimum(per_tok, -dual_clip * adv_tok)  # (B, T): at most c |A|
-        per_tok = torch.where(adv_tok < 0, capped, per_tok)  # (B, T)
-    return per_tok, was_clipped, ratio
-
-
-def dual_clip_frac(ratio: Tensor, adv_tok: Tensor, mask: Tensor, dual_clip: float) -> float:
-    """Share of loss tokens where dual-clip's cap acts (A < 0 and ratio > c): verl's actor/pg_clipfrac_lower."""
-    return core.masked_mean(((adv_tok < 0) & (ratio.detach() > dual_clip)).float(), mask).item()
+def group_advantages(reward: Tensor, adv_seq: Tensor, mask: Tensor, group_size: int) -> Advantages:
+    """What every group method's advantages() returns: its sequence advantage adv_seq (B,) on each
+    completion token (B, T), and one metric set, so the report's group reward spread is drawn for
+    every one of them. reward (B,): the rewards the advantage came from, K = group_size rows a group."""
+    std = core.group_std(reward, group_size).view(-1, group_size)[:, 0]  # (n_prompts,)
+    metrics = {
+        "critic/advantages/mean": adv_seq.mean().item(),
+        "critic/advantages/max": adv_seq.max().item(),
+        "critic/advantages/min": adv_seq.min().item(),
+        "reward/group_std": std.mean().item(),
+        "reward/zero_std_frac": (std == 0).float().mean().item(),  # groups with no signal
+    }
+    return Advantages(core.to_tokens(adv_seq, mask), metrics)  # (B, T)
 
 
 @dataclass
@@ -100,18 +86,8 @@ class GRPO:
         return self.kl_coef > 0
 
     def advantages(self, batch: Rollouts) -> Advantages:
-        """(B, T) token advantages and metrics; reward and advantage are different variables (R10)."""
         adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std, batch_std=self.batch_std)  # (B,)
-        adv_tok = core.to_tokens(adv_seq, batch.completion_mask)  # (B, T)
-        std = core.group_std(batch.reward, self.group_size).view(-1, self.group_size)[:, 0]  # (n_prompts,)
-        metrics = {
-            "critic/advantages/mean": adv_seq.mean().item(),
-            "critic/advantages/max": adv_seq.max().item(),
-            "critic/advantages/min": adv_seq.min().item(),
-            "reward/group_std": std.mean().item(),
-            "reward/zero_std_frac": (std == 0).float().mean().item(),  # groups with no signal
-        }
-        return Advantages(adv_tok, metrics)
+        return group_advantages(batch.reward, adv_seq, batch.completion_mask, self.group_size)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         """Scalar loss for this (micro-)batch, already normalised by mini-batch totals."""
@@ -123,22 +99,9 @@ def clipped_loss_with_kl(
     logp: Tensor, batch: Rollouts, eps_low: float, eps_high: float, kl_coef: float, aggregate: core.Aggregator,
     kl_estimator: core.KLEstimator = core.kl_k3, dual_clip: float | None = None,
 ) -> tuple[Tensor, dict]:
-    """GRPO's loss: clipped surrogate on batch.advantages, plus kl_coef * KL to the reference (k3 by default).
-    RLOO and the other group-baseline methods reuse it with their own advantages."""
-    mask = batch.completion_mask
-    agg = partial(aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
-    per_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask, eps_low, eps_high, dual_clip)
-    loss = agg(per_tok, mask)  # ()
-    # Metrics are intensive (token means of this micro-batch) so the trainer can average them by
-    # token share; the aggregated loss itself is reported by the trainer as actor/loss.
-    metrics = {
-        "actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
-        "actor/pg_clipfrac": core.masked_mean(was_clipped.float(), mask).item(),
-        "actor/ppo_kl": core.masked_mean(batch.old_logp - logp.detach(), mask).item(),
-        "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
-    }
-    if dual_clip is not None:
-        metrics["actor/pg_clipfrac_lower"] = dual_clip_frac(ratio, batch.advantages, mask, dual_clip)
+    """GRPO's loss: PPO's clipped surrogate on batch.advantages, plus kl_coef * KL to the reference
+    (k3 by default). RLOO and the other group-baseline methods reuse it with their own advantages."""
+    loss, metrics = clipped_policy_loss(logp, batch, eps_low, eps_high, aggregate, dual_clip)
     if kl_coef > 0:
         kl_loss, kl_metrics = kl_in_loss(logp, batch, aggregate, kl_estimator)
         loss, metrics = loss + kl_coef * kl_loss, {**metrics, **kl_metrics}  # ()

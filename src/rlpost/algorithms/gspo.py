@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import grpo_advantages, kl_in_loss
+from rlpost.algorithms.grpo import group_advantages, grpo_advantages, kl_in_loss
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -56,7 +56,7 @@ class GSPO:
 
     def advantages(self, batch: Rollouts) -> Advantages:
         adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std, batch_std=self.batch_std)  # (B,)
-        return core.token_advantages(adv_seq, batch.completion_mask)
+        return group_advantages(batch.reward, adv_seq, batch.completion_mask, self.group_size)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         mask = batch.completion_mask

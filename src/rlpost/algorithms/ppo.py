@@ -11,8 +11,9 @@ Patch over REINFORCE: a learned baseline and a trust region.
    reward, not in the loss.
 3. GAE(gamma, lambda) turns rewards and the rollout-time values into per-token advantages and
    returns (core.gae); advantages are whitened over the batch's loss tokens.
-4. The clipped surrogate lets one rollout batch feed several epochs x mini-batches of updates;
-   the value loss is clipped the same way around the rollout-time values.
+4. The clipped surrogate (``clipped_pg_loss``, which every PPO-clip method here takes from this
+   file) lets one rollout batch feed several epochs x mini-batches of updates; the value loss is
+   clipped the same way around the rollout-time values.
 
 PPO needs old log-probs and old values *before* its advantages (for the KL reward and for GAE):
 its traits say so (a KL in the reward, a critic), and the loop asks the trainer for both first.
@@ -28,9 +29,56 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import clipped_pg_loss, dual_clip_frac
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
+
+
+def clipped_pg_loss(
+    logp: Tensor, old_logp: Tensor, adv_tok: Tensor, mask: Tensor, eps_low: float, eps_high: float,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO's clipped surrogate per token (Schulman et al. 2017, Eq. 7), negated for descent.
+
+    dual_clip = c > 1: dual-clip PPO (Ye et al. 2020, arXiv:1912.09729, Eq. 5), as verl's
+    compute_policy_loss: where A < 0 the token's loss is at most -c A. PPO's min() leaves the
+    ratio unbounded above for a negative advantage (the clip only bounds it below), so one token
+    whose probability rose far since sampling can carry an arbitrarily large loss and gradient.
+
+    Returns (per-token loss (B, T), per-token 'was clipped' (B, T) bool, ratio (B, T))."""
+    ratio = (logp - old_logp).exp()  # (B, T)
+    unclipped = ratio * adv_tok  # (B, T)
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv_tok  # (B, T)
+    per_tok = -torch.min(unclipped, clipped)  # (B, T)
+    was_clipped = (clipped < unclipped) & mask  # the min picked the clipped branch: no gradient
+    if dual_clip is not None:
+        capped = torch.minimum(per_tok, -dual_clip * adv_tok)  # (B, T): at most c |A|
+        per_tok = torch.where(adv_tok < 0, capped, per_tok)  # (B, T)
+    return per_tok, was_clipped, ratio
+
+
+def dual_clip_frac(ratio: Tensor, adv_tok: Tensor, mask: Tensor, dual_clip: float) -> float:
+    """Share of loss tokens where dual-clip's cap acts (A < 0 and ratio > c): verl's actor/pg_clipfrac_lower."""
+    return core.masked_mean(((adv_tok < 0) & (ratio.detach() > dual_clip)).float(), mask).item()
+
+def clipped_policy_loss(logp: Tensor, batch: Rollouts, eps_low: float, eps_high: float, aggregate: core.Aggregator,
+                        dual_clip: float | None = None) -> tuple[Tensor, dict]:
+    """PPO's policy term on batch.advantages, aggregated by mini-batch totals, and its metrics: the
+    loss of the methods that add nothing to the clipped surrogate (REINFORCE++, distill) and the
+    policy part of GRPO's (grpo.clipped_loss_with_kl)."""
+    mask = batch.completion_mask
+    per_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask, eps_low, eps_high, dual_clip)
+    loss = aggregate(per_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
+    # Metrics are intensive (token means of this micro-batch) so the trainer can average them by
+    # token share; the aggregated loss itself is reported by the trainer as actor/loss.
+    metrics = {
+        "actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
+        "actor/pg_clipfrac": core.masked_mean(was_clipped.float(), mask).item(),
+        "actor/ppo_kl": core.masked_mean(batch.old_logp - logp.detach(), mask).item(),
+        "actor/ratio_max": ratio.detach()[mask].max().item() if mask.any() else 1.0,
+    }
+    if dual_clip is not None:
+        metrics["actor/pg_clipfrac_lower"] = dual_clip_frac(ratio, batch.advantages, mask, dual_clip)
+    return loss, metrics
 
 
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> tuple[Tensor, Tensor]:

@@ -19,7 +19,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import clipped_loss_with_kl
+from rlpost.algorithms.ppo import clipped_policy_loss
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -66,6 +66,5 @@ class ReinforcePP:
         return Advantages(adv_tok, metrics)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
-        # kl_coef=0 here: the KL is already in the advantages.
-        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, 0.0, self.aggregate,
-                                    dual_clip=self.dual_clip_c)
+        # No KL term: the KL is already in the advantages.
+        return clipped_policy_loss(logp, batch, self.clip_eps_low, self.clip_eps_high, self.aggregate, self.dual_clip_c)

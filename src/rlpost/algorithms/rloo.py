@@ -18,7 +18,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from rlpost.algorithms import core
-from rlpost.algorithms.grpo import clipped_loss_with_kl
+from rlpost.algorithms.grpo import clipped_loss_with_kl, group_advantages
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -54,7 +54,7 @@ class RLOO:
 
     def advantages(self, batch: Rollouts) -> Advantages:
         adv_seq = rloo_advantages(batch.reward, self.group_size)  # (B,)
-        return core.token_advantages(adv_seq, batch.completion_mask)
+        return group_advantages(batch.reward, adv_seq, batch.completion_mask, self.group_size)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate,
