@@ -43,6 +43,7 @@ from rlpost.roles.reference import Reference
 from rlpost.roles import rollout_vllm
 from rlpost.roles.engine import auto_picks_vllm, build_rollout
 from rlpost.roles.rollout_tools import ToolRollout
+from rlpost.roles.row_plan import LocalPlan, ShardedPlan
 from rlpost.roles.trainer import Trainer
 from rlpost.types.errors import ConfigError
 from rlpost.types.roles import Roles, Verifier
@@ -210,16 +211,18 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
     return rollout
 
 
-def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, **kwargs) -> Trainer:
+def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, data_parallel: bool = False) -> Trainer:
     """The trainer over `model` (float32 master weights), with a critic when the algorithm needs
-    values and LoRA adapters when model.lora_r > 0; kwargs go to Trainer (e.g. data_parallel)."""
+    values and LoRA adapters when model.lora_r > 0; data_parallel: this process is one rank of
+    dist.trainer_ranks (distributed/actors.py), so its row plan is this rank's share (roles/row_plan.py)."""
     d = config.derived(cfg)
     model = on_device(cfg, model)  # before the critic: its head is made beside the trunk
     critic = Critic(model, cfg.algo.critic) if algorithms.traits(cfg).needs_values else None
     return Trainer(
         lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer, cfg.rollout.temperature,
         d.mini_batch_size, d.micro_batch_size, d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic,
-        critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg), offload_critic=cfg.offload.critic, **kwargs,
+        critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg), offload_critic=cfg.offload.critic,
+        plan=ShardedPlan() if data_parallel else LocalPlan(),
     )
 
 

@@ -18,6 +18,7 @@ from rlpost.algorithms.grpo import GRPO
 from rlpost.model import fsdp
 from rlpost.model.load import load_policy
 from rlpost.model.logprobs import completion_logprobs
+from rlpost.roles.row_plan import LocalPlan, ShardedPlan
 from rlpost.roles.trainer import Trainer
 from rlpost.types.batch import Rollouts
 
@@ -54,7 +55,7 @@ def make_trainer(data_parallel: bool, micro: int = MICRO, bf16: bool = False) ->
     model = load_policy("tiny", dtype=torch.float32, seed=SEED).model
     # transformers' forward on both sides (the ranks cannot run packed): this compares the parallelism alone
     return Trainer(model, tcfg(lr=LR, precision="bf16" if bf16 else "fp32", forward="hf"), 1.0, mini_batch_size=MINI, micro_batch_size=micro,
-                   total_optimizer_steps=4, data_parallel=data_parallel)
+                   total_optimizer_steps=4, plan=ShardedPlan() if data_parallel else LocalPlan())
 
 
 def full_grads(tr: Trainer) -> dict:

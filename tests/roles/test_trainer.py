@@ -14,7 +14,9 @@ from rlpost.model import packed
 from rlpost.model.logprobs import CACHE_KW, completion_logprobs
 from rlpost.model.lora import wrap as lora_wrap
 from rlpost.roles.critic import Critic
-from rlpost.roles.trainer import Trainer, lr_lambda
+from rlpost.model.optim import lr_lambda
+from rlpost.roles.row_plan import ShardedPlan
+from rlpost.roles.trainer import Trainer
 
 
 @pytest.mark.parametrize("agg", [core.token_mean, core.seq_mean_token_mean, core.seq_mean_token_sum])
@@ -266,18 +268,18 @@ def test_train_step_is_one_accumulated_step(tiny):
 
 
 def test_sampler_diff_metrics_by_hand():
-    from rlpost.roles.trainer import sampler_diff_metrics
+    from rlpost.roles.row_plan import LocalPlan, sampler_diff_metrics
 
     # |diff| of 0.1, 0.3 (float64 in, so a float32 store of the sums would show: 0.1 is not a float32)
     diff = torch.tensor([0.1, -0.3], dtype=torch.float64)
-    m = sampler_diff_metrics(diff, data_parallel=False)
+    m = sampler_diff_metrics(diff, LocalPlan())
     assert m["actor/logp_diff_sampler_mean"] == (0.1 + 0.3) / 2
     assert m["actor/logp_diff_sampler_max"] == 0.3
     # ratios e^0.1 and e^-0.3, one in each of their bins, every bin of the histogram reported
     hist = core.ratio_histogram(diff.exp())
     assert m["hist/sampler_ratio"] == hist and len(hist) == len(core.RATIO_EDGES) - 1 and sum(hist) == 2
     # no tokens (every completion masked): zeros, not a division by zero or a max of nothing
-    empty = sampler_diff_metrics(torch.zeros(0), data_parallel=False)
+    empty = sampler_diff_metrics(torch.zeros(0), LocalPlan())
     assert empty["actor/logp_diff_sampler_mean"] == 0.0 and empty["actor/logp_diff_sampler_max"] == 0.0
     assert empty["hist/sampler_ratio"] == [0] * (len(core.RATIO_EDGES) - 1)
 
@@ -552,7 +554,7 @@ def test_one_rank_data_parallel_equals_the_plain_trainer(tiny):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         dp = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=2,
-                     total_optimizer_steps=4, data_parallel=True)
+                     total_optimizer_steps=4, plan=ShardedPlan())
         got = dp.update(copy.deepcopy(batch), algo.loss)
         weights = dp.weights()
     finally:

@@ -238,6 +238,15 @@ PLAIN_CHAT_TEMPLATE = (
     "{% else %}Assistant: {{ m['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
+def enable_checkpointing(modules: list[torch.nn.Module]) -> None:
+    """Activation checkpointing (model.gradient_checkpointing); transformers v5 renamed it, and its kwargs."""
+    for m in modules:
+        if hasattr(m, "activation_checkpointing_enable"):
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def prepare_tokenizer(tok, source: str):
     tok.padding_side = "left"
     if tok.pad_token is None:  # many base models ship without one; EOS is the usual stand-in

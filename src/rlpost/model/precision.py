@@ -236,6 +236,15 @@ def cast_params(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return module
 
 
+def cast_keeping_float32(modules: list[torch.nn.Module]) -> dict[int, torch.Tensor]:
+    """trainer.param_dtype=bfloat16: the modules' parameters cast to bf16 in place; returns the
+    trainable ones' float32 values by id, the starting points of their ``MasterWeights``."""
+    keep = {id(p): p.detach().clone() for m in modules for p in m.parameters() if p.requires_grad}
+    for m in modules:
+        cast_params(m, torch.bfloat16)
+    return keep
+
+
 class MasterWeights:
     """bf16 trainable parameters stepped through float32 master copies (``trainer.param_dtype=bfloat16``,
     DeepSpeed's bf16 mode).

@@ -13,97 +13,49 @@ and clip tokens for no reason. When the batch is used in exactly one optimizer s
 forward already runs under those weights, so old_logp = logp.detach() costs nothing; otherwise
 it is recomputed once, without grad, before the first step.
 
-Data parallelism (``data_parallel=True``, FSDP2 via distributed/fsdp.py). Every rank builds the
-same Trainer and is handed the same full batch; each trains on its own contiguous rows of every
-mini-batch, with the loss normalised by the whole mini-batch's totals, so the per-rank gradients
-SUM to the full-batch gradient (FSDP's reduce-scatter is set to sum, once per optimizer step).
-Metrics are summed over the ranks, which gives the 1-rank numbers (they are token-share weighted
-by the whole mini-batch). ``recompute`` and ``weights`` return full tensors on every rank.
+Which rows this process trains is its row plan (roles/row_plan.py, chosen by build.py): every row
+(``LocalPlan``), or this rank's share under FSDP2 data parallelism (``ShardedPlan``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import nullcontext
 from dataclasses import replace
-from functools import partial
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-from rlpost.algorithms.core import masked_mean, ratio_histogram
-from rlpost.model import device, fsdp, heap, lora, packed, precision
-from rlpost.model.logprobs import HeadGrad, Prefix, PolicyForward, clear_cast_cache, policy_forward, prompt_prefix
+from rlpost.algorithms.core import masked_mean
+from rlpost.model import device, fsdp, heap, lora, optim, packed, precision
+from rlpost.model.load import enable_checkpointing
+from rlpost.model.logprobs import HeadGrad, Prefix, PolicyForward, clear_cast_cache, prompt_prefix
 from rlpost.roles.critic import Critic
+from rlpost.roles.row_plan import LocalPlan, ShardedPlan, sampler_diff_metrics
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import LossFn
 
 
-def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the peak lr at optimizer step `step` (0-based)."""
-    if step < warmup:
-        return (step + 1) / warmup  # linear warm-up, never exactly 0
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        return 1.0 - (1.0 - min_ratio) * progress
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+def on_critic_home(verb):
+    """The verb with the critic on the trainer's device (offload.critic: on the host between verbs)."""
 
+    @functools.wraps(verb)
+    def wrapped(self, *args, **kwargs):
+        with self.critic_home:  # nested uses move once (device.Offloaded)
+            return verb(self, *args, **kwargs)
 
-def sampler_diff_metrics(diff: Tensor, data_parallel: bool) -> dict:
-    """How far the sampler's recorded log-probs are from the trainer's, from the per-token
-    differences log pi_trainer - log pi_sampler (n_tokens,); with data parallelism, over all
-    ranks' tokens (sums and maxima reduced before the mean is taken)."""
-    # The histogram's bin edges live on the host (algorithms/core.py), so its input goes there; the
-    # sums go on diff's device (the trainer's): NCCL reduces CUDA tensors only.
-    hist = ratio_histogram(diff.exp().to(device.CPU))
-    sums = torch.tensor([diff.abs().sum().item(), diff.numel(), *hist], dtype=torch.float64, device=diff.device)
-    top = torch.tensor([diff.abs().max().item() if diff.numel() else 0.0], dtype=torch.float64, device=diff.device)
-    if data_parallel:
-        fsdp.all_reduce(sums)
-        fsdp.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
-    n = sums[1].item()
-    return {"actor/logp_diff_sampler_mean": sums[0].item() / n if n else 0.0,
-            "actor/logp_diff_sampler_max": top.item(), "hist/sampler_ratio": [int(c) for c in sums[2:].tolist()]}
-
-
-def blank_row(batch: Rollouts) -> Rollouts:
-    """Row 0 of ``batch`` with an empty completion mask and zero advantages: a forward/backward
-    on it contributes nothing to a loss aggregated over the mask (data-parallel padding)."""
-    row = batch.select(slice(0, 1))
-    row.completion_mask = torch.zeros_like(row.completion_mask)
-    if row.advantages is not None:
-        row.advantages = torch.zeros_like(row.advantages)
-    return row
-
-
-def split_tied_embedding(model: torch.nn.Module) -> torch.nn.Parameter | None:
-    """When the input embedding is the lm_head's weight (tied, as in SmolLM2), give the lookup its
-    own leaf over the same storage, with a sparse gradient; return that leaf.
-
-    Autograd sums the two uses of one tied leaf into a fresh dense 49152 x 576 tensor on every
-    micro-batch (measured ~0.18 s each in the update profile, most of it first-touch page faults).
-    As separate leaves, the head gets its dense gradient, the lookup a sparse one (a few hundred
-    rows), and ``Trainer.step`` adds the rows into the head's gradient once per optimizer step.
-    The optimizer holds only the head's leaf, so the shared storage is updated once."""
-    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if not (isinstance(emb, torch.nn.Embedding) and head is not None and emb.weight is head.weight
-            and head.weight.requires_grad):
-        return None
-    emb.sparse = True
-    emb.weight = torch.nn.Parameter(head.weight.detach(), requires_grad=True)  # same storage, own leaf
-    return emb.weight
+    return wrapped
 
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, tcfg, temperature: float, mini_batch_size: int,
                  micro_batch_size: int, total_optimizer_steps: int, gradient_checkpointing: bool = False,
                  critic: Critic | None = None, critic_lr: float = 1e-5, entropy_grad: bool = False,
-                 data_parallel: bool = False, offload_critic: bool = False):
-        """data_parallel: shard the model over the ranks of the already initialised process group
-        (module docstring); every rank must construct it with the same model and arguments.
+                 plan: LocalPlan | ShardedPlan | None = None, offload_critic: bool = False):
+        """plan: which rows this process trains (roles/row_plan.py; every row by default). A
+        ShardedPlan shards the model over the ranks of the already initialised process group; every
+        rank must construct it with the same model and arguments.
         offload_critic: keep the critic on the host between the verbs that use it (offload.critic)."""
         self.model = model.float().train()  # on its device already (build.py); batches follow it
         self.device = device.of(self.model)
@@ -112,27 +64,22 @@ class Trainer:
         self.bf16 = precision.trainer_bf16(tcfg.precision)  # build.py resolved 'auto'; direct callers probe here
         self.mini, self.micro = mini_batch_size, micro_batch_size
         self.entropy_grad = entropy_grad  # the loss has an entropy bonus: pass it entropy with grad
-        if gradient_checkpointing:  # transformers v5 renamed it (and its kwargs); accept both names
-            for m in [self.model, *([self.critic.trunk] if critic is not None and critic.trunk is not None else [])]:
-                if hasattr(m, "activation_checkpointing_enable"):
-                    m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-                else:
-                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.dp = data_parallel
+        self.plan = plan or LocalPlan()
+        if gradient_checkpointing:
+            enable_checkpointing([self.model, *([critic.trunk] if critic is not None and critic.trunk is not None else [])])
         # trainer.prompts_once: each mini-batch's prompts once, ahead of its micro-batches (_prefix).
-        # The data-parallel path runs them per micro-batch: each rank's rows are its own.
-        self.prefix_once = tcfg.prompts_once and not data_parallel
+        # A sharded plan runs them per micro-batch: each rank's rows are its own.
+        self.prefix_once = tcfg.prompts_once and not self.plan.sharded
         self.updates = 0  # update() calls in this process, for the heap trims
         if not device.is_cuda(self.device):  # CPU-only lever: an update's memory comes back without page faults
             heap.keep_freed()
-        keep = self._cast_bf16() if tcfg.param_dtype == "bfloat16" else None  # before the tied lookup is split off
-        if data_parallel:
-            self._shard()
-        else:
-            self.lookup = split_tied_embedding(self.model)
-            self._policy_forward = partial(policy_forward, self.model)
+        # trainer.param_dtype=bfloat16: the masters' float32 starting points, before the tied lookup is split off
+        modules = [self.model, *([self.critic] if self.critic is not None else [])]
+        keep = precision.cast_keeping_float32(modules) if tcfg.param_dtype == "bfloat16" else None
+        self._policy_forward, self.lookup = self.plan.prepare(self.model, self.critic)
         # trainer.forward: the policy's forward on the packed trunk where it applies (model/packed.py)
-        self.packed = packed.resolve(tcfg.forward, self.model, checkpointing=gradient_checkpointing, data_parallel=data_parallel)
+        self.packed = packed.resolve(tcfg.forward, self.model, checkpointing=gradient_checkpointing,
+                                     data_parallel=self.plan.sharded)
         (packed.enable if self.packed else packed.disable)(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad and p is not self.lookup]
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad] if critic is not None else []
@@ -143,47 +90,14 @@ class Trainer:
         groups = [{"params": stepped(self.params), "lr": tcfg.lr}]
         if self.critic_params:  # its own learning rate and its own gradient clipping
             groups.append({"params": stepped(self.critic_params), "lr": critic_lr})
-        # fused=True: one kernel over all parameters. Measured on 135M parameters here: 0.11 s per
-        # step against 1.34 s for the default per-tensor loop on CPU (benchmarks/README.md). It
-        # takes FSDP's DTensor shards too (torch 2.13 CPU; tests/distributed/test_fsdp.py).
-        self.opt = torch.optim.AdamW(groups, betas=(tcfg.beta1, tcfg.beta2), weight_decay=tcfg.weight_decay, fused=True)
-        sched = lambda s: lr_lambda(s, tcfg.warmup_steps, total_optimizer_steps, tcfg.schedule, tcfg.min_lr_ratio)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, sched)
+        self.opt, self.sched = optim.adamw(groups, tcfg, total_optimizer_steps)
         # offload.critic: the critic and its optimizer's tensors wait on the host while the rollout
         # samples, and come onto the device for each verb that uses them (model/device.py)
         self.critic_home = (device.Offloaded(self.critic, self.device, offload_critic, self.opt, groups[1]["params"])
                             if self.critic_params else nullcontext())
 
-    def _cast_bf16(self) -> dict[int, Tensor]:
-        """trainer.param_dtype=bfloat16: the policy's (and critic's) parameters cast to bf16 in place;
-        returns the trainable ones' float32 values by id, the masters' starting points."""
-        if self.dp:
-            raise NotImplementedError("trainer.param_dtype=bfloat16 with data_parallel: FSDP2 shards float32 weights")
-        mods = [self.model, *([self.critic] if self.critic is not None else [])]
-        keep = {id(p): p.detach().clone() for m in mods for p in m.parameters() if p.requires_grad}
-        for m in mods:
-            precision.cast_params(m, torch.bfloat16)
-        return keep
-
-    def _shard(self) -> None:
-        """FSDP2 over the policy. The tied embedding is NOT split into its own leaf here: that
-        leaf would be a second Parameter over the head's storage, which sharding cannot keep
-        shared; the tied Parameter is sharded once in the root unit and gets one dense gradient.
-        ``policy_forward`` is registered as a root forward method so the head weight it hands
-        to ``ChunkedLogp`` is the gathered full tensor, not this rank's shard."""
-        if self.critic is not None or lora.is_lora(self.model):
-            raise NotImplementedError("data_parallel supports the policy alone: no critic, no LoRA")
-        self.lookup = None
-        fsdp.shard_causal_lm(self.model)
-        fsdp.add_forward_method(self.model, "policy_forward", policy_forward)
-        self._policy_forward = self.model.policy_forward
-
     def _autocast(self):
-        # Data parallel: no cast cache. FSDP frees and re-gathers each layer's weights around
-        # every forward; with the cache, bf16 casts reused across micro-batches gave the layers'
-        # linear weights wrong gradients (measured: 2-rank gradient off by 0.08 at a 0.19 max
-        # against 1e-3 of bf16 noise; exact with one micro-batch). Each forward casts afresh.
-        return precision.autocast(self.bf16, self.device, cache=not self.dp)
+        return precision.autocast(self.bf16, self.device, cache=self.plan.cast_cache)
 
     def _forward(self, batch: Rollouts, entropy: str = "none", prefix: Prefix | None = None,
                  head_grad: HeadGrad | None = None) -> PolicyForward:
@@ -216,58 +130,22 @@ class Trainer:
         return prompt_prefix(self.model, mini, value_head=self._shared_head())
 
     @torch.no_grad()
+    @on_critic_home
     def recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
         """(old_logp (B, T), old_values (B, T) or None) under the current weights, before any step."""
-        with self.critic_home:  # offload.critic: on the device for this verb only
-            return self._recompute(batch)
-
-    def _recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
         home, batch = batch.device, batch.to(self.device)  # results go back where the batch came from
         T = batch.completion_ids.shape[1]
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
-        if self.dp:
-            return self._recompute_rows(batch, pad).to(home), None
         with self._autocast():  # one bf16 cast of the weights for all micro-batches
-            outs = [self._forward(batch.select(slice(i, i + self.micro)).trimmed()) for i in range(0, len(batch), self.micro)]
-        values = torch.cat([pad(o.values) for o in outs]) * batch.completion_mask if self.critic is not None else None
-        return torch.cat([pad(o.logp) for o in outs]).to(home), values.to(home) if values is not None else None
+            outs = [(self._forward(mb.trimmed()), idx) for mb, idx in self.plan.micro_batches(batch, self.micro, "rows")]
+        logp = self.plan.gather([pad(o.logp) for o, idx in outs if idx is not None], batch)  # (B, T)
+        values = torch.cat([pad(o.values) for o, _ in outs]) * batch.completion_mask if self.critic is not None else None
+        return logp.to(home), values.to(home) if values is not None else None
 
-    def _recompute_rows(self, batch: Rollouts, pad: Callable) -> Tensor:  # (B, T)
-        """recompute's log-probs under data parallelism: each rank runs its own rows, then the
-        ranks all-gather, so every rank returns the full (B, T) at 1/world of the compute."""
-        with self._autocast():
-            outs = [(pad(self._forward(mb.trimmed()).logp), real) for mb, real in self._rank_micro_batches(batch, False)]
-        # No backward follows: free the root's gathered weights now (FSDP keeps the root unit
-        # unsharded after forward, expecting a backward to reshard it).
-        self.model.reshard()
-        mine = [lp for lp, real in outs if real]
-        return fsdp.all_gather_rows(torch.cat(mine) if mine else batch.sampler_logp[:0], len(batch))
-
-    def _rank_micro_batches(self, mini: Rollouts, by_length: bool) -> list[tuple[Rollouts, bool]]:
-        """This rank's contiguous share of ``mini`` cut into micro-batches, as (rows, real) pairs.
-
-        Every rank gets the same number of micro-batches: each FSDP forward and backward is a
-        collective all ranks must join. A rank with too few rows for that count runs a one-row
-        stand-in (real=False) whose completion mask is empty, so it adds nothing to any loss,
-        gradient or metric. by_length: order the share's rows by length first, as ``accumulate``."""
-        rank, world = fsdp.rank_world()
-        bounds = fsdp.row_bounds(len(mini), world)
-        mine = mini.select(slice(bounds[rank], bounds[rank + 1]))
-        n_micro = fsdp.micro_count(len(mini), world, self.micro)
-        order = mine.length_order() if by_length and len(mine) > 1 else torch.arange(len(mine))
-        cuts = fsdp.row_bounds(len(mine), n_micro)
-        out = []
-        for i in range(n_micro):
-            idx = order[cuts[i] : cuts[i + 1]]
-            out.append((mine.select(idx), True) if len(idx) else (blank_row(mini), False))
-        return out
-
+    @on_critic_home
     def update(self, batch: Rollouts, loss_fn: LossFn) -> dict:
-        """Consume one rollout batch (epochs x mini-batches optimizer steps); return metrics."""
-        with self.critic_home:
-            return self._update(batch, loss_fn)
-
-    def _update(self, batch: Rollouts, loss_fn: LossFn) -> dict:
+        """Consume one rollout batch: epochs x mini-batches (an optimizer step each) x micro-batches
+        (a forward/backward each, gradients accumulated); return metrics."""
         batch = batch.to(self.device)  # the trainer's own copy on its device (a no-op on the host)
         # A filtered batch (DAPO) may be short of the configured size: split it into as many
         # near-equal mini-batches as fit, at least one.
@@ -293,7 +171,7 @@ class Trainer:
                     critic_norms.append(norms[1])
         # How far the sampler's recorded log-probs are from the trainer's under the same weights
         # (bf16 sampler vs float32 trainer): the silent mismatch the importance ratio would absorb.
-        sums.update(sampler_diff_metrics(torch.cat(diffs), self.dp))  # diffs: (n_tokens,) each
+        sums.update(sampler_diff_metrics(torch.cat(diffs), self.plan))  # diffs: (n_tokens,) each
         sums["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         sums["actor/lr"] = lr
         sums["actor/nonfinite_steps"] = skipped  # optimizer steps skipped: a NaN/inf loss or gradient
@@ -309,48 +187,27 @@ class Trainer:
         """Forward/backward over the micro-batches of one mini-batch; gradients add up in .grad.
 
         Writes the mini-batch totals on each micro-batch (a copy of the batch: the caller's is not
-        touched) so the aggregator normalises by them."""
+        touched) so the aggregator normalises by them; under a sharded plan they are the whole
+        mini-batch's, so each rank's metrics are shares whose sum over the ranks is the 1-rank value."""
         mini = replace(mini, norm_tokens=float(mini.completion_mask.sum()), norm_seqs=len(mini))
-        if self.dp:  # totals above are the whole mini-batch's, written before this rank's slice
-            return self._accumulate_rows(mini, loss_fn, first_epoch, diffs)
         sums: dict[str, float] = {}
-        # The lm_head's weight gradient, formed once after the last micro-batch (logprobs.HeadGrad).
-        head_grad = HeadGrad() if self.model.get_output_embeddings() is not None else None
+        head_grad = self.plan.head_grad(self.model)
         with self._autocast():  # open across the micro-batches: the weights' bf16 casts are made once
             prefix = self._prefix(mini)
-            # Micro-batches of similar length, each cut to its own longest completion (sums, not
-            # means, cross micro-batch boundaries, so the order does not change the accumulated
-            # gradient): rows sorted by their own length when the prompts ran once above, else
-            # whole groups (each micro-batch runs its groups' prompts) sorted by their longest row.
-            if self.micro >= len(mini):
-                order = torch.arange(len(mini))
-            elif prefix is not None:
-                order = torch.sort(mini.completion_mask.sum(1), stable=True).indices
-            else:
-                order = mini.length_order()
-            for i in range(0, len(mini), self.micro):
-                idx = order[i : i + self.micro]
-                mb = mini.select(idx).trimmed()
+            # Micro-batches of similar length, each cut to its own longest completion: rows sorted by
+            # their own length when the prompts ran once above, else whole groups (each micro-batch
+            # runs its groups' prompts) sorted by their longest row.
+            parts = self.plan.micro_batches(mini, self.micro, "own_length" if prefix is not None else "groups")
+            for i, (mb, idx) in enumerate(parts):
+                self.plan.sync_gradients(self.model, last=i == len(parts) - 1)
+                mb = mb.trimmed()
                 part = prefix.take(idx, mb.prompt_ids.shape[1]) if prefix is not None else None
                 sums = self._micro(mb, mini, loss_fn, first_epoch, diffs, sums, part, head_grad)
             if prefix is not None:
                 prefix.backward()  # the prompts' share of the gradient, summed over the micro-batches
         if head_grad is not None:
             head_grad.flush(self.model.get_output_embeddings().weight)
-        return sums
-
-    def _accumulate_rows(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None) -> dict:
-        """``accumulate`` under data parallelism: this rank's rows only, gradients reduce-scattered
-        (summed) once, after the last micro-batch. Each rank's metrics are shares of the whole
-        mini-batch (token shares over ``mini.norm_tokens``), so their sum over ranks is the
-        1-rank value; ``actor/loss`` likewise adds up to the whole mini-batch loss."""
-        sums: dict[str, float] = {}
-        mbs = self._rank_micro_batches(mini, by_length=True)
-        with self._autocast():
-            for i, (mb, _) in enumerate(mbs):
-                self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # local accumulation until then
-                sums = self._micro(mb.trimmed(), mini, loss_fn, first_epoch, diffs, sums)
-        return fsdp.all_reduce_sums(sums, self.device)
+        return self.plan.reduce(sums, self.device)
 
     def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None,
                sums: dict, prefix: Prefix | None = None, head_grad: HeadGrad | None = None) -> dict:
@@ -408,13 +265,10 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         return norms, True
 
+    @on_critic_home
     def train_step(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         """One optimizer step on ``batch`` (one mini-batch, cut into micro-batches), without the
         rollout diagnostics of ``update``: the offline recipes' verb (SFT, reward models, DPO, PRM)."""
-        with self.critic_home:
-            return self._train_step(batch, loss_fn)
-
-    def _train_step(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         lr = self.opt.param_groups[0]["lr"]  # the lr this step uses (the scheduler moves it after)
         metrics = self._accumulate(batch.to(self.device), loss_fn, first_epoch=False)
         norms, stepped = self._step()
@@ -424,14 +278,10 @@ class Trainer:
         return metrics
 
     @torch.no_grad()
+    @on_critic_home
     def evaluate(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         """The loss (``loss``) and the loss's metrics over ``batch``, micro-batch by micro-batch,
         without gradients: a held-out evaluation (the offline recipes)."""
-        with self.critic_home:
-            return self._evaluate(batch, loss_fn)
-
-    @torch.no_grad()
-    def _evaluate(self, batch: Rollouts, loss_fn: LossFn) -> dict:
         sums: dict[str, float] = {}
         n = len(batch)
         batch = replace(batch.to(self.device), norm_tokens=float(batch.completion_mask.sum()), norm_seqs=n)
@@ -448,9 +298,7 @@ class Trainer:
         """What the rollout needs for weight sync (shared tensors; the receiver copies); with
         LoRA, the base with the adapters folded in, under the plain model's key names. Under data
         parallelism, the gathered full tensors on every rank (a collective: call it on all)."""
-        if self.dp:
-            return fsdp.full_state_dict(self.model)
-        return lora.merged_state(self.model) if lora.is_lora(self.model) else self.model.state_dict()
+        return self.plan.weights(self.model)
 
     def checkpoint_weights(self) -> dict[str, Tensor]:
         """What a checkpoint stores: the float32 master weights, as ``weights()`` gives them here
@@ -465,10 +313,7 @@ class Trainer:
         return {k: masters.get(v.data_ptr(), v) for k, v in weights.items()}
 
     def state_dict(self) -> dict:
-        # Data parallel: the full, unsharded optimizer state keyed by parameter name, the same on
-        # every rank (a collective), so rank 0 alone can write it and every rank can load it.
-        opt = fsdp.optimizer_state(self.model, self.opt) if self.dp else self.opt.state_dict()
-        state = {"optimizer": opt, "scheduler": self.sched.state_dict()}
+        state = {"optimizer": self.plan.optimizer_state(self.model, self.opt), "scheduler": self.sched.state_dict()}
         if lora.is_lora(self.model):
             state["lora"] = lora.adapter_state(self.model)
         if self.critic is not None:  # the head, and the trunk when separate (a shared trunk is the policy)
@@ -478,10 +323,7 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        if self.dp:
-            fsdp.load_optimizer_state(self.model, self.opt, state["optimizer"])
-        else:
-            self.opt.load_state_dict(state["optimizer"])
+        self.plan.load_optimizer_state(self.model, self.opt, state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         # The config gives the hyperparameters, the checkpoint the state: a resume that changes the lr
         # (config.RESUMABLE) gets it from here on, at the schedule's current point.
