@@ -114,3 +114,35 @@ def test_the_length_cap_follows_the_data(tmp_path):
     saved = tmp_path / "config.yaml"
     config.save(config.load(None, ["task.name=dataset", f"task.data={data}"]), saved)
     assert "max_new_tokens: 256" in saved.read_text()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["learning_rate=1e-6"], "learning_rate: expected section.field, e.g. trainer.lr; did you mean trainer.lr=1e-6? (TRL's"),
+    (["data.train_files=x.parquet"], "did you mean task.data=x.parquet? (verl's data.train_files"),
+    (["algorithm.adv_estimator=gae"], "did you mean algo.name=ppo? (verl's algorithm.adv_estimator"),  # the value translated
+    (["actor_rollout_ref.rollout.n=16"], "did you mean rollout.group_size=16? (verl's"),
+    (["trainer.total_training_steps=100"], "trainer.total_training_steps: unknown key; did you mean run.steps=100?"),
+    # the unit differs: no value carried over, the difference said
+    (["per_device_train_batch_size=16"], "did you mean rollout.prompts_per_step? (TRL's per_device_train_batch_size: "
+                                         "TRL counts completions"),
+    (["actor_rollout_ref.actor.kl_loss_type=low_var_kl"], "did you mean algo.kl_estimator=k3?"),
+    (["data.max_prompt_length=512"], "verl's data.max_prompt_length has no rlpost counterpart (rlpost never cuts a prompt): drop it"),
+    (["--actor_learning_rate", "1e-6"], "--actor_learning_rate: not an rlpost option; rlpost takes section.key=value; "
+                                        "did you mean trainer.lr=1e-6? (OpenRLHF's"),
+    (["rollout.group_sise=4"], "rollout.group_sise: unknown key; did you mean rollout.group_size? (expected one of"),
+])
+def test_other_frameworks_names_get_the_rlpost_key(args, expected):
+    r = cli("train", *args)
+    assert r.returncode == 2 and expected in r.stderr, r.stderr
+
+
+def test_a_verl_layout_recipe_and_a_trl_dict_get_the_same_answer(tmp_path):
+    recipe = tmp_path / "verl.yaml"
+    recipe.write_text("actor_rollout_ref:\n  rollout:\n    n: 8\n")
+    with pytest.raises(config.ConfigError, match=r"actor_rollout_ref\.rollout\.n: unknown section actor_rollout_ref; "
+                                                 r"did you mean rollout\.group_size=8\?"):
+        config.load(recipe)
+    import rlpost
+
+    with pytest.raises(config.ConfigError, match=r"num_generations: .*did you mean rollout\.group_size=4\? \(TRL's"):
+        rlpost.Trainer(model="tiny", overrides={"num_generations": 4}, output_dir=tmp_path / "r")

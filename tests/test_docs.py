@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlpost import cli, config
+from rlpost import cli, config, names
 from rlpost.sections import Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ NOT_IN_REPO = {
     "config.yaml", "metrics.jsonl", "summary.json", "report.html", "eval_before.jsonl", "eval_after.jsonl",
     "eval_samples.jsonl", "checkpoints", "samples", "verifier.log", "config.resume-N.yaml",
     # example user files, and a model folder's own config
-    "my.jsonl", "gsm8k.jsonl", "config.json", "my_module.py", "my_rewards.py",
+    "my.jsonl", "gsm8k.jsonl", "config.json", "my_module.py", "my_rewards.py", "my_reward.py",
     # what an exported model folder holds, and what the docs show users doing with it
     "model.safetensors", "value_head.safetensors", "generation_config.json", "adapter_config.json", "eval.jsonl",
     "requirements.txt", "convert_hf_to_gguf.py", "my-run.gguf", "adapter_model.safetensors",
@@ -66,8 +66,11 @@ NOT_IN_REPO = {
 # Dotted names that are neither Python nor config: files of the kernel's cgroup interface.
 NOT_PYTHON = {"pids.max", "cgroup.kill", "memory.max", "cgroup.procs",
               "reward_model.ground_truth", "extra_info.answer"}  # fields of verl's parquet rows
-# Names of other projects' knobs, quoted to compare with ours.
+# Names of other projects' knobs, quoted to compare with ours: TRL's, verl's and OpenRLHF's (names.py,
+# docs/coming-from.md) and their dotted tails (`rollout.n`).
 NOT_OURS = {"gpu_memory_utilization"}  # vLLM's pre-allocated KV pool
+FOREIGN = {n.theirs for table in names.FOREIGN.values() for n in table}
+FOREIGN_TAILS = {".".join(f.split(".")[i:]) for f in FOREIGN for i in range(f.count(".") + 1)}
 EXT = r"py|md|yaml|yml|json|jsonl|sh|toml|html|txt|gguf|parquet|csv|log|safetensors"
 PATH = re.compile(rf"(?<![\w/.~$-])((?:[\w.<>*-]+/)*[\w<>*-][\w.<>*-]*\.(?:{EXT}))(?::(\d+))?(?![\w/-])")
 PATH_NAME = re.compile(r"^([\w/.-]+\.py): ?([A-Za-z_][\w.]*)(?:\(\))?$")  # `recipes/rl.py: train`
@@ -387,6 +390,8 @@ def path_name_checks(text: str) -> list[str]:
         if not m:
             continue
         path, name = m.groups()
+        if not_in_repo(path):  # an example file of the user's (`my_reward.py:compute_score`)
+            continue
         f = next((b / path for b in (ROOT, SRC) if (b / path).is_file()), None)
         if f is None:
             f = next((g for g in src_files() if g.as_posix().endswith("/" + path)), None)
@@ -424,7 +429,7 @@ def module_checks(text: str) -> list[str]:
     problems = [f"{n}: not defined in src/rlpost" for n in RLPOST_NAME.findall(text) if not rlpost_name_ok(n)]
     for s in all_spans(text):
         m = DOTTED.match(s)
-        if not m or m.group(1) == "rlpost" or s in NOT_PYTHON or re.search(rf"\.(?:{EXT})$", s):
+        if not m or m.group(1) == "rlpost" or s in NOT_PYTHON or s in FOREIGN_TAILS or re.search(rf"\.(?:{EXT})$", s):
             continue
         head, rest = m.group(1), m.group(2).split(".")[1:]
         if not short_name_ok(head, rest):
@@ -438,6 +443,8 @@ def load_overrides(overrides: list[str], recipe: str | None = None, expect_error
     problems, concrete = [], []
     for item in overrides:
         m = OVERRIDE.match(item)
+        if expect_error and item.partition("=")[0] in FOREIGN:
+            continue  # another framework's name, quoted for its "did you mean" (the error itself is checked)
         if not m:
             problems.append(f"{item}: not a section.key=value override")
             continue
@@ -603,10 +610,17 @@ def recipe_name_checks(text: str) -> list[str]:
 
 def error_checks(text: str) -> list[str]:
     problems = []
-    for msg in re.findall(r"^rlpost: error: (.+)$", text, re.MULTILINE):
-        if not produced_by_source(msg.strip()):
+    for command, msg in re.findall(r"^(?:\$ (rlpost train [^\n]*)\n)?rlpost: error: (.+)$", text, re.MULTILINE):
+        if not produced_by_source(msg.strip()) and not quoted_load_error(command, msg.strip()):
             problems.append(f"quoted error {msg!r}: no message in src/rlpost produces it")
     return problems
+
+
+def quoted_load_error(command: str, msg: str) -> bool:
+    """Whether `rlpost train OVERRIDES` fails loading its config with exactly msg: a message built
+    from more than one source string (a config error and its "did you mean", names.py)."""
+    overrides = shlex.split(command)[2:] if command else []
+    return bool(overrides) and all("=" in o for o in overrides) and load_error(None, tuple(overrides)) == msg
 
 
 def excerpt_checks(text: str) -> list[str]:
@@ -800,3 +814,18 @@ def test_the_checks_catch_what_went_false_before():
                      "ppo.py:1", "envs/stack.py", "search/beam.py",
                      "python -m rlpost.observe.planner: the module has no __main__"]:
         assert expected in found, (expected, found)
+
+
+def test_coming_from_tables_are_the_map_behind_did_you_mean():
+    # docs/coming-from.md's tables and names.FOREIGN (the config errors' "did you mean") hold the same
+    # names, each with the same rlpost key, in both directions.
+    rows = set()
+    for framework in names.FOREIGN:
+        section = (ROOT / "docs" / "coming-from.md").read_text().split(f"## {framework}\n", 1)[1].split("\n## ", 1)[0]
+        for line in section.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| `"):
+                rows.add((framework, cells[0].strip("`").removeprefix("--"), cells[1].strip("`") if cells[1] != "none" else ""))
+    mapped = {(framework, n.theirs, n.ours) for framework, table in names.FOREIGN.items() for n in table}
+    assert rows == mapped, (rows - mapped, mapped - rows)
+    assert all(len([n for n in table]) >= 20 for table in names.FOREIGN.values())

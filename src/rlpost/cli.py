@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from rlpost import config
+from rlpost import config, names
 from rlpost.console import say
 from rlpost.observe import runfolder
 from rlpost.types.errors import Interrupted, ModelLoadError, RunError
@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         # Overrides may come after options too (`rlpost eval RUN --n 50 run.threads=1`): argparse gives
         # the key=value words it did not place back, and they join the command's overrides.
         args, extra = parser.parse_known_args(argv)
+        foreign_flag(extra, argv)  # `--learning_rate 1e-6` (TRL, OpenRLHF): the rlpost key to use, not a usage line
         if extra and (not hasattr(args, "args") or any("=" not in a or a.startswith("-") for a in extra)):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if extra:
@@ -170,6 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if restore_term:
             signal.signal(signal.SIGTERM, old_term)
+
+
+def foreign_flag(unknown: list[str], argv: list[str]) -> None:
+    """A ConfigError naming the rlpost key for another framework's command-line flag (names.py),
+    among the arguments the parser did not know."""
+    for arg in unknown:
+        flag, _, value = arg.partition("=")
+        if flag.startswith("--") and names.find(flag):
+            i = argv.index(arg)
+            value = value or (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None)
+            raise config.ConfigError(f"{flag}: not an rlpost option; rlpost takes section.key=value{names.hint(flag, value)}")
 
 
 def _terminate(signum, frame):

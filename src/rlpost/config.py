@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import yaml
 
+from rlpost import names
 from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc.
     AlgoConfig,
     Config,
@@ -272,7 +273,7 @@ def parse_override(item: str) -> tuple[str, Any]:
 def set_dotted(tree: dict, key: str, value: Any) -> None:
     parts = key.split(".")
     if len(parts) != 2:
-        raise ConfigError(f"{key}: expected section.field, e.g. trainer.lr")
+        raise ConfigError(f"{key}: expected section.field, e.g. trainer.lr{names.hint(key, value)}")
     section = tree.setdefault(parts[0], {})
     if not isinstance(section, dict):
         raise ConfigError(f"{parts[0]}: expected a mapping of fields")
@@ -282,7 +283,10 @@ def set_dotted(tree: dict, key: str, value: Any) -> None:
 def from_dict(tree: dict) -> Config:
     unknown = set(tree) - {f.name for f in fields(Config)}
     if unknown:
-        raise ConfigError(f"{sorted(unknown)[0]}: unknown section (expected one of {', '.join(f.name for f in fields(Config))})")
+        section = sorted(unknown)[0]
+        key, value = first_leaf(tree[section], section)
+        raise ConfigError(f"{key}: unknown section {section}{names.hint(key, value)} "
+                          f"(rlpost's are {', '.join(f.name for f in fields(Config))})")
     sections = {}
     for f in fields(Config):
         sections[f.name] = _build_section(_section_cls(f.name), tree.get(f.name) or {}, f.name)
@@ -311,6 +315,15 @@ def default_max_new_tokens(user_data: bool) -> int:
     return USER_DATA_MAX_NEW_TOKENS if user_data else GENERATED_MAX_NEW_TOKENS
 
 
+def first_leaf(value: Any, key: str) -> tuple[str, Any]:
+    """(dotted key, value) of the first leaf under ``key``: a recipe written in another framework's
+    nested layout (verl's ``actor_rollout_ref: {rollout: {n: 8}}``) is named by its whole key."""
+    while isinstance(value, dict) and value:
+        sub, value = next(iter(value.items()))
+        key = f"{key}.{sub}"
+    return key, (None if isinstance(value, dict) else value)
+
+
 def _section_cls(name: str) -> type:
     return {f.name: f.default_factory for f in fields(Config)}[name]
 
@@ -322,7 +335,8 @@ def _build_section(cls: type, values: dict, section: str):
     known = {f.name: f for f in fields(cls)}
     for key in values:
         if key not in known:
-            raise ConfigError(f"{section}.{key}: unknown key (expected one of {', '.join(known)})")
+            leaf, value = first_leaf(values[key], f"{section}.{key}")
+            raise ConfigError(f"{leaf}: unknown key{names.hint(leaf, value)} (expected one of {', '.join(known)})")
     kwargs = {k: _coerce(f"{section}.{k}", v, hints[k], known[k].metadata) for k, v in values.items()}
     return cls(**kwargs)
 
