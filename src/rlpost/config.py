@@ -284,7 +284,7 @@ def from_dict(tree: dict) -> Config:
     unknown = set(tree) - {f.name for f in fields(Config)}
     if unknown:
         section = sorted(unknown)[0]
-        key, value = first_leaf(tree[section], section)
+        key, value = names.first_leaf(tree[section], section)
         raise ConfigError(f"{key}: unknown section {section}{names.hint(key, value)} "
                           f"(rlpost's are {', '.join(f.name for f in fields(Config))})")
     sections = {}
@@ -315,15 +315,6 @@ def default_max_new_tokens(user_data: bool) -> int:
     return USER_DATA_MAX_NEW_TOKENS if user_data else GENERATED_MAX_NEW_TOKENS
 
 
-def first_leaf(value: Any, key: str) -> tuple[str, Any]:
-    """(dotted key, value) of the first leaf under ``key``: a recipe written in another framework's
-    nested layout (verl's ``actor_rollout_ref: {rollout: {n: 8}}``) is named by its whole key."""
-    while isinstance(value, dict) and value:
-        sub, value = next(iter(value.items()))
-        key = f"{key}.{sub}"
-    return key, (None if isinstance(value, dict) else value)
-
-
 def _section_cls(name: str) -> type:
     return {f.name: f.default_factory for f in fields(Config)}[name]
 
@@ -335,7 +326,7 @@ def _build_section(cls: type, values: dict, section: str):
     known = {f.name: f for f in fields(cls)}
     for key in values:
         if key not in known:
-            leaf, value = first_leaf(values[key], f"{section}.{key}")
+            leaf, value = names.first_leaf(values[key], f"{section}.{key}")
             raise ConfigError(f"{leaf}: unknown key{names.hint(leaf, value)} (expected one of {', '.join(known)})")
     kwargs = {k: _coerce(f"{section}.{k}", v, hints[k], known[k].metadata) for k, v in values.items()}
     return cls(**kwargs)

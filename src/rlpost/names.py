@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from rlpost.sections import Config
 
@@ -202,3 +203,12 @@ def hint(key: str, value: object = None) -> str:
         return f"; did you mean {ours}? ({theirs}{note}; docs/coming-from.md)"
     close = difflib.get_close_matches(key, rlpost_keys(), n=1, cutoff=0.75)
     return f"; did you mean {close[0]}?" if close else ""
+
+
+def first_leaf(value: Any, key: str) -> tuple[str, Any]:
+    """(dotted key, value) of the first leaf under ``key``: a recipe written in another framework's
+    nested layout (verl's ``actor_rollout_ref: {rollout: {n: 8}}``) is named by its whole key."""
+    while isinstance(value, dict) and value:
+        sub, value = next(iter(value.items()))
+        key = f"{key}.{sub}"
+    return key, (None if isinstance(value, dict) else value)
