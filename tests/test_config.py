@@ -1,7 +1,7 @@
 """Config: typed, validated, one-line errors naming the key, exit status 2 from the CLI."""
 
 import pytest
-from helpers import cli, run_cli
+from helpers import ROOT, cli, run_cli
 
 from rlpost import build, config
 
@@ -146,3 +146,41 @@ def test_a_verl_layout_recipe_and_a_trl_dict_get_the_same_answer(tmp_path):
 
     with pytest.raises(config.ConfigError, match=r"num_generations: .*did you mean rollout\.group_size=4\? \(TRL's"):
         rlpost.Trainer(model="tiny", overrides={"num_generations": 4}, output_dir=tmp_path / "r")
+
+
+def test_recipes_are_found_by_name_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no recipes/ here
+    assert config.load("ppo_arith").algo.name == "ppo"
+    assert config.load("ppo_arith.yaml").algo.name == "ppo"
+    assert config.load("recipes/ppo_arith.yaml").algo.name == "ppo"  # the README's path, from elsewhere
+    with pytest.raises(config.ConfigError, match=r"recipe: file not found: nosuch \(shipped recipes, by name: .*ppo_arith"):
+        config.load("nosuch")
+    (tmp_path / "ppo_arith.yaml").write_text("algo:\n  name: grpo\n")  # a file of yours wins over the shipped one
+    assert config.load("ppo_arith.yaml").algo.name == "grpo"
+
+
+def test_the_shipped_recipes_are_the_repositorys_folder():
+    # One folder: src/rlpost/shipped_recipes links to recipes/, so a recipe added there ships with nothing else to do
+    from rlpost import names
+
+    assert names.SHIPPED.resolve() == (ROOT / "recipes").resolve()
+    assert names.shipped_recipes() == sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.slow  # builds a wheel (~8 s)
+def test_a_wheel_carries_every_recipe(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    shutil.copytree(ROOT / "src", tmp_path / "src", symlinks=True, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"),
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    inside = {n.rpartition("/")[2] for n in zipfile.ZipFile(wheel).namelist() if "/shipped_recipes/" in n}
+    assert inside == {p.name for p in (ROOT / "recipes").glob("*.yaml")}

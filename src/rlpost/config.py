@@ -236,9 +236,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def read_yaml(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"recipe: file not found: {path}")
+    path = names.recipe_path(path)  # a file, or a recipe shipped in the package by name (`ppo_arith`)
     if path.is_dir():
         raise ConfigError(f"recipe {path}: is a folder, expected a YAML file")
     try:

@@ -1,19 +1,26 @@
-"""Other frameworks' names for rlpost's keys: TRL, verl and OpenRLHF, each name with its rlpost
-counterpart and, where the meaning differs, how.
+"""Names: other frameworks' names for rlpost's keys (TRL, verl and OpenRLHF, each with its rlpost
+counterpart and, where the meaning differs, how), and the recipes shipped in the package by name.
 
 The same table is docs/coming-from.md (a test holds the two equal) and the "did you mean" of the
 config errors: ``learning_rate=1e-5``, ``data.train_files=...`` or ``trainer.total_training_steps``
 are refused, as every unknown key is, with the rlpost key to use instead (and the value, where
 the two frameworks spell it differently). A typo of an rlpost key gets the closest key.
+
+Recipes ship inside the package (``shipped_recipes/``, a link to the repository's ``recipes/`` that
+the wheel copies): ``rlpost train ppo_arith`` finds one by name from any folder, and so does
+``recipes/ppo_arith.yaml`` when the current folder has no such file.
 """
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
-from rlpost.sections import Config
+from rlpost.sections import Config, ConfigError
+
+SHIPPED = Path(__file__).resolve().parent / "shipped_recipes"  # the repository's recipes/, or the wheel's copy
 
 
 @dataclass(frozen=True)
@@ -212,3 +219,19 @@ def first_leaf(value: Any, key: str) -> tuple[str, Any]:
         sub, value = next(iter(value.items()))
         key = f"{key}.{sub}"
     return key, (None if isinstance(value, dict) else value)
+
+
+def shipped_recipes() -> list[str]:
+    return sorted(p.stem for p in SHIPPED.glob("*.yaml"))
+
+
+def recipe_path(path: str | Path) -> Path:
+    """The recipe file: ``path`` when it exists, else the shipped recipe it names (``ppo_arith``,
+    ``ppo_arith.yaml`` or ``recipes/ppo_arith.yaml``); ConfigError listing the shipped ones otherwise."""
+    path = Path(path)
+    if path.exists():
+        return path
+    shipped = SHIPPED / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    if path.parent.name in ("", "recipes") and shipped.is_file():
+        return shipped
+    raise ConfigError(f"recipe: file not found: {path} (shipped recipes, by name: {', '.join(shipped_recipes())})")
