@@ -19,6 +19,7 @@ from rlpost import cli, config
 from rlpost.model import checkpoint
 from rlpost.observe import jsonl
 from rlpost.recipes import rl
+from rlpost.types import folders
 
 ARGS = [*TINY, "task.verifier=toy_verifiers:odd_length", "task.verifier_workers=1"]
 
@@ -57,7 +58,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_leaves_no_folder(tmp_path, capsy
         # could run on past this function before Python handles it
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         time.sleep(5)  # the handler's KeyboardInterrupt ends the sleep
-    monkeypatch.setattr(rl, "build_task", interrupted)
+    monkeypatch.setattr(rl, "make_stream", interrupted)  # inside train(): after the folder is claimed
     code, err = main("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=c", capsys=capsys)
     assert code == 130 and "Traceback" not in err and err.strip().splitlines()[-1].startswith("rlpost: stopped by SIGINT")
     assert not (tmp_path / "c").exists()
@@ -242,6 +243,9 @@ def test_sft_refuses_an_existing_run_and_a_failed_start_leaves_nothing(tmp_path,
     assert code == 2 and "data: file not found: /no/such.jsonl" in err and not (tmp_path / "s").exists()
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "summary.json").write_text("{}")
+    code, err = main("sft", *TINY, f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)  # not rlpost's folder
+    assert code == 2 and "holds files rlpost did not write (summary.json)" in err
+    folders.mark(tmp_path / "s", "run")  # rlpost's, and a finished run
     code, err = main("sft", *TINY, f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
     assert code == 2 and "already holds a run" in err and (tmp_path / "s" / "summary.json").read_text() == "{}"
 

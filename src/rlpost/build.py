@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from rlpost import algorithms, config
+from rlpost import algorithms, config, machine
 from rlpost.console import say, say_once
 from rlpost.envs import Task, verifier_timeout
-from rlpost.model import device, lora, precision
+from rlpost.model import checkpoint, device, fit, lora, precision
 from rlpost.model.load import load_policy, load_policy_for, load_tokenizer, resolve
 from rlpost.rewards.judge import Judge
 from rlpost.rewards.prm import ProcessRewardModel, StepRewards
@@ -50,13 +50,26 @@ from rlpost.types.roles import Roles, Verifier
 
 
 def check(cfg: config.Config) -> config.Config:
-    """Everything ``config.load`` cannot check alone: what the chosen algorithm can run. Returns
-    cfg, so ``build.check(config.load(...))`` reads as one step."""
+    """Everything ``config.load`` cannot check alone: what the chosen algorithm can run, what this
+    machine accepts (machine.py). Returns cfg, so ``build.check(config.load(...))`` reads as one step."""
+    machine.check(cfg)
     algorithms.check(cfg)
     device.resolve(cfg.run.device)  # run.device=cuda without CUDA: one line, before any model loads
     if cfg.rollout.engine == "vllm":  # not installed, or top-p (no threshold from vLLM): one line
         rollout_vllm.check(cfg.rollout.top_p)
     return cfg
+
+
+def preflight(cfg: config.Config, task: Task | None = None) -> None:
+    """What the model can take, before any run folder exists: LoRA targets that name its modules,
+    and every prompt of ``task`` (with rollout.max_new_tokens after it) within its context
+    (model/fit.py). Cheap: the model's config and tokenizer, no weights."""
+    check(cfg)
+    if cfg.model.lora_r > 0:
+        fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
+    if task is not None and cfg.task.name != "tools":  # an episode's prompt grows turn by turn: checked as it runs
+        fit.check_prompts(cfg.model.name, task.train + task.heldout, cfg.rollout.max_new_tokens,
+                          "rollout.max_new_tokens", cfg.task.data or f"task.name={cfg.task.name}")
 
 
 def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for_eval: bool = False,
@@ -98,7 +111,7 @@ def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool,
     # With LoRA the base stays the pretrained model: a checkpoint's merged weights would count the
     # adapters twice once the trainer loads them back (model/lora.py).
     if weights is not None and not use_lora:
-        loaded.model.load_state_dict(weights)
+        checkpoint.load_into(loaded.model, weights, "the checkpoint's model.safetensors")
     # vLLM reads the weights once and keeps its own copy; the other engines keep the one they are given
     sampler_model = loaded.model if cfg.rollout.engine == "vllm" else copy.deepcopy(loaded.model)
     rollout = make_rollout(cfg, sampler_model, loaded.tokenizer)

@@ -30,9 +30,10 @@ import threading
 import time
 from pathlib import Path
 
-from rlpost import config, names
+from rlpost import config, machine, names
 from rlpost.console import say
 from rlpost.observe import runfolder
+from rlpost.types import folders
 from rlpost.types.errors import Interrupted, ModelLoadError, RunError
 
 EXIT_BAD_INPUT = 2
@@ -209,76 +210,82 @@ def cmd_train(args) -> int:
     if args.start_over:
         raise config.ConfigError("--start-over: only with --resume RUN_DIR")
     refuse_ignored("train", recipe_keys(recipe, overrides))
-    cfg = config.load(recipe, overrides)  # before torch loads: a mistake shows in a fraction of a second
+    cfg = machine.check(config.load(recipe, overrides))  # before torch loads: a mistake shows in a fraction of a second
+    name = cfg.run.name or f"{'mix' if cfg.task.mix else cfg.task.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(cfg.run.out_dir) / name
+    hint = f"use --resume {run_dir}, or another run.name"
+    runfolder.check_new(run_dir, hint, "run.name")
     from rlpost import build
+    from rlpost.envs import build_task
     from rlpost.recipes.rl import train
 
     build.check(cfg)
-    name = cfg.run.name or f"{'mix' if cfg.task.mix else cfg.task.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(cfg.run.out_dir) / name
-    with runfolder.claim(run_dir, "new", f"use --resume {run_dir}, or another run.name") as rf:
+    task = build_task(cfg)
+    build.preflight(cfg, task)  # the model's limits (LoRA targets, prompt lengths), before the folder exists
+    with runfolder.claim(run_dir, "new", hint) as rf:
         rf.write_config(cfg)
         say(f"run folder {run_dir}")
-        train(cfg, run_dir)
+        train(cfg, run_dir, task=task)
     return 0
 
 
 def _resume(args, recipe: str | None, overrides: list[str]) -> int:
-    """Validate the whole resume (the folder, which changes are allowed, an intact checkpoint)
-    before writing anything; then record the changed config as config.resume-N.yaml."""
+    """Validate the whole resume before writing anything (recipes/resume.py); the config first,
+    before torch loads."""
     if recipe is not None:
         raise config.ConfigError(f"--resume takes overrides only, not a recipe ({recipe})")
     run_dir = Path(args.resume)
     refuse_ignored("train", [o.split("=", 1)[0] for o in overrides])
-    with runfolder.claim(run_dir, "resume") as rf:
-        importable(run_dir)
-        current = config.run_config_path(run_dir)
-        cfg = config.load(current, overrides)
-        changes = config.resume_changes(config.load(current), cfg)
-        from rlpost import build
-        from rlpost.model import checkpoint
-        from rlpost.recipes.rl import train
+    runfolder.check_resume(run_dir)
+    old, cfg = config.load_run(run_dir, overrides)
+    config.resume_changes(old, cfg)
+    machine.check(cfg)
+    from rlpost.recipes.resume import resume_run
 
-        build.check(cfg)
-        ckpt = checkpoint.newest_intact(run_dir)
-        if ckpt is None and not args.start_over:
-            raise config.ConfigError(f"--resume {run_dir}: no intact checkpoint to resume from; add --start-over to "
-                                     "train it again from step 0 (its metrics and samples are replaced)")
-        if changes:
-            say(f"resuming with {'; '.join(changes)} (recorded in {rf.write_config(cfg).name})")
-        say(f"run folder {run_dir}: resuming from {ckpt.name if ckpt else 'step 0 (--start-over)'}")
-        train(cfg, run_dir, resume=ckpt is not None)
+    resume_run(run_dir, overrides, args.start_over)
     return 0
+
+
+def eval_ks(args) -> list[int]:
+    """--k as numbers (default: 1 and --samples), each checked; --n and --samples too."""
+    for flag, value in (("--n", args.n), ("--samples", args.samples)):
+        if value < 0:
+            raise config.ConfigError(f"{flag}: expected a whole number >= 0, got {value}")
+    if args.k and not args.samples:
+        raise config.ConfigError("--k: pass@k and maj@k need --samples S (S samples per problem); without it only greedy accuracy is measured")
+    try:
+        ks = sorted({int(k) for k in args.k.split(",") if k.strip()} or {1, max(1, args.samples)})
+    except ValueError:
+        raise config.ConfigError(f"--k: expected comma-separated whole numbers >= 1, got {args.k!r}") from None
+    if ks[0] < 1 or (args.samples and ks[-1] > args.samples):
+        raise config.ConfigError(f"--k: every k must be >= 1 and <= --samples ({args.samples}), got {args.k}")
+    return ks
 
 
 def cmd_eval(args) -> int:
     refuse_ignored("eval", [a.split("=", 1)[0] for a in args.args])
-    if args.k and not args.samples:
-        raise config.ConfigError("--k: pass@k and maj@k need --samples S (S samples per problem); without it only greedy accuracy is measured")
+    ks = eval_ks(args)
     target = Path(args.target)  # the config first: its mistakes show before torch loads
-    config.load(config.run_config_path(target) if (target / "config.yaml").exists() else None,
-                args.args if (target / "config.yaml").exists() else [f"model.name={args.target}", *args.args])
+    run = (target / "config.yaml").exists()
+    cfg = machine.check(config.load_run(target, args.args)[1] if run else
+                        config.load(None, [f"model.name={args.target}", *args.args]))
+    out = samples_file(args, target if run else Path("."))
     import torch
 
     from rlpost import build
     from rlpost.model import checkpoint
     from rlpost.recipes.evaluate import heldout_accuracy
+    from rlpost.recipes.resume import importable
 
     weights = None
-    if (target / "config.yaml").exists():  # a run folder: its own config and newest intact weights
+    if run:  # a run folder: its own config and newest intact weights
         importable(target)
-        cfg = build.check(config.load(config.run_config_path(target), args.args))
         found = checkpoint.load_latest(target)
         if found is None:
             raise config.ConfigError(f"{target}: run folder has no intact checkpoint yet")
         weights = found[1][0]
-    else:
-        cfg = build.check(config.load(None, [f"model.name={args.target}", *args.args]))
+    build.check(cfg)
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
-    ks = sorted({int(k) for k in args.k.split(",") if k} or {1, max(1, args.samples)})
-    if args.samples and max(ks) > args.samples:
-        raise config.ConfigError(f"--k: every k must be <= --samples ({args.samples}), got {args.k}")
-    out = samples_file(args, target if weights is not None else Path("."))
     acc, n, summary = heldout_accuracy(cfg, weights, args.n, samples=args.samples, ks=ks, dump=out)
     print(json.dumps({"target": str(args.target), "heldout_accuracy": acc, "n": n, **summary, "samples_file": str(out)}))
     return 0
@@ -289,7 +296,7 @@ def samples_file(args, folder: Path) -> Path:
     explicit --out needs --overwrite, the default name gets the next free number."""
     if args.out:
         out = Path(args.out)
-        if out.exists() and not args.overwrite:
+        if folders.check_file(out, "eval", "--out") and not args.overwrite:  # one rlpost eval wrote, else refused
             raise config.ConfigError(f"--out: {out} exists; pass --overwrite to replace it, or another --out")
         return out
     out, i = folder / "eval_samples.jsonl", 1
@@ -297,14 +304,6 @@ def samples_file(args, folder: Path) -> Path:
         i += 1
         out = folder / f"eval_samples.{i}.jsonl"
     return out
-
-
-def importable(run_dir: Path) -> None:
-    """Put a run folder on the import path (and so on its verifier workers' PYTHONPATH): the
-    Python API registers reward functions given as objects in a module there (recipes/api.py)."""
-    folder = str(run_dir.resolve())
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
 
 
 # Sections (or keys) a command reads; a key typed for a command that does not read it is refused,
@@ -345,10 +344,15 @@ def cmd_report(args) -> int:
     from rlpost.observe.report import write_report
 
     try:
-        steps = [int(x) for x in args.steps.split(",")] if args.steps else None
+        steps = [int(x) for x in args.steps.split(",") if x.strip()] if args.steps else None
     except ValueError:
         raise config.ConfigError(f"--steps: expected comma-separated step numbers, got {args.steps!r}") from None
-    out = write_report(_run_folder(args.run_dir), args.out, steps)
+    if steps is not None and (not steps or min(steps) < 1):
+        raise config.ConfigError(f"--steps: expected comma-separated step numbers >= 1, got {args.steps!r}")
+    run_dir = _run_folder(args.run_dir)
+    if args.out:
+        folders.check_file(Path(args.out), "report", "--out")  # a new file, or a report: never a run's other files
+    out = write_report(run_dir, args.out, steps)
     print(f"rlpost: report written to {out}", file=sys.stderr)
     return 0
 
@@ -367,10 +371,13 @@ def cmd_doctor(args) -> int:
 def cmd_offline(args) -> int:
     recipe, overrides = _split(args.args)
     refuse_ignored(args.command, recipe_keys(recipe, overrides))
-    cfg = config.load(recipe, overrides)
+    cfg = machine.check(config.load(recipe, overrides))
+    run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
+    runfolder.check_new(run_dir, "pick another run.name", "run.name")
+    from rlpost.recipes.offline import preflight
     from rlpost.recipes.pipeline import train_stage
 
-    run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
+    preflight(cfg, args.command)  # its rows and the model's limits, before the folder exists
     with runfolder.claim(run_dir, "new") as rf:
         rf.write_config(cfg)
         say(f"run folder {run_dir}")

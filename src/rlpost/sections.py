@@ -335,8 +335,8 @@ class PrefConfig:
 class RunConfig:
     steps: int = knob(25, ge=1)
     """training steps (one rollout batch each)"""
-    seed: int = 0
-    """seed of sampling and shuffling"""
+    seed: int = knob(0, ge=0, le=2**32 - 1)
+    """seed of sampling and shuffling; at most 2^32 - 1, what every library it reaches accepts (numpy's seeding, which vLLM uses)"""
     name: str = ""
     """run folder name under out_dir; empty = <task>-<algo>-<timestamp>"""
     out_dir: str = "runs"

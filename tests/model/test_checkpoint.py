@@ -2,18 +2,27 @@
 for each corrupt one passed over), never written from non-finite weights, and a full or read-only
 disk reported in one line naming the path and the cause, with the older checkpoints intact."""
 
+import json
+
 import pytest
 import torch
 from helpers import remount_read_only, tmpfs
+from safetensors.torch import save_file
 
 from rlpost.model import checkpoint
-from rlpost.types.errors import RunError
+from rlpost.types.errors import ConfigError, RunError
+
+
+def state(step, **extra):
+    """What the loop's state.pt holds (recipes/rl.py: save_checkpoint)."""
+    return {"step": step, "stream": {"epoch": 0, "pos": step}, "torch_rng": torch.get_rng_state(), "heldout_before": 0.5,
+            "minutes": 0.1, "algo_name": "grpo", **extra}
 
 
 def write(run, step, value=1.0, keep=3):
     model = {"w": torch.full((64, 64), value), "b": torch.zeros(3)}
-    trainer = {"optimizer": {"state": {0: torch.ones(64)}}, "scheduler": {"last_epoch": step}}
-    return checkpoint.save(run, step, model, trainer, {"step": step}, keep)
+    trainer = {"optimizer": {"state": {0: torch.ones(64)}, "param_groups": [{"lr": 1e-3}]}, "scheduler": {"last_epoch": step}}
+    return checkpoint.save(run, step, model, trainer, state(step), keep, metrics=[{"step": s} for s in range(1, step + 1)])
 
 
 def loaded_step(run):
@@ -32,6 +41,84 @@ CORRUPTIONS = {
     "garbage manifest": lambda c: (c / "manifest.json").write_text("{not json"),
     "empty step folder": lambda c: [p.unlink() for p in c.iterdir()],
 }
+
+
+def reseal(ckpt):
+    """The manifest rewritten to match the files as they are now: only the schemas can tell."""
+    names = [n for n in ("model.safetensors", "trainer.pt", "state.pt", "metrics.jsonl") if (ckpt / n).exists()]
+    files = {n: {"bytes": (ckpt / n).stat().st_size, "sha256": checkpoint.sha256(ckpt / n)} for n in names}
+    (ckpt / "manifest.json").write_text(json.dumps({"step": checkpoint.step_of(ckpt), "files": files}))
+
+
+def manifest(ckpt, **change):
+    (ckpt / "manifest.json").write_text(json.dumps({**json.loads((ckpt / "manifest.json").read_text()), **change}))
+
+
+# Damaged but parseable, each sealed with a matching manifest where the damage is not the manifest's:
+# the schema of the file names what is wrong (issue 43: these raised from deep inside).
+SCHEMA_DAMAGE = {
+    "manifest files is a list": (lambda c: manifest(c, files=["model.safetensors"]), "manifest.json: files: expected a mapping"),
+    "manifest entries are numbers": (lambda c: manifest(c, files={"model.safetensors": 1, "trainer.pt": 2, "state.pt": 3}),
+                                     "manifest.json: files.model.safetensors: expected a mapping, got 1"),
+    "manifest of another step": (lambda c: manifest(c, step=7), "manifest.json: step: 7, but the folder is step_000002"),
+    "state.pt is {}": (lambda c: (torch.save({}, c / "state.pt"), reseal(c)), "step_000002/state.pt: step: missing"),
+    "state.pt is a list": (lambda c: (torch.save([1], c / "state.pt"), reseal(c)), "state.pt: expected a mapping"),
+    "state.pt without the RNG": (lambda c: (torch.save({k: v for k, v in state(2).items() if k != "torch_rng"}, c / "state.pt"),
+                                            reseal(c)), "state.pt: torch_rng: missing"),
+    "state.pt of another step": (lambda c: (torch.save(state(9), c / "state.pt"), reseal(c)), "state.pt: step: 9, but the folder"),
+    "trainer.pt is {}": (lambda c: (torch.save({}, c / "trainer.pt"), reseal(c)), "trainer.pt: optimizer: missing"),
+    "trainer.pt param_groups a dict": (lambda c: (torch.save({"optimizer": {"state": {}, "param_groups": {}}, "scheduler": {}},
+                                                             c / "trainer.pt"), reseal(c)),
+                                       "trainer.pt: optimizer.param_groups: expected a list"),
+    "metrics copy not JSON lines": (lambda c: ((c / "metrics.jsonl").write_text('{"step": 1}\n[2]\n'), reseal(c)),
+                                    "metrics.jsonl: [1]: expected a mapping"),
+    "weights with no tensor": (lambda c: (save_file({}, c / "model.safetensors"), reseal(c)), "model.safetensors holds no tensor"),
+}
+
+
+@pytest.mark.parametrize("name", SCHEMA_DAMAGE)
+def test_a_damaged_but_parseable_checkpoint_is_named_by_file_and_field(tmp_path, capfd, name):
+    write(tmp_path, 1)
+    newest = write(tmp_path, 2)
+    damage, said = SCHEMA_DAMAGE[name]
+    damage(newest)
+    assert loaded_step(tmp_path) == 1 and checkpoint.newest_intact(tmp_path).name == "step_000001"
+    err = capfd.readouterr().err
+    assert f"checkpoint {newest} is corrupt: " in err and said in err and "falling back to step_000001" in err, err
+
+
+def test_what_is_not_a_checkpoint_is_ignored_with_a_line_and_never_rotated_away(tmp_path, capfd):
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    (root / "step_junk").mkdir()
+    (root / "step_000009").write_text("a file, not a folder")
+    (root / "notes.txt").write_text("mine")
+    for step in (1, 2, 3):
+        write(tmp_path, step, keep=1)
+    assert [p.name for p in checkpoint.candidates(tmp_path)] == ["step_000003"] and loaded_step(tmp_path) == 3
+    assert {"step_junk", "step_000009", "notes.txt"} <= {p.name for p in root.iterdir()}
+    err = capfd.readouterr().err
+    assert err.count("not a checkpoint") == 3 and "step_junk: not a checkpoint (a folder" in err
+
+
+def test_a_checkpoint_of_another_kind_of_run_is_refused_by_name(tmp_path):
+    ckpt = write(tmp_path, 1)
+    checkpoint.check_fits(ckpt, "grpo", needs_values=False, lora=False, master=False)  # its own kind: fine
+    with pytest.raises(ConfigError, match=r"a checkpoint of a grpo run \(state.pt: algo_name\), and this run is ppo"):
+        checkpoint.check_fits(ckpt, "ppo", needs_values=True, lora=False, master=False)
+    torch.save({k: v for k, v in state(1).items() if k != "algo_name"}, ckpt / "state.pt")  # an older checkpoint
+    with pytest.raises(ConfigError, match=r"trainer.pt: critic: absent \(a critic \(value head\)\), and this run \(ppo\) needs it"):
+        checkpoint.check_fits(ckpt, "ppo", needs_values=True, lora=False, master=False)
+
+
+def test_weights_of_another_model_are_one_line_naming_the_tensor():
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ConfigError, match=r"^ckpt/model.safetensors: tensor bias is missing; were these weights"):
+        checkpoint.load_into(model, {"weight": torch.zeros(2, 3)}, "ckpt/model.safetensors")
+    with pytest.raises(ConfigError, match=r"tensor weight is of another shape: \(3, 3\) there, \(2, 3\) in the model"):
+        checkpoint.load_into(model, {"weight": torch.zeros(3, 3), "bias": torch.zeros(2)}, "w")
+    checkpoint.load_into(model, {"weight": torch.ones(2, 3), "bias": torch.zeros(2)}, "w")
+    assert torch.equal(model.weight, torch.ones(2, 3))
 
 
 def flip(path):
@@ -75,7 +162,7 @@ def test_disk_full_names_the_path_and_the_cause_and_keeps_the_old_checkpoint(tmp
     with tmpfs(tmp_path / "disk", "64k") as run:
         write(run, 1)  # about 17 kB of weights and state
         with pytest.raises(RunError) as e:
-            checkpoint.save(run, 2, {"w": torch.ones(64, 1024)}, {}, {"step": 2}, 3)  # 256 kB: does not fit
+            checkpoint.save(run, 2, {"w": torch.ones(64, 1024)}, {}, state(2), 3)  # 256 kB: does not fit
         assert "cannot write checkpoint step 2: No space left on device" in str(e.value)
         assert str(run / "checkpoints") in str(e.value) and "\n" not in str(e.value)
         assert not list((run / "checkpoints").glob(".tmp*")) and loaded_step(run) == 1  # room freed, old one intact

@@ -74,9 +74,9 @@ def test_lora_run_exports_merged_model_and_peft_adapters(tmp_path):
     ckpt = load_file(run / "checkpoints" / "step_000002" / "model.safetensors")
     assert all(torch.equal(merged[k], ckpt[k]) for k in merged)  # (the tied lm_head is not stored twice)
     # without --merge-lora: the adapters alone, which peft puts back on the base to the same weights
-    adapter = export_run(run)
-    assert adapter == run / "adapter" and (adapter / "adapter_config.json").exists()
+    adapter = export_run(run)  # beside the run, never in it
+    assert adapter == tmp_path / "lora-adapter" and (adapter / "adapter_config.json").exists()
     peft_model = PeftModel.from_pretrained(load_policy("tiny").model, adapter)
     again = peft_model.merge_and_unload().state_dict()
     assert all(torch.allclose(again[k], ckpt[k], atol=1e-6) for k in ckpt)
-    assert export_run(run, merge_lora=True) == run / "model"
+    assert export_run(run, merge_lora=True) == tmp_path / "lora-model"

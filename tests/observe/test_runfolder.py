@@ -8,6 +8,7 @@ import pytest
 from helpers import tiny_cfg, tmpfs
 
 from rlpost.observe import jsonl, runfolder
+from rlpost.types import folders
 from rlpost.types.errors import ConfigError, DataError, RunError
 
 
@@ -37,20 +38,40 @@ def test_a_failed_start_leaves_no_folder_behind(tmp_path):
         (run / "samples").mkdir()
         raise KeyboardInterrupt
     assert not run.exists()
-    # a folder left by a start that was SIGKILLed (config.yaml only) is reused, not refused
+    # a folder left by a start that was SIGKILLed (its marker and config.yaml) is reused, not refused
     run.mkdir()
+    folders.mark(run, "run")
     (run / "config.yaml").write_text("run: {}\n")
     with runfolder.claim(run, "new") as rf:
         rf.write_config(tiny_cfg())
     assert (run / "config.yaml").exists()
 
 
-def test_a_failed_start_keeps_a_users_own_files(tmp_path):
-    (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(RuntimeError), runfolder.claim(tmp_path, "new") as rf:
+def test_a_folder_holding_a_users_files_is_refused_and_an_empty_one_left_empty(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"^run.name: .*mine holds files rlpost did not write \(notes.txt\); pick a new"):
+        with runfolder.claim(tmp_path / "mine", "new"):
+            pass
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RuntimeError), runfolder.claim(tmp_path / "empty", "new") as rf:
         rf.write_config(tiny_cfg())
+        (rf.path / "data").mkdir()  # what rlpost.Trainer writes at its start: its rows, its pickled functions
+        (rf.path / "rlpost_funcs_x.pkl").write_bytes(b"")
         raise RuntimeError
-    assert (tmp_path / "notes.txt").exists()
+    assert list((tmp_path / "empty").iterdir()) == []  # as it was found
+
+
+def test_an_export_folder_is_not_a_run_folder_and_the_reverse(tmp_path):
+    (tmp_path / "exp").mkdir()
+    folders.mark(tmp_path / "exp", "export", files=[])
+    with pytest.raises(ConfigError, match="is an rlpost export folder, not a run folder"):
+        with runfolder.claim(tmp_path / "exp", "new"):
+            pass
+    with pytest.raises(ConfigError, match="an rlpost export folder, not a run folder"):
+        with runfolder.claim(tmp_path / "exp", "resume"):
+            pass
 
 
 def test_a_failed_resume_removes_only_the_config_it_added(tmp_path):

@@ -52,10 +52,10 @@ def test_a_resumed_run_does_not_keep_the_checkpoint_it_loaded(tmp_path, monkeypa
     loaded = []
     resume_point = rl.resume_point
 
-    def tracked(run_dir):
-        weights, trainer_state, state = resume_point(run_dir)
+    def tracked(run_dir, cfg):
+        weights, trainer_state, state, ckpt = resume_point(run_dir, cfg)
         loaded.extend(weakref.ref(t) for t in weights.values())
-        return weights, trainer_state, state
+        return weights, trainer_state, state, ckpt
 
     monkeypatch.setattr(rl, "resume_point", tracked)
     freed = []

@@ -14,7 +14,9 @@ import json
 import random
 from pathlib import Path
 
-from rlpost.types.errors import DataError
+from rlpost.types.errors import ConfigError, DataError
+from rlpost.types.folders import regular_file
+from rlpost.types.schema import ListOf, Where, check
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -23,6 +25,10 @@ def read_rows(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise DataError(f"data: file not found: {path}")
+    try:
+        regular_file(path, "data")  # a FIFO would block forever, /dev/zero fill the memory
+    except ConfigError as e:
+        raise DataError(str(e)) from None
     if path.is_dir() or path.suffix == ".parquet":
         return _read_dataset(path)
     try:
@@ -80,6 +86,11 @@ def check_rows(rows: list[dict], parse, source: str, on_error: str = "refuse") -
     return keep, skipped
 
 
+# A chat message as SFT and preference rows hold them (OpenAI's and TRL's conversational format).
+MESSAGE = {"role": Where(lambda v: v in ("system", "user", "assistant", "tool"), "system, user, assistant or tool"),
+           "content": str}
+
+
 def prompt_messages(row: dict, source: str) -> list[dict]:
     p = row.get("prompt")
     if isinstance(p, str):
@@ -104,10 +115,12 @@ def sft_pair(row: dict, source: str) -> tuple[list[dict], str]:
     """(prompt messages, completion text) of an SFT row: ``messages`` ending with the assistant
     turn, or ``prompt`` + ``completion`` (strings, or TRL's conversational lists)."""
     if "messages" in row:
-        msgs = row["messages"]
-        if not (isinstance(msgs, list) and msgs and msgs[-1].get("role") == "assistant"):
+        msgs = check(row["messages"], ListOf(MESSAGE), f"{where(row, source)}: messages")
+        if not msgs or msgs[-1]["role"] != "assistant":
             raise DataError(f"{where(row, source)}: 'messages' must end with an assistant message")
-        return msgs[:-1], str(msgs[-1]["content"])
+        if not any(m["role"] in ("user", "system") for m in msgs[:-1]):
+            raise DataError(f"{where(row, source)}: 'messages' needs a user turn before the assistant's (the prompt)")
+        return msgs[:-1], msgs[-1]["content"]
     if "completion" not in row:
         raise DataError(f"{where(row, source)}: expected 'completion' (a string) or 'messages'")
     return prompt_messages(row, source), completion_text(row["completion"], "completion", row, source)

@@ -7,10 +7,18 @@ before training), and, written last, ``manifest.json``: the size and SHA-256 of 
 written into a hidden temporary folder, flushed to disk, and renamed into place, so a folder named
 ``step_*`` is complete when written; ``latest`` names the newest one and is replaced atomically.
 
+Each checkpoint also keeps a copy of ``metrics.jsonl`` up to its step, so a resume rebuilds a
+metrics file that was deleted or damaged since (observe/runlog.py), and ``state.pt`` names the
+algorithm that wrote it.
+
 Reading (``load_latest``) trusts nothing: the newest checkpoint whose files match its manifest and
-load is used; a corrupt one (a truncated file, a missing one, an empty folder, a bad ``latest``)
-is reported in one line and the next older one is tried. Checkpoints without a manifest (older
-rlpost) are accepted if they load.
+whose manifest, ``state.pt`` and ``trainer.pt`` fit their schemas (types/schema.py) is used; a
+corrupt one (a truncated file, a missing one, an empty folder, a manifest whose ``files`` is a
+list, a ``state.pt`` of ``{}``) is reported in one line naming the file and the field, and the
+next older one is tried. What is in ``checkpoints/`` but is no checkpoint is ignored
+(model/layout.py). A checkpoint that is intact but of another kind of run (another algorithm, a
+critic where this run has none, LoRA adapters where it trains in full) is refused by name
+(``check_fits``). Checkpoints without a manifest (older rlpost) are accepted if they load.
 
 Never written: non-finite weights (the run stops instead, and the last good checkpoint stays, since
 rotation only runs after a successful write). A write that fails (disk full, read-only folder)
@@ -26,14 +34,16 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from rlpost.console import say
 from rlpost.model import device
-from rlpost.types.errors import RunError, write_cause
+from rlpost.model.layout import EXTRA, FILES, MANIFEST, candidates, manifest_files, step_of
+from rlpost.types.errors import ConfigError, RunError, write_cause
+from rlpost.types.schema import ListOf, Where, check
 
-MANIFEST = "manifest.json"
-FILES = ("model.safetensors", "trainer.pt", "state.pt")
+__all__ = ["EXTRA", "FILES", "MANIFEST", "candidates", "step_of"]  # re-exported: checkpoint.candidates etc.
 
 
 def _fsync_dir(path: Path) -> None:
@@ -64,9 +74,10 @@ def nonfinite(state: dict) -> list[str]:
 
 
 def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state: dict, keep: int,
-         protect: int | None = None) -> Path:
-    """Write checkpoints/step_N atomically, then delete all but the ``keep`` newest, except step
-    ``protect`` (early stopping's best, which the run's model may come from)."""
+         protect: int | None = None, metrics: list[dict] = ()) -> Path:
+    """Write checkpoints/step_N atomically (with ``metrics``, the run's metric lines up to it),
+    then delete all but the ``keep`` newest, except step ``protect`` (early stopping's best, which
+    the run's model may come from)."""
     bad = nonfinite(model_state)
     if bad:
         raise RunError(f"step {step}: the weights are not finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''});"
@@ -78,14 +89,14 @@ def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _write(tmp, step, model_state, trainer_state, state)
+        _write(tmp, step, model_state, trainer_state, state, metrics)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
         write_atomic(root / "latest", final.name)
-        for old in sorted(root.glob("step_*"))[:-keep]:
-            if protect is None or old.name != f"step_{protect:06d}":
+        for old in candidates(run_dir, quiet=True)[keep:]:  # checkpoints only: nothing else there is deleted
+            if protect is None or step_of(old) != protect:
                 shutil.rmtree(old)
     except Exception as e:  # noqa: BLE001 - disk full, read-only, quota: one line, the old checkpoints intact
         shutil.rmtree(tmp, ignore_errors=True)
@@ -107,16 +118,19 @@ def unshared(tensors: dict) -> dict:
     return out
 
 
-def _write(folder: Path, step: int, model_state: dict, trainer_state: dict, state: dict) -> None:
+def _write(folder: Path, step: int, model_state: dict, trainer_state: dict, state: dict, metrics: list[dict]) -> None:
     save_file(unshared(model_state), folder / "model.safetensors")
     with open(folder / "trainer.pt", "wb") as f:  # a file object: a full disk is an OSError, not 'unexpected pos'
         torch.save(trainer_state, f)
     with open(folder / "state.pt", "wb") as f:
         torch.save(state, f)
-    for name in FILES:
+    with open(folder / "metrics.jsonl", "w") as f:
+        f.write("".join(json.dumps(m) + "\n" for m in metrics))
+    names = FILES + EXTRA
+    for name in names:
         with open(folder / name, "rb") as fh:
             os.fsync(fh.fileno())
-    files = {name: {"bytes": (folder / name).stat().st_size, "sha256": sha256(folder / name)} for name in FILES}
+    files = {name: {"bytes": (folder / name).stat().st_size, "sha256": sha256(folder / name)} for name in names}
     write_atomic(folder / MANIFEST, json.dumps({"step": step, "files": files}, indent=1) + "\n")
 
 
@@ -126,13 +140,30 @@ _intact: set[tuple] = set()  # checkpoints verified in this process (the CLI che
 def verify(ckpt: Path) -> str | None:
     """None if the checkpoint's files match its manifest; else what is wrong, in a few words."""
     manifest = ckpt / MANIFEST
-    stamp = tuple((ckpt / n).stat().st_mtime_ns if (ckpt / n).exists() else 0 for n in (MANIFEST, *FILES))
+    stamp = tuple((ckpt / n).stat().st_mtime_ns if (ckpt / n).exists() else 0 for n in (MANIFEST, *FILES, *EXTRA))
     if (ckpt, stamp) in _intact:
         return None
-    problem = _check(ckpt, manifest)
+    problem = _check(ckpt, manifest) or _check_content(ckpt)
     if problem is None:
         _intact.add((ckpt, stamp))
     return problem
+
+
+def _check_content(ckpt: Path) -> str | None:
+    """What the files hold, checked against their schemas (cheap: state.pt is small, trainer.pt is
+    memory-mapped, of the weights only the header is read)."""
+    try:
+        load_state(ckpt)
+        _trainer_keys(ckpt)
+        saved_metrics(ckpt)
+        with safe_open(ckpt / "model.safetensors", "pt") as f:
+            if not list(f.keys()):
+                return "model.safetensors holds no tensor"
+    except ConfigError as e:  # a field that does not fit: named
+        return str(e)
+    except Exception as e:  # noqa: BLE001 - a file that does not load at all
+        return f"it does not load ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+    return None
 
 
 def _check(ckpt: Path, manifest: Path) -> str | None:
@@ -140,9 +171,11 @@ def _check(ckpt: Path, manifest: Path) -> str | None:
     if not manifest.exists():  # older rlpost, or a folder emptied since: loading it decides
         return f"{missing[0]} is missing" if missing else None
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError, OSError) as e:
-        return f"its manifest is unreadable ({type(e).__name__})"
+        files = manifest_files(ckpt, manifest.read_text())
+    except OSError as e:
+        return f"its manifest is unreadable ({e.strerror})"
+    except ValueError as e:  # not JSON, or a field that does not fit the schema: named
+        return str(e)
     for name, want in files.items():
         path = ckpt / name
         if not path.is_file():
@@ -154,17 +187,98 @@ def _check(ckpt: Path, manifest: Path) -> str | None:
     return None
 
 
-def candidates(run_dir: Path) -> list[Path]:
-    """Checkpoint folders, newest first (the ``latest`` pointer is a hint; the folders decide)."""
-    return sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*") if p.is_dir()), reverse=True)
-
-
 def load(ckpt: Path) -> tuple[dict, dict, dict]:
-    """(model_state, trainer_state, state) of one checkpoint, unverified."""
+    """(model_state, trainer_state, state) of one checkpoint, its state and trainer state checked
+    against their schemas (DataError naming the file and the field); the files are not verified."""
     model_state = load_weights(ckpt)
     trainer_state = load_trainer_state(ckpt)
-    state = torch.load(ckpt / "state.pt", map_location=device.CPU, weights_only=False)
+    state = load_state(ckpt)
     return model_state, trainer_state, state
+
+
+def load_state(ckpt: Path) -> dict:
+    """state.pt (small: the step, the stream position, the RNG), checked against its schema."""
+    state = torch.load(ckpt / "state.pt", map_location=device.CPU, weights_only=False)
+    check(state, STATE, f"{ckpt.name}/state.pt")
+    if state["step"] != step_of(ckpt):
+        raise ConfigError(f"{ckpt.name}/state.pt: step: {state['step']}, but the folder is {ckpt.name}")
+    return state
+
+
+def saved_metrics(ckpt: Path) -> list[dict] | None:
+    """The metric lines the checkpoint keeps (up to its step), None when it keeps none (older rlpost)."""
+    path = ckpt / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return check(rows, ListOf(METRIC_LINE), f"{ckpt.name}/metrics.jsonl")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# What the loop reads back from state.pt and trainer.pt (recipes/rl.py: resume_state; roles/trainer.py)
+STATE = {
+    "step": Where(lambda v: _is_int(v) and v >= 1, "a step number >= 1"),
+    "stream": dict,  # a PromptStream's or a MixedStream's own state_dict
+    "torch_rng": Where(lambda v: torch.is_tensor(v) and v.dtype == torch.uint8, "torch's RNG state (a uint8 tensor)"),
+    "heldout_before": (float, type(None)),
+    "minutes": float,
+    "early_stop?": {"best": Where(lambda v: v is None or (len(v) == 2 and _is_int(v[0])), "null or (step, accuracy)"),
+                    "evals_since_best": int},
+    "algo?": (dict, type(None)),
+    "kl_coef?": (float, type(None)),
+    "algo_name?": str,
+}
+TRAINER = {"optimizer": {"state": dict, "param_groups": ListOf(dict)}, "scheduler": dict,
+           "lora?": dict, "critic?": dict, "master?": dict}
+METRIC_LINE = {"step": Where(lambda v: _is_int(v) and v >= 1, "a step number >= 1")}
+
+
+def check_fits(ckpt: Path, algo: str, needs_values: bool, lora: bool, master: bool) -> None:
+    """ConfigError when an intact checkpoint is of another kind of run than the one resuming it:
+    another algorithm (named: state.pt records it), a critic where this run has none (or none where
+    it needs one), LoRA adapters where it trains in full, float32 masters it does not keep."""
+    state = load_state(ckpt)
+    trainer = _trainer_keys(ckpt)
+    theirs = state.get("algo_name")
+    if theirs is not None and theirs != algo:
+        raise ConfigError(f"{ckpt}: a checkpoint of a {theirs} run (state.pt: algo_name), and this run is "
+                          f"{algo} (algo.name); resume it with its own config, or start a new run")
+    for key, ours, what in (("critic", needs_values, "a critic (value head)"), ("lora", lora, "LoRA adapters"),
+                            ("master", master, "float32 master weights (trainer.param_dtype=bfloat16)")):
+        if (key in trainer) != ours:
+            raise ConfigError(f"{ckpt}/trainer.pt: {key}: {'present' if key in trainer else 'absent'} ({what}), and this run "
+                              f"({algo}) {'needs it' if ours else 'has none'}; was it written by another kind of run?")
+
+
+def _trainer_keys(ckpt: Path) -> set[str]:
+    """trainer.pt's top-level keys, checked against its schema, without reading the optimizer's
+    moments into memory (memory-mapped)."""
+    try:
+        trainer = torch.load(ckpt / "trainer.pt", map_location=device.CPU, weights_only=False, mmap=True)
+    except RuntimeError:  # a legacy (non-zip) file cannot be mapped: read it
+        trainer = torch.load(ckpt / "trainer.pt", map_location=device.CPU, weights_only=False)
+    check(trainer, TRAINER, f"{ckpt.name}/trainer.pt")
+    return set(trainer)
+
+
+def load_into(model: torch.nn.Module, weights: dict, source: str) -> None:
+    """model.load_state_dict(weights), after checking every tensor's name and shape: a checkpoint
+    of another model is one ConfigError naming ``source`` and the first tensor that differs."""
+    want = model.state_dict()
+    missing = [k for k in want if k not in weights]
+    unexpected = [k for k in weights if k not in want]
+    shapes = [k for k in want if k in weights and tuple(want[k].shape) != tuple(weights[k].shape)]
+    for names, what in ((missing, "missing"), (unexpected, "not in the model"), (shapes, "of another shape")):
+        if names:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            shape = (f": {tuple(weights[names[0]].shape)} there, {tuple(want[names[0]].shape)} in the model"
+                     if what == "of another shape" else "")
+            raise ConfigError(f"{source}: tensor {names[0]} is {what}{shape}{more}; were these weights written "
+                              "for another model (model.name)?")
+    model.load_state_dict(weights)
 
 
 def load_weights(ckpt: Path) -> dict:
@@ -174,8 +288,9 @@ def load_weights(ckpt: Path) -> dict:
 
 
 def load_trainer_state(ckpt: Path) -> dict:
-    """The trainer's state (optimizer, LoRA adapters, critic), unverified."""
-    return torch.load(ckpt / "trainer.pt", map_location=device.CPU, weights_only=False)
+    """The trainer's state (optimizer, LoRA adapters, critic), checked against its schema."""
+    return check(torch.load(ckpt / "trainer.pt", map_location=device.CPU, weights_only=False), TRAINER,
+                 f"{ckpt.name}/trainer.pt")
 
 
 def newest_intact(run_dir: Path) -> Path | None:
@@ -209,6 +324,8 @@ def load_latest(run_dir: Path) -> tuple[Path, tuple[dict, dict, dict]] | None:
         if problem is None:
             try:
                 return ckpt, load(ckpt)
+            except ConfigError as e:  # a field that does not fit its schema: named
+                problem = str(e)
             except Exception as e:  # noqa: BLE001 - a file that passed (or had no) checksums but does not load
                 problem = f"it does not load ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         _report(found, i, problem)

@@ -2,7 +2,13 @@
 
 Every run ends by writing ``RUN/model`` from its last checkpoint (recipes/rl.py; ``rlpost sft|rm|dpo``
 write theirs directly), and ``rlpost export RUN [--step N] [--out DIR] [--merge-lora]`` writes one
-from any checkpoint that is still on disk. The folder is what ``save_pretrained`` writes:
+from any checkpoint that is still on disk.
+
+``rlpost export`` never writes into the run it reads from: its default output is a folder beside
+the run (``RUN-model``, ``RUN-model_step_N``, ``RUN-adapter``), and ``--out`` must be a new or
+empty folder, or one an earlier export wrote (types/folders.py: the marker ``.rlpost`` lists the
+files it wrote; a file added beside them refuses the folder). The folder is written under a
+temporary name and renamed into place, so a failed export leaves the old one whole. The folder is what ``save_pretrained`` writes:
 config.json, generation_config.json (with the EOS and pad ids the sampler used), the tokenizer
 with its chat template (the plain fallback one for a base model, so the folder generates the same
 prompts rlpost trained on), and model.safetensors in float32 (the trainer's master weights, so a
@@ -17,7 +23,9 @@ vLLM's ``--enable-lora``.
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -25,6 +33,7 @@ import torch
 from rlpost import config
 from rlpost.model import checkpoint, lora
 from rlpost.model.load import load_policy, save_model
+from rlpost.types import folders
 from rlpost.types.errors import ConfigError
 
 
@@ -34,7 +43,7 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path | None:
         return checkpoint.newest_intact(run_dir)
     ckpt = Path(run_dir) / "checkpoints" / f"step_{step:06d}"
     if not ckpt.is_dir():
-        kept = sorted(int(p.name[5:]) for p in (Path(run_dir) / "checkpoints").glob("step_*"))
+        kept = sorted(checkpoint.step_of(p) for p in checkpoint.candidates(run_dir))
         raise ConfigError(f"--step {step}: {run_dir} keeps no checkpoint of that step (kept: "
                           f"{', '.join(map(str, kept)) or 'none'}; run.keep_checkpoints sets how many stay)")
     problem = checkpoint.verify(ckpt)
@@ -54,12 +63,16 @@ def write_model(run_dir: Path, cfg: config.Config, step: int | None = None, out:
     out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter") + ("" if step is None else f"_step_{step}"))
     loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
     if merge_lora:  # the checkpoint's weights alone: its optimizer moments would double the memory this needs
-        loaded.model.load_state_dict(checkpoint.load_weights(ckpt))
+        checkpoint.load_into(loaded.model, checkpoint.load_weights(ckpt), f"{ckpt}/model.safetensors")
         return save_model(loaded.model, loaded.tokenizer, out)
     # The adapters on the run's base: the same wrap as the trainer's, then its saved adapter tensors.
     peft_model = lora.wrap(loaded.model, cfg.model, cfg.run.seed)
-    missing = peft_model.load_state_dict(checkpoint.load_trainer_state(ckpt)["lora"], strict=False)
-    assert not missing.unexpected_keys, missing.unexpected_keys
+    adapters = checkpoint.load_trainer_state(ckpt).get("lora")
+    if adapters is None:
+        raise ConfigError(f"{ckpt}/trainer.pt: lora: missing; the checkpoint holds no LoRA adapters")
+    missing = peft_model.load_state_dict(adapters, strict=False)
+    if missing.unexpected_keys:
+        raise ConfigError(f"{ckpt}/trainer.pt: lora: {missing.unexpected_keys[0]} is not an adapter of this model")
     return lora.save_adapter(peft_model, loaded.tokenizer, out)
 
 
@@ -68,7 +81,7 @@ def _copy_final(run_dir: Path, out: Path | None, name: str) -> Path:
     if not (src / "config.json").exists() and not (src / "adapter_config.json").exists():
         what = "LoRA adapters (model.lora_r was 0)" if name == "adapter" else "checkpoint or model/ folder"
         raise ConfigError(f"{run_dir}: no {what} to export; is it a finished run folder?")
-    if out is None or Path(out).resolve() == src.resolve():
+    if out is None:
         return src
     shutil.copytree(src, out, dirs_exist_ok=True)
     return Path(out)
@@ -76,11 +89,41 @@ def _copy_final(run_dir: Path, out: Path | None, name: str) -> Path:
 
 def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | None = None,
                merge_lora: bool = False) -> Path:
-    """`rlpost export`: the run's own config says how it was trained."""
+    """`rlpost export`: the run's own config says how it was trained. Nothing in ``run_dir`` is
+    written; the output goes to ``out`` or a folder beside the run (``default_out``)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"RUN_DIR {run_dir}: no config.yaml there; is it a run folder?")
-    cfg = config.load(run_dir / "config.yaml")
+    cfg = config.load_run(run_dir)[0]
     if merge_lora and cfg.model.lora_r == 0:
         raise ConfigError(f"--merge-lora: {run_dir} is a full fine-tune (model.lora_r=0); there are no adapters to merge")
-    return write_model(run_dir, cfg, step, Path(out) if out else None, merge_lora=merge_lora or cfg.model.lora_r == 0)
+    merge = merge_lora or cfg.model.lora_r == 0
+    if out is None and step is None and not checkpoint.candidates(run_dir, quiet=True):
+        return _copy_final(run_dir, None, "model" if merge else "adapter")  # sft|rm|dpo: their final folder, as it is
+    out = Path(out) if out is not None else default_out(run_dir, step, merge)
+    if folders.inside(out, run_dir) or folders.inside(run_dir, out):
+        raise ConfigError(f"--out {out}: {'inside' if folders.inside(out, run_dir) else 'holds'} the run folder it exports "
+                          f"from ({run_dir}); rlpost export never writes there: pick a folder outside it")
+    folders.check_folder(out, "export", "--out")
+    return publish(out, lambda tmp: write_model(run_dir, cfg, step, tmp, merge_lora=merge))
+
+
+def default_out(run_dir: Path, step: int | None, merge: bool) -> Path:
+    """Beside the run: RUN-model, RUN-model_step_N, RUN-adapter, RUN-adapter_step_N."""
+    return run_dir.parent / f"{run_dir.name}-{'model' if merge else 'adapter'}{'' if step is None else f'_step_{step}'}"
+
+
+def publish(out: Path, write) -> Path:
+    """``write(tmp)`` into a new temporary folder beside ``out``, the export marker listing what it
+    wrote, then renamed to ``out`` (which held nothing, or only an earlier export's files)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
+    try:
+        folder = Path(write(tmp / "out"))
+        folders.mark(folder, "export", files=sorted(os.listdir(folder)))
+        if out.exists():
+            shutil.rmtree(out)  # empty, or an earlier export's own files (checked by the caller)
+        os.replace(folder, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

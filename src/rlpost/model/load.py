@@ -273,12 +273,16 @@ def _from_pretrained(cls, source: str, **kwargs):
 def save_model(model, tokenizer, folder: Path, value_head: torch.nn.Module | None = None) -> Path:
     """A transformers folder the next stage loads with model.name=FOLDER (written, then renamed);
     a reward model adds its scalar head (a Linear(hidden, 1)) as value_head.safetensors."""
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if value_head is not None:
-        save_file({k: v.contiguous() for k, v in value_head.state_dict().items()}, tmp / "value_head.safetensors")
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))  # a new name: nothing else is hit
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if value_head is not None:
+            save_file({k: v.contiguous() for k, v in value_head.state_dict().items()}, tmp / "value_head.safetensors")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -14,10 +14,13 @@ import os
 from pathlib import Path
 
 from rlpost.types.errors import DataError, RunError, write_cause
+from rlpost.types.schema import Where, check
 
 
-def read_lines(path: str | Path) -> list[dict]:
-    """Every line as a dict; a torn last line is left out, a bad line elsewhere is a DataError."""
+def read_lines(path: str | Path, schema: dict | None = None) -> list[dict]:
+    """Every line as a dict fitting ``schema`` (default: a metrics line, with its step); a torn last
+    line is left out, a bad line elsewhere is a DataError naming the file, the line and the field."""
+    schema = LINE if schema is None else schema
     path = Path(path)
     lines = path.read_bytes().decode("utf-8", errors="replace").split("\n") if path.exists() else []
     out = []
@@ -25,12 +28,17 @@ def read_lines(path: str | Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if all(not rest.strip() for rest in lines[i:]):  # the last line: a write cut short
                 break
             raise DataError(f"{path}:{i}: not valid JSON; the file was edited or damaged") from None
+        out.append(check(row, schema, f"{path}:{i}"))
     return out
+
+
+LINE = {"step": Where(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a step number >= 1")}
+SAMPLE = {"completion": str, "reward": (float, type(None))}  # samples/step_N.jsonl (observe/runlog.py)
 
 
 def rewrite(path: Path, rows: list[dict]) -> None:

@@ -191,7 +191,7 @@ def sample_section(run_dir: Path, history, steps: list[int] | None = None, n: in
         path = run_dir / "samples" / f"step_{step:06d}.jsonl"
         if not path.exists():
             continue
-        rows = jsonl.read_lines(path)
+        rows = jsonl.read_lines(path, jsonl.SAMPLE)
         top = sorted(rows, key=lambda r: -r["reward"])[:n]
         rand = rng.sample(rows, min(n, len(rows)))
         parts.append(f"<h3>step {step}</h3>" + _sample_table("top reward", top) + _sample_table("random", rand))

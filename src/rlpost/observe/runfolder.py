@@ -1,19 +1,27 @@
 """The life of a run folder: claimed by one command at a time, never overwritten, never left as a
 husk.
 
-Every command that writes a run folder (train, train --resume, sft, rm, dpo, pipeline) holds it
-through ``claim``:
+Every command that writes a run folder (train, train --resume, sft, rsft, rm, dpo, pipeline,
+``rlpost.Trainer``) holds it through ``claim``:
 
+- the folder must be new, empty, or rlpost's own of that kind (types/folders.py: the marker file
+  ``.rlpost``); a folder holding a user's files, or an export, is refused in one line.
 - an exclusive ``fcntl.flock`` on ``RUN_DIR/.lock`` for as long as the command runs, so a second
   run on the same folder (two starts with one ``run.name``, a resume while it still trains) is
   refused in one line naming the holder's pid. The kernel drops the lock when its holder dies,
   however it dies: a SIGKILLed run never leaves a stale lock behind.
 - a new run refuses a folder that already holds a run (checkpoints, metrics, a summary, a model);
-  it may use a folder with nothing of value in it, which is what a start killed by SIGKILL leaves.
-  The check is made again once the lock is held, so of two starts racing for one name exactly one
-  runs.
+  it may use its own folder with nothing of value in it, which is what a start killed by SIGKILL
+  leaves. The check is made again once the lock is held, so of two starts racing for one name
+  exactly one runs.
+- every path a run writes that is already there must be of the kind the run writes (a file where
+  it writes a file, a folder where it writes one): a ``checkpoints/.latest.tmp`` folder is refused
+  before anything is written, not found at the first checkpoint.
 - a start that fails (bad input, a missing model, Ctrl-C) before the run produced anything removes
-  what it wrote: the folder it created, or, for a resume, the ``config.resume-N.yaml`` it added.
+  exactly what it added: the folder it created, or the entries that were not there before (the
+  marker, config.yaml, data/, pickled functions; for a resume, its ``config.resume-N.yaml``). One
+  exception, kept on purpose: a start that failed in its reward function keeps the folder when
+  ``verifier.log`` holds that function's output, so the traceback can be read.
 """
 
 from __future__ import annotations
@@ -26,31 +34,53 @@ from pathlib import Path
 from typing import Iterator
 
 from rlpost import config
+from rlpost.model.layout import candidates
+from rlpost.types import folders
 from rlpost.types.errors import ConfigError
 
-LOCK = ".lock"
+LOCK = folders.LEGACY_LOCK
 
 
 def has_run_data(run_dir: Path) -> bool:
     """Whether the folder holds anything a run produced (what must never be overwritten)."""
     metrics = run_dir / "metrics.jsonl"
-    return (any((run_dir / "checkpoints").glob("step_*")) or (run_dir / "summary.json").exists()
-            or (run_dir / "model").exists() or (metrics.exists() and metrics.stat().st_size > 0)
+    return (bool(candidates(run_dir, quiet=True)) or (run_dir / "summary.json").exists()
+            or (run_dir / "model").exists() or (metrics.is_file() and metrics.stat().st_size > 0)
             or (run_dir / "pipeline.json").exists())
 
 
 def progress(run_dir: Path) -> tuple:
     """What a resume adds to: its newest checkpoint, its summary."""
-    steps = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
-    return steps[-1:], (run_dir / "summary.json").exists()
+    return [p.name for p in candidates(run_dir, quiet=True)][:1], (run_dir / "summary.json").exists()
+
+
+# The paths a run writes, and what each must be if it is already there (checked before any write).
+WRITES = {
+    "config.yaml": "file", "metrics.jsonl": "file", ".metrics.jsonl.tmp": "file", "summary.json": "file",
+    ".summary.json.tmp": "file", "report.html": "file", ".report.html.tmp": "file", "verifier.log": "file",
+    "samples": "folder", "model": "folder", "checkpoints": "folder", "checkpoints/latest": "file",
+    "checkpoints/.latest.tmp": "file", "data": "folder", "pipeline.json": "file",
+}
+
+
+def check_writes(run_dir: Path) -> None:
+    """ConfigError naming the first path a run writes that is there as something else."""
+    for rel, kind in WRITES.items():
+        path = run_dir / rel
+        if path.is_symlink() and not path.exists():
+            raise ConfigError(f"{path}: a broken symbolic link where the run writes a {kind}; remove it")
+        if path.exists() and (path.is_dir() if kind == "file" else not path.is_dir()):
+            other = "a folder" if path.is_dir() else "a file" if path.is_file() else "not a regular file"
+            raise ConfigError(f"{path}: {other} where the run writes a {kind}; move it away")
 
 
 class RunFolder:
     """A claimed run folder (``claim``); ``write_config`` records the configs it writes."""
 
-    def __init__(self, path: Path, mode: str):
-        self.path, self.mode = path, mode
+    def __init__(self, path: Path, mode: str, kind: str):
+        self.path, self.mode, self.kind = path, mode, kind
         self.created = False  # this command made the folder (a failed start removes it)
+        self.before: set[str] = set()  # the entries that were there (a failed start keeps exactly them)
         self.written: list[Path] = []  # configs this command wrote (a failed resume removes them)
         self.fd: int | None = None
 
@@ -66,13 +96,10 @@ class RunFolder:
         return path
 
 
-def _make(path: Path, key: str) -> bool:
+def _make(path: Path, key: str, kind: str) -> bool:
     """Create the folder (and its parents); True if this call created it."""
-    if path.is_dir():
+    if folders.check_folder(path, kind, key, OUT_DIR.get(key, "")):
         return False
-    for parent in [path, *path.parents]:
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"{key}: {parent} is a file, expected a folder")
     try:
         path.mkdir(parents=True)
         return True
@@ -99,25 +126,48 @@ def _lock(path: Path) -> int:
     return fd
 
 
+OUT_DIR = {"run.name": "run.out_dir"}  # the key naming a run folder's parent
+
+
+def check_new(path: Path, refuse_hint: str, key: str, kind: str = "run") -> None:
+    """What ``claim(path, 'new')`` refuses, checked without writing (before a start spends time)."""
+    if folders.check_folder(path, kind, key, OUT_DIR.get(key, "")) and has_run_data(path):
+        raise ConfigError(f"{key}: {path} already holds a run; {refuse_hint}")
+
+
+def check_resume(path: Path) -> None:
+    if not path.is_dir():
+        raise ConfigError(f"--resume {path}: {'no such folder' if not path.exists() else 'not a folder'}")
+    owner = folders.kind_of(path)
+    if owner not in (None, "run"):  # None: a run of an rlpost older than the marker and the lock
+        raise ConfigError(f"--resume {path}: an rlpost {owner} folder, not a run folder")
+    if not (path / "config.yaml").is_file():
+        raise ConfigError(f"--resume {path}: no config.yaml there; is it a run folder?")
+
+
 @contextmanager
-def claim(path: str | Path, mode: str, refuse_hint: str = "pick another run.name") -> Iterator[RunFolder]:
+def claim(path: str | Path, mode: str, refuse_hint: str = "pick another run.name", *, kind: str = "run",
+          key: str = "run.name") -> Iterator[RunFolder]:
     """Hold ``path`` for the command's life. ``mode``: 'new' (a new run: refuses a folder holding
     a run, with ``refuse_hint``), 'resume' (an existing run folder), 'reuse' (create if needed,
-    continue what is there: a pipeline's folder)."""
-    rf = RunFolder(Path(path), mode)
+    continue what is there: a pipeline's folder and its stages). ``kind``: the marker's kind
+    ('run', 'pipeline'); ``key``: what the user set that named the folder (error messages)."""
+    rf = RunFolder(Path(path), mode, kind)
     if mode == "resume":
-        if not (rf.path / "config.yaml").is_file():
-            raise ConfigError(f"--resume {rf.path}: no config.yaml there; is it a run folder?")
+        check_resume(rf.path)
     else:
-        rf.created = _make(rf.path, "run.out_dir")
+        rf.created = _make(rf.path, key, kind)
+    rf.before = set() if rf.created else set(os.listdir(rf.path))
     try:
         rf.fd = _lock(rf.path)
         if mode == "new" and has_run_data(rf.path):
-            raise ConfigError(f"run.name: {rf.path} already holds a run; {refuse_hint}")
+            raise ConfigError(f"{key}: {rf.path} already holds a run; {refuse_hint}")
+        check_writes(rf.path)
+        if mode != "resume":
+            folders.mark(rf.path, kind)
     except BaseException:
         _release(rf)
-        if rf.created and not _other_files(rf.path):
-            shutil.rmtree(rf.path, ignore_errors=True)
+        _remove_new(rf)
         raise
     before = progress(rf.path)
     try:
@@ -130,32 +180,35 @@ def claim(path: str | Path, mode: str, refuse_hint: str = "pick another run.name
 
 
 def _undo_failed_start(rf: RunFolder, before: tuple) -> None:
-    """After a failure: remove what this command wrote if the run got nowhere (no step's
-    metrics, no checkpoint, no summary); a run that did get somewhere keeps everything."""
+    """After a failure: remove what this command added if the run got nowhere (no step's metrics,
+    no checkpoint, no summary); a run that did get somewhere keeps everything."""
     if rf.mode == "resume":
         if progress(rf.path) == before:
             for path in rf.written:
                 path.unlink(missing_ok=True)
         return
-    if not has_run_data(rf.path) and not _other_files(rf.path):
+    log = rf.path / "verifier.log"
+    kept_log = "verifier.log" not in rf.before and log.is_file() and log.stat().st_size > 0
+    if not has_run_data(rf.path) and not kept_log:
+        _remove_new(rf)
+
+
+def _remove_new(rf: RunFolder) -> None:
+    """Remove every entry this command added (the whole folder when it made it)."""
+    if not rf.path.is_dir():
+        return
+    if rf.created:
         shutil.rmtree(rf.path, ignore_errors=True)
-
-
-# What a start writes before its first step; anything else in a folder (a user's file, a pipeline's
-# stage folders, the tracebacks of a reward function that failed in verifier.log) keeps it.
-STARTUP_FILES = {LOCK, "config.yaml", "samples", "verifier.log", "metrics.jsonl", "checkpoints", "tensorboard",
-                 "wandb", "mlruns"}
-
-
-def _other_files(path: Path) -> list[str]:
-    if not path.is_dir():
-        return []
-    log = path / "verifier.log"
-    return [p.name for p in path.iterdir() if p.name not in STARTUP_FILES or (p == log and log.stat().st_size)]
+        return
+    for name in set(os.listdir(rf.path)) - rf.before:
+        entry = rf.path / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _release(rf: RunFolder) -> None:
     if rf.fd is not None:
         os.close(rf.fd)  # closing the descriptor drops the flock
         rf.fd = None
-

@@ -3,7 +3,10 @@ progress bar and the closing table.
 
 metrics.jsonl has one JSON object per training step, with verl's metric names where verl has
 one. On resume, lines for steps after the checkpoint are dropped first (and a line torn by a crash
-with them), so the file reads as if the run had never stopped. Appends are whole lines or nothing
+with them), so the file reads as if the run had never stopped. A metrics file deleted since, or
+damaged in the middle (a line that is not JSON, a step missing), is rebuilt from the copy the
+checkpoint keeps of its lines (model/checkpoint.py), the damaged file kept beside it as
+``metrics.jsonl.damaged-N``, and the run says so in one line: no step's line is lost. Appends are whole lines or nothing
 (observe/jsonl.py); a write that fails ends the run with one line naming the file and the cause.
 """
 
@@ -18,11 +21,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from rlpost.console import say
+from rlpost.model import checkpoint
 from rlpost.model.checkpoint import write_atomic
 from rlpost.observe import jsonl
 from rlpost.observe.diagnostics import Health
 from rlpost.observe.loggers import Loggers
-from rlpost.types.errors import RunError, write_cause
+from rlpost.types.errors import DataError, RunError, write_cause
 
 
 @contextmanager
@@ -35,13 +40,15 @@ def timed(name: str, timings: dict):
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, steps: int, start_step: int, progress: bool, sinks: Loggers | None = None):
+    def __init__(self, run_dir: Path, steps: int, start_step: int, progress: bool, sinks: Loggers | None = None,
+                 ckpt: Path | None = None):
+        """``ckpt``: the checkpoint a resume starts from (its copy of the metric lines)."""
         self.dir = Path(run_dir)
         self.sinks = sinks
         self.health = Health(warn=lambda msg: tqdm.write(f"rlpost: {msg}", file=sys.stderr))
         (self.dir / "samples").mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
-        self.truncate_after(start_step)
+        self.truncate_after(start_step, ckpt)
         self.history = jsonl.read_lines(self.metrics_path)
         self.steps, self.start_step, self.progress = steps, start_step, progress
         self.bar = None
@@ -51,13 +58,47 @@ class RunLog:
         self.bar = tqdm(total=self.steps, initial=self.start_step, desc="train", unit="step",
                         disable=not self.progress, file=sys.stderr, dynamic_ncols=True)
 
-    def truncate_after(self, step: int) -> None:
-        if not self.metrics_path.exists():
-            return
-        jsonl.rewrite(self.metrics_path, [r for r in jsonl.read_lines(self.metrics_path) if r.get("step", 0) <= step])
+    def truncate_after(self, step: int, ckpt: Path | None = None) -> None:
+        """Keep the lines of steps 1..step (a resume; none for a new run), rebuilt from ``ckpt``'s
+        copy when the file lost some of them."""
+        path, rows, problem = self.metrics_path, [], None
+        if path.exists():
+            try:
+                rows = [r for r in jsonl.read_lines(path) if r["step"] <= step]
+            except DataError as e:
+                problem = str(e)
+            else:
+                gaps = sorted(set(range(1, step + 1)) - {r["step"] for r in rows})
+                problem = f"{path}: the lines of steps {_spans(gaps)} are missing" if gaps else None
+        elif step > 0:
+            problem = f"{path}: missing"
+        if problem is not None:
+            rows = self._rebuilt(step, ckpt, problem)
+        if path.exists() or rows:
+            jsonl.rewrite(path, rows)
         for f in (self.dir / "samples").glob("step_*.jsonl"):
-            if int(f.stem.split("_")[1]) > step:
+            if f.stem.split("_")[1].isdigit() and int(f.stem.split("_")[1]) > step:
                 f.unlink()
+
+    def _rebuilt(self, step: int, ckpt: Path | None, problem: str) -> list[dict]:
+        """Steps 1..step from the checkpoint's copy; the damaged file kept aside."""
+        saved = checkpoint.saved_metrics(ckpt) if ckpt is not None else None
+        if saved is None:
+            if self.metrics_path.exists():  # nothing to rebuild it from: refused, the file left as it is
+                raise DataError(f"{problem}; checkpoint {ckpt.name if ckpt else ''} (an older rlpost) keeps no copy to rebuild "
+                                "it from: repair the file, or resume with --start-over")
+            say(f"{problem}; checkpoint {ckpt.name if ckpt else ''} (an older rlpost) keeps no copy of it: steps 1-{step} "
+                "will have no metric lines")
+            return []
+        kept = ""
+        if self.metrics_path.exists():
+            aside = next(self.dir / f"metrics.jsonl.damaged-{i}" for i in range(1, 10**6)
+                         if not (self.dir / f"metrics.jsonl.damaged-{i}").exists())
+            self.metrics_path.rename(aside)
+            kept = f"; the damaged file is kept as {aside.name}"
+        rows = [r for r in saved if r["step"] <= step]
+        say(f"{problem}; rebuilt steps {_spans([r['step'] for r in rows])} from {ckpt.name}'s copy{kept}")
+        return rows
 
     def step(self, step: int, metrics: dict, batch) -> None:
         line = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
@@ -127,6 +168,17 @@ def closing_table(summary: dict) -> str:
         lines.append(f"{'reward/mean (first/last)':24s}{summary['reward_mean_first']:>10.3f}{summary['reward_mean_last']:>10.3f}")
     lines.append(f"{'steps / wall time':24s}{summary['steps']:>10d}{summary['wall_minutes']:>9.1f}m")
     return "\n".join(lines)
+
+
+def _spans(steps: list[int]) -> str:
+    """'1-3, 7' for [1, 2, 3, 7]."""
+    out, start = [], None
+    for i, s in enumerate(steps):
+        start = s if start is None else start
+        if i + 1 == len(steps) or steps[i + 1] != s + 1:
+            out.append(f"{start}-{s}" if s > start else str(s))
+            start = None
+    return ", ".join(out) or "none"
 
 
 def _clean(v):

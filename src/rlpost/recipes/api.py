@@ -39,16 +39,25 @@ from typing import Any, Callable, Iterable
 import cloudpickle
 
 from rlpost import build
-from rlpost.config import Config, ConfigError, load, save, with_overrides
+from rlpost.config import RESUMABLE, Config, ConfigError, load, load_run, to_dict, with_overrides
 from rlpost.console import say
-from rlpost.envs.dataset import VERL_ANSWER, column
+from rlpost.envs.data import check_rows
+from rlpost.envs.dataset import VERL_ANSWER, column, to_row
+from rlpost.model import fit
+from rlpost.observe import runfolder
+from rlpost.recipes.resume import resume_run
 from rlpost.recipes.rl import train as train_loop
 
 FuncSpec = str | Callable
 
 
 class Trainer:
-    """GRPO (or ``algo.name``) on your rows and reward functions; ``train()`` returns the summary."""
+    """GRPO (or ``algo.name``) on your rows and reward functions; ``train()`` returns the summary.
+
+    Nothing is written until ``train()``: the constructor checks the config and the rows; ``train()``
+    claims ``output_dir`` as the CLI claims a run folder (new, empty, or a start of its own that got
+    nowhere; observe/runfolder.py), checks what the model can take, then writes the rows, the pickled
+    functions and config.yaml there. A start that fails leaves nothing it wrote behind."""
 
     def __init__(self, model: str | None = None, reward_funcs: FuncSpec | list[FuncSpec] = (),
                  train_dataset: Iterable[dict] | None = None, eval_dataset: Iterable[dict] | None = None, *,
@@ -61,50 +70,90 @@ class Trainer:
                                   "a run folder); save a model object with save_pretrained first")
             items.append(f"model.name={model}")
         cfg = build.check(_load(config, items))  # a mistake in the config stops here, before any folder exists
-        rows = _rows(train_dataset) if train_dataset is not None else None
-        family = "dataset" if rows is not None else cfg.task.name
+        self.rows = _rows(train_dataset) if train_dataset is not None else None
+        self.eval_rows = _rows(eval_dataset) if eval_dataset is not None else None
+        family = "dataset" if self.rows is not None else cfg.task.name
         self.run_dir = Path(output_dir or Path(cfg.run.out_dir) / (cfg.run.name or f"{family}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = self.run_dir.resolve()
-        _importable(self.run_dir)
-        registry = Registry(self.run_dir)
+        self.registry = Registry(self.run_dir)
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        paths = [registry.add(f, f"reward_{i}") for i, f in enumerate(funcs)]
+        paths = [self.registry.add(f, f"reward_{i}") for i, f in enumerate(funcs)]
         task = []
-        if rows is not None:
-            task += self._write_rows(rows, _rows(eval_dataset) if eval_dataset is not None else None)
-            has_answer = all("answer" in r or column(r, VERL_ANSWER) is not None for r in rows)
+        if self.rows is not None:
+            task += self._data_overrides()
+            has_answer = all("answer" in r or column(r, VERL_ANSWER) is not None for r in self.rows)
             if not has_answer:
                 if verifier is None and not paths:
                     raise ConfigError("train_dataset: rows without 'answer' need reward_funcs or a verifier to score them")
                 task.append("task.answer_column=")
                 verifier = paths[0] if verifier is None else verifier
         if verifier is not None:
-            task.append(f"task.verifier={registry.add(verifier, 'verifier')}")
+            task.append(f"task.verifier={self.registry.add(verifier, 'verifier')}")
         if paths:
             task.append(f"task.reward_funcs={','.join(paths)}")
         if reward_weights is not None:
             task.append(f"task.reward_weights={','.join(str(float(w)) for w in reward_weights)}")
-        registry.save()
         where = [f"run.out_dir={self.run_dir.parent}", f"run.name={self.run_dir.name}"]
         # Loaded again from the same source with the task's keys, not on top of cfg: the defaults that
-        # follow the data (rollout.max_new_tokens for rows of your own) are filled in at load.
-        self.config = build.check(_load(config, [*items, *task, *where]))
+        # follow the data (rollout.max_new_tokens for rows of your own) are filled in at load. Its
+        # task.data names files train() writes: build.check (which reads them) runs there.
+        self.config = _load(config, [*items, *task, *where])
+        if self.rows is not None:
+            self.prompts = _task_rows(self.rows, self.config.task, "train_dataset")
+            self.prompts += _task_rows(self.eval_rows or [], self.config.task, "eval_dataset")
 
-    def _write_rows(self, rows: list[dict], eval_rows: list[dict] | None) -> list[str]:
+    def _data_overrides(self) -> list[str]:
         data = self.run_dir / "data"
-        data.mkdir(exist_ok=True)
-        out = ["task.name=dataset", f"task.data={_write_jsonl(data / 'train.jsonl', rows)}"]
-        if eval_rows is not None:
-            out.append(f"task.eval_data={_write_jsonl(data / 'eval.jsonl', eval_rows)}")
+        out = ["task.name=dataset", f"task.data={data / 'train.jsonl'}"]
+        if self.eval_rows is not None:
+            out.append(f"task.eval_data={data / 'eval.jsonl'}")
         return out
 
     def train(self, resume: bool = False) -> dict:
-        """Train; returns the summary (also RUN/summary.json). resume=True continues from the last
-        checkpoint, like ``rlpost train --resume RUN``."""
-        save(self.config, self.run_dir / "config.yaml")
-        say(f"run folder {self.run_dir}")
-        return train_loop(self.config, self.run_dir, resume=resume)
+        """Train; returns the summary (also RUN/summary.json). resume=True continues the run in
+        output_dir from its last checkpoint, like ``rlpost train --resume RUN``: with the config,
+        rows and reward functions saved there, and this Trainer's values of what a resume may
+        change (run.steps, trainer.lr, ...: config.RESUMABLE)."""
+        if resume:
+            return resume_run(self.run_dir, self._resume_overrides())
+        hint = "pass resume=True to continue it, or another output_dir"
+        runfolder.check_new(self.run_dir, hint, "output_dir")
+        self._preflight()
+        with runfolder.claim(self.run_dir, "new", hint, key="output_dir") as rf:
+            _importable(self.run_dir)
+            if self.rows is not None:
+                (self.run_dir / "data").mkdir(exist_ok=True)
+                _write_jsonl(self.run_dir / "data" / "train.jsonl", self.rows)
+                if self.eval_rows is not None:
+                    _write_jsonl(self.run_dir / "data" / "eval.jsonl", self.eval_rows)
+            self.registry.save()
+            build.check(self.config)
+            rf.write_config(self.config)
+            say(f"run folder {self.run_dir}")
+            return train_loop(self.config, self.run_dir)
+
+    def _preflight(self) -> None:
+        """The model's limits, on the rows in memory: before output_dir is claimed."""
+        cfg = self.config
+        if cfg.model.lora_r > 0:
+            fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
+        if self.rows is not None:
+            fit.check_prompts(cfg.model.name, self.prompts, cfg.rollout.max_new_tokens, "rollout.max_new_tokens", "train_dataset")
+
+    def _resume_overrides(self) -> list[str]:
+        """This Trainer's values of the keys a resume may change, as overrides."""
+        if not (self.run_dir / "config.yaml").is_file():
+            raise ConfigError(f"output_dir {self.run_dir}: no run to resume there (no config.yaml); train() without resume=True starts one")
+        saved = to_dict(load_run(self.run_dir)[0])
+        ours = to_dict(self.config)
+        return [f"{sec}.{key}={_text(ours[sec][key])}" for sec, keys in RESUMABLE.items() for key in keys
+                if ours[sec][key] != saved[sec][key]]
+
+
+def _task_rows(rows: list[dict], tcfg, source: str) -> list[dict]:
+    """The rows as the dataset task reads them (checked as it checks them): their prompt messages."""
+    good, _ = check_rows(rows, lambda r, src: to_row(r, tcfg, src), source, tcfg.on_bad_row)
+    return [to_row(r, tcfg, source) for r in good]
 
 
 def _load(base: Any, items: list[str]) -> Config:

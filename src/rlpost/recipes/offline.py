@@ -33,17 +33,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from rlpost import build, config
+from rlpost import build, config, machine
 from rlpost.algorithms.preference import REFERENCE_FREE, make_dpo_loss, make_rm_loss, sft_loss
 from rlpost.console import say
 from rlpost.envs import build_task, data
-from rlpost.model import encode, lora, precision
+from rlpost.model import encode, fit, lora, precision
 from rlpost.model.checkpoint import write_atomic
 from rlpost.model.load import load_policy_for, save_model
 from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
 from rlpost.roles.trainer import Trainer
-from rlpost.types.errors import RunError
+from rlpost.types.errors import DataError, RunError
 
 
 def task_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict]]:
@@ -76,7 +76,28 @@ def load_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict], in
     parse = data.sft_pair if kind == "sft" else data.preference_triple
     rows, bad_train = data.check_rows(rows, parse, p.data, p.on_bad_row)
     heldout, bad_heldout = data.check_rows(heldout, parse, p.eval_data or p.data, p.on_bad_row)
+    if not rows or not heldout:
+        split = "pref.eval_data" if p.eval_data else f"pref.heldout_frac={p.heldout_frac:g}"
+        raise DataError(f"pref.data: {p.data} leaves {len(rows)} training and {len(heldout)} held-out rows ({split}, "
+                        f"{bad_train + bad_heldout} malformed rows skipped); both need at least one")
     return rows, heldout, bad_train + bad_heldout
+
+
+def preflight(cfg: config.Config, kind: str) -> None:
+    """What `rlpost sft|rsft|rm|dpo` checks before its run folder exists: this machine, the LoRA
+    targets, and its rows (read and checked) with their prompts within the model's context."""
+    machine.check(cfg)
+    if cfg.model.lora_r > 0:
+        fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
+    if kind == "rsft" or (kind == "dpo" and cfg.pref.online_rounds > 0):  # sampled from the task's prompts
+        task = build_task(cfg)
+        fit.check_prompts(cfg.model.name, task.train + task.heldout, cfg.rollout.max_new_tokens, "rollout.max_new_tokens",
+                          f"task.name={cfg.task.name}")
+        return
+    rows, heldout, _ = load_rows(cfg, kind)
+    parse = data.sft_pair if kind == "sft" else data.preference_triple
+    prompts = [{"messages": parse(r, "")[0], **({"_line": r["_line"]} if "_line" in r else {})} for r in rows + heldout]
+    fit.check_prompts(cfg.model.name, prompts, cfg.pref.max_len, "pref.max_len", cfg.pref.data or f"task.name={cfg.task.name}")
 
 
 def batch_order(lengths: list[int], batch_size: int, by_length: bool, rng: random.Random) -> list[int]:

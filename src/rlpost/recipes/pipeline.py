@@ -90,7 +90,7 @@ def run_pipeline(recipe: str | Path, overrides: list[str] = ()) -> list[dict]:
     tree = read_pipeline(recipe)
     tree["base"] = [*tree.get("base", []), *overrides]
     run_dir = Path(tree.get("out_dir", "runs")) / tree.get("name", Path(recipe).stem)
-    with runfolder.claim(run_dir, "reuse"):
+    with runfolder.claim(run_dir, "reuse", kind="pipeline", key="name"):
         return _run_stages(tree, run_dir)
 
 
@@ -123,7 +123,7 @@ def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
 
 def run_stage(cfg: config.Config, sdir: Path, kind: str) -> dict:
     """One stage in its folder; an rl stage cut short earlier resumes from its newest intact checkpoint."""
-    with runfolder.claim(sdir, "reuse") as rf:
+    with runfolder.claim(sdir, "reuse", key=f"stage {sdir.name}") as rf:
         resume = kind == "rl" and checkpoint.newest_intact(sdir) is not None
         if not resume:
             rf.write_config(cfg)

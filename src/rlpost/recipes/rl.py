@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from rlpost import build, config
+from rlpost import algorithms, build, config
 from rlpost.algorithms import core, dapo
 from rlpost.console import say
 from rlpost.envs import Task, build_task, mix
@@ -36,19 +36,23 @@ from rlpost.types.roles import Roles
 
 
 def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | None = None, *,
-          on_step_end: Callable[[int], None] | None = None, make_roles: Callable = build.build_roles) -> dict:
+          on_step_end: Callable[[int], None] | None = None, make_roles: Callable = build.build_roles,
+          on_resumed: Callable[[], None] | None = None) -> dict:
     """The RL loop. Returns the run summary (also written to run_dir/summary.json).
 
     ``task`` replaces the config's task family (library use: your own rows and verifier).
     ``on_step_end(step)`` runs after each step's checkpoint; ``make_roles`` builds the roles
     (build.build_roles; tests wrap both to inject faults). What stops a run early (signals, failing
     reward functions, non-finite updates) is recipes/guard.py; the roles' processes are stopped
-    however the loop ends."""
-    cores = Cores(cfg.run.threads)  # torch's threads: every core, fewer while other processes keep some busy
+    however the loop ends. A resume checks the checkpoint (its schemas, that it is this kind of
+    run, that its weights fit the model) and puts its state back before it writes anything; then
+    ``on_resumed()`` runs (the CLI records a changed config there: config.resume-N.yaml)."""
     task, run_dir = task or build_task(cfg), Path(run_dir)
+    build.preflight(cfg, task)  # threads, LoRA targets, prompt lengths: the CLI checked them already, before the folder
+    cores = Cores(cfg.run.threads)  # torch's threads: every core, fewer while other processes keep some busy
     run_dir.mkdir(parents=True, exist_ok=True)  # library use: the CLI has claimed it already (observe/runfolder.py)
     t_start = time.perf_counter()
-    weights, trainer_state, state = resume_point(run_dir) if resume else (None, None, {})
+    weights, trainer_state, state, ckpt = resume_point(run_dir, cfg) if resume else (None, None, {}, None)
     elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
     stream = make_stream(task, cfg.rollout.prompts_per_step, cfg.run.seed, curriculum(cfg))  # task.mix: by weight
     roles = make_roles(cfg, task, weights, stream=stream, run_dir=run_dir)
@@ -56,11 +60,11 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     try:
         heldout = task.heldout[: cfg.run.eval_n or None]
         torch.manual_seed(cfg.run.seed)  # after building: loading a model may draw from the RNG
-        start = resume_state(roles, stream, trainer_state, state) if resume else 0
+        start = resume_state(roles, stream, trainer_state, state, on_resumed) if resume else 0
         weights = trainer_state = None  # copied into the roles: a resumed run would carry a second set of weights to its end
         sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before step 1
-        log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks)
-        before = state.get("heldout_before")  # a resumed run's, from its checkpoint
+        log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks, ckpt)
+        before = state.get("heldout_before")  # a resumed run's, from its checkpoint; else measured now
         before = baseline(roles, heldout, cfg, run_dir, task) if before is None else before
         log.begin()
         with RunGuard(cfg, state.get("early_stop")) as guard:
@@ -99,7 +103,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                                 "training/epoch": stream.epoch}, batch)
                 every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
                 if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
-                    save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed(), guard)
+                    save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed(), guard, log.history)
                 if on_step_end is not None:
                     on_step_end(step)
         log.close()
@@ -246,33 +250,52 @@ def schedule(cfg: config.Config, step: int) -> tuple[bool, bool]:
     return evaluating, step % cfg.dist.sync_every == 0 or step == cfg.run.steps or evaluating
 
 
-def resume_point(run_dir: Path) -> tuple[dict, dict, dict]:
-    """(weights, trainer state, run state) of the newest intact checkpoint (checkpoint.py verifies
-    it, and falls back past corrupt ones with a line each)."""
+def resume_point(run_dir: Path, cfg: config.Config) -> tuple[dict, dict, dict, Path]:
+    """(weights, trainer state, run state, folder) of the newest intact checkpoint (checkpoint.py
+    verifies it, and falls back past corrupt ones with a line each); one of another kind of run
+    (another algorithm, a critic this run lacks) is refused by name."""
     found = checkpoint.load_latest(run_dir)
     if found is None:
         raise ConfigError(f"--resume {run_dir}: no intact checkpoint to resume from")
-    return found[1]
+    check_checkpoint(found[0], cfg)
+    return (*found[1], found[0])
 
 
-def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state: dict, state: dict) -> int:
-    """Put a checkpoint's run state back (optimizer, stream position, RNG, algorithm state) and give
-    the sampler the trainer's weights; returns the step it was taken after."""
-    roles.trainer.load_state_dict(trainer_state)
-    stream.load_state_dict(state["stream"])
-    torch.set_rng_state(state["torch_rng"])
-    roles.algo.load_state_dict(state)
+def check_checkpoint(ckpt: Path, cfg: config.Config) -> None:
+    """That checkpoint ``ckpt`` is of this kind of run (checkpoint.check_fits, by name)."""
+    traits = algorithms.ALGORITHMS[cfg.algo.name].traits
+    checkpoint.check_fits(ckpt, cfg.algo.name, traits.needs_values, cfg.model.lora_r > 0,
+                          cfg.trainer.param_dtype == "bfloat16")
+
+
+def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state: dict, state: dict,
+                 on_resumed: Callable[[], None] | None = None) -> int:
+    """Put a checkpoint's run state back (optimizer, stream position, RNG, algorithm state), give
+    the sampler the trainer's weights, then call ``on_resumed``; returns the step it was taken after.
+    State that fits its schema but not this run (an optimizer of other parameters, another task
+    mix) is one line."""
+    try:
+        roles.trainer.load_state_dict(trainer_state)
+        stream.load_state_dict(state["stream"])
+        torch.set_rng_state(state["torch_rng"])
+        roles.algo.load_state_dict(state)
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+        what = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"checkpoint step_{state['step']:06d}: its trainer.pt or state.pt does not fit this run "
+                          f"({type(e).__name__}: {what}); was it written by another kind of run?") from None
     # The sampler holds the checkpoint's weights (with LoRA: only the base): give it the trainer's, versioned.
     roles.rollout.load_weights(roles.trainer.weights(), version=state["step"])
+    if on_resumed is not None:
+        on_resumed()
     return state["step"]
 
 
 def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream | MixedStream, before: float,
-                    minutes: float, guard: RunGuard) -> None:
-    state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
+                    minutes: float, guard: RunGuard, metrics: list[dict]) -> None:
+    state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(), "algo_name": cfg.algo.name,
              "heldout_before": before, "minutes": minutes, "early_stop": guard.early_stop_state(), **roles.algo.state_dict()}
     checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
-                    cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None)
+                    cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None, metrics=metrics)
 
 
 def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int, float] | None) -> tuple[Path, dict]:

@@ -8,11 +8,36 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from pathlib import Path
 
+LONG_WORD, LONG_MESSAGE = 160, 1000  # what a message shows of a value pasted into it (a 100 KB task.verifier)
 
-class ConfigError(ValueError):
+
+def clip(text: str, limit: int = LONG_WORD) -> str:
+    """``text``, or its start and end around '...[N characters]...' when longer than ``limit``."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit * 2 // 3], text[-(limit // 4):]
+    return f"{head}...[{len(text) - len(head) - len(tail)} characters]...{tail}"
+
+
+def clip_message(message: str) -> str:
+    """Every over-long word of an error message clipped, then the message itself: the key at its
+    start and the hint at its end stay readable whatever value was echoed between them."""
+    message = re.sub(rf"\S{{{LONG_WORD + 1},}}", lambda m: clip(m.group()), message)
+    return clip(message, LONG_MESSAGE)
+
+
+class _OneLine:
+    """Errors whose message is shown to the user: long values in it are clipped (``clip_message``)."""
+
+    def __init__(self, message="", *args):
+        super().__init__(clip_message(str(message)), *args)
+
+
+class ConfigError(_OneLine, ValueError):
     """A bad config value; str(error) is one line naming the key."""
 
 
@@ -20,11 +45,11 @@ class DataError(ConfigError):
     """A bad data file or row; str(error) names the file and line."""
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(_OneLine, RuntimeError):
     """A model spec that cannot be loaded; the message says which spec and why."""
 
 
-class RunError(RuntimeError):
+class RunError(_OneLine, RuntimeError):
     """A run stopped by a condition it cannot go on from: a full disk, a read-only folder,
     non-finite training, a reward function that keeps failing. One line naming the cause and the
     path or key; exit status 1. What was saved before it (checkpoints, metrics) is intact."""
