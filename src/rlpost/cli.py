@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from rlpost import config, machine, names
+from rlpost import config, machine, names, runconfig
 from rlpost.console import say
 from rlpost.observe import runfolder
 from rlpost.types import folders
@@ -237,7 +237,7 @@ def _resume(args, recipe: str | None, overrides: list[str]) -> int:
     run_dir = Path(args.resume)
     refuse_ignored("train", [o.split("=", 1)[0] for o in overrides])
     runfolder.check_resume(run_dir)
-    old, cfg = config.load_run(run_dir, overrides)
+    old, cfg = runconfig.load_run(run_dir, overrides)
     config.resume_changes(old, cfg)
     machine.check(cfg)
     from rlpost.recipes.resume import resume_run
@@ -267,7 +267,7 @@ def cmd_eval(args) -> int:
     ks = eval_ks(args)
     target = Path(args.target)  # the config first: its mistakes show before torch loads
     run = (target / "config.yaml").exists()
-    cfg = machine.check(config.load_run(target, args.args)[1] if run else
+    cfg = machine.check(runconfig.load_run(target, args.args)[1] if run else
                         config.load(None, [f"model.name={args.target}", *args.args]))
     out = samples_file(args, target if run else Path("."))
     import torch

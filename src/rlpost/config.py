@@ -451,32 +451,10 @@ def resume_changes(old: Config, new: Config) -> list[str]:
 def run_config_path(run_dir: str | Path) -> Path:
     """The config a run folder runs under now: config.yaml, or its newest config.resume-N.yaml
     (each resume that changed something wrote one; config.yaml itself is never rewritten)."""
-    resumes = resume_config_paths(run_dir)
-    return resumes[-1] if resumes else Path(run_dir) / "config.yaml"
-
-
-RUN_SECTIONS = ("model", "task", "rollout", "algo", "trainer", "run")  # every run's config.yaml names them
-
-
-def load_run(run_dir: str | Path, overrides: list[str] = ()) -> tuple[Config, Config]:
-    """(the config a run folder runs under now, the same with ``overrides``), after checking every config
-    file of the run (config.yaml, config.resume-N.yaml): a damaged one is a ConfigError naming it."""
-    files = [Path(run_dir) / "config.yaml", *resume_config_paths(run_dir)]
-    for path in files:
-        tree = read_yaml(path)
-        for section in (s for s in RUN_SECTIONS if not isinstance(tree.get(s), dict)):
-            raise ConfigError(f"{path}: section {section} is missing; a run's config names every section (was it emptied or edited?)")
-        try:
-            from_dict(tree)
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
-    return load(files[-1]), load(files[-1], overrides)
-
-
-def resume_config_paths(run_dir: str | Path) -> list[Path]:
-    """config.resume-N.yaml of a run folder, in order of N."""
-    return sorted((p for p in Path(run_dir).glob("config.resume-*.yaml") if p.stem.rpartition("-")[2].isdigit()),
-                  key=lambda p: int(p.stem.rpartition("-")[2]))
+    run_dir = Path(run_dir)
+    resumes = sorted((p for p in run_dir.glob("config.resume-*.yaml") if p.stem.rpartition("-")[2].isdigit()),
+                     key=lambda p: int(p.stem.rpartition("-")[2]))
+    return resumes[-1] if resumes else run_dir / "config.yaml"
 
 
 def next_resume_config_path(run_dir: str | Path) -> Path:

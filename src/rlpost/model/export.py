@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost import config
+from rlpost import config, runconfig
 from rlpost.model import checkpoint, lora
 from rlpost.model.load import load_policy, save_model
 from rlpost.types import folders
@@ -94,7 +94,7 @@ def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | N
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"RUN_DIR {run_dir}: no config.yaml there; is it a run folder?")
-    cfg = config.load_run(run_dir)[0]
+    cfg = runconfig.load_run(run_dir)[0]
     if merge_lora and cfg.model.lora_r == 0:
         raise ConfigError(f"--merge-lora: {run_dir} is a full fine-tune (model.lora_r=0); there are no adapters to merge")
     merge = merge_lora or cfg.model.lora_r == 0

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 import cloudpickle
 
 from rlpost import build
-from rlpost.config import RESUMABLE, Config, ConfigError, load, load_run, to_dict, with_overrides
+from rlpost.config import RESUMABLE, Config, ConfigError, load, to_dict, with_overrides
 from rlpost.console import say
 from rlpost.envs.data import check_rows
 from rlpost.envs.dataset import VERL_ANSWER, column, to_row
@@ -47,6 +47,7 @@ from rlpost.model import fit
 from rlpost.observe import runfolder
 from rlpost.recipes.resume import resume_run
 from rlpost.recipes.rl import train as train_loop
+from rlpost.runconfig import load_run
 
 FuncSpec = str | Callable
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlpost import build, config
+from rlpost import build, config, runconfig
 from rlpost.console import say
 from rlpost.envs import build_task
 from rlpost.model import checkpoint
@@ -28,7 +28,7 @@ def resume_run(run_dir: str | Path, overrides: list[str] = (), start_over: bool 
     run_dir = Path(run_dir)
     with runfolder.claim(run_dir, "resume") as rf:
         importable(run_dir)
-        old, cfg = config.load_run(run_dir, overrides)
+        old, cfg = runconfig.load_run(run_dir, overrides)
         changes = config.resume_changes(old, cfg)
         build.check(cfg)
         ckpt = checkpoint.newest_intact(run_dir)
