@@ -265,9 +265,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r}: expected key=value, e.g. rollout.group_size=4")
     key, raw = item.split("=", 1)
-    if len(key.strip().split(".")) != 2 or not all(part.strip() for part in key.split(".")):
-        what = "no key before '='" if not key.strip() else f"{key.strip()!r} is not section.key"
-        raise ConfigError(f"override {item!r}: {what}; expected section.key=value, e.g. rollout.group_size=4")
+    if not all(part.strip() for part in key.split(".")):  # '=5', '.lr=1': the argument itself is named
+        raise ConfigError(f"override {item!r}: {'no key' if not key.strip() else 'an empty name'} before '='; expected section.key=value")
     return key.strip(), CliValue(raw)
 
 
