@@ -66,7 +66,7 @@ class TaskConfig:
     n_train: int = knob(4000, ge=1)
     """training problems (the stream cycles through them, reshuffled each epoch)"""
     n_heldout: int = knob(200, ge=1)
-    """held-out problems, never seen in training; accuracy before/after is measured on these. Taken from task.data (without task.eval_data) it is at most a tenth of the rows, so a small dataset keeps most of them for training"""
+    """held-out problems, never seen in training; accuracy before/after is measured on these. Taken from task.data (without task.eval_data) the default is at most a tenth of the rows, so a small dataset keeps most of them for training; a number you set is kept"""
     seed: int = 1234
     """seed of the problem generator; the held-out split is fixed by it"""
     max_contamination: float = knob(0.05, ge=0, le=1)

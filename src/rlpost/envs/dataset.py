@@ -10,7 +10,7 @@ we, see envs/worker.py). A row that does not fit is reported as ``file:line`` an
 run (``task.on_bad_row=refuse``) or is skipped and counted (``skip``).
 
 The held-out split is ``task.eval_data`` when given, else ``task.n_heldout`` rows of a seeded
-shuffle of ``task.data`` (at most a tenth of it: a small dataset keeps most rows for training), so
+shuffle of ``task.data`` (by default at most a tenth of it: a small dataset keeps most rows for training), so
 before/after accuracy never sees training rows.
 """
 
@@ -20,10 +20,12 @@ import random
 import re
 
 from rlpost.console import say
+from rlpost.sections import TaskConfig
 from rlpost.envs.data import DataError, check_rows, read_rows, where
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-HELDOUT_SHARE = 10  # without task.eval_data, at most 1 / HELDOUT_SHARE of task.data is held out
+HELDOUT_SHARE = 10  # without task.eval_data, at most 1 / HELDOUT_SHARE of task.data is held out by default
+DEFAULT_HELDOUT = TaskConfig.__dataclass_fields__["n_heldout"].default  # a task.n_heldout you set is kept as set
 
 
 def exact_match(completion: str, row: dict) -> tuple[float, dict]:
@@ -94,7 +96,9 @@ def build_splits(tcfg) -> tuple[list[dict], list[dict], int]:
         skipped += bad
     else:
         random.Random(tcfg.seed).shuffle(rows)
-        n = min(tcfg.n_heldout, max(1, len(rows) // HELDOUT_SHARE))
+        n = tcfg.n_heldout  # as set; the default (sized for the generated tasks) is capped at a tenth of the rows
+        if n == DEFAULT_HELDOUT:
+            n = min(n, max(1, len(rows) // HELDOUT_SHARE))
         if n < tcfg.n_heldout:
             say(f"held out {n} of the {len(rows)} rows of {tcfg.data} for evaluation (at most a tenth of them; "
                 "task.eval_data names a split of your own)")
