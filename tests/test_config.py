@@ -1,5 +1,7 @@
 """Config: typed, validated, one-line errors naming the key, exit status 2 from the CLI."""
 
+import re
+
 import pytest
 from helpers import ROOT, cli, run_cli
 
@@ -184,3 +186,33 @@ def test_a_wheel_carries_every_recipe(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     inside = {n.rpartition("/")[2] for n in zipfile.ZipFile(wheel).namelist() if "/shipped_recipes/" in n}
     assert inside == {p.name for p in (ROOT / "recipes").glob("*.yaml")}
+
+
+def test_reward_functions_by_file_and_the_hints_for_what_is_not_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_reward.py").write_text("def compute_score(*a):\n    return 1.0\n")
+    (tmp_path / "rm").mkdir()
+    cfg = config.load(None, ["task.verifier=my_reward.py:compute_score", "task.reward_funcs=my_reward.py:compute_score"])
+    # the absolute path, so `rlpost eval RUN` from another folder imports the same file
+    assert cfg.task.verifier == f"{tmp_path / 'my_reward.py'}:compute_score" == cfg.task.reward_funcs
+    for item, expected in [
+        ("task.verifier=my_reward.py", "names no function; expected 'module:function' or 'file.py:function', "
+                                       "e.g. task.verifier=my_reward.py:compute_score (verl's custom_reward_function.name"),
+        ("task.verifier=nofile.py:compute_score", "task.verifier: no file nofile.py"),
+        ("task.reward_funcs=rm", "rm looks like a reward model (a model folder or hub id): that goes in task.reward_model=rm"),
+        ("task.reward_funcs=OpenAssistant/reward-model-deberta-v3-large-v2", "goes in task.reward_model="),  # TRL takes a hub id
+    ]:
+        with pytest.raises(config.ConfigError, match=re.escape(expected)):
+            config.load(None, [item])
+
+
+def test_a_datasetdict_is_told_to_pass_a_split(tmp_path):
+    import datasets
+
+    import rlpost
+
+    ds = datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "a", "answer": "1"}]),
+                               "test": datasets.Dataset.from_list([{"prompt": "b", "answer": "2"}])})
+    with pytest.raises(config.ConfigError, match=re.escape("a DatasetDict of splits (train, test); pass one split, "
+                                                           "e.g. train_dataset=ds['train'], eval_dataset=ds['test']")):
+        rlpost.Trainer(model="tiny", train_dataset=ds, output_dir=tmp_path / "r")

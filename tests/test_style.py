@@ -14,8 +14,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlpost"
 # from a higher one: counting imports made inside functions, which would otherwise hide a cycle.
 LAYERS = [
     ("types", "console"),  # the batch, the role contracts, the errors; one line to the user
-    # typed config, loading and checks; other frameworks' names for its keys; what this machine accepts; a run's config files
-    ("config", "sections", "names", "machine", "runconfig"),
+    # typed config, loading and checks; other frameworks' names for its keys; what this machine accepts; a run's config
+    # files; what loading fills in (defaults that follow the task, reward functions' file paths)
+    ("config", "sections", "names", "machine", "runconfig", "defaults"),
     ("sandbox",),  # runs model-written programs under limits and isolation; nothing else of rlpost, no torch
     ("envs",),  # task families, verifier functions, data rows; no torch
     ("algorithms", "search"),  # pure maths: advantages, losses, knobs as wrappers; pass@k, votes

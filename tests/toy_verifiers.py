@@ -108,3 +108,12 @@ def fails_on_multiples_of_three(completion, row):
     if len(completion) % 3 == 0:
         raise ValueError(f"cannot score a completion of length {len(completion)}")
     return 1.0, {}
+
+
+def wants_solution(prompts, completions, solution, **kwargs):
+    """TRL-style, reading a `solution` column (TRL's math datasets have one)."""
+    return [float(c == s) for c, s in zip(completions, solution)]
+
+
+def reads_solution(completion, row):
+    return float(completion == row["solution"])

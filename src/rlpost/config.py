@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 import yaml
 
-from rlpost import names
+from rlpost import defaults, names
+from rlpost.defaults import default_max_new_tokens  # noqa: F401 - re-exported (the report reads it)
 from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc.
     AlgoConfig,
     Config,
@@ -290,29 +291,9 @@ def from_dict(tree: dict) -> Config:
     sections = {}
     for f in fields(Config):
         sections[f.name] = _build_section(_section_cls(f.name), tree.get(f.name) or {}, f.name)
-    cfg = task_defaults(Config(**sections))
+    cfg = defaults.fill(Config(**sections))  # what follows the task, file paths made absolute
     check_consistency(cfg)
     return cfg
-
-
-# rollout.max_new_tokens=0: the cap follows the task. The generated tasks' answers are a few tokens
-# (the demo's 16); rows of the user's own (task.data) get TRL's GRPOConfig default
-# max_completion_length, 256: the demo's 16 cut off 87.5% of a verl user's first run's answers.
-GENERATED_MAX_NEW_TOKENS = 16
-USER_DATA_MAX_NEW_TOKENS = 256
-
-
-def task_defaults(cfg: Config) -> Config:
-    """cfg with the defaults that follow the task filled in (rollout.max_new_tokens=0), once, at load."""
-    if cfg.rollout.max_new_tokens:
-        return cfg
-    tokens = default_max_new_tokens(bool(cfg.task.data))
-    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_new_tokens=tokens))
-
-
-def default_max_new_tokens(user_data: bool) -> int:
-    """What rollout.max_new_tokens=0 becomes: rows of your own (task.data) or a generated task."""
-    return USER_DATA_MAX_NEW_TOKENS if user_data else GENERATED_MAX_NEW_TOKENS
 
 
 def _section_cls(name: str) -> type:

@@ -48,8 +48,11 @@ def test_training_refuses_a_contaminated_split_and_eval_reports_it(tmp_path):
     data.write_text("".join(json.dumps({"prompt": f"problem number {i} asks for the sum of {i} and {i + 1}",
                                         "answer": str(2 * i + 1)}) + "\n" for i in range(20)))
     same = [f"task.name=dataset", f"task.data={data}", f"task.eval_data={data}"]  # held-out = training rows
-    with pytest.raises(ConfigError, match=r"task.max_contamination: 20 of 20 held-out prompts \(100.0%\)"):
+    with pytest.raises(ConfigError, match=r"task.max_contamination: 20 of 20 held-out prompts \(100.0%\)") as refused:
         build_task(config.load(None, same))
+    # task.eval_data is set already: the hint is to remove the overlap, not to name a held-out file
+    assert "Remove those prompts from task.data or task.eval_data" in str(refused.value)
+    assert "Separate the splits" not in str(refused.value)
     assert build_task(config.load(None, [*same, "task.max_contamination=1"])).contamination is None  # unchecked
     reported = build_task(config.load(None, same), refuse_contaminated=False).contamination
     assert reported["contamination_contaminated_frac"] == 1.0

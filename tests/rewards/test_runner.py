@@ -242,3 +242,26 @@ def test_a_module_in_the_current_directory_or_the_run_folder_imports_without_pyt
             r.close()
     with pytest.raises(ConfigError, match="cannot import 'my_rewards_in_run:score'"):
         build.make_runner(tiny_cfg(), "my_rewards_in_run:score", "task.verifier", None)  # not without the run folder
+
+
+def test_a_reward_function_named_by_file_path(tmp_path):
+    # verl names its reward function by file (custom_reward_function.path + .name): file.py:function
+    (tmp_path / "my_reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                           "    return float(solution_str.strip() == ground_truth)\n")
+    r = VerifierRunner(f"{tmp_path / 'my_reward.py'}:compute_score", timeout_s=5)
+    rewards, _, _ = r.score(FakeBatch(["7", "8"], [{"reward_model": {"ground_truth": "7"}}] * 2))
+    r.close()
+    assert rewards.tolist() == [1.0, 0.0]
+
+
+def test_a_missing_column_is_named_with_the_columns_there_are():
+    # TRL passes dataset columns as keywords: a function that wants `solution` from rows that have `answer`
+    r = VerifierRunner("toy_verifiers:wants_solution", timeout_s=5)
+    _, infos, m = r.score(FakeBatch(["a", "b"]))
+    r.close()
+    assert m["verifier/errors"] == 2
+    assert "needs the column 'solution', which the rows do not have (their columns: answer)" in infos[0]["error"]
+    r = VerifierRunner("toy_verifiers:reads_solution", timeout_s=5)  # verifier-style: row["solution"]
+    _, infos, _ = r.score(FakeBatch(["a"]))
+    r.close()
+    assert "KeyError: 'solution': the row has no such column (its keys: answer)" in infos[0]["error"]

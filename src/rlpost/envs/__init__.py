@@ -85,7 +85,9 @@ def build_task(cfg, refuse_contaminated: bool = True) -> Task:
         raise ConfigError(f"task.max_contamination: {found['contamination_contaminated']} of {found['contamination_checked']} held-out "
                           f"prompts ({found['contamination_contaminated_frac']:.1%}) are in the training prompts (n-gram overlap, "
                           f"envs/decontam.py), above {t.max_contamination:g}; e.g. {found['contamination_examples'][0][:80]!r}. "
-                          "Separate the splits (task.eval_data), or raise task.max_contamination to accept it")
+                          + ("Remove those prompts from task.data or task.eval_data" if t.eval_data else
+                             "Separate the splits (task.eval_data names a held-out file of your own)")
+                          + ", or raise task.max_contamination to accept it")
     # The verifier is imported only in its worker processes (rewards/runner.py), whose first start
     # is the dry call that turns a bad path into one line before training.
     verifier = MIX_VERIFIER if mix else t.verifier or DEFAULT_VERIFIER[t.name]

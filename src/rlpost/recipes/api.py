@@ -188,6 +188,12 @@ def _text(value: Any) -> str:
 
 def _rows(dataset: Iterable[dict]) -> list[dict]:
     """Rows as plain dicts; ``messages`` (chat ending with the user turn) becomes the prompt."""
+    if isinstance(dataset, dict) or isinstance(dataset, (str, Path)):  # a DatasetDict is a dict of splits
+        splits = list(dataset) if isinstance(dataset, dict) else []
+        raise ConfigError(f"dataset: a {type(dataset).__name__}" + (
+            f" of splits ({', '.join(map(str, splits))}); pass one split, e.g. train_dataset=ds[{splits[0]!r}]"
+            + (f", eval_dataset=ds[{splits[1]!r}]" if len(splits) > 1 else "") if splits else
+            "; pass rows (a list of dicts or a datasets.Dataset), or a file as overrides={'task.data': path}"))
     rows = []
     for r in dataset:
         r = dict(r)
@@ -223,6 +229,9 @@ class Registry:
             return fn
         if not callable(fn):
             raise ConfigError(f"reward_funcs: expected 'module:function' strings or callables, got {type(fn).__name__}")
+        if hasattr(fn, "config") and hasattr(fn, "forward"):  # TRL takes a reward model among its reward functions
+            raise ConfigError(f"reward_funcs: a model object ({type(fn).__name__}); a reward model goes in task.reward_model: "
+                              "save it with save_pretrained and pass overrides={'task.reward_model': folder}")
         name = getattr(fn, "__name__", "")
         if not name.isidentifier() or name in self.funcs or name.startswith("_"):
             name = fallback  # lambdas, duplicates: the logs name it reward_<i>

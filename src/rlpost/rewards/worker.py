@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import importlib
+import importlib.util
 import inspect
 import math
 import os
@@ -113,11 +114,19 @@ class TrainerState:
 
 
 def import_function(path: str):
-    """The function named by 'package.module:function'."""
-    module, _, name = path.partition(":")
+    """The function named by 'package.module:function', or by '/path/to/file.py:function' (verl names
+    its reward function by file; config loading made the path absolute, defaults.py)."""
+    module, _, name = path.rpartition(":")
     if not module or not name:
         raise ValueError(f"{path!r}: expected 'module:function'")
-    fn = getattr(importlib.import_module(module), name)
+    if module.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(os.path.basename(module)[:-3], module)
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = loaded  # pickling and dataclasses look a function's module up by name
+        spec.loader.exec_module(loaded)
+    else:
+        loaded = importlib.import_module(module)
+    fn = getattr(loaded, name)
     if not callable(fn):
         raise TypeError(f"{path!r} is a {type(fn).__name__}, not a function")
     return fn
@@ -137,6 +146,10 @@ def style_of(fn) -> str:
 
 class BadReward(Exception):
     """A reward that is not a finite real number."""
+
+
+class MissingColumn(Exception):
+    """A reward function that reads a column the rows do not have."""
 
 
 def to_reward(value) -> float:
@@ -173,6 +186,16 @@ def call_one(fn, style: str, completion: str, row: dict) -> tuple[float, dict]:
     return to_reward(reward), info
 
 
+def missing_columns(fn, given: set[str]) -> list[str]:
+    """The parameters of a TRL-style function that have no default and that nothing passes."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in given]
+
+
 def call_batch(fn, request: dict) -> list:
     """TRL's call; per completion a float, NOT_APPLICABLE (None) or ('error', message)."""
     rows, n = request["rows"], len(request["rows"])
@@ -181,6 +204,11 @@ def call_batch(fn, request: dict) -> list:
     prompts = [r.get("prompt", r.get("messages")) for r in rows]
     completions = [[{"role": "assistant", "content": c}] if isinstance(p, list) else c
                    for p, c in zip(prompts, request["completions"])]
+    missing = missing_columns(fn, {"prompts", "completions", "completion_ids", "trainer_state", *columns})
+    if missing:  # TRL passes dataset columns as keywords: a column the rows lack is a TypeError deep in the call
+        raise MissingColumn(f"needs the column {missing[0]!r}, which the rows do not have (their columns: "
+                            f"{', '.join(sorted(columns)) or 'none but the prompt'}); add it to the data, or give the "
+                            "parameter a default")
     out = fn(prompts=prompts, completions=completions, completion_ids=request["completion_ids"], **columns,
              trainer_state=request["trainer_state"])
     out = list(out)
@@ -239,6 +267,10 @@ def _handle(fn, style: str, request: dict):
     except BaseException as e:  # noqa: BLE001 - any failure of user code is a scored 0, SystemExit too
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)  # every failure's traceback in the log
+        row = request.get("row") or {}
+        if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) and row and e.args[0] not in row:
+            return ("error", f"KeyError: {e.args[0]!r}: the row has no such column (its keys: "
+                    f"{', '.join(k for k in row if not k.startswith('_'))})", text)
         return ("error", f"{type(e).__name__}: {e}", text)
 
 

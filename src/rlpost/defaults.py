@@ -1,0 +1,68 @@
+"""What a config fills in when it is loaded, once, so that config.yaml holds the values the run used
+and ``rlpost eval RUN`` or ``--resume`` read the same ones from any folder:
+
+  rollout.max_new_tokens=0   the cap that follows the task: 16 for the generated tasks, 256 for rows
+                             of your own (task.data)
+  task.verifier, task.reward_funcs   a reward function named by file (``my_reward.py:compute_score``,
+                             verl's ``custom_reward_function.path`` and ``.name`` in one) gets its
+                             absolute path; an entry that names no function is refused here with
+                             what it looks like it meant (a reward model folder: task.reward_model)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from rlpost.sections import Config, ConfigError
+
+# rollout.max_new_tokens=0: the cap follows the task. The generated tasks' answers are a few tokens
+# (the demo's 16); rows of the user's own (task.data) get TRL's GRPOConfig default
+# max_completion_length, 256: the demo's 16 cut off 87.5% of a verl user's first run's answers.
+GENERATED_MAX_NEW_TOKENS = 16
+USER_DATA_MAX_NEW_TOKENS = 256
+
+
+def fill(cfg: Config) -> Config:
+    """cfg with the defaults that follow the task and the reward functions' file paths filled in."""
+    t = cfg.task
+    task = dataclasses.replace(t, verifier=function_path(t.verifier, "task.verifier"),
+                               reward_funcs=",".join(function_path(f.strip(), "task.reward_funcs")
+                                                     for f in t.reward_funcs.split(",") if f.strip()))
+    tokens = cfg.rollout.max_new_tokens or default_max_new_tokens(bool(t.data))
+    return dataclasses.replace(cfg, task=task, rollout=dataclasses.replace(cfg.rollout, max_new_tokens=tokens))
+
+
+def default_max_new_tokens(user_data: bool) -> int:
+    """What rollout.max_new_tokens=0 becomes: rows of your own (task.data) or a generated task."""
+    return USER_DATA_MAX_NEW_TOKENS if user_data else GENERATED_MAX_NEW_TOKENS
+
+
+def function_path(spec: str, key: str) -> str:
+    """'module:function' as it is; 'file.py:function' with the file's absolute path (the verifier
+    worker loads it from there, whatever folder a later eval or resume runs in); anything else a
+    ConfigError saying what to write instead."""
+    if not spec:
+        return spec
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise ConfigError(f"{key}: {spec!r} names no function; expected 'module:function' or 'file.py:function'"
+                          f"{what_it_looks_like(spec, key)}")
+    if not target.endswith(".py"):
+        return spec
+    file = Path(target).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"{key}: no file {target} (from {Path.cwd()}); expected 'file.py:function' or 'module:function'")
+    return f"{file.resolve()}:{name}"
+
+
+def what_it_looks_like(spec: str, key: str) -> str:
+    """The hint for a reward spec without a function: a model folder or hub id (TRL takes a reward
+    model's name among its reward functions), or a file without its function (verl names it apart)."""
+    path = Path(spec)
+    if spec.endswith(".py"):
+        return f", e.g. {key}={spec}:compute_score (verl's custom_reward_function.name goes after the colon)"
+    if path.is_dir() or (not path.suffix and "/" in spec):
+        return (f"; {spec} looks like a reward model (a model folder or hub id): that goes in task.reward_model={spec} "
+                "(rlpost.Trainer: overrides={'task.reward_model': ...})")
+    return ""
