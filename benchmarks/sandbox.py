@@ -33,6 +33,7 @@ import json, os, statistics, sys, threading, time, warnings
 warnings.simplefilter("ignore")
 backend, n = sys.argv[1], int(sys.argv[2])
 os.environ["RLPOST_SANDBOX"] = {"rlimits": "rlimit"}.get(backend, backend)  # the old code reads only this
+os.environ["RLPOST_SANDBOX_ALLOW_ROOT"] = "1"  # measured on purpose, as root too (issue 41's refusal)
 from rlpost.envs import code
 try:
     from rlpost import sandbox  # rlpost/sandbox/ since issue 41
@@ -41,7 +42,7 @@ except ImportError:
 new = hasattr(sandbox, "resolve_backend")
 rows = [code.make_row(t, t.space[len(t.space) // 2]) for t in code.TEMPLATES]
 def stamp(row, k):
-    return {**row, "sandbox": {"backend": backend, "parallel": k}} if new else row
+    return {**row, "sandbox": {"backend": backend, "parallel": k, "allow_root": True}} if new else row
 def answer(row):
     return "```python\n" + row["answer"] + "```"
 def ms(f, k):

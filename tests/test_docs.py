@@ -62,6 +62,8 @@ NOT_IN_REPO = {
     "requirements.txt", "convert_hf_to_gguf.py", "my-run.gguf", "adapter_model.safetensors",
     # the file names a code task's program and harness get inside the sandbox
     "main.py", "solution.py",
+    # modules Python imports at start-up or by name, which a hostile program could leave on an import path
+    "sitecustomize.py", "pickle.py",
 }
 # Dotted names that are neither Python nor config: files of the kernel's cgroup interface.
 NOT_PYTHON = {"pids.max", "cgroup.kill", "memory.max", "cgroup.procs",

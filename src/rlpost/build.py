@@ -122,7 +122,8 @@ def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool,
 def make_runner(cfg: config.Config, path: str, key: str, run_dir: Path | None = None) -> VerifierRunner:
     """Worker processes for the reward function at ``path`` (named by config ``key``). The run
     folder and the current directory come first on their sys.path, so a module of yours next to
-    the recipe or in the run folder imports without PYTHONPATH."""
+    the recipe or in the run folder imports without PYTHONPATH; either is left out (and the
+    console says so) where a sandboxed program could write it (runner.safe_import_paths)."""
     t = cfg.task
     return VerifierRunner(path, verifier_timeout(cfg), workers=default_workers(t.verifier_workers), key=key,
                           memory_mb=t.verifier_memory_mb, log_path=Path(run_dir) / "verifier.log" if run_dir else None,

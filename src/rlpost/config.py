@@ -406,7 +406,8 @@ RESUMABLE = {
             "progress", "loggers", "stop_grace_s"),
     "trainer": ("lr", "max_grad_norm", "micro_batch_size", "max_nonfinite_steps"),
     "algo": ("critic_lr",),
-    "task": ("verifier_timeout_s", "verifier_workers", "verifier_memory_mb", "max_reward_error_frac", "sandboxes"),
+    "task": ("verifier_timeout_s", "verifier_workers", "verifier_memory_mb", "max_reward_error_frac", "sandboxes",
+             "sandbox_allow_root"),
     "dist": ("rollout_threads", "trainer_threads", "ray_address"),
     "offload": ("reference", "critic", "reward_model"),  # where weights wait between uses, not what they are
 }

@@ -7,6 +7,7 @@ Sandbox runs use bubblewrap (skipped where it cannot run) except where a test na
 """
 
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ from rlpost.envs.grading import CallTest, IoTest, Refused, canon, decode, parse_
 from rlpost.rewards.runner import VerifierRunner
 from rlpost.sections import ConfigError
 
+ROOT = os.geteuid() == 0
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(10, 1) == 11", "assert add(7, 7) == 14"]
 FAST = {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 256}
 ADD_ROW = {"tests": ADD_TESTS, "limits": FAST}
@@ -38,12 +40,14 @@ def test_accepted_test_forms_parse_to_inputs_and_expected_values():
     assert parse_test("assert f('a') is None").expected is None
     assert parse_test("assert is_even(4)").check == "truthy"
     assert parse_test("assert not is_even(3)").check == "falsy"
-    t = parse_test("assert math.isclose(area(2.0), 12.566, rel_tol=0.001)")
-    assert (t.fn, t.expected, t.rel_tol, t.abs_tol) == ("area", 12.566, 0.001, 0.0)
+    t = parse_test("assert math.isclose(area(2.0), 12.566, rel_tol=0.001)")  # abs_tol: isclose's default, 0
+    assert (t.fn, t.expected, t.tol) == ("area", 12.566, (0.001, 0.0))
+    assert parse_test("assert math.isclose(area(2.0), 12.566)").tol == (1e-9, 0.0)  # Python's defaults
     t = parse_test("assert abs(root(2) - 1.4142) < 1e-4")
-    assert (t.fn, t.expected, t.rel_tol, t.abs_tol) == ("root", 1.4142, 0.0, 1e-4)
+    assert (t.fn, t.expected, t.tol) == ("root", 1.4142, (0.0, 1e-4))
     t = parse_test({"call": "f({1, 2}, b'x')", "expected": {"k": [1, 2]}, "abs_tol": 0.5})
-    assert (t.args, t.expected, t.abs_tol) == ("({1, 2}, b'x', )", {"k": [1, 2]}, 0.5)
+    assert (t.args, t.expected, t.tol) == ("({1, 2}, b'x', )", {"k": [1, 2]}, (1e-9, 0.5))
+    assert parse_test("assert f(1) == 2").tol is None and parse_test({"call": "f(1)", "expected": 2}).tol is None
     assert parse_test({"stdin": "1 2\n", "stdout": "3"}) == IoTest("1 2\n", "3")
 
 
@@ -62,6 +66,9 @@ def test_accepted_test_forms_parse_to_inputs_and_expected_values():
     ({"call": "f(1)"}, "expected"),
     ({"stdin": 3, "stdout": "3"}, "strings"),
     (42, "a test is"),
+    ({"call": "f(1)", "expected": 1.0, "abs_tol": -1}, "tolerance"),
+    ("assert math.isclose(f(1), 2.0, rel_tol=float('nan'))", "not a literal"),
+    ({"call": "f(1)", "expected": 1.0, "rel_tol": "x"}, "tolerance"),
 ])
 def test_tests_that_would_run_code_in_the_program_interpreter_are_refused(test, why):
     with pytest.raises(Refused, match=why):
@@ -71,20 +78,27 @@ def test_tests_that_would_run_code_in_the_program_interpreter_are_refused(test, 
 # --- values and the equality rule ----------------------------------------------------------------
 
 
-def test_equality_rule():
-    # floats by tolerance: |0.1 + 0.2 - 0.3| = 5.6e-17 <= max(1e-6 * 0.3, 1e-9)
-    assert same(0.1 + 0.2, 0.3) and same(3, 3.0) and same(3.0000001, 3)  # 1e-7 <= 1e-6 * 3
-    assert not same(3.00001, 3)  # 1e-5 > 1e-6 * 3 = 3e-6
-    assert same(1e-10, 0.0) and not same(1e-8, 0.0)  # near zero only abs_tol = 1e-9 applies
-    assert same(1.0, 1.05, rel_tol=0.1) and same(float("nan"), float("nan")) and not same(float("nan"), 1.0)
-    # bool is not a number, None is only None; ints exactly, even beyond float range
+def test_equality_rule_is_exact_where_python_is():
+    # ints: exact, as Python compares; a float only when it is exactly the int (4.0 == 4)
+    assert same(3, 3) and same(3.0, 3) and not same(3.0000001, 3) and not same(2.9999999999999996, 3)
+    big = 10 ** 17 + 1  # float(big) == 1e17, within 1e-6 (and 1e-9) of it relatively: a tolerance would pass it
+    assert same(big, big) and not same(1e17, big) and not same(float(10 ** 17), big)
+    assert same(10 ** 400, 10 ** 400) and not same(10 ** 400 + 1, 10 ** 400) and not same(1e300, 10 ** 400)
+    # bool is never a number, None only None, in either direction and inside containers
     assert not same(1, True) and not same(True, 1) and not same(0, None) and same(True, True)
-    assert same(10 ** 400, 10 ** 400) and not same(10 ** 400 + 1, 10 ** 400) and not same(10 ** 400, 1e300)
-    # containers: tuples are lists, dicts by keys then values, sets exactly
+    assert not same([True, False], [1, 0]) and not same(canon({1: "a"}), canon({True: "a"}))
+    assert not same(canon({True, 2}), canon({1, 2})) and same(canon({True, 2}), canon({2, True}))
+    # floats with no stated tolerance: math.isclose's defaults, rel_tol 1e-9, abs_tol 0
+    # 0.1 + 0.2 - 0.3 = 5.6e-17 <= 1e-9 * 0.3; 0.3000001 - 0.3 = 1e-7 > 3e-10; near 0 nothing but 0
+    assert same(0.1 + 0.2, 0.3) and not same(0.3000001, 0.3) and same(3, 3.0) and not same(1e-12, 0.0)
+    # a stated tolerance is used as stated: |1.05 - 1.0| = 0.05 <= 0.1 * 1.05; |3.2 - 3| = 0.2 > 0.1
+    assert same(1.0, 1.05, (0.1, 0.0)) and same(3.05, 3, (0.0, 0.1)) and not same(3.2, 3, (0.0, 0.1))
+    assert same(float("nan"), float("nan")) and not same(float("nan"), 1.0) and not same(1.0, float("nan"))
+    # containers: tuples are lists, dicts by keys then values, sets exactly; floats inside at the same rule
     assert same(canon((1, 2)), canon([1, 2])) and not same([1, 2], [2, 1]) and not same([1], [1, 1])
-    assert same({"a": 1.0000000001}, {"a": 1}) and not same({"a": 1}, {"a": 1, "b": 2}) and not same([1], {1: 1})
-    assert same(canon({1, 2}), canon(frozenset([2, 1]))) and not same(canon({1, 2}), [1, 2])
-    assert same("ab", "ab") and not same("ab", b"ab") and not same("1", 1)
+    assert same({"a": 1.0000000000001}, {"a": 1.0}) and not same({"a": 1.0001}, {"a": 1}) and not same([1], {1: 1})
+    assert not same({"a": 1}, {"a": 1, "b": 2}) and same(canon({1, 2}), canon(frozenset([2, 1])))
+    assert not same(canon({1, 2}), [1, 2]) and same("ab", "ab") and not same("ab", b"ab") and not same("1", 1)
 
 
 def test_decode_accepts_only_what_the_harness_encoder_writes():
@@ -96,8 +110,20 @@ def test_decode_accepts_only_what_the_harness_encoder_writes():
             decode(forged)
     # A forged report is only a claimed value: it passes exactly when the claim is right.
     t = parse_test("assert add(1, 2) == 3")
-    assert grading.judge(t, {"v": 3}) == "pass" and grading.judge(t, {"v": True}) == "fail"
-    assert grading.judge(t, {"r": "pass"}) == "fail" and grading.judge(t, {"v": {"$set": [{"$dict": []}]}}) == "bad_report"
+    assert grading.judge(t, {"v": 3}) == ("pass", "") and grading.judge(t, {"v": True}) == ("fail", "")
+    assert grading.judge(t, {"r": "pass"}) == ("bad_report", "")
+    assert grading.judge(t, {"v": {"$set": [{"$dict": []}]}}) == ("bad_report", "")
+
+
+@pytest.mark.parametrize("report", [
+    {"raised": "pass"}, {"e": "pass"}, {"unserializable": "pass"}, {"status": "pass"}, {"raised": "pass", "v": 4},
+    {"program_raised": "pass"}, {"v": "pass"}, {"v": 3.0000001}, {"v": [3]}, {"v": {"$set": [3]}},
+])
+def test_no_text_in_a_report_is_ever_a_pass(report):
+    """Whatever a report names, it passes only with the right value; a name is at most a message."""
+    t = parse_test("assert add(1, 2) == 3")
+    status, message = grading.judge(t, report)
+    assert status in grading.STATUSES and status != "pass" and status != message
 
 
 # --- grading through the sandbox ----------------------------------------------------------------
@@ -114,7 +140,7 @@ def test_correct_wrong_and_partial_programs():
     # one call raising does not hide the others: 3/4, the second reports its exception name
     row = {"tests": [ADD_TESTS[0], "assert add('a', 1) == 2", *ADD_TESTS[2:]], "limits": FAST}
     reward, info = score(fenced("def add(a, b):\n    return a + b"), row)
-    assert reward == 0.75 and info["statuses"][1] == "TypeError"
+    assert reward == 0.75 and info["statuses"][1] == "raised" and info["messages"][1] == "TypeError"
     # a refused test is never passed, whatever the program does
     row = {"tests": [ADD_TESTS[0], "xs = [1]; assert add(*xs) == 1"], "limits": FAST}
     assert score(fenced("def add(a, b=0):\n    return a + b"), row)[1]["statuses"] == ["pass", "refused"]
@@ -127,10 +153,15 @@ def test_result_types_and_tolerances_end_to_end():
             "def loud(x):\n    print('noise', x)\n    return x")
     tests = ["assert pair(1) == (1, [1])", "assert counts('aab') == {'a': 2, 'b': 1}", "assert third(1) == 0.3333333",
              "assert uniq([2, 1, 2]) == {1, 2}", "assert obj(1) == 1", "assert third(1) == 1 / 3 + 1e-3",
-             {"call": "pair(2)", "expected": [2, [2]]}, "assert loud(5) == 5", "assert not pair(0)"]
+             {"call": "pair(2)", "expected": [2, [2]]}, "assert loud(5) == 5", "assert not pair(0)",
+             "assert math.isclose(third(1), 0.3333333, rel_tol=1e-6)", "assert third(3) == 1", "assert third(1.5) == 1"]
     reward, info = score(fenced(prog), {"tests": tests, "limits": FAST})
-    # 0.3333333 is within 1e-6 relative of 1/3; 1/3 + 1e-3 is not a literal (refused); object() cannot leave
-    assert info["statuses"] == ["pass", "pass", "pass", "pass", "unserializable:object", "refused", "pass", "pass", "fail"]
+    # 0.3333333 is 1e-7 relative from 1/3: not within isclose's default 1e-9, within a stated 1e-6;
+    # 1/3 + 1e-3 is not a literal (refused); object() cannot leave; 3 / 3 = 1.0 is exactly the int 1,
+    # 1.5 / 3 = 0.5 is not
+    assert info["statuses"] == ["pass", "pass", "fail", "pass", "unserializable", "refused", "pass", "pass", "fail",
+                                "pass", "pass", "fail"]
+    assert info["messages"][4] == "object"
     assert "noise 5" in info["stderr_tail"]  # the program's prints go to stderr, never to the report channel
 
 
@@ -149,8 +180,8 @@ def test_expected_values_never_enter_the_sandbox():
            "print('inputs', mark(b'input') in text, b'12345' in text, 'expected', mark(b'expected') in text)\n"
            "def f(x):\n    return x")
     tests = ["assert f(12345) == 'zq-expected-1'", {"call": "f('in')", "expected": "zq-expected-2"}, "assert not f('zq-input-3')"]
-    statuses, res = grading.run_calls(extract_program(fenced(spy)), [parse_test(t) for t in tests],
-                                      run.Limits(**FAST), "bwrap", 0)
+    statuses, _, res = grading.run_calls(extract_program(fenced(spy)), [parse_test(t) for t in tests],
+                                         run.Limits(**FAST), "bwrap", 0)
     assert statuses == ["fail", "fail", "fail"] and res.status == "ok"
     assert res.stderr == "inputs True True expected False\n", res.stderr  # the program's print goes to stderr
     assert "zq-expected" not in res.stdout
@@ -159,7 +190,7 @@ def test_expected_values_never_enter_the_sandbox():
 @needs_bwrap
 def test_program_that_does_not_even_run_scores_zero():
     reward, info = score(fenced("def add(a, b)\n    return a + b"), ADD_ROW)
-    assert reward == 0.0 and info["statuses"] == ["program:SyntaxError"] * 4
+    assert reward == 0.0 and info["statuses"] == ["program_raised"] * 4 and info["messages"] == ["SyntaxError"] * 4
     assert score("I don't know.", ADD_ROW)[0] == 0.0
 
 
@@ -214,7 +245,7 @@ def test_splits_are_fixed_disjoint_and_cover_every_template():
 
 
 def tcfg(**kw):
-    return SimpleNamespace(**{"sandbox": "bwrap", "sandboxes": 0, "on_bad_row": "refuse", **kw})
+    return SimpleNamespace(**{"sandbox": "bwrap", "sandboxes": 0, "on_bad_row": "refuse", "sandbox_allow_root": False, **kw})
 
 
 def test_code_task_refuses_to_start_without_bubblewrap(monkeypatch):
@@ -224,8 +255,25 @@ def test_code_task_refuses_to_start_without_bubblewrap(monkeypatch):
         prepare(rows, rows, tcfg())
     msg = str(e.value)
     assert "\n" not in msg and "apt-get install bubblewrap" in msg and "task.sandbox=rlimits" in msg
-    train, heldout, dropped = prepare(rows, rows, tcfg(sandbox="rlimits", sandboxes=3))  # asked for: allowed
-    assert dropped == 0 and train[0]["sandbox"] == {"backend": "rlimits", "parallel": 3} and "sandbox" not in rows[0]
+    train, heldout, dropped = prepare(rows, rows, tcfg(sandbox="rlimits", sandboxes=3, sandbox_allow_root=ROOT))
+    assert dropped == 0 and train[0]["sandbox"] == {"backend": "rlimits", "parallel": 3, "allow_root": ROOT}
+    assert "sandbox" not in rows[0]
+
+
+@pytest.mark.skipif(not ROOT, reason="the refusal is for root")
+def test_rlimits_as_root_refuses_unless_allowed_and_says_once_what_it_lacks(capsys, monkeypatch):
+    from rlpost import console
+
+    monkeypatch.setattr(console, "_said", set())  # what earlier tests had said
+    rows = [make_row(TEMPLATES[0], TEMPLATES[0].space[0])]
+    with pytest.raises(ConfigError, match="^task.sandbox_allow_root: refusing .* as root") as e:
+        prepare(rows, rows, tcfg(sandbox="rlimits"))
+    assert "\n" not in str(e.value)
+    for _ in range(2):  # twice: said once
+        prepare(rows, rows, tcfg(sandbox="rlimits", sandbox_allow_root=True))
+    said = [line for line in capsys.readouterr().err.splitlines() if "task.sandbox=rlimits (as root)" in line]
+    assert len(said) == 1 and all(phrase in said[0] for phrase in run.unprotected("rlimits"))
+    assert "the network" in said[0] and "the task's data" in said[0]
 
 
 def test_a_row_without_sandbox_settings_is_graded_under_bwrap_or_not_at_all(monkeypatch):
@@ -252,16 +300,34 @@ def test_build_task_code_refuses_without_bubblewrap(monkeypatch):
     with pytest.raises(ConfigError, match="apt-get install bubblewrap"):
         build_task(config.load(None, ["task.name=code", "task.n_train=4", "task.n_heldout=2"]))
     task = build_task(config.load(None, ["task.name=code", "task.n_train=4", "task.n_heldout=2", "task.sandbox=rlimits",
-                                         "task.sandboxes=2"]))
-    assert task.train[0]["sandbox"] == {"backend": "rlimits", "parallel": 2}
+                                         "task.sandboxes=2", f"task.sandbox_allow_root={str(ROOT).lower()}"]))
+    assert task.train[0]["sandbox"] == {"backend": "rlimits", "parallel": 2, "allow_root": ROOT}
 
 
 # --- the real path -------------------------------------------------------------------------------
 
 
-@needs_bwrap
-def test_hostile_completions_through_the_verifier_runner():
-    """The real path: the runner's worker process runs score(), which runs the sandbox."""
+FORGERIES = [  # each writes "pass" somewhere a grader might read a status from, and computes nothing
+    "def add(a, b):\n    raise type('pass', (Exception,), {})()",
+    "import os\nfor fd in range(1, 64):\n    try:\n        os.write(fd, b''.join(b'{\"i\": %d, \"raised\": \"pass\", \"e\": \"pass\"}\\n' % i"
+    " for i in range(4)))\n    except OSError:\n        pass\nos._exit(0)",
+    "import sys\ndef t(frame, event, arg):\n    for v in list(frame.f_locals.values()):\n        if type(v) is dict and 'i' in v:\n"
+    "            v.update({'raised': 'pass', 'e': 'pass'}); v.pop('v', None)\n    return t\nsys.settrace(t)\n"
+    "f = sys._getframe(1)\nwhile f:\n    f.f_trace = t\n    f = f.f_back\ndef add(a, b):\n    return a - b",
+    "def add(a, b):\n    return float(a + b) * (1 + 1e-7)",  # a float near each int answer
+]
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "rlimits"])
+def test_hostile_completions_through_the_verifier_runner(backend):
+    """The real path: the runner's worker processes run score(), which runs the sandbox; hostile
+    and correct completions interleaved, 2 workers, 2 sandboxes. (tests/envs/test_hostile.py has
+    the whole campaign, both backends, marked slow.)"""
+    if backend == "bwrap" and not run.bwrap_works():
+        pytest.skip("bubblewrap is missing or cannot run here")
+    if backend == "rlimits" and not ROOT:
+        pytest.skip("rlimits as a user shares the worker's uid: a program can kill it (parent_protected)")
+
     class Batch:  # the runner reads only these two fields of a Rollouts
         def __init__(self, completions, rows):
             self.completions, self.rows = completions, rows
@@ -269,16 +335,21 @@ def test_hostile_completions_through_the_verifier_runner():
     hostile = [fenced("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
                fenced("while True:\n    print('x' * 10**6)"), fenced("x = bytearray(10 * 1024**3)"),
                fenced("import os\nos.kill(os.getppid(), 9)\nos.killpg(os.getpgid(os.getppid()), 9)"),
-               fenced("class A:\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return A()")]
+               fenced("class A:\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return A()"),
+               *map(fenced, FORGERIES)]
     good = fenced("def add(a, b):\n    return a + b")
-    row = {"tests": ADD_TESTS, "limits": {"wall_s": 2.0, "memory_mb": 128}, "sandbox": {"backend": "bwrap", "parallel": 2}}
-    runner = VerifierRunner("rlpost.envs.code:score", timeout_s=15)
+    completions = [c for h in hostile for c in (h, good)]
+    row = {"tests": ADD_TESTS, "limits": {"wall_s": 2.0, "memory_mb": 128},
+           "sandbox": {"backend": backend, "parallel": 2, "allow_root": True}}
+    runner = VerifierRunner("rlpost.envs.code:score", timeout_s=15, workers=2)
     try:
-        rewards, infos, metrics = runner.score(Batch([*hostile, good], [row] * (len(hostile) + 1)))
-        assert rewards.tolist() == [0.0] * len(hostile) + [1.0]
+        rewards, infos, metrics = runner.score(Batch(completions, [row] * len(completions)))
+        assert rewards.tolist() == [0.0, 1.0] * len(hostile), infos
         assert metrics["verifier/errors"] == 0 and metrics["verifier/timeouts"] == 0
+        assert all(set(info["statuses"]) <= set(grading.STATUSES) and "pass" not in info["statuses"]
+                   for info in infos[::2])
         worker = runner.pids()
-        rewards, _, _ = runner.score(Batch([good], [row]))  # still working, same worker
+        rewards, _, _ = runner.score(Batch([good], [row]))  # still working, same workers
         assert rewards.tolist() == [1.0] and runner.pids() == worker
     finally:
         runner.close()
@@ -287,4 +358,5 @@ def test_hostile_completions_through_the_verifier_runner():
 def test_isclose_default_abs_tol_is_zero_as_in_python():
     # math.isclose's own default abs_tol is 0: a test written with it means exactly that
     t = parse_test("assert math.isclose(f(1), 0.0)")
-    assert t.abs_tol == 0.0 and not same(1e-12, t.expected, t.rel_tol, t.abs_tol) and math.isclose(0.0, t.expected)
+    assert t.tol == (1e-9, 0.0) and not same(1e-12, t.expected, t.tol) and math.isclose(0.0, t.expected)
+    assert not math.isclose(1e-12, 0.0)  # what Python itself says of the same two numbers

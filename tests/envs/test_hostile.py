@@ -8,30 +8,34 @@
 * stay within its limits (the run's cgroup peak memory under the cap, the wall time bounded).
 
 A program headed ``# requires: G`` is contained only where guarantee G holds; under a backend
-without G (rlimits lacks network, filesystem and IPC isolation) it is skipped, naming G. The
-programs run concurrently (4 sandboxes), interleaved with correct programs that must all score
-1.0: nothing one program does may cost another its reward. Small limits keep the whole suite
-around 30 s on 2 cores.
+without G (rlimits lacks network, filesystem and IPC isolation) it is skipped, naming G. One
+headed ``# tests: [...]`` is graded against those tests (the exactness programs) instead of add's.
+The programs run concurrently (4 sandboxes), interleaved with correct programs that must all
+score 1.0: nothing one program does may cost another its reward. Small limits keep the whole
+suite around 60 s on 2 cores. A second batch sends the status forgeries, exactness and clean-up
+programs through the verifier runner itself (3 worker processes, 4 sandboxes), as a run does.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import glob
 import json
 import os
 import re
 import socket
 import subprocess
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from rlpost.sandbox import isolation, run
+from rlpost.envs import grading
 from rlpost.envs.code import score
+from rlpost.rewards.runner import VerifierRunner
+from rlpost.sandbox import hostdir, isolation, run, slots
 
 HOSTILE = Path(__file__).parent / "hostile"
 PROGRAMS = sorted(p.stem for p in HOSTILE.glob("*.py"))
@@ -52,11 +56,17 @@ def header(name: str) -> tuple[str, list[str]]:
     return form, [g.strip() for g in requires[1].split(",")] if requires else []
 
 
+def graded_tests(name: str, form: str) -> list:
+    """The tests a program is graded against: its '# tests:' line (JSON), else add's."""
+    own = re.search(r"^# tests: (.+)$", (HOSTILE / f"{name}.py").read_text(), re.M)
+    return json.loads(own[1]) if own else CALL_TESTS if form == "call" else IO_TESTS
+
+
 def test_suite_covers_every_class_of_the_issue():
     prefixes = {p.split("_")[0] for p in PROGRAMS}
     assert len(PROGRAMS) >= 40
     assert {"hack", "loop", "bomb", "flood", "net", "secret", "write", "kill", "daemon", "ptrace", "ipc",
-            "keyring", "priv", "cross"} <= prefixes
+            "keyring", "priv", "cross", "forge", "exact", "clean", "path", "proc"} <= prefixes
     for name in PROGRAMS:
         form, requires = header(name)
         assert form in ("call", "io") and set(requires) <= set(run.guarantees("bwrap")), name
@@ -124,25 +134,34 @@ def marked_files(mark: str) -> list[str]:
 
 def slot_uid_processes() -> list[int]:
     """Processes still running under a sandbox slot's uid (root only: otherwise uids are shared)."""
-    lo = isolation.SLOT_UID_BASE
+    lo = slots.SLOT_UID_BASE
     return [pid for pid, state, _, uid in isolation._processes() if lo <= uid < lo + 2048 and state not in "ZX"]
 
 
-def our_cgroups() -> list[str]:
-    host = isolation.cgroup_host()
-    bases = [b for b in (host.memory, host.pids, host.kill, host.cpu) if b] if host else []
-    return [p for b in bases for p in glob.glob(os.path.join(b, f"rlpost-{os.getpid()}-*"))]
+def left_in_registries() -> list[dict]:
+    """What the slots' registries still list (slots another process holds now are its own business)."""
+    left, folder = [], slots._slot_dir()
+    for i in range(PARALLEL):
+        fd = os.open(f"{folder}/slot-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            left += slots._read_registry(folder, i)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+    return left
 
 
 def sysv_segments_of_slots() -> list[str]:
-    lo = isolation.SLOT_UID_BASE
+    lo = slots.SLOT_UID_BASE
     with open("/proc/sysvipc/shm") as f:
         rows = [line.split() for line in f.readlines()[1:]]
     return [r[1] for r in rows if lo <= int(r[7]) < lo + 2048 or lo <= int(r[9]) < lo + 2048]
 
 
 def workdirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "rlpost-sbx-*")))
+    return set(os.listdir(hostdir.work_root()))
 
 
 def machine_allows() -> dict[str, bool]:
@@ -174,17 +193,17 @@ def batch(request, host):
     skipped = {n: [g for g in header(n)[1] if not have.get(g, True)] for n in PROGRAMS}
     skipped = {n: lacks for n, lacks in skipped.items() if lacks}
     marks = {n: f"rlpost-hostile-{n}-{os.urandom(4).hex()}" for n in PROGRAMS}
-    box = {"backend": backend, "parallel": PARALLEL}
-    rows = {form: {"tests": tests, "limits": LIMITS, "sandbox": box} for form, tests in (("call", CALL_TESTS), ("io", IO_TESTS))}
+    box = {"backend": backend, "parallel": PARALLEL, "allow_root": True}
 
     def grade(job):
-        name, form, completion = job
+        name, tests, completion = job
         t0 = time.monotonic()
-        reward, info = score(completion, rows[form])
+        reward, info = score(completion, {"tests": tests, "limits": LIMITS, "sandbox": box})
         return name, (reward, info, time.monotonic() - t0)
 
-    jobs = [(n, header(n)[0], source(n, values, marks[n])) for n in PROGRAMS if n not in skipped]
-    goods = [(f"good-{form}-{k}", form, GOOD[form]) for k in range(6) for form in ("call", "io")]
+    jobs = [(n, graded_tests(n, header(n)[0]), source(n, values, marks[n])) for n in PROGRAMS if n not in skipped]
+    goods = [(f"good-{form}-{k}", CALL_TESTS if form == "call" else IO_TESTS, GOOD[form])
+             for k in range(6) for form in ("call", "io")]
     step = max(1, len(jobs) // len(goods))
     for k, good in enumerate(goods):  # correct programs interleaved through the batch
         jobs.insert(k * (step + 1), good)
@@ -194,7 +213,7 @@ def batch(request, host):
     time.sleep(1.5)  # let anything that outlived its run show itself (the daemon acts after 1 s)
     connections = _accept_all(listener) + _accept_all(abstract)
     return {"backend": backend, "results": results, "skipped": skipped, "marks": marks, "connections": connections,
-            "leftover_workdirs": workdirs() - before, "cgroups": our_cgroups(), "sysv": sysv_segments_of_slots(),
+            "leftover_workdirs": workdirs() - before, "registries": left_in_registries(), "sysv": sysv_segments_of_slots(),
             "processes": slot_uid_processes() if os.geteuid() == 0 else []}
 
 
@@ -231,11 +250,63 @@ def test_correct_programs_graded_alongside_all_score_one(batch):
 
 def test_nothing_outlives_the_batch(batch):
     assert batch["connections"] == 0  # neither the loopback listener nor the abstract socket was reached
-    assert batch["leftover_workdirs"] == set() and batch["cgroups"] == [] and batch["sysv"] == []
+    assert batch["leftover_workdirs"] == set() and batch["registries"] == [] and batch["sysv"] == []
     assert batch["processes"] == []
 
 
 def test_a_correct_solution_still_scores_one_after_the_batch(batch):
-    row = {"tests": CALL_TESTS, "limits": LIMITS, "sandbox": {"backend": batch["backend"]}}
+    row = {"tests": CALL_TESTS, "limits": LIMITS, "sandbox": {"backend": batch["backend"], "allow_root": True}}
     reward, info = score(f"```python\n{GOOD['call']}```", row)
     assert reward == 1.0 and info["statuses"] == ["pass"] * 4 and "cleanup" not in info
+
+
+# --- the same attacks through the verifier runner: 3 worker processes, 4 sandboxes ------------------
+
+THROUGH_RUNNER = ("forge", "exact", "clean", "proc", "hack", "cross", "daemon", "kill")
+
+
+class Batch:  # the runner reads only these two fields of a Rollouts
+    def __init__(self, completions, rows):
+        self.completions, self.rows = completions, rows
+
+
+@pytest.fixture(scope="module", params=[pytest.param(b, marks=pytest.mark.slow) for b in run.BACKENDS])
+def runner_batch(request, host):
+    """The forgeries, exactness and clean-up programs (and the other reward hacks) as one batch of
+    a run: task.verifier_workers=3 worker processes scoring it, task.sandboxes=4, correct programs
+    interleaved; each completion is one verifier call with its deadline."""
+    backend = request.param
+    if backend == "bwrap" and not run.bwrap_works():
+        pytest.skip("bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)")
+    values, _, _ = host
+    have = run.guarantees(backend)
+    names = [n for n in PROGRAMS if n.split("_")[0] in THROUGH_RUNNER and all(have.get(g, True) for g in header(n)[1])]
+    marks = {n: f"rlpost-hostile-{n}-{os.urandom(4).hex()}" for n in names}
+    box = {"backend": backend, "parallel": PARALLEL, "allow_root": True}
+    jobs = [(n, graded_tests(n, header(n)[0]), source(n, values, marks[n])) for n in names]
+    for k in range(8):  # a correct program after every few hostile ones
+        jobs.insert(k * (len(names) // 8 + 1), (f"good-{k}", CALL_TESTS, f"```python\n{GOOD['call']}```"))
+    runner = VerifierRunner("rlpost.envs.code:score", timeout_s=30, workers=3)
+    try:
+        rewards, infos, metrics = runner.score(Batch([c for _, _, c in jobs],
+                                                     [{"tests": t, "limits": LIMITS, "sandbox": box} for _, t, _ in jobs]))
+    finally:
+        runner.close()
+    time.sleep(1.0)
+    return {"backend": backend, "rewards": dict(zip([n for n, _, _ in jobs], rewards.tolist())),
+            "infos": dict(zip([n for n, _, _ in jobs], infos)), "metrics": metrics, "marks": marks,
+            "registries": left_in_registries(), "processes": slot_uid_processes() if os.geteuid() == 0 else []}
+
+
+def test_through_the_runner_no_hostile_program_is_paid_and_every_correct_one_is(runner_batch):
+    paid = {n: (r, runner_batch["infos"][n]) for n, r in runner_batch["rewards"].items()
+            if not n.startswith("good-") and r != 0.0}
+    good = {n: r for n, r in runner_batch["rewards"].items() if n.startswith("good-")}
+    assert not paid, paid
+    assert len(good) == 8 and set(good.values()) == {1.0}, good
+    assert runner_batch["metrics"]["verifier/errors"] == 0 and runner_batch["metrics"]["verifier/timeouts"] == 0
+    for name, info in runner_batch["infos"].items():
+        assert set(info.get("statuses", [])) <= set(grading.STATUSES), (name, info)
+        assert "cleanup" not in info, (name, info["cleanup"])
+    assert not [m for m in runner_batch["marks"].values() if marked_files(m)]
+    assert runner_batch["registries"] == [] and runner_batch["processes"] == []

@@ -149,7 +149,7 @@ def test_each_row_is_scored_by_its_own_familys_rules():
     assert score(f"<answer>{gold}</answer>", row)[0] == 1.0 and score("<answer>nope</answer>", row)[0] < 1.0
     # a code row: its hidden tests, in the sandbox its row names (rlimits: runs where bubblewrap cannot)
     add = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], "limits": {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 256},
-           "sandbox": {"backend": "rlimits", "parallel": 1}, TASK_KEY: "code"}
+           "sandbox": {"backend": "rlimits", "parallel": 1, "allow_root": True}, TASK_KEY: "code"}
     assert score("```python\ndef add(a, b):\n    return a + b\n```", add)[0] == 1.0
     assert score("```python\ndef add(a, b):\n    return a * b\n```", add)[0] == 0.5  # 1*2 != 3, 2*2 == 4
     for bad in ({"answer": "1"}, {"answer": "1", TASK_KEY: "tools"}, {"answer": "1", TASK_KEY: "chess"}):

@@ -2,10 +2,13 @@
 dying, NaN-returning, memory-hungry verifiers; and the calling conventions (TRL, verl)."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -265,3 +268,55 @@ def test_a_missing_column_is_named_with_the_columns_there_are():
     _, infos, _ = r.score(FakeBatch(["a"]))
     r.close()
     assert "KeyError: 'solution': the row has no such column (its keys: answer)" in infos[0]["error"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox uid of its own (rlimits as root) is what writes here")
+def test_a_module_a_sandboxed_program_left_in_the_current_directory_is_never_imported(tmp_path, monkeypatch, capsys,
+                                                                                      request):
+    """The run starts in a folder every user can write. A program under rlimits (root: the run has
+    a uid of its own) leaves sitecustomize.py and pickle.py there; a verifier worker started
+    afterwards imports neither (it would at start-up, from PYTHONPATH, and via `python -c`'s ''),
+    and the console says why the folder is left out. Bubblewrap's programs can write no host path."""
+    from helpers import tiny_cfg
+
+    from rlpost import build
+    from rlpost.sandbox import run_python
+
+    shared, marker = Path(tempfile.mkdtemp(prefix="rlpost-test-shared-")), tmp_path / "imported"  # reachable by any uid
+    request.addfinalizer(lambda: shutil.rmtree(shared))
+    os.chmod(shared, 0o777)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "my_rewards_safe.py").write_text("def score(completion, row):\n    return 0.5, {}\n")
+    module = f"open({str(marker)!r}, 'a').write(__name__)\ndef score(c, r):\n    return 1.0\n"
+    plant = (f"import os\nfor name in ('sitecustomize.py', 'pickle.py', 'my_rewards_planted.py'):\n"
+             f"    with open(os.path.join({str(shared)!r}, name), 'w') as f:\n        f.write({module!r})\nprint('planted')")
+    res = run_python(plant, backend="rlimits", allow_root=True)
+    assert res.stdout == "planted\n", res
+    assert os.stat(shared / "pickle.py").st_uid != 0  # written by the sandbox's uid, not by us
+    monkeypatch.chdir(shared)
+    r = build.make_runner(tiny_cfg("task.verifier_workers=1"), "my_rewards_safe:score", "task.verifier", tmp_path / "run")
+    try:
+        assert r.score(FakeBatch(["x"]))[0].tolist() == [0.5]
+    finally:
+        r.close()
+    assert not marker.exists()
+    assert f"will not import from {shared}: {shared} is writable by every user" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="cannot import 'my_rewards_planted:score'"):
+        build.make_runner(tiny_cfg("task.verifier_workers=1"), "my_rewards_planted:score", "task.verifier", None)
+    assert not marker.exists()
+
+
+def test_import_paths_another_uid_could_write_are_left_out(tmp_path):
+    from rlpost.rewards.runner import safe_import_paths
+
+    mine, open_dir, sticky = tmp_path / "mine", tmp_path / "open", tmp_path / "sticky"
+    for d, mode in ((mine, 0o755), (open_dir, 0o777), (sticky, 0o1777)):
+        d.mkdir()
+        os.chmod(d, mode)
+    (sticky / "inner").mkdir()
+    (open_dir / "inner").mkdir()
+    kept, refused = safe_import_paths([str(mine), str(open_dir), str(sticky), str(sticky / "inner"),
+                                       str(open_dir / "inner"), str(mine / "not-yet")])
+    # a sticky folder protects what is in it (/tmp/yours), not itself: anyone can add a module to it
+    assert kept == [str(mine), str(sticky / "inner"), str(mine / "not-yet")]
+    assert set(refused) == {str(open_dir), str(sticky), str(open_dir / "inner")}

@@ -18,11 +18,18 @@ import time
 
 import pytest
 
-from rlpost.sandbox import isolation, run
+from rlpost.sandbox import hostdir, isolation, run, slots
 from rlpost.sandbox import BACKENDS, Limits, SandboxUnavailable, guarantees, resolve_backend, run_python
 
 ROOT = os.geteuid() == 0
 FAST = Limits(wall_s=3.0, cpu_s=2, memory_mb=128, max_disk_mb=16, max_processes=16)
+
+
+@pytest.fixture(autouse=True)
+def rlimits_as_root_allowed(monkeypatch):
+    """These tests run the rlimits backend as root on purpose (per-run uids, the tmpfs working
+    directory); test_rlimits_as_root_is_refused_unless_allowed unsets it."""
+    monkeypatch.setenv(run.ALLOW_ROOT_ENV, "1")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -78,23 +85,34 @@ def test_guarantees_name_everything_and_bwrap_with_cgroups_has_them_all():
     weak = guarantees("rlimits")
     # What rlimits can never have, on any machine: these need namespaces.
     assert not any(weak[g] for g in ("network_isolated", "fs_read_isolated", "fs_write_isolated", "ipc_isolated",
-                                     "disk_quota", "runs_isolated", "userns_blocked"))
+                                     "runs_isolated", "userns_blocked"))
+    assert weak["disk_quota"] == (ROOT and hostdir.can_mount())  # a tmpfs working directory of its own
     assert weak["memory_total"] == (isolation.cgroup_host() is not None)
     assert weak["parent_protected"] == weak["tree_kill"] or isolation.cgroup_host() is not None
     if ROOT and os.access("/sys/fs/cgroup", os.W_OK):  # root with a writable cgroupfs makes cgroups
         assert isolation.cgroup_host() is not None
     if ROOT and isolation.cgroup_host() and os.uname().machine in isolation.SECCOMP_ARCHES \
-            and run.bwrap_works() and "--size" in subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout:
+            and run.bwrap_works() and "--size" in subprocess.run(["/usr/bin/bwrap", "--help"], capture_output=True,
+                                                                 text=True).stdout:
         assert all(guarantees("bwrap").values()), guarantees("bwrap")
 
 
 def test_rlimits_warns_naming_every_missing_guarantee():
     run._warn_missing.cache_clear()
-    missing = sorted(k for k, ok in guarantees("rlimits").items() if not ok)
+    missing = run.unprotected("rlimits")
+    assert missing and all(run.UNPROTECTED[k] in missing for k, ok in guarantees("rlimits").items() if not ok)
     with pytest.warns(RuntimeWarning) as caught:
         run_python("pass", backend="rlimits", limits=FAST)
     text = str(caught[0].message)
-    assert all(name in text for name in missing) and "apt-get install bubblewrap" in text
+    assert all(phrase in text for phrase in missing) and "apt-get install bubblewrap" in text
+
+
+@pytest.mark.skipif(not ROOT, reason="the refusal is for root")
+def test_rlimits_as_root_is_refused_unless_allowed(monkeypatch):
+    monkeypatch.delenv(run.ALLOW_ROOT_ENV)
+    with pytest.raises(SandboxUnavailable, match="task.sandbox_allow_root=true"):
+        run_python("print(1)", backend="rlimits", limits=FAST)
+    assert run_python("print(1)", backend="rlimits", limits=FAST, allow_root=True).stdout == "1\n"
 
 
 def test_naming_bwrap_where_it_cannot_run_refuses(monkeypatch):
@@ -104,6 +122,46 @@ def test_naming_bwrap_where_it_cannot_run_refuses(monkeypatch):
     with pytest.raises(SandboxUnavailable):
         run_python("pass", backend="bwrap")
     assert resolve_backend("rlimits") == "rlimits" and resolve_backend("rlimit") == "rlimits"
+
+
+def test_bwrap_is_the_system_one_and_a_failed_probe_is_never_silent(monkeypatch, tmp_path):
+    """A `bwrap` first on the caller's PATH is never run (the sandbox's PATH is /usr/bin:/bin, so
+    the probe used to ask one bwrap and the runs use another); and when `bwrap --help` cannot be
+    read, bwrap is unusable, not used without --size and --disable-userns."""
+    fake = tmp_path / "bwrap"
+    fake.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\necho --unshare-all\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    probes = (run.launch.bwrap_path, run.launch.bwrap_flags, run.bwrap_works)  # cached once per process
+    for f in probes:
+        f.cache_clear()
+    try:
+        assert run.launch.bwrap_path() in (None, "/usr/bin/bwrap", "/bin/bwrap")
+        if run.launch.bwrap_path() is not None:
+            assert run.launch.bwrap_flags() is not None and run.bwrap_works()
+            run_python("print(1)", backend="bwrap", limits=FAST)
+        assert not (tmp_path / "ran").exists()
+        for f in probes:
+            f.cache_clear()
+        monkeypatch.setattr(run.launch, "bwrap_path", lambda: str(fake))  # a bwrap whose --help fails
+        (fake.write_text("#!/bin/sh\nexit 1\n"), fake.chmod(0o755))
+        assert run.launch.bwrap_flags() is None and not run.bwrap_works()
+        with pytest.raises(SandboxUnavailable):
+            run_python("print(1)", backend="bwrap", limits=FAST)
+    finally:
+        for f in probes:
+            f.cache_clear()
+
+
+def test_bwraps_own_init_is_out_of_the_programs_reach():
+    if not run.bwrap_works():
+        pytest.skip("bubblewrap is missing or cannot create namespaces here")
+    probe = ("import os\nout = []\nfor name in ('mem', 'maps', 'environ', 'fd'):\n    try:\n"
+             "        out.append(len(os.listdir('/proc/1/fd')) if name == 'fd' else len(open('/proc/1/' + name, 'rb').read(64)))\n"
+             "    except OSError as e:\n        out.append(e.errno)\n"
+             "print(out, os.getppid(), sorted(os.listdir('/proc/1')))")
+    res = run_python(probe, backend="bwrap", limits=FAST)
+    assert res.stdout == "[2, 2, 2, 2] 1 []\n", res  # ENOENT each: /proc/1 is an empty read-only tmpfs
 
 
 # --- kernel-enforced limits --------------------------------------------------------------------
@@ -119,24 +177,25 @@ def test_run_cgroup_has_the_caps_and_is_gone_after(backend):
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not seen:
             for name in os.listdir(host.pids):
-                if name.startswith(f"rlpost-{os.getpid()}-"):
+                if name.startswith("rlpost-slot") and name not in before:
                     mem = "memory.max" if host.version == 2 else "memory.limit_in_bytes"
                     try:
                         pids = open(f"{host.pids}/{name}/pids.max").read().strip()
                         if pids != "max":  # written last (isolation.RunCgroup): read before it, the caps are not all set yet
-                            seen.update(pids=pids, mem=int(open(f"{host.memory}/{name}/{mem}").read()))
+                            seen.update(pids=pids, mem=int(open(f"{host.memory}/{name}/{mem}").read()), cgroup=name)
                     except OSError:
                         pass
             time.sleep(0.01)
 
+    before = set(os.listdir(host.pids))  # other processes' runs on this machine
     t = threading.Thread(target=watch)
     t.start()
     res = run_python("import time; time.sleep(1)", backend=backend,
                      limits=Limits(memory_mb=100, max_disk_mb=20, max_processes=10))
     t.join()
     assert res.status == "ok" and res.cleanup == ""
-    assert seen == {"pids": "13", "mem": 120 << 20}  # 10 + 3 (bwrap, its init, the shim); 100 + 20 MiB
-    assert not [n for n in os.listdir(host.pids) if n.startswith(f"rlpost-{os.getpid()}-")]
+    assert (seen["pids"], seen["mem"]) == ("13", 120 << 20)  # 10 + 3 (bwrap, its init, the shim); 100 + 20 MiB
+    assert seen["cgroup"] not in os.listdir(host.pids)
 
 
 @needs_cgroup
@@ -179,7 +238,7 @@ def test_concurrent_runs_get_their_own_uid():
     for t in threads:
         t.join()
     uids = {int(u) for u in out}
-    lo = isolation.SLOT_UID_BASE + 1024  # the rlimits block of slot uids
+    lo = slots.SLOT_UID_BASE + 1024  # the rlimits block of slot uids
     assert len(uids) == 2 and all(lo <= u < lo + 2 for u in uids)
 
 
@@ -212,68 +271,7 @@ def test_rlimits_fork_bomb_then_correct_run_on_the_same_slot():
     assert res.stdout == "forked\n", res
 
 
-# --- cleanup -------------------------------------------------------------------------------------
-
-# The deep trees below are what is deleted, not the disk they are on: on this machine's ext4 each
-# rmdir costs ~3 ms (a 3000-deep tree, ~10 s), on a tmpfs ~30 us; remove_tree makes the same calls
-# on either. So they are built on /dev/shm (world-writable like /tmp) where there is one.
-SHM = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-@pytest.fixture
-def tree_dir(request):
-    """An empty folder on /dev/shm where there is one, else pytest's tmp_path."""
-    if SHM is None:
-        yield str(request.getfixturevalue("tmp_path"))
-        return
-    d = tempfile.mkdtemp(dir=SHM, prefix="rlpost-test-")
-    yield d
-    subprocess.run(["rm", "-rf", d])
-
-
-def test_remove_tree_deletes_any_depth_without_recursion(tree_dir):
-    top = os.path.join(tree_dir, "t")
-    os.mkdir(top)
-    fd = os.open(top, os.O_RDONLY)
-    for _ in range(3000):  # deeper than the recursion limit, and than PATH_MAX allows by name
-        os.mkdir("dd", dir_fd=fd)
-        os.close(os.open("f", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
-        nxt = os.open("dd", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = nxt
-    os.close(fd)
-    os.chmod(os.path.join(top, "dd"), 0)  # and unreadable near the top
-    isolation.remove_tree(top)
-    assert not os.path.exists(top)
-
-
-def test_rlimits_deep_tree_is_cleaned_and_a_cleanup_failure_is_reported_not_raised(monkeypatch):
-    if SHM is not None:  # the run's working directory (run.py: tempfile.mkdtemp) goes there
-        monkeypatch.setattr(tempfile, "tempdir", SHM)
-    tree = "import os\nfor _ in range(1200):\n    os.mkdir('d'); os.chdir('d')\nos.chmod('..', 0)\nprint('built')"
-    res = run_python(tree, backend="rlimits", limits=FAST)
-    assert (res.status, res.stdout, res.cleanup) == ("ok", "built\n", "")
-
-    real, left = isolation.remove_tree, []
-
-    def broken(path):
-        left.append(path)
-        raise RecursionError("maximum recursion depth exceeded")
-
-    monkeypatch.setattr(isolation, "remove_tree", broken)
-    res = run_python("print('fine')", backend="rlimits", limits=FAST)
-    real(left[0])  # what the broken cleanup left behind
-    assert res.status == "ok" and res.stdout == "fine\n" and "RecursionError" in res.cleanup
-
-
-@needs_cgroup
-def test_stale_cgroups_of_dead_workers_are_swept():
-    host = isolation.cgroup_host()
-    dead = 4_000_000  # above pid_max: no live process has this pid
-    paths = [os.path.join(b, f"rlpost-{dead}-0-test") for b in dict.fromkeys((host.memory, host.pids, host.kill, host.cpu)) if b]
-    for p in paths:
-        os.mkdir(p)
-    assert isolation.sweep_stale_cgroups() >= len(paths) and not any(os.path.exists(p) for p in paths)
+# --- what a killed worker leaves --------------------------------------------------------------
 
 
 def test_cgroup_dirs_parsed_from_mountinfo(monkeypatch, tmp_path):
@@ -290,14 +288,15 @@ def test_cgroup_dirs_parsed_from_mountinfo(monkeypatch, tmp_path):
 
 
 @pytest.mark.skipif(not ROOT, reason="per-run uids need root")
-def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run(monkeypatch):
+def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
     """A verifier worker SIGKILLed by the runner's timeout while its rlimits program runs: the
-    program is orphaned, still running under the slot's uid. The next run on that slot finds the
-    slot dirty, kills it and sweeps the dead worker's cgroups before it starts."""
-    lo = isolation.SLOT_UID_BASE + 1024  # slot 0 of the rlimits block
-    monkeypatch.setattr(run, "_swept", [0])  # this process has swept already: only the dirty slot can tell
+    program is orphaned, still running under the slot's uid, and its cgroup and working directory
+    are still there. The next run on that slot finds them in the slot's registry, kills the
+    program and removes both before it starts."""
+    lo = slots.SLOT_UID_BASE + 1024  # slot 0 of the rlimits block
     worker = subprocess.Popen([sys.executable, "-c", "from rlpost.sandbox import Limits, run_python\n"
-                               "run_python('import time; time.sleep(60)', backend='rlimits', parallel=1, limits=Limits(wall_s=60))"],
+                               "run_python('import time; time.sleep(60)', backend='rlimits', parallel=1, "
+                               "limits=Limits(wall_s=60), allow_root=True)"],
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     alive = lambda: [p for p, state, _, uid in isolation._processes() if uid == lo and state not in "ZX"]
     deadline = time.monotonic() + 20
@@ -306,9 +305,8 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run(monkeypatch):
     worker.kill()
     worker.wait()
     assert alive(), "the orphaned program should still be running"
+    left = json.load(open(f"{slots._slot_dir()}/slot-0.json"))
+    assert {e["kind"] for e in left} >= {"workdir"} and all(os.path.exists(e["path"]) for e in left)
     res = run_python("print('next')", backend="rlimits", parallel=1, limits=FAST)
     assert res.stdout == "next\n" and res.cleanup == "" and not alive()
-    host = isolation.cgroup_host()
-    if host is not None:
-        assert not [n for n in os.listdir(host.pids) if n.startswith(f"rlpost-{worker.pid}-")]
-    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"rlpost-sbx-{worker.pid}-*"))  # its working directory
+    assert not any(os.path.exists(e["path"]) for e in left)  # its cgroups and its working directory

@@ -7,7 +7,7 @@ grading contract; tests are parsed here, only their inputs enter the sandbox, re
 plain JSON and are compared here) and returns the fraction that pass.
 
 Per-run limits come from ``row["limits"]`` (fields of ``sandbox.Limits``); the backend and the
-parallelism from ``row["sandbox"]`` (``{"backend": "bwrap" | "rlimits", "parallel": N}``), which
+parallelism from ``row["sandbox"]`` (``{"backend": "bwrap" | "rlimits", "parallel": N, "allow_root": bool}``), which
 ``prepare`` writes into every row from ``task.sandbox`` / ``task.sandboxes``, so the verifier
 worker needs no config. A row without it is graded under bubblewrap: nothing falls back to the
 weaker sandbox unless asked. Give the verifier runner a deadline above
@@ -18,12 +18,15 @@ process starts fast.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from dataclasses import dataclass
 from typing import Callable
 
+from rlpost.console import say_once
 from rlpost.envs.grading import Refused, grade, parse_test
-from rlpost.sandbox import BACKENDS, INSTALL_HINT, Limits, bwrap_works
+from rlpost.sandbox import BACKENDS, INSTALL_HINT, Limits, bwrap_works, unprotected
+from rlpost.sandbox.run import ROOT_REFUSAL
 from rlpost.types.errors import ConfigError
 
 
@@ -51,26 +54,35 @@ def extract_program(completion: str) -> str:
 
 
 def score(completion: str, row: dict) -> tuple[float, dict]:
-    """Reward = fraction of row["tests"] passed; info has passed, total, per-test statuses
-    ("pass", "fail", "refused", an exception name or a sandbox status) and the sandbox backend.
-    Raises (a verifier error) only when the named sandbox cannot run here."""
+    """Reward = fraction of row["tests"] passed; info has passed, total, per-test statuses (one of
+    grading.STATUSES, never text the program wrote), messages and the sandbox backend. Raises (a
+    verifier error) only when the named sandbox cannot run here."""
     box = row.get("sandbox") or {}
     backend = box.get("backend", "bwrap")
     if backend not in BACKENDS:
         raise ValueError(f"row['sandbox']['backend'] = {backend!r}: expected one of {BACKENDS}")
     limits = Limits(**row.get("limits", {}))
-    return grade(extract_program(completion), list(row["tests"]), limits, backend, int(box.get("parallel", 0)))
+    return grade(extract_program(completion), list(row["tests"]), limits, backend, int(box.get("parallel", 0)),
+                 allow_root=box.get("allow_root") is True)
 
 
 def prepare(train: list[dict], heldout: list[dict], tcfg) -> tuple[list[dict], list[dict], int]:
-    """At task build: refuse to start without bubblewrap (unless task.sandbox=rlimits), check
-    that every test is one the grader accepts, and stamp each row with the sandbox settings.
-    A row with a refused test stops the run (task.on_bad_row=refuse) or is dropped (skip);
-    returns (train, heldout, rows dropped)."""
+    """At task build: refuse to start without bubblewrap (unless task.sandbox=rlimits), refuse
+    rlimits as root (unless task.sandbox_allow_root=true), say on the console once what the
+    sandbox does not protect against here, check that every test is one the grader accepts, and
+    stamp each row with the sandbox settings. A row with a refused test stops the run
+    (task.on_bad_row=refuse) or is dropped (skip); returns (train, heldout, rows dropped)."""
     if tcfg.sandbox == "bwrap" and not bwrap_works():
         raise ConfigError(f"task.name=code runs model-written code, and bubblewrap is missing or cannot create "
                           f"namespaces here: {INSTALL_HINT}, or set task.sandbox=rlimits to accept a weaker sandbox")
-    stamp = {"backend": tcfg.sandbox, "parallel": tcfg.sandboxes}
+    allow_root = getattr(tcfg, "sandbox_allow_root", False) is True
+    if tcfg.sandbox == "rlimits" and os.geteuid() == 0 and not allow_root:
+        raise ConfigError(f"task.sandbox_allow_root: {ROOT_REFUSAL}")
+    if missing := unprotected(tcfg.sandbox):
+        who = "as root" if os.geteuid() == 0 else f"as uid {os.geteuid()}"
+        say_once(f"task.sandbox={tcfg.sandbox} ({who}) does not protect against: {'; '.join(missing)}. "
+                 "docs/environments.md says what each backend holds")
+    stamp = {"backend": tcfg.sandbox, "parallel": tcfg.sandboxes, "allow_root": allow_root}
     dropped, kept = 0, []
     for rows in (train, heldout):
         good = []

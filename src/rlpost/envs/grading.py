@@ -24,19 +24,20 @@ object it returns, every byte it writes. So nothing that decides the reward is d
    parent's memory is out of reach (pid namespace, another uid, no ptrace).
 
 3. The harness (inside, running as main.py next to the program's solution.py) calls each
-   function and writes back its return value as JSON of plain values: None, bool, int, float,
-   str, list (tuples become lists), and tagged ``{"$dict": [[k, v], ...]}``, ``{"$set": [...]}``,
-   ``{"$bytes": "hex"}``. Any other type is a failure (``unserializable:TYPE``): an object whose
-   ``__eq__`` always says yes never leaves the sandbox. The program can forge these reports, but
-   a forged report is only a claimed return value, and without the expected values a claim is
-   right only if the program computed it.
+   function and writes back what happened as JSON: ``{"i": N, "v": VALUE}`` with the return value
+   as plain values (None, bool, int, float, str, list (tuples become lists), and tagged
+   ``{"$dict": [[k, v], ...]}``, ``{"$set": [...]}``, ``{"$bytes": "hex"}``), or ``{"i": N,
+   "raised": TYPE}`` / ``{"i": N, "unserializable": TYPE}``. An object whose ``__eq__`` always says
+   yes never leaves the sandbox. The program shares the harness's process, so it can write or
+   rewrite any of these lines (trace hooks, patched builtins, exit hooks, the channel's
+   descriptor): nothing in them is trusted. A line is at most a claimed return value, and a
+   claim passes only if it equals the expected value, which the program never sees.
 
-4. The comparison happens here, on decoded plain values (``same``): types must match, except
-   that ints and floats compare as numbers and tuples as lists; bool is not a number (True != 1);
-   floats (or an int against a float) are equal when ``math.isclose(got, expected, rel_tol,
-   abs_tol)`` with rel_tol = 1e-6 and abs_tol = 1e-9 unless the test says otherwise, and NaN
-   equals only NaN; strings, bytes, None and bools exactly; lists element-wise in order; dicts by
-   key set and then value by value; sets exactly (Python equality).
+4. The decision happens here (``judge``, ``same``), from values: a test's status comes from a
+   fixed list (``STATUSES``) and is "pass" only for a claimed value equal to the expected one by
+   the rule of ``same`` (exact for ints, bools, strings and containers; floats at the test's
+   stated tolerance, else math.isclose's defaults; docs/environments.md has the table). What
+   the program names (an exception's type) is kept as a message, never as a status.
 
 Refused: any other assert, e.g. one on a side effect (``f(xs); assert xs == [...]``), a method
 call, or arguments that are not literals. Running such a test means running test code in the
@@ -58,11 +59,18 @@ from dataclasses import dataclass
 
 from rlpost.sandbox import Limits, Result, run_python
 
-REL_TOL, ABS_TOL = 1e-6, 1e-9
+ISCLOSE_REL_TOL = 1e-9  # math.isclose's own defaults: what a test that states no tolerance gets for floats
+ISCLOSE_ABS_TOL = 0.0
+
+# Statuses a test can get. Every one is chosen here, from values; none is text the program wrote.
+STATUSES = ("pass", "fail", "raised", "unserializable", "bad_report", "no_result", "program_raised", "refused",
+            "skipped", "timeout", "memory", "output_limit", "killed", "error")
 
 # Runs inside the sandbox as main.py, next to the model's program in solution.py. It reads the
 # calls (name, argument source, keyword source) from its first stdin line and reports one JSON
-# line per call on the original stdout; the program's own prints go to stderr.
+# line per call on the original stdout; the program's own prints go to stderr. Every line it
+# writes is a claim the program could have written itself: the grader trusts none of it but a
+# claimed return value, which it compares with the expected value it alone holds.
 HARNESS = r'''import ast, json, os, sys
 def plain(v, depth=0):
     if depth > 200:
@@ -93,7 +101,7 @@ def main():
     except SystemExit:
         pass
     except BaseException as e:
-        report({"program": type(e).__name__})
+        report({"program_raised": type(e).__name__})
         return
     for i, (name, args, kwargs) in enumerate(calls):
         try:
@@ -101,12 +109,12 @@ def main():
                 raise NameError(name)
             value = ns[name](*ast.literal_eval(args), **ast.literal_eval(kwargs))
         except BaseException as e:
-            report({"i": i, "e": type(e).__name__})
+            report({"i": i, "raised": type(e).__name__})
             continue
         try:
             report({"i": i, "v": plain(value)})
         except BaseException:
-            report({"i": i, "e": "unserializable:" + type(value).__name__})
+            report({"i": i, "unserializable": type(value).__name__})
 main()
 '''
 
@@ -122,8 +130,7 @@ class CallTest:
     kwargs: str  # literal source of the keyword arguments, as a dict: "{'k': 1}"
     expected: object  # canonical plain value (canon); only this process ever holds it
     check: str = "eq"  # "eq" | "truthy" | "falsy"
-    rel_tol: float = REL_TOL
-    abs_tol: float = ABS_TOL
+    tol: tuple[float, float] | None = None  # (rel_tol, abs_tol) the test states; None: it states none
 
 
 @dataclass(frozen=True)
@@ -146,8 +153,8 @@ def parse_test(test) -> CallTest | IoTest:
             node = ast.parse(test["call"], mode="eval").body
         except SyntaxError:
             raise Refused(f"call {test['call']!r} is not valid Python") from None
-        tol = {k: float(test[k]) for k in ("rel_tol", "abs_tol") if k in test}
-        return _call_test(node, canon(test["expected"]), **tol)
+        stated = {k: _tolerance(test[k], k) for k in ("rel_tol", "abs_tol") if k in test}
+        return _call_test(node, canon(test["expected"]), tol=_isclose_tol(**stated) if stated else None)
     if isinstance(test, dict) and {"stdin", "stdout"} <= set(test):
         if not all(isinstance(test[k], str) for k in ("stdin", "stdout")):
             raise Refused("stdin and stdout must be strings")
@@ -175,19 +182,30 @@ def _parse_assert(src: str) -> CallTest:
                 return _call_test(left, right.value)
         if isinstance(op, (ast.Lt, ast.LtE)) and _is_abs_diff(left):  # abs(f(x) - v) < tol
             diff = left.args[0]
-            return _call_test(diff.left, canon(_literal(diff.right)), rel_tol=0.0, abs_tol=float(_literal(right)))
+            return _call_test(diff.left, canon(_literal(diff.right)), tol=(0.0, _tolerance(_literal(right), "tol")))
     if isinstance(e, ast.Call) and _is_isclose(e.func) and len(e.args) == 2:
-        tol = {k.arg: float(_literal(k.value)) for k in e.keywords if k.arg in ("rel_tol", "abs_tol")}
-        if len(tol) != len(e.keywords):
+        stated = {k.arg: _tolerance(_literal(k.value), k.arg) for k in e.keywords if k.arg in ("rel_tol", "abs_tol")}
+        if len(stated) != len(e.keywords):
             raise Refused("math.isclose takes only rel_tol and abs_tol here")
         call, value = (e.args[0], e.args[1]) if _is_call(e.args[0]) else (e.args[1], e.args[0])
-        return _call_test(call, canon(_literal(value)), **{"rel_tol": REL_TOL, "abs_tol": 0.0, **tol})
+        return _call_test(call, canon(_literal(value)), tol=_isclose_tol(**stated))
     if _is_call(e):
         return _call_test(e, True, check="truthy")
     if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not) and _is_call(e.operand):
         return _call_test(e.operand, False, check="falsy")
     raise Refused("unsupported assert: only f(args) == value, is True/False/None, truthy, not, "
                   "math.isclose and abs(f(args) - value) < tol are graded outside the sandbox")
+
+
+def _isclose_tol(rel_tol: float = ISCLOSE_REL_TOL, abs_tol: float = ISCLOSE_ABS_TOL) -> tuple[float, float]:
+    """What math.isclose uses when a test names only some of its tolerances: Python's defaults for the rest."""
+    return rel_tol, abs_tol
+
+
+def _tolerance(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == math.inf:
+        raise Refused(f"{name} = {value!r}: a tolerance is a finite number >= 0")
+    return float(value)
 
 
 def _is_call(node) -> bool:
@@ -212,7 +230,7 @@ def _literal(node):
         raise Refused(f"{ast.unparse(node)[:60]!r} is not a literal") from None
 
 
-def _call_test(call, expected, check: str = "eq", rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> CallTest:
+def _call_test(call, expected, check: str = "eq", tol: tuple[float, float] | None = None) -> CallTest:
     if not _is_call(call):
         raise Refused("the tested expression must call a function by name, e.g. f(1, 2)")
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
@@ -221,15 +239,22 @@ def _call_test(call, expected, check: str = "eq", rel_tol: float = REL_TOL, abs_
         _literal(node)  # each argument must be a literal: the harness rebuilds it with literal_eval
     args = "(" + "".join(ast.unparse(a) + ", " for a in call.args) + ")"
     kwargs = "{" + ", ".join(f"{k.arg!r}: {ast.unparse(k.value)}" for k in call.keywords) + "}"
-    return CallTest(call.func.id, args, kwargs, expected, check, rel_tol, abs_tol)
+    return CallTest(call.func.id, args, kwargs, expected, check, tol)
 
 
 # --- values and equality (trusted side) -----------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Flag:
+    """A bool inside a set or a dict key. Python hashes True as 1, so {True} == {1} and {1: x} ==
+    {True: x}; wrapped, a bool key equals only the same bool."""
+    value: bool
+
+
 def canon(v):
     """A literal or JSON value in the form results are decoded to: tuples as lists, sets as
-    frozensets, dict keys and set members frozen (lists inside them become tuples)."""
+    frozensets, dict keys and set members frozen (lists inside them become tuples, bools Flags)."""
     if v is None or isinstance(v, (bool, int, float, str, bytes)):
         return v
     if isinstance(v, (list, tuple)):
@@ -242,6 +267,8 @@ def canon(v):
 
 
 def _freeze(v):
+    if isinstance(v, bool):
+        return Flag(v)
     return tuple(_freeze(x) for x in v) if isinstance(v, list) else v
 
 
@@ -263,56 +290,81 @@ def decode(v):
     raise ValueError("not a plain value")
 
 
-def same(got, exp, rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> bool:
-    """The equality rule of the module docstring, between canon values."""
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def same(got, exp, tol: tuple[float, float] | None = None) -> bool:
+    """The equality rule (docs/environments.md has it as a table), between canon values. `tol`:
+    the (rel_tol, abs_tol) the test states, or None. Exact where Python is exact, and bool is
+    never a number: an int expected takes an int, or a float of exactly that value (4.0 == 4),
+    unless the test states a tolerance; a float expected takes a number within the stated
+    tolerance, else within math.isclose's defaults (rel_tol 1e-9, abs_tol 0). NaN equals only
+    NaN. Lists (tuples) element by element, dicts by key set then value by value, both with the
+    same rule; sets, dict keys, strings, bytes, None and bools exactly."""
     if isinstance(exp, bool) or exp is None:
         return type(got) is type(exp) and got == exp
-    if isinstance(exp, (int, float)):
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
+    if _is_number(exp):
+        if not _is_number(got):
             return False
-        if isinstance(exp, int) and isinstance(got, int):
-            return got == exp
+        if isinstance(exp, int) and tol is None:
+            return got == exp  # int == int, or a float compared exactly, as Python compares them
+        if isinstance(got, float) and isinstance(exp, float) and math.isnan(got) and math.isnan(exp):
+            return True
+        rel_tol, abs_tol = tol or (ISCLOSE_REL_TOL, ISCLOSE_ABS_TOL)
         try:
-            g, e = float(got), float(exp)
+            return math.isclose(float(got), float(exp), rel_tol=rel_tol, abs_tol=abs_tol)
         except OverflowError:  # an int too large for a float: only an exact match can be equal
             return got == exp
-        return (math.isnan(g) and math.isnan(e)) or math.isclose(g, e, rel_tol=rel_tol, abs_tol=abs_tol)
     if isinstance(exp, list):
         return (type(got) is list and len(got) == len(exp)
-                and all(same(g, e, rel_tol, abs_tol) for g, e in zip(got, exp)))
+                and all(same(g, e, tol) for g, e in zip(got, exp)))
     if isinstance(exp, dict):
-        return (type(got) is dict and got.keys() == exp.keys()
-                and all(same(got[k], e, rel_tol, abs_tol) for k, e in exp.items()))
+        return type(got) is dict and got.keys() == exp.keys() and all(same(got[k], e, tol) for k, e in exp.items())
     return type(got) is type(exp) and got == exp  # str, bytes, frozenset
 
 
-def judge(test: CallTest, report: dict) -> str:
-    """Status of one call test from its report: pass, fail, or what went wrong."""
-    if "e" in report:
-        return str(report["e"])[:80]
+def _message(text) -> str:
+    """What the program named (an exception's type, an unserializable type): shown, never a status."""
+    return "".join(c for c in str(text)[:80] if c.isprintable())
+
+
+def judge(test: CallTest, report: dict) -> tuple[str, str]:
+    """(status, message) of one call test from its report. The status is "pass" only when the
+    report carries a value "v" that the rule finds equal to the expected value; whatever else a
+    report says (an exception's or a type's name, any other key) can only fail the test, and is
+    kept as the message."""
+    if "v" not in report:
+        for key in ("raised", "unserializable"):
+            if key in report:
+                return key, _message(report[key])
+        return "bad_report", ""
     try:
-        got = decode(report.get("v"))
+        got = decode(report["v"])
         if test.check == "truthy":
             ok = bool(got)
         elif test.check == "falsy":
             ok = not got
         else:
-            ok = same(got, test.expected, test.rel_tol, test.abs_tol)
+            ok = same(got, test.expected, test.tol)
     except (ValueError, TypeError, RecursionError, OverflowError):
-        return "bad_report"
-    return "pass" if ok else "fail"
+        return "bad_report", ""
+    return ("pass" if ok else "fail"), ""
 
 
 # --- running (untrusted side, through the sandbox) ------------------------------------------
 
 
-def run_calls(program: str, tests: list[CallTest], limits: Limits, backend: str, parallel: int) -> tuple[list[str], Result]:
+def run_calls(program: str, tests: list[CallTest], limits: Limits, backend: str, parallel: int,
+              allow_root: bool = False) -> tuple[list[str], list[str], Result]:
     """One sandbox run for all call tests: the program's set-up runs once, and a test that hangs
-    or crashes the process costs only itself and the tests after it (reports stream out)."""
+    or crashes the process costs only itself and the tests after it (reports stream out).
+    Returns (statuses, messages, the run's result)."""
     spec = json.dumps([[t.fn, t.args, t.kwargs] for t in tests]) + "\n"
     res = run_python(HARNESS, stdin=spec, limits=limits, files={"solution.py": program}, backend=backend,
-                     parallel=parallel)
+                     parallel=parallel, allow_root=allow_root)
     statuses = [res.status if res.status != "ok" else "no_result"] * len(tests)
+    messages = [""] * len(tests)
     seen: set[int] = set()
     for line in res.stdout.splitlines():
         try:
@@ -321,29 +373,33 @@ def run_calls(program: str, tests: list[CallTest], limits: Limits, backend: str,
             continue
         if not isinstance(report, dict):
             continue
-        if "program" in report:  # the program itself raised: every test fails with that error
-            return ["program:" + str(report["program"])[:80]] * len(tests), res
+        if "program_raised" in report:  # the program itself raised: every test fails
+            return ["program_raised"] * len(tests), [_message(report["program_raised"])] * len(tests), res
         i = report.get("i")
         if type(i) is int and 0 <= i < len(tests) and i not in seen:  # the first report counts
             seen.add(i)
-            statuses[i] = judge(tests[i], report)
-    return statuses, res
+            statuses[i], messages[i] = judge(tests[i], report)
+    return statuses, messages, res
 
 
 def _normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip().splitlines())
 
 
-def run_io(program: str, test: IoTest, limits: Limits, backend: str, parallel: int) -> tuple[str, Result]:
-    res = run_python(program, stdin=test.stdin, limits=limits, backend=backend, parallel=parallel)
+def run_io(program: str, test: IoTest, limits: Limits, backend: str, parallel: int,
+           allow_root: bool = False) -> tuple[str, Result]:
+    res = run_python(program, stdin=test.stdin, limits=limits, backend=backend, parallel=parallel,
+                     allow_root=allow_root)
     if res.status != "ok":
         return res.status, res
     return ("pass" if _normalise(res.stdout) == _normalise(test.stdout) else "fail"), res
 
 
-def grade(program: str, tests: list, limits: Limits, backend: str, parallel: int) -> tuple[float, dict]:
-    """Reward = fraction of `tests` passed; info: passed, total, per-test statuses, backend,
-    refused, peak memory and cleanup problems of the runs.
+def grade(program: str, tests: list, limits: Limits, backend: str, parallel: int,
+          allow_root: bool = False) -> tuple[float, dict]:
+    """Reward = fraction of `tests` passed; info: passed, total, per-test statuses (STATUSES) and
+    messages (what the program named, e.g. the type of an exception it raised), backend, refused,
+    peak memory and cleanup problems of the runs.
 
     Call tests share one sandbox run; each stdin/stdout test has its own. Runs go in parallel,
     up to `parallel` (0 = CPU cores). After the first stdin/stdout test that times out, every
@@ -357,20 +413,21 @@ def grade(program: str, tests: list, limits: Limits, backend: str, parallel: int
         except Refused:
             parsed.append(None)
     statuses = ["refused" if p is None else "" for p in parsed]
+    messages = [""] * len(tests)
     calls = [i for i, p in enumerate(parsed) if isinstance(p, CallTest)]
     ios = [i for i, p in enumerate(parsed) if isinstance(p, IoTest)]
     first_timeout = [len(tests)]  # index of the first timed-out stdin/stdout test, shared by the jobs
 
     def call_job():
-        got, res = run_calls(program, [parsed[i] for i in calls], limits, backend, parallel)
-        for i, status in zip(calls, got):
-            statuses[i] = status
+        got, said, res = run_calls(program, [parsed[i] for i in calls], limits, backend, parallel, allow_root)
+        for i, status, message in zip(calls, got, said):
+            statuses[i], messages[i] = status, message
         return res
 
     def io_job(i):
         if i > first_timeout[0]:
             return None
-        status, res = run_io(program, parsed[i], limits, backend, parallel)
+        status, res = run_io(program, parsed[i], limits, backend, parallel, allow_root)
         statuses[i] = status
         if status == "timeout":
             first_timeout[0] = min(first_timeout[0], i)
@@ -387,8 +444,10 @@ def grade(program: str, tests: list, limits: Limits, backend: str, parallel: int
         if i > first_timeout[0]:
             statuses[i] = "skipped"
     runs = [r for r in results if r is not None]
+    statuses = [s if s in STATUSES else "error" for s in statuses]  # the sandbox's statuses are a fixed list too
     passed = statuses.count("pass")
-    info = {"passed": passed, "total": len(tests), "statuses": statuses, "refused": statuses.count("refused"),
+    info = {"passed": passed, "total": len(tests), "statuses": statuses, "messages": messages,
+            "refused": statuses.count("refused"),
             "backend": backend, "runs": len(runs),
             "peak_memory_mb": max((r.peak_memory_mb for r in runs if r.peak_memory_mb is not None), default=None)}
     call_res = results[0] if calls else None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -34,10 +35,51 @@ from pathlib import Path
 
 import torch
 
-from rlpost.console import say
+from rlpost.console import say, say_once
 from rlpost.rewards import worker as w
+from rlpost.sandbox.slots import SLOT_UID_BASE
 from rlpost.types.batch import Rollouts
 from rlpost.types.errors import ConfigError
+
+
+# The worker's command. `python -c` puts '' (the current directory) first on sys.path; it is dropped
+# before anything is imported from there, so a module left in the directory the run starts in is
+# never imported (safe_import_paths keeps the directory itself only where no other uid can write).
+WORKER_MAIN = "import sys; sys.path[:] = [p for p in sys.path if p]; from rlpost.rewards.worker import serve; serve()"
+
+
+def safe_import_paths(paths: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(the paths a worker may import from, {refused path: why}). A path is refused when a uid
+    that is neither ours nor root's could put a file in it, or swap it: it, or a folder above it
+    without the sticky bit, is writable by every user, or it belongs to a sandbox's uid. That is
+    what a sandboxed program (another uid, under rlimits as root) can write; bubblewrap's can
+    write no host path at all, and under rlimits as a user the program has our uid anyway."""
+    kept, refused = [], {}
+    for path in dict.fromkeys(os.path.abspath(p) for p in paths):
+        why = _others_can_write(path)
+        if why:
+            refused[path] = why
+        else:
+            kept.append(path)
+    return kept, refused
+
+
+def _others_can_write(path: str) -> str:
+    node, leaf = os.path.realpath(path), True
+    while not os.path.exists(node) and node != "/":  # a folder not made yet: whoever can make it decides
+        node = os.path.dirname(node)
+    while True:
+        try:
+            st = os.stat(node)
+        except OSError:
+            return f"{node} cannot be checked"
+        if st.st_uid >= SLOT_UID_BASE or st.st_uid == 65534:
+            return f"{node} belongs to uid {st.st_uid}"
+        if st.st_mode & stat.S_IWOTH and (leaf or not st.st_mode & stat.S_ISVTX):
+            return f"{node} is writable by every user"
+        if node == "/":
+            return ""
+        node, leaf = os.path.dirname(node), False
 
 
 def default_workers(n: int) -> int:
@@ -84,8 +126,11 @@ class VerifierRunner:
         self.workers = max(1, workers)
         self.memory_mb = default_memory_mb(memory_mb, self.workers)
         self.log_path, self.max_steps = str(log_path or os.devnull), max_steps
-        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(
-            [*map(str, import_paths), *(p for p in sys.path if p)])))
+        paths, refused = safe_import_paths([*map(str, import_paths), *(p for p in sys.path if p)])
+        for path, why in refused.items():
+            say_once(f"verifier workers will not import from {path}: {why}, so a sandboxed program could plant a "
+                     "module there (sitecustomize.py, pickle.py)")
+        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         self.procs: list[_Proc] = []
         self.reported: set[str] = set()  # kinds of failure already printed (each once)
         self.failed_starts = 0  # workers in a row that could not start (the module broke mid-run?)
@@ -103,7 +148,7 @@ class VerifierRunner:
         args = [req_r, rep_w, wd_r, os.getpid(), int(main), self.memory_mb, self.fn_path]
         with open(self.log_path, "ab") as log:
             popen = subprocess.Popen(
-                [sys.executable, "-c", "from rlpost.rewards.worker import serve; serve()", *map(str, args)],
+                [sys.executable, "-c", WORKER_MAIN, *map(str, args)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(req_r, rep_w, wd_r), env=self.env,
                 start_new_session=True,  # its own process group: a timeout kills whatever it started too
             )

@@ -1,16 +1,9 @@
-"""What the kernel enforces around one sandbox run, seen from the host: a slot, a cgroup, a
-seccomp filter, a kill that finds everything, and a cleanup that cannot recurse.
+"""What the kernel enforces around one sandbox run, seen from the host: a cgroup, a seccomp
+filter and a kill that finds everything.
 
 run.py decides *how* a program runs (bubblewrap or plain rlimits); this module holds the host
 resources that make the limits real whichever backend runs it:
 
-* **Slots.** A run holds one of N machine-wide slots (a lock file under flock) while it runs. The
-  slot bounds how many sandboxes run at once on the machine, across every verifier worker process,
-  and, when we are root, names a uid of its own (SLOT_UID_BASE + index) that no other concurrent
-  run and no real user has. A program can then signal, ptrace or read the files of no other run,
-  and RLIMIT_NPROC counts only its own processes. The kernel drops the lock when its holder dies,
-  so a killed worker never leaks a slot; whatever it left running under the slot's uid is killed
-  by the next run that takes the slot, before that run starts.
 * **Cgroups.** Where we may create cgroups (root, or a delegated v2 subtree named by
   RLPOST_CGROUP), each run gets its own: a memory cap that counts everything the program can make
   the kernel hold (heap, memfd, tmpfs files, SysV/POSIX shared memory, page tables), a pids cap
@@ -23,77 +16,22 @@ resources that make the limits real whichever backend runs it:
   ptrace / process_vm_readv (no reading another process's memory, not even bwrap's own init), and
   kills the process on a foreign syscall ABI (i386 ``int 0x80`` or x32 numbers would bypass a
   filter keyed on x86_64 numbers).
-* **Cleanup** walks a directory tree with a list, not recursion, and one open descriptor at a
-  time: a 1500-deep tree made shutil.rmtree raise RecursionError.
+
+The slots (and their registries) are slots.py's; removing a directory the program wrote is cleanup.py's.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import os
 import re
 import signal
 import struct
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 
-SLOT_UID_BASE = 1_900_000_000  # far above real users, /etc/subuid ranges and nobody (65534)
 KILL_WAIT_S = 2.0
-
-
-# --- slots ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Slot:
-    index: int
-    uid: int  # the run's uid outside any namespace: its own when we are root, else ours
-    fd: int  # the flock-ed lock file; the slot is held while this is open
-    block: int  # the uid block; the lock file's byte at this offset is b"1" while a run is in it
-    dirty: bool  # that byte was already b"1": the last holder died mid-run and may have left processes
-
-
-def _slot_dir() -> str:
-    """A directory only we can write, for the lock files (programs must not be able to hold one)."""
-    root = os.geteuid() == 0
-    path = "/run/rlpost-sandbox" if root and os.access("/run", os.W_OK) else \
-        os.path.join(tempfile.gettempdir(), f"rlpost-sandbox-{os.geteuid()}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)  # someone else could have made it first, in a shared /tmp
-    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise RuntimeError(f"{path}: not a private directory of uid {os.geteuid()}; remove it")
-    return path
-
-
-def acquire_slot(n: int, uid_block: int = 0, poll_s: float = 0.005) -> Slot:
-    """Wait for one of slots 0..n-1 (lowest first, so few distinct uids are ever used); its uid
-    is SLOT_UID_BASE + 1024 * uid_block + index. Backends use different blocks: a bwrap run's
-    exited init lingers as a zombie until the kernel's init reaps it, and zombies count against
-    RLIMIT_NPROC of their uid, which only the rlimits backend relies on."""
-    folder = _slot_dir()
-    while True:
-        for i in range(max(1, n)):
-            fd = os.open(f"{folder}/slot-{i}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            uid = SLOT_UID_BASE + 1024 * uid_block + i if os.geteuid() == 0 else os.getuid()
-            dirty = os.pread(fd, 1, uid_block) == b"1"
-            os.pwrite(fd, b"1", uid_block)
-            return Slot(i, uid, fd, uid_block, dirty)
-        time.sleep(poll_s)
-
-
-def release_slot(slot: Slot, clean: bool = True) -> None:
-    """Give the slot back; `clean` = nothing of the run is left (else the next holder looks)."""
-    if clean:
-        os.pwrite(slot.fd, b"0", slot.block)
-    os.close(slot.fd)
 
 
 # --- finding and killing processes ----------------------------------------------------------
@@ -268,9 +206,10 @@ def _read(path: str) -> str:
 class RunCgroup:
     """One run's cgroup(s): created with its caps, the run placed in it, killed, removed."""
 
-    def __init__(self, host: CgroupHost, tag: str, memory_bytes: int, max_pids: int):
-        self.host, self.dirs, self.kill_dir = host, [], None
-        name = f"rlpost-{os.getpid()}-{tag}"  # our pid in the name lets a later run sweep it if we die
+    def __init__(self, host: CgroupHost, name: str, memory_bytes: int, max_pids: int, on_make=lambda path: None):
+        """on_make(path) runs before each folder is made (the slot's registry records it)."""
+        self.host, self.dirs, self.kill_dir, self.on_make = host, [], None, on_make
+        self.made: list[str] = []  # every folder made, removed or not
         try:
             if host.version == 2:
                 self.mem = self.pids = self._make(host.memory, name)
@@ -295,7 +234,9 @@ class RunCgroup:
 
     def _make(self, base: str, name: str) -> str:
         path = os.path.join(base, name)
+        self.on_make(path)
         os.mkdir(path)
+        self.made.append(path)
         self.dirs.append(path)
         return path
 
@@ -374,28 +315,21 @@ def _rmdir_when_empty(path: str, wait_s: float = KILL_WAIT_S) -> None:
             time.sleep(0.002)
 
 
-def sweep_stale_cgroups() -> int:
-    """Kill and remove run cgroups whose creating process died mid-run. Called by a process's
-    first run, and by any run whose slot was left dirty."""
-    host, removed = cgroup_host(), 0
-    if host is None:
-        return 0
-    for base in dict.fromkeys(b for b in (host.kill, host.pids, host.memory, host.cpu) if b):  # killers first
-        for name in os.listdir(base):
-            m = re.fullmatch(r"rlpost-(\d+)-.+", name)
-            path = os.path.join(base, name)
-            if not m or os.path.exists(f"/proc/{m[1]}"):
-                continue
-            try:
-                if os.path.exists(f"{path}/cgroup.kill"):
-                    _kill_group(path, path)
-                elif os.path.exists(f"{path}/pids.max"):
-                    _kill_group(path, None)
-                _rmdir_when_empty(path)
-                removed += 1
-            except OSError:
-                pass
-    return removed
+def remove_stale_cgroup(path: str) -> None:
+    """Kill everything in a cgroup a slot's registry names (its maker died or failed to remove it)
+    and remove it. Only a folder named like ours directly under one of our cgroup bases is
+    touched; one already gone is done."""
+    host = cgroup_host()
+    bases = {b for b in (host.memory, host.pids, host.kill, host.cpu) if b} if host else set()
+    if os.path.dirname(path) not in bases or not os.path.basename(path).startswith("rlpost-"):
+        raise OSError(f"{path}: not a run cgroup of ours")
+    if not os.path.isdir(path):
+        return
+    if os.path.exists(f"{path}/cgroup.kill"):
+        _kill_group(path, path)
+    elif os.path.exists(f"{path}/pids.max"):
+        _kill_group(path, None)
+    _rmdir_when_empty(path)
 
 
 # --- seccomp --------------------------------------------------------------------------------
@@ -427,42 +361,3 @@ def seccomp_filter() -> bytes | None:
         ins.append((jeq, len(denied) - i, 0, nr))
     ins += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
     return b"".join(struct.pack("HBBI", *i) for i in ins)
-
-
-# --- cleanup --------------------------------------------------------------------------------
-
-
-def remove_tree(path: str) -> None:
-    """Delete `path` and everything under it, however deep, after everything in it is dead.
-
-    Iterative, one open directory at a time: walk down through the first subdirectory, unlinking
-    files on the way, and when a directory is empty step back up with '..' and rmdir it. Directories
-    are made writable first (a program may chmod them to 000). Raises OSError on what it cannot do."""
-    names: list[str] = []  # the path from `path` down to the current directory
-    os.chmod(path, 0o700)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        while True:
-            sub = None
-            with os.scandir(fd) as it:
-                for entry in it:
-                    if entry.is_dir(follow_symlinks=False):
-                        sub = entry.name
-                        break
-                    os.unlink(entry.name, dir_fd=fd)
-            if sub is not None:
-                os.chmod(sub, 0o700, dir_fd=fd)  # a real directory (checked above), not a link
-                child = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                os.close(fd)
-                fd = child
-                names.append(sub)
-                continue
-            if not names:
-                break
-            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = parent
-            os.rmdir(names.pop(), dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(path)

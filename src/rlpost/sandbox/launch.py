@@ -20,12 +20,14 @@ import math
 import os
 import re
 import select
+import shutil
 import subprocess
 import sys
 import time
-from rlpost.sandbox import isolation
+from rlpost.sandbox import isolation, slots
 from rlpost.sandbox.limits import Limits
 
+SYSTEM_PATH = "/usr/bin:/bin"  # the PATH bwrap is found on and the program starts with
 NOBODY = 65534
 INSIDE = "/sandbox"  # the working directory as the program sees it under bwrap
 MAIN = "main.py"
@@ -64,13 +66,27 @@ def python_path() -> str:
 
 
 @functools.cache
-def bwrap_flags() -> frozenset[str]:
-    """Optional flags this bwrap knows (older releases lack --size and --disable-userns)."""
+def bwrap_path() -> str | None:
+    """The bwrap every run uses, probe included: the one on SYSTEM_PATH, never the caller's PATH."""
+    return shutil.which("bwrap", path=SYSTEM_PATH)
+
+
+@functools.cache
+def bwrap_flags() -> frozenset[str] | None:
+    """Optional flags this bwrap knows (older releases lack --size and --disable-userns); None
+    when ``bwrap --help`` itself fails, which makes bwrap unusable (run.bwrap_works), never a
+    silent run without them."""
+    path = bwrap_path()
+    if path is None:
+        return None
     try:
-        out = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30, env={"PATH": SYSTEM_PATH})
     except (OSError, subprocess.SubprocessError):
-        return frozenset()
-    return frozenset(f for f in ("--disable-userns", "--size") if f in out.stdout + out.stderr)
+        return None
+    text = out.stdout + out.stderr
+    if "--unshare-all" not in text:
+        return None
+    return frozenset(f for f in ("--disable-userns", "--size") if f in text)
 
 
 def _boot_args(limits: Limits, gate: int | None, bpf: bytes | None) -> list[str]:
@@ -97,20 +113,24 @@ def _system_mounts() -> list[str]:
 
 def _bwrap_cmd(limits: Limits, fds: dict[str, int], files: dict[str, int]) -> list[str]:
     """fds: info, block and (optionally) seccomp descriptors; files: name -> memfd to copy in."""
-    size = ["--size", str(int(limits.max_disk_mb) << 20)] if "--size" in bwrap_flags() else []
+    flags = bwrap_flags() or frozenset()
+    size = ["--size", str(int(limits.max_disk_mb) << 20)] if "--size" in flags else []
     dirs = sorted({os.path.dirname(n) for n in files} - {""})
     copy_in = [a for d in dirs for a in ("--dir", f"{INSIDE}/{d}")]
     copy_in += [a for n, fd in files.items() for a in ("--file", str(fd), f"{INSIDE}/{n}")]
     seccomp = ["--seccomp", str(fds["seccomp"])] if "seccomp" in fds else []
     return [
-        "bwrap", "--info-fd", str(fds["info"]), "--block-fd", str(fds["block"]), *seccomp,
-        "--unshare-all", "--unshare-user", *(bwrap_flags() & {"--disable-userns"}),
+        bwrap_path() or "bwrap", "--info-fd", str(fds["info"]), "--block-fd", str(fds["block"]), *seccomp,
+        "--unshare-all", "--unshare-user", *(flags & {"--disable-userns"}),
         "--die-with-parent", "--new-session", "--hostname", "sandbox",
-        "--tmpfs", "/", *_system_mounts(), "--proc", "/proc", "--dev", "/dev",
+        # /proc/1 is bubblewrap's own init, the program's parent: hidden under an empty read-only tmpfs,
+        # so its memory (/proc/1/mem), maps and descriptors are not there to read
+        "--tmpfs", "/", *_system_mounts(), "--proc", "/proc", "--tmpfs", "/proc/1", "--remount-ro", "/proc/1",
+        "--dev", "/dev",
         *size, "--tmpfs", INSIDE, *copy_in, "--chdir", INSIDE,
         # Read-only root and /dev: otherwise their tmpfs (RAM, no size cap) is a way to fill memory.
         "--remount-ro", "/dev", "--remount-ro", "/",
-        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", INSIDE,
+        "--clearenv", "--setenv", "PATH", SYSTEM_PATH, "--setenv", "HOME", INSIDE,
         "--setenv", "TMPDIR", INSIDE, "--setenv", "LANG", "C.UTF-8", "--setenv", "MALLOC_ARENA_MAX", "2",
         "--uid", str(NOBODY), "--gid", str(NOBODY),
         *_boot_args(limits, None, None),
@@ -127,7 +147,7 @@ def _memfd(data: bytes) -> int:
     return fd
 
 
-def spawn(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot: isolation.Slot,
+def spawn(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot: slots.Slot,
           workdir: str | None) -> subprocess.Popen:
     """Start the run, held at its gate: proc.gate_fd releases it, proc.info_fd (bwrap) says its pid 1."""
     mine: list[int] = []  # descriptors the child needs and we close once it has them
@@ -144,14 +164,14 @@ def spawn(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot:
                 mine.append(fds.setdefault("seccomp", _memfd(bpf)))
             file_fds = {n: _memfd(text.encode()) for n, text in files.items()}
             mine += file_fds.values()
-            cmd, cwd, env = _bwrap_cmd(limits, fds, file_fds), "/", {"PATH": "/usr/bin:/bin"}
+            cmd, cwd, env = _bwrap_cmd(limits, fds, file_fds), "/", {"PATH": SYSTEM_PATH}
         else:  # the boot shim's own gate: it reads one byte before doing anything
             gate_r, block_w = os.pipe()
             keep.append(block_w)
             mine.append(gate_r)
             info_r, cwd = None, workdir
             cmd = _boot_args(limits, gate_r, isolation.seccomp_filter())
-            env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+            env = {"PATH": SYSTEM_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                    "MALLOC_ARENA_MAX": "2"}
         user = {"user": slot.uid, "group": slot.uid, "extra_groups": []} if os.geteuid() == 0 else {}
         # A new session gives the outer process its own process group and session, killed whole.

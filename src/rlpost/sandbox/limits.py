@@ -22,7 +22,7 @@ class Limits:
     max_file_mb: int = 16
     """largest file the program may write (RLIMIT_FSIZE; also caps each memfd)"""
     max_disk_mb: int = 64
-    """size of the working directory (bwrap: a tmpfs of this size; rlimits: not enforced)"""
+    """size of the working directory (a tmpfs of this size: bwrap, and rlimits as root where mounts are allowed)"""
     total_memory_mb: int = 0
     """memory of the whole run, memfd, tmpfs and shared memory included (cgroup); 0 = memory_mb + max_disk_mb"""
 

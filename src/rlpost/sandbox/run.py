@@ -30,17 +30,22 @@ bwrap (bubblewrap), wherever it exists *and* a trivial program actually runs und
   bound anyway, whereas sys.executable is often a venv under $HOME, and binding $HOME is exactly
   what must not happen. Only when /usr/bin/python3 is missing is sys.base_prefix bound read-only.
 
-rlimits (only when asked for): a plain subprocess in a new session, through the same boot shim
-(same rlimits, and the seccomp filter installed by the shim itself), with a scrubbed environment
-and a fresh host directory. When we are root it runs as the slot's own uid, so it cannot signal,
-ptrace or read the files of the trainer or of another run, RLIMIT_NPROC counts only its own
-processes, and at the end every process of the run is killed (its cgroup, else its uid), daemons
-included. It has no network isolation, the filesystem stays readable (a world-readable data file
-with the expected answers included) and world-writable places like /tmp writable, files go to
-the host disk with only a per-file cap, and the host's SysV IPC is shared. As a non-root user it
-also shares the trainer's uid: it can read the trainer's memory through /proc and kill it.
-``guarantees()`` says exactly which properties hold, and the first such run warns, naming each
-missing one.
+rlimits (only when asked for, and as root only with allow_root): a plain subprocess in a new
+session, through the same boot shim (same rlimits, and the seccomp filter installed by the shim
+itself), with a scrubbed environment and a fresh host directory (hostdir.py: as root a tmpfs of
+max_disk_mb of its own, removed by one unmount; cleanup.py removes a plain one). When we are root
+it runs as the slot's own uid, so it cannot signal, ptrace or read the files of the trainer or of
+another run, RLIMIT_NPROC counts only its own processes, and at the end every process of the run
+is killed (its cgroup, else its uid), daemons included. It has no network isolation, the
+filesystem stays readable (a world-readable data file with the expected answers included) and
+world-writable places like /tmp writable, and the host's SysV IPC is shared. As a non-root user
+it also shares the trainer's uid: it can read the trainer's memory through /proc, kill it, and
+write whatever we can. ``guarantees()`` says exactly which properties hold, ``unprotected()`` says
+it in words, and the first such run warns with them (the code task says it on the console).
+
+Whatever a run leaves on the host (its cgroups, its working directory) is listed in its slot's
+registry (slots.py) before it exists; a run killed mid-way leaves the list, and the next holder of
+the slot removes exactly what it names.
 
 Both backends, where cgroups can be made (isolation.py): a cgroup per run caps the memory of the
 whole run (``total_memory_mb``: processes, memfd, tmpfs, shared memory) and its process count,
@@ -55,23 +60,23 @@ process.
 from __future__ import annotations
 
 import functools
-import glob
 import os
 import secrets
 import selectors
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import warnings
 
-from rlpost.sandbox import isolation, launch
+from rlpost.sandbox import hostdir, isolation, launch, slots
 from rlpost.sandbox.launch import MAIN
 from rlpost.sandbox.limits import Limits, Result
 
 KILL_WAIT_S = 2.0  # after a kill, how long to wait for the pipes to close
 REAP_WAIT_S = 5.0  # rlimits as root: how long to wait for init to reap a run's orphans (see kill_matching)
+CLEANUP_S = 10.0  # rlimits without a tmpfs mount: the longest a run's working directory may take to remove
+LEFTOVER_S = 2.0  # the longest a run spends on what earlier holders of its slot left (the rest waits)
+ALLOW_ROOT_ENV = "RLPOST_SANDBOX_ALLOW_ROOT"
 BACKENDS = ("bwrap", "rlimits")
 INSTALL_HINT = "install bubblewrap (apt-get install bubblewrap)"
 
@@ -85,8 +90,9 @@ class SandboxUnavailable(RuntimeError):
 
 @functools.cache
 def bwrap_works() -> bool:
-    """Probe once per process: does a trivial program really run under our bwrap command?"""
-    if shutil.which("bwrap") is None:
+    """Probe once per process: does a trivial program really run under our bwrap command, with
+    the flags we asked bwrap about (``bwrap --help``) known?"""
+    if launch.bwrap_path() is None or launch.bwrap_flags() is None:
         return False
     res = run_python("print(6 * 7)", limits=Limits(wall_s=20), backend="bwrap", _probe=True)
     return res.status == "ok" and res.stdout.strip() == "42"
@@ -113,17 +119,19 @@ def guarantees(backend: str | None = None) -> dict[str, bool]:
     backend = "rlimits" if backend == "rlimit" else backend or resolve_backend()
     bw, own_uid = backend == "bwrap", os.geteuid() == 0  # root: every run gets a uid of its own
     cgroup, seccomp = isolation.cgroup_host() is not None, isolation.seccomp_filter() is not None
+    flags = (launch.bwrap_flags() or frozenset()) if bw else frozenset()
     return {
         "wall_time": True, "cpu_time": True, "output_cap": True, "memory_per_process": True,
         "memory_total": cgroup,  # memfd, tmpfs and shmem pages: only a cgroup counts them
         "process_count": bw or own_uid or cgroup,  # counts this run's processes, not the trainer's
-        "disk_quota": bw and "--size" in launch.bwrap_flags(),  # rlimits: RLIMIT_FSIZE per file only
+        # bwrap: a tmpfs of --size; rlimits: a tmpfs mount of its own as root, else RLIMIT_FSIZE per file only
+        "disk_quota": "--size" in flags if bw else own_uid and hostdir.can_mount(),
         "tree_kill": bw or own_uid or cgroup,  # rlimits as non-root: a setsid() daemon survives
         "network_isolated": bw,
         "fs_read_isolated": bw,  # rlimits: every world-readable file, task data included
         "fs_write_isolated": bw,  # rlimits: /tmp, /dev/shm and the host disk
         "ipc_isolated": bw,  # rlimits: the host's SysV shared memory, semaphores, queues
-        "userns_blocked": bw and "--disable-userns" in launch.bwrap_flags(),  # no nested namespaces
+        "userns_blocked": "--disable-userns" in flags,  # no nested namespaces
         "keyring_isolated": seccomp,
         "ptrace_blocked": seccomp,
         "parent_protected": bw or own_uid,  # rlimits as non-root: same uid as the trainer
@@ -131,12 +139,41 @@ def guarantees(backend: str | None = None) -> dict[str, bool]:
     }
 
 
+# What each missing guarantee leaves the program free to do, in the words the console uses.
+UNPROTECTED = {
+    "memory_total": "memory held in memfd, tmpfs and shared memory (no cgroup: only each process's address space is capped)",
+    "process_count": "process count (shared with your uid's other processes)",
+    "disk_quota": "disk use (files go to the host disk, capped per file only)",
+    "tree_kill": "daemons that leave the session (they outlive the run)",
+    "network_isolated": "the network, localhost included",
+    "fs_read_isolated": "reading every world-readable file, the task's data with its answers included",
+    "fs_write_isolated": "writing /tmp, /dev/shm and every other world-writable place",
+    "ipc_isolated": "the host's SysV shared memory, semaphores and message queues",
+    "userns_blocked": "nested user namespaces",
+    "keyring_isolated": "the session keyring",
+    "ptrace_blocked": "ptrace and process_vm_readv",
+    "parent_protected": "this process and your files: the program runs with your uid, so it can read this process's "
+                        "memory, kill it, and change anything you can write, the Python packages the verifier imports included",
+    "runs_isolated": "other runs: what one run does can change another's result",
+}
+
+ROOT_REFUSAL = ("refusing to run model-written code under task.sandbox=rlimits as root: it would run with resource "
+                "limits and a uid of its own only, beside a grader that creates and removes its files as root; "
+                "install bubblewrap (task.sandbox=bwrap), or set task.sandbox_allow_root=true "
+                f"({ALLOW_ROOT_ENV}=1 outside a code task) to accept that")
+
+
+def unprotected(backend: str) -> list[str]:
+    """What a program run under `backend` here is not kept from, one phrase per missing guarantee."""
+    return [UNPROTECTED[k] for k, ok in guarantees(backend).items() if not ok]
+
+
 @functools.cache
 def _warn_missing(backend: str) -> None:
-    missing = sorted(k for k, ok in guarantees(backend).items() if not ok)
+    missing = unprotected(backend)
     if missing:
-        warnings.warn(f"rlpost.sandbox: running model-written code under {backend} without: "
-                      f"{', '.join(missing)} (see docs/environments.md)"
+        warnings.warn(f"rlpost.sandbox: running model-written code under {backend} without protection against: "
+                      f"{'; '.join(missing)} (see docs/environments.md)"
                       + (f"; {INSTALL_HINT} for the full sandbox" if backend == "rlimits" else ""),
                       RuntimeWarning, stacklevel=4)
 
@@ -145,38 +182,44 @@ def _warn_missing(backend: str) -> None:
 
 
 def run_python(code: str, stdin: str = "", limits: Limits = Limits(), files: dict[str, str] | None = None,
-               backend: str | None = None, parallel: int = 0, _probe: bool = False) -> Result:
+               backend: str | None = None, parallel: int = 0, allow_root: bool | None = None,
+               _probe: bool = False) -> Result:
     """Run `code` as main.py in a fresh directory holding `files`; never raises for what `code` does.
 
     backend: "bwrap" or "rlimits"; default resolve_backend(). parallel: how many sandboxes may run
-    at once on this machine (the slot pool); 0 = the number of CPU cores."""
+    at once on this machine (the slot pool); 0 = the number of CPU cores. allow_root: run the
+    rlimits backend as root (refused otherwise, SandboxUnavailable); None = RLPOST_SANDBOX_ALLOW_ROOT=1."""
     backend = "bwrap" if _probe else resolve_backend(backend)
+    if backend == "rlimits" and os.geteuid() == 0 and not root_allowed(allow_root):
+        raise SandboxUnavailable(ROOT_REFUSAL)
     if not _probe:
         _warn_missing(backend)
     files = {**(files or {}), MAIN: code}
     for name in files:
         if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] in ("..", ".", ""):
             raise ValueError(f"sandbox file name {name!r} must be relative and stay inside the directory")
-    slot = isolation.acquire_slot(parallel or os.cpu_count() or 1, uid_block=BACKENDS.index(backend))
+    slot = slots.acquire_slot(parallel or os.cpu_count() or 1, uid_block=BACKENDS.index(backend))
     res = None
     try:
         res = _run_in_slot(backend, files, stdin, limits, slot)
         return res
     finally:
-        isolation.release_slot(slot, clean=res is not None and not res.cleanup)
+        slots.release_slot(slot, clean=res is not None and not res.cleanup)
 
 
-def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot: isolation.Slot) -> Result:
-    if backend == "rlimits" and os.geteuid() == 0 and slot.dirty:  # what a caller killed mid-run left
-        isolation.kill_matching(uid=slot.uid, reap_wait_s=REAP_WAIT_S)
-    if slot.dirty or not _swept:
-        _swept.append(_sweep_stale())
+def root_allowed(allow_root: bool | None) -> bool:
+    return allow_root if allow_root is not None else os.environ.get(ALLOW_ROOT_ENV, "") in ("1", "true")
+
+
+def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot: slots.Slot) -> Result:
+    if slot.entries or (backend == "rlimits" and os.geteuid() == 0 and slot.dirty):
+        _clear_leftovers(slot, backend)  # what a holder killed mid-run (or a failed removal) left
     cgroup, workdir, problems = _make_cgroup(limits, slot), None, []
     try:
         if backend == "rlimits":
-            workdir = _make_workdir(files, slot.uid)
+            workdir = hostdir.make(files, slot, limits.max_disk_mb)
         t0 = time.monotonic()
-        proc = launch.spawn(backend, files, stdin, limits, slot, workdir)
+        proc = launch.spawn(backend, files, stdin, limits, slot, workdir and workdir["path"])
         try:
             launch.release(proc, cgroup)
             out, err, why = _collect(proc, limits, t0 + limits.wall_s, lambda: _kill_all(proc, cgroup, slot, backend))
@@ -187,7 +230,7 @@ def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits
         peak = cgroup.peak_mb() if cgroup else None
         oom = cgroup.oom_killed() if cgroup else False
     finally:
-        problems += _cleanup(cgroup, workdir)
+        problems += _cleanup(cgroup, workdir, slot)
     rc = proc.returncode
     if backend == "bwrap" and rc is not None and rc > 128:
         rc = 128 - rc  # bwrap exits 128 + N when the program died of signal N (sys.exit(130) looks the same)
@@ -196,48 +239,39 @@ def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits
     return Result(status, rc, stdout, stderr, wall, backend, peak, "; ".join(problems))
 
 
-_swept: list[int] = []  # non-empty once this process has swept
+def _clear_leftovers(slot: slots.Slot, backend: str) -> None:
+    """Remove what the slot's registry lists, within LEFTOVER_S: the holder that made it is gone
+    (we hold the slot's lock), so nothing there is anyone's live run. The processes of its uids go
+    first (as root: only sandbox uids). What cannot be removed in time stays listed for the next
+    holder; it never fails this run."""
+    if os.geteuid() == 0:
+        uids = {int(e["uid"]) for e in slot.entries if e.get("kind") == "workdir" and "uid" in e}
+        if backend == "rlimits" and slot.dirty:
+            uids.add(slot.uid)
+        for uid in sorted(u for u in uids if u >= slots.SLOT_UID_BASE):
+            isolation.kill_matching(uid=uid, reap_wait_s=REAP_WAIT_S)
+    deadline, done = time.monotonic() + LEFTOVER_S, []
+    for entry in list(slot.entries):
+        try:
+            if entry.get("kind") == "cgroup":
+                isolation.remove_stale_cgroup(entry["path"])
+            elif entry.get("kind") == "workdir":
+                hostdir.remove(entry, max(0.1, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - stays listed; the next holder goes on from here
+            continue
+        done.append(entry)
+    slots.record(slot, drop=done)
 
 
-def _sweep_stale() -> int:
-    """Remove what workers killed mid-run (the runner's timeout SIGKILLs them) left behind: their
-    cgroups and their rlimits working directories, both named with the dead worker's pid. Run by
-    a process's first run and by any run that finds its slot dirty; returns how many it removed."""
-    removed = isolation.sweep_stale_cgroups() if isolation.cgroup_host() else 0
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), "rlpost-sbx-*-*")):
-        pid = os.path.basename(path).split("-")[2]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            try:
-                isolation.remove_tree(path)
-                removed += 1
-            except Exception:  # noqa: BLE001 - a leftover we cannot remove must not stop this run
-                pass
-    return removed
-
-
-def _make_cgroup(limits: Limits, slot: isolation.Slot) -> isolation.RunCgroup | None:
+def _make_cgroup(limits: Limits, slot: slots.Slot) -> isolation.RunCgroup | None:
     host = isolation.cgroup_host()
     if host is None:
         return None
     total = limits.total_memory_mb or limits.memory_mb + limits.max_disk_mb
     # +3 pids: the outer bwrap, the sandbox's init, and the boot shim that becomes the program
-    return isolation.RunCgroup(host, f"{slot.index}-{secrets.token_hex(4)}", int(total) << 20,
-                               int(limits.max_processes) + 3)
-
-
-def _make_workdir(files: dict[str, str], uid: int) -> str:
-    """rlimits backend: a fresh host directory, 0700 and owned by the run's uid when we are root."""
-    workdir = tempfile.mkdtemp(prefix=f"rlpost-sbx-{os.getpid()}-")  # our pid: see _sweep_stale
-    for name, text in files.items():
-        path = os.path.join(workdir, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-    if os.geteuid() == 0:
-        for dirpath, dirnames, filenames in os.walk(workdir):  # our own shallow tree, not the program's
-            for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-                os.chown(name, uid, uid)
-    return workdir
+    return isolation.RunCgroup(host, f"rlpost-slot{slot.index}-{secrets.token_hex(6)}", int(total) << 20,
+                               int(limits.max_processes) + 3,
+                               on_make=lambda path: slots.record(slot, add={"kind": "cgroup", "path": path}))
 
 
 def _collect(proc: subprocess.Popen, limits: Limits, deadline: float, kill) -> tuple[bytes, bytes, str | None]:
@@ -327,18 +361,22 @@ def _finish(proc: subprocess.Popen) -> None:
             setattr(proc, name, None)
 
 
-def _cleanup(cgroup, workdir: str | None) -> list[str]:
-    """Remove the cgroup and the host directory. A failure is reported, never raised: the
-    program's result stands, and a mess one program made must not cost the next one its reward."""
+def _cleanup(cgroup, workdir: dict | None, slot: slots.Slot) -> list[str]:
+    """Remove the cgroup and the host directory, and drop them from the slot's registry. A failure
+    is reported, never raised: the program's result stands, and what is left stays listed for the
+    next holder of the slot, so a mess one program made never costs the next one its reward."""
     problems = []
     if cgroup is not None:
         try:
             cgroup.remove()
         except OSError as e:
             problems.append(f"cgroup: {e}")
+        slots.record(slot, drop=[e for e in slot.entries if e.get("kind") == "cgroup" and e["path"] in cgroup.made
+                                 and e["path"] not in cgroup.dirs])
     if workdir is not None:
         try:
-            isolation.remove_tree(workdir)
+            hostdir.remove(workdir, CLEANUP_S)
+            slots.record(slot, drop=[workdir])
         except Exception as e:  # noqa: BLE001 - whatever the program built, the caller must not see it
             problems.append(f"workdir: {type(e).__name__}: {e}")
     return problems
