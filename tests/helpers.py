@@ -152,7 +152,7 @@ def make_batch(tiny, n_prompts=4, k=4, seed=0) -> Rollouts:
 
 
 def verifier_workers() -> list[int]:
-    """Verifier worker processes (rewards/worker.py) whose parent is this process: none may be
+    """Verifier and environment worker processes (rewards/worker.py, envs/worker.py) whose parent is this process: none may be
     left once a command or a test ends. conftest.py asks twice per test, so this reads each
     /proc/PID/stat with one os.read (a third of pathlib's cost: ~2 ms a call here, ~90 processes)."""
     me, found = os.getpid(), []
@@ -166,7 +166,8 @@ def verifier_workers() -> list[int]:
             if int(stat.rpartition(b")")[2].split()[1]) != me:  # field 4, after the parenthesised name
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"rlpost.rewards.worker" in f.read():
+                cmdline = f.read()
+                if b"rlpost.rewards.worker" in cmdline or b"rlpost.envs.worker" in cmdline:
                     found.append(int(pid))
         except (OSError, ValueError, IndexError):
             continue

@@ -13,10 +13,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlpost"
 # Lowest first. A module may import from its own layer (without cycles) or from lower ones, never
 # from a higher one: counting imports made inside functions, which would otherwise hide a cycle.
 LAYERS = [
-    ("types", "console"),  # the batch, the role contracts, the errors; one line to the user
+    ("types", "console", "wire"),  # the batch, the role contracts, the errors; one line to the user; worker pipes
     # typed config, loading and checks; other frameworks' names for its keys; what this machine accepts; a run's config
     # files; what loading fills in (defaults that follow the task, reward functions' file paths)
-    ("config", "sections", "names", "machine", "runconfig", "defaults"),
+    ("config", "sections", "names", "machine", "runconfig", "defaults", "env_config"),
     ("sandbox",),  # runs model-written programs under limits and isolation; nothing else of rlpost, no torch
     ("envs",),  # task families, verifier functions, data rows; no torch
     ("algorithms", "search"),  # pure maths: advantages, losses, knobs as wrappers; pass@k, votes

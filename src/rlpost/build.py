@@ -30,9 +30,10 @@ import torch
 
 from rlpost import algorithms, config, machine
 from rlpost.console import say, say_once
-from rlpost.envs import Task, verifier_timeout
+from rlpost.envs import Task, env_pool, verifier_timeout
 from rlpost.model import checkpoint, device, fit, lora, precision
 from rlpost.model.load import load_policy, load_policy_for, load_tokenizer, resolve
+from rlpost.rewards.episodes import EpisodeReward
 from rlpost.rewards.judge import Judge
 from rlpost.rewards.prm import ProcessRewardModel, StepRewards
 from rlpost.rewards.reward_model import load_reward_model
@@ -42,7 +43,7 @@ from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
 from rlpost.roles import rollout_vllm
 from rlpost.roles.engine import auto_picks_vllm, build_rollout
-from rlpost.roles.rollout_tools import ToolRollout
+from rlpost.roles.rollout_env import EnvRollout
 from rlpost.roles.row_plan import LocalPlan, ShardedPlan
 from rlpost.roles.trainer import Trainer
 from rlpost.types.errors import ConfigError
@@ -81,8 +82,10 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
     ``run_dir``: the run folder (verifier workers log there and may import modules from it)."""
     cfg = resolve_precision(cfg)
     algo = algorithms.build(cfg)
-    # The verifier first: its dry start finds a bad task.verifier before the model loads.
-    grader, reward = make_runner(cfg, task.verifier, "task.verifier", run_dir), None
+    # The verifier first: its dry start finds a bad task.verifier before the model loads. An
+    # environment's episodes carry their rewards (rewards/episodes.py).
+    grader = EpisodeReward(cfg.task.turn_discount) if is_env(cfg) else make_runner(cfg, task.verifier, "task.verifier", run_dir)
+    reward = None
     try:
         # The reward functions next (their dry start), before any model loads.
         reward = grader if for_eval else build_reward(cfg, grader, run_dir)
@@ -90,7 +93,7 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
         if cfg.dist.topology != "colocated" and not for_eval:
             roles = _remote_roles(cfg, algo, weights, stream, rollout_worker, grader, reward)
         else:
-            roles = _local_roles(cfg, algo, weights, for_eval, grader, reward)
+            roles = _local_roles(cfg, algo, weights, for_eval, grader, reward, run_dir)
         roles.process_reward = prm
         return roles
     except BaseException:  # a model that does not load, a reward function that does not import
@@ -100,8 +103,8 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
         raise
 
 
-def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool, grader: VerifierRunner,
-                 reward: Verifier) -> Roles:
+def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool, grader: Verifier,
+                 reward: Verifier, run_dir: Path | None = None) -> Roles:
     """Every role in this process (dist.topology=colocated, and evaluation)."""
     loaded = load_policy_for(cfg)
     on_device(cfg, loaded.model)  # once, so the copies below are made there
@@ -114,7 +117,7 @@ def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool,
         checkpoint.load_into(loaded.model, weights, "the checkpoint's model.safetensors")
     # vLLM reads the weights once and keeps its own copy; the other engines keep the one they are given
     sampler_model = loaded.model if cfg.rollout.engine == "vllm" else copy.deepcopy(loaded.model)
-    rollout = make_rollout(cfg, sampler_model, loaded.tokenizer)
+    rollout = make_rollout(cfg, sampler_model, loaded.tokenizer, run_dir)
     trainer = make_trainer(cfg, loaded.model, use_lora) if not for_eval else None
     return Roles(rollout, reward, reference, algo, trainer, grader=grader)
 
@@ -210,9 +213,14 @@ def load_teacher(cfg: config.Config) -> torch.nn.Module:
     return teacher.model
 
 
-def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
+def is_env(cfg: config.Config) -> bool:
+    """Whether the run's task is environment episodes (task.name=env or tools)."""
+    return config.task_families(cfg.task)[0] in config.ENV_FAMILIES
+
+
+def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer, run_dir: Path | None = None):
     """The sampler over `model` (which it casts to rollout.dtype): own decode loop or `generate`,
-    wrapped in tool episodes for the tools task."""
+    wrapped in environment episodes for task.name=env or tools (their workers log to RUN/env.log)."""
     dtype = precision.sampler_dtype(cfg.rollout.dtype, cfg.run.device)
     if cfg.rollout.engine == "vllm":
         rollout = rollout_vllm.VLLMRollout(on_device(cfg, model), tokenizer, resolve(cfg.model.name), dtype,
@@ -220,8 +228,10 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer):
                                            gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
     else:
         rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype)
-    if config.task_families(cfg.task) == ["tools"]:  # multi-turn episodes: same generate() contract, tool calls inside
-        rollout = ToolRollout(rollout, cfg.task)
+    if is_env(cfg):  # multi-turn episodes: the same generate() contract, the environment's turns inside
+        t = cfg.task
+        pool = env_pool(t, t.env_workers, Path(run_dir) / "env.log" if run_dir else None, (run_dir,) if run_dir else ())
+        rollout = EnvRollout(rollout, pool, t.max_turns, t.max_episode_tokens)
     return rollout
 
 

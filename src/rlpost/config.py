@@ -28,6 +28,7 @@ import yaml
 
 from rlpost import defaults, names
 from rlpost.defaults import default_max_new_tokens  # noqa: F401 - re-exported (the report reads it)
+from rlpost.env_config import ENV_FAMILIES, check_env
 from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc.
     AlgoConfig,
     Config,
@@ -113,7 +114,7 @@ def check_dist(cfg: Config) -> None:
 
 
 FAMILIES = typing.get_args(typing.get_type_hints(TaskConfig)["name"])  # task.name's choices
-DATA_FAMILIES = ("dataset", "math", "code")  # the families that read task.data when it is set
+DATA_FAMILIES = ("dataset", "math", "code", "env")  # the families that read task.data when it is set
 
 
 def task_mix(t: TaskConfig) -> dict[str, float]:
@@ -125,10 +126,10 @@ def task_mix(t: TaskConfig) -> dict[str, float]:
         if not sep or not family:
             raise ConfigError(f"task.mix: expected comma-separated 'family:weight' entries, e.g. 'arithmetic:0.7,gym:0.3', got {entry!r}")
         if family not in FAMILIES:
-            raise ConfigError(f"task.mix: unknown family {family!r}; expected some of {', '.join(f for f in FAMILIES if f != 'tools')}")
-        if family == "tools":  # ToolRollout samples every prompt of a batch as an episode (build.make_rollout)
-            raise ConfigError("task.mix: tools runs multi-turn episodes with its own sampler and cannot share a batch "
-                              "with single-turn families; train it alone (task.name=tools)")
+            raise ConfigError(f"task.mix: unknown family {family!r}; expected some of {', '.join(f for f in FAMILIES if f not in ENV_FAMILIES)}")
+        if family in ENV_FAMILIES:  # EnvRollout samples every prompt of a batch as an episode (build.make_rollout)
+            raise ConfigError(f"task.mix: {family} runs multi-turn episodes with its own sampler and cannot share a batch "
+                              f"with single-turn families; train it alone (task.name={family})")
         if family in mix:
             raise ConfigError(f"task.mix: {family} is named twice in {t.mix!r}")
         try:
@@ -188,9 +189,7 @@ def check_task(cfg: Config) -> None:
         [float(w) for w in t.reward_weights.split(",") if t.reward_weights]
     except ValueError:
         raise ConfigError(f"task.reward_weights: expected comma-separated numbers, got {t.reward_weights!r}") from None
-    if families == ["tools"] and cfg.rollout.top_p < 1:
-        raise ConfigError("rollout.top_p: task.name=tools does not yet carry the top-p threshold across an episode's turns, "
-                          f"so the trainer would score the full softmax; expected 1.0, got {cfg.rollout.top_p}")
+    check_env(cfg, families)
     if set(filter(None, t.tools.split(","))) - {"calculator", "python"}:
         raise ConfigError(f"task.tools: expected a comma-separated subset of calculator, python, got {t.tools!r}")
     if "arithmetic" not in families:

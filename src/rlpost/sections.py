@@ -43,8 +43,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: Literal["arithmetic", "dataset", "math", "gym", "code", "tools"] = "arithmetic"
-    """task family that supplies prompts, answers and the verifier: arithmetic (generated), dataset (rows from task.data scored by task.verifier), math (math-verify; task.data or generated fraction problems), gym (a reasoning-gym dataset), code (Python run against hidden tests in a sandbox), tools (multi-turn calculator/Python tool use)"""
+    name: Literal["arithmetic", "dataset", "math", "gym", "code", "tools", "env"] = "arithmetic"
+    """task family that supplies prompts, answers and the verifier: arithmetic (generated), dataset (rows from task.data scored by task.verifier), math (math-verify; task.data or generated fraction problems), gym (a reasoning-gym dataset), code (Python run against hidden tests in a sandbox), tools (multi-turn calculator/Python tool use: the tools environment), env (multi-turn episodes of the environment task.env, rewarded by it)"""
     mix: str = ""
     """several task families in one run, 'family:weight' comma-separated, e.g. 'arithmetic:0.7,gym:0.3' (relative weights, normalised); empty = task.name alone. Each training prompt's family is drawn with these weights (seeded, resumable), each row carries its family in row['task_family'] (verl's data_source) and is scored by that family's own verifier; each family keeps task.n_heldout held-out rows; reward, pass rate and held-out accuracy are also logged per family (reward/mean/<family>, eval/heldout_accuracy/<family>). Every family reads the task.* options it reads alone (ops, gym_name, ...); task.data feeds the one of dataset, math, code in the mix. Not with tools (its own multi-turn sampler) or task.verifier (envs/mix.py)"""
     ops: str = "+-*"
@@ -134,9 +134,21 @@ class TaskConfig:
     tools: str = "calculator,python"
     """task.name=tools: tools the model may call, comma-separated (calculator, python)"""
     max_turns: int = knob(4, ge=1)
-    """task.name=tools: model turns per episode (each may end in a tool call)"""
+    """task.name=env or tools: model turns per episode; the last is still given to the environment's step (its final attempt is scored), and the episode ends there"""
     max_episode_tokens: int = knob(192, ge=1)
-    """task.name=tools: tokens per episode, model and tool tokens together; the episode ends there"""
+    """task.name=env or tools: tokens per episode, model and environment tokens together (each model turn samples at most rollout.max_new_tokens); the episode ends there"""
+    env: str = ""
+    """task.name=env: the environment, a class with reset(row) and step(message) ('module:Class', found like task.verifier: the current directory and the run folder are on the import path), or a shipped one by name: guess (guess the number, higher/lower), search (BM25 search over a generated corpus), code_repair (write a function, see the failing tests, try again), or 'verifiers:ENV_ID' (an installed verifiers environment; pip install 'rlpost[verifiers]'), 'textarena:ENV_ID' (a TextArena game; pip install 'rlpost[textarena]'). It runs only in worker processes (docs/environments.md)"""
+    env_args: str = ""
+    """task.name=env: keyword arguments for the environment's class, as a YAML mapping, e.g. '{low: 1, high: 50}'"""
+    env_timeout_s: float = knob(30.0, gt=0)
+    """seconds one environment call (reset or step) may take; one past it is killed with its worker, and its episode ends with reward 0, counted in env/timeouts"""
+    env_workers: int = knob(0, ge=0, le=64)
+    """environment worker processes stepping episodes while the sampler decodes others; 0 = the number of CPU cores, at most 8"""
+    turn_credit: Literal["episode", "turn"] = "episode"
+    """task.name=env or tools, group algorithms: which tokens a turn's reward reaches. episode: every model token gets the advantage of the episode's return (the discounted sum of its turn rewards); turn: turn k's tokens get the group advantage of the return from turn k on. PPO and REINFORCE++ put each turn's reward on its last token into their own estimator instead (algorithms/turns.py)"""
+    turn_discount: float = knob(1.0, ge=0, le=1)
+    """discount per turn in an episode's return: G_k = r_k + turn_discount * G_(k+1)"""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""Multi-turn tool episodes: the calculator, token-exact assembly and the mask, token by token."""
+"""The tools environment (task.name=tools): the calculator, token-exact inline episodes and the mask, token by token."""
 
 import torch
 
 from rlpost.envs import tools
+from rlpost.envs.pool import EnvPool
 from rlpost.model.load import load_policy, load_tokenizer
-from rlpost.roles import rollout_tools
+from rlpost.roles.rollout_env import EnvRollout
 from rlpost.roles.rollout_hf import HFRollout
 
 
@@ -34,19 +35,26 @@ class Scripted:
     version = 0
 
     def __init__(self, tok, turns):
-        self.tok, self.turns, self.seen = tok, list(turns), []
-
-    def render(self, rows):
-        return HFRollout.render(self, rows)
+        self.tok, self.turns, self.seen, self.stops = tok, list(turns), [], []
+        self.eos_set = {tok.eos_token_id}
 
     def sample_ids(self, seqs, temperature, top_p, max_new_tokens, stops):
         self.seen.append([list(s) for s in seqs])
+        self.stops.append(stops)
         ids, how = self.turns.pop(0)
         return [(ids[:max_new_tokens], [-0.25] * len(ids[:max_new_tokens]), how)] * len(seqs)
 
+    def close(self):
+        pass
 
-class TCfg:
-    tools, max_turns, max_episode_tokens = "calculator", 4, 200
+
+def episodes(sampler, rows, n, max_turns=4, max_tokens=200):
+    """The tools environment's episodes on the scripted sampler (the rollout of task.name=tools)."""
+    ro = EnvRollout(sampler, EnvPool("rlpost.envs.tools:Tools", {"tools": "calculator"}, 30.0, workers=1), max_turns, max_tokens)
+    try:
+        return ro.generate(rows, n=n, temperature=1.0, top_p=1.0, max_new_tokens=64)
+    finally:
+        ro.close()
 
 
 def test_episode_is_token_exact_and_masks_tool_tokens():
@@ -58,10 +66,10 @@ def test_episode_is_token_exact_and_masks_tool_tokens():
     assert call != tok(tok.decode(call), add_special_tokens=False).input_ids  # the drift we must avoid
     sampler = Scripted(tok, [(call, "stop"), (final, "eos")])
     rows = [{"messages": [{"role": "user", "content": "What is 347 * 29?"}], "answer": "10063"}]
-    batch = rollout_tools.ToolRollout(sampler, TCfg()).generate(rows, n=2, temperature=1.0, top_p=1.0, max_new_tokens=64)
+    batch = episodes(sampler, rows, n=2)
 
     obs = tok("\n<result>10063</result>\n", add_special_tokens=False).input_ids
-    prompt = tok(sampler.render(rows)[0], add_special_tokens=False).input_ids
+    prompt = tok(tok.apply_chat_template(rows[0]["messages"], add_generation_prompt=True, tokenize=False), add_special_tokens=False).input_ids
     expected = call + obs + final
     for b in range(2):
         n = len(expected)
@@ -71,10 +79,11 @@ def test_episode_is_token_exact_and_masks_tool_tokens():
         assert not any(mask[n:])
         logp = batch.sampler_logp[b, :n].tolist()
         assert logp == [-0.25] * len(call) + [0.0] * len(obs) + [-0.25] * len(final)
-    # the second turn continued from exactly prompt + drawn ids + observation ids
-    assert sampler.seen[1][0] == prompt + call + obs
+    # the second turn continued from exactly prompt + drawn ids + observation ids, stopping at the tools' closing tags
+    assert sampler.seen[1][0] == prompt + call + obs and sampler.stops[0] == sorted(tools.STOPS)
     assert batch.prompt_ids[0][batch.prompt_mask[0]].tolist() == prompt
     assert tools.score(batch.completions[0], rows[0])[0] == 1.0
+    assert batch.episodes[0]["turn_rewards"] == [0.0, 1.0] and batch.episodes[0]["tool_calls"] == 1
     assert not batch.truncated.any()
     assert sampler.turns == []
 
@@ -84,14 +93,11 @@ def test_episode_limits_end_unfinished():
     call = tok("<calculator>2*3</calculator>", add_special_tokens=False).input_ids
     rows = [{"messages": [{"role": "user", "content": "q"}], "answer": "6"}]
     # turn limit: every turn calls the tool, so the episode never answers
-    cfg = TCfg()
-    cfg.max_turns = 2
-    batch = rollout_tools.ToolRollout(Scripted(tok, [(call, "stop")] * 2), cfg).generate(rows, 1, 1.0, 1.0, 64)
+    batch = episodes(Scripted(tok, [(call, "stop")] * 2), rows, 1, max_turns=2)
     assert batch.truncated.all() and int(batch.completion_mask.sum()) == 2 * len(call)
+    assert batch.episodes[0]["turn_rewards"] == [0.0, 0.0] and batch.episodes[0]["stop"] == "max_turns"
     # token limit: the episode is cut at max_episode_tokens, model and tool tokens together
-    cfg = TCfg()
-    cfg.max_episode_tokens = len(call) + 3
-    batch = rollout_tools.ToolRollout(Scripted(tok, [(call, "stop")] * 4), cfg).generate(rows, 1, 1.0, 1.0, 64)
+    batch = episodes(Scripted(tok, [(call, "stop")] * 4), rows, 1, max_tokens=len(call) + 3)
     assert batch.completion_ids.shape[1] == len(call) + 3 and batch.truncated.all()
     assert batch.completion_mask[0].tolist() == [True] * len(call) + [False] * 3
 

@@ -176,7 +176,7 @@ def test_tis_inside_the_loss_needs_no_old_logprob_pass(tiny):
 
 def with_holes(batch):
     """The batch with a 2-token hole in every other completion that has 4+ tokens (a tool's
-    observation: sampled context that gets no loss), as ToolRollout makes them."""
+    observation: sampled context that gets no loss), as the environment rollout makes them."""
     mask = batch.completion_mask.clone()
     for i in range(0, len(batch), 2):
         if mask[i].sum() >= 4:

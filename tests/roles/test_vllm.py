@@ -134,18 +134,24 @@ def test_stop_strings_end_a_continuation_as_the_own_engine_does(engines, rows):
 
 
 def test_tool_episodes_run_through_vllm_as_through_the_own_engine(engines):
-    # task.name=tools: ToolRollout drives the engine turn by turn through sample_ids (stop strings
-    # end a turn at a tool call, the observation's tokens are appended with mask 0). Greedy, so the
-    # two engines must write the same episodes, tool calls and masks with holes included.
-    from rlpost.roles.rollout_tools import ToolRollout
+    # task.name=tools: the environment rollout drives the engine turn by turn through sample_ids (stop
+    # strings end a turn at a tool call, the observation's tokens are appended with mask 0). Greedy, so
+    # the two engines must write the same episodes, tool calls and masks with holes included.
+    from rlpost.envs import env_pool
+    from rlpost.roles.rollout_env import EnvRollout
 
     theirs, ours, _ = engines
     cfg = config.load(None, ["task.name=tools", "task.n_heldout=6"])
     rows = build_task(cfg).heldout[:6]
-    a, b = ToolRollout(theirs, cfg.task), ToolRollout(ours, cfg.task)
-    ea, eb = a.generate(rows, 1, 0.0, 1.0, 64), b.generate(rows, 1, 0.0, 1.0, 64)
-    print(f"tool episodes through vLLM: {a.last_metrics}")
-    assert a.last_metrics == b.last_metrics
+    t = cfg.task
+    a, b = (EnvRollout(engine, env_pool(t, 1), t.max_turns, t.max_episode_tokens) for engine in (theirs, ours))
+    try:
+        ea, eb = a.generate(rows, 1, 0.0, 1.0, 64), b.generate(rows, 1, 0.0, 1.0, 64)
+    finally:
+        a.pool.close()
+        b.pool.close()
+    print(f"tool episodes through vLLM: {ea.episodes}")
+    assert ea.episodes == eb.episodes
     assert ea.completions == eb.completions
     assert torch.equal(ea.completion_ids, eb.completion_ids) and torch.equal(ea.completion_mask, eb.completion_mask)
     assert (ea.sampler_logp[~ea.completion_mask] == 0).all()

@@ -17,7 +17,7 @@ import math
 from dataclasses import replace
 
 from rlpost import config
-from rlpost.algorithms import core
+from rlpost.algorithms import core, turns
 from rlpost.algorithms.cispo import CISPO
 from rlpost.algorithms.dapo import DAPO
 from rlpost.algorithms.distill import Distill
@@ -64,7 +64,8 @@ def build(cfg) -> Objective:
     if cap > 0:
         loss = with_tis(loss, cap, a.tis_level)
     kl_control = core.AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target > 0 else None
-    return Objective(algo, loss, a.prime_coef, r.group_size, a.overlong_filter, kl_control)
+    return Objective(algo, loss, a.prime_coef, r.group_size, a.overlong_filter, kl_control, cfg.task.turn_credit,
+                     cfg.task.turn_discount)
 
 
 def loss_aggregator(cfg) -> core.Aggregator:
@@ -116,5 +117,8 @@ def check(cfg) -> None:
     if a.dual_clip_c is not None and not t.token_clip:
         raise ConfigError(f"algo.dual_clip_c: {a.name.upper()} has no PPO token clip to cap; expected none, or one of "
                           f"{', '.join(n for n, c in ALGORITHMS.items() if c.traits.token_clip)}")
+    why = turns.check(t, cfg.task.turn_credit)
+    if why:
+        raise ConfigError(f"task.turn_credit: turn with {a.name.upper()}: {why}")
     if cfg.dist.trainer_ranks > 1 and t.needs_values:
         raise ConfigError(f"dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic ({a.name})")

@@ -2,7 +2,8 @@
 knobs around it. Built from a config by ``algorithms.build``; every knob is optional and off by
 default, so ``Objective(GRPO(...), GRPO(...).loss)`` is plain GRPO.
 
-  advantages(batch)   the algorithm's own, then a PRM's step rewards, PRIME and the overlong filter (wrappers.py)
+  advantages(batch)   the algorithm's own (for episodes, by the turn credit rule: turns.py), then a PRM's
+                      step rewards, PRIME and the overlong filter (wrappers.py)
   loss                the algorithm's loss inside the entropy bonus and TIS (wrappers.py)
   end_step(...)       after each update: adaptive KL moves kl_coef (core.AdaptiveKLController)
   state_dict()        what a checkpoint keeps: the fields the algorithm's traits name as state
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlpost.algorithms import core
+from rlpost.algorithms import core, turns
 from rlpost.algorithms.wrappers import (
     with_overlong_filter,
     with_prime,
@@ -39,6 +40,8 @@ class Objective:
     group_size: int = 1  # K, for PRIME's leave-one-out centring
     overlong_filter: bool = False
     kl_control: core.AdaptiveKLController | None = None  # adaptive KL (algo.kl_target > 0)
+    turn_credit: str = "episode"  # environment episodes: which tokens a turn's reward reaches (algorithms/turns.py)
+    turn_discount: float = 1.0
 
     @property
     def traits(self) -> Traits:
@@ -53,7 +56,10 @@ class Objective:
         return old_logp_first(self.traits, self.algo.kl_coef, self.kl_control is not None)
 
     def advantages(self, batch: Rollouts) -> Advantages:
-        adv = self.algo.advantages(batch)
+        if batch.turn_end is not None:  # environment episodes: the credit rule (task.turn_credit)
+            adv = turns.advantages(self.algo, batch, self.turn_credit, self.turn_discount)
+        else:
+            adv = self.algo.advantages(batch)
         if batch.step_reward is not None:  # a process reward model scored the steps (task.process_reward_model)
             adv = with_process_reward(adv, batch, self.group_size, self.traits.token_rewards)
         if self.prime_coef > 0:

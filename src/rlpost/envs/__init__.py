@@ -10,7 +10,9 @@ Families (``task.name``):
   math        math-verify answer equivalence; ``task.data`` or generated fraction problems
   gym         any reasoning-gym dataset (``task.gym_name`` / ``task.gym_config``), its own scorer
   code        Python run against hidden tests in the sandbox (rlpost/sandbox/)
-  tools       multi-turn episodes with calculator / Python tools (envs/tools.py)
+  tools       multi-turn episodes with calculator / Python tools (envs/tools.py: an environment)
+  env         multi-turn episodes of the environment task.env (types/roles.py: Environment), its rows
+              from task.data or its own rows(split, n, seed), asked of a worker process (envs/pool.py)
 
 ``task.mix`` builds several families (not tools) from the one config, each as it is built alone,
 and stamps every row with its family (``row["task_family"]``, verl's ``data_source``); the
@@ -22,10 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import os
+
 import yaml
 
 from rlpost import config
 from rlpost.envs import arithmetic, code, dataset, decontam, gym, mathgen, tools
+from rlpost.envs.pool import EnvPool
 from rlpost.types.errors import ConfigError
 
 DEFAULT_VERIFIER = {
@@ -36,6 +41,15 @@ DEFAULT_VERIFIER = {
     "code": "rlpost.envs.code:score",
     "tools": "rlpost.envs.tools:score",
 }
+
+# task.env by name: the environments rlpost ships, and the libraries it adapts ('verifiers:ENV_ID').
+SHIPPED_ENVS = {
+    "guess": "rlpost.envs.guess:GuessNumber",
+    "search": "rlpost.envs.search:Search",
+    "code_repair": "rlpost.envs.code_repair:CodeRepair",
+    "tools": "rlpost.envs.tools:Tools",
+}
+ENV_LIBRARIES = {"verifiers": "rlpost.envs.verifiers_env:VerifiersEnv", "textarena": "rlpost.envs.textarena_env:TextArenaEnv"}
 
 
 def is_correct(info: dict, reward: float) -> bool:
@@ -90,7 +104,7 @@ def build_task(cfg, refuse_contaminated: bool = True) -> Task:
                           + ", or raise task.max_contamination to accept it")
     # The verifier is imported only in its worker processes (rewards/runner.py), whose first start
     # is the dry call that turns a bad path into one line before training.
-    verifier = MIX_VERIFIER if mix else t.verifier or DEFAULT_VERIFIER[t.name]
+    verifier = MIX_VERIFIER if mix else t.verifier or DEFAULT_VERIFIER.get(t.name, "")  # env: its episodes carry their rewards
     return Task(train, interleave(heldouts), verifier, sum(n for _, _, n in splits.values()), found, mix)
 
 
@@ -101,6 +115,8 @@ def family_splits(t, family: str) -> tuple[list[dict], list[dict], int]:
         train, heldout, skipped = dataset.build_splits(t)
     elif family == "dataset":
         raise ValueError("task.data is required for task.name=dataset")  # config.check_task says so first
+    elif family == "env":
+        train, heldout = env_splits(t)
     else:
         train, heldout = _generated_splits(t, family)
     if family == "code":  # refuses to start without bubblewrap (unless task.sandbox=rlimits) or with ungradable tests
@@ -143,3 +159,40 @@ def _generated_splits(t, family: str) -> tuple[list[dict], list[dict]]:
     if family == "code":
         return code.build_splits(t.n_train, t.n_heldout, t.seed)
     return tools.build_splits(t)
+
+
+def env_spec(t) -> tuple[str, dict]:
+    """(import path, constructor keyword arguments) of the run's environment (task.env, task.env_args;
+    task.name=tools is the tools environment with task.tools)."""
+    args = (yaml.safe_load(t.env_args) if t.env_args else None) or {}
+    if t.name == "tools":
+        return SHIPPED_ENVS["tools"], {"tools": t.tools, **args}
+    name = t.env.strip()
+    library, _, env_id = name.partition(":")
+    if library in ENV_LIBRARIES and env_id:
+        return ENV_LIBRARIES[library], {"env_id": env_id, **args}
+    return SHIPPED_ENVS.get(name, name), args
+
+
+def env_pool(t, workers: int, log_path=None, import_paths: tuple = ()) -> EnvPool:
+    """Worker processes for the run's environment; the first one's import is the dry start (one line if it fails)."""
+    path, kwargs = env_spec(t)
+    workers = workers or min(8, os.cpu_count() or 1)
+    return EnvPool(path, kwargs, t.env_timeout_s, workers=workers, log_path=log_path,
+                   import_paths=(*import_paths, os.getcwd()))
+
+
+def env_splits(t) -> tuple[list[dict], list[dict]]:
+    """The environment's own rows (its method rows(split, n, seed)), asked of one worker."""
+    pool = env_pool(t, 1)
+    try:
+        outcomes = pool.run([{"op": "rows", "split": split, "n": n, "seed": t.seed}
+                             for split, n in (("train", t.n_train), ("heldout", t.n_heldout))])
+    finally:
+        pool.close()
+    for outcome in outcomes:
+        if outcome[0] != "ok":
+            raise ConfigError(f"task.env: {pool.path}.rows() failed ({outcome[1] if len(outcome) > 1 else outcome[0]})")
+        if outcome[1] is None:
+            raise ConfigError(f"task.env: {pool.path} has no rows(split, n, seed) method; give its rows in task.data")
+    return outcomes[0][1], outcomes[1][1]

@@ -1,4 +1,4 @@
-"""Multi-turn tool use: episodes that interleave model tokens and tool outputs, token-exactly.
+"""Multi-turn tool use (``task.name=tools``): an environment whose tools are a calculator and Python.
 
 An episode is: the chat-templated prompt, then turns. In a turn the model samples until it ends
 its answer (EOS) or closes a tool call (``<calculator>12*34</calculator>`` or
@@ -6,15 +6,13 @@ its answer (EOS) or closes a tool call (``<calculator>12*34</calculator>`` or
 ``\\n<result>408</result>\\n``, inside the same assistant turn (the inline style of Search-R1 and
 ReTool, which needs nothing from the chat template). The next turn continues from there.
 
-The episodes themselves run in ``roles/rollout_tools.py`` (a rollout role, token-exact); this
-file holds what needs no model: the tools, the observation format, the verifier and the task's
-rows.
-
-Limits: ``task.max_turns`` model turns and ``task.max_episode_tokens`` tokens (model and tool
-together); each turn samples at most ``rollout.max_new_tokens``. An episode that hits a limit
-without a final answer is 'truncated'. The reward is the verifier's score of the final answer
-(the text after the last observation): one trajectory-level reward, which GRPO turns into one
-advantage for every model token of the episode.
+It is one environment among the others (``Tools``: the contract in types/roles.py), run like any
+of them by roles/rollout_env.py, token-exactly, in environment worker processes (the python tool's
+sandbox too). A turn without a call is the final answer: its last integer against the row's answer
+is the episode's one reward (0 for the turns that called a tool), which GRPO turns into one
+advantage for every model token of the episode. Limits: ``task.max_turns`` model turns and
+``task.max_episode_tokens`` tokens (model and tool together); each turn samples at most
+``rollout.max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -98,6 +96,28 @@ def observe(text: str, allowed: set[str]) -> str | None:
     name, arg = calls[-1]
     out = TOOLS[name](arg) if name in allowed else f"error: the {name} tool is not available"
     return f"\n<result>{out[:RESULT_CHARS]}</result>\n"
+
+
+class Tools:
+    """The tools environment: inline observations, the final answer's last integer as the reward."""
+
+    style = "inline"
+    stop = STOPS
+
+    def __init__(self, tools: str = "calculator,python"):
+        self.allowed = set(filter(None, tools.split(",")))
+        self.row: dict = {}
+
+    def reset(self, row: dict) -> list[dict]:
+        self.row = row
+        return row["messages"]
+
+    def step(self, message: dict) -> tuple[list[dict], float, bool, dict]:
+        observation = observe(message["content"], self.allowed)
+        if observation is None:  # no call: the turn is the final answer
+            reward, info = last_integer(message["content"], self.row)
+            return [], reward, True, {"correct": reward >= 1.0, **info}
+        return [{"role": "tool", "content": observation}], 0.0, False, {"tool_calls": 1}
 
 
 def build_splits(tcfg) -> tuple[list[dict], list[dict]]:

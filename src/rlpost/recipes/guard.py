@@ -7,7 +7,8 @@
   Stopping children (verifier workers, Ray actors, sandboxes) is the loop's ``finally``.
 - **Reward functions that fail.** A function that fails (raises, dies, times out, returns NaN/inf)
   on more than ``task.max_reward_error_frac`` of a step's completions, or on every completion of
-  the first batch, stops the run before that step's update (``RunError``).
+  the first batch, stops the run before that step's update (``RunError``); so does an environment
+  whose calls fail on that share of a step's episodes (env/errors, env/timeouts).
 - **Non-finite updates.** The trainer skips an optimizer step whose loss or gradient is not finite
   (roles/trainer.py); ``trainer.max_nonfinite_steps`` training steps in a row with such a skip stop
   the run before anything of them is saved.
@@ -130,17 +131,19 @@ class RunGuard:
     def check_rewards(self, metrics: dict, step: int) -> None:
         """After scoring: RunError if a reward function failed too often (see the module docstring)."""
         frac = self.cfg.task.max_reward_error_frac
-        for key, calls in metrics.items():
-            if not (key.startswith("verifier/") and key.endswith("/calls")) or not calls:
-                continue
-            name = key[len("verifier/"):-len("/calls")]
-            failed = metrics.get(f"verifier/{name}/errors", 0) + metrics.get(f"verifier/{name}/timeouts", 0)
-            if failed / calls > frac or (self.first_batch and failed == calls):
+        counts = [(f"reward function {key[len('verifier/'):-len('/calls')]}", "completions", calls,
+                   metrics.get(f"{key[:-len('/calls')]}/errors", 0) + metrics.get(f"{key[:-len('/calls')]}/timeouts", 0),
+                   "verifier.log") for key, calls in metrics.items() if key.startswith("verifier/") and key.endswith("/calls")]
+        if metrics.get("env/episodes"):  # an environment's calls that raised, hung, died or returned garbage
+            counts.append((f"environment {self.cfg.task.env or self.cfg.task.name}", "episodes", metrics["env/episodes"],
+                           metrics.get("env/errors", 0) + metrics.get("env/timeouts", 0), "env.log"))
+        for name, what, calls, failed, log in counts:
+            if calls and (failed / calls > frac or (self.first_batch and failed == calls)):
                 why = (f"{failed / calls:.0%} > task.max_reward_error_frac={frac:g}" if failed / calls > frac
-                       else "every completion of the first batch")
-                raise RunError(f"reward function {name} failed on {failed} of {calls} completions at step {step} "
-                               f"({why}); stopped before that step's update. Its first failure is printed above, "
-                               "and every traceback is in the run folder's verifier.log")
+                       else f"every {what[:-1]} of the first batch")
+                raise RunError(f"{name} failed on {failed} of {calls} {what} at step {step} ({why}); stopped before "
+                               f"that step's update. Its first failure is printed above, and every traceback is in "
+                               f"the run folder's {log}")
         self.first_batch = False
 
     def check_update(self, metrics: dict, step: int) -> None:

@@ -5,8 +5,8 @@ of milliseconds. It talks to the runner (runner.py) over two private pipes, neve
 fd 0 is /dev/null and fd 1 and fd 2 go to a log file, so a verifier that prints, or runs
 ``os.system("echo x")``, writes into the log and cannot corrupt a reply.
 
-Frames are ``b"RLPV"`` + a 4-byte little-endian length + a pickle; a frame with another magic or
-a length over MAX_FRAME is a protocol error (the runner kills the worker), never a huge read.
+Frames, limits, dying with the parent and the import by path are rlpost/wire.py's, shared with
+the environment workers (envs/worker.py).
 
 Start-up: the worker sets its limits (address space, RLIMIT_AS; the CPU limit is set per call),
 arranges to die with its parent (PR_SET_PDEATHSIG when started from the parent's main thread, and
@@ -30,76 +30,25 @@ is a verifier error, scored 0 and counted, like an exception.
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
-import importlib
-import importlib.util
 import inspect
 import math
-import os
-import pickle
-import resource
-import signal
-import struct
 import sys
-import threading
 import traceback
 from dataclasses import dataclass
 
-MAGIC = b"RLPV"
-HEADER = struct.Struct("<4sI")
-MAX_FRAME = 256 << 20  # a reply bigger than this is garbage, not a reward
+from rlpost.wire import (  # noqa: F401 - the framing, re-exported for the runner
+    MAX_FRAME,
+    FrameReader,
+    ProtocolError,
+    frame,
+    import_object,
+    read_frame,
+    set_cpu_limit,
+    start_worker,
+    write_all,
+)
+
 NOT_APPLICABLE = "n/a"  # a TRL function's None: this function does not score this row
-
-# --- framing -----------------------------------------------------------------------------------
-
-
-class ProtocolError(Exception):
-    """Bytes on the reply pipe that are not a frame."""
-
-
-def frame(obj) -> bytes:
-    data = pickle.dumps(obj)
-    return HEADER.pack(MAGIC, len(data)) + data
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-class FrameReader:
-    """Frames out of a byte stream that arrives in pieces (the runner reads without blocking)."""
-
-    def __init__(self):
-        self.buf = bytearray()
-
-    def feed(self, data: bytes) -> list:
-        self.buf += data
-        out = []
-        while len(self.buf) >= HEADER.size:
-            magic, n = HEADER.unpack_from(self.buf)
-            if magic != MAGIC or n > MAX_FRAME:
-                raise ProtocolError(f"bad frame header {bytes(self.buf[:HEADER.size])!r}")
-            if len(self.buf) < HEADER.size + n:
-                break
-            out.append(pickle.loads(self.buf[HEADER.size:HEADER.size + n]))
-            del self.buf[:HEADER.size + n]
-        return out
-
-
-def read_frame(fd: int):
-    """One frame, blocking (the worker's side: its requests come from the runner, which it trusts)."""
-    reader = FrameReader()
-    while True:
-        data = os.read(fd, 1 << 16)
-        if not data:
-            raise EOFError
-        got = reader.feed(data)
-        if got:
-            return got[0]
-
 
 # --- calling conventions ---------------------------------------------------------------------
 
@@ -116,17 +65,7 @@ class TrainerState:
 def import_function(path: str):
     """The function named by 'package.module:function', or by '/path/to/file.py:function' (verl names
     its reward function by file; config loading made the path absolute, defaults.py)."""
-    module, _, name = path.rpartition(":")
-    if not module or not name:
-        raise ValueError(f"{path!r}: expected 'module:function'")
-    if module.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(os.path.basename(module)[:-3], module)
-        loaded = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = loaded  # pickling and dataclasses look a function's module up by name
-        spec.loader.exec_module(loaded)
-    else:
-        loaded = importlib.import_module(module)
-    fn = getattr(loaded, name)
+    fn = import_object(path)
     if not callable(fn):
         raise TypeError(f"{path!r} is a {type(fn).__name__}, not a function")
     return fn
@@ -226,39 +165,6 @@ def call_batch(fn, request: dict) -> list:
 # --- the worker process ----------------------------------------------------------------------
 
 
-def _die_with(parent: int, watchdog: int, main_thread: bool) -> None:
-    """Exit when the parent does: PR_SET_PDEATHSIG (the kernel signals when the thread that
-    started us exits, so only when that was the parent's main thread) and a watchdog thread that
-    reads a pipe only the parent holds open: EOF means the parent is gone."""
-    if main_thread:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the line above ran
-        os._exit(0)
-
-    def watch():
-        while os.read(watchdog, 1):
-            pass
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def _private(fd: int) -> int:
-    """The fd moved above the low numbers user code might touch, and closed on exec."""
-    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
-    os.close(fd)
-    return new
-
-
-def _set_cpu_limit(seconds: float) -> None:
-    """RLIMIT_CPU counts the process's whole life, so each call gets its budget on top of what
-    was used so far (soft limit: SIGXCPU ends the worker; the runner restarts it)."""
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    soft = math.ceil(used.ru_utime + used.ru_stime + seconds)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
-
-
 def _handle(fn, style: str, request: dict):
     try:
         if request["kind"] == "batch":
@@ -277,14 +183,7 @@ def _handle(fn, style: str, request: dict):
 def serve() -> None:
     """Entry point: ``python -c 'from rlpost.rewards.worker import serve; serve()' REQ REP WATCHDOG
     PARENT MAIN_THREAD MEMORY_MB PATH``."""
-    req, rep, watchdog, parent, main_thread, memory_mb = map(int, sys.argv[1:7])
-    path = sys.argv[7]
-    req, rep, watchdog = _private(req), _private(rep), _private(watchdog)
-    _die_with(parent, watchdog, bool(main_thread))
-    if memory_mb:
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = memory_mb << 20
-        resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    req, rep, path = start_worker(sys.argv)
     try:
         fn = import_function(path)
         style = style_of(fn)
@@ -297,7 +196,7 @@ def serve() -> None:
             request = read_frame(req)
         except EOFError:
             return
-        _set_cpu_limit(request["cpu_s"])
+        set_cpu_limit(request["cpu_s"])
         reply = _handle(fn, style, request)
         try:
             data = frame(reply)

@@ -241,7 +241,7 @@ def continue_ids(rollout, seqs: list[list[int]], temperature: float, top_p: floa
     A continuation ends at the first EOS ('eos', kept), at the token that completes one of
     ``stop_strings`` ('stop', kept, nothing after it; that token may carry a few characters past
     the stop string), or at ``max_new_tokens`` ('length').
-    Multi-turn episodes (roles/rollout_tools.py) call this once per turn on token ids they already
+    Multi-turn episodes (roles/rollout_env.py) call this once per turn on token ids they already
     hold, so no earlier token is ever re-tokenised."""
     tok = rollout.tok
     width = max(map(len, seqs))

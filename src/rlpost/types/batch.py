@@ -40,6 +40,13 @@ class Rollouts:
     # log-prob of this batch (trainer, old, reference) keeps the same tokens: those at or above it,
     # plus the sampled one (model/logprobs.py). None = the full softmax was sampled (top_p = 1).
     sampler_floor: Tensor | None = None
+    # Environment episodes (roles/rollout_env.py), None elsewhere: each turn's last model token,
+    # and the environment's reward for that turn on it (0 elsewhere); the credit rules read them
+    # (algorithms/turns.py). ``episodes``: per row, what its episode did (turns, turn rewards, tool
+    # calls, why it stopped, an environment error), read by the episode scorer (rewards/episodes.py).
+    turn_end: Tensor | None = None  # (B, T) bool
+    turn_reward: Tensor | None = None  # (B, T) float32
+    episodes: list[dict] = field(default_factory=list)
     # --- written by later roles ----------------------------------------------------------------
     reward: Tensor | None = None  # (B,) float32, sequence-level reward from the verifier
     ref_logp: Tensor | None = None  # (B, T) float32, frozen reference log-probs (KL anchor)

@@ -74,6 +74,39 @@ class Verifier(Protocol):
     def close(self) -> None: ...
 
 
+class Environment(Protocol):
+    """A multi-turn task: one episode per row (``task.name=env task.env=module:Class``; docs/environments.md).
+
+    The class is imported and instantiated (``Class(**task.env_args)``) only in environment worker
+    processes (envs/worker.py), one object per episode; between calls the object is pickled and
+    handed back, so any worker serves any episode and a worker killed for a hang loses only the
+    call it was running. Keep what is heavy (a corpus index, a loaded library) at module level.
+
+    reset(row)     the opening messages, chat messages ending with the user's turn (a string is one
+                   user message). Sampling starts from them through the model's chat template.
+    step(message)  the assistant's message ({"role": "assistant", "content": text, "tool_calls":
+                   [...] when the text held them}) -> (messages, reward, done), or with a fourth
+                   item, an info dict (``correct``: what held-out accuracy counts; ``tool_calls``:
+                   how many tools this turn ran). ``messages`` is what the environment says next
+                   (tool results, a game's reply, a user's turn; a string is one user message);
+                   ``reward`` this turn's (may be 0); ``done`` ends the episode.
+
+    Optional attributes, read after reset: ``tools`` (JSON schemas or Python functions, passed as
+    ``apply_chat_template(..., tools=tools)``), ``style`` ('chat', the default: the environment's
+    messages are chat turns; 'inline': their text is appended inside the assistant's turn, as
+    Search-R1 and ReTool do) and ``stop`` (inline: strings that end a model turn, e.g.
+    '</search>'). A method ``rows(split, n, seed)`` gives the task's rows ('train' or
+    'heldout') when task.data gives none.
+
+    An episode also ends at task.max_turns model turns or task.max_episode_tokens tokens. A call
+    that raises, runs past task.env_timeout_s, kills its worker or returns something else than the
+    above ends the episode with reward 0 and is counted (env/errors, env/timeouts)."""
+
+    def reset(self, row: dict) -> list[dict] | str: ...
+
+    def step(self, message: dict) -> tuple: ...  # (messages, reward, done) or (messages, reward, done, info)
+
+
 class ProcessReward(Protocol):
     """A process reward model scoring each step of each completion (rewards/prm.py: StepRewards)."""
 
