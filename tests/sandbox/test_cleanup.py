@@ -255,6 +255,15 @@ def test_the_registry_lists_only_our_own_and_is_private(area):
     with pytest.raises(OSError, match="not a run cgroup of ours"):
         isolation.remove_stale_cgroup("/sys/fs/cgroup")
     assert untouched(os.path.join(area, "outside"))
+    # a work root under another TMPDIR is ours only if no other uid can write it
+    other_root = os.path.join(area, f"rlpost-work-{os.geteuid()}")
+    os.makedirs(os.path.join(other_root, "0-x", "sub"))
+    os.chmod(other_root, 0o777)
+    with pytest.raises(OSError, match="not a working directory of ours"):
+        hostdir.remove({"kind": "workdir", "path": os.path.join(other_root, "0-x"), "uid": os.geteuid()}, 1.0)
+    os.chmod(other_root, 0o700)
+    hostdir.remove({"kind": "workdir", "path": os.path.join(other_root, "0-x"), "uid": os.geteuid()}, 1.0)
+    assert os.listdir(other_root) == []
 
 
 def test_leftovers_of_a_dead_holder_are_removed_by_the_next_one():

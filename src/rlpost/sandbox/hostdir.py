@@ -22,6 +22,7 @@ import ctypes
 import errno
 import os
 import secrets
+import stat
 import tempfile
 
 from rlpost.sandbox import cleanup, slots
@@ -37,6 +38,18 @@ def work_root() -> str:
     root = os.geteuid() == 0
     return slots.private_dir(os.path.join(tempfile.gettempdir(), f"rlpost-work-{os.geteuid()}"),
                              0o711 if root else 0o700)
+
+
+def _is_work_root(folder: str) -> bool:
+    """Is `folder` a work root of ours (this process's, or one made under another TMPDIR by a holder
+    of the same slots): named so, a directory of our uid that no other uid can write."""
+    if os.path.basename(folder) != f"rlpost-work-{os.geteuid()}":
+        return False
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
 def _libc():
@@ -81,7 +94,7 @@ def remove(entry: dict, seconds: float) -> None:
     """Remove a working directory named by a registry entry (ours, or a dead holder's); raises
     OSError with what is left (cleanup.Overdue past `seconds`)."""
     path = entry["path"]
-    if os.path.dirname(path) != work_root():
+    if not _is_work_root(os.path.dirname(path)):
         raise OSError(f"{path}: not a working directory of ours")
     if not os.path.lexists(path):
         return
