@@ -117,3 +117,9 @@ def wants_solution(prompts, completions, solution, **kwargs):
 
 def reads_solution(completion, row):
     return float(completion == row["solution"])
+
+
+def compute_score_extras(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's compute_score returning extras beside the score, as verl's reward_extra_info."""
+    right = solution_str.strip().startswith(str(ground_truth))
+    return {"score": float(right), "acc": right, "length": len(solution_str), "pred": solution_str[:3]}

@@ -1,7 +1,10 @@
 """verl's parquet rows train as they are: prompt as chat messages, data_source and extra_info kept,
 the answer read from reward_model.ground_truth."""
 
+import json
+
 import datasets
+import pytest
 from helpers import tiny_cfg
 
 from rlpost.envs import build_task
@@ -36,3 +39,24 @@ def test_a_small_dataset_keeps_nine_tenths_for_training(tmp_path):
     datasets.Dataset.from_list(verl_rows(60)).to_parquet(str(tmp_path / "train.parquet"))
     task = build_task(tiny_cfg("task.name=dataset", f"task.data={tmp_path / 'train.parquet'}", "task.n_heldout=200"))
     assert (len(task.train), len(task.heldout)) == (54, 6)
+
+
+def test_verl_extras_and_data_sources_reach_metrics_and_samples(tmp_path):
+    rows = verl_rows(40)
+    for i, r in enumerate(rows):
+        r["data_source"] = "openai/gsm8k" if i % 2 else "lighteval/MATH"
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    cfg = tiny_cfg("task.name=dataset", f"task.data={tmp_path / 'train.parquet'}", "task.n_heldout=8",
+                   "task.verifier=toy_verifiers:compute_score_extras")
+    train(cfg, tmp_path / "run")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples" / "step_000001.jsonl").read_text().splitlines()]
+    # compute_score's extras: numbers and bools averaged (verl's reward_extra_info), every extra in the samples
+    assert lines[0]["reward_extra/acc"] == pytest.approx(sum(s["info"]["acc"] for s in samples) / len(samples))
+    assert lines[0]["reward_extra/length"] == pytest.approx(sum(len(s["completion"]) for s in samples) / len(samples))
+    assert "reward_extra/pred" not in lines[0] and "pred" in samples[0]["info"]  # a string: no mean, still kept
+    # per data_source, as verl's val-core/<data_source>/...: training reward and held-out accuracy
+    assert {k for k in lines[0] if k.startswith("mix/share/")} <= {"mix/share/openai/gsm8k", "mix/share/lighteval/MATH"}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    n = summary["heldout_n/openai/gsm8k"] + summary["heldout_n/lighteval/MATH"]
+    assert n == 8 and "heldout_accuracy_after/openai/gsm8k" in summary

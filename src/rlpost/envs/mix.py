@@ -120,14 +120,24 @@ def make_stream(task: Task, batch_size: int, seed: int, curriculum: tuple[int, f
     return MixedStream(by_family, task.mix, batch_size, seed, curriculum)
 
 
+def source_of(row: dict) -> str | None:
+    """What a row's metrics are grouped by: its family in a mix, else verl's data_source when the rows
+    carry one (verl logs val-core/<data_source>/...), else nothing."""
+    if TASK_KEY in row:
+        return row[TASK_KEY]
+    source = row.get("data_source")
+    return str(source) if source not in (None, "") else None
+
+
 def batch_metrics(rows: list[dict], rewards: list[float]) -> dict:
-    """Per family of a mixed batch (one row and reward per completion): reward/mean/<family>,
-    reward/pass_rate/<family> (share of its completions with reward >= 1, as core.pass_rate) and
-    mix/share/<family> (its share of the batch). Only the families in the batch; {} outside a mix."""
+    """Per family of a mixed batch, or per data_source of a dataset's (one row and reward per
+    completion): reward/mean/<family>, reward/pass_rate/<family> (share of its completions with
+    reward >= 1, as core.pass_rate) and mix/share/<family> (its share of the batch). Only the
+    families in the batch; {} when the rows name none."""
     by_family: dict[str, list[float]] = {}
     for row, r in zip(rows, rewards):
-        if TASK_KEY in row:
-            by_family.setdefault(row[TASK_KEY], []).append(r)
+        if source_of(row) is not None:
+            by_family.setdefault(source_of(row), []).append(r)
     out = {}
     for f, rs in by_family.items():
         out[f"reward/mean/{f}"] = sum(rs) / len(rs)

@@ -143,7 +143,7 @@ def task_plot(history, summary) -> str | None:
             ey = [summary[f"heldout_accuracy_before/{task}"], *ey, summary.get(f"heldout_accuracy_after/{task}")]
         if ex:
             ax.plot(ex, ey, color=colour, linestyle="--", marker="o", label=f"{task}: held-out accuracy")
-    finish(ax, "Per task (task.mix)", ylim=(-0.05, 1.05))
+    finish(ax, "Per task (task.mix, or data_source)", ylim=(-0.05, 1.05))
     return _svg(fig)
 
 

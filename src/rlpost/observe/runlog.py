@@ -119,10 +119,12 @@ class RunLog:
         path = self.dir / "samples" / f"step_{step:06d}.jsonl"
         try:
             with open(path, "w") as f:
-                for row, completion, reward in zip(batch.rows, batch.completions, batch.reward.tolist()) if batch else ():
-                    prompt = row["messages"][-1]["content"]
-                    f.write(json.dumps({"prompt": prompt, "completion": completion, "reward": reward,
-                                        "answer": row.get("answer")}) + "\n")
+                rewards = batch.reward.tolist() if batch else []
+                for i, (row, completion) in enumerate(zip(batch.rows, batch.completions) if batch else ()):
+                    info = batch.infos[i] if batch.infos else {}  # the verifier's own: verl's extras, a parsed answer
+                    f.write(json.dumps({"prompt": row["messages"][-1]["content"], "completion": completion,
+                                        "reward": rewards[i], "answer": row.get("answer"),
+                                        **({"info": info} if info else {})}, default=str) + "\n")
         except OSError as e:
             path.unlink(missing_ok=True)
             raise RunError(f"cannot write {path}: {write_cause(path, e)}") from None

@@ -22,7 +22,8 @@ import json
 from pathlib import Path
 
 from rlpost import build, config
-from rlpost.envs import TASK_KEY, build_task, is_correct
+from rlpost.envs import build_task, is_correct
+from rlpost.envs.mix import source_of
 from rlpost.search.metrics import maj_at_k, pass_at_k
 from rlpost.types.roles import Roles
 
@@ -40,6 +41,7 @@ def heldout_scores(roles: Roles, rows: list[dict], cfg: config.Config, dump: Pat
     receives one record per row: prompt, completion, answer, correct and, in a mix, its task."""
     records = []
     bs = cfg.run.eval_batch_size
+    grouped = len({source_of(r) for r in rows} - {None}) > 1  # one data_source is the whole: no group of its own
     for i in range(0, len(rows), bs):
         batch = roles.rollout.generate(rows[i : i + bs], n=1, temperature=0.0, top_p=1.0,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
@@ -47,15 +49,17 @@ def heldout_scores(roles: Roles, rows: list[dict], cfg: config.Config, dump: Pat
         for row, completion, r, info in zip(batch.rows, batch.completions, rewards.tolist(), infos):
             records.append({"prompt": row["messages"][-1]["content"], "completion": completion,
                             "answer": row.get("answer"), "correct": is_correct(info, r),
-                            **({"task": row[TASK_KEY]} if TASK_KEY in row else {})})
+                            **({"task": source_of(row)} if grouped and source_of(row) is not None else {}),
+                            **({"info": info} if info else {})})
     if dump is not None:
-        dump.write_text("".join(json.dumps(r) + "\n" for r in records))
+        dump.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
     per_task = {f"{ACCURACY}/{t}": acc for t, (acc, _) in by_task(records).items()}
     return {ACCURACY: sum(r["correct"] for r in records) / max(1, len(records)), **per_task}
 
 
 def by_task(records: list[dict]) -> dict[str, tuple[float, int]]:
-    """Per task of the records that name one: (accuracy, number of records); {} outside a mix."""
+    """Per task (a mix's family, or a dataset's data_source) of the records that name one: (accuracy,
+    number of records); {} when none does."""
     counts: dict[str, list[int]] = {}
     for rec in records:
         if "task" in rec:

@@ -178,8 +178,8 @@ def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config
         with timed("reward", timings):
             b.reward, b.infos, v_metrics = roles.verifier.score(b)
         b.reward, v_metrics["reward/nan_or_inf"] = stack.finite(b.reward)  # scored 0: never into the advantages
-        for k, v in v_metrics.items():  # counts add up over refill rounds
-            metrics[k] = metrics.get(k, 0) + v if not k.startswith("timing_s") else v
+        for k, v in v_metrics.items():  # counts add up over refill rounds; means (reward_extra/, stack parts) do not
+            metrics[k] = metrics.get(k, 0) + v if k.startswith(("verifier/", "reward/nan_or_inf")) else v
         score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
         metrics.update(stream.observe(b.rows[::K], core.pass_rate(score, K).tolist()))  # the online curriculum
         b.reward, shaping = stack.shape(b, cfg)  # overlong penalty and length shaping, part of the reward from here on

@@ -82,6 +82,18 @@ def _others_can_write(path: str) -> str:
         node, leaf = os.path.dirname(node), False
 
 
+def extra_metrics(infos: list[dict]) -> dict:
+    """reward_extra/<key>: the mean of each number (or bool) a verl ``compute_score`` returned beside
+    its 'score' (verl's reward_extra_info, e.g. {'score': 1.0, 'acc': True}), over the completions
+    that have it. Other conventions' info dicts hold parsed answers too, which no mean describes."""
+    values: dict[str, list[float]] = {}
+    for info in infos:
+        for key, v in info.items():
+            if isinstance(v, (bool, int, float)) and key not in ("timeout",):
+                values.setdefault(key, []).append(float(v))
+    return {f"reward_extra/{key}": sum(vs) / len(vs) for key, vs in values.items()}
+
+
 def default_workers(n: int) -> int:
     """task.verifier_workers: 0 = the number of CPU cores, at most 8 (sections.py says why)."""
     return n or min(8, os.cpu_count() or 1)
@@ -284,6 +296,7 @@ class VerifierRunner:
             f"verifier/{self.name}/errors": errors, f"verifier/{self.name}/timeouts": timeouts,
             f"verifier/{self.name}/calls": n,
             "timing_s/verifier_per_call": (time.perf_counter() - t0) / max(1, n),
+            **(extra_metrics(infos) if self.style == "verl" else {}),
         }
         return torch.tensor(rewards, dtype=torch.float32), infos, metrics
 
