@@ -145,7 +145,7 @@ def left_in_registries() -> list[dict]:
         fd = os.open(f"{folder}/slot-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            left += slots._read_registry(folder, i)
+            left += slots.read_registry(fd)
         except BlockingIOError:
             pass
         finally:

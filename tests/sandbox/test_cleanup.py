@@ -8,7 +8,6 @@ this machine's ext4 each rmdir costs ~3.7 ms (the disk's discard), which would m
 """
 
 import glob
-import json
 import os
 import stat
 import subprocess
@@ -285,7 +284,7 @@ def test_leftovers_of_a_dead_holder_are_removed_by_the_next_one():
                 os.chown(path, slot.uid, slot.uid)
         if host is not None:
             os.mkdir(entries[1]["path"])
-        assert json.load(open(f"{slot.folder}/slot-{slot.index}.json")) == entries
+        assert slots.read_registry(slot.fd) == entries
     finally:
         slots.release_slot(slot, clean=False)
     assert run_python("print(1)", backend="rlimits", parallel=1, limits=FAST).cleanup == ""

@@ -305,7 +305,9 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
     worker.kill()
     worker.wait()
     assert alive(), "the orphaned program should still be running"
-    left = json.load(open(f"{slots._slot_dir()}/slot-0.json"))
+    fd = os.open(f"{slots._slot_dir()}/slot-0.lock", os.O_RDONLY)
+    left = slots.read_registry(fd)
+    os.close(fd)
     assert {e["kind"] for e in left} >= {"workdir"} and all(os.path.exists(e["path"]) for e in left)
     res = run_python("print('next')", backend="rlimits", parallel=1, limits=FAST)
     assert res.stdout == "next\n" and res.cleanup == "" and not alive()

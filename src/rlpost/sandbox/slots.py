@@ -75,7 +75,7 @@ def acquire_slot(n: int, uid_block: int = 0, poll_s: float = 0.005) -> Slot:
             uid = SLOT_UID_BASE + 1024 * uid_block + i if os.geteuid() == 0 else os.getuid()
             dirty = os.pread(fd, 1, uid_block) == b"1"
             os.pwrite(fd, b"1", uid_block)
-            return Slot(i, uid, fd, uid_block, dirty, folder, _read_registry(folder, i))
+            return Slot(i, uid, fd, uid_block, dirty, folder, read_registry(fd))
         time.sleep(poll_s)
 
 
@@ -89,21 +89,25 @@ def release_slot(slot: Slot, clean: bool = True) -> None:
 # --- the registry: what a slot's runs made on the host ------------------------------------------
 # A stale-sandbox sweep that looked for names in /tmp (or cgroups named after a dead pid) acted
 # on whatever anyone planted under that name, and judged "dead" by a pid that another pid
-# namespace can reuse. The registry instead lists exactly what this slot's runs made, in a file of
-# the private slot directory, written only by the slot's holder (the flock): an entry is added
-# before the thing exists and dropped once it is gone, so a holder that dies leaves the list of
-# what to remove, and the next holder (the lock says the last one is gone) removes exactly that.
+# namespace can reuse. The registry instead lists exactly what this slot's runs made, written only
+# by the slot's holder (the flock), into the slot's own lock file in the private slot directory:
+# an entry is added before the thing exists and dropped once it is gone, so a holder that dies
+# leaves the list of what to remove, and the next holder (the lock says the last one is gone)
+# removes exactly that. One pwrite per change, at REGISTRY_AT: a length and the JSON list. (A
+# separate file replaced by rename cost ~4 ms per change on this machine's ext4, ~20 ms a run.)
+
+REGISTRY_AT = 4096  # past the dirty bytes of every uid block
+HEADER = 8  # the JSON's length, little-endian
 
 
-def _registry_path(folder: str, index: int) -> str:
-    return f"{folder}/slot-{index}.json"
-
-
-def _read_registry(folder: str, index: int) -> list[dict]:
+def read_registry(fd: int) -> list[dict]:
+    """The entries in an open lock file; [] where there are none or they do not parse."""
+    size = int.from_bytes(os.pread(fd, HEADER, REGISTRY_AT).ljust(HEADER, b"\0"), "little")
+    if not 0 < size < 1 << 24:
+        return []
     try:
-        with open(_registry_path(folder, index)) as f:
-            entries = json.load(f)
-    except (OSError, ValueError):
+        entries = json.loads(os.pread(fd, size, REGISTRY_AT + HEADER))
+    except ValueError:
         return []
     ok = isinstance(entries, list) and all(isinstance(e, dict) and isinstance(e.get("path"), str) for e in entries)
     return entries if ok else []
@@ -114,13 +118,5 @@ def record(slot: Slot, add: dict | None = None, drop: list[dict] = ()) -> None:
     if add is not None:
         slot.entries.append(add)
     slot.entries[:] = [e for e in slot.entries if not any(e is d for d in drop)]
-    path = _registry_path(slot.folder, slot.index)
-    tmp = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        data = json.dumps(slot.entries).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(tmp, view):]
-    finally:
-        os.close(tmp)
-    os.replace(path + ".tmp", path)
+    data = json.dumps(slot.entries).encode() if slot.entries else b""
+    os.pwrite(slot.fd, len(data).to_bytes(HEADER, "little") + data, REGISTRY_AT)  # one call: all of it or none
