@@ -5,7 +5,7 @@
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
   rlpost sft | rsft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, rejection-sampling, preference, RM training
   rlpost pipeline PIPELINE.yaml [section.key=value ...] SFT -> (RM) -> DPO -> RL, one table at the end
-  rlpost export RUN_DIR [--step N] [--out DIR] [--merge-lora]   a checkpoint as a transformers folder
+  rlpost export RUN_DIR [--step N] [--out DIR] [--merge-lora] [--dtype D]   a checkpoint as a transformers folder
   rlpost report RUN_DIR [--out FILE]                    self-contained HTML report with plots
   rlpost doctor RUN_DIR                                 training-health findings and the knob for each
   rlpost plan [--model M | --params 7B | --from RUN_DIR] ...   memory and step-time estimate
@@ -106,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--out", metavar="DIR", help="where to write (default RUN_DIR/model, RUN_DIR/model_step_N with --step)")
     x.add_argument("--merge-lora", action="store_true",
                    help="LoRA runs: fold the adapters into a full model (default for LoRA: the peft adapter folder alone)")
+    x.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="the weights' dtype in the folder (default float32, the trainer's master weights; bfloat16 halves it)")
     r = sub.add_parser("report", help="write RUN_DIR/report.html: plots, health findings, samples")
     r.add_argument("run_dir", metavar="RUN_DIR")
     r.add_argument("--out", metavar="FILE", help="where to write the HTML (default RUN_DIR/report.html)")
@@ -397,7 +399,7 @@ def cmd_pipeline(args) -> int:
 def cmd_export(args) -> int:
     from rlpost.model.export import export_run
 
-    out = export_run(args.run_dir, args.step, args.out, args.merge_lora)
+    out = export_run(args.run_dir, args.step, args.out, args.merge_lora, args.dtype)
     print(f"rlpost: wrote {out}; load it with model.name={out} or transformers' from_pretrained", file=sys.stderr)
     print(json.dumps({"run_dir": args.run_dir, "out": str(out)}))
     return 0

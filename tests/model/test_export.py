@@ -80,3 +80,12 @@ def test_lora_run_exports_merged_model_and_peft_adapters(tmp_path):
     again = peft_model.merge_and_unload().state_dict()
     assert all(torch.allclose(again[k], ckpt[k], atol=1e-6) for k in ckpt)
     assert export_run(run, merge_lora=True) == tmp_path / "lora-model"
+    # the run itself ended with the same adapters in RUN/adapter, without an export
+    ours, exported = load_file(run / "adapter" / "adapter_model.safetensors"), load_file(adapter / "adapter_model.safetensors")
+    assert ours.keys() == exported.keys() and all(torch.equal(ours[k], exported[k]) for k in ours)
+    # --dtype bfloat16: every weight in bf16, config.json says so, and transformers loads it as such
+    half = export_run(run, merge_lora=True, out=tmp_path / "bf16", dtype="bfloat16")
+    weights = load_file(half / "model.safetensors")
+    assert {v.dtype for v in weights.values()} == {torch.bfloat16}
+    assert all(torch.equal(weights[k], merged[k].to(torch.bfloat16)) for k in weights)
+    assert AutoModelForCausalLM.from_pretrained(half).dtype == torch.bfloat16

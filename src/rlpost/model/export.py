@@ -23,12 +23,14 @@ vLLM's ``--enable-lora``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from rlpost import config, runconfig
 from rlpost.model import checkpoint, lora
@@ -88,9 +90,10 @@ def _copy_final(run_dir: Path, out: Path | None, name: str) -> Path:
 
 
 def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | None = None,
-               merge_lora: bool = False) -> Path:
+               merge_lora: bool = False, dtype: str = "float32") -> Path:
     """`rlpost export`: the run's own config says how it was trained. Nothing in ``run_dir`` is
-    written; the output goes to ``out`` or a folder beside the run (``default_out``)."""
+    written; the output goes to ``out`` or a folder beside the run (``default_out``), its weights
+    in ``dtype`` (``cast_folder``: bfloat16 halves the folder for serving)."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"RUN_DIR {run_dir}: no config.yaml there; is it a run folder?")
@@ -98,14 +101,34 @@ def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | N
     if merge_lora and cfg.model.lora_r == 0:
         raise ConfigError(f"--merge-lora: {run_dir} is a full fine-tune (model.lora_r=0); there are no adapters to merge")
     merge = merge_lora or cfg.model.lora_r == 0
-    if out is None and step is None and not checkpoint.candidates(run_dir, quiet=True):
+    if out is None and step is None and dtype == "float32" and not checkpoint.candidates(run_dir, quiet=True):
         return _copy_final(run_dir, None, "model" if merge else "adapter")  # sft|rm|dpo: their final folder, as it is
     out = Path(out) if out is not None else default_out(run_dir, step, merge)
     if folders.inside(out, run_dir) or folders.inside(run_dir, out):
         raise ConfigError(f"--out {out}: {'inside' if folders.inside(out, run_dir) else 'holds'} the run folder it exports "
                           f"from ({run_dir}); rlpost export never writes there: pick a folder outside it")
     folders.check_folder(out, "export", "--out")
-    return publish(out, lambda tmp: write_model(run_dir, cfg, step, tmp, merge_lora=merge))
+    return publish(out, lambda tmp: cast_folder(write_model(run_dir, cfg, step, tmp, merge_lora=merge), dtype))
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cast_folder(folder: Path, dtype: str) -> Path:
+    """The floating-point tensors of every safetensors file in ``folder`` (a model, its value head, or
+    peft adapters) cast to ``dtype``, and config.json saying so; float32 leaves the folder as it is."""
+    if dtype == "float32":
+        return folder
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        tensors = load_file(file)
+        save_file({k: v.to(DTYPES[dtype]) if v.is_floating_point() else v for k, v in tensors.items()}, file,
+                  metadata={"format": "pt"})
+    meta = Path(folder) / "config.json"
+    if meta.is_file():  # transformers reads `dtype` (older versions `torch_dtype`) as the weights' own
+        data = json.loads(meta.read_text())
+        data["torch_dtype" if "torch_dtype" in data and "dtype" not in data else "dtype"] = dtype
+        meta.write_text(json.dumps(data, indent=2) + "\n")
+    return folder
 
 
 def default_out(run_dir: Path, step: int | None, merge: bool) -> Path:

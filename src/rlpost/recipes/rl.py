@@ -301,6 +301,9 @@ def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, 
 def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int, float] | None) -> tuple[Path, dict]:
     """RUN/model from the last checkpoint, or with early stopping from the selected step's (RunGuard.select);
     and what summary.json records of the choice (the report marks it)."""
+    step = None if selected is None else selected[0]
+    if cfg.model.lora_r > 0:  # the adapters alone too, peft's folder: what a LoRA user serves (vLLM --enable-lora)
+        export.write_model(run_dir, cfg, step, run_dir / "adapter", merge_lora=False)
     if selected is None:
         return export.write_model(run_dir, cfg), {}
     say(f"RUN/model holds step {selected[0]}: the best held-out accuracy, {selected[1]:.3f} (run.early_stop_patience)")
