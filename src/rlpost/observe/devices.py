@@ -106,6 +106,30 @@ def decode_overhead(dev: Device, bf16: bool) -> float:
     return DECODE_OVERHEAD[table(dev)][0 if bf16 else 1]
 
 
+# --- GPU latency: what a small model's step costs on a GPU beyond its FLOPs and bytes ---
+# On an H100 (issue 37) `generate` took 27.7 ms a decode step of a 0.5B model at 128 rows, whose
+# weights it reads in 0.25 ms: the step is its kernel launches, each issued from Python. The kernels
+# were counted on the CPU (benchmarks/kernel_count.py: aten ops reaching a backend kernel, views left
+# out; the count depends on the layers, the code path and ChunkedLogp's chunks, not on the width).
+# Decode step, (per layer, fixed): `generate` 36 + 49; the own engine's step (roles/rollout_static.py),
+# which a CUDA graph replays, 31 + 49 (Llama and Qwen2 alike).
+DECODE_KERNELS = {"hf": (36, 49), "graph": (31, 49)}
+# A trainer micro-batch's forward and backward, (per layer, fixed, per ChunkedLogp chunk): on
+# transformers' forward 192 (Llama) to 203 (Qwen2's q/k/v biases) per layer, on the packed trunk 154
+# to 160; the means below. Once per update (clipping, AdamW, the metrics): UPDATE_KERNELS.
+MICRO_KERNELS = {"hf": (198, 88, 29), "packed": (157, 118, 29)}
+UPDATE_KERNELS = 360
+# Seconds per kernel. 'launch': launched one by one from Python, in the eager forward, backward and
+# `generate`, fitted on the issue-37 H100 runs (torch 2.11, transformers 5.17; `generate`, transformers'
+# forward, 128-token chunks): a decode step of the 0.5B row (913 kernels, 27.7 ms) and of the demo
+# (1129 kernels; its generation 0.57 s for 16 tokens), and the update of each (4 micro-batches: the
+# demo's 24.2k kernels in 0.77 s, the 0.5B row's 27.8k in 0.98 s) give 28-35 us each; 32 us puts
+# the four within 0.92-1.1x (tests/observe/test_planner.py replays them).
+# 'graph': a kernel inside a CUDA graph, back to back with the next (the own engine's decode step,
+# vLLM's): 2.5 us, a planning figure not yet measured here (benchmarks/gpu.py will).
+GPU_LATENCY = {"launch": 32e-6, "graph": 2.5e-6}
+
+
 def resolve_device(name: str, arg: str) -> Device:
     name = name.lower()
     if name not in ("cpu", "cpu-avx512") and name not in GPUS:

@@ -9,8 +9,10 @@ every tensor a step touches to keep its address and shape from one step to the n
 * **the arena** (``_Arena``): the KV cache for the batch's rows and a fixed number of columns
   (prompt + completion, rounded up to ``COLUMNS``), the token each row feeds next, its position,
   the cache column and output column (device scalars the step advances itself), the additive
-  attention mask, the finished flags and the output buffers. Allocated once per ``generate``
-  (it is freed in ``sleep``, before the trainer's update, the run's memory peak);
+  attention mask, the finished flags and the output buffers. Allocated once and reused by every
+  ``generate`` it fits (a larger one replaces it, ``GROW``). A small model's arena, graphs and
+  sampler weights stay through the trainer's update (``KEEP_FRACTION`` of the GPU's memory): a
+  larger one's go in ``sleep``, and the next ``generate`` captures again;
 * **one step function** (``_advance``): feed each row's token, write its keys and values at the
   current column, attend over every column (the mask hides those not yet written), draw the next
   token (roles/sampling.py, on the device), record it and its log-prob at the output column, flag
@@ -45,7 +47,12 @@ from rlpost.roles.rollout_fast import FastRollout
 CHECK_EVERY = 8  # decode steps between the host's looks at the finished flags (its one synchronisation)
 MIN_BUCKET = 8  # the smallest batch a graph is captured for: below it a GPU step costs the same
 COLUMNS = 64  # the cache's columns are a multiple of this
+GROW = 1.25  # an arena too small is replaced by one this much larger (prompt lengths vary from step to step)
 WARMUP = 2  # eager steps on a side stream before a bucket's first capture (cuBLAS and allocator set-up)
+# The arena, its graphs and the sampler's weights stay through the trainer's update (``sleep`` keeps
+# them) while together they take at most this share of the GPU's memory: re-capturing costs a few
+# eager steps per bucket each time, whatever the model's size; the memory kept grows with it.
+KEEP_FRACTION = 0.1
 
 
 def buckets(rows: int) -> list[int]:
@@ -192,10 +199,13 @@ class StaticRollout(FastRollout):
         return tuple(x.to(home) if x is not None else None for x in out)
 
     def _arena_for(self, rows: int, columns: int) -> _Arena:
-        """The arena, grown (and its graphs dropped) when this call needs more rows or columns."""
+        """The arena, replaced by a larger one (its graphs dropped) when this call needs more rows or columns."""
         a = self.arena
         if a is None or a.rows < rows or a.columns < columns:
-            a = self.arena = None  # the old one's memory first
+            if a is not None and a.columns < columns:  # lengths vary: leave room for the next few
+                columns = max(columns, int(a.columns * GROW))
+            rows = max(rows, a.rows if a is not None else 0)
+            self.arena = None  # the old one's memory first
             self.arena = _Arena(self, rows, -(-columns // COLUMNS) * COLUMNS, self.dev)
         return self.arena
 
@@ -210,8 +220,10 @@ class StaticRollout(FastRollout):
         seconds = time.perf_counter() - t0
         if self.capture and fresh and not self.said:
             self.said = True
+            kept = ("kept through the updates" if self.keeps() else
+                    "given back before each update and captured again after it, without the warm-up")
             say(f"rollout: decode step captured as CUDA graphs for batch sizes {', '.join(map(str, fresh))} in "
-                f"{seconds:.1f} s (warm-up included: paid once; sleep frees them and the next step re-captures)")
+                f"{seconds:.1f} s, warm-up included (paid once; the graphs and the KV cache are {kept})")
         return {"rollout/capture_s": seconds} if self.capture else {}
 
     def _decode(self, ids: Tensor, mask: Tensor, n: int, temperature: float, top_p: float,
@@ -288,9 +300,21 @@ class StaticRollout(FastRollout):
 
     def sleep(self, discard_weights: bool = False) -> None:
         """Free the arena and its graphs too (they hold the KV cache and the addresses of the
-        weights, which discard_weights gives back): the next ``generate`` builds and captures them again."""
+        weights, which discard_weights gives back): the next ``generate`` builds and captures them
+        again. On CUDA a small model keeps all of it (``keeps``), its weights included."""
+        if self.keeps():
+            return
         self.arena = None
         super().sleep(discard_weights)
+
+    def keeps(self) -> bool:
+        """Whether ``sleep`` keeps the graphs: on CUDA, while the sampler's weights and the arena take
+        at most KEEP_FRACTION of the GPU's memory."""
+        if not self.capture or self.arena is None:
+            return False
+        a = self.arena
+        held = sum(t.nbytes for t in (a.k, a.v)) + sum(p.nbytes for p in self.model.parameters())
+        return held <= KEEP_FRACTION * torch.cuda.get_device_properties(self.dev).total_memory
 
     def load_weights(self, state: dict[str, Tensor], version: int | None = None) -> None:
         """Weight sync: the copy lands in place, at the addresses the graphs read (a discarded
