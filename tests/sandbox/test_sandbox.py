@@ -174,8 +174,7 @@ def test_run_cgroup_has_the_caps_and_is_gone_after(backend):
     seen = {}
 
     def watch():
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not seen:
+        while not done.is_set() and not seen:
             for name in os.listdir(host.pids):
                 if name.startswith("rlpost-slot") and name not in before:
                     mem = "memory.max" if host.version == 2 else "memory.limit_in_bytes"
@@ -188,11 +187,15 @@ def test_run_cgroup_has_the_caps_and_is_gone_after(backend):
             time.sleep(0.01)
 
     before = set(os.listdir(host.pids))  # other processes' runs on this machine
+    done = threading.Event()
     t = threading.Thread(target=watch)
     t.start()
-    res = run_python("import time; time.sleep(1)", backend=backend,
-                     limits=Limits(memory_mb=100, max_disk_mb=20, max_processes=10))
-    t.join()
+    try:
+        res = run_python("import time; time.sleep(1)", backend=backend,
+                         limits=Limits(wall_s=20.0, memory_mb=100, max_disk_mb=20, max_processes=10))
+    finally:
+        done.set()
+        t.join()
     assert res.status == "ok" and res.cleanup == ""
     assert (seen["pids"], seen["mem"]) == ("13", 120 << 20)  # 10 + 3 (bwrap, its init, the shim); 100 + 20 MiB
     assert seen["cgroup"] not in os.listdir(host.pids)
@@ -231,13 +234,14 @@ def test_concurrent_runs_get_their_own_uid():
     """Two runs at once: under rlimits each sees a different slot uid, never root or nobody."""
     out = []
     threads = [threading.Thread(target=lambda: out.append(run_python(
-        "import os, time; time.sleep(0.5); print(os.getuid())", backend="rlimits", parallel=2, limits=FAST).stdout))
-        for _ in range(2)]
+        "import os, time; time.sleep(0.5); print(os.getuid())", backend="rlimits", parallel=2,
+        limits=Limits(wall_s=20.0, cpu_s=2, memory_mb=128, max_processes=16)))) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    uids = {int(u) for u in out}
+    assert all(res.status == "ok" for res in out), out
+    uids = {int(res.stdout) for res in out}
     lo = slots.SLOT_UID_BASE + 1024  # the rlimits block of slot uids
     assert len(uids) == 2 and all(lo <= u < lo + 2 for u in uids)
 
