@@ -24,6 +24,7 @@ from rlpost import build, config
     ("rollout.curriculum_window=3 dist.topology=async", "rollout.curriculum_window: async workers draw prompts steps ahead"),
     ("algo.cispo_eps_low=-1", "algo.cispo_eps_low: expected a number >= 0, got -1.0 (or none)"),
     ("nosuch.key=1", "nosuch.key: unknown section nosuch"),
+    ("task.prompt_format=raw", "task.prompt_format: raw feeds task.data's string prompts as they are: it needs task.data"),
     ("trainer.micro_batch_size=7", "trainer.micro_batch_size: expected a divisor of the mini-batch (128), got 7"),
     ("rollout.group_size=1", "rollout.group_size: expected >= 2 for GRPO"),
     ("algo.kl_target=0.01", "algo.kl_target: adaptive KL starts from kl_coef"),

@@ -176,6 +176,9 @@ def check_task(cfg: Config) -> None:
         raise ConfigError(f"{key}: task.name={t.name} generates its own problems and would ignore it; use task.name=dataset (or math, code)")
     if t.eval_data and not t.data:
         raise ConfigError(f"task.eval_data: used only next to task.data (task.name={t.name} generates its problems without it)")
+    if t.prompt_format == "raw" and (not t.data or t.system_prompt):
+        raise ConfigError("task.prompt_format: raw feeds task.data's string prompts as they are: " + (
+            "expected task.system_prompt empty (no chat template to put it in)" if t.data else "it needs task.data"))
     try:
         gym_config = yaml.safe_load(t.gym_config) if t.gym_config else {}
     except yaml.YAMLError as e:

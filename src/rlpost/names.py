@@ -147,6 +147,8 @@ FOREIGN: dict[str, tuple[Name, ...]] = {
         Name("prompt_data", "task.data"),
         Name("input_key", "task.prompt_column"),
         Name("label_key", "task.answer_column"),
+        Name("apply_chat_template", "task.prompt_format=chat", "without it OpenRLHF feeds the prompt as it is: "
+             "task.prompt_format=raw"),
         Name("n_samples_per_prompt", "rollout.group_size"),
         Name("rollout_batch_size", "rollout.prompts_per_step", SAME_BATCH),
         Name("train_batch_size", "trainer.mini_batch_size", "both count sequences"),

@@ -71,3 +71,29 @@ def test_sampling_draws_from_the_whole_vocabulary(tiny):
     b = ro.generate([{"messages": [{"role": "user", "content": "7"}]}], n=3000, temperature=1.0, top_p=1.0,
                     max_new_tokens=1)
     assert len(set(b.completion_ids[:, 0].tolist())) > 60
+
+
+def test_string_prompts_go_raw_with_prompt_format_raw(tiny, tmp_path):
+    # TRL's standard (non-conversational) format: a string prompt is the model's input as it is
+    import json
+
+    from helpers import tiny_cfg
+
+    from rlpost.envs import build_task
+    from rlpost.rewards.worker import call_batch, TrainerState
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Once upon a time {i}", "answer": "x", "genre": "tale"}) + "\n"
+                            for i in range(20)))
+    row_of = lambda fmt: next(r for r in build_task(tiny_cfg("task.name=dataset", f"task.data={data}",
+                                                             f"task.prompt_format={fmt}")).train if r["prompt"].endswith(" 3"))
+    ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    raw = ro.generate([row_of("raw")], n=1, temperature=0.0, top_p=1.0, max_new_tokens=2)
+    assert tiny.tokenizer.decode(raw.prompt_ids[0][raw.prompt_mask[0]]) == "Once upon a time 3"
+    chat = ro.generate([row_of("chat")], n=1, temperature=0.0, top_p=1.0, max_new_tokens=2)  # the default
+    assert tiny.tokenizer.decode(chat.prompt_ids[0][chat.prompt_mask[0]]) == "<|user|>Once upon a time 3<|assistant|>"
+    # a TRL-style reward function gets the data's columns, not rlpost's own copy of the prompt text
+    seen = {}
+    call_batch(lambda prompts, completions, **kw: seen.update(kw) or [0.0],
+               {"rows": [row_of("raw")], "completions": ["x"], "completion_ids": None, "trainer_state": TrainerState()})
+    assert "genre" in seen and not any(k.startswith("_") for k in seen)

@@ -53,10 +53,11 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
     else:
         raise DataError(f"{where(raw, source)}: '{tcfg.prompt_column}' must be a non-empty string or a list of chat messages"
                         f" (task.prompt_column; columns here: {', '.join(k for k in raw if k != '_line')})")
-    if tcfg.system_prompt and messages[0]["role"] != "system":
+    raw_text = isinstance(prompt, str) and tcfg.prompt_format == "raw"  # TRL's standard format: no chat template
+    if tcfg.system_prompt and messages[0]["role"] != "system" and not raw_text:
         messages = [{"role": "system", "content": tcfg.system_prompt}, *messages]
     row = {k: v for k, v in raw.items() if k != tcfg.prompt_column}
-    row.update(messages=messages, prompt=prompt)
+    row.update(messages=messages, prompt=prompt, **({RAW_PROMPT: prompt} if raw_text else {}))
     name = tcfg.answer_column
     if name == "answer" and "answer" not in raw and column(raw, VERL_ANSWER) is not None:
         name = VERL_ANSWER  # a verl row: the reference answer sits in reward_model.ground_truth
@@ -69,6 +70,7 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
 
 
 VERL_ANSWER = "reward_model.ground_truth"
+RAW_PROMPT = "_prompt_text"  # task.prompt_format=raw: the text the sampler feeds as it is (roles/rollout_hf.py: render)
 
 
 def column(raw: dict, name: str):

@@ -138,7 +138,7 @@ def missing_columns(fn, given: set[str]) -> list[str]:
 def call_batch(fn, request: dict) -> list:
     """TRL's call; per completion a float, NOT_APPLICABLE (None) or ('error', message)."""
     rows, n = request["rows"], len(request["rows"])
-    hidden = {"prompt", "messages", "_line", "completion", "completion_ids"}
+    hidden = {"prompt", "messages", "_line", "_prompt_text", "completion", "completion_ids"}
     columns = {k: [r.get(k) for r in rows] for k in dict.fromkeys(k for r in rows for k in r) if k not in hidden}
     prompts = [r.get("prompt", r.get("messages")) for r in rows]
     completions = [[{"role": "assistant", "content": c}] if isinstance(p, list) else c

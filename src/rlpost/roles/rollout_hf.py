@@ -30,6 +30,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from rlpost.envs.dataset import RAW_PROMPT
 from rlpost.model import device, precision
 from rlpost.types.batch import Rollouts
 
@@ -109,8 +110,10 @@ class HFRollout:
         self.discarded = None  # [(storage, bytes)] while sleep(discard_weights=True) has freed the weights
 
     def render(self, rows: list[dict]) -> list[str]:
-        """Apply the chat template to each row's messages, ending with the assistant turn."""
-        return [self.tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False) for r in rows]
+        """Each row's prompt text: its messages through the chat template, ending with the assistant
+        turn, or (task.prompt_format=raw, TRL's standard format) its string prompt as it is."""
+        return [r[RAW_PROMPT] if RAW_PROMPT in r else
+                self.tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False) for r in rows]
 
     @torch.no_grad()
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
