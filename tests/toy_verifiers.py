@@ -123,3 +123,10 @@ def compute_score_extras(data_source, solution_str, ground_truth, extra_info=Non
     """verl's compute_score returning extras beside the score, as verl's reward_extra_info."""
     right = solution_str.strip().startswith(str(ground_truth))
     return {"score": float(right), "acc": right, "length": len(solution_str), "pred": solution_str[:3]}
+
+
+def fails_once_marked(completion, row):
+    """odd_length until the file named by $RLPOST_TEST_FAIL_MARKER exists, then every call raises."""
+    if os.path.exists(os.environ.get("RLPOST_TEST_FAIL_MARKER", "/nonexistent")):
+        raise RuntimeError("the reward service went down")
+    return float(len(completion) % 2), {}

@@ -15,7 +15,10 @@ naming what is wrong and exit status 2, never a traceback; so does a batch too b
 run stopped by what it cannot go on from (a full disk, a read-only folder, non-finite training, a
 reward function that keeps failing) ends with one line and exit status 1, its saved data intact.
 SIGINT and SIGTERM end with one line and 130 / 143 (during training: after saving the current step,
-recipes/guard.py).
+recipes/guard.py). A training run that finished but trained nothing (no step changed the policy:
+every group filtered out, every reward equal, every optimizer step non-finite) writes its folder
+as any run, RUN/model the unchanged policy, says why in its last line, and exits with 0: it ran
+as asked; summary.json's steps_trained is 0 (recipes/idle.py).
 """
 
 from __future__ import annotations

@@ -363,6 +363,8 @@ class RunConfig:
     """held-out problems used for evaluation; 0 = all of task.n_heldout"""
     eval_batch_size: int = knob(100, ge=1)
     """prompts per generate call during evaluation"""
+    passk_eval: int = knob(32, ge=0)
+    """the pass@k curve at the start and end of the run: this many held-out problems, 64 samples each at rollout.temperature, unbiased pass@k for k = 1, 2, 4, ..., 64 (summary.json's passk_before / passk_after, one plot in report.html): pass@1 up with pass@64 flat is sharpening, pass@64 up is new solutions; 0 = off"""
     early_stop_patience: int = knob(0, ge=0)
     """early stopping on the held-out accuracy (every run.eval_every steps): stop after this many evaluations in a row without a new best, and write RUN/model from the best step's checkpoint (kept whatever run.keep_checkpoints says; the final evaluation counts too); summary.json and the report name the selected step. 0 = off: run every step, RUN/model = the last"""
     checkpoint_every: int = knob(10, ge=0)

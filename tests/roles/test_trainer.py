@@ -306,7 +306,7 @@ def test_non_finite_steps_are_counted_and_skipped(tiny):
 
     tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=8, micro_batch_size=8, total_optimizer_steps=3)
     m = tr.update(batch, poisoned)
-    assert len(calls) == 3 and m["actor/nonfinite_steps"] == 2
+    assert len(calls) == 3 and m["actor/nonfinite_steps"] == 2 and m["actor/optimizer_steps"] == 1
     assert tr.sched.last_epoch == 1  # the schedule moved for the one step taken
     assert tr.update(grpo_batch(tiny, 6)[0], algo.loss)["actor/nonfinite_steps"] == 0
 
@@ -326,7 +326,7 @@ def test_a_step_whose_critic_loss_alone_is_non_finite_is_skipped_whole(tiny):
         return (logp * mb.completion_mask).sum() / mb.norm_tokens + (values * float("nan")).sum(), {}
 
     m = tr.update(copy.deepcopy(batch), nan_critic)
-    assert m["actor/nonfinite_steps"] == 1 and math.isfinite(m["actor/grad_norm"]) and math.isnan(m["critic/grad_norm"])
+    assert m["actor/nonfinite_steps"] == 1 and m["actor/optimizer_steps"] == 0 and math.isfinite(m["actor/grad_norm"]) and math.isnan(m["critic/grad_norm"])
     assert all(torch.equal(a, p) for a, p in zip(policy_before, tr.params))
     assert all(torch.equal(a, p) for a, p in zip(critic_before, critic.parameters()))
     assert tr.sched.last_epoch == 0  # the schedule did not move either

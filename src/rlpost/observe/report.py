@@ -2,7 +2,8 @@
 scripts) from what a run folder already holds: metrics.jsonl, summary.json, config.yaml and
 samples/. It can be written while the run is going (it reads only complete lines).
 
-Plots: reward and held-out accuracy (and, for a task.mix run, both per family); KL to the reference (only when the run has one); the policy's
+Plots: reward and held-out accuracy (and, for a task.mix run, both per family); pass@k for k = 1..64 before
+and after training (run.passk_eval); KL to the reference (only when the run has one); the policy's
 change per update (PPO's old -> new KL); entropy; response length and truncation; clip fractions;
 the sampler/trainer importance-ratio histogram; group reward std and the all-pass / all-fail
 shares; grad norm; throughput; wall-clock per role per step, stacked. Then the health findings
@@ -147,6 +148,24 @@ def task_plot(history, summary) -> str | None:
     return _svg(fig)
 
 
+def passk_plot(summary) -> str | None:
+    """pass@k against k (log 2 axis) before and after training (run.passk_eval): pass@1 up with the
+    large-k end flat is sharpening; the large-k end up is problems solved that were not before."""
+    before, after = (summary or {}).get("passk_before") or {}, (summary or {}).get("passk_after") or {}
+    if not before or not after:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 3.0))
+    for curve, label, style in ((before, "before training", "--"), (after, "after training", "-")):
+        ks = sorted(curve, key=int)
+        ax.plot([int(k) for k in ks], [curve[k] for k in ks], style, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set(title=f"pass@k, {summary.get('passk_problems')} held-out problems x {summary.get('passk_samples')} samples "
+                 f"(T={summary.get('passk_temperature')})", xlabel="k", ylabel="pass@k (unbiased)", ylim=(-0.05, 1.05))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    return _svg(fig)
+
+
 def ratio_plot(history) -> str | None:
     """The sampler/trainer ratio per token, all steps: each bin's share on a linear axis with its
     count written on the bar, so a tail of a few tokens is read, not guessed from a log scale."""
@@ -229,7 +248,7 @@ def plots_for(history, summary) -> list[str | None]:
     if summary and summary.get("kind") in ("sft", "rm", "dpo"):  # offline: a loss curve, no rollouts
         loss = (f"{summary['kind']} training loss ({summary.get('loss')})", [("actor/loss", "loss per step")], "loss")
         return [line_plot(history, *loss), line_plot(history, "Gradient norm (pre-clip)", [("actor/grad_norm", "policy")], "")]
-    return [reward_plot(history, summary), task_plot(history, summary), *(line_plot(history, *p) for p in LINE_PLOTS),
+    return [reward_plot(history, summary), passk_plot(summary), task_plot(history, summary), *(line_plot(history, *p) for p in LINE_PLOTS),
             ratio_plot(history), timing_plot(history)]
 
 

@@ -166,6 +166,9 @@ def closing_table(summary: dict) -> str:
         tb, ta = summary[f"heldout_accuracy_before/{task}"], summary.get(f"heldout_accuracy_after/{task}", float("nan"))
         lines.append(f"{'  ' + task:24s}{tb:>10.3f}{ta:>10.3f}   ({100 * (ta - tb):+.1f} points, "
                      f"{summary.get(f'heldout_n/{task}')} problems)")
+    kb, ka = summary.get("passk_before") or {}, summary.get("passk_after") or {}
+    for k in sorted({"1", max(kb, key=int)} & set(ka), key=int) if kb else ():  # the curve's ends: pass@1, pass@64
+        lines.append(f"{f'pass@{k} (sampled)':24s}{kb[k]:>10.3f}{ka[k]:>10.3f}   ({summary.get('passk_problems')} problems)")
     if summary.get("reward_mean_first") is not None:
         lines.append(f"{'reward/mean (first/last)':24s}{summary['reward_mean_first']:>10.3f}{summary['reward_mean_last']:>10.3f}")
     lines.append(f"{'steps / wall time':24s}{summary['steps']:>10d}{summary['wall_minutes']:>9.1f}m")

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from rlpost import build, config
 from rlpost.envs import build_task, is_correct
 from rlpost.envs.mix import source_of
@@ -155,6 +157,32 @@ def summarise(records: list[dict], ks: list[int]) -> dict:
         out[f"pass@{k}"] = sum(pk) / len(pk)
         out[f"maj@{k}"] = sum(mk) / len(mk)
     return out
+
+
+PASSK_SAMPLES = 64  # samples per problem of a run's pass@k curve: k = 1, 2, 4, ..., 64
+PASSK_KS = [2**i for i in range(PASSK_SAMPLES.bit_length()) if 2**i <= PASSK_SAMPLES]
+
+
+def passk_curve(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path | None = None) -> dict[str, float]:
+    """A run's pass@k at its start or end (run.passk_eval problems): PASSK_SAMPLES samples of each row
+    at rollout.temperature, and for each k in PASSK_KS the unbiased estimator (search/metrics.py)
+    averaged over the rows, keyed by str(k). pass@1 rising while pass@64 stays is RL sharpening the
+    policy on what it could already solve; pass@64 rising is it solving problems it could not.
+
+    The torch RNG is put back afterwards, so a run samples the same training batches with the curve
+    on or off (run.passk_eval=0). ``dump`` receives every sample."""
+    if not rows:
+        return {}
+    r = cfg.rollout
+    with torch.random.fork_rng():
+        records = sample_records(roles, rows, PASSK_SAMPLES, r.temperature, r.top_p, r.max_new_tokens,
+                                 max(cfg.run.eval_batch_size, 2 * PASSK_SAMPLES))
+    if dump is not None:
+        write_records(records, dump)
+    right = [0] * len(rows)
+    for rec in records:
+        right[rec["problem"]] += bool(rec["correct"])
+    return {str(k): sum(pass_at_k(PASSK_SAMPLES, c, k) for c in right) / len(rows) for k in PASSK_KS}
 
 
 def write_records(records: list[dict], path: Path) -> None:

@@ -27,7 +27,8 @@ from rlpost.model.cores import Cores
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table, timed
-from rlpost.recipes.evaluate import by_task_summary, evaluate, heldout_scores
+from rlpost.recipes import idle
+from rlpost.recipes.evaluate import PASSK_SAMPLES, by_task_summary, evaluate, heldout_scores, passk_curve
 from rlpost.recipes.guard import RunGuard
 from rlpost.rewards import stack
 from rlpost.types.batch import Rollouts
@@ -64,34 +65,34 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         weights = trainer_state = None  # copied into the roles: a resumed run would carry a second set of weights to its end
         sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before step 1
         log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks, ckpt)
-        before = state.get("heldout_before")  # a resumed run's, from its checkpoint; else measured now
-        before = baseline(roles, heldout, cfg, run_dir, task) if before is None else before
+        before, before_k = state.get("heldout_before"), state.get("passk_before", {})  # a resumed run's, from its checkpoint
+        before, before_k = baseline(roles, heldout, cfg, run_dir, task) if before is None else (before, before_k)
         log.begin()
         with RunGuard(cfg, state.get("early_stop")) as guard:
             for step in guard.steps(start + 1, cfg.run.steps):
                 timings: dict = {}
                 batch, c_metrics = collect(roles, stream, cfg, timings, cores)
                 guard.check_rewards(c_metrics, step)  # a reward function that keeps failing stops the run here
-                if len(batch) == 0:  # every group was filtered out, even after refills: nothing to learn from
-                    log.step(step, {**c_metrics, **timings, "timing_s/step": sum(timings.values())}, None)
-                    continue
                 evaluating, syncing = schedule(cfg, step)
                 roles.rollout.sleep(discard_weights=syncing)  # frees memory for the update, the peak (rollout_hf.py: sleep)
-                if roles.reference is not None:
-                    with timed("ref", timings):
-                        batch.ref_logp = roles.reference.logprobs(batch)
-                if roles.algo.old_logp_first:
-                    with timed("old", timings):
-                        batch.old_logp, batch.old_values = roles.trainer.recompute(batch)
-                with timed("adv", timings):
-                    adv = roles.algo.advantages(batch)
-                    batch.advantages, batch.returns = adv.tokens, adv.returns
-                    batch.completion_mask = adv.loss_mask if adv.loss_mask is not None else batch.completion_mask
-                with timed("update", timings):
-                    cores.adjust()
-                    u_metrics = roles.trainer.update(batch, roles.algo.loss)
-                guard.check_update(u_metrics, step)  # non-finite loss or gradient: skipped, and N in a row stop
-                u_metrics.update(roles.algo.end_step(u_metrics, adv.metrics, len(batch)))  # adaptive KL
+                adv_metrics, u_metrics = {}, {}  # stay empty when every group was filtered out (even after refills)
+                if len(batch):
+                    if roles.reference is not None:
+                        with timed("ref", timings):
+                            batch.ref_logp = roles.reference.logprobs(batch)
+                    if roles.algo.old_logp_first:
+                        with timed("old", timings):
+                            batch.old_logp, batch.old_values = roles.trainer.recompute(batch)
+                    with timed("adv", timings):
+                        adv = roles.algo.advantages(batch)
+                        batch.advantages, batch.returns = adv.tokens, adv.returns
+                        batch.completion_mask = adv.loss_mask if adv.loss_mask is not None else batch.completion_mask
+                    with timed("update", timings):
+                        cores.adjust()
+                        u_metrics = roles.trainer.update(batch, roles.algo.loss)
+                    guard.check_update(u_metrics, step)  # non-finite loss or gradient: skipped, and N in a row stop
+                    u_metrics.update(roles.algo.end_step(u_metrics, adv.metrics, len(batch)))  # adaptive KL
+                    adv_metrics = adv.metrics
                 if syncing:
                     with timed("sync", timings):  # remote trainer: the time to publish the weights to the object store
                         roles.rollout.load_weights(roles.trainer.weights(), version=step)
@@ -99,26 +100,27 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                     with timed("eval", timings):
                         u_metrics.update(heldout_scores(roles, heldout, cfg))  # and a mix's per family
                 timings["timing_s/step"] = sum(timings.values())
-                log.step(step, {**c_metrics, **adv.metrics, **u_metrics, **timings, **perf(batch, timings, cores),
+                log.step(step, {**c_metrics, **adv_metrics, **u_metrics, **timings, **perf(batch, timings, cores),
                                 "training/epoch": stream.epoch}, batch)
                 every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
                 if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
-                    save_checkpoint(run_dir, cfg, step, roles, stream, before, elapsed(), guard, log.history)
+                    save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k), elapsed(), guard, log.history)
                 if on_step_end is not None:
                     on_step_end(step)
         log.close()
         say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
         after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
+        passk = {"passk_before": before_k, "passk_after": passk_curve(roles, heldout[: cfg.run.passk_eval], cfg)}
     finally:
         roles.close()  # verifier workers, Ray actors and the sandboxes they run: stopped however we leave
         if log is not None:
             log.close()
     roles = batch = None  # their memory goes before the export loads a model and a checkpoint (finish)
-    return finish(run_dir, cfg, log, guard, before, after, len(heldout), task, elapsed())
+    return finish(run_dir, cfg, log, guard, before, after, len(heldout), task, elapsed(), passk)
 
 
 def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, before: float, after: float,
-           heldout_n: int, task: Task, minutes: float) -> dict:
+           heldout_n: int, task: Task, minutes: float, passk: dict) -> dict:
     """RUN/model, summary.json, the closing table and the report, after the training roles are gone:
     with their weights, gradients and optimizer moments still held, the export (a model and a
     checkpoint loaded) made the run's memory peak (tests/recipes/test_run_memory.py). Their memory
@@ -130,9 +132,13 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, befo
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": heldout_n, "model": str(model_dir),
                                                    "peak_rss_gb": round(peak_rss_gb, 2), **device.max_memory_allocated_gb(),
-                                                   "skipped_rows": task.skipped_rows, **selected, **by_task_summary(run_dir / "samples")})
+                                                   "skipped_rows": task.skipped_rows, **selected, **by_task_summary(run_dir / "samples"),
+                                                   **passk_summary(passk, cfg), **idle_summary(log.history)})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
+    nothing = idle.closing_line(log.history, cfg)  # steps that trained nothing: how many, why, the knob; the last word
+    if nothing is not None:
+        say(nothing)
     return summary
 
 
@@ -142,19 +148,32 @@ def curriculum(cfg: config.Config) -> tuple[int, float, float]:
     return r.curriculum_window, r.filter_min_pass_rate, r.filter_max_pass_rate
 
 
-def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task) -> float:
-    """Held-out accuracy before training (a resumed run has it from its checkpoint)."""
+def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task) -> tuple[float, dict]:
+    """Held-out accuracy before training, and the pass@k curve (a resumed run has both from its checkpoint)."""
     if task.skipped_rows:
         say(f"skipped {task.skipped_rows} malformed data rows (task.on_bad_row=skip); counted in summary.json")
-    if cfg.task.data:  # your own rows: how much of them the run will see (the defaults were sized for the demo)
-        prompts = cfg.run.steps * cfg.rollout.prompts_per_step
-        say(f"training on {prompts} prompts ({cfg.run.steps} steps x {cfg.rollout.prompts_per_step}, run.steps x "
-            f"rollout.prompts_per_step): {prompts / len(task.train):.2g} epochs of {len(task.train)} training rows; "
-            f"answers up to {cfg.rollout.max_new_tokens} tokens (rollout.max_new_tokens)")
     say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
     before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
     say(f"held-out accuracy before training: {before:.3f}")
-    return before
+    curve = passk_curve(roles, heldout[: cfg.run.passk_eval], cfg)
+    if curve:
+        say(f"pass@k before training ({min(cfg.run.passk_eval, len(heldout))} problems x {PASSK_SAMPLES} samples): "
+            + ", ".join(f"@{k} {v:.3f}" for k, v in curve.items()))
+    return before, curve
+
+
+def passk_summary(passk: dict, cfg: config.Config) -> dict:
+    """summary.json's pass@k curves (run.passk_eval; {} when off)."""
+    if not passk.get("passk_before") or not passk.get("passk_after"):
+        return {}
+    return {**passk, "passk_problems": cfg.run.passk_eval, "passk_samples": PASSK_SAMPLES,
+            "passk_temperature": cfg.rollout.temperature}
+
+
+def idle_summary(history: list[dict]) -> dict:
+    """summary.json's count of steps that changed the policy, and of the others by cause (recipes/idle.py)."""
+    found = idle.counts(history)
+    return {"steps_trained": len(history) - sum(found.values()), **({"steps_idle": found} if found else {})}
 
 
 def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config, timings: dict,
@@ -290,10 +309,12 @@ def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state
     return state["step"]
 
 
-def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream | MixedStream, before: float,
+def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream | MixedStream, before: tuple,
                     minutes: float, guard: RunGuard, metrics: list[dict]) -> None:
+    """``before``: (held-out accuracy, pass@k curve) before training, which a resumed run reports as its own."""
     state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(), "algo_name": cfg.algo.name,
-             "heldout_before": before, "minutes": minutes, "early_stop": guard.early_stop_state(), **roles.algo.state_dict()}
+             "heldout_before": before[0], "passk_before": before[1], "minutes": minutes, "early_stop": guard.early_stop_state(),
+             **roles.algo.state_dict()}
     checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
                     cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None, metrics=metrics)
 

@@ -175,6 +175,7 @@ class Trainer:
         sums["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         sums["actor/lr"] = lr
         sums["actor/nonfinite_steps"] = skipped  # optimizer steps skipped: a NaN/inf loss or gradient
+        sums["actor/optimizer_steps"] = self.cfg.epochs * n_mini - skipped  # taken (0: the update changed nothing)
         if critic_norms:
             sums["critic/grad_norm"] = sum(critic_norms) / len(critic_norms)
         self.updates += 1
