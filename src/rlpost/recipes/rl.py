@@ -65,8 +65,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         weights = trainer_state = None  # copied into the roles: a resumed run would carry a second set of weights to its end
         sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before step 1
         log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks, ckpt)
-        before, before_k = state.get("heldout_before"), state.get("passk_before", {})  # a resumed run's, from its checkpoint
-        before, before_k = baseline(roles, heldout, cfg, run_dir, task) if before is None else (before, before_k)
+        before, before_k = baseline(roles, heldout, cfg, run_dir, task, state)  # a resumed run's: from its checkpoint
         log.begin()
         with RunGuard(cfg, state.get("early_stop")) as guard:
             for step in guard.steps(start + 1, cfg.run.steps):
@@ -148,8 +147,11 @@ def curriculum(cfg: config.Config) -> tuple[int, float, float]:
     return r.curriculum_window, r.filter_min_pass_rate, r.filter_max_pass_rate
 
 
-def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task) -> tuple[float, dict]:
-    """Held-out accuracy before training, and the pass@k curve (a resumed run has both from its checkpoint)."""
+def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task,
+             state: dict) -> tuple[float, dict]:
+    """Held-out accuracy before training, and the pass@k curve; a resumed run has both in its checkpoint's ``state``."""
+    if state.get("heldout_before") is not None:
+        return state["heldout_before"], state.get("passk_before", {})
     if task.skipped_rows:
         say(f"skipped {task.skipped_rows} malformed data rows (task.on_bad_row=skip); counted in summary.json")
     say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
