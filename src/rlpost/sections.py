@@ -86,7 +86,7 @@ class TaskConfig:
     process_reward_form: Literal["score", "delta"] = "score"
     """task.process_reward_model: a step's reward is its score (Math-Shepherd, DeepSeekMath), or its change from the step before (delta: the step's progress, Setlur et al. 2024, arXiv:2410.08146; the rewards of a completion then sum to its last step's score, so more lines earn nothing by themselves)"""
     sandbox: Literal["bwrap", "rlimits"] = "bwrap"
-    """task.name=code: how model-written code is isolated. bwrap: bubblewrap namespaces (no network, no host files, a size-capped tmpfs), the run refuses to start without it; rlimits: resource limits and a per-run uid only, for machines without bubblewrap, if you accept what it lacks (docs/environments.md lists it)"""
+    """task.name=code: how model-written code is isolated. bwrap: bubblewrap namespaces (no network, no host files, a size-capped tmpfs), the run refuses to start without it; rlimits: resource limits and a per-run uid only, for machines without bubblewrap, if you accept what it lacks (docs/environments.md lists it; as root only with task.sandbox_allow_root=true)"""
     sandbox_allow_root: bool = False
     """task.sandbox=rlimits as root: refused unless true (bubblewrap keeps root out of the program's reach; rlimits does not)"""
     sandboxes: int = knob(0, ge=0)
