@@ -137,3 +137,12 @@ def test_plan_answers_a_gpu_question_without_the_cpu_demos_defaults():
     out = json.loads(r.stdout)
     assert out["gpus"] == 8 and "H100" in out["device"] and out["workload"]["new_tokens"] == 256
     assert "planning for h100" in r.stderr
+
+
+def test_eval_prints_a_table_on_a_terminal_and_json_when_asked():
+    from rlpost.cli import _parser, eval_table
+
+    table = eval_table({"target": "runs/r", "heldout_accuracy": 0.34567, "n": 200, "pass@4": 0.5})
+    assert table.splitlines() == ["target            runs/r", "heldout_accuracy  0.346", "n                 200",
+                                  "pass@4            0.500"]
+    assert _parser().parse_args(["eval", "tiny", "--json"]).json  # JSON on a terminal too (and always through a pipe)

@@ -130,3 +130,11 @@ def fails_once_marked(completion, row):
     if os.path.exists(os.environ.get("RLPOST_TEST_FAIL_MARKER", "/nonexistent")):
         raise RuntimeError("the reward service went down")
     return float(len(completion) % 2), {}
+
+
+def prints_lines(completion, row):
+    """Prints three lines per call (a reward function being debugged) and fails on 'x'."""
+    print(f"scoring {completion!r}\nanswer {row['answer']}\n")
+    if completion == "x":
+        raise ValueError("cannot score x")
+    return 1.0

@@ -91,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--k", default="", help="comma-separated k for pass@k and maj@k (default: 1 and S)")
     e.add_argument("--out", default="", help="per-sample results (JSONL); default RUN_DIR/eval_samples.jsonl or ./eval_samples.jsonl, numbered when it exists")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    e.add_argument("--json", action="store_true", help="print the result as one JSON line (the default when stdout is not a terminal)")
     for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
                        ("rsft", "rejection-sampling SFT: SFT on the policy's own samples the verifier accepts"),
                        ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
@@ -318,8 +319,16 @@ def cmd_eval(args) -> int:
     build.check(cfg)
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
     acc, n, summary = heldout_accuracy(cfg, weights, args.n, samples=args.samples, ks=ks, dump=out)
-    print(json.dumps({"target": str(args.target), "heldout_accuracy": acc, "n": n, **summary, "samples_file": str(out)}))
+    result = {"target": str(args.target), "heldout_accuracy": acc, "n": n, **summary, "samples_file": str(out)}
+    print(json.dumps(result) if args.json or not sys.stdout.isatty() else eval_table(result))
     return 0
+
+
+def eval_table(result: dict) -> str:
+    """`rlpost eval` on a terminal: one row per number, 3 decimals (--json, or a pipe, gets the JSON)."""
+    width = max(map(len, result))
+    rows = [f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in result.items()]
+    return "\n".join(rows)
 
 
 def samples_file(args, folder: Path) -> Path:

@@ -95,3 +95,19 @@ def test_your_rows_get_a_length_cap_for_real_answers(tmp_path):
     t = rlpost.Trainer(model="tiny", train_dataset=rows, overrides=["rollout.max_new_tokens=32"], output_dir=tmp_path / "s")
     assert t.config.rollout.max_new_tokens == 32
     assert rlpost.Trainer(model="tiny", output_dir=tmp_path / "t").config.rollout.max_new_tokens == 16  # the demo's task
+
+
+def test_rows_without_answers_say_which_function_scores_heldout(tmp_path, capsys):
+    # a format reward listed first would silently be the held-out metric: the choice is said, and verifier= makes it
+    def format_ok(completion, row):
+        return 0.1
+
+    def correct(completion, row):
+        return 1.0
+
+    rows = [{"prompt": f"q{i}"} for i in range(20)]
+    rlpost.Trainer(model="tiny", reward_funcs=[format_ok, correct], train_dataset=rows, output_dir=tmp_path / "a")
+    assert "held-out accuracy: scored by the first reward function, format_ok" in capsys.readouterr().err
+    t = rlpost.Trainer(model="tiny", reward_funcs=[format_ok, correct], verifier=correct, train_dataset=rows,
+                       output_dir=tmp_path / "b")
+    assert "held-out accuracy: scored by" not in capsys.readouterr().err and t.config.task.verifier

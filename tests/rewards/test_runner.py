@@ -320,3 +320,17 @@ def test_import_paths_another_uid_could_write_are_left_out(tmp_path):
     # a sticky folder protects what is in it (/tmp/yours), not itself: anyone can add a module to it
     assert kept == [str(mine), str(sticky / "inner"), str(mine / "not-yet")]
     assert set(refused) == {str(open_dir), str(sticky), str(open_dir / "inner")}
+
+
+def test_what_a_reward_function_prints_shows_on_the_console_at_first(tmp_path, capsys):
+    # TRL users debug reward functions with print: the first lines reach the console, the rest verifier.log
+    log = tmp_path / "verifier.log"
+    r = VerifierRunner("toy_verifiers:prints_lines", timeout_s=5, log_path=log)
+    r.score(FakeBatch(["x", "a"]))  # the first raises: its traceback is reported once, not echoed again
+    r.score(FakeBatch([str(i) for i in range(12)]))
+    r.close()
+    echoed = [line for line in capsys.readouterr().err.splitlines() if "reward function output" in line]
+    assert echoed[:2] == ["rlpost: reward function output: scoring 'x'", "rlpost: reward function output: answer 1"]
+    assert len(echoed) == 21 and "more reward function output in" in echoed[-1]  # 20 lines, then where the rest is
+    assert not any("Traceback" in line or "ValueError" in line for line in echoed)
+    assert "scoring '11'" in log.read_text()  # everything is in the log

@@ -87,6 +87,9 @@ class Trainer:
                 if verifier is None and not paths:
                     raise ConfigError("train_dataset: rows without 'answer' need reward_funcs or a verifier to score them")
                 task.append("task.answer_column=")
+                if verifier is None and len(paths) > 1:  # which one is a guess: say it (a format reward first scores nothing)
+                    say(f"held-out accuracy: scored by the first reward function, {paths[0].rpartition(':')[2]} "
+                        "(correct = reward >= 1); verifier= names the one that checks the answer")
                 verifier = paths[0] if verifier is None else verifier
         if verifier is not None:
             task.append(f"task.verifier={self.registry.add(verifier, 'verifier')}")

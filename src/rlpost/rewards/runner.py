@@ -94,6 +94,38 @@ def extra_metrics(infos: list[dict]) -> dict:
     return {f"reward_extra/{key}": sum(vs) / len(vs) for key, vs in values.items()}
 
 
+# What reward functions print goes to the run's verifier.log (worker.py: fd 1 and 2 never reach the
+# trainer's pipes); the first ECHO_LINES lines of it are also shown on the console, where a TRL user
+# debugging a reward function looks, then one line says where the rest is. Tracebacks are left
+# out: the first failure of each kind is printed with its own (VerifierRunner._report).
+ECHO_LINES = 20
+_echoed: dict[str, list[int]] = {}  # log path -> [bytes read, lines shown]: one count for the runners sharing it
+
+
+def echo_output(log_path: str) -> None:
+    if log_path == os.devnull or _echoed.get(log_path, [0, 0])[1] > ECHO_LINES:
+        return
+    done = _echoed.setdefault(log_path, [0, 0])
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(done[0])
+            text = f.read(1 << 16)
+    except OSError:
+        return
+    text = text[: text.rfind(b"\n") + 1]  # whole lines only; the rest is read next time
+    done[0] += len(text)
+    in_traceback = False
+    for line in text.decode("utf-8", "replace").splitlines():
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+        elif in_traceback:
+            in_traceback = line[:1].isspace()  # its frames are indented; the exception's own line ends it
+        elif line.strip() and done[1] <= ECHO_LINES:
+            done[1] += 1
+            say(f"reward function output: {line}" if done[1] <= ECHO_LINES else
+                f"(more reward function output in {log_path}; the console showed its first {ECHO_LINES} lines)")
+
+
 def default_workers(n: int) -> int:
     """task.verifier_workers: 0 = the number of CPU cores, at most 8 (sections.py says why)."""
     return n or min(8, os.cpu_count() or 1)
@@ -298,6 +330,7 @@ class VerifierRunner:
             "timing_s/verifier_per_call": (time.perf_counter() - t0) / max(1, n),
             **(extra_metrics(infos) if self.style == "verl" else {}),
         }
+        echo_output(self.log_path)
         return torch.tensor(rewards, dtype=torch.float32), infos, metrics
 
     def _score_batch(self, batch: Rollouts) -> list[tuple]:
