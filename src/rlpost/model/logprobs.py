@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from rlpost.model import packed
+from rlpost.model import budgets, packed
 from rlpost.types.batch import Rollouts
 
 
@@ -129,18 +129,12 @@ def plain_head(model) -> bool:
             and getattr(c, "logit_scale", None) is None and getattr(c, "logits_scaling", None) is None)
 
 
-# Tokens per chunk on a CPU: 128 x 49152 float32 logits (25 MB) stay in cache better than bigger
-# chunks; measured here 0.36 s for 976 tokens at 128 against 0.49 s at 1024 (forward, lm_head included).
-CHUNK_TOKENS = 128
-# On a GPU a chunk's cost is its ~15 kernel launches, not cache: 128-token chunks made a 32k-token
-# micro-batch 256 chunks of small kernels. There a chunk holds up to this many bytes of float32
-# logits (1365 tokens of a 49152 vocabulary; its few float32 temporaries together ~1 GB).
-GPU_CHUNK_BYTES = 256 * 2**20
+CHUNK_TOKENS = budgets.CPU_CHUNK_TOKENS  # tokens per chunk on a CPU (model/budgets.py says why)
 
 
 def chunk_tokens(on_gpu: bool, vocab: int) -> int:
-    """Tokens per ``ChunkedLogp`` chunk: CHUNK_TOKENS on a CPU, GPU_CHUNK_BYTES of logits on a GPU."""
-    return max(CHUNK_TOKENS, GPU_CHUNK_BYTES // (4 * vocab)) if on_gpu else CHUNK_TOKENS
+    """Tokens per ``ChunkedLogp`` chunk: CHUNK_TOKENS on a CPU, GPU_CHUNK_BYTES of logits on a GPU (model/budgets.py)."""
+    return budgets.gpu_chunk_tokens(vocab) if on_gpu else CHUNK_TOKENS
 
 
 class ChunkedLogp(torch.autograd.Function):

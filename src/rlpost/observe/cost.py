@@ -14,9 +14,8 @@ import math
 
 from rlpost.observe.devices import (CPU_AVX512, DECODE_KERNELS, GPU_LATENCY, MICRO_KERNELS, UPDATE_KERNELS,
                                     Device, decode_overhead, efficiency)
-from rlpost.model.logprobs import chunk_tokens
+from rlpost.model.budgets import KEEP_FRACTION, gpu_chunk_tokens
 from rlpost.observe.workload import Shape, Workload
-from rlpost.roles.rollout_static import KEEP_FRACTION
 
 GiB = 2**30
 
@@ -172,7 +171,7 @@ def update_latency(s: Shape, w: Workload, gpus: int = 1) -> float:
     micro = w.micro(gpus)
     n_micro = w.epochs * math.ceil(max(1, w.batch // gpus) / micro)
     per_layer, fixed, per_chunk = MICRO_KERNELS["packed" if w.packed else "hf"]
-    chunks = math.ceil(micro * w.trained_len / (w.logp_chunk or chunk_tokens(True, s.vocab)))
+    chunks = math.ceil(micro * w.trained_len / (w.logp_chunk or gpu_chunk_tokens(s.vocab)))
     kernels = n_micro * (per_layer * s.layers + fixed + per_chunk * chunks) + UPDATE_KERNELS
     return kernels * GPU_LATENCY["launch"]
 

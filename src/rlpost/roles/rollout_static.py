@@ -41,6 +41,7 @@ from torch import Tensor
 
 from rlpost.console import say
 from rlpost.model import device
+from rlpost.model.budgets import KEEP_FRACTION
 from rlpost.model.logprobs import position_ids
 from rlpost.roles.rollout_fast import FastRollout
 
@@ -49,10 +50,6 @@ MIN_BUCKET = 8  # the smallest batch a graph is captured for: below it a GPU ste
 COLUMNS = 64  # the cache's columns are a multiple of this
 GROW = 1.25  # an arena too small is replaced by one this much larger (prompt lengths vary from step to step)
 WARMUP = 2  # eager steps on a side stream before a bucket's first capture (cuBLAS and allocator set-up)
-# The arena, its graphs and the sampler's weights stay through the trainer's update (``sleep`` keeps
-# them) while together they take at most this share of the GPU's memory: re-capturing costs a few
-# eager steps per bucket each time, whatever the model's size; the memory kept grows with it.
-KEEP_FRACTION = 0.1
 
 
 def buckets(rows: int) -> list[int]:
