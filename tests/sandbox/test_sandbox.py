@@ -8,6 +8,7 @@ bwrap tests skip where bubblewrap cannot run; cgroup tests skip where no cgroup 
 """
 
 import glob
+import itertools
 import json
 import os
 import subprocess
@@ -231,35 +232,59 @@ def test_seccomp_filter_program_is_well_formed():
 
 @pytest.mark.skipif(not ROOT, reason="per-run uids need root")
 def test_concurrent_runs_get_their_own_uid():
-    """Two runs at once: under rlimits each sees a different slot uid, never root or nobody."""
+    """Two runs at once: under rlimits each sees a different slot uid, never root or nobody.
+
+    The two programs meet in a shared folder (each waits until the other has written its uid), so
+    they certainly ran at the same time: with sleeps instead, a loaded machine (or another test run
+    holding slot 0 of the machine-wide pool) could run them one after the other on the same slot."""
+    meet = tempfile.mkdtemp(prefix="rlpost-meet-", dir="/dev/shm")
+    os.chmod(meet, 0o777)
+    program = (f"import json, os, time\nopen(os.path.join({meet!r}, os.urandom(8).hex()), 'w').write(str(os.getuid()))\n"
+               f"stop = time.monotonic() + 40\nwhile len(os.listdir({meet!r})) < 2 and time.monotonic() < stop:\n"
+               f"    time.sleep(0.01)\nprint(json.dumps(sorted(open(os.path.join({meet!r}, n)).read() "
+               f"for n in os.listdir({meet!r}))))")
     out = []
     threads = [threading.Thread(target=lambda: out.append(run_python(
-        "import os, time; time.sleep(0.5); print(os.getuid())", backend="rlimits", parallel=2,
-        limits=Limits(wall_s=20.0, cpu_s=2, memory_mb=128, max_processes=16)))) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        program, backend="rlimits", parallel=2, limits=Limits(wall_s=60.0, cpu_s=2, memory_mb=128, max_processes=16))))
+        for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for name in os.listdir(meet):
+            os.unlink(os.path.join(meet, name))
+        os.rmdir(meet)
     assert all(res.status == "ok" for res in out), out
-    uids = {int(res.stdout) for res in out}
+    seen = [json.loads(res.stdout) for res in out]  # each run's view of both uids, once they met
+    assert seen[0] == seen[1] and len(seen[0]) == 2, seen
+    uids = {int(u) for u in seen[0]}
     lo = slots.SLOT_UID_BASE + 1024  # the rlimits block of slot uids
     assert len(uids) == 2 and all(lo <= u < lo + 2 for u in uids)
 
 
 @pytest.mark.slow  # several seconds of process start-up; make test runs it, make test-fast skips it
 def test_slots_bound_how_many_run_at_once(backend):
-    # 3 runs of 0.6 s with 1 slot take >= 1.8 s (serial); with 3 slots about one run's time
-    def three(parallel):
-        t0 = time.monotonic()
-        threads = [threading.Thread(target=run_python, args=("import time; time.sleep(0.6)",),
-                                    kwargs={"backend": backend, "parallel": parallel, "limits": FAST}) for _ in range(3)]
+    """Judged from when each program ran (its own clock readings), not from the batch's wall time,
+    which a loaded machine stretches: with 1 slot no two runs overlap, with 2 never three, and
+    with 3 slots at least two do (the pool is machine-wide: another test run may hold a slot)."""
+    def most_at_once(parallel):
+        spans = []
+        program = "import time; t = time.time(); time.sleep(1.0); print(t, time.time())"
+        threads = [threading.Thread(target=lambda: spans.append(run_python(
+            program, backend=backend, parallel=parallel, limits=Limits(wall_s=30.0, cpu_s=2, memory_mb=128,
+                                                                        max_disk_mb=16, max_processes=16))))
+            for _ in range(3)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        return time.monotonic() - t0
+        assert all(res.status == "ok" for res in spans), spans
+        edges = sorted((float(x), step) for res in spans for x, step in zip(res.stdout.split(), (1, -1)))
+        return max(itertools.accumulate(step for _, step in edges))  # an end sorts before a start at the same time
 
-    assert three(1) >= 1.8 and three(3) < 1.6
+    assert most_at_once(1) == 1 and most_at_once(2) <= 2 and most_at_once(3) >= 2
 
 
 @pytest.mark.slow  # several seconds of process start-up; make test runs it, make test-fast skips it
