@@ -239,7 +239,8 @@ def test_concurrent_runs_get_their_own_uid():
     holding slot 0 of the machine-wide pool) could run them one after the other on the same slot."""
     meet = tempfile.mkdtemp(prefix="rlpost-meet-", dir="/dev/shm")
     os.chmod(meet, 0o777)
-    program = (f"import json, os, time\nopen(os.path.join({meet!r}, os.urandom(8).hex()), 'w').write(str(os.getuid()))\n"
+    program = (f"import json, os, time\n"
+               f"open(os.path.join({meet!r}, os.urandom(8).hex()), 'w').write(str(os.getuid()))\n"
                f"stop = time.monotonic() + 40\nwhile len(os.listdir({meet!r})) < 2 and time.monotonic() < stop:\n"
                f"    time.sleep(0.01)\nprint(json.dumps(sorted(open(os.path.join({meet!r}, n)).read() "
                f"for n in os.listdir({meet!r}))))")
