@@ -102,6 +102,27 @@ def test_what_an_algorithm_cannot_run_is_refused(keys, key):
         build(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
 
 
+@pytest.mark.parametrize("keys, key, hint", [  # what a user switching algorithms leaves behind (train used to run without it)
+    (["algo.dapo_clip_eps_high=0.3"], "algo.dapo_clip_eps_high", "set algo.name=dapo"),
+    (["algo.cispo_eps_low=0.1"], "algo.cispo_eps_low", "set algo.name=cispo"),
+    (["algo.gamma=0.9"], "algo.gamma", "set algo.name=ppo"),
+    (["algo.baseline=none"], "algo.baseline", "set algo.name=reinforce"),
+    (["algo.name=dr_grpo", "algo.loss_agg=seq_mean_token_sum"], "algo.loss_agg", "remove it$"),  # fixed aggregation
+    (["algo.name=gspo", "algo.clip_eps_high=0.3"], "algo.clip_eps_high", "remove it$"),  # GSPO clips sequences
+    (["algo.critic=shared"], "algo.critic", "set algo.name=ppo"),
+])
+def test_keys_the_chosen_algorithm_does_not_read_are_refused(keys, key, hint):
+    with pytest.raises(config.ConfigError, match=rf"^{key.replace('.', '[.]')}: algo.name=\w+ does not read it.*{hint}"):
+        build(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
+
+
+def test_each_algorithm_takes_its_own_keys():
+    for keys in (["algo.name=dapo", "algo.dapo_clip_eps_high=0.3"], ["algo.name=ppo", "algo.gamma=0.9", "algo.critic=shared"],
+                 ["algo.name=reinforce", "algo.baseline=none"], ["algo.name=cispo", "algo.cispo_eps_low=0.1"],
+                 ["algo.name=gspo", "algo.seq_clip_eps_high=1e-3"], ["algo.name=grpo", "algo.std_scope=batch"]):
+        build(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
+
+
 def objective_loss(keys, logp, old, adv, mask, ref=None, sampler=None):
     """The built objective's loss (the algorithm's, wrapped by the loss-side knobs in ``keys``)."""
     obj = build(config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=1", *keys]))

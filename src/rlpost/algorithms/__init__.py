@@ -120,5 +120,49 @@ def check(cfg) -> None:
     why = turns.check(t, cfg.task.turn_credit)
     if why:
         raise ConfigError(f"task.turn_credit: turn with {a.name.upper()}: {why}")
+    if ignored := ignored_knobs(cfg):
+        key, readers = ignored[0]
+        raise ConfigError(f"algo.{key}: algo.name={a.name} does not read it (read by {', '.join(readers)}); remove it"
+                          + (f", or set algo.name={readers[0]}" if len(readers) == 1 else ""))
     if cfg.dist.trainer_ranks > 1 and t.needs_values:
         raise ConfigError(f"dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic ({a.name})")
+
+
+class _Reads:
+    """Stands for a config while an algorithm's from_config runs: records the algo keys it reads."""
+
+    def __init__(self, cfg):
+        self._cfg, self.keys = cfg, set()
+        outer = self
+
+        class Algo:
+            def __getattr__(self, key):
+                outer.keys.add(key)
+                return getattr(cfg.algo, key)
+        self.algo = Algo()
+
+    def __getattr__(self, name):
+        return getattr(self._cfg, name)
+
+
+def knobs_read(cls, cfg) -> set[str]:
+    """The algo keys algorithm `cls` reads: what its from_config asks for (found by running it),
+    less algo.loss_agg where its aggregation is fixed, plus the critic's keys where it has one."""
+    reads = _Reads(cfg)
+    cls.from_config(reads)
+    keys = reads.keys - ({"loss_agg"} if cls.traits.fixed_aggregator else set())
+    return keys | ({"critic", "critic_lr"} if cls.traits.needs_values else set())
+
+
+def ignored_knobs(cfg) -> list[tuple[str, list[str]]]:
+    """(key, the algorithms that read it) for every algo key set away from its default that another
+    algorithm reads and cfg.algo.name does not: `rlpost train` refuses those, as sft, rm and dpo
+    refuse keys they do not read, instead of running without them."""
+    default = type(cfg.algo)()
+    reads = {name: knobs_read(cls, cfg) for name, cls in ALGORITHMS.items()}
+    mine = reads[cfg.algo.name]
+    out = []
+    for key in sorted(set().union(*reads.values()) - mine):
+        if getattr(cfg.algo, key) != getattr(default, key):
+            out.append((key, [name for name, keys in reads.items() if key in keys]))
+    return out
