@@ -51,17 +51,47 @@ def test_sigterm_finishes_the_step_saves_it_and_stops_every_child(tmp_path, caps
     assert [r["step"] for r in jsonl.read_lines(tmp_path / "t" / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
-def test_ctrl_c_during_start_up_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
+def test_a_stop_signal_during_start_up_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch, sig):
     def interrupted(*a, **k):
-        # while the task is being built; to the main thread, and waited for there: sent to the
-        # process, it may land on another thread (left by an earlier test), and the main thread
-        # could run on past this function before Python handles it
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-        time.sleep(5)  # the handler's KeyboardInterrupt ends the sleep
-    monkeypatch.setattr(rl, "make_stream", interrupted)  # inside train(): after the folder is claimed
+        # inside train(), after the folder is claimed; to the main thread, and waited for there:
+        # sent to the process, it may land on another thread (left by an earlier test), and the
+        # main thread could run on past this function before Python handles it
+        signal.pthread_kill(threading.main_thread().ident, sig)
+        time.sleep(5)  # the handler's exception ends the sleep
+    monkeypatch.setattr(rl, "make_stream", interrupted)
     code, err = main("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=c", capsys=capsys)
-    assert code == 130 and "Traceback" not in err and err.strip().splitlines()[-1].startswith("rlpost: stopped by SIGINT")
+    last = err.strip().splitlines()[-1]
+    assert code == 128 + sig and "Traceback" not in err and last.startswith(f"rlpost: stopped by {sig.name}")
     assert not (tmp_path / "c").exists()
+
+
+def test_sighup_stops_like_sigterm_sigusr1_says_where_and_sigquit_stops_at_once(tmp_path, capsys, monkeypatch):
+    train, pids = rl.train, tmp_path / "daemons"
+    monkeypatch.setenv("RLPOST_TEST_DAEMON_PIDS", str(pids))  # the reward function leaves a setsid() daemon per call
+    send = {1: signal.SIGUSR1, 2: signal.SIGHUP}
+    hook = lambda s: os.kill(os.getpid(), send[s]) if s in send else None
+    monkeypatch.setattr(rl, "train", lambda *a, **k: train(*a, **k, on_step_end=hook))
+    code, err = main("train", *ARGS, "task.reward_funcs=toy_verifiers:starts_a_daemon", "run.steps=5",
+                     f"run.out_dir={tmp_path}", "run.name=h", capsys=capsys)
+    assert code == 128 + signal.SIGHUP and "stopped by SIGHUP after step 3, whose checkpoint is saved" in err
+    assert "SIGUSR1: step 1 of 5 running" in err and "Traceback" not in err
+    assert [p.name for p in checkpoint.candidates(tmp_path / "h")] == ["step_000003"]
+    daemons = [int(p) for p in pids.read_text().split()]
+    assert len(daemons) >= 16 and not [p for p in daemons if running(p)] and verifier_workers() == []
+    send.clear()
+    send[4] = signal.SIGQUIT  # after step 4's checkpoint: the stop says so
+    code, err = main("train", "--resume", str(tmp_path / "h"), capsys=capsys)
+    assert code == 128 + signal.SIGQUIT and "stopped at once by SIGQUIT after step 4" in err
+    assert [r["step"] for r in jsonl.read_lines(tmp_path / "h" / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_reward_function_failing_on_the_first_batch_stops_before_any_update(tmp_path, capsys):

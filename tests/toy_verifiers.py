@@ -138,3 +138,21 @@ def prints_lines(completion, row):
     if completion == "x":
         raise ValueError("cannot score x")
     return 1.0
+
+
+def starts_a_daemon(completion, row):
+    """Leaves a double-forked setsid() daemon behind (its pid in $RLPOST_TEST_DAEMON_PIDS), as a
+    reward function that starts a helper server would."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(os.environ["RLPOST_TEST_DAEMON_PIDS"], "a") as f:
+                f.write(f"{os.getpid()}\n")
+            time.sleep(600)
+        os._exit(0)
+    os.wait()
+    return float(len(completion) % 2)
+
+
+def returns_text(completion, row):
+    return "yes"

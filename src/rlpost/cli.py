@@ -14,8 +14,9 @@ Bad input (config, model path, data file, a run folder in use) ends with one lin
 naming what is wrong and exit status 2, never a traceback; so does a batch too big for memory. A
 run stopped by what it cannot go on from (a full disk, a read-only folder, non-finite training, a
 reward function that keeps failing) ends with one line and exit status 1, its saved data intact.
-SIGINT and SIGTERM end with one line and 130 / 143 (during training: after saving the current step,
-recipes/guard.py). A training run that finished but trained nothing (no step changed the policy:
+SIGINT, SIGTERM and SIGHUP end with one line and 130 / 143 / 129 (during training: after saving the
+current step), SIGQUIT with one line and 131 at once; SIGUSR1 prints where the run is and it goes on
+(recipes/guard.py). A training run that finished but trained nothing (no step changed the policy:
 every group filtered out, every reward equal, every optimizer step non-finite) writes its folder
 as any run, RUN/model the unchanged policy, says why in its last line, and exits with 0: it ran
 as asked; summary.json's steps_trained is 0 (recipes/idle.py).
@@ -36,6 +37,7 @@ from pathlib import Path
 from rlpost import config, machine, names, runconfig
 from rlpost.console import say
 from rlpost.observe import runfolder
+from rlpost.recipes.guard import SIGNALS, startup_signals
 from rlpost.types import folders
 from rlpost.types.errors import Interrupted, ModelLoadError, RunError
 
@@ -129,41 +131,23 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     as_program = argv is None  # the rlpost command (or python -m rlpost), not a call from Python
     argv = sys.argv[1:] if argv is None else argv
-    # SIGTERM outside the training loop (start-up, evaluation) stops like Ctrl-C: one line, and the
-    # run folder's failed-start clean-up (observe/runfolder.py). The loop sets its own (guard.py).
-    main_thread = threading.current_thread() is threading.main_thread()
-    old_term = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
-    restore_term = main_thread
     try:
-        if argv[:1] == ["plan"]:
-            from rlpost.observe import planner
-
-            return planner.main(plan_arguments(argv[1:]))
-        parser = _parser()
-        # Overrides may come after options too (`rlpost eval RUN --n 50 run.threads=1`): argparse gives
-        # the key=value words it did not place back, and they join the command's overrides.
-        args, extra = parser.parse_known_args(argv)
-        foreign_flag(extra, argv)  # `--learning_rate 1e-6` (TRL, OpenRLHF): the rlpost key to use, not a usage line
-        if extra and (not hasattr(args, "args") or any("=" not in a or a.startswith("-") for a in extra)):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        if extra:
-            args.args = [*args.args, *extra]
-        commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
-                    "sft": cmd_offline, "rsft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline,
-                    "export": cmd_export}
-        return commands[args.command](args)
+        # Outside the training loop (start-up, evaluation, offline recipes) a stop signal stops like
+        # Ctrl-C: one line, and the run folder's failed-start clean-up (observe/runfolder.py). The
+        # loop sets its own, and the table of what each signal does is guard.py's.
+        with startup_signals():
+            return _dispatch(argv)
     except (config.ConfigError, ModelLoadError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
     except RunError as e:
         return _fail(str(e), 1)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Interrupted)
+    except KeyboardInterrupt as e:  # Ctrl-C, or another stop signal (Interrupted)
         signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
         what = e.message if isinstance(e, Interrupted) and e.message else f"stopped by {signal.Signals(signum).name}"
         resume = " (`rlpost train --resume RUN_DIR` continues from the last checkpoint)" if argv[:1] == ["train"] else ""
-        if as_program and main_thread:  # stopped and saved: a second Ctrl-C while Python exits changes nothing
-            for sig in (signal.SIGINT, signal.SIGTERM):
+        if as_program and threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:  # stopped and saved: a second Ctrl-C while Python exits changes nothing
                 signal.signal(sig, signal.SIG_IGN)
-            restore_term = False  # keep the ignore through the exit
         return _fail(what + resume, 128 + signum, prefix="\nrlpost: ")
     except (MemoryError, RuntimeError) as e:
         if not _out_of_memory(e):
@@ -175,9 +159,26 @@ def main(argv: list[str] | None = None) -> int:
                      "them, or trainer.micro_batch_size", EXIT_BAD_INPUT)
     except OSError as e:  # a write or read the recipes did not expect to fail: name the path and the cause
         return _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {e}", 1)
-    finally:
-        if restore_term:
-            signal.signal(signal.SIGTERM, old_term)
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv[:1] == ["plan"]:
+        from rlpost.observe import planner
+
+        return planner.main(plan_arguments(argv[1:]))
+    parser = _parser()
+    # Overrides may come after options too (`rlpost eval RUN --n 50 run.threads=1`): argparse gives
+    # the key=value words it did not place back, and they join the command's overrides.
+    args, extra = parser.parse_known_args(argv)
+    foreign_flag(extra, argv)  # `--learning_rate 1e-6` (TRL, OpenRLHF): the rlpost key to use, not a usage line
+    if extra and (not hasattr(args, "args") or any("=" not in a or a.startswith("-") for a in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.args = [*args.args, *extra]
+    commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
+                "sft": cmd_offline, "rsft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline,
+                "export": cmd_export}
+    return commands[args.command](args)
 
 
 # `rlpost plan` asked a GPU question: the GPU it names when only --gpus N > 1 is given, and the
@@ -215,10 +216,6 @@ def foreign_flag(unknown: list[str], argv: list[str]) -> None:
             i = argv.index(arg)
             value = value or (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None)
             raise config.ConfigError(f"{flag}: not an rlpost option; rlpost takes section.key=value{names.hint(flag, value)}")
-
-
-def _terminate(signum, frame):
-    raise Interrupted(signum)
 
 
 def _fail(message: str, code: int, prefix: str = "rlpost: error: ") -> int:

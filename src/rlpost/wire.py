@@ -5,7 +5,13 @@ parent, resource limits, and finding the user's object by import path.
 Kept free of torch and of the rest of rlpost, so that starting (or restarting) a worker takes tens
 of milliseconds. Frames are ``b"RLPV"`` + a 4-byte little-endian length + a pickle; a frame with
 another magic or a length over MAX_FRAME is a protocol error (the parent kills the worker), never a
-huge read.
+huge read. The parent reads replies with ``FrameReader(plain=True)``: a reply that names any class
+(an object of the user's module) is a protocol error, so unpickling one never imports that module
+into the trainer.
+
+A worker is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever the user's code starts stays its
+descendant, a double-forked ``setsid()`` daemon included, so ``kill_tree`` finds and stops it, and
+the worker stops it too when its parent dies.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import ctypes
 import fcntl
 import importlib
 import importlib.util
+import io
 import math
 import os
 import pickle
@@ -22,6 +29,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 
 MAGIC = b"RLPV"
 HEADER = struct.Struct("<4sI")
@@ -43,11 +51,20 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-class FrameReader:
-    """Frames out of a byte stream that arrives in pieces (the parent reads without blocking)."""
+class _PlainUnpickler(pickle.Unpickler):
+    """Plain values only: a reply naming any class (a user module's own) is a protocol error."""
 
-    def __init__(self):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"the reply holds a {module}.{name} object; only plain values are accepted")
+
+
+class FrameReader:
+    """Frames out of a byte stream that arrives in pieces (the parent reads without blocking).
+    ``plain``: refuse a frame that would import a class to unpickle (the parent's side)."""
+
+    def __init__(self, plain: bool = False):
         self.buf = bytearray()
+        self.plain = plain
 
     def feed(self, data: bytes) -> list:
         self.buf += data
@@ -58,7 +75,8 @@ class FrameReader:
                 raise ProtocolError(f"bad frame header {bytes(self.buf[:HEADER.size])!r}")
             if len(self.buf) < HEADER.size + n:
                 break
-            out.append(pickle.loads(self.buf[HEADER.size:HEADER.size + n]))
+            data = bytes(self.buf[HEADER.size:HEADER.size + n])
+            out.append(_PlainUnpickler(io.BytesIO(data)).load() if self.plain else pickle.loads(data))
             del self.buf[:HEADER.size + n]
         return out
 
@@ -92,19 +110,84 @@ def import_object(path: str, kind: str = "function"):
     return getattr(loaded, name)
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (its children, theirs, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL every descendant of ``pid`` (not ``pid`` itself), and wait until they are gone: each
+    is stopped first (SIGSTOP), and the tree looked at again until no new one appears, so none
+    forks past the kill."""
+    stopped: set[int] = set()
+    for _ in range(20):
+        new = descendants(pid) - stopped
+        if not new:
+            break
+        for p in new:
+            _signal(p, signal.SIGSTOP)
+        stopped |= new
+    for p in stopped:
+        _signal(p, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0  # SIGKILL is delivered asynchronously
+    while any(_running(p) for p in stopped) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _running(pid: int) -> bool:
+    """Not ended: present in /proc and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:  # gone already
+        pass
+
+
 def die_with(parent: int, watchdog: int, main_thread: bool) -> None:
-    """Exit when the parent does: PR_SET_PDEATHSIG (the kernel signals when the thread that
-    started us exits, so only when that was the parent's main thread) and a watchdog thread that
-    reads a pipe only the parent holds open: EOF means the parent is gone."""
-    if main_thread:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the line above ran
+    """Exit when the parent does, after killing what the user's code started: PR_SET_PDEATHSIG (the
+    kernel signals when the thread that started us exits, so only when that was the parent's main
+    thread; SIGTERM, handled here) and a watchdog thread that reads a pipe only the parent holds
+    open: EOF means the parent is gone. Becomes a child subreaper first (see the module docstring)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of what we start stay ours (kill_tree)
+
+    def gone(*_):
+        kill_tree(os.getpid())
         os._exit(0)
+
+    signal.signal(signal.SIGTERM, gone)
+    if main_thread:
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above ran
+        gone()
 
     def watch():
         while os.read(watchdog, 1):
             pass
-        os._exit(0)
+        gone()
 
     threading.Thread(target=watch, daemon=True).start()
 

@@ -165,6 +165,42 @@ def test_workers_score_in_parallel_and_keep_the_order():
 
 
 @pytest.mark.slow  # several seconds of process start-up; make test runs it, make test-fast skips it
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"  # a zombie has ended
+    except OSError:
+        return False
+
+
+def test_a_daemon_the_reward_function_started_is_gone_when_the_runner_closes(tmp_path, monkeypatch):
+    # A double-forked setsid() daemon leaves the worker's session and process group; the worker,
+    # its subreaper, still has it as a descendant, and closing kills it.
+    pids = tmp_path / "daemons"
+    monkeypatch.setenv("RLPOST_TEST_DAEMON_PIDS", str(pids))
+    r = VerifierRunner("toy_verifiers:starts_a_daemon", timeout_s=5)
+    try:
+        assert r.score(FakeBatch(["ab", "abc"]))[0].tolist() == [0.0, 1.0]
+        for _ in range(200):  # each daemon writes its pid once it runs, after the call returned
+            daemons = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+            if len(daemons) == 2:
+                break
+            time.sleep(0.02)
+        assert len(daemons) == 2 and all(alive(p) for p in daemons)
+    finally:
+        r.close()
+    assert not any(alive(p) for p in daemons)
+
+
+def test_an_info_object_never_imports_the_reward_module_here():
+    r = VerifierRunner("toy_info_object:score", timeout_s=5)
+    rewards, infos, m = r.score(FakeBatch(["ab", "abc"]))
+    r.close()
+    assert rewards.tolist() == [0.0, 1.0] and m["verifier/errors"] == 0
+    assert infos[0] == {"verdict": "Verdict()", "n": 3}  # its repr: plain values only cross the pipe
+    assert "toy_info_object" not in sys.modules
+
+
 def test_workers_die_with_their_parent(tmp_path):
     # A parent that is SIGKILLed (no clean-up runs) while its worker spins: the worker goes too.
     code = ("import sys, time; sys.path[:0] = sys.argv[2:]\n"

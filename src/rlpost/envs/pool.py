@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rlpost.console import say
 from rlpost.types.errors import ConfigError
-from rlpost.wire import FrameReader, frame, write_all
+from rlpost.wire import FrameReader, frame, kill_tree, write_all
 
 
 @dataclass
@@ -86,6 +86,7 @@ class EnvPool:
         return proc
 
     def _kill(self, proc: _Proc, failure: str = "") -> None:
+        kill_tree(proc.popen.pid)  # what the environment started, a setsid() daemon included (wire.py)
         try:
             os.killpg(proc.popen.pid, signal.SIGKILL)
         except ProcessLookupError:

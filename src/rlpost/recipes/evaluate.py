@@ -26,6 +26,7 @@ import torch
 from rlpost import build, config
 from rlpost.envs import build_task, is_correct
 from rlpost.envs.mix import source_of
+from rlpost.recipes.guard import check_reward_failures
 from rlpost.search.metrics import maj_at_k, pass_at_k
 from rlpost.types.roles import Roles
 
@@ -41,18 +42,21 @@ def heldout_scores(roles: Roles, rows: list[dict], cfg: config.Config, dump: Pat
     """Greedy held-out accuracy as metrics: eval/heldout_accuracy and, for a mix (task.mix), each
     family's as eval/heldout_accuracy/<family> (verl's val-core/<data_source>/...). ``dump``
     receives one record per row: prompt, completion, answer, correct and, in a mix, its task."""
-    records = []
+    records, scored = [], {}
     bs = cfg.run.eval_batch_size
     grouped = len({source_of(r) for r in rows} - {None}) > 1  # one data_source is the whole: no group of its own
     for i in range(0, len(rows), bs):
         batch = roles.rollout.generate(rows[i : i + bs], n=1, temperature=0.0, top_p=1.0,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
-        rewards, infos, _ = roles.grader.score(batch)
+        rewards, infos, m = roles.grader.score(batch)
+        scored = {k: scored.get(k, 0) + v for k, v in m.items() if k.startswith("verifier/")}
         for row, completion, r, info in zip(batch.rows, batch.completions, rewards.tolist(), infos):
             records.append({"prompt": row["messages"][-1]["content"], "completion": completion,
                             "answer": row.get("answer"), "correct": is_correct(info, r),
                             **({"task": source_of(row)} if grouped and source_of(row) is not None else {}),
                             **({"info": info} if info else {})})
+    check_reward_failures(scored, cfg.task.max_reward_error_frac, "on the held-out rows", True,
+                          "no accuracy can be measured with it")  # a verifier returning text would read as 0
     if dump is not None:
         dump.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
     per_task = {f"{ACCURACY}/{t}": acc for t, (acc, _) in by_task(records).items()}

@@ -1,10 +1,14 @@
 """What stops an RL run, and how: the checks the loop makes at fixed points of every step.
 
-- **Signals.** The first SIGINT (Ctrl-C) or SIGTERM lets the current step finish, at most
+- **Signals** (``SIGNALS``; the same table outside the loop, ``startup_signals``). The first SIGINT
+  (Ctrl-C), SIGTERM or SIGHUP (the terminal closed) lets the current step finish, at most
   ``run.stop_grace_s`` more seconds; the loop then saves a checkpoint and the run stops with
-  ``Interrupted`` (exit 130 or 143). A step that does not finish in time is abandoned (nothing of it
-  is saved; the last checkpoint is where a resume starts), and so is one hit by a second signal.
-  Stopping children (verifier workers, Ray actors, sandboxes) is the loop's ``finally``.
+  ``Interrupted`` (exit 130, 143 or 129). A step that does not finish in time is abandoned (nothing
+  of it is saved; the last checkpoint is where a resume starts), and so is one hit by a second
+  signal. SIGQUIT (Ctrl-\\) stops at once, like a second signal: the current step is not saved (exit
+  131), and no core is dumped. SIGUSR1 prints one line saying where the run is (step, minutes) and
+  the run goes on. Stopping children (verifier workers and what they started, Ray actors,
+  sandboxes) is the loop's ``finally``.
 - **Reward functions that fail.** A function that fails (raises, dies, times out, returns NaN/inf)
   on more than ``task.max_reward_error_frac`` of a step's completions, or on every completion of
   the first batch, stops the run before that step's update (``RunError``); so does an environment
@@ -27,16 +31,45 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
+from contextlib import contextmanager
 
 from rlpost import config
 from rlpost.console import say
 from rlpost.types.errors import Interrupted, RunError
 
+STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # finish the step, save it, stop
+SIGNALS = {**{s: "stop" for s in STOP}, signal.SIGQUIT: "quit", signal.SIGUSR1: "status"}
+
+
+@contextmanager
+def startup_signals():
+    """Outside the loop (start-up, evaluation, the offline recipes): every stop signal, and SIGQUIT,
+    stop at once with ``Interrupted`` (one line; the run folder's failed-start clean-up runs);
+    SIGUSR1 says the command is not training yet. Only from the main thread (a library caller's
+    thread leaves signals alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, _startup_handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _startup_handler(signum: int, frame) -> None:
+    if SIGNALS[signum] == "status":
+        say("SIGUSR1: not training yet (starting up, evaluating, or a recipe outside the RL loop)")
+        return
+    raise Interrupted(signum)
+
 
 class RunGuard:
     def __init__(self, cfg: config.Config, early_stop: dict | None = None):
         self.cfg = cfg
-        self.step = 0
+        self.step, self.step_done = 0, False  # step_done: its checkpoint decided (finish_step)
         # early stopping: the best evaluation (step, accuracy) and evaluations since; a resumed run's from its checkpoint
         self.best: tuple[int, float] | None = (early_stop or {}).get("best")
         self.evals_since_best: int = (early_stop or {}).get("evals_since_best", 0)
@@ -50,10 +83,11 @@ class RunGuard:
     # --- signals -------------------------------------------------------------------------------
 
     def __enter__(self) -> RunGuard:
+        self.started = time.monotonic()
         if threading.current_thread() is threading.main_thread():
-            for sig, handler in ((signal.SIGINT, self._on_signal), (signal.SIGTERM, self._on_signal),
-                                 (signal.SIGALRM, self._on_alarm)):
-                self.saved_handlers[sig] = signal.signal(sig, handler)
+            handlers = {"stop": self._on_signal, "quit": self._on_quit, "status": self._on_status}
+            for sig, what in [*SIGNALS.items(), (signal.SIGALRM, None)]:
+                self.saved_handlers[sig] = signal.signal(sig, handlers[what] if what else self._on_alarm)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -71,6 +105,15 @@ class RunGuard:
             f"saving a checkpoint and stopping; {name} again stops at once")
         signal.setitimer(signal.ITIMER_REAL, max(self.cfg.run.stop_grace_s, 1e-3))
 
+    def _on_quit(self, signum: int, frame) -> None:
+        where = f"after step {self.step}" if self.step_done else f"during step {self.step}, which was not saved"
+        raise Interrupted(signum, f"stopped at once by SIGQUIT {where}; the newest checkpoint is where a resume starts")
+
+    def _on_status(self, signum: int, frame) -> None:
+        stopping = f"; stopping after it ({signal.Signals(self.signum).name})" if self.signum is not None else ""
+        say(f"SIGUSR1: step {self.step} of {self.cfg.run.steps} running, {(time.monotonic() - self.started) / 60:.1f} min "
+            f"into this start{stopping}. SIGINT, SIGTERM or SIGHUP stop after the step (saved), SIGQUIT at once")
+
     def _on_alarm(self, signum: int, frame) -> None:
         raise Interrupted(self.signum or signal.SIGTERM, f"step {self.step} did not finish within run.stop_grace_s="
                           f"{self.cfg.run.stop_grace_s:g} s and was abandoned; it was not saved")
@@ -80,7 +123,7 @@ class RunGuard:
         signal came in, once the loop has saved it (``finish_step`` told it to). A signal that
         comes after that point (the step's checkpoint already decided) lets the next step run."""
         for step in range(first, last + 1):
-            self.step = step
+            self.step, self.step_done = step, False
             yield step
             if self.early_stopped:
                 return
@@ -95,7 +138,7 @@ class RunGuard:
             self.check_eval(metrics["eval/heldout_accuracy"], self.step)
         if self.signum is not None and self.saved_handlers:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        self.stopping = self.signum is not None
+        self.stopping, self.step_done = self.signum is not None, True
         save, self.new_best = self.stopping or self.new_best or self.early_stopped, False
         return save
 
@@ -130,20 +173,12 @@ class RunGuard:
 
     def check_rewards(self, metrics: dict, step: int) -> None:
         """After scoring: RunError if a reward function failed too often (see the module docstring)."""
-        frac = self.cfg.task.max_reward_error_frac
-        counts = [(f"reward function {key[len('verifier/'):-len('/calls')]}", "completions", calls,
-                   metrics.get(f"{key[:-len('/calls')]}/errors", 0) + metrics.get(f"{key[:-len('/calls')]}/timeouts", 0),
-                   "verifier.log") for key, calls in metrics.items() if key.startswith("verifier/") and key.endswith("/calls")]
+        counts = failure_counts(metrics)
         if metrics.get("env/episodes"):  # an environment's calls that raised, hung, died or returned garbage
             counts.append((f"environment {self.cfg.task.env or self.cfg.task.name}", "episodes", metrics["env/episodes"],
                            metrics.get("env/errors", 0) + metrics.get("env/timeouts", 0), "env.log"))
-        for name, what, calls, failed, log in counts:
-            if calls and (failed / calls > frac or (self.first_batch and failed == calls)):
-                why = (f"{failed / calls:.0%} > task.max_reward_error_frac={frac:g}" if failed / calls > frac
-                       else f"every {what[:-1]} of the first batch")
-                raise RunError(f"{name} failed on {failed} of {calls} {what} at step {step} ({why}); stopped before "
-                               f"that step's update. Its first failure is printed above, and every traceback is in "
-                               f"the run folder's {log}")
+        stop_on_failures(counts, self.cfg.task.max_reward_error_frac, f"at step {step}", self.first_batch,
+                         "stopped before that step's update")
         self.first_batch = False
 
     def check_update(self, metrics: dict, step: int) -> None:
@@ -161,3 +196,27 @@ class RunGuard:
             raise RunError(f"{limit} training steps in a row with a non-finite loss or gradient (the last at step "
                            f"{step}); stopped without saving them: the last checkpoint holds the last finite weights. "
                            "Try a lower trainer.lr, and check the rewards (rlpost doctor)")
+
+
+def check_reward_failures(metrics: dict, frac: float, where: str, first: bool, what: str) -> None:
+    """RunError when a reward function failed (raised, timed out, returned text or NaN) on more than
+    ``frac`` of its calls in ``metrics`` (a scorer's verifier/<name>/calls|errors|timeouts), or on
+    every call of the ``first`` batch. The RL loop, online DPO, rejection-sampling SFT and held-out
+    evaluation all stop by this one rule."""
+    stop_on_failures(failure_counts(metrics), frac, where, first, what)
+
+
+def failure_counts(metrics: dict) -> list[tuple]:
+    """(what, unit, calls, failed, log) of each reward function in a scorer's metrics."""
+    return [(f"reward function {key[len('verifier/'):-len('/calls')]}", "completions", calls,
+             metrics.get(f"{key[:-len('/calls')]}/errors", 0) + metrics.get(f"{key[:-len('/calls')]}/timeouts", 0),
+             "verifier.log") for key, calls in metrics.items() if key.startswith("verifier/") and key.endswith("/calls")]
+
+
+def stop_on_failures(counts: list[tuple], frac: float, where: str, first: bool, what: str) -> None:
+    for name, unit, calls, failed, log in counts:
+        if calls and (failed / calls > frac or (first and failed == calls)):
+            why = (f"{failed / calls:.0%} > task.max_reward_error_frac={frac:g}" if failed / calls > frac
+                   else f"every {unit[:-1]} of the first batch")
+            raise RunError(f"{name} failed on {failed} of {calls} {unit} {where} ({why}); {what}. Its first failure is "
+                           f"printed above, and every traceback is in the run folder's {log}")

@@ -21,6 +21,7 @@ from rlpost import build, config
 from rlpost.envs import build_task
 from rlpost.model.checkpoint import write_atomic
 from rlpost.recipes.evaluate import model_accuracy
+from rlpost.recipes.guard import check_reward_failures
 from rlpost.recipes.offline import train_offline
 
 
@@ -28,7 +29,9 @@ def onpolicy_pairs(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple
     """(pair rows {prompt, chosen, rejected, ...}, metrics) from K samples of each prompt."""
     r = cfg.rollout
     batch = roles.rollout.generate(rows, n=k, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
-    reward, _, _ = roles.verifier.score(batch)
+    reward, _, scored = roles.verifier.score(batch)
+    check_reward_failures(scored, cfg.task.max_reward_error_frac, "while sampling a round", True,
+                          "stopped before training on them")  # text or NaN from every call is no preference
     grouped = reward.view(-1, k)  # (prompts, K)
     pairs = []
     for i, row in enumerate(rows):

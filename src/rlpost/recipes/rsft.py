@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlpost import config
+from rlpost.recipes.guard import check_reward_failures
 from rlpost.recipes.online import sampled_rounds
 
 
@@ -27,7 +28,8 @@ def accepted_rows(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[
     """(SFT rows {prompt, completion, answer}, metrics) from K samples of each prompt."""
     r, p = cfg.rollout, cfg.pref
     batch = roles.rollout.generate(rows, n=k, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
-    reward, _, _ = roles.verifier.score(batch)
+    reward, _, scored = roles.verifier.score(batch)
+    check_reward_failures(scored, cfg.task.max_reward_error_frac, "while sampling a round", True, "stopped before training on them")
     lengths = batch.completion_mask.sum(1)  # (B,) tokens per completion
     out, solved = [], 0
     for i, row in enumerate(rows):

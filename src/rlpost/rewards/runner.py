@@ -8,7 +8,7 @@ one call (its deadline: the per-call one times the batch size).
 
 Failures are loud but never fatal to the step. A call that raises, kills its worker, returns a
 non-number or NaN/inf scores 0 and counts in ``verifier/errors`` (and ``verifier/<name>/errors``);
-one that runs past its deadline is killed with its process group, scores 0 and counts in
+one that runs past its deadline is killed with everything it started (worker.py: kill_tree), scores 0 and counts in
 ``verifier/timeouts``; a fresh worker takes over. The first failure of each function is printed
 once, with its traceback (every traceback goes to the worker log). Whether a run may go on with
 that many failures is the loop's call (recipes/guard.py, ``task.max_reward_error_frac``).
@@ -150,7 +150,7 @@ class _Proc:
     job: int | None = None  # the index being scored (-1: a whole batch)
     style: str = ""  # the calling convention it reported (worker.py)
     failure: str = ""  # why it could not start, when it could not
-    reader: w.FrameReader = field(default_factory=w.FrameReader)
+    reader: w.FrameReader = field(default_factory=lambda: w.FrameReader(plain=True))  # replies: plain values only
 
 
 class VerifierRunner:
@@ -213,7 +213,9 @@ class VerifierRunner:
             raise ConfigError(f"{self.key}: the worker for {self.fn_path!r} did not start")
 
     def _kill(self, proc: _Proc, failure: str = "") -> None:
-        """Stop the worker and everything it started (its own process group), and drop it."""
+        """Stop the worker and everything it started, and drop it: its descendants first (it is
+        their subreaper, so a setsid() daemon is one of them), then its own process group."""
+        w.kill_tree(proc.popen.pid)
         try:
             os.killpg(proc.popen.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -5,8 +5,14 @@ of milliseconds. It talks to the runner (runner.py) over two private pipes, neve
 fd 0 is /dev/null and fd 1 and fd 2 go to a log file, so a verifier that prints, or runs
 ``os.system("echo x")``, writes into the log and cannot corrupt a reply.
 
-Frames, limits, dying with the parent and the import by path are rlpost/wire.py's, shared with
-the environment workers (envs/worker.py).
+Frames, limits, dying with the parent (and with it, whatever the reward function started, a
+double-forked ``setsid()`` daemon included: the worker is their subreaper) and the import by path
+are rlpost/wire.py's, shared with the environment workers (envs/worker.py).
+
+Replies hold plain values only: an info dict is made of numbers, strings, lists and dicts here
+(``plain``: anything else becomes its repr), and the runner unpickles replies with no class allowed
+(``FrameReader(plain=True)``), so an object of the reward function's module never makes the
+trainer import that module.
 
 Start-up: the worker sets its limits (address space, RLIMIT_AS; the CPU limit is set per call),
 arranges to die with its parent (PR_SET_PDEATHSIG when started from the parent's main thread, and
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import sys
 import traceback
 from dataclasses import dataclass
@@ -42,6 +49,7 @@ from rlpost.wire import (  # noqa: F401 - the framing, re-exported for the runne
     ProtocolError,
     frame,
     import_object,
+    kill_tree,
     read_frame,
     set_cpu_limit,
     start_worker,
@@ -83,6 +91,26 @@ def style_of(fn) -> str:
     return "verifier"
 
 
+def plain(value, depth: int = 0):
+    """``value`` as plain data (None, bool, int, float, str, list, dict with string keys): what a
+    reply may carry. numpy scalars become numbers; any other object its repr, cut at 200 characters."""
+    if value is None or type(value) in (bool, str, int, float):
+        return value
+    if isinstance(value, str):  # a subclass of str would pickle as its class
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if depth < 20 and isinstance(value, (list, tuple)):
+        return [plain(v, depth + 1) for v in value]
+    if depth < 20 and isinstance(value, dict):
+        return {str(k): plain(v, depth + 1) for k, v in value.items()}
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return plain(value.item(), depth + 1)
+    return repr(value)[:200]
+
+
 class BadReward(Exception):
     """A reward that is not a finite real number."""
 
@@ -116,13 +144,13 @@ def call_one(fn, style: str, completion: str, row: dict) -> tuple[float, dict]:
         if isinstance(out, dict):  # verl: {"score": ..., other fields logged}
             if "score" not in out:
                 raise BadReward(f"returned a dict without 'score' (keys: {', '.join(map(str, out))})")
-            return to_reward(out["score"]), {k: v for k, v in out.items() if k != "score"}
+            return to_reward(out["score"]), plain({k: v for k, v in out.items() if k != "score"})
         return to_reward(out), {}
     out = fn(completion, row)
     reward, info = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
     if not isinstance(info, dict):
         raise BadReward(f"returned info of type {type(info).__name__}, expected a dict")
-    return to_reward(reward), info
+    return to_reward(reward), plain(info)
 
 
 def missing_columns(fn, given: set[str]) -> list[str]:
