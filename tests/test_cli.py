@@ -147,3 +147,19 @@ def test_eval_prints_a_table_on_a_terminal_and_json_when_asked():
     assert table.splitlines() == ["target            runs/r", "heldout_accuracy  0.346", "n                 200",
                                   "pass@4            0.500"]
     assert _parser().parse_args(["eval", "tiny", "--json"]).json  # JSON on a terminal too (and always through a pipe)
+
+
+def test_eval_and_report_numbers_are_one_line(tmp_path, capsys):
+    from rlpost import cli
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    cases = [(["eval", "tiny", "--samples", "2", "--k", "0"], "--k: every k must be >= 1"),
+             (["eval", "tiny", "--samples", "2", "--k", "a"], "--k: expected comma-separated whole numbers"),
+             (["eval", "tiny", "--n", "-1"], "--n: expected a whole number >= 0"),
+             (["report", str(tmp_path), "--steps", "x"], "--steps: expected comma-separated step numbers"),
+             (["report", str(tmp_path), "--steps", "0"], "--steps: expected comma-separated step numbers >= 1")]
+    for argv, said in cases:
+        capsys.readouterr()
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err and err.strip().startswith(f"rlpost: error: {said}"), (argv, err)

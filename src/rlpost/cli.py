@@ -241,7 +241,7 @@ def cmd_train(args) -> int:
     refuse_ignored("train", recipe_keys(recipe, overrides))
     cfg = machine.check(config.load(recipe, overrides))  # before torch loads: a mistake shows in a fraction of a second
     name = cfg.run.name or f"{'mix' if cfg.task.mix else cfg.task.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(cfg.run.out_dir) / name
+    run_dir = folders.run_path(cfg.run.out_dir, name)
     hint = f"use --resume {run_dir}, or another run.name"
     runfolder.check_new(run_dir, hint, "run.name")
     from rlpost import build
@@ -409,7 +409,7 @@ def cmd_offline(args) -> int:
     recipe, overrides = _split(args.args)
     refuse_ignored(args.command, recipe_keys(recipe, overrides))
     cfg = machine.check(config.load(recipe, overrides))
-    run_dir = Path(cfg.run.out_dir) / (cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = folders.run_path(cfg.run.out_dir, cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
     runfolder.check_new(run_dir, "pick another run.name", "run.name")
     from rlpost.recipes.offline import preflight
     from rlpost.recipes.pipeline import train_stage

@@ -111,3 +111,33 @@ def test_rows_without_answers_say_which_function_scores_heldout(tmp_path, capsys
     t = rlpost.Trainer(model="tiny", reward_funcs=[format_ok, correct], verifier=correct, train_dataset=rows,
                        output_dir=tmp_path / "b")
     assert "held-out accuracy: scored by" not in capsys.readouterr().err and t.config.task.verifier
+
+
+def test_the_write_rule_a_finished_run_is_never_overwritten_and_a_failed_start_leaves_nothing(tmp_path):
+    from rlpost.types import folders
+
+    rows = [{"prompt": str(i), "answer": str(i)} for i in range(30)]
+    # the model's limits are checked on the rows in memory: nothing is written, not even the folder
+    bad = rlpost.Trainer(model="tiny", train_dataset=[*rows, {"prompt": "1" * 400, "answer": "1"}], overrides=TINY,
+                         output_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match="train_dataset row 31: the prompt is longer than the model's context"):
+        bad.train()
+    assert not (tmp_path / "a").exists()
+    # found after the claim (a reward function that does not import): the rows, pickles and config it wrote go
+    (tmp_path / "b").mkdir()
+    late = rlpost.Trainer(model="tiny", reward_funcs=["toy_verifiers:no_such", lambda c, r: 0.0], train_dataset=rows,
+                          overrides=TINY, output_dir=tmp_path / "b")
+    with pytest.raises(ConfigError, match="cannot import 'toy_verifiers:no_such'"):
+        late.train()
+    assert list((tmp_path / "b").iterdir()) == []
+    # a finished run, and a folder of the user's own, are refused as the CLI refuses them
+    (tmp_path / "done").mkdir()
+    folders.mark(tmp_path / "done", "run")
+    (tmp_path / "done" / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"output_dir: .*done already holds a run; pass resume=True to continue it"):
+        rlpost.Trainer(model="tiny", train_dataset=rows, overrides=TINY, output_dir=tmp_path / "done").train()
+    assert sorted(p.name for p in (tmp_path / "done").iterdir()) == [".rlpost", "summary.json"]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"output_dir: .*mine holds files rlpost did not write \(notes.txt\)"):
+        rlpost.Trainer(model="tiny", train_dataset=rows, overrides=TINY, output_dir=tmp_path / "mine").train()

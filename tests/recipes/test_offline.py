@@ -77,6 +77,44 @@ def test_bad_rows_are_named_or_skipped(tmp_path):
     assert r.returncode == 2 and "bad.jsonl:7" in r.stderr and "Traceback" not in r.stderr
 
 
+J = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
+# Rows each command's schema refuses, in one line naming the file, the line and the field (issue 43:
+# each raised from deep inside), and a split that leaves no rows; all before a run folder exists.
+BAD_ROWS = {
+    "sft: messages that are strings": ("sft", J([{"messages": ["hi", "there"]}] * 4), "rows.jsonl:1: messages[0]: expected a mapping"),
+    "sft: messages without content": ("sft", J([{"messages": [{"role": "user"}, {"role": "assistant"}]}] * 4),
+                                      "rows.jsonl:1: messages[0].content: missing"),
+    "sft: only an assistant turn": ("sft", J([{"messages": [{"role": "assistant", "content": "x"}]}] * 4),
+                                    "rows.jsonl:1: 'messages' needs a user turn before the assistant's"),
+    "sft: a role no template knows": ("sft", J([{"messages": [{"role": "wizard", "content": "a"},
+                                                              {"role": "assistant", "content": "b"}]}] * 4),
+                                      "messages[0].role: expected system, user, assistant or tool, got 'wizard'"),
+    "dpo: an empty file": ("dpo", "", "leaves 0 training and 0 held-out rows"),
+    "sft: a split with no held-out row": ("sft", J([{"prompt": "1", "completion": "1"}]), "leaves 1 training and 0 held-out"),
+    "dpo: a FIFO": ("dpo", None, "rows.jsonl is a FIFO"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ROWS)
+def test_rows_that_do_not_fit_are_one_line_before_any_folder(tmp_path, case):
+    import os
+
+    kind, text, said = BAD_ROWS[case]
+    data = tmp_path / "rows.jsonl"
+    os.mkfifo(data) if text is None else data.write_text(text)
+    r = cli(kind, *TINY, f"pref.data={data}", f"run.out_dir={tmp_path}", "run.name=x")
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and last.startswith("rlpost: error:") and said in last, last
+    assert not (tmp_path / "x").exists()
+
+
+def test_online_dpo_stops_when_the_reward_function_returns_text(tmp_path):
+    r = cli("dpo", *TINY, "pref.online_rounds=1", "pref.online_prompts=4", "task.verifier=toy_verifiers:returns_text",
+            f"run.out_dir={tmp_path}", "run.name=o")
+    assert r.returncode == 1 and r.stderr.count("Traceback") == 1, r.stderr[-2000:]  # the first failure's, printed once
+    assert r.stderr.strip().splitlines()[-1].startswith("rlpost: error: reward function returns_text failed on 8 of 8 completions")
+
+
 def test_rows_from_jsonl_parquet_and_a_datasets_folder_agree(tmp_path):
     import datasets
 

@@ -62,3 +62,27 @@ def test_a_distill_stage_takes_an_earlier_stage_as_its_teacher(tmp_path):
         path.write_text(yaml.safe_dump({"stages": stages}))
         with pytest.raises(ConfigError, match="stage d.teacher: expected the name of an earlier policy stage"):
             read_pipeline(path)
+
+
+def test_a_finished_stages_summary_is_read_back_through_its_schema(tmp_path):
+    from rlpost.config import ConfigError
+    from rlpost.recipes.pipeline import read_summary
+
+    path = tmp_path / "summary.json"
+    for text, said in (('{"heldout_before": {"sft/nll": 1.0}}', "summary.json: heldout_after: missing"),
+                       ('{"heldout_before": {"sft/nll": "x"}, "heldout_after": {}}', "heldout_before.sft/nll: expected a number"),
+                       ("[1]", "summary.json: expected a mapping"), ("{not json", "not readable JSON")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=said):
+            read_summary(path, "sft")
+    path.write_text('{"reward_mean_first": null, "reward_mean_last": null, "model": "m"}')
+    assert read_summary(path, "rl")["model"] == "m"  # a run that trained no step: its table row says so
+
+
+def test_every_stage_is_checked_before_the_pipeline_folder_exists(tmp_path):
+    recipe = tmp_path / "p.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "p", "out_dir": str(tmp_path), "base": TINY, "stages": [
+        {"name": "s", "kind": "sft"}, {"name": "r", "kind": "rl", "overrides": ["run.threads=100000"]}]}))
+    r = cli("pipeline", str(recipe))
+    assert r.returncode == 2 and r.stderr.strip().startswith("rlpost: error: stage r: run.threads: expected at most")
+    assert not (tmp_path / "p").exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rlpost.types.errors import ConfigError, DataError
 from rlpost.types.folders import regular_file
-from rlpost.types.schema import ListOf, Where, check
+from rlpost.types.schema import ListOf, MapOf, Where, check
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -241,6 +241,10 @@ class PromptStream:
         return {"epoch": self.epoch, "pos": self.pos, "history": self.history, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
+        count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
+        check(state, {"epoch": Where(count, "a whole number >= 0"),
+                      "pos": Where(lambda v: count(v) and v <= len(self.rows), f"a position in the {len(self.rows)} rows"),
+                      "history?": MapOf(ListOf(float)), "skipped?": Where(count, "a whole number >= 0")}, "state.pt: stream")
         self.epoch, self.pos = state["epoch"], state["pos"]
         # copies: a peek's probe passes prompts over too (older checkpoints have no history)
         self.history, self.skipped = {k: list(v) for k, v in state.get("history", {}).items()}, state.get("skipped", 0)

@@ -31,6 +31,7 @@ import random
 
 from rlpost.envs import DEFAULT_VERIFIER, TASK_KEY, Task
 from rlpost.envs.data import PromptStream
+from rlpost.types.schema import Where, check
 
 
 def score(completion: str, row: dict) -> tuple[float, dict]:
@@ -106,6 +107,8 @@ class MixedStream:
         return {"drawn": self.drawn, "streams": {f: s.state_dict() for f, s in self.streams.items()}}
 
     def load_state_dict(self, state: dict) -> None:
+        check(state, {"drawn": Where(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a whole number >= 0"),
+                      "streams": {f: dict for f in self.streams}}, "state.pt: stream")
         self.drawn = state["drawn"]
         for f, s in self.streams.items():
             s.load_state_dict(state["streams"][f])

@@ -60,6 +60,9 @@ def write_model(run_dir: Path, cfg: config.Config, step: int | None = None, out:
     adapter folder for a LoRA run with merge_lora=False; returns the folder."""
     run_dir = Path(run_dir)
     ckpt = find_checkpoint(run_dir, step)
+    if ckpt is None and checkpoint.candidates(run_dir, quiet=True):  # every one damaged: said above, one by one
+        raise ConfigError(f"{run_dir}: no intact checkpoint to export (each was passed over above); RUN/model, when "
+                          "there is one, holds the run's final model as it is")
     if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model (and LoRA adapter) folder is final
         return _copy_final(run_dir, out, "model" if merge_lora else "adapter")
     out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter") + ("" if step is None else f"_step_{step}"))

@@ -48,6 +48,7 @@ from rlpost.observe import runfolder
 from rlpost.recipes.resume import resume_run
 from rlpost.recipes.rl import train as train_loop
 from rlpost.runconfig import load_run
+from rlpost.types.folders import run_path
 
 FuncSpec = str | Callable
 
@@ -74,7 +75,7 @@ class Trainer:
         self.rows = _rows(train_dataset) if train_dataset is not None else None
         self.eval_rows = _rows(eval_dataset) if eval_dataset is not None else None
         family = "dataset" if self.rows is not None else cfg.task.name
-        self.run_dir = Path(output_dir or Path(cfg.run.out_dir) / (cfg.run.name or f"{family}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        self.run_dir = Path(output_dir or run_path(cfg.run.out_dir, cfg.run.name or f"{family}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
         self.run_dir = self.run_dir.resolve()
         self.registry = Registry(self.run_dir)
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlpost import config
+from rlpost import config, machine
 from rlpost.console import say
 from rlpost.model import checkpoint, export
 from rlpost.observe import runfolder
@@ -36,6 +36,8 @@ from rlpost.recipes.offline import train_offline
 from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
 from rlpost.recipes.rsft import run_rsft
+from rlpost.types.errors import DataError
+from rlpost.types.schema import ListOf, MapOf, Where, check
 
 KINDS = ("sft", "rsft", "rm", "dpo", "rl")
 
@@ -90,8 +92,21 @@ def run_pipeline(recipe: str | Path, overrides: list[str] = ()) -> list[dict]:
     tree = read_pipeline(recipe)
     tree["base"] = [*tree.get("base", []), *overrides]
     run_dir = Path(tree.get("out_dir", "runs")) / tree.get("name", Path(recipe).stem)
+    check_stages(tree, run_dir)
     with runfolder.claim(run_dir, "reuse", kind="pipeline", key="name"):
         return _run_stages(tree, run_dir)
+
+
+def check_stages(tree: dict, run_dir: Path) -> None:
+    """Every stage's config loads and this machine can run it, before the pipeline's folder is
+    claimed (a mistake in the last stage's overrides is found before the first stage trains)."""
+    base = next((o.split("=", 1)[1] for o in reversed(tree["base"]) if o.startswith("model.name=")), "embedded")
+    outputs = {st["name"]: base for st in tree["stages"]}  # the earlier stages' models, not trained yet
+    for st in tree["stages"]:
+        try:
+            machine.check(stage_config(tree, st, base, outputs, run_dir))
+        except config.ConfigError as e:
+            raise config.ConfigError(f"stage {st['name']}: {e}") from None
 
 
 def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
@@ -104,7 +119,7 @@ def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
         sdir = run_dir / st["name"]
         say(f"stage {st['name']} ({st['kind']}) from {model}")
         if (sdir / "summary.json").exists():
-            summary = json.loads((sdir / "summary.json").read_text())
+            summary = read_summary(sdir / "summary.json", st["kind"])
         else:
             summary = run_stage(cfg, sdir, st["kind"])
         out = summary.get("model") or str(export.write_model(sdir, cfg))  # an rl stage of an older rlpost: no model/ yet
@@ -130,6 +145,27 @@ def run_stage(cfg: config.Config, sdir: Path, kind: str) -> dict:
         return train(cfg, sdir, resume=resume) if kind == "rl" else train_stage(cfg, sdir, kind)
 
 
+NUMBERS = MapOf((float, type(None)))
+SUMMARY = {  # what the table reads of a finished stage's summary.json, by kind
+    "sft": {"heldout_before": {"sft/nll": float}, "heldout_after": {"sft/nll": float}},
+    "rm": {"heldout_before": NUMBERS, "heldout_after": NUMBERS},
+    "dpo": Where(lambda s: isinstance(s.get("rounds"), list) or (isinstance(s.get("loss"), str) and isinstance(
+        s.get("heldout_before"), dict) and isinstance(s.get("heldout_after"), dict)), "online rounds, or a loss and its metrics"),
+    "rsft": {"rounds": ListOf(dict)},
+    "rl": {"reward_mean_first": (float, type(None)), "reward_mean_last": (float, type(None))},
+}
+
+
+def read_summary(path: Path, kind: str) -> dict:
+    """A finished stage's summary.json, checked (types/schema.py): one line naming the file and field."""
+    try:
+        summary = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise DataError(f"{path}: not readable JSON ({type(e).__name__}); remove the stage's folder to run it again") from None
+    check(summary, {"model?": str}, str(path))
+    return check(summary, SUMMARY[kind], str(path))
+
+
 def _stage_metric(kind: str, s: dict) -> str:
     if kind == "rm":
         return f"pairwise accuracy {s['heldout_before'].get('rm/accuracy', 0):.3f} -> {s['heldout_after'].get('rm/accuracy', 0):.3f}"
@@ -142,6 +178,8 @@ def _stage_metric(kind: str, s: dict) -> str:
         return f"rejection-sampling SFT: {len(s['rounds']) - 1} rounds, rows per round {[r.get('rsft/rows') for r in s['rounds'][1:]]}"
     if kind == "sft":
         return f"held-out NLL/token {s['heldout_before']['sft/nll']:.3f} -> {s['heldout_after']['sft/nll']:.3f}"
+    if s["reward_mean_first"] is None:
+        return "no training step"
     return f"train reward {s['reward_mean_first']:.3f} -> {s['reward_mean_last']:.3f}"
 
 

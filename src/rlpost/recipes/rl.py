@@ -300,6 +300,8 @@ def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state
         stream.load_state_dict(state["stream"])
         torch.set_rng_state(state["torch_rng"])
         roles.algo.load_state_dict(state)
+    except ConfigError:  # a field its schema refused (the stream's position): named already
+        raise
     except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
         what = str(e).splitlines()[0] if str(e) else ""
         raise ConfigError(f"checkpoint step_{state['step']:06d}: its trainer.pt or state.pt does not fit this run "

@@ -22,7 +22,7 @@ import os
 import stat
 from pathlib import Path
 
-from rlpost.types.errors import ConfigError
+from rlpost.types.errors import ConfigError, clip
 
 MARKER = ".rlpost"
 LEGACY_LOCK = ".lock"  # every run folder an older rlpost claimed holds one
@@ -65,6 +65,9 @@ def listing(names: list[str], most: int = 3) -> str:
 def check_folder(folder: Path, kind: str, key: str, parent_key: str = "") -> bool:
     """Refuse (ConfigError naming ``key``, or ``parent_key`` for a parent that is a file) a folder
     this kind may not write; True when it exists."""
+    for part in folder.parts:
+        if len(os.fsencode(part)) > 255:
+            raise ConfigError(f"{key}: a folder name of {len(os.fsencode(part))} bytes ({clip(part, 40)}); a name holds at most 255")
     for parent in [folder, *folder.parents]:
         if parent.exists() and not parent.is_dir():
             what = "is a file" if parent.is_file() else "is not a folder"
@@ -88,6 +91,13 @@ def check_folder(folder: Path, kind: str, key: str, parent_key: str = "") -> boo
             raise ConfigError(f"{key}: {folder} holds files rlpost export did not write ({listing(foreign)}); "
                               "pick a new or empty folder")
     return True
+
+
+def run_path(out_dir: str, name: str) -> Path:
+    """RUN = run.out_dir / run.name, where the name stays under out_dir (no '..', not absolute)."""
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ConfigError(f"run.name: {clip(repr(name), 80)} leaves run.out_dir; expected a folder name under it")
+    return Path(out_dir) / name
 
 
 def inside(path: Path, folder: Path) -> bool:

@@ -106,7 +106,7 @@ def check(value, schema, source: str) -> Any:
     """``value`` if it fits ``schema``; else DataError('SOURCE: FIELD: expected ..., got ...')."""
     problem = fits(value, schema)
     if problem:
-        raise DataError(f"{source}{'' if problem.startswith(':') else ': '}{problem}")
+        raise DataError(f"{source}{'' if problem.startswith((':', '[')) else ': '}{problem}")
     return value
 
 
