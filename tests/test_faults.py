@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from rlpost import cli, config
 from rlpost.model import checkpoint
 from rlpost.observe import jsonl
-from rlpost.recipes import rl
+from rlpost.recipes import resume, rl
 from rlpost.types import folders
 
 ARGS = [*TINY, "task.verifier=toy_verifiers:odd_length", "task.verifier_workers=1"]
@@ -71,7 +71,9 @@ def test_sighup_stops_like_sigterm_sigusr1_says_where_and_sigquit_stops_at_once(
     monkeypatch.setenv("RLPOST_TEST_DAEMON_PIDS", str(pids))  # the reward function leaves a setsid() daemon per call
     send = {1: signal.SIGUSR1, 2: signal.SIGHUP}
     hook = lambda s: os.kill(os.getpid(), send[s]) if s in send else None
-    monkeypatch.setattr(rl, "train", lambda *a, **k: train(*a, **k, on_step_end=hook))
+    hooked = lambda *a, **k: train(*a, **k, on_step_end=hook)  # noqa: E731
+    monkeypatch.setattr(rl, "train", hooked)
+    monkeypatch.setattr(resume, "train", hooked)  # --resume's own import of it
     code, err = main("train", *ARGS, "task.reward_funcs=toy_verifiers:starts_a_daemon", "run.steps=5",
                      f"run.out_dir={tmp_path}", "run.name=h", capsys=capsys)
     assert code == 128 + signal.SIGHUP and "stopped by SIGHUP after step 3, whose checkpoint is saved" in err
