@@ -132,3 +132,14 @@ def test_a_checkpoint_of_another_algorithm_is_refused_by_name(run):
     before = snapshot(run)
     refused(["train", "--resume", str(run), "run.steps=4", "trainer.lr=2e-3"], "a checkpoint of a ppo run", "this run is grpo")
     assert snapshot(run) == before
+
+
+def test_a_damaged_held_out_dump_is_named_before_a_resume_trains(run):
+    # samples/eval_before.jsonl is read back at the end of the run (a mix's per-family 'before'):
+    # damaged, it was a traceback after the whole resumed training; now it is refused at the start
+    dump = run / "samples" / "eval_before.jsonl"
+    lines = dump.read_text().splitlines()
+    dump.write_text("\n".join([lines[0], '{"correct": "yes"}', *lines[1:]]) + "\n")
+    before = snapshot(run)
+    refused(["train", "--resume", str(run), "run.steps=4", "trainer.lr=2e-3"], "eval_before.jsonl:2: correct: expected true or false")
+    assert snapshot(run) == before and not list(run.glob("config.resume-*"))

@@ -26,6 +26,7 @@ import torch
 from rlpost import build, config
 from rlpost.envs import build_task, is_correct
 from rlpost.envs.mix import source_of
+from rlpost.observe import jsonl
 from rlpost.recipes.guard import check_reward_failures
 from rlpost.search.metrics import maj_at_k, pass_at_k
 from rlpost.types.roles import Roles
@@ -74,6 +75,9 @@ def by_task(records: list[dict]) -> dict[str, tuple[float, int]]:
     return {t: (right / n, n) for t, (right, n) in counts.items()}
 
 
+EVAL_RECORD = {"correct": bool, "task?": str}  # what by_task reads of a held-out dump's line
+
+
 def by_task_summary(samples: Path) -> dict:
     """summary.json's per-task held-out results of a mix, from the run's eval_before/eval_after.jsonl
     dumps (so a resumed run has its first run's 'before'): heldout_accuracy_before/<task>,
@@ -81,7 +85,7 @@ def by_task_summary(samples: Path) -> dict:
     out = {}
     for when in ("before", "after"):
         path = samples / f"eval_{when}.jsonl"
-        records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        records = jsonl.read_lines(path, EVAL_RECORD)  # [] when absent; a damaged line is named
         for t, (acc, n) in by_task(records).items():
             out[f"heldout_accuracy_{when}/{t}"], out[f"heldout_n/{t}"] = acc, n
     return out

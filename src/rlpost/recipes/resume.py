@@ -19,6 +19,7 @@ from rlpost.console import say
 from rlpost.envs import build_task
 from rlpost.model import checkpoint
 from rlpost.observe import runfolder
+from rlpost.recipes.evaluate import by_task_summary
 from rlpost.recipes.rl import check_checkpoint, train
 
 
@@ -37,6 +38,7 @@ def resume_run(run_dir: str | Path, overrides: list[str] = (), start_over: bool 
                                      "--start-over to train it again from step 0 (its metrics and samples are replaced)")
         if ckpt is not None:
             check_checkpoint(ckpt, cfg)
+            by_task_summary(run_dir / "samples")  # the first start's held-out dump, read at the end: damaged is said now
         task = build_task(cfg)
         build.preflight(cfg, task)
 
