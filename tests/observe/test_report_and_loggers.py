@@ -175,3 +175,20 @@ def test_a_mix_gets_a_row_per_family_in_the_closing_table_and_a_plot_in_the_repo
     assert len(closing_table(one_family).splitlines()) == 3  # header, held-out accuracy, steps: no family rows
     assert task_plot(history(2, **{"reward/mean": 0.1}), one_family) is None
     assert "<svg" in task_plot(history(2, **{"reward/mean": 0.1, "reward/mean/math": 0.2}), summary)
+
+
+def test_a_summary_is_read_through_its_schema_and_a_sampled_rounds_run_gets_a_report(tmp_path):
+    # issue 43: a damaged summary.json was a traceback; an rsft or online-DPO run's (rounds, no
+    # held-out accuracy keys) was a KeyError in the reward plot
+    from rlpost.observe.report import build_html
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"kind": "rsft", "rounds": [{"round": 0}], "heldout_before": 0.1, "heldout_after": 0.2}))
+    assert "rounds" in build_html(tmp_path)
+    for text, said in (("[1]", "summary.json: expected a mapping, got [1]"), ("{not json", "summary.json: not readable JSON"),
+                       ('{"steps": "x"}', "summary.json: steps: expected an integer, got 'x'"),
+                       ('{"passk_before": {"1": "a"}}', "summary.json: passk_before: expected a pass@k curve")):
+        summary.write_text(text)
+        r = cli("report", str(tmp_path))
+        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("rlpost: error: ") and said in r.stderr, r.stderr

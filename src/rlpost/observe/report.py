@@ -37,6 +37,8 @@ from rlpost.config import Config, default_max_new_tokens, run_config_path, to_di
 from rlpost.model.checkpoint import write_atomic  # noqa: E402
 from rlpost.observe import jsonl  # noqa: E402
 from rlpost.observe.diagnostics import diagnose, unjudged  # noqa: E402
+from rlpost.types.errors import DataError  # noqa: E402
+from rlpost.types.schema import Where, check  # noqa: E402
 
 LEGEND_SIZE = 9  # points; the page shows a 5.2-inch figure ~560 px wide, so 9 pt reads as ~13 px (7 was ~10 px)
 # Why a metric can be 0 at every step of a healthy run; named under the plots when it is not drawn.
@@ -114,8 +116,8 @@ def reward_plot(history, summary) -> str:
     x, y = _series(history, "reward/mean")
     ax.plot(x, y, label="train reward (mean)")
     ex, ey = _series(history, "eval/heldout_accuracy")
-    if summary:  # before training = step 0, after = the last step
-        ex = [0, *ex, summary.get("steps", x[-1] if x else 0)]
+    if summary and summary.get("heldout_accuracy_before") is not None and summary.get("heldout_accuracy_after") is not None:
+        ex = [0, *ex, summary.get("steps", x[-1] if x else 0)]  # before training = step 0, after = the last step
         ey = [summary["heldout_accuracy_before"], *ey, summary["heldout_accuracy_after"]]
     if ex:
         ax.plot(ex, ey, marker="o", label="held-out accuracy (greedy)")
@@ -252,10 +254,32 @@ def plots_for(history, summary) -> list[str | None]:
             ratio_plot(history), timing_plot(history)]
 
 
+NUMBER = (float, type(None))
+# What the report reads of summary.json: an RL run's, an sft/rm/dpo run's (kind, loss, held-out
+# metrics before/after), a sampled-rounds run's (kind rsft or online_dpo, rounds). Only a mapping is required.
+SUMMARY = {"kind?": str, "loss?": (str, type(None)), "steps?": int, "heldout_accuracy_before?": NUMBER,
+           "heldout_accuracy_after?": NUMBER, "heldout_accuracy_selected?": NUMBER, "selected_step?": (int, type(None)),
+           "passk_before?": Where(lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, (int, float)) for x in
+                                                                                       v.values())), "a pass@k curve"),
+           "passk_after?": Where(lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, (int, float)) for x in
+                                                                                      v.values())), "a pass@k curve")}
+
+
+def read_summary(path: Path) -> dict | None:
+    """summary.json checked against ``SUMMARY`` (one line naming the file and the field), None when there is none yet."""
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise DataError(f"{path}: not readable JSON ({type(e).__name__}); the file was edited or damaged") from None
+    return check(summary, SUMMARY, str(path))
+
+
 def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
     run_dir = Path(run_dir)
     history = jsonl.read_lines(run_dir / "metrics.jsonl")
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else None
+    summary = read_summary(run_dir / "summary.json")
     plots = plots_for(history, summary)
     summary_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in summary_items(summary))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>rlpost report: {html.escape(run_dir.name)}</title>"
