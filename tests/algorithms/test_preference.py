@@ -315,10 +315,10 @@ def test_kto_default_beta_every_metric_and_ties_at_the_reference_point():
     loss, m = kto_loss(pol, torch.zeros(4), des, 0.5)
     assert close(loss, 0.475083)
     # rewards β r: desirable [0.05, 0.25] sum 0.3 mean 0.15; undesirable [0.05, -0.15] sum -0.1 mean -0.05
-    # margin 0.15 - -0.05 = 0.2. Accuracy: a row exactly at z0 is on neither side (a tie counts as
-    # wrong), so only rows 1 and 3 are right: 2 / 4.
+    # margin 0.15 - -0.05 = 0.2. Accuracy: a row exactly at z0 is on neither side (a tie counts
+    # half), rows 1 and 3 are right: (1 + 1 + 0.5 + 0.5) / 4.
     assert m == pytest.approx({"rewards/chosen": 0.15, "rewards/rejected": -0.05, "rewards/margin": 0.2,
-                               "rewards/accuracy": 0.5, "rewards/chosen_sum": 0.3, "rewards/rejected_sum": -0.1,
+                               "rewards/accuracy": 0.75, "rewards/chosen_sum": 0.3, "rewards/rejected_sum": -0.1,
                                "count/chosen": 2.0, "count/rejected": 2.0, "kl": 0.5})
     # no desirable row: its mean is nan (no 0 / 0), its sum 0; the undesirable side r = 0 = z0: σ(0) = 0.5
     loss, m = kto_loss(t([0.0]), t([0.0]), t([False]), 0.0)
@@ -345,11 +345,19 @@ def test_simpo_default_beta_gamma_and_every_metric():
                                "rewards/accuracy": 1.0, "logps/chosen": -4.0, "logps/rejected": -6.0})
 
 
-def test_bradley_terry_tie_counts_as_wrong():
+def test_bradley_terry_tie_counts_half():
     # diffs [0, 2]: -log σ(0) = log 2 = 0.693147, -log σ(2) = 0.126928; mean 0.410038
     loss, m = bradley_terry_loss(t([1.0, 2.0]), t([1.0, 0.0]))
     assert close(loss, 0.410038)
-    assert m["rm/accuracy"] == 0.5 and m["rewards/accuracy"] == 0.5  # the tie is not a right answer
+    assert m["rm/accuracy"] == 0.75 and m["rewards/accuracy"] == 0.75  # the tie is a coin's chance: (0.5 + 1) / 2
+
+
+def test_dpo_before_training_scores_chance_not_zero():
+    """Before training the policy is the reference: every implicit margin is 0, and a pipeline's
+    'before' accuracy read 0 (TRL's rule, a tie is wrong) as if the model preferred every rejected answer."""
+    logp = t([-3.0, -5.0, -2.0])
+    _, m = dpo_loss(logp, logp - 1.0, logp, logp - 1.0)
+    assert m["rewards/margin"] == 0.0 and m["rewards/accuracy"] == 0.5
 
 
 def test_nll_anchor_divides_by_each_length_and_clamps_only_zero():

@@ -86,3 +86,40 @@ def test_every_stage_is_checked_before_the_pipeline_folder_exists(tmp_path):
     r = cli("pipeline", str(recipe))
     assert r.returncode == 2 and r.stderr.strip().startswith("rlpost: error: stage r: run.threads: expected at most")
     assert not (tmp_path / "p").exists()
+
+
+def test_the_command_line_wins_over_a_stage_and_the_base(tmp_path):
+    from rlpost.recipes.pipeline import read_pipeline, stage_config
+    path = tmp_path / "p.yaml"
+    stages = [{"name": "s", "kind": "sft", "overrides": ["pref.epochs=2"]}]
+    path.write_text(yaml.safe_dump({"base": ["model.name=tiny", "pref.epochs=1", "pref.max_len=48"], "stages": stages}))
+    tree = read_pipeline(path)
+    assert stage_config(tree, tree["stages"][0], "tiny", {}, tmp_path).pref.epochs == 2  # the stage over the base
+    tree["command_line"] = ["pref.epochs=3"]  # rlpost pipeline p.yaml pref.epochs=3
+    cfg = stage_config(tree, tree["stages"][0], "tiny", {}, tmp_path)
+    assert (cfg.pref.epochs, cfg.pref.max_len) == (3, 48)
+
+
+def test_a_finished_stage_is_not_reused_under_other_settings(tmp_path, monkeypatch):
+    """A re-run that changes an override would have reused the finished stage as if trained with it."""
+    from rlpost import config
+    from rlpost.recipes import pipeline
+    from rlpost.types.errors import ConfigError
+
+    def fake_stage(cfg, sdir, kind):  # what a finished stage leaves: its config and summary
+        sdir.mkdir(parents=True, exist_ok=True)
+        config.save(cfg, sdir / "config.yaml")
+        summary = {"model": str(sdir), "heldout_before": {"sft/nll": 1.0}, "heldout_after": {"sft/nll": 0.5}}
+        (sdir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(pipeline, "model_accuracy", lambda cfg, model: 0.0)
+    monkeypatch.setattr(pipeline, "run_stage", fake_stage)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"name": "p", "out_dir": str(tmp_path), "base": ["model.name=tiny"],
+                                    "stages": [{"name": "s", "kind": "sft", "overrides": ["pref.epochs=2"]}]}))
+    pipeline.run_pipeline(path)
+    monkeypatch.setattr(pipeline, "run_stage", lambda *a: pytest.fail("a finished stage ran again"))
+    pipeline.run_pipeline(path)  # the same settings: reused
+    with pytest.raises(ConfigError, match=r"^stage s: finished under other settings \(pref.epochs: 2 -> 5\); remove "):
+        pipeline.run_pipeline(path, ["pref.epochs=5"])

@@ -4,7 +4,7 @@ previous policy stage's model folder, with one table of held-out metrics at the 
 A pipeline recipe is YAML:
 
     name: my-pipeline           # run folder runs/<name>/, one sub-folder per stage
-    base: [model.name=embedded, task.ops=+]          # overrides every stage shares (then the command line's)
+    base: [model.name=embedded, task.ops=+]          # overrides every stage shares (a stage's own win over them)
     stages:
       - {name: sft, kind: sft, overrides: [pref.epochs=1]}
       - {name: rm,  kind: rm}                        # trains a reward model; the policy chain skips it
@@ -16,9 +16,12 @@ samples, recipes/rsft.py). An rl stage with ``teacher: <stage name>`` and algo.n
 distils from that earlier stage's model (on-policy distillation, algorithms/distill.py). An rl stage trains on the task's verifier, or on a reward model
 stage's output with ``reward_model: <stage name>``. After every policy stage the held-out accuracy
 of the task (greedy, the same verifier and rows as ``rlpost eval``) is measured, so the table
-shows what each stage added. A stage that already finished (its summary.json exists) is not run
-again: re-running the command after a crash continues with the next stage (an rl stage from its
-newest intact checkpoint). The pipeline's folder and each stage's are claimed (locked) while they
+shows what each stage added. The command line's overrides (``rlpost pipeline RECIPE k=v``) come
+last, after a stage's own, so they hold for every stage. A stage that already finished (its
+summary.json exists) is not run again: re-running the command after a crash continues with the
+next stage (an rl stage from its newest intact checkpoint). A finished stage whose config would now
+differ (other overrides, an edited recipe) is refused, naming the keys, rather than reused as if
+it had been trained with them. The pipeline's folder and each stage's are claimed (locked) while they
 run (observe/runfolder.py): a second pipeline on the same folder is refused.
 """
 
@@ -36,6 +39,7 @@ from rlpost.recipes.offline import train_offline
 from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
 from rlpost.recipes.rsft import run_rsft
+from rlpost.runconfig import load_run
 from rlpost.types.errors import DataError
 from rlpost.types.schema import ListOf, MapOf, Where, check
 
@@ -67,8 +71,10 @@ def read_pipeline(path: str | Path) -> dict:
 
 
 def stage_config(tree: dict, st: dict, model: str, outputs: dict, run_dir: Path) -> config.Config:
-    overrides = [*tree.get("base", []), *st.get("overrides", []), f"model.name={model}",
-                 f"run.out_dir={run_dir}", f"run.name={st['name']}"]
+    """The stage's config: its recipe, then the base, its own overrides and the command line's (the
+    later wins), then what the chain decides (the model it starts from, its folder)."""
+    overrides = [*tree.get("base", []), *st.get("overrides", []), *tree.get("command_line", []),
+                 f"model.name={model}", f"run.out_dir={run_dir}", f"run.name={st['name']}"]
     if st.get("reward_model"):
         overrides.append(f"task.reward_model={outputs[st['reward_model']]}")
     if st.get("teacher"):  # on-policy distillation from an earlier stage's model (algo.name=distill)
@@ -87,10 +93,10 @@ def train_stage(cfg: config.Config, run_dir: Path, kind: str) -> dict:
 
 
 def run_pipeline(recipe: str | Path, overrides: list[str] = ()) -> list[dict]:
-    """Run every stage; ``overrides`` (``rlpost pipeline RECIPE k=v ...``) join the recipe's base,
-    after it, so they apply to every stage and win over the base."""
+    """Run every stage; ``overrides`` (``rlpost pipeline RECIPE k=v ...``) apply to every stage, after
+    the recipe's base and the stage's own overrides, so they win over both."""
     tree = read_pipeline(recipe)
-    tree["base"] = [*tree.get("base", []), *overrides]
+    tree["command_line"] = list(overrides)
     run_dir = Path(tree.get("out_dir", "runs")) / tree.get("name", Path(recipe).stem)
     check_stages(tree, run_dir)
     with runfolder.claim(run_dir, "reuse", kind="pipeline", key="name"):
@@ -100,7 +106,8 @@ def run_pipeline(recipe: str | Path, overrides: list[str] = ()) -> list[dict]:
 def check_stages(tree: dict, run_dir: Path) -> None:
     """Every stage's config loads and this machine can run it, before the pipeline's folder is
     claimed (a mistake in the last stage's overrides is found before the first stage trains)."""
-    base = next((o.split("=", 1)[1] for o in reversed(tree["base"]) if o.startswith("model.name=")), "embedded")
+    shared = [*tree.get("base", []), *tree.get("command_line", [])]
+    base = next((o.split("=", 1)[1] for o in reversed(shared) if o.startswith("model.name=")), "embedded")
     outputs = {st["name"]: base for st in tree["stages"]}  # the earlier stages' models, not trained yet
     for st in tree["stages"]:
         try:
@@ -110,8 +117,9 @@ def check_stages(tree: dict, run_dir: Path) -> None:
 
 
 def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
-    model = next((o.split("=", 1)[1] for o in reversed(tree["base"]) if o.startswith("model.name=")), "embedded")
-    first = config.load(None, tree.get("base", []))
+    shared = [*tree.get("base", []), *tree.get("command_line", [])]
+    model = next((o.split("=", 1)[1] for o in reversed(shared) if o.startswith("model.name=")), "embedded")
+    first = config.load(None, shared)
     rows = [{"stage": "start", "kind": "-", "heldout_accuracy": model_accuracy(first, model), "other": ""}]
     outputs: dict[str, str] = {}
     for st in tree["stages"]:
@@ -119,6 +127,10 @@ def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
         sdir = run_dir / st["name"]
         say(f"stage {st['name']} ({st['kind']}) from {model}")
         if (sdir / "summary.json").exists():
+            if changed := changed_keys(sdir, cfg):
+                raise config.ConfigError(f"stage {st['name']}: finished under other settings ({'; '.join(changed[:4])}); "
+                                         f"remove {sdir} (and the stages after it) to train it again with these, "
+                                         "or give the pipeline another name")
             summary = read_summary(sdir / "summary.json", st["kind"])
         else:
             summary = run_stage(cfg, sdir, st["kind"])
@@ -134,6 +146,15 @@ def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
     (run_dir / "pipeline.json").write_text(json.dumps(rows, indent=1))
     print(text)
     return rows
+
+
+def changed_keys(sdir: Path, cfg: config.Config) -> list[str]:
+    """'section.key: old -> new' for every key where `cfg` differs from the config the stage in
+    `sdir` ran under (its config.yaml and any resume's)."""
+    old = config.to_dict(load_run(sdir)[0])
+    new = config.to_dict(cfg)
+    return [f"{section}.{key}: {old[section].get(key)!r} -> {value!r}" for section, keys in new.items()
+            if isinstance(keys, dict) for key, value in keys.items() if old.get(section, {}).get(key) != value]
 
 
 def run_stage(cfg: config.Config, sdir: Path, kind: str) -> dict:
