@@ -277,3 +277,10 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
         next_value = values[:, t] * m + next_value * (1 - m)
         next_adv = a * m + next_adv * (1 - m)
     return adv, adv + values
+
+
+def wins(margin: Tensor) -> Tensor:
+    """(B,) 1 where a pair's margin is positive, 1/2 on a tie (a coin's chance), else 0: the
+    preference accuracies' count, where a tie counted as wrong made an untrained DPO policy (its
+    own reference, every margin 0) read as accuracy 0."""
+    return (margin > 0).float() + 0.5 * (margin == 0).float()

@@ -7,12 +7,10 @@ Every loss is a mean over the batch and returns ``(loss (), metrics)``, with pyt
 
 Every loss reports ``rewards/chosen`` and ``rewards/rejected`` (mean implicit rewards),
 ``rewards/margin`` (mean of chosen - rejected) and ``rewards/accuracy`` (share of pairs where
-chosen > rejected; a tie counts half, as a coin would: ``wins``). These are TRL's DPOTrainer
-metrics, except that TRL spells the last two ``rewards/margins`` and ``rewards/accuracies`` and
-counts a tie as wrong, so that before training, where the policy is the reference and every margin
-is 0, its accuracy reads 0 where nothing has been learned either way; the singular names are the
-ones the offline trainer and its tests read. Other names are TRL's (``logps/chosen``,
-``logps/rejected``, ``nll_loss``, ``kl``, ``count/chosen``).
+chosen > rejected, a tie counting half: ``core.wins``). TRL's DPOTrainer metrics, except that TRL
+counts a tie as wrong and spells the last two ``rewards/margins`` and ``rewards/accuracies``; the
+singular names are the ones the offline trainer and its tests read. Other names are TRL's
+(``logps/chosen``, ``logps/rejected``, ``nll_loss``, ``kl``, ``count/chosen``).
 
 Variants and deviations, all in one place:
 - dpo_loss: sums of log-probs, the paper's form. label_smoothing > 0 gives cDPO.
@@ -62,11 +60,6 @@ def sequence_logps(token_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Te
     return total, count, total / count.clamp(min=1)  # (B,) x3; an empty row's mean is 0
 
 
-def wins(margin: Tensor) -> Tensor:
-    """(B,) 1 where the margin is positive, 1/2 where it is 0 (a tie: a coin's chance), else 0."""
-    return (margin > 0).float() + 0.5 * (margin == 0).float()
-
-
 def _pair_metrics(chosen_reward: Tensor, rejected_reward: Tensor) -> dict:
     """The four reward metrics from (B,) implicit rewards of the chosen and rejected completions."""
     margin = chosen_reward - rejected_reward  # (B,)
@@ -74,7 +67,7 @@ def _pair_metrics(chosen_reward: Tensor, rejected_reward: Tensor) -> dict:
         "rewards/chosen": chosen_reward.mean().item(),
         "rewards/rejected": rejected_reward.mean().item(),
         "rewards/margin": margin.mean().item(),
-        "rewards/accuracy": wins(margin).mean().item(),
+        "rewards/accuracy": core.wins(margin).mean().item(),
     }
 
 
@@ -148,7 +141,7 @@ def kto_loss(policy_logp: Tensor, ref_logp: Tensor, desirable: Tensor, kl_ref_po
     sum_d, sum_u = reward[desirable].sum().item(), reward[~desirable].sum().item()
     mean_d = sum_d / n_d if n_d else math.nan
     mean_u = sum_u / n_u if n_u else math.nan
-    right_side = wins(torch.where(desirable, logratio - z0, z0 - logratio))  # (B,) 1, 1/2 on z0, 0
+    right_side = core.wins(torch.where(desirable, logratio - z0, z0 - logratio))  # (B,) 1, 1/2 on z0, 0
     metrics = {
         "rewards/chosen": mean_d, "rewards/rejected": mean_u, "rewards/margin": mean_d - mean_u,
         "rewards/accuracy": right_side.mean().item(),
@@ -229,7 +222,7 @@ def bradley_terry_loss(chosen_scores: Tensor, rejected_scores: Tensor,
     losses = -F.logsigmoid(shifted)  # (B,)
     metrics = _pair_metrics(chosen_scores, rejected_scores)
     # The reward model's own names. Accuracy ignores the margin: is the chosen one scored higher?
-    metrics["rm/accuracy"] = wins(diff).mean().item()
+    metrics["rm/accuracy"] = core.wins(diff).mean().item()
     metrics["rm/margin_mean"] = diff.mean().item()
     return losses.mean(), metrics
 
