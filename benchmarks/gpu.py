@@ -3,6 +3,8 @@
     python benchmarks/gpu.py                          # on a GPU machine: every row, 2 rounds x 3 steps (~10 min, H100)
     python benchmarks/gpu.py --rows 0.5b --rounds 1   # one row, one round
     python benchmarks/gpu.py --dry-run --out /tmp/gpu.md   # a CPU, tiny shapes, 2 steps: the script runs end to end
+    python benchmarks/gpu.py --rows demo --set trainer.micro_batch_tokens=8192 --out results/gpu-tokens.md
+                                                      # rlpost's children with a setting of their own (TRL's unchanged)
 
 An offline GPU machine needs what scripts/gpu_prepare.sh gathers on a machine with internet: the
 wheels TRL brings (TRL, datasets, dill, multiprocess, gguf, math-verify) and the embedded model's
@@ -171,6 +173,7 @@ def child_rlpost(a: argparse.Namespace) -> None:
                       f"trainer.micro_batch_size={row.micro}", "run.eval_every=0", "run.checkpoint_every=0", "task.n_heldout=16"]
     if row.noise:
         overrides += ["task.reward_funcs=gpu:noise", "task.n_heldout=16", "run.checkpoint_every=0"]
+    overrides += a.set  # --set: last, so they win
     t0 = time.perf_counter()
     code = cli.main(["train", *overrides])
     wall = time.perf_counter() - t0
@@ -272,7 +275,9 @@ def child_trl(a: argparse.Namespace) -> None:
 def spawn(kind: str, row: Row, model: str, a: argparse.Namespace, paths: list[str], seed: int, whole: bool = False) -> dict:
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     cmd = [sys.executable, __file__, "--child", kind, "--row", json.dumps(asdict(row)), "--model", model,
-           "--device", a.device, "--steps", str(a.steps), "--seed", str(seed), "--out", str(out), *(["--whole"] if whole else [])]
+           "--device", a.device, "--steps", str(a.steps), "--seed", str(seed), "--out", str(out),
+           *(["--whole"] if whole else []),
+           *[arg for kv in (a.set if kind == "rlpost" else []) for arg in ("--set", kv)]]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
     t = time.perf_counter()
     proc = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -346,6 +351,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dry-run", action="store_true", help="on the CPU, tiny shapes, 2 steps, 1 round (tests run it)")
     ap.add_argument("--no-trl", action="store_true", help="rlpost's children only")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                    help="a config override for rlpost's children (whole runs included), "
+                    "e.g. trainer.micro_batch_tokens=8192")
     ap.add_argument("--out", type=Path, default=machine.RESULTS / "gpu.md")
     ap.add_argument("--split-gguf", action="store_true", help="write the embedded GGUF's halves (scripts/gpu_prepare.sh)")
     ap.add_argument("--child", choices=["trl", "rlpost"], help=argparse.SUPPRESS)  # a child: --out is its JSON
@@ -387,7 +395,8 @@ def run(args: argparse.Namespace) -> None:
         sections += row_table(row, trl, ours, whole, args.steps)
         data[row.name] = {"trl": trl, "rlpost": ours, "whole": whole, "runs": runs}
     text = "\n".join([f"{versions()} {'TRL: not installed, its column is empty. ' if not trl_ok else ''}"
-                      f"{args.rounds} rounds x {args.steps} steps, children alternating.", "", *sections])
+                      f"{args.rounds} rounds x {args.steps} steps, children alternating."
+                      f"{' rlpost with ' + ' '.join(args.set) + '.' if args.set else ''}", "", *sections])
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(header.render() + text)

@@ -53,11 +53,14 @@ def test_rows_follow_the_issue(tmp_path):
 def test_dry_run_runs_both_children_and_writes_the_table(tmp_path):
     out = tmp_path / "gpu.md"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--dry-run", "--out", str(out)],
+    # --set reaches rlpost's children (trainer.micro_batch_tokens: micro-batches by tokens, through the CLI)
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--dry-run", "--out", str(out),
+                        "--set", "trainer.micro_batch_tokens=80"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     text = out.read_text()
     assert "| step (s, median after the first) |" in text and "trl 1.16.0" in text and "rlpost plan --from" in text
+    assert "rlpost with trainer.micro_batch_tokens=80." in text
     data = json.loads(out.with_suffix(".json").read_text())
     row = next(iter(data.values()))
     assert len(row["runs"]["trl"][0]["steps"]) == 2 and len(row["runs"]["rlpost"][0]["steps"]) == 2

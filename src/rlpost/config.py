@@ -108,6 +108,9 @@ def check_dist(cfg: Config) -> None:
     if d.trainer_ranks > 1 and cfg.trainer.param_dtype != "float32":
         raise ConfigError("trainer.param_dtype=bfloat16 keeps its float32 master copy beside one unsharded model; "
                           "expected float32 with dist.trainer_ranks > 1 (FSDP2 shards float32 weights, bf16 compute by trainer.precision)")
+    if d.trainer_ranks > 1 and cfg.trainer.micro_batch_tokens:
+        raise ConfigError("trainer.micro_batch_tokens: each FSDP rank must run as many micro-batches as the others; "
+                          "expected 0 (micro-batches by rows) with dist.trainer_ranks > 1")
     if d.weight_sync == "broadcast" and d.topology == "colocated":
         raise ConfigError("dist.weight_sync=broadcast moves weights from the trainer's actor to the rollout workers' "
                           "actors: it needs dist.topology=disaggregated or async (colocated syncs in process)")

@@ -99,6 +99,9 @@ FOREIGN: dict[str, tuple[Name, ...]] = {
         Name("actor_rollout_ref.actor.ppo_mini_batch_size", "trainer.mini_batch_size", "verl counts prompts (each "
              "with rollout.n sequences), rlpost sequences: multiply by rollout.group_size", same_value=False),
         Name("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "trainer.micro_batch_size"),
+        Name("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "trainer.micro_batch_tokens", "with "
+             "use_dynamic_bsz=True; verl counts the real tokens a micro-batch packs, rlpost its rows x the longest "
+             "row's prompt + completion"),
         Name("actor_rollout_ref.actor.ppo_epochs", "trainer.epochs"),
         Name("actor_rollout_ref.actor.clip_ratio", "algo.clip_eps_low", "verl's sets both sides: also "
              "algo.clip_eps_high"),

@@ -435,3 +435,20 @@ def test_prompts_once_per_mini_batch_as_the_trainer_decides():
     # the memory counts the 8 prompts beside one micro-batch's completions: 8 x 46 + 8 x 64 tokens
     got = planner.memory(EMBEDDED, w, CPU)["activations"] - planner.kv_cache_bytes(EMBEDDED, 8, 46, 2)
     assert got == pytest.approx(planner.activation_bytes(EMBEDDED, 8 * 46 + 8 * 64, True))
+
+
+def test_micro_batches_by_tokens_plan_as_many_rows_as_fit(tmp_path):
+    # trainer.micro_batch_tokens: rows a micro-batch = tokens // (P + T), at least 1, at most the mini-batch.
+    w = Workload(prompts=16, group=8, prompt_len=47, new_tokens=256, micro_batch=32)
+    assert replace(w, micro_tokens=10 * 303).micro() == 10 and replace(w, micro_tokens=100).micro() == 1
+    assert replace(w, micro_tokens=10**6).micro() == 128 and replace(w, micro_tokens=10**6).micro(gpus=4) == 32
+    # the 0.5B row on an H100 in one micro-batch of 128 x 303 tokens: a quarter of the launches, so a
+    # faster update, and more activations live at once; `plan --from` reads the knob from the run's config
+    four = planner.calibrate(h100_run(tmp_path, "0.5b"), "h100")["plan"]  # micro-batches of 32 rows
+    run = fake_run(tmp_path / "by_tokens", ["run.device=cuda", f"model.name={tmp_path / 'qwen'}",
+                                            "rollout.max_new_tokens=256", "trainer.micro_batch_tokens=38784"],
+                   [H100_RUNS["0.5b"][1]])
+    one = planner.calibrate(run, "h100")["plan"]
+    assert one["workload"]["micro_tokens"] == 38784
+    assert one["time_s"]["update"] < 0.75 * four["time_s"]["update"]
+    assert one["memory_bytes"]["activations"] > 3 * four["memory_bytes"]["activations"]

@@ -35,6 +35,42 @@ def test_micro_batch_times_accumulation_equals_full_batch(tiny, agg):
     assert any(g.abs().sum() > 0 for g in grads[0])
 
 
+def test_token_bounds_by_hand():
+    from rlpost.roles.row_plan import token_bounds
+
+    # prompt 2, at most 12 tokens: rows of length 1, 1, 2 (3 x 4 = 12) | 4, 4 (2 x 6) | 9 alone (11);
+    # a row longer than the budget still makes a micro-batch of its own
+    assert token_bounds([1, 1, 2, 4, 4, 9], 2, 12) == [0, 3, 5, 6]
+    assert token_bounds([30], 2, 12) == [0, 1] and token_bounds([], 2, 12) == [0]
+
+
+@pytest.mark.parametrize("rows_of_longest", [1, 3, 16])
+def test_micro_batches_by_tokens_accumulate_the_full_batch_gradient(tiny, rows_of_longest):
+    # trainer.micro_batch_tokens: rows sorted by length, as many a micro-batch as fit; the gradient is
+    # the whole mini-batch's (micro-batches by rows), whichever cut, with prompts once per mini-batch and without
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4)
+    batch.advantages = algo.advantages(batch).tokens
+    P, T = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
+    tokens = rows_of_longest * (P + T)  # room for this many rows of the longest completion
+    grads = []
+    for kw in ({}, {"micro_batch_tokens": tokens}, {"micro_batch_tokens": tokens, "prompts_once": False}):
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(**kw), 1.0, mini_batch_size=16, micro_batch_size=16,
+                     total_optimizer_steps=1)
+        if kw:
+            for order in ("own_length", "groups", "rows"):
+                cuts = tr.plan.micro_batches(batch, 16, order, *tr._tokens())
+                assert sorted(torch.cat([i for _, i in cuts]).tolist()) == list(range(16))  # every row once
+                assert all(len(mb) * (P + mb.trimmed().completion_ids.shape[1]) <= tokens for mb, _ in cuts)
+                # at least as many rows a cut as the longest rows allow, fewer cuts where rows are shorter
+                assert len(cuts) <= math.ceil(16 / rows_of_longest)
+            assert (len(cuts) == 1) == (rows_of_longest == 16)
+        tr._accumulate(copy.deepcopy(batch), algo.loss)
+        grads.append([p.grad.clone() for p in tr.params])
+    for g in grads[1:]:
+        assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(grads[0], g))
+
+
 def test_prompt_and_pad_tokens_carry_no_gradient(tiny):
     # Gradient of the GRPO loss w.r.t. each input position's embedding, through the plain forward
     # (one embedding call covering prompt + completion).

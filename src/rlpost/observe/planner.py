@@ -95,7 +95,7 @@ def workload_from_run(cfg: Config, med: dict, dev: Device) -> Workload:
         prompts=r.prompts_per_step, group=r.group_size, prompt_len=math.ceil(med.get("prompt_length/mean", 47)),
         new_tokens=r.max_new_tokens, response_len=math.ceil(med.get("response_length/max", r.max_new_tokens)),
         mean_response_len=med.get("response_length/mean", 0),
-        micro_batch=t.micro_batch_size, mini_batch=t.mini_batch_size, epochs=t.epochs,
+        micro_batch=t.micro_batch_size, mini_batch=t.mini_batch_size, epochs=t.epochs, micro_tokens=t.micro_batch_tokens,
         # 'auto' (the default, saved as such): what the probe's rule picks on the device planned for
         trainer_bf16=bf16_on(t.precision, dev), sampler_bf16=bf16_on({"bfloat16": "bf16", "float32": "fp32"}.get(r.dtype, r.dtype), dev),
         reference=reference, critic=critic, early_old=early_old,
@@ -133,6 +133,8 @@ INT_ARGS = (  # (name, default, smallest allowed, help): the workload's integer 
     ("prompts", 16, 1, "prompts per step"), ("group", 8, 1, "completions per prompt"), ("prompt_len", 47, 1, "prompt tokens"),
     ("new_tokens", 16, 1, "max new tokens"), ("response_len", 0, 0, "padded completion length in the trainer (0 = --new-tokens)"),
     ("micro_batch", 32, 0, "sequences per forward/backward (0 = mini-batch)"),
+    ("micro_batch_tokens", 0, 0, "tokens per forward/backward, rows x (prompt + completion): trainer.micro_batch_tokens "
+     "(0 = by --micro-batch)"),
     ("mini_batch", 0, 0, "sequences per optimizer step (0 = all)"), ("epochs", 1, 1, "passes over each batch"))
 
 
@@ -191,7 +193,7 @@ def workload_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Workl
     return Workload(a.prompts, a.group, a.prompt_len, a.new_tokens, a.response_len, a.micro_batch, a.mini_batch,
                     a.epochs, bf16_on(a.precision, dev), bf16_on(a.sampler_dtype, dev), reference, critic, early_old,
                     not a.no_share_prefix, a.grad_ckpt, packed=a.forward != "hf", engine=engine_of(a.engine or "auto"),
-                    logp_chunk=a.logp_chunk)
+                    logp_chunk=a.logp_chunk, micro_tokens=a.micro_batch_tokens)
 
 
 def path_from_args(a: argparse.Namespace) -> dict:

@@ -125,6 +125,7 @@ class Workload:
     packed: bool = True  # trainer.forward auto/packed: without checkpointing, only real tokens (model/packed.py)
     engine: str = "fast"  # rollout.engine: the own engine (CPU loop, or CUDA graphs on a GPU), 'hf' (generate) or 'vllm'
     logp_chunk: int = 0  # tokens per ChunkedLogp chunk on a GPU; 0 = rlpost's rule (model/logprobs.py: chunk_tokens)
+    micro_tokens: int = 0  # trainer.micro_batch_tokens: rows a micro-batch = as many of P + T tokens as fit; 0 = by rows
 
     @property
     def batch(self) -> int:
@@ -146,4 +147,6 @@ class Workload:
 
     def micro(self, gpus: int = 1) -> int:  # sequences per forward/backward on one device
         mini = max(1, (self.mini_batch or self.batch) // gpus)
+        if self.micro_tokens:  # planned at the padded length: every row as long as the longest (the 0.5B row's case)
+            return min(max(1, self.micro_tokens // (self.prompt_len + self.T)), mini)
         return min(self.micro_batch or mini, mini)

@@ -13,7 +13,8 @@ tensors on every rank.
 
 The verbs, the same on both:
   prepare(model, critic)        the policy's forward and the tied lookup's own leaf (or None)
-  micro_batches(rows, micro, order)  [(micro-batch, its indices into rows or None for a stand-in)]
+  micro_batches(rows, micro, order)  [(micro-batch, its indices into rows or None for a stand-in)];
+                                the local plan also cuts by tokens (trainer.micro_batch_tokens)
   sync_gradients(model, last)   whether this micro-batch's backward reduces the gradients
   head_grad(model)              a HeadGrad for the mini-batch's lm_head, or None
   reduce(sums, device)          a mini-batch's metric sums over every rank
@@ -69,6 +70,18 @@ def ordered(rows: Rollouts, micro: int, order: str) -> Tensor:
     return rows.length_order()
 
 
+def token_bounds(lengths: list[int], prompt: int, tokens: int) -> list[int]:
+    """Bounds cutting rows, in the order given, into micro-batches of at most ``tokens`` tokens each: n
+    rows whose longest completion is L make a grid of n x (prompt + L) tokens; each takes one row at least."""
+    bounds, longest = [0], 0
+    for i, length in enumerate(lengths):
+        longest = max(longest, length)
+        if i > bounds[-1] and (i + 1 - bounds[-1]) * (prompt + longest) > tokens:
+            bounds.append(i)
+            longest = length
+    return bounds + [len(lengths)] if lengths else bounds
+
+
 class LocalPlan:
     sharded = False
     cast_cache = True  # one bf16 cast of each weight serves every micro-batch of a mini-batch
@@ -76,10 +89,21 @@ class LocalPlan:
     def prepare(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> tuple[Callable, torch.nn.Parameter | None]:
         return partial(policy_forward, model), split_tied_embedding(model)
 
-    def micro_batches(self, rows: Rollouts, micro: int, order: str) -> list[tuple[Rollouts, Tensor | None]]:
-        # Sums, not means, cross micro-batch boundaries, so the order does not change the accumulated gradient.
-        idx = ordered(rows, micro, order)
-        return [(rows.select(idx[i : i + micro]), idx[i : i + micro]) for i in range(0, len(rows), micro)]
+    def micro_batches(self, rows: Rollouts, micro: int, order: str,
+                      tokens: int = 0) -> list[tuple[Rollouts, Tensor | None]]:
+        """``micro`` rows a micro-batch, or with ``tokens`` (trainer.micro_batch_tokens) as many as
+        fit that many tokens (``token_bounds``). Sums, not means, cross micro-batch boundaries, so the
+        order does not change the accumulated gradient."""
+        if not tokens:
+            idx = ordered(rows, micro, order)
+            bounds = [*range(0, len(rows), micro), len(rows)]
+        else:
+            mask, P = rows.completion_mask, rows.prompt_ids.shape[1]
+            lengths = mask.shape[1] - (mask.flip(1).cumsum(1) == 0).sum(1)  # (B,) through each row's last loss token
+            one = len(rows) * (P + int(lengths.max())) <= tokens if len(rows) else True
+            idx = ordered(rows, len(rows) if one else 0, order)
+            bounds = token_bounds(lengths[idx].tolist(), P, tokens)
+        return [(rows.select(idx[a:b]), idx[a:b]) for a, b in zip(bounds, bounds[1:])]
 
     def sync_gradients(self, model: torch.nn.Module, last: bool) -> None:
         pass

@@ -111,6 +111,9 @@ class Trainer:
                 out.values = self.critic.values(batch, self.cfg.share_prompt_prefix)
         return out
 
+    def _tokens(self) -> tuple[int, ...]:  # trainer.micro_batch_tokens for the plan's micro_batches, when set
+        return (self.cfg.micro_batch_tokens,) if self.cfg.micro_batch_tokens else ()
+
     def _shared_head(self) -> torch.nn.Module | None:
         return self.critic.head if self.critic is not None and self.critic.shared else None
 
@@ -119,13 +122,13 @@ class Trainer:
         to run them per micro-batch as before: with one micro-batch there is nothing to share
         across; a critic with its own trunk runs its own prompts; and the prompts' activations,
         held until the last micro-batch, must not outgrow one micro-batch's (P + T) tokens, which
-        is what micro_batch_size bounds. Called inside the mini-batch's autocast."""
-        if (not self.prefix_once or not self.cfg.share_prompt_prefix or self.micro >= len(mini)
+        is what micro_batch_size (or micro_batch_tokens) bounds. Called inside the mini-batch's autocast."""
+        P, T = mini.prompt_ids.shape[1], mini.completion_ids.shape[1]
+        budget = self.cfg.micro_batch_tokens or self.micro * (P + T)  # one micro-batch's tokens, at most
+        if (not self.prefix_once or not self.cfg.share_prompt_prefix or len(mini) * (P + T) <= budget
                 or (self.critic is not None and not self.critic.shared)):
             return None
-        groups = len(torch.unique_consecutive(mini.group_ids))
-        P, T = mini.prompt_ids.shape[1], mini.completion_ids.shape[1]
-        if groups * P > self.micro * (P + T):
+        if len(torch.unique_consecutive(mini.group_ids)) * P > budget:
             return None
         return prompt_prefix(self.model, mini, value_head=self._shared_head())
 
@@ -137,7 +140,8 @@ class Trainer:
         T = batch.completion_ids.shape[1]
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
         with self._autocast():  # one bf16 cast of the weights for all micro-batches
-            outs = [(self._forward(mb.trimmed()), idx) for mb, idx in self.plan.micro_batches(batch, self.micro, "rows")]
+            parts = self.plan.micro_batches(batch, self.micro, "rows", *self._tokens())
+            outs = [(self._forward(mb.trimmed()), idx) for mb, idx in parts]
         logp = self.plan.gather([pad(o.logp) for o, idx in outs if idx is not None], batch)  # (B, T)
         values = torch.cat([pad(o.values) for o, _ in outs]) * batch.completion_mask if self.critic is not None else None
         return logp.to(home), values.to(home) if values is not None else None
@@ -198,7 +202,8 @@ class Trainer:
             # Micro-batches of similar length, each cut to its own longest completion: rows sorted by
             # their own length when the prompts ran once above, else whole groups (each micro-batch
             # runs its groups' prompts) sorted by their longest row.
-            parts = self.plan.micro_batches(mini, self.micro, "own_length" if prefix is not None else "groups")
+            order = "own_length" if prefix is not None else "groups"
+            parts = self.plan.micro_batches(mini, self.micro, order, *self._tokens())
             for i, (mb, idx) in enumerate(parts):
                 self.plan.sync_gradients(self.model, last=i == len(parts) - 1)
                 mb = mb.trimmed()
