@@ -615,3 +615,12 @@ def test_the_forward_computes_the_entropy_only_where_it_is_used(tiny):
         tr.update(copy.deepcopy(batch), loss)
     assert modes[False][-2:] == ["detached", "none"]  # (the recompute's forward comes first)
     assert modes[True][-2:] == ["grad", "grad"]
+
+
+def test_micro_batches_by_tokens_are_refused_with_fsdp_ranks():
+    from rlpost import config
+    from rlpost.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^trainer\.micro_batch_tokens: .*dist\.trainer_ranks > 1"):
+        config.load(None, ["dist.topology=disaggregated", "dist.trainer_ranks=2", "trainer.micro_batch_tokens=4096"])
+    assert config.load(None, ["trainer.micro_batch_tokens=4096"]).trainer.micro_batch_tokens == 4096
