@@ -141,3 +141,23 @@ def test_the_write_rule_a_finished_run_is_never_overwritten_and_a_failed_start_l
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match=r"output_dir: .*mine holds files rlpost did not write \(notes.txt\)"):
         rlpost.Trainer(model="tiny", train_dataset=rows, overrides=TINY, output_dir=tmp_path / "mine").train()
+
+
+def test_the_docs_environment_example_runs_through_the_api(tmp_path, monkeypatch):
+    """docs/environments.md's complete environment, exactly, on the tiny model: rlpost.Trainer(environment=...)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "environments.md").read_text(), re.S)
+    snippet = next(b for b in blocks if "environment=Retry" in b)
+    assert len(snippet.splitlines()) <= 32 and 'model="embedded"' in snippet
+    monkeypatch.chdir(tmp_path)
+    tiny = dict(o.split("=", 1) for o in TINY)
+    tiny_overrides = f'overrides={{**{tiny!r}, "task.max_turns": 2}}'
+    snippet = snippet.replace('model="embedded"', 'model="tiny"')
+    exec(snippet.replace('overrides={"task.max_turns": 2}', tiny_overrides), {})
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("env-grpo-")
+    summary = json.loads((run / "summary.json").read_text())
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 2 and summary["heldout_n"] == 8
+    # the class ran in the environment workers: 16 episodes a step, one or two turns each, no failure
+    assert [r["env/episodes"] for r in rows] == [16, 16]
+    assert all(1 <= r["env/turns_mean"] <= 2 and r["env/errors"] == 0 for r in rows)

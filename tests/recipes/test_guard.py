@@ -80,6 +80,17 @@ def test_failing_on_every_completion_of_the_first_batch_stops_even_at_frac_1():
     later.check_rewards(metrics(16, 0, 16), 2)  # later, only the fraction decides
 
 
+def test_an_environment_failing_past_the_fraction_stops_the_run_in_one_line():
+    guard = RunGuard(tiny_cfg("task.name=env", "task.env=guess", "task.max_reward_error_frac=0.25"))
+    guard.check_rewards({"env/episodes": 16, "env/errors": 2, "env/timeouts": 2}, 1)  # 25%: not more than the fraction
+    with pytest.raises(RunError, match=r"^environment guess failed on 5 of 16 episodes at step 2 \(31% > "
+                                       r"task.max_reward_error_frac=0.25\); .* the run folder's env.log$"):
+        guard.check_rewards({"env/episodes": 16, "env/errors": 2, "env/timeouts": 3}, 2)
+    first = RunGuard(tiny_cfg("task.name=env", "task.env=guess", "task.max_reward_error_frac=1"))
+    with pytest.raises(RunError, match="every episode of the first batch"):
+        first.check_rewards({"env/episodes": 16, "env/errors": 16, "env/timeouts": 0}, 1)
+
+
 def test_nonfinite_updates_in_a_row_stop_the_run():
     guard = RunGuard(tiny_cfg("trainer.max_nonfinite_steps=2"))
     guard.check_update({"actor/nonfinite_steps": 1}, 1)

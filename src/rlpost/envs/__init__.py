@@ -112,7 +112,7 @@ def family_splits(t, family: str) -> tuple[list[dict], list[dict], int]:
     """(train rows, held-out rows, malformed rows skipped) of one family, built from the task section."""
     skipped = 0
     if t.data and family in config.DATA_FAMILIES:
-        train, heldout, skipped = dataset.build_splits(t)
+        train, heldout, skipped = dataset.build_splits(t, raw=family == "env")  # an environment's reset reads its rows
     elif family == "dataset":
         raise ValueError("task.data is required for task.name=dataset")  # config.check_task says so first
     elif family == "env":
@@ -178,8 +178,14 @@ def env_pool(t, workers: int, log_path=None, import_paths: tuple = ()) -> EnvPoo
     """Worker processes for the run's environment; the first one's import is the dry start (one line if it fails)."""
     path, kwargs = env_spec(t)
     workers = workers or min(8, os.cpu_count() or 1)
-    return EnvPool(path, kwargs, t.env_timeout_s, workers=workers, log_path=log_path,
-                   import_paths=(*import_paths, os.getcwd()))
+    try:
+        return EnvPool(path, kwargs, t.env_timeout_s, workers=workers, log_path=log_path,
+                       import_paths=(*import_paths, os.getcwd()))
+    except ConfigError as e:
+        library = next((name for name, adapter in ENV_LIBRARIES.items() if adapter == path), None)
+        if library and "No module named" in str(e):
+            raise ConfigError(f"{e}; install it with: pip install 'rlpost[{library}]'") from None
+        raise
 
 
 def env_splits(t) -> tuple[list[dict], list[dict]]:

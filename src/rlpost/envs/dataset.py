@@ -84,17 +84,20 @@ def column(raw: dict, name: str):
     return value
 
 
-def load_rows(path: str, tcfg) -> tuple[list[dict], int]:
-    """(task rows, rows skipped as malformed) of one data file."""
+def load_rows(path: str, tcfg, raw: bool = False) -> tuple[list[dict], int]:
+    """(task rows, rows skipped as malformed) of one data file; raw: the rows as they are (an
+    environment's rows, which its reset reads: they need no prompt)."""
+    if raw:
+        return read_rows(path), 0
     rows, skipped = check_rows(read_rows(path), lambda r, src: to_row(r, tcfg, src), path, tcfg.on_bad_row)
     return [to_row(r, tcfg, path) for r in rows], skipped
 
 
-def build_splits(tcfg) -> tuple[list[dict], list[dict], int]:
-    """(train rows, held-out rows, rows skipped)."""
-    rows, skipped = load_rows(tcfg.data, tcfg)
+def build_splits(tcfg, raw: bool = False) -> tuple[list[dict], list[dict], int]:
+    """(train rows, held-out rows, rows skipped); raw: the rows as they are (load_rows)."""
+    rows, skipped = load_rows(tcfg.data, tcfg, raw)
     if tcfg.eval_data:
-        heldout, bad = load_rows(tcfg.eval_data, tcfg)
+        heldout, bad = load_rows(tcfg.eval_data, tcfg, raw)
         skipped += bad
     else:
         random.Random(tcfg.seed).shuffle(rows)

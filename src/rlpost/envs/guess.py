@@ -4,12 +4,13 @@ The environment thinks of a number between ``low`` and ``high``; each assistant 
 (the first integer in it), and the environment answers as the user: "Higher.", "Lower." or, for a
 reply without a number, a reminder. A right guess ends the episode with reward 1 - ``turn_cost`` x
 (the guesses before it); an episode that runs out of turns (task.max_turns) earns 0. So the policy
-is paid for using the feedback: with a range of 10 and 4 turns, blind guessing wins about 4 games
-in 10, bisection every one.
+is paid for using the feedback: with the default range of 5 and 4 turns, bisection wins every
+game in at most 3 guesses.
 
-Measured on the embedded 135M model before training (benchmarks/README.md, "Environments"): see
-the learning rows there; the default range was chosen so that its greedy success sits inside the
-learnable band, neither near 0 nor near 1.
+The default range and prompt were chosen on the embedded 135M model (64 held-out games, 4 turns,
+8 tokens a turn): greedy success 0.14 and sampled 0.28 at temperature 0.7, inside the learnable
+band; with the rules as a system prompt and a range of 10 it was 0.00 greedy (0.05 sampled: it
+rarely wrote a number), with a worked game before the real one 0.86 (too easy to learn from).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ NUMBER = re.compile(r"-?\d+")
 class GuessNumber:
     """One game per row: ``row['secret']`` is the number."""
 
-    def __init__(self, low: int = 1, high: int = 10, turn_cost: float = 0.1):
+    def __init__(self, low: int = 1, high: int = 5, turn_cost: float = 0.1):
         self.low, self.high, self.turn_cost = low, high, turn_cost
         self.secret, self.guesses = low, 0
 
@@ -34,10 +35,8 @@ class GuessNumber:
 
     def reset(self, row: dict) -> list[dict]:
         self.secret, self.guesses = int(row["secret"]), 0
-        return [{"role": "system", "content": f"We play a game. I think of a whole number from {self.low} to {self.high}. "
-                                               "You guess it. Reply with only your guess, one number. After each guess "
-                                               "I say if my number is higher or lower."},
-                {"role": "user", "content": "Guess my number."}]
+        return [{"role": "user", "content": f"I think of a number from {self.low} to {self.high}. Guess it. "
+                                             "Reply with only the number."}]
 
     def step(self, message: dict) -> tuple[list[dict], float, bool, dict]:
         found = NUMBER.search(message["content"])

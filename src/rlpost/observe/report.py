@@ -61,6 +61,11 @@ LINE_PLOTS = [
                              ("reward/all_pass_frac", "all-pass groups"), ("reward/all_fail_frac", "all-fail groups")], ""),
     ("Gradient norm (pre-clip)", [("actor/grad_norm", "policy"), ("critic/grad_norm", "critic")], ""),
     ("Throughput", [("perf/gen_tokens_per_s", "generated tokens / s"), ("perf/throughput", "all tokens / s")], "tokens / s"),
+    # Environment episodes only (task.name=env or tools, docs/environments.md).
+    ("Environment episodes", [("env/turns_mean", "turns per episode"), ("env/tool_calls_per_episode", "tool calls per episode"),
+                              ("env/errors", "environment errors"), ("env/timeouts", "environment timeouts")], "per episode; count"),
+    ("Reward per turn", [("env/turn_reward/mean", "mean over turns"), ("env/turn_reward/first", "first turn"),
+                         ("env/turn_reward/last", "last turn")], "reward"),
     # Ray topologies only (docs/distributed.md); a plot with no data is not drawn.
     ("Staleness of trained samples", [("async/staleness_mean", "mean"), ("async/staleness_max", "max")], "versions behind"),
     ("Idle time", [("async/trainer_idle_frac", "trainer"), ("async/rollout_idle_frac", "rollout workers")], "share"),

@@ -25,6 +25,10 @@ What it does is what the command line does, so the folder it writes works with e
   The run folder is put on ``sys.path`` (the CLI does the same for a run folder it reads).
 * Held-out accuracy uses ``verifier``; by default the dataset task's exact match against
   ``answer`` when the rows have one, else the first reward function (correct = reward >= 1).
+* ``environment`` (a class with ``reset(row)`` and ``step(message)``, or its 'module:Class';
+  types/roles.py: Environment) trains multi-turn episodes instead (``task.name=env``): it is
+  registered as the functions are and runs in environment worker processes; the rows, when given,
+  go to its ``reset`` as they are, else it gives its own (its ``rows(split, n, seed)``).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Trainer:
     def __init__(self, model: str | None = None, reward_funcs: FuncSpec | list[FuncSpec] = (),
                  train_dataset: Iterable[dict] | None = None, eval_dataset: Iterable[dict] | None = None, *,
                  verifier: FuncSpec | None = None, reward_weights: list[float] | None = None,
+                 environment: str | type | None = None,
                  config: Any = None, overrides: list[str] | dict = (), output_dir: str | Path | None = None):
         items = _as_overrides(overrides)
         if model is not None:
@@ -74,14 +79,18 @@ class Trainer:
         cfg = build.check(_load(config, items))  # a mistake in the config stops here, before any folder exists
         self.rows = _rows(train_dataset) if train_dataset is not None else None
         self.eval_rows = _rows(eval_dataset) if eval_dataset is not None else None
-        family = "dataset" if self.rows is not None else cfg.task.name
-        self.run_dir = Path(output_dir or run_path(cfg.run.out_dir, cfg.run.name or f"{family}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        family = "env" if environment is not None else "dataset" if self.rows is not None else cfg.task.name
+        name = cfg.run.name or f"{family}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.run_dir = Path(output_dir or run_path(cfg.run.out_dir, name))
         self.run_dir = self.run_dir.resolve()
         self.registry = Registry(self.run_dir)
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         paths = [self.registry.add(f, f"reward_{i}") for i, f in enumerate(funcs)]
         task = []
-        if self.rows is not None:
+        if environment is not None:  # multi-turn episodes: the rows (yours, or the environment's own) go to its reset
+            task += ["task.name=env", f"task.env={self.registry.add(environment, 'environment')}"]
+            task += self._data_overrides()[1:] if self.rows is not None else []
+        elif self.rows is not None:
             task += self._data_overrides()
             has_answer = all("answer" in r or column(r, VERL_ANSWER) is not None for r in self.rows)
             if not has_answer:
@@ -103,7 +112,7 @@ class Trainer:
         # follow the data (rollout.max_new_tokens for rows of your own) are filled in at load. Its
         # task.data names files train() writes: build.check (which reads them) runs there.
         self.config = _load(config, [*items, *task, *where])
-        if self.rows is not None:
+        if self.rows is not None and environment is None:
             self.prompts = _task_rows(self.rows, self.config.task, "train_dataset")
             self.prompts += _task_rows(self.eval_rows or [], self.config.task, "eval_dataset")
 
@@ -142,7 +151,7 @@ class Trainer:
         cfg = self.config
         if cfg.model.lora_r > 0:
             fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
-        if self.rows is not None:
+        if self.rows is not None and cfg.task.name != "env":
             fit.check_prompts(cfg.model.name, self.prompts, cfg.rollout.max_new_tokens, "rollout.max_new_tokens", "train_dataset")
 
     def _resume_overrides(self) -> list[str]:

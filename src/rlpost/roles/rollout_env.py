@@ -48,6 +48,7 @@ class Episode:
         self.ends: list[int] = []  # index in ids of each turn's last model token
         self.rewards: list[float] = []  # each turn's reward
         self.history: list[dict] = []
+        self.opening: list[dict] = [{"role": "user", "content": ""}]  # what reset gave (a failed reset: nothing)
         self.tools, self.style, self.stop = None, "chat", []
         self.done, self.stopped, self.error, self.timeout = False, "", "", False
         self.tool_calls, self.correct, self.closed = 0, None, True
@@ -139,6 +140,7 @@ class EnvRollout:
             return
         p = outcome[1]
         e.env, e.tools, e.style, e.stop, e.history = p["env"], p["tools"], p["style"], p["stop"], p["messages"]
+        e.opening = list(p["messages"])
         e.prompt = opening_ids(self.tok, e.history, e.tools)
 
     def _turn(self, ready: list[Episode], temperature: float, top_p: float, max_new_tokens: int, waiting: dict) -> None:
@@ -188,7 +190,8 @@ class EnvRollout:
 
 
 def assemble(episodes: list[Episode], rows: list[dict], n: int, tok, version: int) -> Rollouts:
-    """One Rollouts from episodes: prompts left-padded, trajectories right-padded; the turn marks."""
+    """One Rollouts from episodes: prompts left-padded, trajectories right-padded; the turn marks.
+    A row without chat messages of its own carries its episode's opening messages."""
     pad = tok.pad_token_id
     P, T = max(len(e.prompt) for e in episodes), max(1, max(len(e.ids) for e in episodes))
     ends = torch.zeros(len(episodes), T, dtype=torch.bool)
@@ -205,7 +208,7 @@ def assemble(episodes: list[Episode], rows: list[dict], n: int, tok, version: in
         sampler_logp=torch.tensor([e.logp + [0.0] * (T - len(e.ids)) for e in episodes]) * mask,
         truncated=torch.tensor([e.stopped != "done" for e in episodes]),
         group_ids=torch.arange(len(rows)).repeat_interleave(n),
-        rows=[r for r in rows for _ in range(n)],
+        rows=[e.row if "messages" in e.row else {**e.row, "messages": e.opening} for e in episodes],  # the prompt, as logged
         completions=[tok.decode(e.ids, skip_special_tokens=e.style == "inline") for e in episodes],
         policy_version=version,
         turn_end=ends, turn_reward=rewards, episodes=[e.record() for e in episodes],
