@@ -114,3 +114,11 @@ def test_truncation_warns_at_step_one():
     m = health.metrics([first])
     assert m["health/truncation"] == 1.0 and len(warnings) == 1
     assert "rollout.max_new_tokens" in warnings[0] and "(step 1)" in warnings[0]
+
+
+def test_an_environment_run_hears_about_its_turn_limits_not_a_token_cap():
+    first = {**healthy(1)[0], "response_length/clip_ratio": 0.7, "response_length/max": 32.0, "env/episodes": 128}
+    found = dg.truncation([first])
+    assert found.what == ("70% of the episodes ended at task.max_turns or task.max_episode_tokens "
+                          "before the environment ended them")
+    assert "task.max_turns" in found.knob and "rollout.max_new_tokens" not in found.knob

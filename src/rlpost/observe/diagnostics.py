@@ -111,6 +111,11 @@ def truncation(history: list[dict]) -> Finding | None:
     for h in history:
         share = h.get("response_length/clip_ratio")
         if share is not None and share > TRUNCATED_MOST:
+            if "env/episodes" in h:  # an environment's episode is cut by its turn and token limits, not one cap
+                return Finding("truncation", h["step"], f"{share:.0%} of the episodes ended at task.max_turns or "
+                               "task.max_episode_tokens before the environment ended them", "a higher task.max_turns "
+                               "or task.max_episode_tokens when the task needs more room (in a game that ends when it "
+                               "is won, these are games lost in their turns: nothing to change)")
             cap = h.get("response_length/max")
             at = f" at the cap of {cap:g} tokens" if cap is not None else ""
             return Finding("truncation", h["step"], f"{share:.0%} of the completions were cut off{at} "
