@@ -292,7 +292,7 @@ class TrainerConfig:
     micro_batch_size: int = knob(32, ge=0)
     """at most this many sequences per forward/backward (gradients accumulate up to the mini-batch); 0 = the mini-batch"""
     micro_batch_tokens: int = knob(0, ge=0)
-    """micro-batches by tokens instead of rows: each holds as many rows, sorted by length, as fit this many tokens (rows x their longest prompt + completion), so short rows go many at a time and long ones few; micro_batch_size's count is then unused. On a GPU fewer, larger micro-batches launch fewer kernels (docs/gpu.md); the memory of a micro-batch grows with its tokens. 0 = by rows (micro_batch_size). One trainer process only (not with dist.trainer_ranks > 1)"""
+    """micro-batches by tokens: as many rows, sorted by length, as fit this many (rows x prompt + completion); 0 = by micro_batch_size. One trainer process only (docs/gpu.md)"""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """the trainer's forward and backward (and the reference, critic, reward model and PRM scorer): bf16 = under bf16 autocast over float32 master weights, fp32 = plain float32, auto = bf16 where the start-up probe finds it measurably faster (model/precision.py)"""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
