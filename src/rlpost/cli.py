@@ -240,7 +240,7 @@ def cmd_train(args) -> int:
         raise config.ConfigError("--start-over: only with --resume RUN_DIR")
     refuse_ignored("train", recipe_keys(recipe, overrides))
     cfg = machine.check(config.load(recipe, overrides))  # before torch loads: a mistake shows in a fraction of a second
-    name = cfg.run.name or f"{'mix' if cfg.task.mix else cfg.task.name}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = cfg.run.name or f"{'mix' if cfg.task.mix else cfg.task.name}-{cfg.algo.name.rpartition(':')[2]}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = folders.run_path(cfg.run.out_dir, name)
     hint = f"use --resume {run_dir}, or another run.name"
     runfolder.check_new(run_dir, hint, "run.name")

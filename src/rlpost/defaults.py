@@ -7,6 +7,8 @@ and ``rlpost eval RUN`` or ``--resume`` read the same ones from any folder:
                              verl's ``custom_reward_function.path`` and ``.name`` in one) gets its
                              absolute path; an entry that names no function is refused here with
                              what it looks like it meant (a reward model folder: task.reward_model)
+  algo.name                  an algorithm of your own named by file (``my_algo.py:MyAlgo``) gets its
+                             absolute path, as a reward function does
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ def fill(cfg: Config) -> Config:
                                reward_funcs=",".join(function_path(f.strip(), "task.reward_funcs")
                                                      for f in t.reward_funcs.split(",") if f.strip()))
     tokens = cfg.rollout.max_new_tokens or default_max_new_tokens(bool(t.data))
-    return dataclasses.replace(cfg, task=task, rollout=dataclasses.replace(cfg.rollout, max_new_tokens=tokens))
+    algo = cfg.algo
+    if ":" in algo.name:  # your own algorithm, 'module:Class' or 'file.py:Class' (algorithms.resolve)
+        algo = dataclasses.replace(algo, name=function_path(algo.name, "algo.name"))
+    return dataclasses.replace(cfg, task=task, algo=algo, rollout=dataclasses.replace(cfg.rollout, max_new_tokens=tokens))
 
 
 def default_max_new_tokens(user_data: bool) -> int:

@@ -32,16 +32,38 @@ from rlpost.algorithms.rloo import RLOO
 from rlpost.algorithms.wrappers import with_clip_cov, with_entropy_advantage, with_entropy_bonus, with_kl_cov, with_tis
 from rlpost.types.errors import ConfigError
 from rlpost.types.roles import Traits
+from rlpost.wire import import_object
 
 # In the order of docs/algorithms.md: the root, then each patch.
 ALGORITHMS = {cls.name: cls for cls in (Reinforce, PPO, ReinforcePP, GRPO, RLOO, DAPO, DrGRPO, GSPO, CISPO, Distill)}
 
-__all__ = ["ALGORITHMS", "Objective", "build", "check", "traits", "needs_old_logp_first", "loss_takes_entropy"]
+__all__ = ["ALGORITHMS", "Objective", "build", "check", "resolve", "traits", "needs_old_logp_first", "loss_takes_entropy"]
+CONTRACT = ("traits", "from_config", "advantages", "loss")  # what an algorithm of your own must have (docs/algorithms.md)
+
+
+def resolve(name: str) -> type:
+    """The algorithm class algo.name names: a registry name, or your own by import path,
+    'package.module:Class' or '/path/to/file.py:Class' (kept in config.yaml, so eval and --resume
+    find it again), checked against the contract (CONTRACT, with Traits as its traits)."""
+    if name in ALGORITHMS:
+        return ALGORITHMS[name]
+    if ":" not in name:
+        raise ConfigError(f"algo.name: expected one of {', '.join(ALGORITHMS)}, or your own as 'module:Class', got {name!r}")
+    try:
+        cls = import_object(name, "Class")
+    except Exception as e:  # the user's module: any error it raises on import is theirs to see
+        raise ConfigError(f"algo.name: cannot import {name} ({type(e).__name__}: {e})") from None
+    missing = [m for m in CONTRACT if not hasattr(cls, m)]
+    if not isinstance(cls, type) or missing or not isinstance(cls.traits, Traits):
+        raise ConfigError(f"algo.name: {name} is not an algorithm: expected a class with {', '.join(CONTRACT)} "
+                          f"(traits a rlpost.types.roles.Traits){'; missing ' + ', '.join(missing) if missing else ''} "
+                          "(docs/algorithms.md, your own algorithm)")
+    return cls
 
 
 def traits(cfg) -> Traits:
     """The traits of cfg.algo.name (which ``check`` has accepted)."""
-    return ALGORITHMS[cfg.algo.name].traits
+    return resolve(cfg.algo.name).traits
 
 
 def build(cfg) -> Objective:
@@ -50,7 +72,7 @@ def build(cfg) -> Objective:
     a, r = cfg.algo, cfg.rollout
     if a.cov_control == "kl_cov":  # KL-Cov's surrogate is unclipped: its penalty is the trust region (wrappers.with_kl_cov)
         a = replace(a, clip_eps_low=math.inf, clip_eps_high=math.inf, dapo_clip_eps_high=math.inf)
-    algo = ALGORITHMS[a.name].from_config(replace(cfg, algo=a))
+    algo = resolve(a.name).from_config(replace(cfg, algo=a))
     loss = algo.loss
     if a.cov_control == "clip_cov":
         loss = with_clip_cov(loss, a.cov_ratio, a.clip_cov_lb, a.clip_cov_ub)
@@ -90,9 +112,7 @@ def needs_old_logp_first(cfg) -> bool:
 def check(cfg) -> None:
     """Refuse, with one line naming the key, what the chosen algorithm cannot run."""
     a, r, d = cfg.algo, cfg.rollout, config.derived(cfg)
-    if a.name not in ALGORITHMS:
-        raise ConfigError(f"algo.name: expected one of {', '.join(ALGORITHMS)}, got {a.name!r}")
-    t = traits(cfg)
+    t = resolve(a.name).traits
     if t.group_baseline and r.group_size < 2:
         raise ConfigError(f"rollout.group_size: expected >= 2 for {a.name.upper()} (the baseline comes from the group), got {r.group_size}")
     if t.on_policy_only and (cfg.trainer.epochs > 1 or d.mini_batch_size < d.batch_size):
@@ -160,7 +180,9 @@ def ignored_knobs(cfg) -> list[tuple[str, list[str]]]:
     refuse keys they do not read, instead of running without them."""
     default = type(cfg.algo)()
     reads = {name: knobs_read(cls, cfg) for name, cls in ALGORITHMS.items()}
-    mine = reads[cfg.algo.name]
+    mine = reads.get(cfg.algo.name)
+    if mine is None:  # your own algorithm: what it reads is its business
+        return []
     out = []
     for key in sorted(set().union(*reads.values()) - mine):
         if getattr(cfg.algo, key) != getattr(default, key):

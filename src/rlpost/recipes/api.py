@@ -69,7 +69,8 @@ class Trainer:
                  train_dataset: Iterable[dict] | None = None, eval_dataset: Iterable[dict] | None = None, *,
                  verifier: FuncSpec | None = None, reward_weights: list[float] | None = None,
                  environment: str | type | None = None,
-                 config: Any = None, overrides: list[str] | dict = (), output_dir: str | Path | None = None):
+                 config: Any = None, overrides: list[str] | dict = (), output_dir: str | Path | None = None,
+                 callbacks: list | tuple = ()):
         items = _as_overrides(overrides)
         if model is not None:
             if not isinstance(model, (str, Path)):
@@ -80,9 +81,10 @@ class Trainer:
         self.rows = _rows(train_dataset) if train_dataset is not None else None
         self.eval_rows = _rows(eval_dataset) if eval_dataset is not None else None
         family = "env" if environment is not None else "dataset" if self.rows is not None else cfg.task.name
-        name = cfg.run.name or f"{family}-{cfg.algo.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = cfg.run.name or f"{family}-{cfg.algo.name.rpartition(':')[2]}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.run_dir = Path(output_dir or run_path(cfg.run.out_dir, name))
         self.run_dir = self.run_dir.resolve()
+        self.callbacks = list(callbacks)  # on_train_begin / on_step_end / on_train_end (recipes/rl.py: train)
         self.registry = Registry(self.run_dir)
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         paths = [self.registry.add(f, f"reward_{i}") for i, f in enumerate(funcs)]
@@ -144,7 +146,7 @@ class Trainer:
             build.check(self.config)
             rf.write_config(self.config)
             say(f"run folder {self.run_dir}")
-            return train_loop(self.config, self.run_dir)
+            return train_loop(self.config, self.run_dir, callbacks=self.callbacks)
 
     def _preflight(self) -> None:
         """The model's limits, on the rows in memory: before output_dir is claimed."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import resource
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -38,7 +38,7 @@ from rlpost.types.roles import Roles
 
 def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | None = None, *,
           on_step_end: Callable[[int], None] | None = None, make_roles: Callable = build.build_roles,
-          on_resumed: Callable[[], None] | None = None) -> dict:
+          on_resumed: Callable[[], None] | None = None, callbacks: Sequence = ()) -> dict:
     """The RL loop. Returns the run summary (also written to run_dir/summary.json).
 
     ``task`` replaces the config's task family (library use: your own rows and verifier).
@@ -47,7 +47,10 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     reward functions, non-finite updates) is recipes/guard.py; the roles' processes are stopped
     however the loop ends. A resume checks the checkpoint (its schemas, that it is this kind of
     run, that its weights fit the model) and puts its state back before it writes anything; then
-    ``on_resumed()`` runs (the CLI records a changed config there: config.resume-N.yaml)."""
+    ``on_resumed()`` runs (the CLI records a changed config there: config.resume-N.yaml).
+    ``callbacks``: objects with any of ``on_train_begin(cfg, run_dir)``, ``on_step_end(step,
+    metrics, roles)`` (after the step's checkpoint; metrics as logged) and ``on_train_end(summary)``,
+    TRL's ``callbacks=`` (docs/python.md); one that raises stops the run as any failure would."""
     task, run_dir = task or build_task(cfg), Path(run_dir)
     build.preflight(cfg, task)  # threads, LoRA targets, prompt lengths: the CLI checked them already, before the folder
     cores = Cores(cfg.run.threads)  # torch's threads: every core, fewer while other processes keep some busy
@@ -67,6 +70,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks, ckpt)
         before, before_k = baseline(roles, heldout, cfg, run_dir, task, state)  # a resumed run's: from its checkpoint
         log.begin()
+        _call(callbacks, "on_train_begin", cfg, run_dir)
         with RunGuard(cfg, state.get("early_stop")) as guard:
             for step in guard.steps(start + 1, cfg.run.steps):
                 timings: dict = {}
@@ -99,13 +103,15 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                     with timed("eval", timings):
                         u_metrics.update(heldout_scores(roles, heldout, cfg))  # and a mix's per family
                 timings["timing_s/step"] = sum(timings.values())
-                log.step(step, {**c_metrics, **adv_metrics, **u_metrics, **timings, **perf(batch, timings, cores),
-                                "training/epoch": stream.epoch}, batch)
+                metrics = {**c_metrics, **adv_metrics, **u_metrics, **timings, **perf(batch, timings, cores),
+                           "training/epoch": stream.epoch}
+                log.step(step, metrics, batch)
                 every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
                 if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
                     save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k), elapsed(), guard, log.history)
                 if on_step_end is not None:
                     on_step_end(step)
+                _call(callbacks, "on_step_end", step, metrics, roles)
         log.close()
         say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
         after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
@@ -115,7 +121,17 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         if log is not None:
             log.close()
     roles = batch = None  # their memory goes before the export loads a model and a checkpoint (finish)
-    return finish(run_dir, cfg, log, guard, before, after, len(heldout), task, elapsed(), passk)
+    summary = finish(run_dir, cfg, log, guard, before, after, len(heldout), task, elapsed(), passk)
+    _call(callbacks, "on_train_end", summary)
+    return summary
+
+
+def _call(callbacks: Sequence, hook: str, *args) -> None:
+    """Each callback's `hook`, where it has one (a callback may define only the hooks it needs)."""
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if method is not None:
+            method(*args)
 
 
 def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, before: float, after: float,
@@ -284,7 +300,7 @@ def resume_point(run_dir: Path, cfg: config.Config) -> tuple[dict, dict, dict, P
 
 def check_checkpoint(ckpt: Path, cfg: config.Config) -> None:
     """That checkpoint ``ckpt`` is of this kind of run (checkpoint.check_fits, by name)."""
-    traits = algorithms.ALGORITHMS[cfg.algo.name].traits
+    traits = algorithms.resolve(cfg.algo.name).traits
     checkpoint.check_fits(ckpt, cfg.algo.name, traits.needs_values, cfg.model.lora_r > 0,
                           cfg.trainer.param_dtype == "bfloat16")
 

@@ -1,0 +1,83 @@
+"""Extension points a TRL or verl user expects: an algorithm of your own by import path
+(algo.name=module:Class, kept in config.yaml) and callbacks (TRL's callbacks=)."""
+
+import os
+
+import pytest
+import yaml
+from helpers import TINY, cli, tiny_cfg
+
+from rlpost import algorithms, config
+from rlpost.recipes.rl import train
+from rlpost.types.errors import ConfigError
+
+OWN = '''from dataclasses import dataclass
+from rlpost.algorithms.grpo import GRPO
+
+@dataclass
+class HalfGRPO(GRPO):
+    """GRPO with every advantage halved: a patch of one line, as the shipped algorithms are."""
+    name = "half_grpo"
+
+    def advantages(self, batch):
+        adv = super().advantages(batch)
+        adv.tokens = adv.tokens / 2
+        adv.metrics["half/called"] = 1.0
+        return adv
+'''
+
+
+@pytest.fixture
+def own_algorithm(tmp_path, monkeypatch):
+    (tmp_path / "my_algo.py").write_text(OWN)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_an_algorithm_by_file_or_module_is_built_and_its_path_kept(own_algorithm, monkeypatch):
+    cfg = config.load(None, ["algo.name=my_algo.py:HalfGRPO"])
+    assert cfg.algo.name == f"{own_algorithm / 'my_algo.py'}:HalfGRPO"  # absolute: eval and --resume run from anywhere
+    assert type(algorithms.build(cfg).algo).__name__ == "HalfGRPO"
+    monkeypatch.syspath_prepend(str(own_algorithm))
+    assert type(algorithms.build(config.load(None, ["algo.name=my_algo:HalfGRPO"])).algo).__name__ == "HalfGRPO"
+
+
+@pytest.mark.parametrize("name, says", [
+    ("no_such_module:X", "cannot import no_such_module:X (ModuleNotFoundError"),
+    ("my_algo:GRPO_TYPO", "cannot import my_algo:GRPO_TYPO (AttributeError"),
+    ("os:path", "is not an algorithm: expected a class with traits, from_config, advantages, loss"),
+    ("my_algo.py", "expected one of reinforce, ppo"),
+])
+def test_what_is_not_an_algorithm_is_refused_in_one_line(own_algorithm, monkeypatch, name, says):
+    monkeypatch.syspath_prepend(str(own_algorithm))
+    with pytest.raises(ConfigError) as e:
+        algorithms.check(config.load(None, [f"algo.name={name}"]))
+    assert str(e.value).startswith("algo.name: ") and says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_own_algorithm_trains_and_callbacks_see_every_step(own_algorithm):
+    seen = []
+
+    class Recorder:  # only the hooks it needs
+        def on_train_begin(self, cfg, run_dir):
+            seen.append(("begin", cfg.algo.name.rpartition(":")[2], os.path.isdir(run_dir)))
+
+        def on_step_end(self, step, metrics, roles):
+            seen.append(("step", step, metrics.get("half/called"), roles.trainer is not None))
+
+        def on_train_end(self, summary):
+            seen.append(("end", summary["run_dir"]))
+
+    run_dir = own_algorithm / "run"
+    summary = train(tiny_cfg("algo.name=my_algo.py:HalfGRPO"), run_dir, callbacks=[Recorder(), object()])
+    assert seen == [("begin", "HalfGRPO", True), ("step", 1, 1.0, True), ("step", 2, 1.0, True), ("end", str(run_dir))]
+
+
+def test_a_run_of_your_own_algorithm_keeps_it_for_eval_from_another_folder(own_algorithm, monkeypatch):
+    r = cli("train", *TINY, f"run.out_dir={own_algorithm}", "run.name=own", "algo.name=my_algo.py:HalfGRPO")
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = own_algorithm / "own"
+    assert yaml.safe_load((run / "config.yaml").read_text())["algo"]["name"] == f"{own_algorithm / 'my_algo.py'}:HalfGRPO"
+    monkeypatch.chdir("/")
+    e = cli("eval", str(run), "--n", "4", "--json")
+    assert e.returncode == 0, e.stderr[-2000:]
