@@ -41,16 +41,11 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
           on_resumed: Callable[[], None] | None = None, callbacks: Sequence = ()) -> dict:
     """The RL loop. Returns the run summary (also written to run_dir/summary.json).
 
-    ``task`` replaces the config's task family (library use: your own rows and verifier).
-    ``on_step_end(step)`` runs after each step's checkpoint; ``make_roles`` builds the roles
-    (build.build_roles; tests wrap both to inject faults). What stops a run early (signals, failing
-    reward functions, non-finite updates) is recipes/guard.py; the roles' processes are stopped
-    however the loop ends. A resume checks the checkpoint (its schemas, that it is this kind of
-    run, that its weights fit the model) and puts its state back before it writes anything; then
-    ``on_resumed()`` runs (the CLI records a changed config there: config.resume-N.yaml).
-    ``callbacks``: objects with any of ``on_train_begin(cfg, run_dir)``, ``on_step_end(step,
-    metrics, roles)`` (after the step's checkpoint; metrics as logged) and ``on_train_end(summary)``,
-    TRL's ``callbacks=`` (docs/python.md); one that raises stops the run as any failure would."""
+    ``task`` replaces the config's task family (library use: your own rows and verifier); ``callbacks``
+    are TRL's (``_call``). ``on_step_end(step)`` runs after each step's checkpoint; ``make_roles``
+    builds the roles (build.build_roles; tests wrap both to inject faults). What stops a run early is
+    recipes/guard.py; the roles' processes stop however the loop ends. A resume checks the checkpoint
+    and puts its state back before it writes; then ``on_resumed()`` runs (config.resume-N.yaml)."""
     task, run_dir = task or build_task(cfg), Path(run_dir)
     build.preflight(cfg, task)  # threads, LoRA targets, prompt lengths: the CLI checked them already, before the folder
     cores = Cores(cfg.run.threads)  # torch's threads: every core, fewer while other processes keep some busy
@@ -103,9 +98,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                     with timed("eval", timings):
                         u_metrics.update(heldout_scores(roles, heldout, cfg))  # and a mix's per family
                 timings["timing_s/step"] = sum(timings.values())
-                metrics = {**c_metrics, **adv_metrics, **u_metrics, **timings, **perf(batch, timings, cores),
-                           "training/epoch": stream.epoch}
-                log.step(step, metrics, batch)
+                log.step(step, metrics := {**c_metrics, **adv_metrics, **u_metrics, **timings,
+                                           **perf(batch, timings, cores), "training/epoch": stream.epoch}, batch)
                 every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
                 if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
                     save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k), elapsed(), guard, log.history)
@@ -121,13 +115,13 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         if log is not None:
             log.close()
     roles = batch = None  # their memory goes before the export loads a model and a checkpoint (finish)
-    summary = finish(run_dir, cfg, log, guard, before, after, len(heldout), task, elapsed(), passk)
-    _call(callbacks, "on_train_end", summary)
-    return summary
+    return finish(run_dir, cfg, log, guard, before, after, len(heldout), task, elapsed(), passk, callbacks)
 
 
 def _call(callbacks: Sequence, hook: str, *args) -> None:
-    """Each callback's `hook`, where it has one (a callback may define only the hooks it needs)."""
+    """Each callback's `hook`, where it has one (it may define only those it needs): TRL's callbacks=,
+    ``on_train_begin(cfg, run_dir)``, ``on_step_end(step, metrics, roles)`` (after the step's
+    checkpoint; the metrics as logged) and ``on_train_end(summary)``; one that raises stops the run."""
     for callback in callbacks:
         method = getattr(callback, hook, None)
         if method is not None:
@@ -135,7 +129,7 @@ def _call(callbacks: Sequence, hook: str, *args) -> None:
 
 
 def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, before: float, after: float,
-           heldout_n: int, task: Task, minutes: float, passk: dict) -> dict:
+           heldout_n: int, task: Task, minutes: float, passk: dict, callbacks: Sequence = ()) -> dict:
     """RUN/model, summary.json, the closing table and the report, after the training roles are gone:
     with their weights, gradients and optimizer moments still held, the export (a model and a
     checkpoint loaded) made the run's memory peak (tests/recipes/test_run_memory.py). Their memory
@@ -154,6 +148,7 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, befo
     nothing = idle.closing_line(log.history, cfg)  # steps that trained nothing: how many, why, the knob; the last word
     if nothing is not None:
         say(nothing)
+    _call(callbacks, "on_train_end", summary)
     return summary
 
 
