@@ -57,6 +57,7 @@ NOT_IN_REPO = {
     "eval_samples.jsonl", "checkpoints", "samples", "verifier.log", "config.resume-N.yaml",
     # example user files, and a model folder's own config
     "my.jsonl", "gsm8k.jsonl", "config.json", "my_module.py", "my_rewards.py", "my_reward.py",
+    "my_algo.py",
     # what an exported model folder holds, and what the docs show users doing with it
     "model.safetensors", "value_head.safetensors", "generation_config.json", "adapter_config.json", "eval.jsonl",
     "requirements.txt", "convert_hf_to_gguf.py", "my-run.gguf", "adapter_model.safetensors",
@@ -454,7 +455,8 @@ def load_overrides(overrides: list[str], recipe: str | None = None, expect_error
         if section not in SECTIONS or key not in {f.name for f in fields(SECTIONS[section])}:
             problems.append(f"{item}: {section}.{key} is not a config key")
         elif not placeholder(value) and value:
-            if section == "algo" and key == "name" and not set(value.split("|")) <= algorithm_names():
+            own = ":" in value  # an algorithm of the user's own, by import path (docs/algorithms.md)
+            if section == "algo" and key == "name" and not own and not set(value.split("|")) <= algorithm_names():
                 problems.append(f"{item}: not an algorithm ({', '.join(sorted(algorithm_names()))})")
             concrete.append(item)
         elif not placeholder(value):
