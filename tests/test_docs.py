@@ -455,8 +455,9 @@ def load_overrides(overrides: list[str], recipe: str | None = None, expect_error
         if section not in SECTIONS or key not in {f.name for f in fields(SECTIONS[section])}:
             problems.append(f"{item}: {section}.{key} is not a config key")
         elif not placeholder(value) and value:
-            own = ":" in value  # an algorithm of the user's own, by import path (docs/algorithms.md)
-            if section == "algo" and key == "name" and not own and not set(value.split("|")) <= algorithm_names():
+            if section == "algo" and key == "name" and ":" in value:
+                continue  # an algorithm of the user's own, by import path (docs/algorithms.md): their file, not ours
+            if section == "algo" and key == "name" and not set(value.split("|")) <= algorithm_names():
                 problems.append(f"{item}: not an algorithm ({', '.join(sorted(algorithm_names()))})")
             concrete.append(item)
         elif not placeholder(value):
