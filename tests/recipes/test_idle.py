@@ -60,12 +60,13 @@ def test_every_optimizer_step_non_finite_below_the_streak_limit_is_counted(tmp_p
 
 def test_reward_calls_that_all_fail_within_the_error_bar_are_counted_with_its_knob(tmp_path, monkeypatch, capsys):
     # step 1 scores (odd length: rewards differ, it trains); from step 2 on every call raises, scored 0, and
-    # task.max_reward_error_frac=1 lets the run go on: steps 2 and 3 learn nothing.
+    # task.max_reward_error_frac=1 lets the run go on: steps 2 and 3 learn nothing. The service is back for the
+    # final held-out evaluation (a reward that fails on every held-out completion stops the run: recipes/guard.py).
     marker = tmp_path / "down"
     monkeypatch.setenv("RLPOST_TEST_FAIL_MARKER", str(marker))
     cfg = config.load(None, [*TINY, "task.verifier=toy_verifiers:fails_once_marked", "task.verifier_workers=1",
                              "task.max_reward_error_frac=1", "run.steps=3"])
-    summary = rl.train(cfg, tmp_path / "run", on_step_end=lambda step: marker.touch())
+    summary = rl.train(cfg, tmp_path / "run", on_step_end=lambda step: marker.touch() if step < 3 else marker.unlink())
     assert summary["steps_trained"] == 1 and summary["steps_idle"] == {"reward_failed": 2}
     err = capsys.readouterr().err
     assert "2 of 3 steps trained nothing: 2 steps scored every completion 0 because every reward call failed, which " \
