@@ -114,7 +114,7 @@ def main() -> None:
     if a.context:
         return attention_by_context(fast, a.attention_rows, a.context, header)
     fast.hf.eos_ids = torch.tensor([-1])  # no token ends a row: every row decodes every step
-    prompts = build_task(config.load(None, [])).train
+    prompts = build_task(config.load(None, []).task).train
     encs = {b: fast.hf.encode(prompts[: b // GROUP]) for b in a.rows}
     timed(fast, encs[a.rows[0]], GROUP, 4)  # packs the weights, warms the allocator
     pre, full = {b: [] for b in a.rows}, {b: [] for b in a.rows}

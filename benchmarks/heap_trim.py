@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     heap.TRIM_EVERY = 10**9  # the benchmark decides when to trim
     cfg = config.load(None, OVERRIDES)
-    task = build_task(cfg)
+    task = build_task(cfg.task)
     roles = build.build_roles(cfg, task)
     stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed)
     torch.manual_seed(0)

@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     threads = torch.get_num_threads()
     loaded = load_policy("embedded")
-    rows = build_task(config.load(None, [])).train[:PROMPTS]
+    rows = build_task(config.load(None, []).task).train[:PROMPTS]
     fast = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
     unpacked = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)
     for lin in unpacked.linears():  # never packed: plain F.linear, which reorders the weight on every call

@@ -83,7 +83,7 @@ def main() -> None:
     from rlpost.model.load import load_tokenizer
 
     tok = load_tokenizer("embedded")
-    rows = build_task(config.load(None, [])).train[:64]
+    rows = build_task(config.load(None, []).task).train[:64]
     prompt_len = statistics.mean(len(tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
                                          add_special_tokens=False).input_ids) for r in rows)
     steps = [s for r in bench["runs"]["rlpost"] for s in r["steps"][1:]]

@@ -37,7 +37,7 @@ class Batch:  # the runner reads these two fields of a Rollouts
 
 def make_batch(n: int, backend: str) -> Batch:
     task = build_task(config.load(None, ["task.name=code", "task.n_train=64", "task.n_heldout=2",
-                                         f"task.sandbox={backend}", "task.sandbox_allow_root=true"]))
+                                         f"task.sandbox={backend}", "task.sandbox_allow_root=true"]).task)
     completions, rows = [], []
     for i in range(n):
         row = task.train[i % len(task.train)]

@@ -78,7 +78,7 @@ def child_trl(a: argparse.Namespace) -> None:
     from rlpost.model.load import embedded_model_dir, load_tokenizer
 
     torch.set_num_threads(os.cpu_count())
-    task = build_task(config.load(None, []))
+    task = build_task(config.load(None, []).task)
     data = Dataset.from_list([{"prompt": r["messages"], "answer": r["answer"]} for r in task.train])
 
     def reward(prompts, completions, answer, **_):
@@ -169,7 +169,7 @@ def child_generate(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(os.cpu_count())
     loaded = load_policy("embedded")
-    rows = build_task(config.load(None, [])).train[:PROMPTS]
+    rows = build_task(config.load(None, []).task).train[:PROMPTS]
     fast = FastRollout(copy.deepcopy(loaded.model), loaded.tokenizer)  # in the dtype the probe picks
     hf = copy.deepcopy(loaded.model).to(precision.sampler_dtype("auto")).eval()
     enc = loaded.tokenizer(fast.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)

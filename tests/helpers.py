@@ -37,6 +37,22 @@ def tiny_cfg(*overrides: str) -> config.Config:
     return config.load(None, [*TINY, *overrides])
 
 
+def algorithm(cfg: config.Config):
+    """The algorithm cfg.algo.name names, built from its section as build.py builds it."""
+    from rlpost.algorithms import ALGORITHMS
+
+    return ALGORITHMS[cfg.algo.name].from_config(cfg.algo, cfg.rollout.group_size, cfg.rollout.max_new_tokens)
+
+
+def objective(cfg: config.Config):
+    """The loop's algorithm role for cfg (the algorithm with its knobs), checked first, as build.build_roles makes it."""
+    from rlpost import algorithms, build
+
+    build.check_algorithm(cfg)
+    return algorithms.build(cfg.algo, cfg.rollout.group_size, cfg.rollout.max_new_tokens,
+                            stale_samples=cfg.dist.topology == "async")
+
+
 def tcfg(**kw) -> TrainerConfig:
     """Trainer config for exact-arithmetic tests: float32, no autocast."""
     return replace(TrainerConfig(precision="fp32", lr=1e-3), **kw)

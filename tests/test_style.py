@@ -1,6 +1,6 @@
 """The structure the code promises, checked so it cannot erode one import or one flag at a time:
 layers with one direction (docs: README "Layout"), no algorithm named outside algorithms/, the loop
-naming every role, and the size budgets of STYLE R15."""
+naming every role, and the size budgets (a file, a function, an algorithm)."""
 
 import ast
 import functools

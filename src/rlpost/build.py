@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ from rlpost.roles.engine import auto_picks_vllm, build_rollout
 from rlpost.roles.rollout_env import EnvRollout
 from rlpost.roles.row_plan import LocalPlan, ShardedPlan
 from rlpost.roles.trainer import Trainer
+from rlpost.sections import TrainerConfig
 from rlpost.types.errors import ConfigError
 from rlpost.types.roles import Roles, Verifier
 
@@ -54,7 +56,7 @@ def check(cfg: config.Config) -> config.Config:
     """Everything ``config.load`` cannot check alone: what the chosen algorithm can run, what this
     machine accepts (machine.py). Returns cfg, so ``build.check(config.load(...))`` reads as one step."""
     machine.check(cfg)
-    algorithms.check(cfg)
+    check_algorithm(cfg)
     device.resolve(cfg.run.device)  # run.device=cuda without CUDA: one line, before any model loads
     if cfg.rollout.engine == "vllm":  # not installed, or top-p (no threshold from vLLM): one line
         rollout_vllm.check(cfg.rollout.top_p)
@@ -73,6 +75,46 @@ def preflight(cfg: config.Config, task: Task | None = None) -> None:
                           "rollout.max_new_tokens", cfg.task.data or f"task.name={cfg.task.name}")
 
 
+def check_algorithm(cfg: config.Config) -> None:
+    """Refuse, with one line naming the key, what the chosen algorithm cannot run: read from its
+    declared traits (algorithms/), so no algorithm is named here."""
+    algo, rollout, sizes = cfg.algo, cfg.rollout, cfg.derived
+    traits = algorithms.resolve(algo.name).traits  # a registry name, or your own algorithm by import path
+    if traits.group_baseline and rollout.group_size < 2:
+        raise ConfigError(f"rollout.group_size: expected >= 2 for {algo.name.upper()} (the baseline comes from the group), got {rollout.group_size}")
+    if traits.on_policy_only and (cfg.trainer.epochs > 1 or sizes.mini_batch_size < sizes.batch_size):
+        raise ConfigError(f"trainer.epochs: {algo.name.upper()} has no importance ratio, so it is on-policy only: "
+                          "expected epochs=1 and mini_batch_size=0")
+    if (rollout.filter_groups or traits.filters_groups) and rollout.group_size < 2:
+        raise ConfigError(f"rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), got {rollout.group_size}")
+    if traits.kl == "none" and algo.kl_coef > 0:
+        raise ConfigError(f"algo.kl_coef: {algo.name.upper()} has no KL term; use an algorithm with a KL in the reward or the loss")
+    if traits.teacher != bool(algo.teacher):
+        raise ConfigError(f"algo.teacher: {algo.name.upper()} " + ("distils from a teacher: expected a model ('embedded', a model folder, "
+                          "a run folder) with the student's tokenizer" if traits.teacher else f"reads no teacher, got {algo.teacher!r}; "
+                          "use algo.name=distill"))
+    if algo.cov_control != "none" and not traits.token_clip:
+        raise ConfigError(f"algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which {algo.name.upper()} does "
+                          f"not have; expected none, or one of {', '.join(n for n, c in algorithms.ALGORITHMS.items() if c.traits.token_clip)}")
+    if algo.cov_control == "kl_cov" and cfg.trainer.epochs == 1 and sizes.mini_batch_size >= sizes.batch_size:
+        raise ConfigError("algo.cov_control=kl_cov: with one optimizer step per rollout batch (trainer.epochs=1, "
+                          "trainer.mini_batch_size=0) every forward has log pi = log pi_old, so KL-Cov's penalty and its "
+                          f"gradient are 0 and it would do nothing; set trainer.mini_batch_size below {sizes.batch_size} or "
+                          "trainer.epochs >= 2, or use algo.cov_control=clip_cov")
+    if algo.dual_clip_c is not None and not traits.token_clip:
+        raise ConfigError(f"algo.dual_clip_c: {algo.name.upper()} has no PPO token clip to cap; expected none, or one of "
+                          f"{', '.join(n for n, c in algorithms.ALGORITHMS.items() if c.traits.token_clip)}")
+    why = algorithms.turns.check(traits, cfg.task.turn_credit)
+    if why:
+        raise ConfigError(f"task.turn_credit: turn with {algo.name.upper()}: {why}")
+    if ignored := algorithms.ignored_knobs(algo, rollout.group_size, rollout.max_new_tokens):
+        key, readers = ignored[0]
+        raise ConfigError(f"algo.{key}: algo.name={algo.name} does not read it (read by {', '.join(readers)}); remove it"
+                          + (f", or set algo.name={readers[0]}" if len(readers) == 1 else ""))
+    if cfg.dist.trainer_ranks > 1 and traits.needs_values:
+        raise ConfigError(f"dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic ({algo.name})")
+
+
 def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for_eval: bool = False,
                 stream=None, rollout_worker=None, run_dir: Path | None = None) -> Roles:
     """The roles of one run. ``weights``: a checkpoint's policy weights (the reference is still the
@@ -81,7 +123,10 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
     ``rollout_worker``: the Ray actor class of a rollout worker (tests inject faults with it).
     ``run_dir``: the run folder (verifier workers log there and may import modules from it)."""
     cfg = resolve_precision(cfg)
-    algo = algorithms.build(cfg)
+    check_algorithm(cfg)
+    # dist.topology=async: the samples may come from weights a few updates old (the algorithm then corrects them by TIS)
+    algo = algorithms.build(cfg.algo, cfg.rollout.group_size, cfg.rollout.max_new_tokens, stale_samples=cfg.dist.topology == "async",
+                            turn_credit=cfg.task.turn_credit, turn_discount=cfg.task.turn_discount)
     # The verifier first: its dry start finds a bad task.verifier before the model loads. An
     # environment's episodes carry their rewards (rewards/episodes.py).
     grader = EpisodeReward(cfg.task.turn_discount) if is_env(cfg) else make_runner(cfg, task.verifier, "task.verifier", run_dir)
@@ -106,7 +151,7 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
 def _local_roles(cfg: config.Config, algo, weights: dict | None, for_eval: bool, grader: Verifier,
                  reward: Verifier, run_dir: Path | None = None) -> Roles:
     """Every role in this process (dist.topology=colocated, and evaluation)."""
-    loaded = load_policy_for(cfg)
+    loaded = load_policy_for(cfg.model, cfg.run.seed)
     on_device(cfg, loaded.model)  # once, so the copies below are made there
     # The reference is the *starting* policy: copy it before any checkpoint weights are loaded.
     reference = make_reference(cfg, loaded.model) if algo.needs_reference and not for_eval else None
@@ -127,9 +172,9 @@ def make_runner(cfg: config.Config, path: str, key: str, run_dir: Path | None = 
     folder and the current directory come first on their sys.path, so a module of yours next to
     the recipe or in the run folder imports without PYTHONPATH; either is left out (and the
     console says so) where a sandboxed program could write it (runner.safe_import_paths)."""
-    t = cfg.task
-    return VerifierRunner(path, verifier_timeout(cfg), workers=default_workers(t.verifier_workers), key=key,
-                          memory_mb=t.verifier_memory_mb, log_path=Path(run_dir) / "verifier.log" if run_dir else None,
+    task = cfg.task
+    return VerifierRunner(path, verifier_timeout(task), workers=default_workers(task.verifier_workers), key=key,
+                          memory_mb=task.verifier_memory_mb, log_path=Path(run_dir) / "verifier.log" if run_dir else None,
                           import_paths=(*([run_dir] if run_dir else []), os.getcwd()), max_steps=cfg.run.steps)
 
 
@@ -158,7 +203,8 @@ def resolve_precision(cfg: config.Config) -> config.Config:
     (explicit settings kept, 'auto' from the probe of that device), after saying in one line what
     was chosen and why (once per process and choice)."""
     cfg = resolve_engine(resolve_device(cfg))
-    cfg, line = precision.resolve_config(cfg, cfg.run.device)
+    dtype, prec, line = precision.resolve(cfg.rollout.dtype, cfg.trainer.precision, cfg.run.device)
+    cfg = replace(cfg, rollout=replace(cfg.rollout, dtype=dtype), trainer=replace(cfg.trainer, precision=prec))
     say_once(line)
     if cfg.trainer.param_dtype == "bfloat16":  # explicit, so said only where the probe finds bf16 slow
         choice = precision.choose(cfg.run.device)
@@ -176,10 +222,10 @@ def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
     """A frozen copy of `model` that gives reference log-probs, in the trainer's precision; with
     algo.teacher (on-policy distillation) the teacher model in its place."""
     if cfg.offload.reference:  # loaded on the host, so no second copy is ever made on the device
-        frozen = load_teacher(cfg) if cfg.algo.teacher else load_policy_for(cfg).model
+        frozen = load_teacher(cfg) if cfg.algo.teacher else load_policy_for(cfg.model, cfg.run.seed).model
     else:
         frozen = on_device(cfg, load_teacher(cfg)) if cfg.algo.teacher else copy.deepcopy(on_device(cfg, model))
-    return Reference(frozen, cfg.rollout.temperature, config.derived(cfg).micro_batch_size,
+    return Reference(frozen, cfg.rollout.temperature, cfg.derived.micro_batch_size,
                      precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix,
                      dtype=precision.DTYPES[cfg.trainer.param_dtype], offload=cfg.offload.reference,
                      on=device.resolve(cfg.run.device), forward=cfg.trainer.forward)
@@ -189,14 +235,14 @@ def make_process_reward(cfg: config.Config) -> StepRewards:
     """task.process_reward_model as the run's process-reward role, on run.device in the trainer's
     precision; refused, naming the key, unless it is a PRM folder with the policy's tokenizer (it
     reads the policy's token ids)."""
-    t, folder = cfg.task, Path(cfg.task.process_reward_model)
+    task, folder = cfg.task, Path(cfg.task.process_reward_model)
     if not (folder / "value_head.safetensors").is_file():
         raise ConfigError(f"task.process_reward_model: {folder} is not a process reward model folder (no value_head.safetensors); "
                           "write one with ProcessRewardModel.save (benchmarks/search.py --save-prm)")
-    prm = ProcessRewardModel.load(folder, cfg.run.device, micro_batch_size=config.derived(cfg).micro_batch_size,
+    prm = ProcessRewardModel.load(folder, cfg.run.device, micro_batch_size=cfg.derived.micro_batch_size,
                                   autocast_bf16=precision.trainer_bf16(cfg.trainer.precision))
     same_tokenizer(cfg, prm.tok, f"task.process_reward_model: {folder}", "a PRM scores the policy's own token ids, so it must share its tokenizer")
-    return StepRewards(prm, t.process_reward_coef, t.process_reward_form)
+    return StepRewards(prm, task.process_reward_coef, task.process_reward_form)
 
 
 def same_tokenizer(cfg: config.Config, tokenizer, what: str, why: str) -> None:
@@ -239,15 +285,41 @@ def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, dat
     """The trainer over `model` (float32 master weights), with a critic when the algorithm needs
     values and LoRA adapters when model.lora_r > 0; data_parallel: this process is one rank of
     dist.trainer_ranks (distributed/actors.py), so its row plan is this rank's share (roles/row_plan.py)."""
-    d = config.derived(cfg)
+    sizes = cfg.derived
     model = on_device(cfg, model)  # before the critic: its head is made beside the trunk
-    critic = Critic(model, cfg.algo.critic) if algorithms.traits(cfg).needs_values else None
+    critic = Critic(model, cfg.algo.critic) if algorithms.traits(cfg.algo.name).needs_values else None
     return Trainer(
         lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer, cfg.rollout.temperature,
-        d.mini_batch_size, d.micro_batch_size, d.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic,
-        critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg), offload_critic=cfg.offload.critic,
+        sizes.mini_batch_size, sizes.micro_batch_size, sizes.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic,
+        critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg.algo), offload_critic=cfg.offload.critic,
         plan=ShardedPlan() if data_parallel else LocalPlan(),
     )
+
+
+def make_pref_reference(cfg: config.Config, model: torch.nn.Module, micro_batch_size: int) -> Reference:
+    """The offline recipes' reference (DPO and its family): ``model`` itself, not a copy, scored once
+    over the whole data before training starts (the reference is frozen), at temperature 1, in
+    micro-batches of the trainer's size, in the trainer's precision."""
+    return Reference(model, 1.0, micro_batch_size, precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix,
+                     forward=cfg.trainer.forward)
+
+
+def make_pref_trainer(cfg: config.Config, model: torch.nn.Module, mini_batch_size: int, micro_batch_size: int,
+                      optimizer_steps: int, value_head: bool = False) -> Trainer:
+    """The offline recipes' trainer (sft, rm, dpo) over ``model`` at temperature 1: LoRA adapters on it
+    when model.lora_r > 0, and for a reward model (value_head) a scalar head on its trunk, trained
+    as the critic is (algo.critic_lr)."""
+    policy = lora.wrap(model, cfg.model, cfg.run.seed) if cfg.model.lora_r > 0 else model
+    head = Critic(model, "shared") if value_head else None
+    return Trainer(policy, cfg.trainer, 1.0, mini_batch_size, micro_batch_size, optimizer_steps,
+                   cfg.model.gradient_checkpointing, critic=head, critic_lr=cfg.algo.critic_lr)
+
+
+def make_head_trainer(lm: torch.nn.Module, head: Critic, trainer: TrainerConfig, mini_batch_size: int, micro_batch_size: int,
+                      optimizer_steps: int, head_lr: float) -> Trainer:
+    """A trunk with a value head trained on fixed targets, the head at its own rate: the process reward
+    model's trainer (recipes/prm.py), from plain arguments (it trains outside a run's config)."""
+    return Trainer(lm, trainer, 1.0, mini_batch_size, micro_batch_size, optimizer_steps, critic=head, critic_lr=head_lr)
 
 
 def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = None) -> Verifier:
@@ -256,20 +328,20 @@ def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = 
     Parts: each of task.reward_funcs (weights task.reward_weights), the reward model
     (task.reward_model), the judge (task.judge_model, weight task.judge_weight). With none of
     them the verifier is the reward; name the verifier in task.reward_funcs to stack it too."""
-    t = cfg.task
-    funcs = [f.strip() for f in t.reward_funcs.split(",") if f.strip()]
-    weights = [float(w) for w in t.reward_weights.split(",")] if t.reward_weights else [1.0] * len(funcs)
+    task = cfg.task
+    funcs = [f.strip() for f in task.reward_funcs.split(",") if f.strip()]
+    weights = [float(w) for w in task.reward_weights.split(",")] if task.reward_weights else [1.0] * len(funcs)
     parts: list = []
     try:
         for f, w in zip(funcs, weights):
             parts.append((part_name(f), make_runner(cfg, f, "task.reward_funcs", run_dir), w))
-        if t.reward_model:
-            scorer = load_reward_model(t.reward_model, config.derived(cfg).micro_batch_size,
+        if task.reward_model:
+            scorer = load_reward_model(task.reward_model, cfg.derived.micro_batch_size,
                                         precision.trainer_bf16(cfg.trainer.precision), device.resolve(cfg.run.device),
                                         offload=cfg.offload.reward_model)
             parts.append(("reward_model", scorer, 1.0))
-        if t.judge_model:
-            parts.append(("judge", Judge.from_config(cfg), t.judge_weight))
+        if task.judge_model:
+            parts.append(("judge", Judge.from_config(task, cfg.run.seed, cfg.rollout.dtype), task.judge_weight))
     except BaseException:
         for _, scorer, _ in parts:
             scorer.close()
@@ -281,6 +353,26 @@ def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = 
     return RewardStack(parts)
 
 
+def sampler_from(cfg: config.Config, weights: dict | None):
+    """What a rollout worker holds (distributed/actors.py): the sampler over the starting policy,
+    with ``weights`` (a checkpoint's, or the trainer's latest) loaded when given."""
+    loaded = load_policy_for(cfg.model, cfg.run.seed)
+    if weights is not None:
+        loaded.model.load_state_dict(weights)
+    return make_rollout(cfg, loaded.model, loaded.tokenizer)
+
+
+def trainer_from(cfg: config.Config, weights: dict | None, data_parallel: bool = False) -> Trainer:
+    """What a trainer rank holds (distributed/actors.py): the trainer over the starting policy, with a
+    checkpoint's ``weights`` loaded unless it trains LoRA adapters (their base stays the pretrained
+    model, as in ``_local_roles``)."""
+    use_lora = cfg.model.lora_r > 0
+    loaded = load_policy_for(cfg.model, cfg.run.seed)
+    if weights is not None and not use_lora:
+        loaded.model.load_state_dict(weights)
+    return make_trainer(cfg, loaded.model, use_lora, data_parallel)
+
+
 def _remote_roles(cfg: config.Config, algo, weights: dict | None, stream, rollout_worker, grader: VerifierRunner,
                   reward: Verifier) -> Roles:
     """Rollout workers and trainer ranks as Ray actors; the verifier, the reference and the
@@ -289,7 +381,9 @@ def _remote_roles(cfg: config.Config, algo, weights: dict | None, stream, rollou
         from rlpost.distributed import topology
     except ImportError as e:  # Ray is an extra: say how to get it, in one line
         raise ConfigError(f"dist.topology: {cfg.dist.topology} runs on Ray ({e}); pip install 'rlpost[dist]'") from None
-    rollout, trainer = topology.place(cfg, weights, make_rollout, make_trainer, stream, rollout_worker, say)
+    rollout, trainer = topology.place(cfg.dist, cfg.run.threads or os.cpu_count(), device.is_cuda(cfg.run.device), cfg.run.seed,
+                                      cfg.rollout.dtype, weights, partial(sampler_from, cfg), partial(trainer_from, cfg),
+                                      stream, rollout_worker, say)
     # The reference is the starting policy, so a fresh load is it (checkpoint weights never go in).
-    reference = make_reference(cfg, load_policy_for(cfg).model) if algo.needs_reference else None
+    reference = make_reference(cfg, load_policy_for(cfg.model, cfg.run.seed).model) if algo.needs_reference else None
     return Roles(rollout, reward, reference, algo, trainer, grader=grader)

@@ -3,8 +3,8 @@
 A config is one ``Config`` made of sections (``model``, ``task``, ``rollout``, ``algo``,
 ``trainer``, ``pref``, ``run``, ``dist``, ``offload``), defined in sections.py. Each field's docstring (the string literal
 under it) is its ``--help`` text, so nothing is documented twice. Ranges and choices live next to
-the field, in ``metadata``; cross-field rules live here in ``check_consistency``; derived numbers
-live in ``derived``.
+the field, in ``metadata``; cross-field rules live here in ``check_consistency``; the numbers that
+follow from several sections (batch sizes, optimizer steps) in ``Config.derived`` (sections.py).
 
 Any mistake — an unknown key, a wrong type, an out-of-range value — raises ``ConfigError`` whose
 message is one line naming the dotted key and what was expected. The CLI prints that line and
@@ -45,73 +45,51 @@ from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc
 )
 
 # ---------------------------------------------------------------------------------------------
-# Derived values and cross-field rules (each defined exactly once)
+# Cross-field rules (each defined exactly once)
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Derived:
-    batch_size: int  # sequences per rollout batch = prompts_per_step * group_size
-    mini_batch_size: int  # sequences per optimizer step
-    micro_batch_size: int  # sequences per forward/backward
-    optimizer_steps: int  # optimizer steps over the whole run (for the lr schedule)
-    tis_cap: float  # algo.tis_cap; under dist.topology=async 2.0 when unset: stale samples need the correction
-
-
-def derived(cfg: Config) -> Derived:
-    batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    mini = cfg.trainer.mini_batch_size or batch
-    micro = min(cfg.trainer.micro_batch_size or mini, mini)  # a cap: a small batch runs in one piece
-    steps = cfg.run.steps * cfg.trainer.epochs * (batch // mini)
-    tis_cap = cfg.algo.tis_cap or (ASYNC_TIS_CAP if cfg.dist.topology == "async" else 0.0)
-    return Derived(batch, mini, micro, steps, tis_cap)
-
-
-# Truncation of the importance weight pi_trainer / pi_sampler when an async run leaves algo.tis_cap
-# unset. V-trace's rho-bar (Espeholt et al. 2018) is 1; 2 keeps more of the signal of the tokens
-# the stale sampler under-weighted and still bounds the variance.
-ASYNC_TIS_CAP = 2.0
 
 
 def check_consistency(cfg: Config) -> None:
     """Cross-field rules that hold for every algorithm. What one algorithm cannot run is refused by
-    ``algorithms.check`` (its traits), when the roles are built or by the CLI right after loading."""
-    d = derived(cfg)
-    if d.batch_size % d.mini_batch_size:
-        raise ConfigError(f"trainer.mini_batch_size: expected a divisor of the rollout batch ({d.batch_size}), got {d.mini_batch_size}")
-    if d.mini_batch_size % d.micro_batch_size:
-        raise ConfigError(f"trainer.micro_batch_size: expected a divisor of the mini-batch ({d.mini_batch_size}), got {d.micro_batch_size}")
-    r, a = cfg.rollout, cfg.algo
-    if r.filter_min_pass_rate > r.filter_max_pass_rate:
-        raise ConfigError(f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({r.filter_max_pass_rate}), got {r.filter_min_pass_rate}")
-    if a.overlong_buffer > r.max_new_tokens:
-        raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({r.max_new_tokens}), got {a.overlong_buffer}")
-    if r.curriculum_window > 0 and cfg.dist.topology == "async":
+    ``build.check`` (its traits), when the roles are built or by the CLI right after loading."""
+    sizes = cfg.derived
+    if sizes.batch_size % sizes.mini_batch_size:
+        raise ConfigError(f"trainer.mini_batch_size: expected a divisor of the rollout batch ({sizes.batch_size}), "
+                          f"got {sizes.mini_batch_size}")
+    if sizes.mini_batch_size % sizes.micro_batch_size:
+        raise ConfigError(f"trainer.micro_batch_size: expected a divisor of the mini-batch ({sizes.mini_batch_size}), "
+                          f"got {sizes.micro_batch_size}")
+    rollout, algo = cfg.rollout, cfg.algo
+    if rollout.filter_min_pass_rate > rollout.filter_max_pass_rate:
+        raise ConfigError(f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({rollout.filter_max_pass_rate}), got {rollout.filter_min_pass_rate}")
+    if algo.overlong_buffer > rollout.max_new_tokens:
+        raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({rollout.max_new_tokens}), got {algo.overlong_buffer}")
+    if rollout.curriculum_window > 0 and cfg.dist.topology == "async":
         raise ConfigError("rollout.curriculum_window: async workers draw prompts steps ahead of their scores; "
                           "expected 0 with dist.topology=async")
     if cfg.run.early_stop_patience > 0 and cfg.run.eval_every == 0:
         raise ConfigError("run.early_stop_patience: needs held-out evaluations during the run; expected run.eval_every > 0")
     if cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo":
         raise ConfigError("pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo")
-    if a.kl_target > 0 and a.kl_coef == 0:
+    if algo.kl_target > 0 and algo.kl_coef == 0:
         raise ConfigError("algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0")
     check_dist(cfg)
     check_task(cfg)
 
 
 def check_dist(cfg: Config) -> None:
-    d = cfg.dist
-    if d.topology == "colocated" and (d.rollout_workers > 1 or d.trainer_ranks > 1):
-        raise ConfigError(f"dist.topology: rollout_workers/trainer_ranks > 1 need dist.topology=disaggregated or async, got {d.topology}")
-    if d.trainer_ranks > 1 and cfg.model.lora_r > 0:
+    dist = cfg.dist
+    if dist.topology == "colocated" and (dist.rollout_workers > 1 or dist.trainer_ranks > 1):
+        raise ConfigError(f"dist.topology: rollout_workers/trainer_ranks > 1 need dist.topology=disaggregated or async, got {dist.topology}")
+    if dist.trainer_ranks > 1 and cfg.model.lora_r > 0:
         raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with LoRA")
-    if d.trainer_ranks > 1 and cfg.trainer.param_dtype != "float32":
+    if dist.trainer_ranks > 1 and cfg.trainer.param_dtype != "float32":
         raise ConfigError("trainer.param_dtype=bfloat16 keeps its float32 master copy beside one unsharded model; "
                           "expected float32 with dist.trainer_ranks > 1 (FSDP2 shards float32 weights, bf16 compute by trainer.precision)")
-    if d.trainer_ranks > 1 and cfg.trainer.micro_batch_tokens:
+    if dist.trainer_ranks > 1 and cfg.trainer.micro_batch_tokens:
         raise ConfigError("trainer.micro_batch_tokens: each FSDP rank must run as many micro-batches as the others; "
                           "expected 0 (micro-batches by rows) with dist.trainer_ranks > 1")
-    if d.weight_sync == "broadcast" and d.topology == "colocated":
+    if dist.weight_sync == "broadcast" and dist.topology == "colocated":
         raise ConfigError("dist.weight_sync=broadcast moves weights from the trainer's actor to the rollout workers' "
                           "actors: it needs dist.topology=disaggregated or async (colocated syncs in process)")
 
@@ -120,11 +98,11 @@ FAMILIES = typing.get_args(typing.get_type_hints(TaskConfig)["name"])  # task.na
 DATA_FAMILIES = ("dataset", "math", "code", "env")  # the families that read task.data when it is set
 
 
-def task_mix(t: TaskConfig) -> dict[str, float]:
+def task_mix(task: TaskConfig) -> dict[str, float]:
     """task.mix as {family: weight}, in the order given ({} when empty). Each mistake is one
     ConfigError naming task.mix."""
     mix: dict[str, float] = {}
-    for entry in filter(None, (e.strip() for e in t.mix.split(","))):
+    for entry in filter(None, (e.strip() for e in task.mix.split(","))):
         family, sep, weight = (s.strip() for s in entry.partition(":"))
         if not sep or not family:
             raise ConfigError(f"task.mix: expected comma-separated 'family:weight' entries, e.g. 'arithmetic:0.7,gym:0.3', got {entry!r}")
@@ -134,7 +112,7 @@ def task_mix(t: TaskConfig) -> dict[str, float]:
             raise ConfigError(f"task.mix: {family} runs multi-turn episodes with its own sampler and cannot share a batch "
                               f"with single-turn families; train it alone (task.name={family})")
         if family in mix:
-            raise ConfigError(f"task.mix: {family} is named twice in {t.mix!r}")
+            raise ConfigError(f"task.mix: {family} is named twice in {task.mix!r}")
         try:
             w = float(weight)
         except ValueError:
@@ -145,59 +123,59 @@ def task_mix(t: TaskConfig) -> dict[str, float]:
     return mix
 
 
-def task_families(t: TaskConfig) -> list[str]:
+def task_families(task: TaskConfig) -> list[str]:
     """The families of a run: those of task.mix, else task.name alone."""
-    return list(task_mix(t)) or [t.name]
+    return list(task_mix(task)) or [task.name]
 
 
-def check_mix(t: TaskConfig, mix: dict[str, float]) -> None:
+def check_mix(task: TaskConfig, mix: dict[str, float]) -> None:
     """What a mix needs of task.data and task.verifier (build_task reads task.data for the one data family)."""
     readers = [f for f in mix if f in DATA_FAMILIES]
-    if "dataset" in mix and not t.data:
+    if "dataset" in mix and not task.data:
         raise ConfigError("task.mix: dataset needs task.data (a .jsonl or .parquet file or a `datasets` folder)")
-    if t.data and len(readers) > 1:
+    if task.data and len(readers) > 1:
         raise ConfigError(f"task.mix: task.data would feed both {readers[0]} and {readers[1]}; mix at most one of "
                           f"{', '.join(DATA_FAMILIES)} with task.data")
-    if (t.data or t.eval_data) and not readers:
-        key = "task.data" if t.data else "task.eval_data"
-        raise ConfigError(f"{key}: no family of task.mix={t.mix!r} reads it (only {', '.join(DATA_FAMILIES)} do); it would be ignored")
-    if t.verifier:
+    if (task.data or task.eval_data) and not readers:
+        key = "task.data" if task.data else "task.eval_data"
+        raise ConfigError(f"{key}: no family of task.mix={task.mix!r} reads it (only {', '.join(DATA_FAMILIES)} do); it would be ignored")
+    if task.verifier:
         raise ConfigError("task.verifier: with task.mix each row is scored by its own family's verifier (envs/mix.py); "
                           "expected it empty (task.reward_funcs can add a reward that reads row['task_family'])")
 
 
 def check_task(cfg: Config) -> None:
-    t = cfg.task
-    mix = task_mix(t)
-    families = list(mix) or [t.name]
+    task = cfg.task
+    mix = task_mix(task)
+    families = list(mix) or [task.name]
     if mix:
-        check_mix(t, mix)
-    elif t.name == "dataset" and not t.data:
-        raise ConfigError(f"task.data: task.name={t.name} needs a data file (.jsonl, .parquet or a `datasets` folder)")
-    elif (t.data or t.eval_data) and t.name not in DATA_FAMILIES:
-        key = "task.data" if t.data else "task.eval_data"
-        raise ConfigError(f"{key}: task.name={t.name} generates its own problems and would ignore it; use task.name=dataset (or math, code)")
-    if t.eval_data and not t.data:
-        raise ConfigError(f"task.eval_data: used only next to task.data (task.name={t.name} generates its problems without it)")
-    if t.prompt_format == "raw" and (not t.data or t.system_prompt):
+        check_mix(task, mix)
+    elif task.name == "dataset" and not task.data:
+        raise ConfigError(f"task.data: task.name={task.name} needs a data file (.jsonl, .parquet or a `datasets` folder)")
+    elif (task.data or task.eval_data) and task.name not in DATA_FAMILIES:
+        key = "task.data" if task.data else "task.eval_data"
+        raise ConfigError(f"{key}: task.name={task.name} generates its own problems and would ignore it; use task.name=dataset (or math, code)")
+    if task.eval_data and not task.data:
+        raise ConfigError(f"task.eval_data: used only next to task.data (task.name={task.name} generates its problems without it)")
+    if task.prompt_format == "raw" and (not task.data or task.system_prompt):
         raise ConfigError("task.prompt_format: raw feeds task.data's string prompts as they are: " + (
-            "expected task.system_prompt empty (no chat template to put it in)" if t.data else "it needs task.data"))
+            "expected task.system_prompt empty (no chat template to put it in)" if task.data else "it needs task.data"))
     try:
-        gym_config = yaml.safe_load(t.gym_config) if t.gym_config else {}
+        gym_config = yaml.safe_load(task.gym_config) if task.gym_config else {}
     except yaml.YAMLError as e:
         raise ConfigError(f"task.gym_config: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(gym_config, dict):
-        raise ConfigError(f"task.gym_config: expected a YAML mapping like '{{min_terms: 2}}', got {t.gym_config!r}")
-    funcs = [f for f in t.reward_funcs.split(",") if f.strip()]
-    if t.reward_weights and len(t.reward_weights.split(",")) != len(funcs):
-        raise ConfigError(f"task.reward_weights: expected {len(funcs)} comma-separated numbers (one per task.reward_funcs), got {t.reward_weights!r}")
+        raise ConfigError(f"task.gym_config: expected a YAML mapping like '{{min_terms: 2}}', got {task.gym_config!r}")
+    funcs = [f for f in task.reward_funcs.split(",") if f.strip()]
+    if task.reward_weights and len(task.reward_weights.split(",")) != len(funcs):
+        raise ConfigError(f"task.reward_weights: expected {len(funcs)} comma-separated numbers (one per task.reward_funcs), got {task.reward_weights!r}")
     try:
-        [float(w) for w in t.reward_weights.split(",") if t.reward_weights]
+        [float(w) for w in task.reward_weights.split(",") if task.reward_weights]
     except ValueError:
-        raise ConfigError(f"task.reward_weights: expected comma-separated numbers, got {t.reward_weights!r}") from None
+        raise ConfigError(f"task.reward_weights: expected comma-separated numbers, got {task.reward_weights!r}") from None
     check_env(cfg, families)
-    if set(filter(None, t.tools.split(","))) - {"calculator", "python"}:
-        raise ConfigError(f"task.tools: expected a comma-separated subset of calculator, python, got {t.tools!r}")
+    if set(filter(None, task.tools.split(","))) - {"calculator", "python"}:
+        raise ConfigError(f"task.tools: expected a comma-separated subset of calculator, python, got {task.tools!r}")
     if "arithmetic" not in families:
         return
     if cfg.task.min_a > cfg.task.max_a:

@@ -8,6 +8,7 @@ twice; ranges and choices live next to the field, in ``metadata``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from rlpost.types.errors import ConfigError  # noqa: F401 - raised by the loader, re-exported
@@ -420,6 +421,16 @@ class DistConfig:
 
 
 @dataclass(frozen=True)
+class Derived:
+    """The numbers every role reads that follow from several sections, computed once per config."""
+
+    batch_size: int  # sequences per rollout batch = prompts_per_step * group_size
+    mini_batch_size: int  # sequences per optimizer step
+    micro_batch_size: int  # sequences per forward/backward
+    optimizer_steps: int  # optimizer steps over the whole run (for the lr schedule)
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -431,3 +442,11 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
 
+    @cached_property
+    def derived(self) -> Derived:
+        """Filled on first use (config.load's checks use it) and kept: the config is frozen, and
+        ``dataclasses.replace`` makes a new one that fills its own."""
+        batch = self.rollout.prompts_per_step * self.rollout.group_size
+        mini = self.trainer.mini_batch_size or batch
+        micro = min(self.trainer.micro_batch_size or mini, mini)  # a cap: a small batch runs in one piece
+        return Derived(batch, mini, micro, self.run.steps * self.trainer.epochs * (batch // mini))

@@ -1,4 +1,4 @@
-"""Hand-worked numbers for the shared maths (STYLE R11): the arithmetic is in each comment."""
+"""Hand-worked numbers for the shared maths: the arithmetic is in each comment."""
 
 import math
 

@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from helpers import rl_batch, tiny_cfg
+from helpers import algorithm, objective, rl_batch, tiny_cfg
 
 from rlpost import algorithms
 from rlpost.algorithms import ALGORITHMS, core
@@ -231,7 +231,7 @@ def test_every_algorithm_is_covered():
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "const_norm"])
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_values_and_gradients_match_the_equations(name, agg):
-    algo = ALGORITHMS[name].from_config(cfg_for(name, agg))
+    algo = algorithm(cfg_for(name, agg))
     b = batch()
     out = algo.advantages(b)
     adv, ret = expected_advantages(name)
@@ -251,8 +251,8 @@ def test_values_and_gradients_match_the_equations(name, agg):
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_swapped_clip_epsilons_change_the_loss(name):
     # The batch has ratios between the two ranges, so eps_low and eps_high are told apart.
-    algo = ALGORITHMS[name].from_config(cfg_for(name))
-    swapped = ALGORITHMS[name].from_config(cfg_for(name, "token_mean", f"algo.clip_eps_low={EPS_HIGH}",
+    algo = algorithm(cfg_for(name))
+    swapped = algorithm(cfg_for(name, "token_mean", f"algo.clip_eps_low={EPS_HIGH}",
                                                    f"algo.clip_eps_high={EPS_LOW}", f"algo.dapo_clip_eps_high={EPS_LOW}",
                                                    f"algo.cispo_eps_low={EPS_HIGH}", f"algo.seq_clip_eps_low={SEQ_EPS_HIGH}",
                                                    f"algo.seq_clip_eps_high={SEQ_EPS_LOW}"))
@@ -269,7 +269,7 @@ def test_swapped_clip_epsilons_change_the_loss(name):
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_micro_batches_add_up_to_the_mini_batch(name, agg, cuts):
-    algo = ALGORITHMS[name].from_config(cfg_for(name, agg))
+    algo = algorithm(cfg_for(name, agg))
     b = batch()
     out = algo.advantages(b)
     b.advantages, b.returns = out.tokens, out.returns
@@ -296,7 +296,7 @@ def test_masked_positions_change_nothing(name):
     # gradient reaches a masked position.
     results = []
     for garbage in (0.0, -3.0):
-        algo = ALGORITHMS[name].from_config(cfg_for(name, "seq_mean_token_mean"))
+        algo = algorithm(cfg_for(name, "seq_mean_token_mean"))
         b = batch()
         for f in ("old_logp", "sampler_logp", "ref_logp", "old_values"):
             getattr(b, f)[~MASK] = garbage
@@ -317,16 +317,16 @@ def test_rebuilt_from_its_saved_state_an_algorithm_carries_on_unchanged(name):
     # Two steps: the running objective against one rebuilt from a checkpoint's state after step 1
     # (REINFORCE's moving baseline, the adapted KL coefficient).
     extra = [] if ALGORITHMS[name].traits.kl == "none" else ["algo.kl_target=0.01"]
-    running = algorithms.build(cfg_for(name, "token_mean", *extra))
+    running = objective(cfg_for(name, "token_mean", *extra))
     step2 = batch()
     step2.reward = t([0.2, 0.9, 0.0, 0.7])
     adv1 = running.advantages(batch())
     running.end_step({"actor/kl": 0.05}, adv1.metrics, 4)
-    rebuilt = algorithms.build(cfg_for(name, "token_mean", *extra))
+    rebuilt = objective(cfg_for(name, "token_mean", *extra))
     rebuilt.load_state_dict(running.state_dict())
     a, b = running.advantages(step2), rebuilt.advantages(step2)
     assert torch.equal(a.tokens, b.tokens) and running.algo.kl_coef == rebuilt.algo.kl_coef
-    fresh = algorithms.build(cfg_for(name, "token_mean", *extra))
+    fresh = objective(cfg_for(name, "token_mean", *extra))
     if running.state_dict()["algo"] or extra:  # there was state to carry: without it, step 2 differs
         c = fresh.advantages(step2)
         assert not torch.equal(a.tokens, c.tokens) or fresh.algo.kl_coef != running.algo.kl_coef
@@ -402,7 +402,7 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_metrics_are_the_values_they_name(name):
-    algo = ALGORITHMS[name].from_config(cfg_for(name))
+    algo = algorithm(cfg_for(name))
     b = batch()
     out = algo.advantages(b)
     adv, ret = expected_advantages(name)
@@ -419,14 +419,14 @@ def test_metrics_are_the_values_they_name(name):
 
 
 def one_group(name: str, rewards: list[float], *extra: str):
-    algo = ALGORITHMS[name].from_config(cfg_for(name, "token_mean", f"rollout.group_size={len(rewards)}", *extra))
+    algo = algorithm(cfg_for(name, "token_mean", f"rollout.group_size={len(rewards)}", *extra))
     mask = torch.ones(len(rewards), 1, dtype=torch.bool)
     return algo, algo.advantages(rl_batch(mask, reward=t(rewards), old_logp=torch.zeros(len(rewards), 1),
                                           ref_logp=torch.zeros(len(rewards), 1))).tokens[:, 0]
 
 
 def test_paper_reinforce():
-    algo = ALGORITHMS["reinforce"].from_config(cfg_for("reinforce"))
+    algo = algorithm(cfg_for("reinforce"))
     # batch 1 rewards [1, 0, 0.5, 0]: no earlier batch, A = r; then b = mean = 0.375
     first = algo.advantages(batch()).tokens[:, 0]
     assert torch.allclose(first, REWARD) and algo.b == 0.375
@@ -443,7 +443,7 @@ def test_paper_reinforce():
 
 def test_paper_ppo():
     # GAE across a hole: the row [a, hole, b] gives the advantages of the row [a, b].
-    ppo = ALGORITHMS["ppo"].from_config(cfg_for("ppo", "token_mean", "algo.kl_coef=0", "algo.whiten_advantages=false"))
+    ppo = algorithm(cfg_for("ppo", "token_mean", "algo.kl_coef=0", "algo.whiten_advantages=false"))
     mk = lambda mask, values: rl_batch(t([mask]), reward=t([1.0]), old_logp=torch.zeros(1, len(mask)),
                                        old_values=t([values]))
     holed = ppo.advantages(mk([True, False, False, True], [0.5, 9.0, 9.0, 0.2])).tokens
@@ -458,7 +458,7 @@ def test_paper_reinforce_pp():
     # r = [-.05, 1 + .1] -> returns to go [1.05, 1.1]; a second row of 1 token, score 0, KL 0 -> [0]
     # whitened over the 3 tokens: mean 2.15 / 3 = .71667, population variance
     # (.33333^2 + .38333^2 + .71667^2) / 3 = .25722, std .50717 -> [.6572, .7558, -1.4131]
-    algo = ALGORITHMS["reinforce_pp"].from_config(cfg_for("reinforce_pp"))
+    algo = algorithm(cfg_for("reinforce_pp"))
     b = rl_batch(t([[True, True], [True, False]]), reward=t([1.0, 0.0]), old_logp=t([[-1.0, -2.0], [-1.0, 0.0]]),
                  ref_logp=t([[-1.5, -1.0], [-1.0, 0.0]]))
     rtg = torch.tensor([1.05, 1.1, 0.0])
@@ -480,7 +480,7 @@ def test_paper_rloo():
 
 
 def test_paper_dapo():
-    dapo = ALGORITHMS["dapo"].from_config(tiny_cfg("algo.name=dapo", "algo.loss_agg=seq_mean_token_mean"))
+    dapo = algorithm(tiny_cfg("algo.name=dapo", "algo.loss_agg=seq_mean_token_mean"))
     assert (dapo.clip_eps_low, dapo.clip_eps_high) == (0.2, 0.28)
     # token-level: rows of 2 and 1 tokens, A = 1, 1 | -2, ratio 1: (-1 - 1 + 2) / 3 = 0 (a per-sequence
     # mean would give (-1 + 2) / 2 = .5)
@@ -500,7 +500,7 @@ def test_paper_dr_grpo():
 
 
 def test_paper_gspo():
-    gspo = ALGORITHMS["gspo"].from_config(tiny_cfg("algo.name=gspo"))
+    gspo = algorithm(tiny_cfg("algo.name=gspo"))
     assert (gspo.clip_eps_low, gspo.clip_eps_high) == (3e-4, 4e-4)
     # one sequence of 2 tokens with log-ratios .0001, .0003: s = exp(.0002) = 1.0002 (inside the range), A = 1
     # loss = -s = -1.0002; d loss / d logp_t = -s / |y| = -.5001 on each token
@@ -514,7 +514,7 @@ def test_paper_gspo():
 def test_paper_cispo():
     # one token, ratio e^.25 = 1.284 inside [0.9, 1.3] (eps .1 / .3), A = 1, log pi = -.75:
     # loss = -1.284 * 1 * -.75 = .963; d/dlogp = -1.284 (the weight is a constant: no 1.284 * -.75 term)
-    cispo = ALGORITHMS["cispo"].from_config(cfg_for("cispo", "token_mean", "algo.kl_coef=0"))
+    cispo = algorithm(cfg_for("cispo", "token_mean", "algo.kl_coef=0"))
     logp = t([[-0.75]], requires_grad=True)
     loss, _ = cispo.loss(logp, rl_batch(t([[True]]), old_logp=t([[-1.0]]), advantages=t([[1.0]])))
     loss.backward()
@@ -526,7 +526,7 @@ def test_paper_distill():
     # two tokens: student log pi_old [-1, -2], teacher [-1.5, -0.5] -> reverse-KL samples [.5, -1.5],
     # advantages [-.5, 1.5] (the teacher likes token 2 more than the student does: push it up).
     # At ratio 1 the loss is -mean(A) = -(−.5 + 1.5) / 2 = -.5; d loss / d log pi = -A / 2 = [.25, -.75].
-    distill = ALGORITHMS["distill"].from_config(cfg_for("distill"))
+    distill = algorithm(cfg_for("distill"))
     b = rl_batch(t([[True, True]]), old_logp=t([[-1.0, -2.0]]), ref_logp=t([[-1.5, -0.5]]), reward=t([1.0]))
     out = distill.advantages(b)
     assert torch.allclose(out.tokens, t([[-0.5, 1.5]])) and math.isclose(out.metrics["distill/reverse_kl"], -0.5)

@@ -9,6 +9,7 @@ testing found such survivors in every ``from_config`` (tests/README.md).
 """
 
 import pytest
+from helpers import algorithm
 
 from rlpost import algorithms, config
 
@@ -41,7 +42,7 @@ CONST_NORM_READS_LENGTH = {"grpo", "cispo", "rloo", "ppo", "reinforce_pp", "rein
 
 def state(name: str, *overrides: str) -> dict:
     extra = ["algo.teacher=embedded"] if name == "distill" else []
-    algo = algorithms.ALGORITHMS[name].from_config(config.load(None, [f"algo.name={name}", *extra, *overrides]))
+    algo = algorithm(config.load(None, [f"algo.name={name}", *extra, *overrides]))
     return {k: repr(v) for k, v in vars(algo).items()}  # functions and partials by name and arguments
 
 

@@ -93,12 +93,11 @@ def test_group_mean_batch_std_is_a_config_choice(name):
     # rewards [2, 0 | 1, 1], K = 2: group means 1 and 1 -> centred [1, -1, 0, 0].
     # std_scope=group: group stds sqrt(2) and 0 -> [.7071, -.7071, 0, 0]
     # std_scope=batch: batch std of [2, 0, 1, 1] = sqrt((1 + 1 + 0 + 0) / 3) = .8165 -> [1.2247, -1.2247, 0, 0]
-    from helpers import tiny_cfg
-    from rlpost.algorithms import ALGORITHMS
+    from helpers import algorithm, tiny_cfg
     b = loss_batch(torch.zeros(4, 1), None, t([[True]] * 4))
     b.reward = t([2.0, 0.0, 1.0, 1.0])
     for scope, a in (("group", 1 / math.sqrt(2)), ("batch", math.sqrt(1.5))):
-        algo = ALGORITHMS[name].from_config(tiny_cfg(f"algo.name={name}", "rollout.group_size=2", f"algo.std_scope={scope}"))
+        algo = algorithm(tiny_cfg(f"algo.name={name}", "rollout.group_size=2", f"algo.std_scope={scope}"))
         assert torch.allclose(algo.advantages(b).tokens[:, 0], t([a, -a, 0.0, 0.0]), atol=1e-5), scope
 
 
@@ -132,14 +131,13 @@ def test_dual_clip_from_config_reaches_every_ppo_clip_method(name):
     # one token, ratio e^2, A = -1: the loss per token is 3 with algo.dual_clip_c=3 (7.389 without), and
     # actor/pg_clipfrac_lower = 1. The aggregators all give the per-token value for one token of one
     # sequence, except dr_grpo's const_norm: / max_new_tokens.
-    from helpers import tiny_cfg
-    from rlpost.algorithms import ALGORITHMS
+    from helpers import algorithm, tiny_cfg
     b = loss_batch(t([[0.0]]), t([[-1.0]]), t([[True]]), ref=t([[2.0]]))
     b.old_values = b.returns = torch.zeros(1, 1)
     extra = {"values": torch.zeros(1, 1)} if name == "ppo" else {}
     scale = 1 / 6 if name == "dr_grpo" else 1.0  # tiny_cfg: max_new_tokens 6
     for c, want in (("none", math.exp(2)), ("3", 3.0)):
-        algo = ALGORITHMS[name].from_config(tiny_cfg(f"algo.name={name}", "rollout.group_size=2", f"algo.dual_clip_c={c}"))
+        algo = algorithm(tiny_cfg(f"algo.name={name}", "rollout.group_size=2", f"algo.dual_clip_c={c}"))
         loss, m = algo.loss(t([[2.0]]), b, **extra)
         assert math.isclose(loss.item(), want * scale, rel_tol=1e-5), c
         assert m.get("actor/pg_clipfrac_lower", 0.0) == (1.0 if c == "3" else 0.0)
@@ -148,7 +146,7 @@ def test_dual_clip_from_config_reaches_every_ppo_clip_method(name):
 def test_dual_clip_is_refused_where_there_is_no_token_clip():
     from helpers import tiny_cfg
 
-    from rlpost import algorithms
+    from rlpost import build
     from rlpost.types.errors import ConfigError
     with pytest.raises(ConfigError, match="algo.dual_clip_c: GSPO has no PPO token clip"):
-        algorithms.check(tiny_cfg("algo.name=gspo", "algo.dual_clip_c=3"))
+        build.check_algorithm(tiny_cfg("algo.name=gspo", "algo.dual_clip_c=3"))

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from helpers import rl_batch, tiny_cfg
+from helpers import objective, rl_batch, tiny_cfg
 
-from rlpost import algorithms
+from rlpost import algorithms, build
 from rlpost.algorithms import ALGORITHMS, core
 from rlpost.algorithms.objective import old_logp_first
 from rlpost.algorithms.wrappers import with_overlong_filter, with_prime
@@ -63,16 +63,16 @@ def test_when_the_old_log_probs_come_first(name):
     teacher = ["algo.teacher=tiny"] if t_.teacher else []
     if t_.kl != "none":
         cfg = tiny_cfg(f"algo.name={name}", "algo.kl_coef=0.1", "algo.kl_target=0.5")
-        assert algorithms.needs_old_logp_first(cfg) and algorithms.build(cfg).old_logp_first
+        assert algorithms.needs_old_logp_first(cfg.algo) and objective(cfg).old_logp_first
     cfg = tiny_cfg(f"algo.name={name}", *teacher)
-    assert algorithms.needs_old_logp_first(cfg) == (t_.needs_values or t_.teacher) == algorithms.build(cfg).old_logp_first
+    assert algorithms.needs_old_logp_first(cfg.algo) == (t_.needs_values or t_.teacher) == objective(cfg).old_logp_first
 
 
 def test_build_wires_the_loss_side_knobs():
     # entropy bonus aggregated like the loss (seq_mean_token_mean), then TIS: by hand on one batch.
     cfg = tiny_cfg("algo.entropy_coef=0.1", "algo.loss_agg=seq_mean_token_mean", "algo.tis_cap=1.5",
                    "rollout.group_size=2")
-    obj = algorithms.build(cfg)
+    obj = objective(cfg)
     mask = t([[True, True], [True, False]])
     b = rl_batch(mask, old_logp=torch.zeros(2, 2), sampler_logp=t([[math.log(0.5), 0.0], [0.0, 0.0]]),
                  advantages=t([[1.0, 1.0], [-1.0, 0.0]]))
@@ -81,19 +81,19 @@ def test_build_wires_the_loss_side_knobs():
     # entropy row means 2 and 2 -> 2; loss = -0.125 - 0.1 * 2 = -0.325
     assert math.isclose(loss.item(), -0.325, rel_tol=1e-6)
     assert math.isclose(m["actor/tis_weight_mean"], 3.5 / 3, rel_tol=1e-6) and math.isclose(m["actor/tis_capped_frac"], 1 / 3, rel_tol=1e-6)
-    bare = algorithms.build(tiny_cfg())
+    bare = objective(tiny_cfg())
     assert bare.loss == bare.algo.loss  # no knob: the algorithm's own loss
 
 
 def test_adaptive_kl_moves_the_algorithms_coefficient():
-    obj = algorithms.build(tiny_cfg("algo.kl_coef=0.1", "algo.kl_target=0.5", "algo.kl_horizon=100"))
+    obj = objective(tiny_cfg("algo.kl_coef=0.1", "algo.kl_target=0.5", "algo.kl_horizon=100"))
     # KL 1.0 vs target 0.5: error +1 -> clipped 0.2; 10 samples -> 0.1 * (1 + 0.2 * 10 / 100) = 0.102
     assert obj.end_step({"actor/kl": 1.0}, {}, 10) == {"actor/kl_coef": pytest.approx(0.102)}
     assert obj.algo.kl_coef == pytest.approx(0.102) and obj.state_dict()["kl_coef"] == pytest.approx(0.102)
     # in the reward (PPO): the advantages' measured KL; 0.25 vs 0.5 -> -0.2 -> 0.1 * (1 - 0.02) = 0.098
-    ppo = algorithms.build(tiny_cfg("algo.name=ppo", "algo.kl_coef=0.1", "algo.kl_target=0.5", "algo.kl_horizon=100"))
+    ppo = objective(tiny_cfg("algo.name=ppo", "algo.kl_coef=0.1", "algo.kl_target=0.5", "algo.kl_horizon=100"))
     assert ppo.end_step({}, {"critic/kl": 0.25}, 10)["actor/kl_coef"] == pytest.approx(0.098)
-    assert algorithms.build(tiny_cfg()).end_step({"actor/kl": 1.0}, {}, 10) == {}  # off
+    assert objective(tiny_cfg()).end_step({"actor/kl": 1.0}, {}, 10) == {}  # off
     assert isinstance(obj.kl_control, core.AdaptiveKLController)
 
 
@@ -109,7 +109,7 @@ def test_the_entropy_bonus_is_aggregated_like_the_loss(name):
     mask = t([[True, True], [True, False]])
     b = rl_batch(mask, reward=t([1.0, 0.0]), old_logp=torch.zeros(2, 2), old_values=torch.zeros(2, 2),
                  ref_logp=t([[-1.0, 0.5], [0.2, 0.0]]))
-    plain, bonus = algorithms.build(cfg()), algorithms.build(cfg("algo.entropy_coef=0.5"))
+    plain, bonus = objective(cfg()), objective(cfg("algo.entropy_coef=0.5"))
     out = plain.advantages(b)
     b.advantages, b.returns = out.tokens, out.returns
     extra = {"values": torch.zeros(2, 2)} if ALGORITHMS[name].traits.needs_values else {}
@@ -145,7 +145,7 @@ def test_clip_cov_detaches_the_gradient_of_the_high_covariance_token():
     # d loss / d log pi = -A / 4 = [-.25, -.25, .25, .25]; Clip-Cov takes token 0's away -> [0, -.25, .25, .25].
     # The loss value stays -(1 + 1 - 1 - 1) / 4 = 0 (the paper detaches; the value is not changed).
     for control, grad0 in (("none", -0.25), ("clip_cov", 0.0)):
-        obj = algorithms.build(tiny_cfg("rollout.group_size=2", f"algo.cov_control={control}"))
+        obj = objective(tiny_cfg("rollout.group_size=2", f"algo.cov_control={control}"))
         logp = t(COV_LOGP, requires_grad=True)
         loss, m = obj.loss(logp, rl_batch(t([[True] * 4]), old_logp=t(COV_LOGP), advantages=COV_ADV))
         loss.backward()
@@ -173,7 +173,7 @@ KL_COV = ("rollout.group_size=2", "trainer.mini_batch_size=4")
     (0.5, "kl_cov", (-math.exp(-0.5) - 1.0 + 1.0 + 1.0) / 4 + 0.0125, -math.exp(-0.5) / 4 - 0.025),
 ])
 def test_kl_cov_penalises_the_top_covariance_token_by_hand_on_the_unclipped_surrogate(old0, control, loss_want, grad0):
-    obj = algorithms.build(tiny_cfg(*KL_COV, f"algo.cov_control={control}"))
+    obj = objective(tiny_cfg(*KL_COV, f"algo.cov_control={control}"))
     logp = t(COV_LOGP, requires_grad=True)
     loss, m = obj.loss(logp, rl_batch(t([[True] * 4]), old_logp=t([[old0, -4.0, -1.0, -3.0]]), advantages=COV_ADV))
     loss.backward()
@@ -186,9 +186,9 @@ def test_kl_cov_penalises_the_top_covariance_token_by_hand_on_the_unclipped_surr
 def test_kl_cov_is_refused_with_one_optimizer_step_per_batch():
     from rlpost.types.errors import ConfigError
     with pytest.raises(ConfigError, match="algo.cov_control=kl_cov: with one optimizer step per rollout batch"):
-        algorithms.check(tiny_cfg("rollout.group_size=2", "algo.cov_control=kl_cov"))
-    algorithms.check(tiny_cfg("rollout.group_size=2", "algo.cov_control=kl_cov", "trainer.epochs=2"))  # acts from epoch 2
-    algorithms.check(tiny_cfg("rollout.group_size=2", "algo.cov_control=clip_cov"))  # acts on the first forward
+        build.check_algorithm(tiny_cfg("rollout.group_size=2", "algo.cov_control=kl_cov"))
+    build.check_algorithm(tiny_cfg("rollout.group_size=2", "algo.cov_control=kl_cov", "trainer.epochs=2"))  # acts from epoch 2
+    build.check_algorithm(tiny_cfg("rollout.group_size=2", "algo.cov_control=clip_cov"))  # acts on the first forward
 
 
 # The wrappers alone, around a loss that needs a keyword (the trainer passes values= or entropy=
@@ -249,15 +249,15 @@ def test_entropy_advantage_leaves_padding_alone_and_passes_keywords():
 
 def test_loss_takes_entropy_for_either_knob():
     # any positive coefficient, however small, needs the trainer's entropy
-    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_coef=0.5"))
-    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_adv_coef=0.5"))
-    assert not algorithms.loss_takes_entropy(tiny_cfg())
+    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_coef=0.5").algo)
+    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_adv_coef=0.5").algo)
+    assert not algorithms.loss_takes_entropy(tiny_cfg().algo)
 
 
 def test_cov_control_is_refused_without_a_token_clip():
     from rlpost.types.errors import ConfigError
     with pytest.raises(ConfigError, match="algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which GSPO"):
-        algorithms.check(tiny_cfg("algo.name=gspo", "algo.cov_control=kl_cov"))
+        build.check_algorithm(tiny_cfg("algo.name=gspo", "algo.cov_control=kl_cov"))
 
 
 def test_entropy_shaped_advantage_by_hand():
@@ -268,7 +268,7 @@ def test_entropy_shaped_advantage_by_hand():
     mask = t([[True, True, True]])
     adv, ent = t([[1.0, -1.0, 0.2]]), t([[0.4, 3.0, 1.0]])
     for bonus, want in ((0.0, -1 / 3), (0.1, -1 / 3 - 0.1 * 4.4 / 3)):
-        obj = algorithms.build(tiny_cfg("rollout.group_size=2", "algo.entropy_adv_coef=0.5", f"algo.entropy_coef={bonus}"))
+        obj = objective(tiny_cfg("rollout.group_size=2", "algo.entropy_adv_coef=0.5", f"algo.entropy_coef={bonus}"))
         logp, entropy = torch.zeros(1, 3, requires_grad=True), ent.clone().requires_grad_(True)
         loss, m = obj.loss(logp, rl_batch(mask, old_logp=torch.zeros(1, 3), advantages=adv), entropy=entropy)
         loss.backward()
@@ -277,4 +277,4 @@ def test_entropy_shaped_advantage_by_hand():
         # no gradient through the shaping: only the bonus's -.1 / 3 per token, and none without it
         assert torch.allclose(entropy.grad, torch.full((1, 3), -bonus / 3)) if bonus else entropy.grad is None
         assert math.isclose(m["actor/entropy_adv_mean"], 0.8 / 3, rel_tol=1e-6)
-    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_adv_coef=0.5")) and not algorithms.loss_takes_entropy(tiny_cfg())
+    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_adv_coef=0.5").algo) and not algorithms.loss_takes_entropy(tiny_cfg().algo)

@@ -3,10 +3,10 @@ against numbers worked out here or the wrapper it must apply."""
 
 import pytest
 import torch
-from helpers import loss_batch, rl_batch
+from helpers import loss_batch, objective, rl_batch
 
 from rlpost import config
-from rlpost.algorithms import build, core
+from rlpost.algorithms import core
 from rlpost.algorithms.ppo import clipped_value_loss, dual_clip_frac, explained_variance
 from rlpost.algorithms.wrappers import with_overlong_filter, with_prime
 
@@ -26,19 +26,19 @@ def prime_batch():
                                   ["algo.prime_coef=0.5", "algo.overlong_filter=true"]])
 def test_the_objective_applies_prime_then_the_overlong_filter(keys):
     cfg = config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=2", *keys])
-    plain = build(config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=2"]))
+    plain = objective(config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=2"]))
     want = plain.advantages(prime_batch())
     if cfg.algo.prime_coef > 0:
         want = with_prime(want, prime_batch(), 0.5, 2)
     if cfg.algo.overlong_filter:
         want = with_overlong_filter(want, prime_batch())
-    got = build(cfg).advantages(prime_batch())
+    got = objective(cfg).advantages(prime_batch())
     assert torch.equal(got.tokens, want.tokens) and got.metrics == want.metrics
     assert not torch.equal(got.tokens, plain.advantages(prime_batch()).tokens)  # the knob did something
 
 
 def test_a_fixed_kl_coef_is_the_configs_not_the_checkpoints():
-    obj = build(config.load(None, ["algo.kl_coef=0.1"]))  # no algo.kl_target: nothing adapts it
+    obj = objective(config.load(None, ["algo.kl_coef=0.1"]))  # no algo.kl_target: nothing adapts it
     obj.load_state_dict({"algo": {}, "kl_coef": 0.5})
     assert obj.algo.kl_coef == 0.1
 
@@ -99,7 +99,7 @@ def test_k3_of_a_far_off_token_is_bounded_with_a_finite_gradient():
 ])
 def test_what_an_algorithm_cannot_run_is_refused(keys, key):
     with pytest.raises(config.ConfigError, match=key.replace(".", r"\.")):
-        build(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
+        objective(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
 
 
 @pytest.mark.parametrize("keys, key, hint", [  # what a user switching algorithms leaves behind (train used to run without it)
@@ -125,7 +125,7 @@ def test_each_algorithm_takes_its_own_keys():
 
 def objective_loss(keys, logp, old, adv, mask, ref=None, sampler=None):
     """The built objective's loss (the algorithm's, wrapped by the loss-side knobs in ``keys``)."""
-    obj = build(config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=1", *keys]))
+    obj = objective(config.load(None, ["rollout.group_size=2", "rollout.prompts_per_step=1", *keys]))
     b = loss_batch(old, adv, mask, ref)
     b.norm_tokens, b.norm_seqs = float(mask.sum()), len(mask)
     if sampler is not None:  # else the sampler's log-probs are the old ones (loss_batch)
@@ -168,7 +168,7 @@ def test_a_tis_cap_below_one_is_applied_at_its_level(cap, level):
 
 
 def test_reinforce_moving_average_baseline_by_hand():
-    obj = build(config.load(None, ["algo.name=reinforce", "algo.baseline_decay=0.9", "rollout.group_size=2",
+    obj = objective(config.load(None, ["algo.name=reinforce", "algo.baseline_decay=0.9", "rollout.group_size=2",
                                    "rollout.prompts_per_step=1"]))
     mask = torch.ones(2, 1, dtype=torch.bool)
     first = obj.advantages(rl_batch(mask, reward=t([1.0, 0.0])))  # no baseline yet: b = 0, then b = 0.5
@@ -179,7 +179,7 @@ def test_reinforce_moving_average_baseline_by_hand():
 
 
 def test_reinforce_pp_reports_the_largest_advantage():
-    obj = build(config.load(None, ["algo.name=reinforce_pp", "rollout.group_size=2", "rollout.prompts_per_step=2"]))
+    obj = objective(config.load(None, ["algo.name=reinforce_pp", "rollout.group_size=2", "rollout.prompts_per_step=2"]))
     adv = obj.advantages(rl_batch(torch.ones(4, 2, dtype=torch.bool), reward=t([1.0, 0.0, 0.0, 0.0])))
     assert adv.metrics == {"critic/advantages/max": pytest.approx(adv.tokens.max().item())}
     assert adv.tokens.max().item() == pytest.approx(3**0.5, rel=1e-5)  # (1 - 0.25) / (std 0.433 + eps): whitened over 8 tokens

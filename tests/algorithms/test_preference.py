@@ -1,4 +1,4 @@
-"""Hand-worked numbers for the preference losses (STYLE R11): the arithmetic is in each comment.
+"""Hand-worked numbers for the preference losses: the arithmetic is in each comment.
 
 Numbers used throughout: σ(0.5) = 0.622459, -log σ(0.5) = log(1 + e^-0.5) = 0.474077,
 -log σ(-0.5) = 0.474077 + 0.5 = 0.974077, -log σ(1.5) = log(1 + e^-1.5) = 0.201413,

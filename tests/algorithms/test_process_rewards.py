@@ -1,7 +1,7 @@
 """A process reward model's step rewards in the advantages (issue 23, item 10): the group methods'
 process advantage (DeepSeekMath, Sec. 4.1.3), the token-reward methods' GAE and returns-to-go
 (Math-Shepherd's step-by-step PPO), the two reward forms, and the wrapper's metrics. Every number is
-worked out in a comment (STYLE R11)."""
+worked out in a comment."""
 
 import math
 

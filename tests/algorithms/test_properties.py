@@ -15,7 +15,7 @@ import math
 from fractions import Fraction
 
 import torch
-from helpers import rl_batch, tiny_cfg
+from helpers import algorithm, rl_batch, tiny_cfg
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -31,7 +31,7 @@ MAX_NEW = 5
 
 def algo(name: str, K: int, agg: str = "token_mean", **kw):
     extra = [f"algo.{k}={v}" for k, v in kw.items()]
-    return ALGORITHMS[name].from_config(tiny_cfg(f"algo.name={name}", f"rollout.group_size={K}", f"algo.loss_agg={agg}",
+    return algorithm(tiny_cfg(f"algo.name={name}", f"rollout.group_size={K}", f"algo.loss_agg={agg}",
                                                  f"rollout.max_new_tokens={MAX_NEW}", *extra))
 
 

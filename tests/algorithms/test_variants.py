@@ -68,10 +68,10 @@ def test_cispo_has_no_lower_bound_on_the_weight_by_default():
     # ratio e^-1 = .3679, A = -1, log pi = -1. The paper's CISPO (no floor): weight .3679,
     # loss = -.3679 * -1 * -1 = -.3679, d loss / d logp = -w * A = +.3679.
     # With algo.cispo_eps_low=0.2 the floor 0.8 bites: loss -0.8, gradient +0.8.
-    from helpers import tiny_cfg
+    from helpers import algorithm, tiny_cfg
     mask, adv = t([[True]]), t([[-1.0]])
     for overrides, w in (((), math.exp(-1)), (("algo.cispo_eps_low=0.2",), 0.8), (("algo.cispo_eps_low=none",), math.exp(-1))):
-        cispo = CISPO.from_config(tiny_cfg("algo.name=cispo", *overrides))
+        cispo = algorithm(tiny_cfg("algo.name=cispo", *overrides))
         logp = t([[-1.0]], requires_grad=True)
         loss, m = cispo.loss(logp, _batch(t([[0.0]]), adv, mask))
         loss.backward()

@@ -163,13 +163,13 @@ def test_two_fsdp_trainer_ranks_train_as_one(tmp_path, sync_run):
 
 
 def test_topology_settings_are_checked():
-    from rlpost import algorithms
+    from rlpost import build
     from rlpost.config import ConfigError
 
     with pytest.raises(ConfigError, match="dist.topology"):
         tiny_cfg("dist.rollout_workers=2")
     with pytest.raises(ConfigError, match="dist.trainer_ranks"):
-        algorithms.check(tiny_cfg("dist.topology=async", "dist.trainer_ranks=2", "algo.name=ppo"))
+        build.check_algorithm(tiny_cfg("dist.topology=async", "dist.trainer_ranks=2", "algo.name=ppo"))
 
 
 def test_the_driver_side_reference_of_a_ray_topology_has_the_configured_attention():

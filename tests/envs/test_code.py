@@ -298,9 +298,9 @@ def test_build_task_code_refuses_without_bubblewrap(monkeypatch):
 
     monkeypatch.setattr(code, "bwrap_works", lambda: False)
     with pytest.raises(ConfigError, match="apt-get install bubblewrap"):
-        build_task(config.load(None, ["task.name=code", "task.n_train=4", "task.n_heldout=2"]))
+        build_task(config.load(None, ["task.name=code", "task.n_train=4", "task.n_heldout=2"]).task)
     task = build_task(config.load(None, ["task.name=code", "task.n_train=4", "task.n_heldout=2", "task.sandbox=rlimits",
-                                         "task.sandboxes=2", f"task.sandbox_allow_root={str(ROOT).lower()}"]))
+                                         "task.sandboxes=2", f"task.sandbox_allow_root={str(ROOT).lower()}"]).task)
     assert task.train[0]["sandbox"] == {"backend": "rlimits", "parallel": 2, "allow_root": ROOT}
 
 

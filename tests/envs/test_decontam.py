@@ -49,15 +49,15 @@ def test_training_refuses_a_contaminated_split_and_eval_reports_it(tmp_path):
                                         "answer": str(2 * i + 1)}) + "\n" for i in range(20)))
     same = [f"task.name=dataset", f"task.data={data}", f"task.eval_data={data}"]  # held-out = training rows
     with pytest.raises(ConfigError, match=r"task.max_contamination: 20 of 20 held-out prompts \(100.0%\)") as refused:
-        build_task(config.load(None, same))
+        build_task(config.load(None, same).task)
     # task.eval_data is set already: the hint is to remove the overlap, not to name a held-out file
     assert "Remove those prompts from task.data or task.eval_data" in str(refused.value)
     assert "Separate the splits" not in str(refused.value)
-    assert build_task(config.load(None, [*same, "task.max_contamination=1"])).contamination is None  # unchecked
-    reported = build_task(config.load(None, same), refuse_contaminated=False).contamination
+    assert build_task(config.load(None, [*same, "task.max_contamination=1"]).task).contamination is None  # unchecked
+    reported = build_task(config.load(None, same).task, refuse_contaminated=False).contamination
     assert reported["contamination_contaminated_frac"] == 1.0
     # the default split of one file (a seeded shuffle) keeps them apart
-    assert build_task(config.load(None, same[:2])).contamination["contamination_contaminated"] == 0
+    assert build_task(config.load(None, same[:2]).task).contamination["contamination_contaminated"] == 0
     # rlpost eval's numbers (recipes/evaluate.py: heldout_accuracy) carry the share, and evaluation runs
     from helpers import tiny_cfg
 

@@ -56,9 +56,9 @@ def test_every_mistake_in_a_mix_is_one_config_error_naming_its_key(overrides, me
 
 def test_a_mix_gets_the_longest_default_timeout_of_its_families():
     # defaults: arithmetic 2 s, gym 10 s, code 60 s; task.verifier_timeout_s overrides them all
-    assert verifier_timeout(config.load(None, ["task.mix=arithmetic:1,gym:1"])) == 10.0
-    assert verifier_timeout(config.load(None, ["task.mix=arithmetic:1,code:1"])) == 60.0
-    assert verifier_timeout(config.load(None, ["task.mix=arithmetic:1,code:1", "task.verifier_timeout_s=3"])) == 3.0
+    assert verifier_timeout(config.load(None, ["task.mix=arithmetic:1,gym:1"]).task) == 10.0
+    assert verifier_timeout(config.load(None, ["task.mix=arithmetic:1,code:1"]).task) == 60.0
+    assert verifier_timeout(config.load(None, ["task.mix=arithmetic:1,code:1", "task.verifier_timeout_s=3"]).task) == 3.0
 
 
 # --- the draw ---------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ def test_the_curriculum_hears_each_family_and_adds_up_its_metrics():
 
 
 def test_make_stream_is_a_plain_prompt_stream_outside_a_mix():
-    task = build_task(tiny_cfg("task.n_train=8"))
+    task = build_task(tiny_cfg("task.n_train=8").task)
     assert type(make_stream(task, 4, 0)).__name__ == "PromptStream" and not task.mix
     assert all(TASK_KEY not in r for r in task.train + task.heldout)
 
@@ -191,11 +191,11 @@ def test_batch_metrics_per_family_by_hand():
 
 
 def test_a_mix_builds_each_family_stamps_its_rows_and_interleaves_the_heldout():
-    task = build_task(tiny_cfg("task.mix=arithmetic:3,math:1", "task.n_train=10", "task.n_heldout=4"))
+    task = build_task(tiny_cfg("task.mix=arithmetic:3,math:1", "task.n_train=10", "task.n_heldout=4").task)
     assert task.mix == {"arithmetic": 3.0, "math": 1.0} and task.verifier == MIX_VERIFIER
     assert [r[TASK_KEY] for r in task.train] == ["arithmetic"] * 10 + ["math"] * 10  # n_train of each family
     assert [r[TASK_KEY] for r in task.heldout] == ["arithmetic", "math"] * 4  # so run.eval_n=2 takes one of each
-    alone = build_task(tiny_cfg("task.n_train=10", "task.n_heldout=4"))
+    alone = build_task(tiny_cfg("task.n_train=10", "task.n_heldout=4").task)
     assert [r["messages"] for r in task.heldout[::2]] == [r["messages"] for r in alone.heldout]  # built as alone
     assert task.contamination["contamination_checked"] == 8 and task.contamination["contamination_contaminated"] == 0
 
@@ -203,12 +203,12 @@ def test_a_mix_builds_each_family_stamps_its_rows_and_interleaves_the_heldout():
 def test_decontamination_checks_across_the_families_of_a_mix(tmp_path):
     # A dataset family whose training rows are the arithmetic family's held-out prompts: each family
     # alone is clean, the mix is not, and training refuses it naming task.max_contamination.
-    heldout = build_task(tiny_cfg("task.n_heldout=10")).heldout
+    heldout = build_task(tiny_cfg("task.n_heldout=10").task).heldout
     data, evals = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
     data.write_text("".join(json.dumps({"prompt": r["messages"][-1]["content"], "answer": r["answer"]}) + "\n" for r in heldout))
     evals.write_text("".join(json.dumps({"prompt": f"Spell the number {i} in words.", "answer": str(i)}) + "\n" for i in range(10)))
     mix = tiny_cfg("task.mix=arithmetic:1,dataset:1", f"task.data={data}", f"task.eval_data={evals}", "task.n_heldout=10")
     with pytest.raises(ConfigError, match=r"^task.max_contamination: 10 of 20 held-out prompts \(50.0%\)"):
-        build_task(mix)
-    found = build_task(mix, refuse_contaminated=False).contamination
+        build_task(mix.task)
+    found = build_task(mix.task, refuse_contaminated=False).contamination
     assert (found["contamination_checked"], found["contamination_contaminated"]) == (20, 10)

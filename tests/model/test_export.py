@@ -36,7 +36,7 @@ def test_train_export_reload_in_transformers_and_train_again(tmp_path, capsys):
     # ... are what plain transformers generates from the folder, with the chat template it holds
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    rows = build_task(config.load(run / "config.yaml")).heldout[:4]
+    rows = build_task(config.load(run / "config.yaml").task).heldout[:4]
     assert [r["messages"][-1]["content"] for r in rows] == [s["prompt"] for s in samples]
     for row, sample in zip(rows, samples):
         ids = tok.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt", return_dict=True)

@@ -1,4 +1,4 @@
-"""Data parallelism (FSDP2, 2 ranks on gloo) against one process without it (STYLE R12b): the
+"""Data parallelism (FSDP2, 2 ranks on gloo) against one process without it (the real collectives, not a stand-in): the
 same accumulated gradients, the same parameters after updates, the same metrics, full weights
 on every rank, and optimizer state that round-trips."""
 

@@ -20,7 +20,7 @@ def cpu_probe(bf16: float, fp32: float) -> Probe:
 
 
 def test_bf16_is_chosen_only_where_measurably_faster():
-    # AVX-512 BF16 kind (DESIGN.md: 704 vs 163 GFLOP/s on 2 cores): 352 / 81.5 = 4.3x -> bf16
+    # AVX-512 BF16 kind (a 2048^3 matmul at 704 vs 163 GFLOP/s on 2 cores): 352 / 81.5 = 4.3x -> bf16
     fast = precision.decide(cpu_probe(352.0, 81.5))
     assert fast.bf16 and "4.3x faster" in fast.reason
     # AVX2 kind (measured here, one core): 1.1 vs 59 -> 59 / 1.1 = 54x slower -> float32
@@ -104,31 +104,31 @@ def test_explicit_settings_win_and_auto_follows_the_probe(monkeypatch):
 
     monkeypatch.setattr(precision, "choose", no_probe)
     cfg = tiny_cfg("rollout.dtype=bfloat16", "trainer.precision=fp32")
-    out, line = precision.resolve_config(cfg)
-    assert (out.rollout.dtype, out.trainer.precision) == ("bfloat16", "fp32") and "set in the config" in line
+    *out, line = precision.resolve(cfg.rollout.dtype, cfg.trainer.precision)
+    assert tuple(out) == ("bfloat16", "fp32") and "set in the config" in line
 
     for bf16, names in ((True, ("bfloat16", "bf16")), (False, ("float32", "fp32"))):
         choice = precision.Choice(bf16, "injected", cpu_probe(1, 1))
         monkeypatch.setattr(precision, "choose", lambda device="cpu", c=choice: c)
-        out, line = precision.resolve_config(tiny_cfg("rollout.dtype=auto", "trainer.precision=auto"))
-        assert (out.rollout.dtype, out.trainer.precision) == names and "auto: injected" in line
+        *out, line = precision.resolve("auto", "auto")
+        assert tuple(out) == names and "auto: injected" in line
         # one auto, one explicit: the explicit one is kept
-        out, _ = precision.resolve_config(tiny_cfg("rollout.dtype=float32", "trainer.precision=auto"))
-        assert (out.rollout.dtype, out.trainer.precision) == ("float32", names[1])
+        *out, _ = precision.resolve("float32", "auto")
+        assert tuple(out) == ("float32", names[1])
 
 
 def test_every_role_follows_the_resolved_choice(monkeypatch):
     # Slow bf16 injected: the sampler's copy is float32 and the trainer and reference do not autocast.
     monkeypatch.setattr(precision, "choose", lambda device="cpu": precision.Choice(False, "slow", cpu_probe(1, 50)))
     cfg = tiny_cfg("rollout.dtype=auto", "trainer.precision=auto", "algo.kl_coef=0.1")
-    roles = build.build_roles(cfg, build_task(cfg))
+    roles = build.build_roles(cfg, build_task(cfg.task))
     try:
         assert next(roles.rollout.model.parameters()).dtype == torch.float32
         assert roles.trainer.bf16 is False and roles.reference.autocast_bf16 is False
     finally:
         roles.close()
     monkeypatch.setattr(precision, "choose", lambda device="cpu": precision.Choice(True, "fast", cpu_probe(99, 50)))
-    roles = build.build_roles(cfg, build_task(cfg))
+    roles = build.build_roles(cfg, build_task(cfg.task))
     try:
         assert next(roles.rollout.model.parameters()).dtype == torch.bfloat16
         assert roles.trainer.bf16 is True and roles.reference.autocast_bf16 is True

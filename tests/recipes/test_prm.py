@@ -1,6 +1,6 @@
 """Process reward models and search (rewards/prm.py, recipes/prm.py, recipes/search.py) with the tiny model: step
 splitting, Monte-Carlo labels, the masked loss, a learnable labelling, and the searches' choices
-and token counts on scripted cases (STYLE R11: each expected number is worked out in a comment)."""
+and token counts on scripted cases (each expected number is worked out in a comment)."""
 
 import copy
 import math

@@ -105,7 +105,7 @@ def test_a_mix_reports_each_familys_reward_and_heldout_accuracy_consistent_with_
         roles.rollout.generate = answering
         return roles
 
-    heldout = build_task(cfg).heldout
+    heldout = build_task(cfg.task).heldout
     expected = {f: sum(map(solved, rs)) / len(rs) for f in ("arithmetic", "math")
                 for rs in [[r for r in heldout if r[TASK_KEY] == f]]}
     assert 0 < expected["arithmetic"] < 1 and 0 < expected["math"] < 1  # both families partly right: not a 0 = 0 check

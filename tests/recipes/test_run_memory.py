@@ -41,7 +41,7 @@ def test_the_roles_are_freed_before_the_model_is_written_which_reads_the_weights
         raise AssertionError("the export loaded a torch pickle (trainer.pt or state.pt)")
 
     monkeypatch.setattr(torch, "load", no_torch_load)
-    out = export.write_model(tmp_path / "run", cfg, out=tmp_path / "again")
+    out = export.write_model(tmp_path / "run", cfg.model, cfg.run.seed, out=tmp_path / "again")
     a, b = load_file(tmp_path / "run" / "model" / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

@@ -62,7 +62,7 @@ def cfg_with(**task):
 
 def test_linear_length_penalty_by_hand():
     cfg = cfg_with(length_penalty="linear", length_coef=0.5, length_target=6)
-    out = stack.length_shaping(torch.tensor([4, 6, 8, 10]), torch.ones(4, dtype=torch.bool), 4, cfg)
+    out = stack.length_shaping(torch.tensor([4, 6, 8, 10]), torch.ones(4, dtype=torch.bool), 4, cfg.task, 10)
     # 0 up to the target, then -0.5 * (L - 6) / (10 - 6)
     assert torch.allclose(out, torch.tensor([0.0, 0.0, -0.25, -0.5]))
 
@@ -71,7 +71,7 @@ def test_ratio_length_reward_by_hand():
     cfg = cfg_with(length_penalty="ratio", length_coef=1.0)
     lengths = torch.tensor([2, 4, 6, 10, 5, 5, 5, 5])
     correct = torch.tensor([True, False, True, False, True, True, False, False])
-    out = stack.length_shaping(lengths, correct, 4, cfg)
+    out = stack.length_shaping(lengths, correct, 4, cfg.task, 10)
     # group 1: lam = 0.5 - (L - 2) / 8 = [0.5, 0.25, 0, -0.5]; wrong answers keep only min(0, lam)
     # group 2: all lengths equal -> 0
     assert torch.allclose(out, torch.tensor([0.5, 0.0, 0.0, -0.5, 0, 0, 0, 0]))
@@ -86,7 +86,7 @@ def test_shape_adds_overlong_and_length_and_logs_them():
         reward = torch.tensor([1.0, 1.0])
         infos = [{"correct": True}, {"correct": True}]
 
-    reward, m = stack.shape(B, cfg)
+    reward, m = stack.shape(B, cfg.task, cfg.algo, cfg.rollout)
     # length 3: no penalty; length 10: overlong -1 (the whole buffer) and linear -1
     assert torch.allclose(reward, torch.tensor([1.0 - 0.3, -1.0]))
     assert m["reward/overlong_penalty_mean"] == pytest.approx(-0.5)
@@ -104,7 +104,7 @@ def test_dataset_task_rows_from_jsonl(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     cfg = config.load(None, ["task.name=dataset", f"task.data={path}", "task.prompt_column=question",
                              "task.answer_column=solution", "task.n_heldout=5"])
-    task = build_task(cfg)
+    task = build_task(cfg.task)
     assert len(task.heldout) == 5 and len(task.train) == 15 and task.verifier == "rlpost.envs.dataset:exact_match"
     assert {r["_line"] for r in task.train}.isdisjoint({r["_line"] for r in task.heldout})
     chat = [r for r in task.train + task.heldout if r["_line"] == 4][0]
@@ -118,15 +118,15 @@ def test_bad_rows_are_named_by_line_and_refused_or_skipped(tmp_path):
             *[{"prompt": f"p{i}", "answer": "1"} for i in range(10)]]  # not q1 again: a duplicate is contamination
     path = write_jsonl(tmp_path / "d.jsonl", rows[:3] + rows[4:])
     with pytest.raises(DataError, match=r"d.jsonl:2: 'prompt' must be a non-empty string"):
-        build_task(config.load(None, ["task.name=dataset", f"task.data={path}"]))
-    task = build_task(config.load(None, ["task.name=dataset", f"task.data={path}", "task.on_bad_row=skip", "task.n_heldout=2"]))
+        build_task(config.load(None, ["task.name=dataset", f"task.data={path}"]).task)
+    task = build_task(config.load(None, ["task.name=dataset", f"task.data={path}", "task.on_bad_row=skip", "task.n_heldout=2"]).task)
     assert task.skipped_rows == 2 and len(task.train) + len(task.heldout) == 11
     no_answer = write_jsonl(tmp_path / "f.jsonl", [rows[0], rows[2]])
     with pytest.raises(DataError, match=r"f.jsonl:2: missing 'answer' \(task.answer_column"):
-        build_task(config.load(None, ["task.name=dataset", f"task.data={no_answer}"]))
+        build_task(config.load(None, ["task.name=dataset", f"task.data={no_answer}"]).task)
     bad_json = write_jsonl(tmp_path / "e.jsonl", rows)
     with pytest.raises(DataError, match=r"e.jsonl:4: not valid JSON"):
-        build_task(config.load(None, ["task.name=dataset", f"task.data={bad_json}"]))
+        build_task(config.load(None, ["task.name=dataset", f"task.data={bad_json}"]).task)
 
 
 def test_exact_match():
@@ -137,7 +137,7 @@ def test_exact_match():
 
 @pytest.mark.parametrize("name", ["math", "code", "tools", "gym"])
 def test_every_family_builds_disjoint_splits(name):
-    task = build_task(config.load(None, [f"task.name={name}", "task.n_train=20", "task.n_heldout=5"]))
+    task = build_task(config.load(None, [f"task.name={name}", "task.n_train=20", "task.n_heldout=5"]).task)
     assert len(task.train) == 20 and len(task.heldout) == 5
     key = lambda r: json.dumps(r["messages"])
     assert not {key(r) for r in task.train} & {key(r) for r in task.heldout}
@@ -145,9 +145,9 @@ def test_every_family_builds_disjoint_splits(name):
 
 def test_gym_config_errors_name_the_field():
     with pytest.raises(config.ConfigError, match="task.gym_name"):
-        build_task(config.load(None, ["task.name=gym", "task.gym_name=no_such_dataset"]))
+        build_task(config.load(None, ["task.name=gym", "task.gym_name=no_such_dataset"]).task)
     with pytest.raises(config.ConfigError, match="task.gym_config"):
-        build_task(config.load(None, ["task.name=gym", "task.gym_config={no_such_key: 1}"]))
+        build_task(config.load(None, ["task.name=gym", "task.gym_config={no_such_key: 1}"]).task)
     with pytest.raises(config.ConfigError, match="task.gym_config"):
         config.load(None, ["task.gym_config=[1, 2]"])
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from helpers import make_batch, tcfg, tiny_cfg
+from helpers import make_batch, objective, tcfg, tiny_cfg
 
 from rlpost import algorithms
 from rlpost.algorithms import ALGORITHMS, core
@@ -228,8 +228,8 @@ def test_every_algorithm_accumulates_exactly_through_the_trainer(tiny, name):
     traits = ALGORITHMS[name].traits
     kl = [] if traits.kl == "none" else ["algo.kl_coef=0.1"]
     kl += ["algo.teacher=tiny"] if traits.teacher else []  # distill: its advantages read ref_logp (set below)
-    objective = algorithms.build(tiny_cfg(f"algo.name={name}", "algo.entropy_coef=0.01", "algo.loss_agg=seq_mean_token_mean",
-                                          "algo.clip_eps_low=0.1", "algo.clip_eps_high=0.3", *kl))
+    role = objective(tiny_cfg(f"algo.name={name}", "algo.entropy_coef=0.01", "algo.loss_agg=seq_mean_token_mean",
+                               "algo.clip_eps_low=0.1", "algo.clip_eps_high=0.3", *kl))
     batch = with_holes(make_batch(tiny))
     assert (batch.completion_mask[:, 1:3] < batch.completion_mask[:, 3:4]).any()  # at least one hole
     torch.manual_seed(3)
@@ -243,9 +243,9 @@ def test_every_algorithm_accumulates_exactly_through_the_trainer(tiny, name):
         if micro == 16:  # the advantages once (REINFORCE's baseline moves with every call)
             batch.old_logp, batch.old_values = tr.recompute(batch)
             batch.old_logp = batch.old_logp - 0.2 * batch.completion_mask  # ratios e^0.2: some tokens clip
-            adv = objective.advantages(batch)
+            adv = role.advantages(batch)
             batch.advantages, batch.returns = adv.tokens, adv.returns
-        tr._accumulate(copy.deepcopy(batch), objective.loss)
+        tr._accumulate(copy.deepcopy(batch), role.loss)
         grads.append([p.grad.clone() for p in [*tr.params, *tr.critic_params] if p.grad is not None])
     assert len(grads[0]) == len(grads[1]) == len(grads[2]) and any(g.abs().sum() > 0 for g in grads[0])
     for g in grads[1:]:

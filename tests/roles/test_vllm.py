@@ -68,7 +68,7 @@ def engines():
 @pytest.fixture(scope="module")
 def rows():
     """16 held-out problems of the demo task, chat-formatted as the run gives them."""
-    return build_task(config.load(None, ["task.n_heldout=16"])).heldout[:16]
+    return build_task(config.load(None, ["task.n_heldout=16"]).task).heldout[:16]
 
 
 def test_greedy_tokens_match_the_own_engine(engines, rows):
@@ -142,7 +142,7 @@ def test_tool_episodes_run_through_vllm_as_through_the_own_engine(engines):
 
     theirs, ours, _ = engines
     cfg = config.load(None, ["task.name=tools", "task.n_heldout=6"])
-    rows = build_task(cfg).heldout[:6]
+    rows = build_task(cfg.task).heldout[:6]
     t = cfg.task
     a, b = (EnvRollout(engine, env_pool(t, 1), t.max_turns, t.max_episode_tokens) for engine in (theirs, ours))
     try:

@@ -1,4 +1,4 @@
-"""Hand-worked numbers for the fixed-budget metrics (STYLE R11)."""
+"""Hand-worked numbers for the fixed-budget metrics: the arithmetic is in each comment."""
 
 import math
 

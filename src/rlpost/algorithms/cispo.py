@@ -26,6 +26,7 @@ from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import group_advantages, grpo_advantages, kl_in_loss
+from rlpost.sections import AlgoConfig
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -51,11 +52,10 @@ class CISPO:
     aggregate: core.Aggregator = core.token_mean
 
     @classmethod
-    def from_config(cls, cfg) -> "CISPO":
-        a, r = cfg.algo, cfg.rollout
-        return cls(group_size=r.group_size, clip_eps_low=a.cispo_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
-                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), scale_by_std=a.scale_by_std,
-                   batch_std=a.std_scope == "batch", aggregate=core.aggregator(a.loss_agg, r.max_new_tokens))
+    def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "CISPO":
+        return cls(group_size=group_size, clip_eps_low=algo.cispo_eps_low, clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
+                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), scale_by_std=algo.scale_by_std,
+                   batch_std=algo.std_scope == "batch", aggregate=core.aggregator(algo.loss_agg, max_new_tokens))
 
     @property
     def needs_reference(self) -> bool:

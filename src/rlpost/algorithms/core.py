@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 # An aggregator turns per-token values (B, T) into the scalar loss, given the mask and the
-# mini-batch totals. It is passed to the loss as a function (STYLE R3), never chosen by a string
-# inside the loss.
+# mini-batch totals. It is passed to the loss as a function, never chosen by a string inside the
+# loss: the loss then reads the same for every aggregator, and a new one needs no edit there.
 Aggregator = Callable[[Tensor, Tensor, float, int], Tensor]
 
 

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import GRPO
+from rlpost.sections import AlgoConfig
 from rlpost.types.roles import Traits
 
 
@@ -58,5 +59,6 @@ class DAPO(GRPO):
                                       token_clip=True)
 
     @classmethod
-    def from_config(cls, cfg) -> "DAPO":
-        return replace(super().from_config(cfg), clip_eps_high=cfg.algo.dapo_clip_eps_high, aggregate=core.token_mean)
+    def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "DAPO":
+        return replace(super().from_config(algo, group_size, max_new_tokens), clip_eps_high=algo.dapo_clip_eps_high,
+                       aggregate=core.token_mean)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.ppo import clipped_policy_loss
+from rlpost.sections import AlgoConfig
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -44,10 +45,9 @@ class Distill:
     kl_coef: float = 0.0  # no KL term of its own: the teacher's is the advantage
 
     @classmethod
-    def from_config(cls, cfg) -> "Distill":
-        a = cfg.algo
-        return cls(clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, dual_clip_c=a.dual_clip_c,
-                   aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens))
+    def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "Distill":
+        return cls(clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, dual_clip_c=algo.dual_clip_c,
+                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens))
 
     @property
     def needs_reference(self) -> bool:  # the teacher, in the reference role

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import clipped_loss_with_kl, group_advantages, grpo_advantages
+from rlpost.sections import AlgoConfig
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -36,11 +37,10 @@ class DrGRPO:
     dual_clip_c: float | None = None
 
     @classmethod
-    def from_config(cls, cfg) -> "DrGRPO":
-        a, r = cfg.algo, cfg.rollout
-        return cls(group_size=r.group_size, max_new_tokens=r.max_new_tokens, clip_eps_low=a.clip_eps_low,
-                   clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef, kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl),
-                   dual_clip_c=a.dual_clip_c)
+    def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "DrGRPO":
+        return cls(group_size=group_size, max_new_tokens=max_new_tokens, clip_eps_low=algo.clip_eps_low,
+                   clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
+                   dual_clip_c=algo.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.ppo import clipped_policy_loss
+from rlpost.sections import AlgoConfig
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -74,12 +75,11 @@ class GRPO:
     dual_clip_c: float | None = None
 
     @classmethod
-    def from_config(cls, cfg) -> "GRPO":
-        a, r = cfg.algo, cfg.rollout
-        return cls(group_size=r.group_size, scale_by_std=a.scale_by_std, batch_std=a.std_scope == "batch",
-                   clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
-                   aggregate=core.aggregator(a.loss_agg, r.max_new_tokens), kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl),
-                   dual_clip_c=a.dual_clip_c)
+    def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "GRPO":
+        return cls(group_size=group_size, scale_by_std=algo.scale_by_std, batch_std=algo.std_scope == "batch",
+                   clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
+                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens), kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
+                   dual_clip_c=algo.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:

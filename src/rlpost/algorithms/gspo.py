@@ -22,6 +22,7 @@ from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.grpo import group_advantages, grpo_advantages, kl_in_loss
+from rlpost.sections import AlgoConfig
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -44,11 +45,10 @@ class GSPO:
     batch_std: bool = False
 
     @classmethod
-    def from_config(cls, cfg) -> "GSPO":
-        a = cfg.algo
-        return cls(group_size=cfg.rollout.group_size, clip_eps_low=a.seq_clip_eps_low, clip_eps_high=a.seq_clip_eps_high,
-                   kl_coef=a.kl_coef, kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), scale_by_std=a.scale_by_std,
-                   batch_std=a.std_scope == "batch")
+    def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "GSPO":
+        return cls(group_size=group_size, clip_eps_low=algo.seq_clip_eps_low, clip_eps_high=algo.seq_clip_eps_high,
+                   kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), scale_by_std=algo.scale_by_std,
+                   batch_std=algo.std_scope == "batch")
 
     @property
     def needs_reference(self) -> bool:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms import core
+from rlpost.sections import AlgoConfig
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -109,12 +110,11 @@ class PPO:
     dual_clip_c: float | None = None
 
     @classmethod
-    def from_config(cls, cfg) -> "PPO":
-        a = cfg.algo
-        return cls(gamma=a.gamma, lam=a.lam, clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high,
-                   value_clip=a.value_clip, vf_coef=a.vf_coef, kl_coef=a.kl_coef,
-                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), whiten_advantages=a.whiten_advantages,
-                   aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens), dual_clip_c=a.dual_clip_c)
+    def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "PPO":
+        return cls(gamma=algo.gamma, lam=algo.lam, clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
+                   value_clip=algo.value_clip, vf_coef=algo.vf_coef, kl_coef=algo.kl_coef,
+                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), whiten_advantages=algo.whiten_advantages,
+                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens), dual_clip_c=algo.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:

@@ -16,6 +16,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from rlpost.algorithms import core
+from rlpost.sections import AlgoConfig
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -36,10 +37,9 @@ class Reinforce:
     b: float | None = None  # the moving average; None until the first batch
 
     @classmethod
-    def from_config(cls, cfg) -> "Reinforce":
-        a = cfg.algo
-        return cls(baseline=a.baseline, baseline_decay=a.baseline_decay,
-                   aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens))
+    def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "Reinforce":
+        return cls(baseline=algo.baseline, baseline_decay=algo.baseline_decay,
+                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens))
 
     def advantages(self, batch: Rollouts) -> Advantages:
         b = 0.0 if self.baseline == "none" or self.b is None else self.b

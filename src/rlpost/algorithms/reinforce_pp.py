@@ -20,6 +20,7 @@ from torch import Tensor
 
 from rlpost.algorithms import core
 from rlpost.algorithms.ppo import clipped_policy_loss
+from rlpost.sections import AlgoConfig
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, Traits
 
@@ -41,11 +42,10 @@ class ReinforcePP:
     dual_clip_c: float | None = None
 
     @classmethod
-    def from_config(cls, cfg) -> "ReinforcePP":
-        a = cfg.algo
-        return cls(clip_eps_low=a.clip_eps_low, clip_eps_high=a.clip_eps_high, kl_coef=a.kl_coef,
-                   aggregate=core.aggregator(a.loss_agg, cfg.rollout.max_new_tokens),
-                   kl_estimator=core.kl_estimator(a.kl_estimator, cls.traits.kl), dual_clip_c=a.dual_clip_c)
+    def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "ReinforcePP":
+        return cls(clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
+                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens),
+                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), dual_clip_c=algo.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:

@@ -108,7 +108,7 @@ def with_kl_cov(loss_fn: LossFn, ratio: float, coef: float, aggregate: core.Aggr
     kl_cov is on: the penalty is the trust region; the two differ once the policy has moved off
     the sampling one), and it needs that move: on the first forward of a batch log pi = log pi_old,
     so the penalty and its gradient are 0. With one optimizer step per batch it would never act,
-    so ``algorithms.check`` refuses that combination in one line (verl does nothing there, silently)."""
+    so ``build.check_algorithm`` refuses that combination in one line (verl does nothing there, silently)."""
 
     def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
         mask = batch.completion_mask

@@ -1,9 +1,9 @@
 """The two roles that move into Ray actors, and the trainer's proxy in the driver.
 
 ``RolloutWorker`` and ``TrainerWorker`` are plain classes (``ray.remote`` is applied in
-topology.py), each building its role with the factory it is handed, the same function the
-colocated run uses (``build.make_rollout`` / ``make_trainer``), so a worker samples and trains
-exactly as the single process does. ``RemoteTrainer`` gives the loop the trainer's verbs over an
+topology.py), each building its role with the factory it is handed (``build.sampler_from`` /
+``build.trainer_from``, around the same functions the colocated run uses), so a worker samples
+and trains exactly as the single process does. ``RemoteTrainer`` gives the loop the trainer's verbs over an
 actor handle.
 """
 
@@ -19,7 +19,6 @@ import torch
 
 from rlpost.distributed import sync
 from rlpost.model import device, heap, precision
-from rlpost.model.load import load_policy_for
 
 
 @dataclass
@@ -30,22 +29,14 @@ class Pushed:
     refs: list
 
 
-def _policy(cfg, weights: dict | None):
-    """The starting policy (seeded), with `weights` loaded when given."""
-    loaded = load_policy_for(cfg)
-    if weights is not None:
-        loaded.model.load_state_dict(weights)
-    return loaded
-
-
 class RolloutWorker:
     """One sampler in its own process: the rollout role and the version of the weights it holds."""
 
-    def __init__(self, cfg, weights: dict | None, threads: int, make_rollout: Callable):
+    def __init__(self, make_sampler: Callable, weights: dict | None, threads: int, seed: int):
+        """make_sampler(weights): the rollout role over the starting policy with ``weights`` loaded when given."""
         torch.set_num_threads(threads)
-        loaded = _policy(cfg, weights)
-        self.rollout = make_rollout(cfg, loaded.model, loaded.tokenizer)
-        self.seed, self.sync_s = cfg.run.seed, 0.0
+        self.rollout = make_sampler(weights)
+        self.seed, self.sync_s = seed, 0.0
 
     def load_weights(self, state: dict, version: int) -> None:
         t0 = time.perf_counter()
@@ -78,18 +69,18 @@ class TrainerWorker:
     world > 1 it is one rank of an FSDP2 data-parallel trainer (distributed/fsdp.py): every rank
     gets every call, and rank 0's answer is the one used."""
 
-    def __init__(self, cfg, weights: dict | None, threads: int, make_trainer: Callable, rank: int = 0, world: int = 1,
-                 master: str = ""):
+    def __init__(self, make_trainer: Callable, weights: dict | None, threads: int, sampler_dtype: str, rank: int = 0,
+                 world: int = 1, master: str = ""):
+        """make_trainer(weights, data_parallel): the trainer role over the starting policy (``weights``
+        loaded when given), one rank of ``world`` when data_parallel; sampler_dtype: rollout.dtype."""
         torch.set_num_threads(threads)
         if world > 1:  # gloo on CPU, NCCL when the actor has a GPU
             host, port = master.rsplit(":", 1)
             os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
             torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world)
         self.rank = rank
-        use_lora = cfg.model.lora_r > 0  # with LoRA the base stays the pretrained model (build.build_roles)
-        loaded = _policy(cfg, None if use_lora else weights)
-        self.trainer = make_trainer(cfg, loaded.model, use_lora, data_parallel=world > 1)
-        self.sampler_dtype = precision.sampler_dtype(cfg.rollout.dtype)
+        self.trainer = make_trainer(weights, data_parallel=world > 1)
+        self.sampler_dtype = precision.sampler_dtype(sampler_dtype)
 
     def recompute(self, batch):
         t0 = time.perf_counter()

@@ -12,26 +12,24 @@ a worker without Ray holding one of them back. With ``run.device=cuda`` each act
 
 from __future__ import annotations
 
-import os
 import socket
 from typing import Callable
 
 import ray
 
-from rlpost import config
 from rlpost.distributed.actors import RemoteTrainer, RolloutWorker, TrainerWorker
 from rlpost.distributed.pool import RolloutPool
-from rlpost.model import device
+from rlpost.sections import DistConfig
 
 
-def threads(cfg: config.Config) -> tuple[int, int]:
-    """(torch threads of the trainer actor, of each rollout worker). Disaggregated phases take
-    turns, so each gets every core; async ones run at once, so the cores are split."""
-    d, cores = cfg.dist, cfg.run.threads or os.cpu_count()
-    if d.topology == "async":
-        trainer = d.trainer_threads or max(1, cores // 2 // d.trainer_ranks)
-        return trainer, d.rollout_threads or max(1, (cores - trainer * d.trainer_ranks) // d.rollout_workers)
-    return d.trainer_threads or max(1, cores // d.trainer_ranks), d.rollout_threads or max(1, cores // d.rollout_workers)
+def threads(dist: DistConfig, cores: int) -> tuple[int, int]:
+    """(torch threads of the trainer actor, of each rollout worker) on ``cores`` cores. Disaggregated
+    phases take turns, so each gets every core; async ones run at once, so the cores are split."""
+    if dist.topology == "async":
+        trainer = dist.trainer_threads or max(1, cores // 2 // dist.trainer_ranks)
+        return trainer, dist.rollout_threads or max(1, (cores - trainer * dist.trainer_ranks) // dist.rollout_workers)
+    return (dist.trainer_threads or max(1, cores // dist.trainer_ranks),
+            dist.rollout_threads or max(1, cores // dist.rollout_workers))
 
 
 def free_port() -> int:
@@ -41,37 +39,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ray(cfg: config.Config) -> None:
+def start_ray(address: str) -> None:
     if not ray.is_initialized():
-        ray.init(address=cfg.dist.ray_address or None, include_dashboard=False, log_to_driver=True,
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=True,
                  configure_logging=False)
 
 
-def place(cfg: config.Config, weights: dict | None, make_rollout: Callable, make_trainer: Callable, stream=None,
-          rollout_worker: type | None = None, say: Callable[[str], None] = print) -> tuple[RolloutPool, RemoteTrainer]:
+def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: str, weights: dict | None,
+          make_sampler: Callable, make_trainer: Callable, stream=None, rollout_worker: type | None = None,
+          say: Callable[[str], None] = print) -> tuple[RolloutPool, RemoteTrainer]:
     """(the rollout pool over dist.rollout_workers actors, the trainer over dist.trainer_ranks
-    actors). Each actor builds its role with the factory it is handed (``build.make_rollout`` /
-    ``make_trainer``), so it samples and trains exactly as the single process does. ``stream``:
-    the prompt stream an async pool reads ahead from. ``rollout_worker``: the worker's class
-    (default ``RolloutWorker``; tests pass one that fails on purpose)."""
-    start_ray(cfg)
-    t_threads, r_threads = threads(cfg)
+    actors). Each actor builds its role with the factory it is handed (``build.sampler_from`` /
+    ``build.trainer_from``, the functions the colocated run uses around its policy), so it samples
+    and trains exactly as the single process does. ``cores``: what the actors' threads share;
+    ``on_gpu``: each actor asks Ray for one GPU; ``seed``: run.seed (a chunk's samples follow from
+    it on any worker); ``sampler_dtype``: rollout.dtype, what the trainer sends weights in.
+    ``stream``: the prompt stream an async pool reads ahead from. ``rollout_worker``: the worker's
+    class (default ``RolloutWorker``; tests pass one that fails on purpose)."""
+    start_ray(dist.ray_address)
+    t_threads, r_threads = threads(dist, cores)
     initial = ray.put(weights) if weights is not None else None
-    ranks, master = cfg.dist.trainer_ranks, f"127.0.0.1:{free_port()}"
-    gpus = 1 if device.is_cuda(cfg.run.device) else 0  # one GPU per actor; never run on one (docs/gpu.md)
+    ranks, master = dist.trainer_ranks, f"127.0.0.1:{free_port()}"
+    gpus = 1 if on_gpu else 0  # one GPU per actor; never run on one (docs/gpu.md)
     trainer_cls = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerWorker)
-    trainer = RemoteTrainer([trainer_cls.remote(cfg, initial, t_threads, make_trainer, r, ranks, master) for r in range(ranks)])
+    trainer = RemoteTrainer([trainer_cls.remote(make_trainer, initial, t_threads, sampler_dtype, r, ranks, master)
+                             for r in range(ranks)])
     worker_cls = ray.remote(num_cpus=0, num_gpus=gpus, max_restarts=0)(rollout_worker or RolloutWorker)
-    spawn = lambda i, w: worker_cls.remote(cfg, w, r_threads, make_rollout)
-    d = cfg.dist
-    is_async = d.topology == "async"
-    pool = RolloutPool(spawn, d.rollout_workers, d.chunk_prompts, d.max_staleness if is_async else 0,
+    spawn = lambda i, w: worker_cls.remote(make_sampler, w, r_threads, seed)
+    is_async = dist.topology == "async"
+    pool = RolloutPool(spawn, dist.rollout_workers, dist.chunk_prompts, dist.max_staleness if is_async else 0,
                        initial_weights=initial, say=say, stream=stream if is_async else None)
-    if d.weight_sync == "broadcast":
+    if dist.weight_sync == "broadcast":
         join_broadcast(trainer, pool, gpus > 0)
-    say(f"topology {d.topology}: {d.rollout_workers} rollout worker(s) x {r_threads} thread(s), "
-        f"{ranks} trainer rank(s) x {t_threads}" + (f", max_staleness {d.max_staleness}" if is_async else "")
-        + (", weights by broadcast" if d.weight_sync == "broadcast" else ""))
+    say(f"topology {dist.topology}: {dist.rollout_workers} rollout worker(s) x {r_threads} thread(s), "
+        f"{ranks} trainer rank(s) x {t_threads}" + (f", max_staleness {dist.max_staleness}" if is_async else "")
+        + (", weights by broadcast" if dist.weight_sync == "broadcast" else ""))
     return pool, trainer
 
 

@@ -29,6 +29,7 @@ import os
 import yaml
 
 from rlpost import config
+from rlpost.config import TaskConfig
 from rlpost.envs import arithmetic, code, dataset, decontam, gym, mathgen, tools
 from rlpost.envs.pool import EnvPool
 from rlpost.types.errors import ConfigError
@@ -65,9 +66,9 @@ TASK_KEY = "task_family"  # the row key naming a mixed row's family: its verifie
 MIX_VERIFIER = "rlpost.envs.mix:score"  # scores each row of a mix with its family's DEFAULT_VERIFIER
 
 
-def verifier_timeout(cfg) -> float:
+def verifier_timeout(task: TaskConfig) -> float:
     """task.verifier_timeout_s, else the family's default; a mix's calls get the longest of its families'."""
-    return cfg.task.verifier_timeout_s or max(DEFAULT_TIMEOUT_S.get(f, 2.0) for f in config.task_families(cfg.task))
+    return task.verifier_timeout_s or max(DEFAULT_TIMEOUT_S.get(f, 2.0) for f in config.task_families(task))
 
 
 @dataclass
@@ -80,31 +81,30 @@ class Task:
     mix: dict[str, float] = field(default_factory=dict)  # task.mix: family -> weight ({}: one family, no task_family key)
 
 
-def build_task(cfg, refuse_contaminated: bool = True) -> Task:
+def build_task(task: TaskConfig, refuse_contaminated: bool = True) -> Task:
     """The task's rows and verifier. Unless task.max_contamination is 1, the held-out prompts are
     checked against the training prompts (envs/decontam.py) and, above that share, refused (a
     ConfigError naming the key); ``rlpost eval`` only reports it (refuse_contaminated=False).
 
     A mix (task.mix) is its families' splits together, each row stamped with its family; the
     held-out rows interleaved, so that run.eval_n takes the same number of each family."""
-    t = cfg.task
-    mix = config.task_mix(t)
-    splits = {f: family_splits(t, f) for f in mix or [t.name]}  # family -> (train, held-out, skipped)
+    mix = config.task_mix(task)
+    splits = {f: family_splits(task, f) for f in mix or [task.name]}  # family -> (train, held-out, skipped)
     if mix:
         splits = {f: ([{**r, TASK_KEY: f} for r in tr], [{**r, TASK_KEY: f} for r in h], n) for f, (tr, h, n) in splits.items()}
     train = [r for tr, _, _ in splits.values() for r in tr]
     heldouts = [h for _, h, _ in splits.values()]
-    found = contamination(train, heldouts, t.contamination_overlap) if t.max_contamination < 1 else None
-    if found and refuse_contaminated and found["contamination_contaminated_frac"] > t.max_contamination:
+    found = contamination(train, heldouts, task.contamination_overlap) if task.max_contamination < 1 else None
+    if found and refuse_contaminated and found["contamination_contaminated_frac"] > task.max_contamination:
         raise ConfigError(f"task.max_contamination: {found['contamination_contaminated']} of {found['contamination_checked']} held-out "
                           f"prompts ({found['contamination_contaminated_frac']:.1%}) are in the training prompts (n-gram overlap, "
-                          f"envs/decontam.py), above {t.max_contamination:g}; e.g. {found['contamination_examples'][0][:80]!r}. "
-                          + ("Remove those prompts from task.data or task.eval_data" if t.eval_data else
+                          f"envs/decontam.py), above {task.max_contamination:g}; e.g. {found['contamination_examples'][0][:80]!r}. "
+                          + ("Remove those prompts from task.data or task.eval_data" if task.eval_data else
                              "Separate the splits (task.eval_data names a held-out file of your own)")
                           + ", or raise task.max_contamination to accept it")
     # The verifier is imported only in its worker processes (rewards/runner.py), whose first start
     # is the dry call that turns a bad path into one line before training.
-    verifier = MIX_VERIFIER if mix else t.verifier or DEFAULT_VERIFIER.get(t.name, "")  # env: its episodes carry their rewards
+    verifier = MIX_VERIFIER if mix else task.verifier or DEFAULT_VERIFIER.get(task.name, "")  # env: its episodes carry their rewards
     return Task(train, interleave(heldouts), verifier, sum(n for _, _, n in splits.values()), found, mix)
 
 

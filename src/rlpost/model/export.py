@@ -54,10 +54,10 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path | None:
     return ckpt
 
 
-def write_model(run_dir: Path, cfg: config.Config, step: int | None = None, out: Path | None = None,
+def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int | None = None, out: Path | None = None,
                 merge_lora: bool = True) -> Path:
-    """Write a checkpoint of `run_dir` (trained with `cfg`) as a transformers folder, or as a peft
-    adapter folder for a LoRA run with merge_lora=False; returns the folder."""
+    """Write a checkpoint of `run_dir` (trained from ``model`` with run.seed ``seed``) as a transformers
+    folder, or as a peft adapter folder for a LoRA run with merge_lora=False; returns the folder."""
     run_dir = Path(run_dir)
     ckpt = find_checkpoint(run_dir, step)
     if ckpt is None and checkpoint.candidates(run_dir, quiet=True):  # every one damaged: said above, one by one
@@ -66,12 +66,12 @@ def write_model(run_dir: Path, cfg: config.Config, step: int | None = None, out:
     if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model (and LoRA adapter) folder is final
         return _copy_final(run_dir, out, "model" if merge_lora else "adapter")
     out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter") + ("" if step is None else f"_step_{step}"))
-    loaded = load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed)
+    loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
     if merge_lora:  # the checkpoint's weights alone: its optimizer moments would double the memory this needs
         checkpoint.load_into(loaded.model, checkpoint.load_weights(ckpt), f"{ckpt}/model.safetensors")
         return save_model(loaded.model, loaded.tokenizer, out)
     # The adapters on the run's base: the same wrap as the trainer's, then its saved adapter tensors.
-    peft_model = lora.wrap(loaded.model, cfg.model, cfg.run.seed)
+    peft_model = lora.wrap(loaded.model, model, seed)
     adapters = checkpoint.load_trainer_state(ckpt).get("lora")
     if adapters is None:
         raise ConfigError(f"{ckpt}/trainer.pt: lora: missing; the checkpoint holds no LoRA adapters")
@@ -111,7 +111,7 @@ def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | N
         raise ConfigError(f"--out {out}: {'inside' if folders.inside(out, run_dir) else 'holds'} the run folder it exports "
                           f"from ({run_dir}); rlpost export never writes there: pick a folder outside it")
     folders.check_folder(out, "export", "--out")
-    return publish(out, lambda tmp: cast_folder(write_model(run_dir, cfg, step, tmp, merge_lora=merge), dtype))
+    return publish(out, lambda tmp: cast_folder(write_model(run_dir, cfg.model, cfg.run.seed, step, tmp, merge_lora=merge), dtype))
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -221,10 +221,10 @@ def load_policy(spec: str, dtype: torch.dtype = torch.float32, seed: int = 0, at
     return Loaded(model=model, tokenizer=tok, source=source)
 
 
-def load_policy_for(cfg: config.Config) -> Loaded:
+def load_policy_for(model: config.ModelConfig, seed: int) -> Loaded:
     """The run's starting policy, as every role that trains or copies it loads it: model.name in
     float32 (the master weights), seeded by run.seed, with model.attn_implementation."""
-    return load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed, attn=cfg.model.attn_implementation)
+    return load_policy(model.name, dtype=torch.float32, seed=seed, attn=model.attn_implementation)
 
 
 # For base models that ship no chat template: plain role labels, the completion closed by EOS (as

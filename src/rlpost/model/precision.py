@@ -11,7 +11,7 @@ cached per machine in the rlpost cache, keyed by the CPU, the torch build and th
 caps (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``), so capping the ISA, another CPU or another
 torch probes afresh. Explicit settings (``bfloat16``/``float32``, ``bf16``/``fp32``) always win.
 
-``build.py`` resolves the config once (``resolve_config``) and every role that computes follows
+``build.py`` resolves the config once (``resolve``) and every role that computes follows
 it: the sampler's weights, the trainer's autocast, the reference, the critic (inside the trainer),
 the reward model, the judge and the PRM scorer. The planner reads the probed figures for
 ``--device cpu`` (observe/planner.py).
@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 
-from rlpost import config
 from rlpost.model.device import CPU, cache_dir
 
 HOST = CPU.type  # the probe times this machine's CPU unless build.py passes run.device (a GPU: read, not timed)
@@ -41,7 +40,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}  # rollout.dtype
 TRAINER = {"bf16": True, "fp32": False}  # trainer.precision -> bf16 autocast over float32 master weights?
 
 # bf16 must beat float32 by this factor to be chosen: "measurably faster", not a tie inside the
-# probe's noise. Measured: 4x faster with AVX-512 BF16 (DESIGN.md), 54x slower with AVX2 only.
+# probe's noise. Measured on 2 cores: 4.3x faster with AVX-512 BF16 (a 2048^3 matmul at 704 vs 163
+# GFLOP/s), 54x slower with AVX2 only.
 FASTER_BY = 1.25
 PROBE_N = 512  # square matmul size of the probe: 268 MFLOP, ~4 ms in float32 on one core
 SLOW_N = 256  # bf16 is first tried at this size; where it is already far slower, it stops there
@@ -194,17 +194,15 @@ def choose(device: str = HOST) -> Choice:
     return decide(probe(device))
 
 
-def resolve_config(cfg: config.Config, device: str = HOST) -> tuple[config.Config, str]:
-    """(cfg with rollout.dtype and trainer.precision made concrete, the one line saying what was
-    chosen and why). Explicit settings are kept; 'auto' follows the probe."""
-    r, t = cfg.rollout, cfg.trainer
-    if r.dtype != "auto" and t.precision != "auto":
-        return cfg, f"precision: {r.dtype} sampler, {t.precision} trainer (set in the config)"
+def resolve(sampler: str, trainer: str, device: str = HOST) -> tuple[str, str, str]:
+    """(rollout.dtype, trainer.precision made concrete, the one line saying what was chosen and
+    why) from their settings. Explicit settings are kept; 'auto' follows the probe."""
+    if sampler != "auto" and trainer != "auto":
+        return sampler, trainer, f"precision: {sampler} sampler, {trainer} trainer (set in the config)"
     c = choose(device)
-    dtype = r.dtype if r.dtype != "auto" else ("bfloat16" if c.bf16 else "float32")
-    prec = t.precision if t.precision != "auto" else ("bf16" if c.bf16 else "fp32")
-    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(r, dtype=dtype), trainer=dataclasses.replace(t, precision=prec))
-    return cfg, f"precision: {dtype} sampler, {prec} trainer (auto: {c.reason}; cached in {cache_path(device)})"
+    dtype = sampler if sampler != "auto" else ("bfloat16" if c.bf16 else "float32")
+    prec = trainer if trainer != "auto" else ("bf16" if c.bf16 else "fp32")
+    return dtype, prec, f"precision: {dtype} sampler, {prec} trainer (auto: {c.reason}; cached in {cache_path(device)})"
 
 
 def sampler_dtype(name: str, device: str = HOST) -> torch.dtype:

@@ -36,8 +36,8 @@ GPUS = {
     "a100-40g": Device("A100 SXM 40GB", 40, 312e12, 19.5e12, 1.555e12, 300e9, 0.5),
     "l40s": Device("L40S 48GB", 48, 362e12, 91.6e12, 0.864e12, 32e9, 0.5),
 }
-# The CPU the efficiencies below were measured on (2 cores, AVX-512 bf16; /work/shared/
-# MEASUREMENTS.md): 2048^3 matmul 704 GFLOP/s bf16, 163 fp32. 24 GB/s: the weight sync reads 134.5M
+# The CPU the efficiencies below were measured on (2 cores, AVX-512 bf16): a 2048^3 matmul runs at
+# 704 GFLOP/s in bf16, 163 in fp32. 24 GB/s: the weight sync reads 134.5M
 # fp32 params and writes bf16 in 0.034 s. Overhead 1 GiB: importing torch + transformers is 0.33
 # GiB of RSS; the rest (tokenizer, data, allocator slack) is fitted to the demo's 4.5 GB peak RSS.
 # `--device cpu` plans for the CPU it runs on (``probed_cpu``); `--device cpu-avx512` for this one.
@@ -52,7 +52,7 @@ def probed_cpu() -> Device:
                   p.fp32_gflops * 1e9 * p.cores, p.mem_gbs * 1e9, 0, CPU_AVX512.overhead_gib, cpu=True)
 
 # Efficiency per phase, (bf16, fp32): a fraction of peak FLOP/s, or of bandwidth for decode_bw, sync.
-# CPU, measured on the embedded model (benchmarks/README.md, MEASUREMENTS.md):
+# CPU, measured on the embedded model (benchmarks/README.md):
 #   decode  : rlpost's own loop (roles/rollout_fast.py), with DECODE_OVERHEAD below. fp32: the slope of
 #             step time against rows on the AVX2 kind, 3.03 ms per row of 0.273 GFLOP at a probed
 #             189 GFLOP/s -> 0.48 (benchmarks/decode_cost.py). bf16: solved with its overhead from two

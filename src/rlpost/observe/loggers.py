@@ -19,7 +19,7 @@ from pathlib import Path
 from rlpost.types.errors import ConfigError
 
 KNOWN = {"console": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-CONSOLE_KEYS = ("reward/mean", "eval/heldout_accuracy", "actor/entropy", "actor/kl", "response_length/mean",
+CONSOLE_KEYS = ("reward/mean", "eval/heldout_accuracy", "actor/loss", "actor/entropy", "actor/kl", "response_length/mean",
                 "timing_s/step")
 
 
@@ -123,7 +123,9 @@ class Loggers:
             s.log(step, metrics)
 
     def close(self) -> None:
-        for s in self.sinks:
+        """Close every sink once (again is a no-op)."""
+        sinks, self.sinks = self.sinks, []
+        for s in sinks:
             s.close()
 
 

@@ -61,10 +61,10 @@ def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: di
 def algorithm_parts(cfg: Config) -> tuple[bool, str, bool]:
     """(a reference copy, the critic's kind or '', old log-probs before the advantages), from the
     algorithm's traits, as the loop and build.py read them (algorithms/objective.py)."""
-    traits = algorithms.traits(cfg)
+    traits = algorithms.traits(cfg.algo.name)
     reference = (cfg.algo.kl_coef > 0 and traits.kl != "none") or cfg.algo.prime_coef > 0
     critic = cfg.algo.critic if traits.needs_values else ""
-    return reference, critic, algorithms.needs_old_logp_first(cfg)
+    return reference, critic, algorithms.needs_old_logp_first(cfg.algo)
 
 
 def read_run(run_dir: str | Path) -> tuple[Config, dict, int, dict]:

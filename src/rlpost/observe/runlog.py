@@ -1,5 +1,6 @@
 """Everything a run writes besides checkpoints: metrics.jsonl, samples/, summary.json, the
-progress bar and the closing table.
+progress bar and the closing table. Every recipe logs through it (the RL loop, sft/rm/dpo and the
+rounds built on them), so every line also reaches the ``run.loggers`` sinks as it is written.
 
 metrics.jsonl has one JSON object per training step, with verl's metric names where verl has
 one. On resume, lines for steps after the checkpoint are dropped first (and a line torn by a crash
@@ -18,6 +19,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -32,30 +34,44 @@ from rlpost.types.errors import DataError, RunError, write_cause
 
 @contextmanager
 def timed(name: str, timings: dict):
-    """Add the wall-clock seconds of the block to timings["timing_s/<name>"] (a whole stage, never
-    lines inside one: STYLE R15)."""
+    """Add the wall-clock seconds of the block to timings["timing_s/<name>"]: a whole stage, never
+    lines inside one, so the stages add up to the step and a timer never splits what a reader follows."""
     t0 = time.perf_counter()
     yield
     timings[f"timing_s/{name}"] = timings.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
 
 
+def rl_postfix(metrics: dict, history: list[dict]) -> dict:
+    """The RL loop's progress-bar figures: the step's reward and seconds, the last held-out accuracy."""
+    acc = next((h["eval/heldout_accuracy"] for h in reversed(history) if "eval/heldout_accuracy" in h), None)
+    post = {"reward": f"{metrics['reward/mean']:.3f}", "s/step": f"{metrics['timing_s/step']:.1f}"}
+    if acc is not None:
+        post["heldout"] = f"{acc:.3f}"
+    return post
+
+
 class RunLog:
     def __init__(self, run_dir: Path, steps: int, start_step: int, progress: bool, sinks: Loggers | None = None,
-                 ckpt: Path | None = None):
-        """``ckpt``: the checkpoint a resume starts from (its copy of the metric lines)."""
+                 ckpt: Path | None = None, *, desc: str = "train", postfix: Callable[[dict, list[dict]], dict] = rl_postfix,
+                 rollouts: bool = True):
+        """``ckpt``: the checkpoint a resume starts from (its copy of the metric lines). desc, postfix:
+        the progress bar's name and figures; rollouts: the RL loop's run, whose steps write their
+        samples (samples/step_N.jsonl) and whose lines get the health checks."""
         self.dir = Path(run_dir)
         self.sinks = sinks
-        self.health = Health(warn=lambda msg: tqdm.write(f"rlpost: {msg}", file=sys.stderr))
-        (self.dir / "samples").mkdir(parents=True, exist_ok=True)
+        self.health = Health(warn=lambda msg: tqdm.write(f"rlpost: {msg}", file=sys.stderr)) if rollouts else None
+        if rollouts:
+            (self.dir / "samples").mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.truncate_after(start_step, ckpt)
         self.history = jsonl.read_lines(self.metrics_path)
         self.steps, self.start_step, self.progress = steps, start_step, progress
+        self.desc, self.postfix, self.rollouts = desc, postfix, rollouts
         self.bar = None
 
     def begin(self) -> None:
         """Show the progress bar (after any messages printed before training starts)."""
-        self.bar = tqdm(total=self.steps, initial=self.start_step, desc="train", unit="step",
+        self.bar = tqdm(total=self.steps, initial=self.start_step, desc=self.desc, unit="step",
                         disable=not self.progress, file=sys.stderr, dynamic_ncols=True)
 
     def truncate_after(self, step: int, ckpt: Path | None = None) -> None:
@@ -100,20 +116,19 @@ class RunLog:
         say(f"{problem}; rebuilt steps {_spans([r['step'] for r in rows])} from {ckpt.name}'s copy{kept}")
         return rows
 
-    def step(self, step: int, metrics: dict, batch) -> None:
+    def step(self, step: int, metrics: dict, batch=None) -> None:
+        """One step's line: to the sinks, then metrics.jsonl (whole or absent), as it happens."""
         line = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
-        line.update(self.health.metrics(self.history + [line]))  # health/<check>: 1.0 once it fires
+        if self.health is not None:
+            line.update(self.health.metrics(self.history + [line]))  # health/<check>: 1.0 once it fires
         if self.sinks is not None:
             self.sinks.log(step, line)
-        self.write_samples(step, batch)  # first: a step's metrics line means its samples are there too
+        if self.rollouts:
+            self.write_samples(step, batch)  # first: a step's metrics line means its samples are there too
         jsonl.append(self.metrics_path, line)
         self.history.append(line)
         self.bar.update(1)
-        acc = next((h["eval/heldout_accuracy"] for h in reversed(self.history) if "eval/heldout_accuracy" in h), None)
-        post = {"reward": f"{metrics['reward/mean']:.3f}", "s/step": f"{metrics['timing_s/step']:.1f}"}
-        if acc is not None:
-            post["heldout"] = f"{acc:.3f}"
-        self.bar.set_postfix(post)
+        self.bar.set_postfix(self.postfix(metrics, self.history))
 
     def write_samples(self, step: int, batch) -> None:
         path = self.dir / "samples" / f"step_{step:06d}.jsonl"
@@ -150,6 +165,10 @@ class RunLog:
             "wall_minutes": minutes,
             **extra,
         }
+        return self.write_summary(out)
+
+    def write_summary(self, out: dict) -> dict:
+        """summary.json (atomic: whole or absent); returns ``out``."""
         write_atomic(self.dir / "summary.json", json.dumps(out, indent=2) + "\n")
         return out
 

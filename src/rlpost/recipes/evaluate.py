@@ -98,7 +98,7 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
     completions per problem at rollout.temperature and reports pass@1, pass@k and maj@k for each
     k in ks; `dump` receives every record. A mix's summary has each family's greedy accuracy
     (heldout_accuracy/<family>)."""
-    task = build_task(cfg, refuse_contaminated=False)  # evaluation reports contamination, training refuses it
+    task = build_task(cfg.task, refuse_contaminated=False)  # evaluation reports contamination, training refuses it
     roles = build.build_roles(cfg, task, weights, for_eval=True)
     rows = task.heldout[: n or None]
     found = {k: v for k, v in (task.contamination or {}).items() if k != "contamination_examples"}
@@ -107,11 +107,11 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
         acc, per_task = scores.pop(ACCURACY), {k.replace("eval/", ""): v for k, v in scores.items()}  # a mix's, per family
         if not samples:
             return acc, len(rows), {**per_task, **found}
-        r = cfg.rollout
-        records = sample_records(roles, rows, samples, r.temperature, r.top_p, r.max_new_tokens, cfg.run.eval_batch_size)
+        rollout = cfg.rollout
+        records = sample_records(roles, rows, samples, rollout.temperature, rollout.top_p, rollout.max_new_tokens, cfg.run.eval_batch_size)
         if dump is not None:
             write_records(records, dump)
-        return acc, len(rows), {"samples": samples, "temperature": r.temperature, **summarise(records, list(ks)), **per_task, **found}
+        return acc, len(rows), {"samples": samples, "temperature": rollout.temperature, **summarise(records, list(ks)), **per_task, **found}
     finally:
         roles.close()
 

@@ -1,4 +1,6 @@
-"""What stops an RL run, and how: the checks the loop makes at fixed points of every step.
+"""What stops a run, and how: the checks a recipe's loop makes at fixed points of every step. Every
+recipe runs inside one (the RL loop; sft, rm and dpo, and the rounds and pipeline stages built on
+them: recipes/offline.py); what "saved" means is the recipe's (a checkpoint; RUN/model so far).
 
 - **Signals** (``SIGNALS``; the same table outside the loop, ``startup_signals``). The first SIGINT
   (Ctrl-C), SIGTERM or SIGHUP (the terminal closed) lets the current step finish, at most
@@ -44,7 +46,7 @@ SIGNALS = {**{s: "stop" for s in STOP}, signal.SIGQUIT: "quit", signal.SIGUSR1: 
 
 @contextmanager
 def startup_signals():
-    """Outside the loop (start-up, evaluation, the offline recipes): every stop signal, and SIGQUIT,
+    """Outside a recipe's loop (start-up, evaluation, sampling a round): every stop signal, and SIGQUIT,
     stop at once with ``Interrupted`` (one line; the run folder's failed-start clean-up runs);
     SIGUSR1 says the command is not training yet. Only from the main thread (a library caller's
     thread leaves signals alone)."""
@@ -67,8 +69,12 @@ def _startup_handler(signum: int, frame) -> None:
 
 
 class RunGuard:
-    def __init__(self, cfg: config.Config, early_stop: dict | None = None):
+    def __init__(self, cfg: config.Config, early_stop: dict | None = None, *, saved: str = "checkpoint",
+                 after_nonfinite: str = "the last checkpoint holds the last finite weights. Try a lower trainer.lr, "
+                                        "and check the rewards (rlpost doctor)"):
+        """saved: what a stop saves, for its line; after_nonfinite: what the non-finite stop's line says next."""
         self.cfg = cfg
+        self.saved, self.after_nonfinite = saved, after_nonfinite
         self.step, self.step_done = 0, False  # step_done: its checkpoint decided (finish_step)
         # early stopping: the best evaluation (step, accuracy) and evaluations since; a resumed run's from its checkpoint
         self.best: tuple[int, float] | None = (early_stop or {}).get("best")
@@ -129,7 +135,7 @@ class RunGuard:
                 return
             if self.stopping:
                 raise Interrupted(self.signum, f"stopped by {signal.Signals(self.signum).name} after step {step}, "
-                                  "whose checkpoint is saved", saved=step)
+                                  f"whose {self.saved} is saved", saved=step)
 
     def finish_step(self, metrics: dict | None = None) -> bool:
         """The step's work is done: cancel the grace timer, read its held-out evaluation (if any) for
@@ -194,8 +200,7 @@ class RunGuard:
             f"training step(s) in a row (trainer.max_nonfinite_steps={limit} stops the run)")
         if self.nonfinite_streak >= limit:
             raise RunError(f"{limit} training steps in a row with a non-finite loss or gradient (the last at step "
-                           f"{step}); stopped without saving them: the last checkpoint holds the last finite weights. "
-                           "Try a lower trainer.lr, and check the rewards (rlpost doctor)")
+                           f"{step}); stopped without saving them: {self.after_nonfinite}")
 
 
 def check_reward_failures(metrics: dict, frac: float, where: str, first: bool, what: str) -> None:

@@ -2,8 +2,10 @@
 
 All reuse the RL trainer (``Trainer.train_step`` / ``evaluate``: micro-batches with exact
 accumulation, bf16 autocast over float32 master weights where bf16 is fast (trainer.precision),
-fused AdamW, the lr schedule) with their own loss function over the same ``Rollouts`` batch. The
-only differences from RL are where the rows come from and which loss is minimised:
+fused AdamW, the lr schedule; built by build.py as every trainer is) with their own loss function
+over the same ``Rollouts`` batch, inside the RL loop's scaffold (threads, run guard, run log and
+sinks: ``train_offline``). The only differences from RL are where the rows come from and which
+loss is minimised:
 
   SFT  completion-only negative log-likelihood: prompt tokens carry no loss (they are not in the
        completion mask), every completion token of the batch weighs the same (token mean).
@@ -23,33 +25,31 @@ The result is a transformers folder (``RUN_DIR/model``, adapters merged in) that
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from rlpost import build, config, machine
 from rlpost.algorithms.preference import REFERENCE_FREE, make_dpo_loss, make_rm_loss, sft_loss
 from rlpost.console import say
 from rlpost.envs import build_task, data
-from rlpost.model import encode, fit, lora, precision
-from rlpost.model.checkpoint import write_atomic
+from rlpost.model import encode, fit, lora
+from rlpost.model.cores import Cores
 from rlpost.model.load import load_policy_for, save_model
-from rlpost.roles.critic import Critic
-from rlpost.roles.reference import Reference
+from rlpost.observe.loggers import Loggers
+from rlpost.observe.runlog import RunLog
+from rlpost.recipes.guard import RunGuard
 from rlpost.roles.trainer import Trainer
-from rlpost.types.errors import DataError, RunError
+from rlpost.types.batch import Rollouts
+from rlpost.types.errors import DataError
 
 
 def task_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict]]:
     """Rows built from the RL task when pref.data is empty: the correct answer is the completion
     (SFT) or the chosen one, an answer off by 1..5 the rejected one (preference)."""
-    task = build_task(cfg)
+    task = build_task(cfg.task)
     rng = random.Random(cfg.run.seed)
 
     def convert(row: dict) -> dict:
@@ -64,21 +64,21 @@ def task_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict]]:
 
 def load_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict], int]:
     """(train rows, held-out rows, rows skipped as malformed)."""
-    p = cfg.pref
-    if not p.data:
+    pref = cfg.pref
+    if not pref.data:
         return (*task_rows(cfg, kind), 0)
-    rows = data.read_rows(p.data)
-    if p.eval_data:
-        heldout = data.read_rows(p.eval_data)
+    rows = data.read_rows(pref.data)
+    if pref.eval_data:
+        heldout = data.read_rows(pref.eval_data)
     else:
-        cut = max(1, int(len(rows) * (1 - p.heldout_frac)))
+        cut = max(1, int(len(rows) * (1 - pref.heldout_frac)))
         rows, heldout = rows[:cut], rows[cut:]
     parse = data.sft_pair if kind == "sft" else data.preference_triple
-    rows, bad_train = data.check_rows(rows, parse, p.data, p.on_bad_row)
-    heldout, bad_heldout = data.check_rows(heldout, parse, p.eval_data or p.data, p.on_bad_row)
+    rows, bad_train = data.check_rows(rows, parse, pref.data, pref.on_bad_row)
+    heldout, bad_heldout = data.check_rows(heldout, parse, pref.eval_data or pref.data, pref.on_bad_row)
     if not rows or not heldout:
-        split = "pref.eval_data" if p.eval_data else f"pref.heldout_frac={p.heldout_frac:g}"
-        raise DataError(f"pref.data: {p.data} leaves {len(rows)} training and {len(heldout)} held-out rows ({split}, "
+        split = "pref.eval_data" if pref.eval_data else f"pref.heldout_frac={pref.heldout_frac:g}"
+        raise DataError(f"pref.data: {pref.data} leaves {len(rows)} training and {len(heldout)} held-out rows ({split}, "
                         f"{bad_train + bad_heldout} malformed rows skipped); both need at least one")
     return rows, heldout, bad_train + bad_heldout
 
@@ -90,7 +90,7 @@ def preflight(cfg: config.Config, kind: str) -> None:
     if cfg.model.lora_r > 0:
         fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
     if kind == "rsft" or (kind == "dpo" and cfg.pref.online_rounds > 0):  # sampled from the task's prompts
-        task = build_task(cfg)
+        task = build_task(cfg.task)
         fit.check_prompts(cfg.model.name, task.train + task.heldout, cfg.rollout.max_new_tokens, "rollout.max_new_tokens",
                           f"task.name={cfg.task.name}")
         return
@@ -120,63 +120,84 @@ def batch_order(lengths: list[int], batch_size: int, by_length: bool, rng: rando
 
 def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
     """SFT (kind='sft'), a DPO-family loss (kind='dpo') or a Bradley-Terry reward model (kind='rm')
-    on fixed rows; returns the summary (also RUN_DIR/summary.json)."""
-    torch.set_num_threads(cfg.run.threads or os.cpu_count())
+    on fixed rows; returns the summary (also RUN_DIR/summary.json). Inside the RL loop's scaffold:
+    torch's threads by free cores (model/cores.py), the run guard (a first SIGINT/SIGTERM finishes
+    the step and saves RUN/model so far; non-finite steps in a row stop the run: recipes/guard.py),
+    one metrics.jsonl line per step as it happens, to every run.loggers sink (observe/runlog.py)."""
+    cores = Cores(cfg.run.threads)  # torch's threads: every core, fewer while other processes keep some busy
     torch.manual_seed(cfg.run.seed)
-    p, t0 = cfg.pref, time.perf_counter()
+    pref, t0 = cfg.pref, time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
     config.save(cfg, run_dir / "config.yaml")
-    cfg = build.resolve_precision(cfg)  # after saving: a resumed or copied run probes its own machine
-    rows, heldout, skipped = load_rows(cfg, kind)
-    if skipped:
-        say(f"skipped {skipped} malformed rows (pref.on_bad_row=skip)")
-    loaded = load_policy_for(cfg)
-    build.on_device(cfg, loaded.model)  # run.device (resolved above); the roles move each batch to it
-    tok = loaded.tokenizer
-    enc = (lambda rs: encode.encode_sft(tok, rs, p.max_len)) if kind == "sft" else (lambda rs: encode.encode_pairs(tok, rs, p.max_len))
-    rows_per_seq = 1 if kind == "sft" else 2  # sequences per row: a pair is two
-    train_b, held_b = enc(rows), enc(heldout)
-    reference = None
-    if kind == "dpo" and p.loss not in REFERENCE_FREE:  # ORPO and SimPO compare the policy with itself
-        reference = Reference(loaded.model, 1.0, 32, precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix,
-                              forward=cfg.trainer.forward)
-        train_b.ref_logp, held_b.ref_logp = reference.logprobs(train_b), reference.logprobs(held_b)  # once, cached
-        reference.model = None  # frozen numbers are all it was for
-    model = lora.wrap(loaded.model, cfg.model, cfg.run.seed) if cfg.model.lora_r > 0 else loaded.model
-    mini = p.batch_size * rows_per_seq
-    micro = max(rows_per_seq, min(cfg.trainer.micro_batch_size or mini, mini) // rows_per_seq * rows_per_seq)
-    steps_per_epoch = max(1, len(rows) // p.batch_size)
-    head = Critic(loaded.model, "shared") if kind == "rm" else None  # the RM: a scalar head on the LM's trunk
-    trainer = Trainer(model, cfg.trainer, 1.0, mini, micro, steps_per_epoch * p.epochs,
-                      cfg.model.gradient_checkpointing, critic=head, critic_lr=cfg.algo.critic_lr)
-    loss_fn = {"sft": sft_loss, "dpo": make_dpo_loss(p) if kind == "dpo" else None, "rm": make_rm_loss(p)}[kind]
-    before = trainer.evaluate(held_b, loss_fn)
-    history, rng, streak = [], random.Random(cfg.run.seed), 0
-    bar = tqdm(total=steps_per_epoch * p.epochs, desc=kind, unit="step", disable=not cfg.run.progress, file=sys.stderr)
-    for epoch in range(p.epochs):
-        order = batch_order(train_b.completion_mask.view(len(rows), -1).sum(1).tolist(), p.batch_size,
-                            p.group_by_length, rng)
-        for s in range(steps_per_epoch):
-            idx = [r * rows_per_seq + j for r in order[s * p.batch_size:(s + 1) * p.batch_size] for j in range(rows_per_seq)]
-            m = trainer.train_step(train_b.select(torch.tensor(idx)), loss_fn)
-            history.append({"step": len(history) + 1, "epoch": epoch, **m})
-            streak = streak + 1 if m["actor/nonfinite_steps"] else 0  # skipped by the trainer (roles/trainer.py)
-            if streak >= cfg.trainer.max_nonfinite_steps:
-                raise RunError(f"{streak} optimizer steps in a row with a non-finite loss or gradient (step {len(history)}); "
-                               "stopped, no model written: try a lower trainer.lr")
-            bar.update(1)
-            bar.set_postfix(loss=f"{m['actor/loss']:.4f}")
-    bar.close()
+    sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before any model loads
+    try:
+        cfg = build.resolve_precision(cfg)  # after saving: a resumed or copied run probes its own machine
+        rows, heldout, skipped = load_rows(cfg, kind)
+        if skipped:
+            say(f"skipped {skipped} malformed rows (pref.on_bad_row=skip)")
+        loaded = load_policy_for(cfg.model, cfg.run.seed)
+        build.on_device(cfg, loaded.model)  # run.device (resolved above); the roles move each batch to it
+        tok = loaded.tokenizer
+        enc = (lambda rs: encode.encode_sft(tok, rs, pref.max_len)) if kind == "sft" else (lambda rs: encode.encode_pairs(tok, rs, pref.max_len))
+        rows_per_seq = 1 if kind == "sft" else 2  # sequences per row: a pair is two
+        train_b, held_b = enc(rows), enc(heldout)
+        mini = pref.batch_size * rows_per_seq
+        micro = max(rows_per_seq, min(cfg.trainer.micro_batch_size or mini, mini) // rows_per_seq * rows_per_seq)
+        steps_per_epoch = max(1, len(rows) // pref.batch_size)
+        if kind == "dpo" and pref.loss not in REFERENCE_FREE:  # ORPO and SimPO compare the policy with itself
+            reference = build.make_pref_reference(cfg, loaded.model, micro)  # frozen: its numbers once, before training
+            train_b.ref_logp, held_b.ref_logp = reference.logprobs(train_b), reference.logprobs(held_b)
+        trainer = build.make_pref_trainer(cfg, loaded.model, mini, micro, steps_per_epoch * pref.epochs, value_head=kind == "rm")
+        loss_fn = {"sft": sft_loss, "dpo": make_dpo_loss(pref) if kind == "dpo" else None, "rm": make_rm_loss(pref)}[kind]
+        before = trainer.evaluate(held_b, loss_fn)
+        log = RunLog(run_dir, steps_per_epoch * pref.epochs, 0, cfg.run.progress, sinks, desc=kind, rollouts=False,
+                     postfix=lambda m, history: {"loss": f"{m['actor/loss']:.4f}"})
+        steps = run_epochs(trainer, train_b, rows_per_seq, loss_fn, cfg, cores, log, save=lambda: save_trained(trainer, tok, run_dir))
+    finally:
+        sinks.close()  # (again is a no-op: the log closes them too)
     after = trainer.evaluate(held_b, loss_fn)
-    if lora.is_lora(model):  # the adapters alone, then a plain model with them folded in
-        lora.save_adapter(model, tok, run_dir / "adapter")
+    out = save_trained(trainer, tok, run_dir)
+    loss_name = {"sft": "sft", "rm": "bradley_terry" + (f" (margin {pref.rm_margin})" if pref.rm_margin else ""),
+                 "dpo": pref.loss}[kind]
+    return log.write_summary({"kind": kind, "loss": loss_name, "heldout_before": before, "heldout_after": after,
+                              "rows": len(rows), "heldout_rows": len(heldout), "skipped_rows": skipped, "steps": steps,
+                              "wall_minutes": (time.perf_counter() - t0) / 60, "model": str(out)})
+
+
+def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg: config.Config, cores: Cores, log: RunLog,
+        save) -> int:
+    """pref.epochs passes over ``data`` (pref.batch_size rows a step, shuffled per epoch: batch_order)
+    inside the run guard; ``save()`` writes what is trained so far when a stop signal comes. Returns
+    the steps taken."""
+    pref, n_rows = cfg.pref, len(data) // rows_per_seq
+    steps_per_epoch = max(1, n_rows // pref.batch_size)
+    rng = random.Random(cfg.run.seed)
+    log.begin()
+    try:
+        with RunGuard(cfg, saved="model (RUN/model)", after_nonfinite="no model is written. Try a lower trainer.lr") as guard:
+            for step in guard.steps(1, steps_per_epoch * pref.epochs):
+                epoch, s = divmod(step - 1, steps_per_epoch)
+                if s == 0:  # a new epoch: a new order
+                    order = batch_order(data.completion_mask.view(n_rows, -1).sum(1).tolist(), pref.batch_size,
+                                        pref.group_by_length, rng)
+                rows = order[s * pref.batch_size:(s + 1) * pref.batch_size]
+                cores.adjust()
+                m = trainer.train_step(data.select(torch.tensor([r * rows_per_seq + j for r in rows for j in range(rows_per_seq)])),
+                                       loss_fn)
+                guard.check_update(m, step)  # skipped by the trainer (roles/trainer.py); N in a row stop the run
+                log.step(step, {"epoch": epoch, **m})
+                if guard.finish_step():  # a stop signal: the model so far is saved, then the guard stops the run
+                    save()
+    finally:
+        log.close()
+    return step
+
+
+def save_trained(trainer: Trainer, tokenizer, run_dir: Path) -> Path:
+    """RUN_DIR/model (and RUN_DIR/adapter for a LoRA run: the adapters alone, then a plain model with
+    them folded in), with the reward model's head when there is one."""
+    model = trainer.model
+    if lora.is_lora(model):
+        lora.save_adapter(model, tokenizer, run_dir / "adapter")
         model = model.merge_and_unload()
-    out = save_model(model, tok, run_dir / "model", head.head if head is not None else None)
-    loss_name = {"sft": "sft", "rm": "bradley_terry" + (f" (margin {p.rm_margin})" if p.rm_margin else ""),
-                 "dpo": p.loss}[kind]
-    summary = {"kind": kind, "loss": loss_name, "heldout_before": before, "heldout_after": after,
-               "rows": len(rows), "heldout_rows": len(heldout), "skipped_rows": skipped, "steps": len(history),
-               "wall_minutes": (time.perf_counter() - t0) / 60, "model": str(out)}
-    write_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in history))
-    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    return summary
+    return save_model(model, tokenizer, run_dir / "model", trainer.critic.head if trainer.critic is not None else None)

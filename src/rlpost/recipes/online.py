@@ -20,6 +20,8 @@ import torch
 from rlpost import build, config
 from rlpost.envs import build_task
 from rlpost.model.checkpoint import write_atomic
+from rlpost.model.cores import Cores
+from rlpost.observe.runlog import RunLog
 from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.guard import check_reward_failures
 from rlpost.recipes.offline import train_offline
@@ -27,8 +29,9 @@ from rlpost.recipes.offline import train_offline
 
 def onpolicy_pairs(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[list[dict], dict]:
     """(pair rows {prompt, chosen, rejected, ...}, metrics) from K samples of each prompt."""
-    r = cfg.rollout
-    batch = roles.rollout.generate(rows, n=k, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+    rollout = cfg.rollout
+    batch = roles.rollout.generate(rows, n=k, temperature=rollout.temperature, top_p=rollout.top_p,
+                                   max_new_tokens=rollout.max_new_tokens)
     reward, _, scored = roles.verifier.score(batch)
     check_reward_failures(scored, cfg.task.max_reward_error_frac, "while sampling a round", True,
                           "stopped before training on them")  # text or NaN from every call is no preference
@@ -55,23 +58,29 @@ def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, ki
     policy -> rows (``collect(roles, prompts, K, cfg) -> (rows, metrics)``) -> one ``kind`` pass of
     train_offline on them; the next round samples from the result (online DPO here, rejection-
     sampling SFT in rsft.py). ``after`` = (round key, held-out metric of the pass) to report.
-    Returns the summary, also written to run_dir/summary.json."""
-    p = cfg.pref
-    task = build_task(cfg)
+    Each round's training runs in train_offline's scaffold (its own folder, signals, sinks); its line
+    goes to run_dir/metrics.jsonl when it ends. Returns the summary, also written to run_dir/summary.json."""
+    pref = cfg.pref
+    cores = Cores(cfg.run.threads)  # torch's threads while sampling, as the RL loop's (model/cores.py)
+    task = build_task(cfg.task)
     rng = random.Random(cfg.run.seed)
     model = cfg.model.name
     rounds = [{"round": 0, "heldout_accuracy": model_accuracy(cfg, model)}]
+    log = RunLog(run_dir, n_rounds, 0, False, desc=summary_kind, rollouts=False, postfix=lambda m, history: {})
+    log.begin()
     for i in range(1, n_rounds + 1):
         sample_cfg = config.with_overrides(cfg, [f"model.name={model}", "algo.kl_coef=0", "algo.name=grpo"])
         roles = build.build_roles(sample_cfg, task)
         torch.manual_seed(cfg.run.seed + i)
         try:
-            rows, metrics = collect(roles, rng.sample(task.train, min(p.online_prompts, len(task.train))),
+            cores.adjust()
+            rows, metrics = collect(roles, rng.sample(task.train, min(pref.online_prompts, len(task.train))),
                                     cfg.rollout.group_size, cfg)
         finally:
             roles.close()
         if len(rows) < 2:  # a training row and a held-out one at least
             rounds.append({"round": i, "skipped": skip_reason, **metrics})
+            log.step(i, metrics)
             continue
         rdir = run_dir / f"round_{i}"
         rdir.mkdir(parents=True, exist_ok=True)
@@ -82,7 +91,7 @@ def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, ki
         model = summary["model"]
         rounds.append({"round": i, **metrics, "heldout_accuracy": model_accuracy(cfg, model),
                        after[0]: summary["heldout_after"].get(after[1])})
-    out = {"kind": summary_kind, "rounds": rounds, "model": model,
-           "heldout_before": rounds[0]["heldout_accuracy"], "heldout_after": rounds[-1].get("heldout_accuracy")}
-    write_atomic(run_dir / "summary.json", json.dumps(out, indent=2) + "\n")
-    return out
+        log.step(i, {k: v for k, v in rounds[-1].items() if isinstance(v, (int, float)) and k != "round"})
+    log.close()
+    return log.write_summary({"kind": summary_kind, "rounds": rounds, "model": model,
+                              "heldout_before": rounds[0]["heldout_accuracy"], "heldout_after": rounds[-1].get("heldout_accuracy")})

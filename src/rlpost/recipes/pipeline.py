@@ -134,7 +134,7 @@ def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
             summary = read_summary(sdir / "summary.json", st["kind"])
         else:
             summary = run_stage(cfg, sdir, st["kind"])
-        out = summary.get("model") or str(export.write_model(sdir, cfg))  # an rl stage of an older rlpost: no model/ yet
+        out = summary.get("model") or str(export.write_model(sdir, cfg.model, cfg.run.seed))  # an rl stage of an older rlpost: no model/ yet
         outputs[st["name"]] = out
         other = _stage_metric(st["kind"], summary)
         if st["kind"] == "rm":

@@ -14,12 +14,12 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from rlpost import build
 from rlpost.algorithms import core
 from rlpost.algorithms.preference import bce_at_positions
 from rlpost.model.encode import make_batch, unpadded
 from rlpost.rewards.prm import ProcessRewardModel, step_ends, token_texts
 from rlpost.roles.critic import Critic
-from rlpost.roles.trainer import Trainer
 from rlpost.sections import TrainerConfig
 from rlpost.types.batch import Rollouts
 
@@ -118,7 +118,7 @@ def train_value_head(lm: torch.nn.Module, examples: list[Example], pad_id: int, 
     prec = "auto" if autocast_bf16 is None else "bf16" if autocast_bf16 else "fp32"
     tcfg = TrainerConfig(lr=lr, precision=prec, micro_batch_size=micro_batch_size,
                          share_prompt_prefix=True)
-    trainer = Trainer(lm, tcfg, 1.0, batch_size, micro_batch_size, steps, critic=head, critic_lr=head_lr)
+    trainer = build.make_head_trainer(lm, head, tcfg, batch_size, micro_batch_size, steps, head_lr)
 
     def loss_fn(logp: Tensor, batch: Rollouts, values: Tensor) -> tuple[Tensor, dict]:
         return bce_at_positions(values, batch, aggregate)  # the LM's log-probs play no part

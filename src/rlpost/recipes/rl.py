@@ -46,7 +46,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     builds the roles (build.build_roles; tests wrap both to inject faults). What stops a run early is
     recipes/guard.py; the roles' processes stop however the loop ends. A resume checks the checkpoint
     and puts its state back before it writes; then ``on_resumed()`` runs (config.resume-N.yaml)."""
-    task, run_dir = task or build_task(cfg), Path(run_dir)
+    task, run_dir = task or build_task(cfg.task), Path(run_dir)
     build.preflight(cfg, task)  # threads, LoRA targets, prompt lengths: the CLI checked them already, before the folder
     cores = Cores(cfg.run.threads)  # torch's threads: every core, fewer while other processes keep some busy
     run_dir.mkdir(parents=True, exist_ok=True)  # library use: the CLI has claimed it already (observe/runfolder.py)
@@ -154,8 +154,8 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, befo
 
 def curriculum(cfg: config.Config) -> tuple[int, float, float]:
     """The online curriculum's (window, lowest, highest pass rate) for PromptStream (0: off)."""
-    r = cfg.rollout
-    return r.curriculum_window, r.filter_min_pass_rate, r.filter_max_pass_rate
+    rollout = cfg.rollout
+    return rollout.curriculum_window, rollout.filter_min_pass_rate, rollout.filter_max_pass_rate
 
 
 def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task,
@@ -197,15 +197,15 @@ def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config
     prompts are generated, at most ``max_refill_rounds`` extra times, until ``prompts_per_step``
     groups are kept; the surplus of the last round is cut. If still short, the step trains on the
     groups it has (an empty batch skips the update)."""
-    r, K = cfg.rollout, cfg.rollout.group_size
-    filtering = r.filter_groups or roles.algo.traits.filters_groups
+    rollout, K = cfg.rollout, cfg.rollout.group_size
+    filtering = rollout.filter_groups or roles.algo.traits.filters_groups
     kept, n_kept, rounds, metrics, first = [], 0, 0, {}, None
     while True:
         with timed("gen", timings):
             if cores is not None:
                 cores.adjust()
-            b = roles.rollout.generate(stream.next(), n=K, temperature=r.temperature, top_p=r.top_p,
-                                       max_new_tokens=r.max_new_tokens)
+            b = roles.rollout.generate(stream.next(), n=K, temperature=rollout.temperature, top_p=rollout.top_p,
+                                       max_new_tokens=rollout.max_new_tokens)
             metrics.update(roles.rollout.last_metrics)
         with timed("reward", timings):
             b.reward, b.infos, v_metrics = roles.verifier.score(b)
@@ -214,21 +214,21 @@ def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config
             metrics[k] = metrics.get(k, 0) + v if k.startswith(("verifier/", "reward/nan_or_inf")) else v
         score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
         metrics.update(stream.observe(b.rows[::K], core.pass_rate(score, K).tolist()))  # the online curriculum
-        b.reward, shaping = stack.shape(b, cfg)  # overlong penalty and length shaping, part of the reward from here on
+        b.reward, shaping = stack.shape(b, cfg.task, cfg.algo, cfg.rollout)  # overlong penalty and length shaping, part of the reward from here on
         metrics.update(shaping)
         first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
         if not filtering:
             return score_steps(roles, b, timings), {**metrics, **first}
-        keep = dapo.keep_groups(score, K, r.filter_min_pass_rate, r.filter_max_pass_rate)  # (n_prompts,)
+        keep = dapo.keep_groups(score, K, rollout.filter_min_pass_rate, rollout.filter_max_pass_rate)  # (n_prompts,)
         kept.append(b.select(keep.repeat_interleave(K).nonzero().squeeze(1)))
         n_kept += int(keep.sum())
         if rounds == 0:
             metrics["rollout/kept_groups_frac"] = keep.float().mean().item()
-        if n_kept >= r.prompts_per_step or rounds >= r.max_refill_rounds:
+        if n_kept >= rollout.prompts_per_step or rounds >= rollout.max_refill_rounds:
             break
         rounds += 1
     batch = Rollouts.cat(kept)
-    batch = batch.select(slice(0, r.prompts_per_step * K))  # whole groups: every part holds whole groups
+    batch = batch.select(slice(0, rollout.prompts_per_step * K))  # whole groups: every part holds whole groups
     metrics.update({"rollout/refill_rounds": rounds, "rollout/groups_trained": len(batch) // K,
                     "reward/mean_before_filter": first["reward/mean"]})
     return score_steps(roles, batch, timings), {**metrics, **(batch_metrics(batch, K) if len(batch) else first)}
@@ -341,7 +341,7 @@ def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int,
     if cfg.model.lora_r > 0:  # the adapters alone too, peft's folder: what a LoRA user serves (vLLM --enable-lora)
         export.write_model(run_dir, cfg, step, run_dir / "adapter", merge_lora=False)
     if selected is None:
-        return export.write_model(run_dir, cfg), {}
+        return export.write_model(run_dir, cfg.model, cfg.run.seed), {}
     say(f"RUN/model holds step {selected[0]}: the best held-out accuracy, {selected[1]:.3f} (run.early_stop_patience)")
-    return (export.write_model(run_dir, cfg, selected[0], run_dir / "model"),
+    return (export.write_model(run_dir, cfg.model, cfg.run.seed, selected[0], run_dir / "model"),
             {"selected_step": selected[0], "heldout_accuracy_selected": selected[1]})

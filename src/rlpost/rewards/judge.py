@@ -55,6 +55,7 @@ from torch import Tensor
 from rlpost.model import precision
 from rlpost.model.load import load_policy
 from rlpost.model.logprobs import position_ids
+from rlpost.sections import TaskConfig
 from rlpost.types.batch import Rollouts
 from rlpost.types.errors import ConfigError
 
@@ -178,11 +179,10 @@ class Judge:
         self.rng = random.Random(seed)  # which response is shown first; advances every call
 
     @classmethod
-    def from_config(cls, cfg) -> "Judge":
-        t = cfg.task
-        # The judge samples nothing but computes as the sampler does: in rollout.dtype.
-        return cls(t.judge_model, t.judge_mode, t.judge_rubric, cfg.run.seed, t.judge_both_orders,
-                   dtype=precision.sampler_dtype(cfg.rollout.dtype))
+    def from_config(cls, task: TaskConfig, seed: int, dtype: str) -> "Judge":
+        """task.judge_* with run.seed; dtype: rollout.dtype (the judge samples nothing but computes as the sampler does)."""
+        return cls(task.judge_model, task.judge_mode, task.judge_rubric, seed, task.judge_both_orders,
+                   dtype=precision.sampler_dtype(dtype))
 
     # --- prompts ------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from rlpost.algorithms import dapo
 from rlpost.envs import is_correct
+from rlpost.sections import AlgoConfig, RolloutConfig, TaskConfig
 
 
 class RewardStack:
@@ -64,33 +65,32 @@ def part_name(path: str) -> str:
     return path.rpartition(":")[2] or path
 
 
-def length_shaping(lengths: Tensor, correct: Tensor, group_size: int, cfg) -> Tensor:
-    """(B,) reward added for length; see the module docstring."""
-    t, cap = cfg.task, cfg.rollout.max_new_tokens
+def length_shaping(lengths: Tensor, correct: Tensor, group_size: int, task: TaskConfig, max_len: int) -> Tensor:
+    """(B,) reward added for length (task.length_*; max_len: rollout.max_new_tokens); see the module docstring."""
     L = lengths.float()
-    if t.length_penalty == "linear":
-        return -t.length_coef * (L - t.length_target).clamp(min=0) / max(1, cap - t.length_target)
-    if t.length_penalty == "ratio":
+    if task.length_penalty == "linear":
+        return -task.length_coef * (L - task.length_target).clamp(min=0) / max(1, max_len - task.length_target)
+    if task.length_penalty == "ratio":
         g = L.view(-1, group_size)
         lo, hi = g.min(1, keepdim=True).values, g.max(1, keepdim=True).values
         lam = torch.where(hi > lo, 0.5 - (g - lo) / (hi - lo).clamp(min=1e-9), torch.zeros_like(g)).view(-1)
-        return t.length_coef * torch.where(correct, lam, lam.clamp(max=0))
+        return task.length_coef * torch.where(correct, lam, lam.clamp(max=0))
     return torch.zeros_like(L)
 
 
-def shape(batch, cfg) -> tuple[Tensor, dict]:
-    """(batch.reward with DAPO's overlong penalty and the length shaping added (B,), their metrics)."""
-    a, r = cfg.algo, cfg.rollout
+def shape(batch, task: TaskConfig, algo: AlgoConfig, rollout: RolloutConfig) -> tuple[Tensor, dict]:
+    """(batch.reward with DAPO's overlong penalty (algo.overlong_*) and the length shaping (task.length_*)
+    added (B,), their metrics)."""
     reward, metrics = batch.reward, {}
     lengths = batch.completion_mask.sum(1)
-    if cfg.task.length_penalty != "none":  # judged on the unshaped reward, before the overlong penalty
+    if task.length_penalty != "none":  # judged on the unshaped reward, before the overlong penalty
         correct = torch.tensor([is_correct(i, s) for i, s in zip(batch.infos, batch.reward.tolist())])
-    if a.overlong_buffer > 0:  # DAPO's soft overlong penalty
-        penalty = dapo.overlong_penalty(lengths, r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+    if algo.overlong_buffer > 0:  # DAPO's soft overlong penalty
+        penalty = dapo.overlong_penalty(lengths, rollout.max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
         reward = reward + penalty
         metrics["reward/overlong_penalty_mean"] = penalty.mean().item()
-    if cfg.task.length_penalty != "none":
-        shaping = length_shaping(lengths, correct, r.group_size, cfg)
+    if task.length_penalty != "none":
+        shaping = length_shaping(lengths, correct, rollout.group_size, task, rollout.max_new_tokens)
         reward = reward + shaping
         metrics["reward/length_shaping_mean"] = shaping.mean().item()
     return reward, metrics

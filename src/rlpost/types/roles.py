@@ -27,7 +27,7 @@ LossFn = Callable[..., tuple[Tensor, dict]]
 @dataclass(frozen=True)
 class Traits:
     """What an algorithm needs from the rest of the system, declared once on its class and read by
-    the config check (``algorithms.check``), the loop (``algorithms.objective``) and the planner."""
+    the config check (``build.check_algorithm``), the loop (``algorithms.objective``) and the planner."""
 
     group_baseline: bool = False  # the baseline comes from the K samples of a prompt: group_size >= 2
     kl: Literal["loss", "reward", "none"] = "loss"  # where algo.kl_coef acts; 'none' = no KL term

@@ -1,0 +1,99 @@
+"""Every recipe runs in the RL loop's scaffold: a Ctrl-C finishes the step and saves what that
+recipe saves, and run.loggers reaches every sink, one line per step as it happens."""
+
+import json
+import os
+import signal
+
+import pytest
+from helpers import TINY, cli, tiny_cfg
+
+from rlpost.recipes import offline, rl
+from rlpost.recipes.online import run_online_dpo
+from rlpost.recipes.rsft import run_rsft
+from rlpost.roles.trainer import Trainer
+from rlpost.types.errors import Interrupted
+
+# sft, rm, dpo on 32 rows built from the arithmetic task: 4 steps of 8 rows
+OFFLINE = ["pref.batch_size=8", "task.n_train=32", "pref.epochs=1"]
+ROUNDS = ["pref.online_rounds=1", "pref.online_prompts=8", "task.verifier=toy_verifiers:odd_length", "pref.batch_size=4"]
+
+
+def lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def sigint_at_step_2(monkeypatch):
+    """SIGINT to this process during the offline trainer's second optimizer step (arrives mid-step)."""
+    calls, step = [], Trainer.train_step
+
+    def train_step(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self, *a, **kw)
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+
+
+@pytest.mark.parametrize("kind", ["sft", "rm", "dpo"])
+def test_ctrl_c_in_an_offline_recipe_saves_the_model_so_far(tmp_path, sigint_at_step_2, kind):
+    with pytest.raises(Interrupted) as e:
+        offline.train_offline(tiny_cfg(*OFFLINE), tmp_path, kind)
+    assert e.value.saved == 2 and "after step 2, whose model (RUN/model) is saved" in e.value.message
+    assert (tmp_path / "model" / "config.json").exists() and [m["step"] for m in lines(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert not (tmp_path / "summary.json").exists()  # not finished: a pipeline runs the stage again
+
+
+@pytest.mark.parametrize("recipe", [run_online_dpo, run_rsft])
+def test_ctrl_c_in_a_sampled_round_saves_that_rounds_model(tmp_path, sigint_at_step_2, recipe):
+    with pytest.raises(Interrupted) as e:
+        recipe(tiny_cfg(*ROUNDS, "task.n_train=32", "pref.epochs=3"), tmp_path)
+    assert e.value.saved == 2 and (tmp_path / "round_1" / "model" / "config.json").exists()
+
+
+def test_ctrl_c_in_the_rl_loop_saves_the_step(tmp_path):
+    kill = lambda step: os.kill(os.getpid(), signal.SIGINT) if step == 1 else None
+    with pytest.raises(Interrupted) as e:
+        rl.train(tiny_cfg("run.steps=3"), tmp_path, on_step_end=kill)  # after step 1's save: step 2 runs, is saved
+    assert e.value.saved == 2 and (tmp_path / "checkpoints" / "step_000002").is_dir()
+
+
+def tensorboard_scalars(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.mark.parametrize("kind", ["sft", "rm", "dpo"])
+def test_run_loggers_reach_every_sink_from_an_offline_recipe(tmp_path, kind):
+    r = cli(kind, *TINY, *OFFLINE, f"run.out_dir={tmp_path}", "run.name=r", "run.loggers=console,tensorboard")
+    assert r.returncode == 0, r.stderr
+    jsonl = lines(tmp_path / "r" / "metrics.jsonl")
+    assert [m["step"] for m in jsonl] == [1, 2, 3, 4]
+    assert r.stderr.count("rlpost: step ") == 4 and "actor/loss=" in r.stderr  # console: a line per step
+    scalars = tensorboard_scalars(tmp_path / "r" / "tensorboard")
+    assert scalars["actor/loss"] == pytest.approx([m["actor/loss"] for m in jsonl])
+
+
+def test_run_loggers_reach_every_sink_from_the_rounds(tmp_path):
+    run_rsft(tiny_cfg(*ROUNDS, "task.n_train=32", "run.loggers=tensorboard"), tmp_path)
+    trained = lines(tmp_path / "round_1" / "metrics.jsonl")
+    assert tensorboard_scalars(tmp_path / "round_1" / "tensorboard")["actor/loss"] == pytest.approx([m["actor/loss"] for m in trained])
+    assert [m["step"] for m in lines(tmp_path / "metrics.jsonl")] == [1]  # one line per round, as it ends
+
+
+@pytest.mark.slow  # W&B and MLflow start-up: ~10 s
+def test_every_logger_from_an_offline_recipe(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    offline.train_offline(tiny_cfg(*OFFLINE, "run.loggers=console,tensorboard,wandb,mlflow"), tmp_path, "sft")
+    jsonl = lines(tmp_path / "metrics.jsonl")
+    assert list((tmp_path / "wandb").glob("offline-run-*/*.wandb"))
+    client = mlflow.tracking.MlflowClient(tracking_uri=(tmp_path / "mlruns").resolve().as_uri())
+    run = client.search_runs([client.get_experiment_by_name("rlpost").experiment_id])[0]
+    got = [m.value for m in client.get_metric_history(run.info.run_id, "actor.loss")]
+    assert got == pytest.approx([m["actor/loss"] for m in jsonl])
