@@ -249,7 +249,7 @@ def cmd_train(args) -> int:
     from rlpost.recipes.rl import train
 
     build.check(cfg)
-    task = build_task(cfg)
+    task = build_task(cfg.task)
     build.preflight(cfg, task)  # the model's limits (LoRA targets, prompt lengths), before the folder exists
     with runfolder.claim(run_dir, "new", hint) as rf:
         rf.write_config(cfg)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import rl_batch, tiny_cfg
 
-from rlpost import algorithms
+from rlpost import build
 from rlpost.algorithms import turns
 from rlpost.algorithms.grpo import GRPO
 from rlpost.algorithms.objective import Objective
@@ -81,8 +81,8 @@ def test_ppo_gets_each_turn_reward_on_its_last_token_into_gae():
 @pytest.mark.parametrize("algo", ["gspo", "reinforce"])
 def test_turn_credit_is_refused_where_a_turn_cannot_get_its_own_advantage(algo):
     with pytest.raises(ConfigError, match=r"^task.turn_credit: "):
-        algorithms.check(tiny_cfg("task.name=env", "task.env=guess", f"algo.name={algo}", "task.turn_credit=turn"))
-    algorithms.check(tiny_cfg("task.name=env", "task.env=guess", f"algo.name={algo}"))  # the episode rule runs anywhere
+        build.check_algorithm(tiny_cfg("task.name=env", "task.env=guess", f"algo.name={algo}", "task.turn_credit=turn"))
+    build.check_algorithm(tiny_cfg("task.name=env", "task.env=guess", f"algo.name={algo}"))  # the episode rule runs anywhere
 
 
 def test_turn_credit_is_refused_outside_environment_episodes():

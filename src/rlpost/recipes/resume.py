@@ -39,7 +39,7 @@ def resume_run(run_dir: str | Path, overrides: list[str] = (), start_over: bool 
         if ckpt is not None:
             check_checkpoint(ckpt, cfg)
             by_task_summary(run_dir / "samples")  # the first start's held-out dump, read at the end: damaged is said now
-        task = build_task(cfg)
+        task = build_task(cfg.task)
         build.preflight(cfg, task)
 
         def record() -> None:
