@@ -13,7 +13,7 @@ selector has room to help. The prompt is kept short (~127 tokens): every MC cont
 re-reads it, and its prefill is most of the labelling cost on CPU.
 
 Phases (each timed): 1. sample N solutions of each training problem and label every step by M
-Monte-Carlo continuations (search/prm.py); 2. train a PRM on the soft step labels and an ORM on the
+Monte-Carlo continuations (recipes/prm.py); 2. train a PRM on the soft step labels and an ORM on the
 0/1 outcomes of the same solutions (each from a fresh copy of the model); 3. on held-out problems,
 draw N samples once and let every selector pick from the same samples (a paired comparison), then
 run beam search with beam_width * expand = N proposals per round. Prints a markdown table and

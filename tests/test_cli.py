@@ -64,7 +64,7 @@ def test_every_recipe_runs_two_steps_on_the_tiny_model(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
-        if "stages:" in recipe.read_text():  # a pipeline recipe: tests/preference/test_pipeline.py
+        if "stages:" in recipe.read_text():  # a pipeline recipe: tests/recipes/test_pipeline.py
             continue
         # TINY's rollout batch is 16 sequences: a recipe's mini-batch of the demo's 128 is scaled with it
         scaled = ["trainer.mini_batch_size=8"] if "mini_batch_size" in recipe.read_text() else []

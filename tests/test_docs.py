@@ -834,3 +834,111 @@ def test_coming_from_tables_are_the_map_behind_did_you_mean():
     mapped = {(framework, n.theirs, n.ours) for framework, table in names.FOREIGN.items() for n in table}
     assert rows == mapped, (rows - mapped, mapped - rows)
     assert all(len([n for n in table]) >= 20 for table in names.FOREIGN.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# What the README says about the source as a whole, and what the source's comments cite
+# ---------------------------------------------------------------------------------------------
+
+
+def readme_layout() -> str:
+    return next(body for kind, _, body in blocks((ROOT / "README.md").read_text()) if kind == "code" and is_layout(body))
+
+
+def test_the_layout_lists_every_module():
+    listed = set(layout_paths(readme_layout()))
+    modules = {f"src/rlpost/{f.relative_to(SRC).as_posix()}" for f in src_files() if f.name != "__init__.py"}
+    assert not modules - listed, f"modules the README's Layout does not list: {sorted(modules - listed)}"
+
+
+def function_level_importers() -> set[str]:
+    """Files of src/rlpost with an import of rlpost inside a function (type-only imports never run)."""
+    found = set()
+    for f in src_files():
+        tree = parse(f)
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(fn):
+                mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if any(m.split(".")[0] == "rlpost" for m in mods):
+                    found.add(f.relative_to(SRC).as_posix())
+    return found
+
+
+def test_the_readmes_list_of_imports_inside_functions_is_the_sources():
+    prose = " ".join((ROOT / "README.md").read_text().split())
+    sentence = prose[prose.index("The only imports of rlpost inside functions are in"):].split(";")[0]
+    named = set(re.findall(r"`([\w/]+\.py)`", sentence))
+    assert named == function_level_importers(), (named, function_level_importers())
+
+
+def test_build_py_is_where_every_trainer_and_reference_is_made():
+    # README, "The loop": no other module constructs the trainer or reference role.
+    roles = {"Trainer": "rlpost.roles.trainer", "Reference": "rlpost.roles.reference"}
+    found = []
+    for f in src_files():
+        tree = parse(f)
+        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module in roles.values()
+                    for a in n.names if roles.get(a.name) == n.module}
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in imported]
+        found += [f"{f.relative_to(SRC)}:{c.lineno} {c.func.id}(" for c in calls if f.name != "build.py"]
+    assert not found, found
+
+
+def test_the_loop_reads_only_what_the_role_contracts_declare():
+    # README, "The loop": every roles.<role>.<name> the loop uses is a verb or attribute of that role's Protocol.
+    role_protocol = {**ROLE_OF, "process_reward": "ProcessReward"}
+    found = []
+    for node in ast.walk(parse(SRC / "recipes" / "rl.py")):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and \
+                isinstance(node.value.value, ast.Name) and node.value.value.id == "roles":
+            role, name = node.value.attr, node.attr
+            if name not in protocols().get(role_protocol.get(role, ""), set()):
+                found.append(f"recipes/rl.py:{node.lineno} roles.{role}.{name}")
+    assert not found, found
+
+
+# Files a comment may name that are not in the repository: what runs write, and files of other tools.
+NOT_FILES = NOT_IN_REPO | {"pytest.ini", "conftest.py", "__init__.py", "events.out.tfevents", "meta.yaml",
+                           "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "pyproject.toml",
+                           "latest", "trainer.pt", "state.pt", "manifest.json", "weights.safetensors", "pairs.jsonl",
+                           "accepted.jsonl", "pipeline.json", "precision.json", "env.log", "model.gguf",
+                           "file.py", "path.py", "x.yaml", "json.py", "usercustomize.py"}  # placeholders, modules a test plants
+# Other projects' files, named where rlpost follows them (their paths in their repositories).
+OTHER_PROJECTS = ("verl/", "trl/", "mutmut/", "examples/data_preprocess/", "eval/eval.py")
+OUTSIDE = re.compile(r"DESIGN\.md|MEASUREMENTS\.md|STYLE(\.md| R\d)|\.\./shared|/work/")
+
+
+def cited_paths(f: Path) -> list[tuple[int, str]]:
+    """(line, path) of every path named in a comment or a docstring of ``f``."""
+    import io
+    import tokenize
+
+    text = f.read_text()
+    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node):
+            out.append((node.body[0].lineno, ast.get_docstring(node)))
+    return [(line, m.group(1)) for line, s in out for m in PATH.finditer(s)] + \
+        [(line, f"outside: {m.group(0)}") for line, s in out for m in OUTSIDE.finditer(s)]
+
+
+@cache
+def repo_files() -> frozenset[str]:
+    return frozenset(p.relative_to(ROOT).as_posix() for d in ("src", "tests", "benchmarks", "scripts", "recipes", "docs")
+                     for p in (ROOT / d).rglob("*") if ".venv" not in p.parts) | \
+        frozenset(p.name for p in ROOT.iterdir())
+
+
+def test_every_file_a_comment_or_docstring_cites_exists():
+    found = []
+    for folder in ("src", "tests", "benchmarks", "scripts"):
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            for line, path in cited_paths(f):
+                where = f"{f.relative_to(ROOT)}:{line}"
+                if path.startswith("outside: "):
+                    found.append(f"{where} cites {path[9:]}, which is not in this repository")
+                elif not (not_in_repo(path) or path.split("/")[-1] in NOT_FILES or path.startswith(OTHER_PROJECTS) or
+                          any(r == path or r.endswith("/" + path) for r in repo_files())):
+                    found.append(f"{where} cites {path}: no such file in the repository")
+    assert not found, "\n".join(found)

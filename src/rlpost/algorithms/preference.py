@@ -1,5 +1,4 @@
-"""Offline preference losses as pure functions of per-sequence log-probs (no model, no state: each is
-tested by hand).
+"""Offline preference losses as pure functions of per-sequence log-probs (no model, no state).
 
 Inputs are (B,) float tensors with one value per completion. ``*_logp`` is the SUM over the
 completion's tokens of log pi(token) (``sequence_logps`` makes it from (B, T) token log-probs),

@@ -66,7 +66,7 @@ class RolloutWorker:
 
 class TrainerWorker:
     """The trainer role in its own process; returns its busy seconds with each result. With
-    world > 1 it is one rank of an FSDP2 data-parallel trainer (distributed/fsdp.py): every rank
+    world > 1 it is one rank of an FSDP2 data-parallel trainer (model/fsdp.py): every rank
     gets every call, and rank 0's answer is the one used."""
 
     def __init__(self, make_trainer: Callable, weights: dict | None, threads: int, sampler_dtype: str, rank: int = 0,

@@ -1,7 +1,7 @@
 """FSDP2 data parallelism for the trainer: shard a HF causal LM across the ranks of an already
 initialised ``torch.distributed`` process group, and the few collectives the trainer needs
 around it. The mesh takes its device type from the model's parameters; the trainer runs on CPU
-today, so that is gloo (tests/distributed/test_fsdp.py runs 2 ranks).
+today, so that is gloo (tests/model/test_fsdp.py runs 2 ranks).
 
 Every rank holds 1/world of each parameter, gradient and AdamW moment. A forward all-gathers one
 decoder layer at a time (and the root's embedding / norm / lm_head once), a backward

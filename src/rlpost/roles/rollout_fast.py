@@ -23,7 +23,7 @@ same maths with fewer, larger ops (benchmarks/README.md measures each lever):
 What is sampled is exactly ``HFRollout``'s distribution: softmax(logits / T), top-p after, and
 the recorded sampler log-prob is log softmax(logits / T) of the drawn token. Numerics mirror
 transformers' bf16 forward (RMSNorm in float32, RoPE in the weights' dtype), so greedy completions
-match `generate` token for token (tests/test_rollout_fast.py). Architectures: ``llama``, and
+match `generate` token for token (tests/roles/test_rollout_fast.py). Architectures: ``llama``, and
 ``qwen2`` without sliding window (q/k/v biases); anything else falls back to ``HFRollout``.
 Stop strings (multi-turn tool episodes) also go through ``HFRollout``'s path.
 """

@@ -138,6 +138,7 @@ class Objective(Protocol):
     it (``algorithms/objective.py``: PRIME, the overlong filter, entropy bonus, TIS, adaptive KL)."""
 
     algo: Algorithm
+    traits: Traits  # the algorithm's (the loop reads filters_groups: DAPO's refill)
     loss: LossFn  # the algorithm's loss with the loss-side knobs wrapped around it
     needs_reference: bool
     old_logp_first: bool  # the trainer's old log-probs (and values) are needed before the advantages
