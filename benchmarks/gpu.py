@@ -213,7 +213,7 @@ def child_trl(a: argparse.Namespace) -> None:
 
     row = Row(**json.loads(a.row))
     folder = embedded_model_dir() if a.model == "embedded" else Path(a.model)
-    task = build_task(config.load(None, []))
+    task = build_task(config.load(None, []).task)
     data = Dataset.from_list([{"prompt": r["messages"], "answer": r["answer"]} for r in task.train[:4000]])
 
     def verifier(prompts, completions, answer, **_):

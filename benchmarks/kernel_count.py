@@ -158,7 +158,7 @@ def update_counts(shape: str) -> dict[str, dict]:
                                      f"trainer.micro_batch_size={micro}",
                                      "rollout.prompts_per_step=4", "rollout.group_size=4"])
             trainer = build.make_trainer(cfg, model(shape, layers).train(), False)
-            loss = algorithms.build(cfg).loss
+            loss = algorithms.build(cfg.algo, cfg.rollout.group_size, cfg.rollout.max_new_tokens).loss
             b = batch(ROWS, PROMPT, COMPLETION, 4)
             with chunks(chunk, sdpa=True):
                 trainer.update(copy.deepcopy(b), loss)  # warm: the first update allocates the optimizer state

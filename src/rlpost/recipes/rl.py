@@ -339,7 +339,7 @@ def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int,
     and what summary.json records of the choice (the report marks it)."""
     step = None if selected is None else selected[0]
     if cfg.model.lora_r > 0:  # the adapters alone too, peft's folder: what a LoRA user serves (vLLM --enable-lora)
-        export.write_model(run_dir, cfg, step, run_dir / "adapter", merge_lora=False)
+        export.write_model(run_dir, cfg.model, cfg.run.seed, step, run_dir / "adapter", merge_lora=False)
     if selected is None:
         return export.write_model(run_dir, cfg.model, cfg.run.seed), {}
     say(f"RUN/model holds step {selected[0]}: the best held-out accuracy, {selected[1]:.3f} (run.early_stop_patience)")
