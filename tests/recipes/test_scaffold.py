@@ -15,7 +15,7 @@ from rlpost.roles.trainer import Trainer
 from rlpost.types.errors import Interrupted
 
 # sft, rm, dpo on 32 rows built from the arithmetic task: 4 steps of 8 rows
-OFFLINE = ["pref.batch_size=8", "task.n_train=32", "pref.epochs=1"]
+OFFLINE = ["pref.batch_size=8", "task.n_train=32", "pref.epochs=1", "pref.max_len=64"]
 ROUNDS = ["pref.online_rounds=1", "pref.online_prompts=8", "task.verifier=toy_verifiers:odd_length", "pref.batch_size=4"]
 
 
