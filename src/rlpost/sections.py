@@ -65,7 +65,7 @@ class TaskConfig:
     system_prompt: str = ""
     """system message placed before the user message; empty = the chat template's default"""
     prompt_format: Literal["chat", "raw"] = "chat"
-    """how a data row's string prompt reaches the model: chat = as the user message of the model's chat template; raw = as it is, no template (TRL's standard, non-conversational format: a base model, a text to continue). A prompt given as chat messages is templated either way, as TRL does"""
+    """a data row's string prompt: chat = the user message of the chat template; raw = as it is, no template (docs/options.md)"""
     n_train: int = knob(4000, ge=1)
     """training problems (the stream cycles through them, reshuffled each epoch)"""
     n_heldout: int = knob(200, ge=1)
