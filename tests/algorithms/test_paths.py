@@ -9,6 +9,7 @@ from rlpost import config
 from rlpost.algorithms import core
 from rlpost.algorithms.ppo import clipped_value_loss, dual_clip_frac, explained_variance
 from rlpost.algorithms.wrappers import with_overlong_filter, with_prime
+from rlpost.build import check_algorithm
 
 t = torch.tensor
 
@@ -113,14 +114,14 @@ def test_what_an_algorithm_cannot_run_is_refused(keys, key):
 ])
 def test_keys_the_chosen_algorithm_does_not_read_are_refused(keys, key, hint):
     with pytest.raises(config.ConfigError, match=rf"^{key.replace('.', '[.]')}: algo.name=\w+ does not read it.*{hint}"):
-        build(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
+        check_algorithm(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
 
 
 def test_each_algorithm_takes_its_own_keys():
     for keys in (["algo.name=dapo", "algo.dapo_clip_eps_high=0.3"], ["algo.name=ppo", "algo.gamma=0.9", "algo.critic=shared"],
                  ["algo.name=reinforce", "algo.baseline=none"], ["algo.name=cispo", "algo.cispo_eps_low=0.1"],
                  ["algo.name=gspo", "algo.seq_clip_eps_high=1e-3"], ["algo.name=grpo", "algo.std_scope=batch"]):
-        build(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
+        check_algorithm(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
 
 
 def objective_loss(keys, logp, old, adv, mask, ref=None, sampler=None):
