@@ -903,7 +903,7 @@ NOT_FILES = NOT_IN_REPO | {"pytest.ini", "conftest.py", "__init__.py", "events.o
                            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "pyproject.toml",
                            "latest", "trainer.pt", "state.pt", "manifest.json", "weights.safetensors", "pairs.jsonl",
                            "accepted.jsonl", "pipeline.json", "precision.json", "env.log", "model.gguf",
-                           "file.py", "path.py", "x.yaml", "p.yaml", "json.py", "usercustomize.py"}  # placeholders, modules a test plants
+                           "file.py", "path.py", "x.yaml", "p.yaml", "gpu-tokens.md", "json.py", "usercustomize.py"}  # placeholders, modules a test plants
 # Other projects' files, named where rlpost follows them (their paths in their repositories).
 OTHER_PROJECTS = ("verl/", "trl/", "mutmut/", "examples/data_preprocess/", "eval/eval.py")
 OUTSIDE = re.compile(r"DESIGN\.md|MEASUREMENTS\.md|STYLE(\.md| R\d)|\.\./shared|/work/")
