@@ -5,9 +5,10 @@ import os
 
 import pytest
 import yaml
-from helpers import TINY, cli, tiny_cfg
+from helpers import TINY, cli, objective, tiny_cfg
 
-from rlpost import algorithms, config
+from rlpost import config
+from rlpost.build import check_algorithm
 from rlpost.recipes.rl import train
 from rlpost.types.errors import ConfigError
 
@@ -37,9 +38,9 @@ def own_algorithm(tmp_path, monkeypatch):
 def test_an_algorithm_by_file_or_module_is_built_and_its_path_kept(own_algorithm, monkeypatch):
     cfg = config.load(None, ["algo.name=my_algo.py:HalfGRPO"])
     assert cfg.algo.name == f"{own_algorithm / 'my_algo.py'}:HalfGRPO"  # absolute: eval and --resume run from anywhere
-    assert type(algorithms.build(cfg).algo).__name__ == "HalfGRPO"
+    assert type(objective(cfg).algo).__name__ == "HalfGRPO"
     monkeypatch.syspath_prepend(str(own_algorithm))
-    assert type(algorithms.build(config.load(None, ["algo.name=my_algo:HalfGRPO"])).algo).__name__ == "HalfGRPO"
+    assert type(objective(config.load(None, ["algo.name=my_algo:HalfGRPO"])).algo).__name__ == "HalfGRPO"
 
 
 @pytest.mark.parametrize("name, says", [
@@ -51,7 +52,7 @@ def test_an_algorithm_by_file_or_module_is_built_and_its_path_kept(own_algorithm
 def test_what_is_not_an_algorithm_is_refused_in_one_line(own_algorithm, monkeypatch, name, says):
     monkeypatch.syspath_prepend(str(own_algorithm))
     with pytest.raises(ConfigError) as e:
-        algorithms.check(config.load(None, [f"algo.name={name}"]))
+        check_algorithm(config.load(None, [f"algo.name={name}"]))
     assert str(e.value).startswith("algo.name: ") and says in str(e.value) and "\n" not in str(e.value)
 
 
