@@ -190,11 +190,11 @@ def resolve_device(cfg: config.Config) -> config.Config:
 def resolve_engine(cfg: config.Config) -> config.Config:
     """cfg with rollout.engine=auto made vllm where it means vLLM (on CUDA, installed: roles/engine.py),
     said in one line; every other choice waits for the model (``build_rollout``)."""
-    r = cfg.rollout
-    if not auto_picks_vllm(r.engine, device.is_cuda(cfg.run.device), r.top_p, cfg.model.name):
+    rollout = cfg.rollout
+    if not auto_picks_vllm(rollout.engine, device.is_cuda(cfg.run.device), rollout.top_p, cfg.model.name):
         return cfg
     say_once("rollout.engine=auto on cuda: vLLM (installed), in this process beside the trainer")
-    return replace(cfg, rollout=replace(r, engine="vllm"))
+    return replace(cfg, rollout=replace(rollout, engine="vllm"))
 
 
 def resolve_precision(cfg: config.Config) -> config.Config:
@@ -275,9 +275,9 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer, run_dir:
     else:
         rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype)
     if is_env(cfg):  # multi-turn episodes: the same generate() contract, the environment's turns inside
-        t = cfg.task
-        pool = env_pool(t, t.env_workers, Path(run_dir) / "env.log" if run_dir else None, (run_dir,) if run_dir else ())
-        rollout = EnvRollout(rollout, pool, t.max_turns, t.max_episode_tokens)
+        task = cfg.task
+        pool = env_pool(task, task.env_workers, Path(run_dir) / "env.log" if run_dir else None, (run_dir,) if run_dir else ())
+        rollout = EnvRollout(rollout, pool, task.max_turns, task.max_episode_tokens)
     return rollout
 
 

@@ -27,11 +27,11 @@ USER_DATA_MAX_NEW_TOKENS = 256
 
 def fill(cfg: Config) -> Config:
     """cfg with the defaults that follow the task and the reward functions' file paths filled in."""
-    t = cfg.task
-    task = dataclasses.replace(t, verifier=function_path(t.verifier, "task.verifier"),
+    task = cfg.task
+    task = dataclasses.replace(task, verifier=function_path(task.verifier, "task.verifier"),
                                reward_funcs=",".join(function_path(f.strip(), "task.reward_funcs")
-                                                     for f in t.reward_funcs.split(",") if f.strip()))
-    tokens = cfg.rollout.max_new_tokens or default_max_new_tokens(bool(t.data))
+                                                     for f in task.reward_funcs.split(",") if f.strip()))
+    tokens = cfg.rollout.max_new_tokens or default_max_new_tokens(bool(task.data))
     algo = cfg.algo
     if ":" in algo.name:  # your own algorithm, 'module:Class' or 'file.py:Class' (algorithms.resolve)
         algo = dataclasses.replace(algo, name=function_path(algo.name, "algo.name"))

@@ -12,23 +12,23 @@ ENV_FAMILIES = ("env", "tools")  # multi-turn episodes of an environment (roles/
 
 def check_env(cfg, families: list[str]) -> None:
     """What environment episodes need (task.name=env or tools)."""
-    t = cfg.task
+    task = cfg.task
     if families[0] not in ENV_FAMILIES:
-        if t.turn_credit != "episode":
-            raise ConfigError(f"task.turn_credit: applies to environment episodes (task.name=env or tools), not task.name={t.name}")
+        if task.turn_credit != "episode":
+            raise ConfigError(f"task.turn_credit: applies to environment episodes (task.name=env or tools), not task.name={task.name}")
         return
     if cfg.rollout.top_p < 1:
-        raise ConfigError(f"rollout.top_p: task.name={t.name} does not yet carry the top-p threshold across an episode's turns, "
+        raise ConfigError(f"rollout.top_p: task.name={task.name} does not yet carry the top-p threshold across an episode's turns, "
                           f"so the trainer would score the full softmax; expected 1.0, got {cfg.rollout.top_p}")
-    if t.name == "env" and not t.env.strip():
+    if task.name == "env" and not task.env.strip():
         raise ConfigError("task.env: task.name=env needs an environment: 'module:Class', or one of guess, search, code_repair, "
                           "'verifiers:ENV_ID', 'textarena:ENV_ID'")
-    if t.verifier:
-        raise ConfigError(f"task.verifier: task.name={t.name} is rewarded by its environment's step; expected it empty "
+    if task.verifier:
+        raise ConfigError(f"task.verifier: task.name={task.name} is rewarded by its environment's step; expected it empty "
                           "(task.reward_funcs can add a reward on the episode's text)")
     try:
-        args = yaml.safe_load(t.env_args) if t.env_args else {}
+        args = yaml.safe_load(task.env_args) if task.env_args else {}
     except yaml.YAMLError as e:
         raise ConfigError(f"task.env_args: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(args, dict):
-        raise ConfigError(f"task.env_args: expected a YAML mapping like '{{high: 50}}', got {t.env_args!r}")
+        raise ConfigError(f"task.env_args: expected a YAML mapping like '{{high: 50}}', got {task.env_args!r}")

@@ -240,10 +240,10 @@ def rm_scores(values: Tensor, mask: Tensor) -> Tensor:
     return (values * core.last_token(mask)).sum(1)
 
 
-def make_rm_loss(p: PrefConfig):
+def make_rm_loss(pref: PrefConfig):
     def loss_fn(logp: Tensor, batch: Rollouts, values: Tensor) -> tuple[Tensor, dict]:
         s = rm_scores(values, batch.completion_mask).view(-1, 2)  # (pairs, 2)
-        margin = torch.full((len(s),), p.rm_margin, device=s.device) if p.rm_margin > 0 else None
+        margin = torch.full((len(s),), pref.rm_margin, device=s.device) if pref.rm_margin > 0 else None
         loss, m = bradley_terry_loss(s[:, 0], s[:, 1], margin=margin)
         return loss * len(s) / (batch.loss_seqs / 2), m
 
@@ -256,29 +256,29 @@ def pair_sums(token_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return total.view(-1, 2), count.view(-1, 2)  # (pairs, 2) each
 
 
-def make_dpo_loss(p: PrefConfig):
+def make_dpo_loss(pref: PrefConfig):
     """The micro-batch loss for pref.loss; scaled by this micro-batch's share of the mini-batch's pairs."""
 
     def loss_fn(logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         s, n = pair_sums(logp, mask)  # (pairs, 2) each
         r, _ = pair_sums(batch.ref_logp, mask) if batch.ref_logp is not None else (None, None)
-        if p.loss == "dpo":
-            loss, m = dpo_loss(s[:, 0], s[:, 1], r[:, 0], r[:, 1], beta=p.beta, label_smoothing=p.label_smoothing)
-        elif p.loss == "ipo":
-            loss, m = ipo_loss(s[:, 0], s[:, 1], r[:, 0], r[:, 1], beta=p.beta, chosen_len=n[:, 0], rejected_len=n[:, 1])
-        elif p.loss == "simpo":
-            loss, m = simpo_loss(s[:, 0], s[:, 1], n[:, 0], n[:, 1], beta=p.beta, gamma=p.simpo_gamma)
-        elif p.loss == "orpo":
+        if pref.loss == "dpo":
+            loss, m = dpo_loss(s[:, 0], s[:, 1], r[:, 0], r[:, 1], beta=pref.beta, label_smoothing=pref.label_smoothing)
+        elif pref.loss == "ipo":
+            loss, m = ipo_loss(s[:, 0], s[:, 1], r[:, 0], r[:, 1], beta=pref.beta, chosen_len=n[:, 0], rejected_len=n[:, 1])
+        elif pref.loss == "simpo":
+            loss, m = simpo_loss(s[:, 0], s[:, 1], n[:, 0], n[:, 1], beta=pref.beta, gamma=pref.simpo_gamma)
+        elif pref.loss == "orpo":
             mean = s / n.clamp(min=1)  # (pairs, 2) per-token mean log-probs
-            loss, m = orpo_loss(mean[:, 0], mean[:, 1], -mean[:, 0], lam=p.orpo_lambda)
+            loss, m = orpo_loss(mean[:, 0], mean[:, 1], -mean[:, 0], lam=pref.orpo_lambda)
         else:  # kto: the pairs give one desirable and one undesirable example each
             pol, ref = s.reshape(-1), r.reshape(-1)  # (B,)
             desirable = torch.tensor([True, False], device=s.device).repeat(len(s))
             z0 = kto_kl_ref_point(pol.detach(), ref)
-            loss, m = kto_loss(pol, ref, desirable, z0, beta=p.beta)
-        if p.nll_coef > 0:  # RPO: plus an NLL anchor on the chosen completion
-            loss, m = nll_anchor(loss, m, s[:, 0], n[:, 0], p.nll_coef)
+            loss, m = kto_loss(pol, ref, desirable, z0, beta=pref.beta)
+        if pref.nll_coef > 0:  # RPO: plus an NLL anchor on the chosen completion
+            loss, m = nll_anchor(loss, m, s[:, 0], n[:, 0], pref.nll_coef)
         share = len(s) / (batch.loss_seqs / 2)  # pairs here / pairs in the mini-batch
         return loss * share, m
 

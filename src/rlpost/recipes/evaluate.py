@@ -181,9 +181,9 @@ def passk_curve(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path |
     on or off (run.passk_eval=0). ``dump`` receives every sample."""
     if not rows:
         return {}
-    r = cfg.rollout
+    rollout = cfg.rollout
     with torch.random.fork_rng():
-        records = sample_records(roles, rows, PASSK_SAMPLES, r.temperature, r.top_p, r.max_new_tokens,
+        records = sample_records(roles, rows, PASSK_SAMPLES, rollout.temperature, rollout.top_p, rollout.max_new_tokens,
                                  max(cfg.run.eval_batch_size, 2 * PASSK_SAMPLES))
     if dump is not None:
         write_records(records, dump)

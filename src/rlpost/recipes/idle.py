@@ -46,19 +46,19 @@ def counts(history: list[dict]) -> dict[str, int]:
 
 def explain(why: str, n: int, cfg: config.Config) -> str:
     """'n step(s) <what happened> (<the knob>)'."""
-    r = cfg.rollout
+    rollout = cfg.rollout
     text = {
         "filtered": f"kept no group after the group filter (no reward variance in any, after rollout.max_refill_rounds="
-                    f"{r.max_refill_rounds} refills); widen rollout.filter_min_pass_rate={r.filter_min_pass_rate:g} / "
-                    f"filter_max_pass_rate={r.filter_max_pass_rate:g}, raise rollout.group_size (now {r.group_size}) "
+                    f"{rollout.max_refill_rounds} refills); widen rollout.filter_min_pass_rate={rollout.filter_min_pass_rate:g} / "
+                    f"filter_max_pass_rate={rollout.filter_max_pass_rate:g}, raise rollout.group_size (now {rollout.group_size}) "
                     "or rollout.max_refill_rounds, or pick a task this model solves sometimes",
         "nonfinite": "skipped every optimizer step for a non-finite loss or gradient; lower trainer.lr "
                      f"(trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps} in a row stop a run)",
         "reward_failed": "scored every completion 0 because every reward call failed, which task.max_reward_error_frac="
                          f"{cfg.task.max_reward_error_frac:g} let through; fix the function (RUN/verifier.log)",
         "no_signal": "had every group's rewards equal (every advantage 0); pick a task this model solves sometimes "
-                     f"(rlpost eval --samples 8), or raise rollout.group_size (now {r.group_size}) or "
-                     f"rollout.temperature (now {r.temperature:g})",
+                     f"(rlpost eval --samples 8), or raise rollout.group_size (now {rollout.group_size}) or "
+                     f"rollout.temperature (now {rollout.temperature:g})",
     }[why]
     return f"{n} step{'s' if n != 1 else ''} {text}"
 
