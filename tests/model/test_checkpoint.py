@@ -71,7 +71,7 @@ SCHEMA_DAMAGE = {
                                                              c / "trainer.pt"), reseal(c)),
                                        "trainer.pt: optimizer.param_groups: expected a list"),
     "metrics copy not JSON lines": (lambda c: ((c / "metrics.jsonl").write_text('{"step": 1}\n[2]\n'), reseal(c)),
-                                    "metrics.jsonl: [1]: expected a mapping"),
+                                    "metrics.jsonl[1]: expected a mapping"),
     "weights with no tensor": (lambda c: (save_file({}, c / "model.safetensors"), reseal(c)), "model.safetensors holds no tensor"),
 }
 
