@@ -305,3 +305,24 @@ def test_lines_over_120_columns_only_shrink():
     grown = [f"{f}: {n} lines over {LINE_LIMIT} columns (allowed {allowed.get(f, 0)})"
              for f, n in long_lines().items() if n > allowed.get(f, 0)]
     assert not grown, grown
+
+
+# Below build.py a module takes plain values or its own config section (docs/design.md), except
+# these two, whose subject is a whole config file: the run folder writes config.yaml, the planner
+# plans from a finished run's.
+WHOLE_CONFIG_OK = {"observe/planner.py", "observe/runfolder.py"}
+
+
+def test_below_build_py_no_function_takes_the_whole_config():
+    below = {name for names in LAYERS[LAYERS.index(("sandbox",)):LAYERS.index(("build",))] for name in names}
+    found, used = [], set()
+    for _, f, tree in sources():
+        rel = f.relative_to(SRC).as_posix()
+        if rel.split("/")[0] not in below:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.arg) and (node.arg == "cfg" or node.annotation is not None
+                                              and ast.unparse(node.annotation) in ("Config", "config.Config")):
+                (used.add(rel) if rel in WHOLE_CONFIG_OK else found.append(f"{rel}:{node.lineno} {node.arg}"))
+    assert not found, f"pass the section or the values instead: {found}"
+    assert used == WHOLE_CONFIG_OK, f"WHOLE_CONFIG_OK entries with no whole config left: {WHOLE_CONFIG_OK - used}"
