@@ -276,7 +276,8 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer, run_dir:
         rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype)
     if is_env(cfg):  # multi-turn episodes: the same generate() contract, the environment's turns inside
         task = cfg.task
-        pool = env_pool(task, task.env_workers, Path(run_dir) / "env.log" if run_dir else None, (run_dir,) if run_dir else ())
+        log = Path(run_dir) / "env.log" if run_dir else None
+        pool = env_pool(task, task.env_workers, log, (run_dir,) if run_dir else ())
         rollout = EnvRollout(rollout, pool, task.max_turns, task.max_episode_tokens)
     return rollout
 

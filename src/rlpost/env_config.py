@@ -15,17 +15,19 @@ def check_env(cfg, families: list[str]) -> None:
     task = cfg.task
     if families[0] not in ENV_FAMILIES:
         if task.turn_credit != "episode":
-            raise ConfigError(f"task.turn_credit: applies to environment episodes (task.name=env or tools), not task.name={task.name}")
+            raise ConfigError("task.turn_credit: applies to environment episodes (task.name=env or tools), "
+                              f"not task.name={task.name}")
         return
     if cfg.rollout.top_p < 1:
-        raise ConfigError(f"rollout.top_p: task.name={task.name} does not yet carry the top-p threshold across an episode's turns, "
-                          f"so the trainer would score the full softmax; expected 1.0, got {cfg.rollout.top_p}")
+        raise ConfigError(f"rollout.top_p: task.name={task.name} does not yet carry the top-p threshold across an "
+                          "episode's turns, so the trainer would score the full softmax; expected 1.0, "
+                          f"got {cfg.rollout.top_p}")
     if task.name == "env" and not task.env.strip():
-        raise ConfigError("task.env: task.name=env needs an environment: 'module:Class', or one of guess, search, code_repair, "
-                          "'verifiers:ENV_ID', 'textarena:ENV_ID'")
+        raise ConfigError("task.env: task.name=env needs an environment: 'module:Class', or one of guess, search, "
+                          "code_repair, 'verifiers:ENV_ID', 'textarena:ENV_ID'")
     if task.verifier:
-        raise ConfigError(f"task.verifier: task.name={task.name} is rewarded by its environment's step; expected it empty "
-                          "(task.reward_funcs can add a reward on the episode's text)")
+        raise ConfigError(f"task.verifier: task.name={task.name} is rewarded by its environment's step; expected it "
+                          "empty (task.reward_funcs can add a reward on the episode's text)")
     try:
         args = yaml.safe_load(task.env_args) if task.env_args else {}
     except yaml.YAMLError as e:

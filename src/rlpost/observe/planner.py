@@ -91,15 +91,19 @@ def read_run(run_dir: str | Path) -> tuple[Config, dict, int, dict]:
 def workload_from_run(cfg: Config, med: dict, dev: Device) -> Workload:
     rollout, trainer = cfg.rollout, cfg.trainer
     reference, critic, early_old = algorithm_parts(cfg)
+    sampler_dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(rollout.dtype, rollout.dtype)
     return Workload(  # lengths as the run saw them; the trainer pads completions to the batch's longest
-        prompts=rollout.prompts_per_step, group=rollout.group_size, prompt_len=math.ceil(med.get("prompt_length/mean", 47)),
-        new_tokens=rollout.max_new_tokens, response_len=math.ceil(med.get("response_length/max", rollout.max_new_tokens)),
+        prompts=rollout.prompts_per_step, group=rollout.group_size,
+        prompt_len=math.ceil(med.get("prompt_length/mean", 47)), new_tokens=rollout.max_new_tokens,
+        response_len=math.ceil(med.get("response_length/max", rollout.max_new_tokens)),
         mean_response_len=med.get("response_length/mean", 0),
-        micro_batch=trainer.micro_batch_size, mini_batch=trainer.mini_batch_size, epochs=trainer.epochs, micro_tokens=trainer.micro_batch_tokens,
+        micro_batch=trainer.micro_batch_size, mini_batch=trainer.mini_batch_size, epochs=trainer.epochs,
+        micro_tokens=trainer.micro_batch_tokens,
         # 'auto' (the default, saved as such): what the probe's rule picks on the device planned for
-        trainer_bf16=bf16_on(trainer.precision, dev), sampler_bf16=bf16_on({"bfloat16": "bf16", "float32": "fp32"}.get(rollout.dtype, rollout.dtype), dev),
+        trainer_bf16=bf16_on(trainer.precision, dev), sampler_bf16=bf16_on(sampler_dtype, dev),
         reference=reference, critic=critic, early_old=early_old,
-        share_prefix=trainer.share_prompt_prefix, prompts_once=trainer.prompts_once, grad_ckpt=cfg.model.gradient_checkpointing,
+        share_prefix=trainer.share_prompt_prefix, prompts_once=trainer.prompts_once,
+        grad_ckpt=cfg.model.gradient_checkpointing,
         packed=trainer.forward != "hf" and not cfg.model.lora_r, engine=engine_of(rollout.engine))
 
 

@@ -48,10 +48,11 @@ def explain(why: str, n: int, cfg: config.Config) -> str:
     """'n step(s) <what happened> (<the knob>)'."""
     rollout = cfg.rollout
     text = {
-        "filtered": f"kept no group after the group filter (no reward variance in any, after rollout.max_refill_rounds="
-                    f"{rollout.max_refill_rounds} refills); widen rollout.filter_min_pass_rate={rollout.filter_min_pass_rate:g} / "
-                    f"filter_max_pass_rate={rollout.filter_max_pass_rate:g}, raise rollout.group_size (now {rollout.group_size}) "
-                    "or rollout.max_refill_rounds, or pick a task this model solves sometimes",
+        "filtered": "kept no group after the group filter (no reward variance in any, after "
+                    f"rollout.max_refill_rounds={rollout.max_refill_rounds} refills); widen "
+                    f"rollout.filter_min_pass_rate={rollout.filter_min_pass_rate:g} / "
+                    f"filter_max_pass_rate={rollout.filter_max_pass_rate:g}, raise rollout.group_size "
+                    f"(now {rollout.group_size}) or rollout.max_refill_rounds, or pick a task this model solves sometimes",
         "nonfinite": "skipped every optimizer step for a non-finite loss or gradient; lower trainer.lr "
                      f"(trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps} in a row stop a run)",
         "reward_failed": "scored every completion 0 because every reward call failed, which task.max_reward_error_frac="
