@@ -66,7 +66,8 @@ def cfg_for(name: str, agg: str = "token_mean", *extra: str):
     kl = [] if ALGORITHMS[name].traits.kl == "none" else [f"algo.kl_coef={KL_COEF}"]
     kl += ["algo.teacher=tiny"] if ALGORITHMS[name].traits.teacher else []  # REF holds the teacher's log-probs
     knobs = [f"algo.loss_agg={agg}", f"algo.clip_eps_low={EPS_LOW}", f"algo.clip_eps_high={EPS_HIGH}",
-             f"algo.dapo_clip_eps_high={EPS_HIGH}", f"algo.cispo_eps_low={EPS_LOW}", f"algo.seq_clip_eps_low={SEQ_EPS_LOW}",
+             f"algo.dapo_clip_eps_high={EPS_HIGH}", f"algo.cispo_eps_low={EPS_LOW}",
+             f"algo.seq_clip_eps_low={SEQ_EPS_LOW}",
              f"algo.seq_clip_eps_high={SEQ_EPS_HIGH}", f"algo.gamma={GAMMA}", f"algo.lam={LAM}",
              f"algo.value_clip={VALUE_CLIP}", f"algo.vf_coef={VF_COEF}", f"algo.baseline_decay={DECAY}", *extra]
     reads = {n: algorithms.knobs_read(cls, tiny_cfg().algo, K, MAX_NEW) for n, cls in ALGORITHMS.items()}

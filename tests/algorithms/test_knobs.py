@@ -104,8 +104,10 @@ def test_the_entropy_bonus_is_aggregated_like_the_loss(name):
     want = {"token_mean": (1 + 3 + 2) / 3, "const_norm": (1 + 3 + 2) / (2 * 4),
             "sequence": ((1 + 3) / 2 + 2) / 2, "": (1 + 3 + 2) / 2}[ALGORITHMS[name].traits.fixed_aggregator]
     teacher = ["algo.teacher=tiny"] if ALGORITHMS[name].traits.teacher else []
-    agg = [] if ALGORITHMS[name].traits.fixed_aggregator else ["algo.loss_agg=seq_mean_token_sum"]  # train refuses it there
-    cfg = lambda *x: tiny_cfg(f"algo.name={name}", *agg, "rollout.max_new_tokens=4", "rollout.group_size=2", *teacher, *x)
+    # train refuses algo.loss_agg where the aggregation is fixed
+    agg = [] if ALGORITHMS[name].traits.fixed_aggregator else ["algo.loss_agg=seq_mean_token_sum"]
+    cfg = lambda *x: tiny_cfg(f"algo.name={name}", *agg, "rollout.max_new_tokens=4", "rollout.group_size=2",
+                              *teacher, *x)
     mask = t([[True, True], [True, False]])
     b = rl_batch(mask, reward=t([1.0, 0.0]), old_logp=torch.zeros(2, 2), old_values=torch.zeros(2, 2),
                  ref_logp=t([[-1.0, 0.5], [0.2, 0.0]]))
