@@ -48,7 +48,7 @@ def objective(cfg: config.Config):
     """The loop's algorithm role for cfg (the algorithm with its knobs), checked first, as build.build_roles makes it."""
     from rlpost import algorithms, build
 
-    build.check_algorithm(cfg)
+    build.check_algorithm(cfg, refuse_ignored=False)  # tests set every algorithm's knobs at once
     return algorithms.build(cfg.algo, cfg.rollout.group_size, cfg.rollout.max_new_tokens,
                             stale_samples=cfg.dist.topology == "async")
 

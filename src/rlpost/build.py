@@ -75,7 +75,7 @@ def preflight(cfg: config.Config, task: Task | None = None) -> None:
                           "rollout.max_new_tokens", cfg.task.data or f"task.name={cfg.task.name}")
 
 
-def check_algorithm(cfg: config.Config) -> None:
+def check_algorithm(cfg: config.Config, refuse_ignored: bool = True) -> None:
     """Refuse, with one line naming the key, what the chosen algorithm cannot run: read from its
     declared traits (algorithms/), so no algorithm is named here."""
     algo, rollout, sizes = cfg.algo, cfg.rollout, cfg.derived
@@ -107,7 +107,7 @@ def check_algorithm(cfg: config.Config) -> None:
     why = algorithms.turns.check(traits, cfg.task.turn_credit)
     if why:
         raise ConfigError(f"task.turn_credit: turn with {algo.name.upper()}: {why}")
-    if ignored := algorithms.ignored_knobs(algo, rollout.group_size, rollout.max_new_tokens):
+    if refuse_ignored and (ignored := algorithms.ignored_knobs(algo, rollout.group_size, rollout.max_new_tokens)):
         key, readers = ignored[0]
         raise ConfigError(f"algo.{key}: algo.name={algo.name} does not read it (read by {', '.join(readers)}); remove it"
                           + (f", or set algo.name={readers[0]}" if len(readers) == 1 else ""))
