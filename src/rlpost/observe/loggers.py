@@ -90,13 +90,21 @@ class WandB:
         self.run.finish()
 
 
+_OUR_URIS: set[str] = set()  # the file stores MLflow sinks of this process pointed MLflow at
+
+
 class MLflow:
     def __init__(self, run_dir: Path, config: dict):
         import mlflow
 
-        if "MLFLOW_TRACKING_URI" not in os.environ:  # a local file store: no server, no database package
+        # A local file store (no server, no database package) unless the user named a tracking URI. MLflow's
+        # set_tracking_uri exports MLFLOW_TRACKING_URI for subprocesses, so one set by an earlier run of this
+        # process is ours, not the user's: the next run gets its own folder.
+        if os.environ.get("MLFLOW_TRACKING_URI") in (None, *_OUR_URIS):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps it, in maintenance mode
-            mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+            uri = (run_dir / "mlruns").resolve().as_uri()
+            _OUR_URIS.add(uri)
+            mlflow.set_tracking_uri(uri)
         mlflow.set_experiment("rlpost")
         self.mlflow = mlflow
         self.run = mlflow.start_run(run_name=run_dir.name)
