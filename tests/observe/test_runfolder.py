@@ -31,6 +31,25 @@ def test_a_second_command_on_a_held_folder_is_refused_naming_the_holder(tmp_path
         pass
 
 
+@pytest.mark.parametrize("made_it", [False, True])
+def test_a_start_refused_by_the_lock_removes_nothing_of_the_holders(tmp_path, monkeypatch, made_it):
+    # The race of two starts with one name: the loser listed the folder (or made it) before the holder wrote
+    # anything, then found the lock held. What it would count as its own additions are the holder's files.
+    run = tmp_path / "x"
+    with runfolder.claim(run, "new") as rf:
+        rf.write_config(tiny_cfg())
+        (run / "metrics.jsonl").write_text('{"step": 1}\n')
+        with monkeypatch.context() as m:
+            m.setattr(runfolder, "_make", lambda *a: made_it)
+            listings = [[]]  # the loser's first listing is from before the holder wrote; later ones are true
+            real_listdir = runfolder.os.listdir
+            m.setattr(runfolder.os, "listdir", lambda path: listings.pop() if listings else real_listdir(path))
+            with pytest.raises(runfolder.HeldElsewhere, match="another rlpost command"):
+                with runfolder.claim(run, "new"):
+                    pass
+        assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n' and (run / "config.yaml").is_file()
+
+
 def test_a_failed_start_leaves_no_folder_behind(tmp_path):
     run = tmp_path / "runs" / "x"
     with pytest.raises(KeyboardInterrupt), runfolder.claim(run, "new") as rf:

@@ -41,6 +41,10 @@ from rlpost.types.errors import ConfigError
 LOCK = folders.LEGACY_LOCK
 
 
+class HeldElsewhere(ConfigError):
+    """The run folder's lock is held by another command (one line, as every ConfigError)."""
+
+
 def has_run_data(run_dir: Path) -> bool:
     """Whether the folder holds anything a run produced (what must never be overwritten)."""
     metrics = run_dir / "metrics.jsonl"
@@ -119,7 +123,7 @@ def _lock(path: Path) -> int:
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise ConfigError(f"{path}: another rlpost command (pid {holder}) is using this run folder; "
+        raise HeldElsewhere(f"{path}: another rlpost command (pid {holder}) is using this run folder; "
                           "wait for it to finish, or pick another run.name") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -160,6 +164,12 @@ def claim(path: str | Path, mode: str, refuse_hint: str = "pick another run.name
     rf.before = set() if rf.created else set(os.listdir(rf.path))
     try:
         rf.fd = _lock(rf.path)
+    except HeldElsewhere:  # the folder is another command's: what appeared in it since the listing above (or the
+        raise  # folder itself, when this call made it just before the holder looked) is its work, so nothing is removed
+    except BaseException:
+        _remove_new(rf)
+        raise
+    try:
         if mode == "new" and has_run_data(rf.path):
             raise ConfigError(f"{key}: {rf.path} already holds a run; {refuse_hint}")
         check_writes(rf.path)
