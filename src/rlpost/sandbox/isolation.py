@@ -28,6 +28,7 @@ import re
 import signal
 import struct
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 
@@ -55,6 +56,44 @@ def _processes() -> list[tuple[int, str, int, int]]:
     return out
 
 
+# A worker that runs programs is a child subreaper (wire.die_with): a killed run's orphans become its
+# zombies, and no init reaps them. reap_adopted reaps those, never a child launched here (its Popen reaps
+# it and would read a stolen exit status as 0): launches register their pid under LAUNCHING. (cleanup.py's
+# removal child is not registered, that file runs standalone; were it reaped here, its 0 status is checked by
+# the rmdir that follows.)
+LAUNCHING = threading.Lock()
+LAUNCHED: set[int] = set()
+
+
+def popen(*args, **kwargs) -> subprocess.Popen:
+    """subprocess.Popen, the child's pid registered as ours before reap_adopted can see it."""
+    with LAUNCHING:
+        proc = subprocess.Popen(*args, **kwargs)
+        LAUNCHED.add(proc.pid)
+    return proc
+
+
+def forget(proc: subprocess.Popen) -> None:
+    """After the launched child was reaped by its Popen."""
+    LAUNCHED.discard(proc.pid)
+
+
+def reap_adopted() -> None:
+    """waitpid every zombie whose parent is this process and which it did not launch (see LAUNCHED)."""
+    me = os.getpid()
+    with LAUNCHING:
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in LAUNCHED:
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    state, ppid = f.read().rpartition(")")[2].split()[:2]
+                if state == "Z" and int(ppid) == me:
+                    os.waitpid(int(name), os.WNOHANG)
+            except (OSError, ValueError):
+                continue
+
+
 def kill_matching(uid: int | None = None, session: int | None = None, wait_s: float = KILL_WAIT_S,
                   reap_wait_s: float = 0.0) -> int:
     """SIGKILL every live process with real uid `uid` (any session), or in session `session`
@@ -74,6 +113,8 @@ def kill_matching(uid: int | None = None, session: int | None = None, wait_s: fl
             return len(alive)
         if not alive and (not mine or time.monotonic() > reap_stop or not reap_wait_s):
             return 0
+        if not alive:
+            reap_adopted()
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -255,6 +296,7 @@ class RunCgroup:
         while int(_read(f"{self.pids}/pids.current")) > 0:
             if time.monotonic() > stop:
                 return False
+            reap_adopted()
             time.sleep(0.01)
         return True
 

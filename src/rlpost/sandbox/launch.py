@@ -175,7 +175,7 @@ def spawn(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot:
                    "MALLOC_ARENA_MAX": "2"}
         user = {"user": slot.uid, "group": slot.uid, "extra_groups": []} if os.geteuid() == 0 else {}
         # A new session gives the outer process its own process group and session, killed whole.
-        proc = subprocess.Popen(cmd, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+        proc = isolation.popen(cmd, stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
                                 env=env, start_new_session=True, close_fds=True, pass_fds=mine[1:], **user)
     except BaseException:
         for fd in keep:

@@ -353,6 +353,7 @@ def _kill_all(proc: subprocess.Popen, cgroup, slot: isolation.Slot, backend: str
 
 
 def _finish(proc: subprocess.Popen) -> None:
+    isolation.forget(proc)
     for f in (proc.stdout, proc.stderr):
         f.close()
     for name in ("info_fd", "pid1_fd"):
