@@ -233,8 +233,7 @@ STATE = {
 }
 TRAINER = {"optimizer": {"state": dict, "param_groups": ListOf(dict)}, "scheduler": dict,
            "lora?": dict, "critic?": dict,
-           "master?": Where(lambda v: isinstance(v, list) and all(torch.is_tensor(t) for t in v),
-                            "a list of float32 tensors, one per trained weight")}
+           "master?": ListOf(Where(torch.is_tensor, "a tensor (the float32 master of one trained weight)"))}
 METRIC_LINE = {"step": Where(lambda v: _is_int(v) and v >= 1, "a step number >= 1")}
 
 
