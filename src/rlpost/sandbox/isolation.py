@@ -38,6 +38,12 @@ KILL_WAIT_S = 2.0
 # --- finding and killing processes ----------------------------------------------------------
 
 
+def _stat(pid: str) -> list[str]:
+    """/proc/PID/stat's fields after "pid (comm)": state ppid pgrp session ... (OSError if it is gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()
+
+
 def _processes() -> list[tuple[int, str, int, int]]:
     """(pid, state, session id, real uid) of every process; vanished ones are skipped."""
     out = []
@@ -45,8 +51,7 @@ def _processes() -> list[tuple[int, str, int, int]]:
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()  # after "pid (comm)": state ppid pgrp session
+            fields = _stat(name)
             with open(f"/proc/{name}/status") as f:
                 # the status file, not the /proc/PID owner: a non-dumpable process shows as root there
                 uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
@@ -86,8 +91,7 @@ def reap_adopted() -> None:
             if not name.isdigit() or int(name) in LAUNCHED:
                 continue
             try:
-                with open(f"/proc/{name}/stat") as f:
-                    state, ppid = f.read().rpartition(")")[2].split()[:2]
+                state, ppid = _stat(name)[:2]
                 if state == "Z" and int(ppid) == me:
                     os.waitpid(int(name), os.WNOHANG)
             except (OSError, ValueError):
@@ -100,9 +104,10 @@ def kill_matching(uid: int | None = None, session: int | None = None, wait_s: fl
     owned by our own uid, until none is left; returns how many survived `wait_s` (0 = all gone).
     Repeated because a process that is forking when the signal lands can leave a child behind.
 
-    reap_wait_s: then also wait that long for their zombies to be reaped. Orphans go to init,
-    which may reap them only after a second or more, and until then they still count against
-    RLIMIT_NPROC of their uid: the next run on this slot would find fork() refused."""
+    reap_wait_s: then also wait that long for their zombies to be reaped. Orphans go to init (or to
+    this process, a child subreaper: reap_adopted), which may reap them only after a second or more,
+    and until then they still count against RLIMIT_NPROC of their uid: the next run on this slot
+    would find fork() refused."""
     me, now = os.getuid(), time.monotonic()
     stop, reap_stop = now + wait_s, now + wait_s + reap_wait_s
     while True:
@@ -135,10 +140,10 @@ def kill_process_group(proc: subprocess.Popen) -> None:
             proc.group_gone = True
             break
         try:
-            proc.wait(timeout=0.01)  # reap the leader; orphans are reaped by init
+            proc.wait(timeout=0.01)  # reap the leader; orphans: init or reap_adopted
         except subprocess.TimeoutExpired:
             continue
-        if not _group_alive(proc.pid):  # only zombies left, waiting for init to reap them
+        if not _group_alive(proc.pid):  # only zombies left, waiting to be reaped
             proc.group_gone = True
     try:
         proc.wait(timeout=KILL_WAIT_S)
@@ -291,7 +296,7 @@ class RunCgroup:
 
     def wait_reaped(self, wait_s: float) -> bool:
         """Wait until every process of the group has been reaped, not just killed: a zombie keeps
-        its pids charge (and its RLIMIT_NPROC count) until its parent, often init, reaps it."""
+        its pids charge (and its RLIMIT_NPROC count) until its parent (init, or this process: reap_adopted) reaps it."""
         stop = time.monotonic() + wait_s
         while int(_read(f"{self.pids}/pids.current")) > 0:
             if time.monotonic() > stop:

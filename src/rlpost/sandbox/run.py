@@ -73,7 +73,7 @@ from rlpost.sandbox.launch import MAIN
 from rlpost.sandbox.limits import Limits, Result
 
 KILL_WAIT_S = 2.0  # after a kill, how long to wait for the pipes to close
-REAP_WAIT_S = 5.0  # rlimits as root: how long to wait for init to reap a run's orphans (see kill_matching)
+REAP_WAIT_S = 5.0  # rlimits as root: how long to wait for a run's orphans to be reaped (see kill_matching)
 CLEANUP_S = 10.0  # rlimits without a tmpfs mount: the longest a run's working directory may take to remove
 LEFTOVER_S = 2.0  # the longest a run spends on what earlier holders of its slot left (the rest waits)
 ALLOW_ROOT_ENV = "RLPOST_SANDBOX_ALLOW_ROOT"
