@@ -164,8 +164,10 @@ def claim(path: str | Path, mode: str, refuse_hint: str = "pick another run.name
     rf.before = set() if rf.created else set(os.listdir(rf.path))
     try:
         rf.fd = _lock(rf.path)
-    except HeldElsewhere:  # the folder is another command's: what appeared in it since the listing above (or the
-        raise  # folder itself, when this call made it just before the holder looked) is its work, so nothing is removed
+    # Held by another command: what appeared in the folder since the listing above (or the folder itself, when
+    # this call made it just before the holder looked) is that command's work, so nothing is removed.
+    except HeldElsewhere:
+        raise
     except BaseException:
         _remove_new(rf)
         raise
