@@ -138,7 +138,9 @@ def test_the_loop_names_every_role_and_fits_a_screen():
     for verb in ("rollout.generate", "verifier.score", "reference.logprobs", "algo.advantages", "trainer.update",
                  "rollout.load_weights", "trainer.recompute", "rollout.sleep"):
         assert verb in body, verb
-    assert fns["train"].end_lineno - fns["train"].lineno + 1 <= 80
+    # A screen: the 80 lines it had when lines were not yet held to 120 columns, counted as its 68 statements,
+    # so that wrapping a line neither helps nor hurts.
+    assert statements(fns["train"]) - 1 <= 68
 
 
 def statements(node: ast.AST) -> int:

@@ -81,38 +81,45 @@ def check_algorithm(cfg: config.Config, refuse_ignored: bool = True) -> None:
     algo, rollout, sizes = cfg.algo, cfg.rollout, cfg.derived
     traits = algorithms.resolve(algo.name).traits  # a registry name, or your own algorithm by import path
     if traits.group_baseline and rollout.group_size < 2:
-        raise ConfigError(f"rollout.group_size: expected >= 2 for {algo.name.upper()} (the baseline comes from the group), got {rollout.group_size}")
+        raise ConfigError(f"rollout.group_size: expected >= 2 for {algo.name.upper()} (the baseline comes from the "
+                          f"group), got {rollout.group_size}")
     if traits.on_policy_only and (cfg.trainer.epochs > 1 or sizes.mini_batch_size < sizes.batch_size):
         raise ConfigError(f"trainer.epochs: {algo.name.upper()} has no importance ratio, so it is on-policy only: "
                           "expected epochs=1 and mini_batch_size=0")
     if (rollout.filter_groups or traits.filters_groups) and rollout.group_size < 2:
-        raise ConfigError(f"rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), got {rollout.group_size}")
+        raise ConfigError("rollout.filter_groups: needs group_size >= 2 (a group of one never has reward variance), "
+                          f"got {rollout.group_size}")
     if traits.kl == "none" and algo.kl_coef > 0:
-        raise ConfigError(f"algo.kl_coef: {algo.name.upper()} has no KL term; use an algorithm with a KL in the reward or the loss")
+        raise ConfigError(f"algo.kl_coef: {algo.name.upper()} has no KL term; use an algorithm with a KL in the reward "
+                          "or the loss")
     if traits.teacher != bool(algo.teacher):
-        raise ConfigError(f"algo.teacher: {algo.name.upper()} " + ("distils from a teacher: expected a model ('embedded', a model folder, "
-                          "a run folder) with the student's tokenizer" if traits.teacher else f"reads no teacher, got {algo.teacher!r}; "
-                          "use algo.name=distill"))
+        raise ConfigError(f"algo.teacher: {algo.name.upper()} "
+                          + ("distils from a teacher: expected a model ('embedded', a model folder, a run folder) "
+                             "with the student's tokenizer" if traits.teacher
+                             else f"reads no teacher, got {algo.teacher!r}; use algo.name=distill"))
     if algo.cov_control != "none" and not traits.token_clip:
-        raise ConfigError(f"algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which {algo.name.upper()} does "
-                          f"not have; expected none, or one of {', '.join(n for n, c in algorithms.ALGORITHMS.items() if c.traits.token_clip)}")
+        raise ConfigError("algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which "
+                          f"{algo.name.upper()} does not have; expected none, or one of "
+                          f"{', '.join(n for n, c in algorithms.ALGORITHMS.items() if c.traits.token_clip)}")
     if algo.cov_control == "kl_cov" and cfg.trainer.epochs == 1 and sizes.mini_batch_size >= sizes.batch_size:
         raise ConfigError("algo.cov_control=kl_cov: with one optimizer step per rollout batch (trainer.epochs=1, "
-                          "trainer.mini_batch_size=0) every forward has log pi = log pi_old, so KL-Cov's penalty and its "
-                          f"gradient are 0 and it would do nothing; set trainer.mini_batch_size below {sizes.batch_size} or "
-                          "trainer.epochs >= 2, or use algo.cov_control=clip_cov")
+                          "trainer.mini_batch_size=0) every forward has log pi = log pi_old, so KL-Cov's penalty and "
+                          "its gradient are 0 and it would do nothing; set trainer.mini_batch_size below "
+                          f"{sizes.batch_size} or trainer.epochs >= 2, or use algo.cov_control=clip_cov")
     if algo.dual_clip_c is not None and not traits.token_clip:
-        raise ConfigError(f"algo.dual_clip_c: {algo.name.upper()} has no PPO token clip to cap; expected none, or one of "
-                          f"{', '.join(n for n, c in algorithms.ALGORITHMS.items() if c.traits.token_clip)}")
+        raise ConfigError(f"algo.dual_clip_c: {algo.name.upper()} has no PPO token clip to cap; expected none, or one "
+                          f"of {', '.join(n for n, c in algorithms.ALGORITHMS.items() if c.traits.token_clip)}")
     why = algorithms.turns.check(traits, cfg.task.turn_credit)
     if why:
         raise ConfigError(f"task.turn_credit: turn with {algo.name.upper()}: {why}")
     if refuse_ignored and (ignored := algorithms.ignored_knobs(algo, rollout.group_size, rollout.max_new_tokens)):
         key, readers = ignored[0]
-        raise ConfigError(f"algo.{key}: algo.name={algo.name} does not read it (read by {', '.join(readers)}); remove it"
+        raise ConfigError(f"algo.{key}: algo.name={algo.name} does not read it (read by {', '.join(readers)}); "
+                          "remove it"
                           + (f", or set algo.name={readers[0]}" if len(readers) == 1 else ""))
     if cfg.dist.trainer_ranks > 1 and traits.needs_values:
-        raise ConfigError(f"dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic ({algo.name})")
+        raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with a critic "
+                          f"({algo.name})")
 
 
 def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for_eval: bool = False,
@@ -125,16 +132,19 @@ def build_roles(cfg: config.Config, task: Task, weights: dict | None = None, for
     cfg = resolve_precision(cfg)
     check_algorithm(cfg)
     # dist.topology=async: the samples may come from weights a few updates old (the algorithm then corrects them by TIS)
-    algo = algorithms.build(cfg.algo, cfg.rollout.group_size, cfg.rollout.max_new_tokens, stale_samples=cfg.dist.topology == "async",
+    algo = algorithms.build(cfg.algo, cfg.rollout.group_size, cfg.rollout.max_new_tokens,
+                            stale_samples=cfg.dist.topology == "async",
                             turn_credit=cfg.task.turn_credit, turn_discount=cfg.task.turn_discount)
     # The verifier first: its dry start finds a bad task.verifier before the model loads. An
     # environment's episodes carry their rewards (rewards/episodes.py).
-    grader = EpisodeReward(cfg.task.turn_discount) if is_env(cfg) else make_runner(cfg, task.verifier, "task.verifier", run_dir)
+    grader = (EpisodeReward(cfg.task.turn_discount) if is_env(cfg)
+              else make_runner(cfg, task.verifier, "task.verifier", run_dir))
     reward = None
     try:
         # The reward functions next (their dry start), before any model loads.
         reward = grader if for_eval else build_reward(cfg, grader, run_dir)
-        prm = make_process_reward(cfg) if cfg.task.process_reward_model and not for_eval else None  # before the policy loads
+        # before the policy loads
+        prm = make_process_reward(cfg) if cfg.task.process_reward_model and not for_eval else None
         if cfg.dist.topology != "colocated" and not for_eval:
             roles = _remote_roles(cfg, algo, weights, stream, rollout_worker, grader, reward)
         else:
@@ -174,7 +184,8 @@ def make_runner(cfg: config.Config, path: str, key: str, run_dir: Path | None = 
     console says so) where a sandboxed program could write it (runner.safe_import_paths)."""
     task = cfg.task
     return VerifierRunner(path, verifier_timeout(task), workers=default_workers(task.verifier_workers), key=key,
-                          memory_mb=task.verifier_memory_mb, log_path=Path(run_dir) / "verifier.log" if run_dir else None,
+                          memory_mb=task.verifier_memory_mb,
+                          log_path=Path(run_dir) / "verifier.log" if run_dir else None,
                           import_paths=(*([run_dir] if run_dir else []), os.getcwd()), max_steps=cfg.run.steps)
 
 
@@ -237,11 +248,13 @@ def make_process_reward(cfg: config.Config) -> StepRewards:
     reads the policy's token ids)."""
     task, folder = cfg.task, Path(cfg.task.process_reward_model)
     if not (folder / "value_head.safetensors").is_file():
-        raise ConfigError(f"task.process_reward_model: {folder} is not a process reward model folder (no value_head.safetensors); "
-                          "write one with ProcessRewardModel.save (benchmarks/search.py --save-prm)")
+        raise ConfigError(f"task.process_reward_model: {folder} is not a process reward model folder (no "
+                          "value_head.safetensors); write one with ProcessRewardModel.save (benchmarks/search.py "
+                          "--save-prm)")
     prm = ProcessRewardModel.load(folder, cfg.run.device, micro_batch_size=cfg.derived.micro_batch_size,
                                   autocast_bf16=precision.trainer_bf16(cfg.trainer.precision))
-    same_tokenizer(cfg, prm.tok, f"task.process_reward_model: {folder}", "a PRM scores the policy's own token ids, so it must share its tokenizer")
+    same_tokenizer(cfg, prm.tok, f"task.process_reward_model: {folder}",
+                   "a PRM scores the policy's own token ids, so it must share its tokenizer")
     return StepRewards(prm, task.process_reward_coef, task.process_reward_form)
 
 
@@ -291,9 +304,9 @@ def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, dat
     critic = Critic(model, cfg.algo.critic) if algorithms.traits(cfg.algo.name).needs_values else None
     return Trainer(
         lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer, cfg.rollout.temperature,
-        sizes.mini_batch_size, sizes.micro_batch_size, sizes.optimizer_steps, cfg.model.gradient_checkpointing, critic=critic,
-        critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg.algo), offload_critic=cfg.offload.critic,
-        plan=ShardedPlan() if data_parallel else LocalPlan(),
+        sizes.mini_batch_size, sizes.micro_batch_size, sizes.optimizer_steps, cfg.model.gradient_checkpointing,
+        critic=critic, critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg.algo),
+        offload_critic=cfg.offload.critic, plan=ShardedPlan() if data_parallel else LocalPlan(),
     )
 
 
@@ -301,8 +314,8 @@ def make_pref_reference(cfg: config.Config, model: torch.nn.Module, micro_batch_
     """The offline recipes' reference (DPO and its family): ``model`` itself, not a copy, scored once
     over the whole data before training starts (the reference is frozen), at temperature 1, in
     micro-batches of the trainer's size, in the trainer's precision."""
-    return Reference(model, 1.0, micro_batch_size, precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix,
-                     forward=cfg.trainer.forward)
+    return Reference(model, 1.0, micro_batch_size, precision.trainer_bf16(cfg.trainer.precision),
+                     cfg.trainer.share_prompt_prefix, forward=cfg.trainer.forward)
 
 
 def make_pref_trainer(cfg: config.Config, model: torch.nn.Module, mini_batch_size: int, micro_batch_size: int,
@@ -316,8 +329,8 @@ def make_pref_trainer(cfg: config.Config, model: torch.nn.Module, mini_batch_siz
                    cfg.model.gradient_checkpointing, critic=head, critic_lr=cfg.algo.critic_lr)
 
 
-def make_head_trainer(lm: torch.nn.Module, head: Critic, trainer: TrainerConfig, mini_batch_size: int, micro_batch_size: int,
-                      optimizer_steps: int, head_lr: float) -> Trainer:
+def make_head_trainer(lm: torch.nn.Module, head: Critic, trainer: TrainerConfig, mini_batch_size: int,
+                      micro_batch_size: int, optimizer_steps: int, head_lr: float) -> Trainer:
     """A trunk with a value head trained on fixed targets, the head at its own rate: the process reward
     model's trainer (recipes/prm.py), from plain arguments (it trains outside a run's config)."""
     return Trainer(lm, trainer, 1.0, mini_batch_size, micro_batch_size, optimizer_steps, critic=head, critic_lr=head_lr)
@@ -382,9 +395,9 @@ def _remote_roles(cfg: config.Config, algo, weights: dict | None, stream, rollou
         from rlpost.distributed import topology
     except ImportError as e:  # Ray is an extra: say how to get it, in one line
         raise ConfigError(f"dist.topology: {cfg.dist.topology} runs on Ray ({e}); pip install 'rlpost[dist]'") from None
-    rollout, trainer = topology.place(cfg.dist, cfg.run.threads or os.cpu_count(), device.is_cuda(cfg.run.device), cfg.run.seed,
-                                      cfg.rollout.dtype, weights, partial(sampler_from, cfg), partial(trainer_from, cfg),
-                                      stream, rollout_worker, say)
+    rollout, trainer = topology.place(cfg.dist, cfg.run.threads or os.cpu_count(), device.is_cuda(cfg.run.device),
+                                      cfg.run.seed, cfg.rollout.dtype, weights, partial(sampler_from, cfg),
+                                      partial(trainer_from, cfg), stream, rollout_worker, say)
     # The reference is the starting policy, so a fresh load is it (checkpoint weights never go in).
     reference = make_reference(cfg, load_policy_for(cfg.model, cfg.run.seed).model) if algo.needs_reference else None
     return Roles(rollout, reward, reference, algo, trainer, grader=grader)

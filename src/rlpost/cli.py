@@ -3,7 +3,8 @@
   rlpost train [RECIPE.yaml] [section.key=value ...]   train (no recipe = the demo defaults)
   rlpost train --resume RUN_DIR [section.key=value ...] continue a run from its last checkpoint
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
-  rlpost sft | rsft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, rejection-sampling, preference, RM training
+  rlpost sft | rsft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, rejection-sampling, preference,
+                                                                       RM training
   rlpost pipeline PIPELINE.yaml [section.key=value ...] SFT -> (RM) -> DPO -> RL, one table at the end
   rlpost export RUN_DIR [--step N] [--out DIR] [--merge-lora] [--dtype D]   a checkpoint as a transformers folder
   rlpost report RUN_DIR [--out FILE]                    self-contained HTML report with plots
@@ -86,34 +87,46 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="held-out accuracy of a model or a run", epilog=options,
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Greedy held-out accuracy on the task of the config (a run's own, or the defaults).")
-    e.add_argument("target", metavar="MODEL_OR_RUN_DIR", help="'embedded', 'tiny', a model folder, a hub id, or a run folder")
+    e.add_argument("target", metavar="MODEL_OR_RUN_DIR",
+                   help="'embedded', 'tiny', a model folder, a hub id, or a run folder")
     e.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides")
     e.add_argument("--n", type=int, default=0, help="held-out problems to use (0 = all)")
-    e.add_argument("--samples", type=int, default=0, help="also draw S samples per problem at rollout.temperature: pass@k, maj@k")
+    e.add_argument("--samples", type=int, default=0,
+                   help="also draw S samples per problem at rollout.temperature: pass@k, maj@k")
     e.add_argument("--k", default="", help="comma-separated k for pass@k and maj@k (default: 1 and S)")
-    e.add_argument("--out", default="", help="per-sample results (JSONL); default RUN_DIR/eval_samples.jsonl or ./eval_samples.jsonl, numbered when it exists")
+    e.add_argument("--out", default="",
+                   help="per-sample results (JSONL); default RUN_DIR/eval_samples.jsonl or ./eval_samples.jsonl, "
+                        "numbered when it exists")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    e.add_argument("--json", action="store_true", help="print the result as one JSON line (the default when stdout is not a terminal)")
+    e.add_argument("--json", action="store_true",
+                   help="print the result as one JSON line (the default when stdout is not a terminal)")
     for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
                        ("rsft", "rejection-sampling SFT: SFT on the policy's own samples the verifier accepts"),
                        ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
                        ("rm", "Bradley-Terry reward model (a scalar head on the LM)")):
         k = sub.add_parser(kind, help=what, epilog=options, formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description=f"{what.capitalize()}, on pref.data (or rows built from the task). Writes RUN_DIR/model.")
+                           description=f"{what.capitalize()}, on pref.data (or rows built from the task). Writes "
+                                       "RUN_DIR/model.")
         k.add_argument("args", nargs="*", metavar="RECIPE|key=value", help="a recipe YAML, then dotted overrides")
     pl = sub.add_parser("pipeline", help="SFT -> (RM) -> DPO -> RL from one recipe, with a stage table")
     pl.add_argument("recipe", metavar="PIPELINE.yaml")
-    pl.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides added to the recipe's base (every stage)")
-    x = sub.add_parser("export", help="write a run's checkpoint as a transformers folder (vLLM, llama.cpp, from_pretrained)",
+    pl.add_argument("args", nargs="*", metavar="key=value",
+                    help="dotted overrides added to the recipe's base (every stage)")
+    x = sub.add_parser("export",
+                       help="write a run's checkpoint as a transformers folder (vLLM, llama.cpp, from_pretrained)",
                        description="Write a checkpoint of RUN_DIR as a transformers folder: config, generation config, "
-                                   "tokenizer with its chat template, safetensors. Every run already ends with RUN_DIR/model.")
+                                   "tokenizer with its chat template, safetensors. Every run already ends with "
+                                   "RUN_DIR/model.")
     x.add_argument("run_dir", metavar="RUN_DIR")
     x.add_argument("--step", type=int, help="the checkpoint of this step (default: the latest)")
-    x.add_argument("--out", metavar="DIR", help="where to write (default RUN_DIR/model, RUN_DIR/model_step_N with --step)")
+    x.add_argument("--out", metavar="DIR",
+                   help="where to write (default RUN_DIR/model, RUN_DIR/model_step_N with --step)")
     x.add_argument("--merge-lora", action="store_true",
-                   help="LoRA runs: fold the adapters into a full model (default for LoRA: the peft adapter folder alone)")
+                   help="LoRA runs: fold the adapters into a full model (default for LoRA: the peft adapter folder "
+                        "alone)")
     x.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="the weights' dtype in the folder (default float32, the trainer's master weights; bfloat16 halves it)")
+                   help="the weights' dtype in the folder (default float32, the trainer's master weights; bfloat16 "
+                        "halves it)")
     r = sub.add_parser("report", help="write RUN_DIR/report.html: plots, health findings, samples")
     r.add_argument("run_dir", metavar="RUN_DIR")
     r.add_argument("--out", metavar="FILE", help="where to write the HTML (default RUN_DIR/report.html)")
@@ -144,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, or another stop signal (Interrupted)
         signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
         what = e.message if isinstance(e, Interrupted) and e.message else f"stopped by {signal.Signals(signum).name}"
-        resume = " (`rlpost train --resume RUN_DIR` continues from the last checkpoint)" if argv[:1] == ["train"] else ""
+        resume = (" (`rlpost train --resume RUN_DIR` continues from the last checkpoint)" if argv[:1] == ["train"]
+                  else "")
         if as_program and threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:  # stopped and saved: a second Ctrl-C while Python exits changes nothing
                 signal.signal(sig, signal.SIG_IGN)
@@ -155,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         asked = re.search(r"allocate (\d+) bytes", str(e))
         first = f"tried to allocate {int(asked[1]) / 2**30:.1f} GiB" if asked else type(e).__name__
         return _fail(f"out of memory ({first}): the rollout batch (rollout.prompts_per_step x rollout.group_size "
-                     "sequences of up to rollout.max_new_tokens tokens) or the model is too big for this machine; lower "
-                     "them, or trainer.micro_batch_size", EXIT_BAD_INPUT)
+                     "sequences of up to rollout.max_new_tokens tokens) or the model is too big for this machine; "
+                     "lower them, or trainer.micro_batch_size", EXIT_BAD_INPUT)
     except OSError as e:  # a write or read the recipes did not expect to fail: name the path and the cause
         return _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {e}", 1)
 
@@ -176,8 +190,8 @@ def _dispatch(argv: list[str]) -> int:
     if extra:
         args.args = [*args.args, *extra]
     commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
-                "sft": cmd_offline, "rsft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline, "pipeline": cmd_pipeline,
-                "export": cmd_export}
+                "sft": cmd_offline, "rsft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline,
+                "pipeline": cmd_pipeline, "export": cmd_export}
     return commands[args.command](args)
 
 
@@ -215,7 +229,8 @@ def foreign_flag(unknown: list[str], argv: list[str]) -> None:
         if flag.startswith("--") and names.find(flag):
             i = argv.index(arg)
             value = value or (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else None)
-            raise config.ConfigError(f"{flag}: not an rlpost option; rlpost takes section.key=value{names.hint(flag, value)}")
+            raise config.ConfigError(f"{flag}: not an rlpost option; rlpost takes "
+                                     f"section.key=value{names.hint(flag, value)}")
 
 
 def _fail(message: str, code: int, prefix: str = "rlpost: error: ") -> int:
@@ -240,7 +255,9 @@ def cmd_train(args) -> int:
         raise config.ConfigError("--start-over: only with --resume RUN_DIR")
     refuse_ignored("train", recipe_keys(recipe, overrides))
     cfg = machine.check(config.load(recipe, overrides))  # before torch loads: a mistake shows in a fraction of a second
-    name = cfg.run.name or f"{'mix' if cfg.task.mix else cfg.task.name}-{cfg.algo.name.rpartition(':')[2]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = (cfg.run.name
+            or f"{'mix' if cfg.task.mix else cfg.task.name}-{cfg.algo.name.rpartition(':')[2]}-"
+               f"{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = folders.run_path(cfg.run.out_dir, name)
     hint = f"use --resume {run_dir}, or another run.name"
     runfolder.check_new(run_dir, hint, "run.name")
@@ -281,7 +298,8 @@ def eval_ks(args) -> list[int]:
         if value < 0:
             raise config.ConfigError(f"{flag}: expected a whole number >= 0, got {value}")
     if args.k and not args.samples:
-        raise config.ConfigError("--k: pass@k and maj@k need --samples S (S samples per problem); without it only greedy accuracy is measured")
+        raise config.ConfigError("--k: pass@k and maj@k need --samples S (S samples per problem); without it only "
+                                 "greedy accuracy is measured")
     try:
         ks = sorted({int(k) for k in args.k.split(",") if k.strip()} or {1, max(1, args.samples)})
     except ValueError:
@@ -353,8 +371,8 @@ IGNORED = {
             "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef", "pref.rsft_"),
     "rsft": ("dist.", "algo.", "pref.data", "pref.eval_data", "pref.loss", "pref.beta", "pref.label_smoothing",
              "pref.simpo_gamma", "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef"),
-    "rm": ("dist.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma", "pref.orpo_lambda",
-           "pref.nll_coef", "pref.rsft_"),
+    "rm": ("dist.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
+           "pref.orpo_lambda", "pref.nll_coef", "pref.rsft_"),
     "dpo": ("dist.", "pref.rm_margin", "pref.rsft_"),
 }
 WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",

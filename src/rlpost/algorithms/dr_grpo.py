@@ -39,8 +39,8 @@ class DrGRPO:
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "DrGRPO":
         return cls(group_size=group_size, max_new_tokens=max_new_tokens, clip_eps_low=algo.clip_eps_low,
-                   clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
-                   dual_clip_c=algo.dual_clip_c)
+                   clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
+                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), dual_clip_c=algo.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:
@@ -52,5 +52,5 @@ class DrGRPO:
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
         const = partial(core.const_norm, max_len=self.max_new_tokens)  # sum / (B * max_new_tokens)
-        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, const, self.kl_estimator,
-                                    self.dual_clip_c)
+        return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, const,
+                                    self.kl_estimator, self.dual_clip_c)

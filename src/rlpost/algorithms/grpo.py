@@ -78,8 +78,8 @@ class GRPO:
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "GRPO":
         return cls(group_size=group_size, scale_by_std=algo.scale_by_std, batch_std=algo.std_scope == "batch",
                    clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
-                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens), kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
-                   dual_clip_c=algo.dual_clip_c)
+                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens),
+                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), dual_clip_c=algo.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:

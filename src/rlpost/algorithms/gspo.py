@@ -47,8 +47,8 @@ class GSPO:
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "GSPO":
         return cls(group_size=group_size, clip_eps_low=algo.seq_clip_eps_low, clip_eps_high=algo.seq_clip_eps_high,
-                   kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), scale_by_std=algo.scale_by_std,
-                   batch_std=algo.std_scope == "batch")
+                   kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
+                   scale_by_std=algo.scale_by_std, batch_std=algo.std_scope == "batch")
 
     @property
     def needs_reference(self) -> bool:

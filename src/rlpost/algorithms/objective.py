@@ -27,8 +27,8 @@ from rlpost.types.roles import Advantages, Algorithm, LossFn, Traits
 def old_logp_first(traits: Traits, kl_coef: float, adaptive_kl: bool) -> bool:
     """Whether the trainer's old log-probs (and a critic's values) must be computed before the
     advantages: for GAE's values, for a KL in the reward (measured under the sampling weights),
-    to measure the KL that adaptive control tracks, and for a teacher's token advantages (distill). Otherwise the trainer takes old_logp from
-    its own first forward, at no extra cost (roles/trainer.py)."""
+    to measure the KL that adaptive control tracks, and for a teacher's token advantages (distill). Otherwise the
+    trainer takes old_logp from its own first forward, at no extra cost (roles/trainer.py)."""
     return traits.needs_values or (traits.kl == "reward" and kl_coef > 0) or adaptive_kl or traits.teacher
 
 

@@ -67,7 +67,8 @@ def clipped_policy_loss(logp: Tensor, batch: Rollouts, eps_low: float, eps_high:
     loss of the methods that add nothing to the clipped surrogate (REINFORCE++, distill) and the
     policy part of GRPO's (grpo.clipped_loss_with_kl)."""
     mask = batch.completion_mask
-    per_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask, eps_low, eps_high, dual_clip)
+    per_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask, eps_low, eps_high,
+                                                  dual_clip)
     loss = aggregate(per_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
     # Metrics are intensive (token means of this micro-batch) so the trainer can average them by
     # token share; the aggregated loss itself is reported by the trainer as actor/loss.
@@ -113,8 +114,9 @@ class PPO:
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "PPO":
         return cls(gamma=algo.gamma, lam=algo.lam, clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
                    value_clip=algo.value_clip, vf_coef=algo.vf_coef, kl_coef=algo.kl_coef,
-                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), whiten_advantages=algo.whiten_advantages,
-                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens), dual_clip_c=algo.dual_clip_c)
+                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
+                   whiten_advantages=algo.whiten_advantages, aggregate=core.aggregator(algo.loss_agg, max_new_tokens),
+                   dual_clip_c=algo.dual_clip_c)
 
     @property
     def needs_reference(self) -> bool:
@@ -144,7 +146,8 @@ class PPO:
         mask = batch.completion_mask
         agg = partial(self.aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
         pg_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask,
-                                                     self.clip_eps_low, self.clip_eps_high, self.dual_clip_c)  # (B, T) each
+                                                     self.clip_eps_low, self.clip_eps_high,
+                                                     self.dual_clip_c)  # (B, T) each
         vf_tok, v_clipped = clipped_value_loss(values, batch.old_values, batch.returns, self.value_clip)  # (B, T)
         loss = agg(pg_tok, mask) + self.vf_coef * agg(vf_tok, mask)  # ()
         metrics = {

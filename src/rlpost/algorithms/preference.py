@@ -205,7 +205,8 @@ def simpo_loss(policy_chosen_logp: Tensor, policy_rejected_logp: Tensor, chosen_
     return losses.mean(), metrics
 
 
-def nll_anchor(loss: Tensor, metrics: dict, policy_chosen_logp: Tensor, chosen_len: Tensor, coef: float) -> tuple[Tensor, dict]:
+def nll_anchor(loss: Tensor, metrics: dict, policy_chosen_logp: Tensor, chosen_len: Tensor,
+               coef: float) -> tuple[Tensor, dict]:
     """RPO (Pang et al. 2024 Eq. 1): loss + coef * mean -log pi(y_w) / |y_w| (DPO alone may lower both log-probs)."""
     nll = -(policy_chosen_logp / _like(chosen_len, policy_chosen_logp).clamp(min=1)).mean()  # ()
     return loss + coef * nll, {**metrics, "nll_loss": nll.item()}
@@ -266,7 +267,8 @@ def make_dpo_loss(pref: PrefConfig):
         if pref.loss == "dpo":
             loss, m = dpo_loss(s[:, 0], s[:, 1], r[:, 0], r[:, 1], beta=pref.beta, label_smoothing=pref.label_smoothing)
         elif pref.loss == "ipo":
-            loss, m = ipo_loss(s[:, 0], s[:, 1], r[:, 0], r[:, 1], beta=pref.beta, chosen_len=n[:, 0], rejected_len=n[:, 1])
+            loss, m = ipo_loss(s[:, 0], s[:, 1], r[:, 0], r[:, 1], beta=pref.beta, chosen_len=n[:, 0],
+                               rejected_len=n[:, 1])
         elif pref.loss == "simpo":
             loss, m = simpo_loss(s[:, 0], s[:, 1], n[:, 0], n[:, 1], beta=pref.beta, gamma=pref.simpo_gamma)
         elif pref.loss == "orpo":

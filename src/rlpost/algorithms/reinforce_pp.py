@@ -61,8 +61,8 @@ class ReinforcePP:
         adv_tok = core.masked_whiten(core.returns_to_go(rewards, mask), mask)  # (B, T)
         metrics = {"critic/advantages/max": adv_tok.max().item()}
         if kl_tok is not None:
-            metrics.update({"critic/kl": core.masked_mean(kl_tok, mask).item(), "critic/kl_bound_frac": core.kl_bound_frac(kl_tok, mask),
-                            "critic/kl_coef": self.kl_coef})
+            metrics.update({"critic/kl": core.masked_mean(kl_tok, mask).item(),
+                            "critic/kl_bound_frac": core.kl_bound_frac(kl_tok, mask), "critic/kl_coef": self.kl_coef})
         return Advantages(adv_tok, metrics)
 
     def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:

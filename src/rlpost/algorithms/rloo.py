@@ -44,8 +44,8 @@ class RLOO:
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "RLOO":
-        return cls(group_size=group_size, clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
-                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
+        return cls(group_size=group_size, clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
+                   kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
                    aggregate=core.aggregator(algo.loss_agg, max_new_tokens), dual_clip_c=algo.dual_clip_c)
 
     @property

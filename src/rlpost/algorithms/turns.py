@@ -45,7 +45,8 @@ def per_turn(turn_reward: Tensor, turn_end: Tensor) -> Tensor:
     K = max(1, int(n.max())) if len(n) else 1
     out = torch.zeros(turn_end.shape[0], K, dtype=turn_reward.dtype, device=turn_reward.device)
     rows, cols = turn_end.nonzero(as_tuple=True)  # row-major: each row's ends in order
-    k = torch.arange(len(rows), device=rows.device) - torch.repeat_interleave(n.cumsum(0) - n, n)  # turn number of each end
+    # turn number of each end
+    k = torch.arange(len(rows), device=rows.device) - torch.repeat_interleave(n.cumsum(0) - n, n)
     out[rows, k] = turn_reward[rows, cols]
     return out
 
@@ -74,9 +75,10 @@ def turn_index(turn_end: Tensor) -> Tensor:
 
 def check(traits: Traits, credit: str) -> str | None:
     """Why this algorithm cannot run task.turn_credit=credit, or None."""
-    if credit == "turn" and not traits.token_rewards and (not traits.group_baseline or traits.fixed_aggregator == "sequence"):
-        return ("per-turn credit gives the turns of one episode different advantages: it needs a group algorithm with a "
-                "token-level loss (grpo, rloo, dr_grpo, dapo, cispo) or token rewards (ppo, reinforce_pp)")
+    if credit == "turn" and not traits.token_rewards and (not traits.group_baseline
+                                                          or traits.fixed_aggregator == "sequence"):
+        return ("per-turn credit gives the turns of one episode different advantages: it needs a group algorithm with "
+                "a token-level loss (grpo, rloo, dr_grpo, dapo, cispo) or token rewards (ppo, reinforce_pp)")
     return None
 
 

@@ -91,7 +91,9 @@ def with_clip_cov(loss_fn: LossFn, ratio: float, lb: float, ub: float) -> LossFn
         candidates = (mask & (cov > lb) & (cov < ub)).flatten().nonzero().squeeze(1)  # (n,)
         n = max(int(ratio * int(mask.sum())), 1)
         chosen = candidates[torch.randperm(len(candidates))[:n]]  # (<= n,)
-        detach = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device).index_fill_(0, chosen, True).view_as(mask)  # (B, T)
+        # (B, T)
+        detach = (torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device).index_fill_(0, chosen, True)
+                  .view_as(mask))
         base, metrics = loss_fn(torch.where(detach, logp.detach(), logp), batch, **kw)
         return base, {**metrics, "actor/clip_cov_frac": core.masked_mean(detach.float(), mask).item()}
 
@@ -114,7 +116,8 @@ def with_kl_cov(loss_fn: LossFn, ratio: float, coef: float, aggregate: core.Aggr
         mask = batch.completion_mask
         cov = token_covariance(batch.advantages, logp, mask).masked_fill(~mask, float("-inf"))  # (B, T)
         k = min(max(int(ratio * int(mask.sum())), 1), int(mask.sum()))
-        top = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device).index_fill_(0, cov.flatten().topk(k).indices, True).view_as(mask)
+        top = (torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+               .index_fill_(0, cov.flatten().topk(k).indices, True).view_as(mask))
         penalty = (logp - batch.old_logp).abs() * top  # (B, T), 0 off the chosen tokens
         base, metrics = loss_fn(logp, batch, **kw)
         extra = aggregate(penalty, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()

@@ -77,7 +77,8 @@ class TrainerWorker:
         if world > 1:  # gloo on CPU, NCCL when the actor has a GPU
             host, port = master.rsplit(":", 1)
             os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
-            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world)
+            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank,
+                                                 world_size=world)
         self.rank = rank
         self.trainer = make_trainer(weights, data_parallel=world > 1)
         self.sampler_dtype = precision.sampler_dtype(sampler_dtype)

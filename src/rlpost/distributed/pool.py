@@ -289,7 +289,8 @@ class RolloutPool:
         if self.broadcast:
             raise RuntimeError(f"rollout worker {i} died ({error}) under dist.weight_sync=broadcast, where a new "
                                "worker cannot join the weight-sync group: resume the run from its last checkpoint "
-                               "(rlpost train --resume RUN), or use dist.weight_sync=object_store, which restarts workers")
+                               "(rlpost train --resume RUN), or use dist.weight_sync=object_store, which restarts "
+                               "workers")
         if self.deaths[i] > MAX_RESTARTS:
             raise RuntimeError(f"rollout worker {i} died {self.deaths[i]} times in a row: {error}")
         self.say(f"rollout worker {i} died ({type(error).__name__}); restarting it and re-issuing its chunk")

@@ -50,7 +50,8 @@ SHIPPED_ENVS = {
     "code_repair": "rlpost.envs.code_repair:CodeRepair",
     "tools": "rlpost.envs.tools:Tools",
 }
-ENV_LIBRARIES = {"verifiers": "rlpost.envs.verifiers_env:VerifiersEnv", "textarena": "rlpost.envs.textarena_env:TextArenaEnv"}
+ENV_LIBRARIES = {"verifiers": "rlpost.envs.verifiers_env:VerifiersEnv",
+                 "textarena": "rlpost.envs.textarena_env:TextArenaEnv"}
 
 
 def is_correct(info: dict, reward: float) -> bool:
@@ -77,8 +78,10 @@ class Task:
     heldout: list[dict]
     verifier: str  # "module:function" with signature (completion: str, row: dict) -> (float, dict)
     skipped_rows: int = 0  # malformed data rows skipped (task.on_bad_row=skip)
-    contamination: dict | None = None  # decontam.contamination of the held-out rows (None: task.max_contamination=1, unchecked)
-    mix: dict[str, float] = field(default_factory=dict)  # task.mix: family -> weight ({}: one family, no task_family key)
+    # decontam.contamination of the held-out rows (None: task.max_contamination=1, unchecked)
+    contamination: dict | None = None
+    # task.mix: family -> weight ({}: one family, no task_family key)
+    mix: dict[str, float] = field(default_factory=dict)
 
 
 def build_task(task: TaskConfig, refuse_contaminated: bool = True) -> Task:
@@ -91,20 +94,24 @@ def build_task(task: TaskConfig, refuse_contaminated: bool = True) -> Task:
     mix = config.task_mix(task)
     splits = {f: family_splits(task, f) for f in mix or [task.name]}  # family -> (train, held-out, skipped)
     if mix:
-        splits = {f: ([{**r, TASK_KEY: f} for r in tr], [{**r, TASK_KEY: f} for r in h], n) for f, (tr, h, n) in splits.items()}
+        splits = {f: ([{**r, TASK_KEY: f} for r in tr], [{**r, TASK_KEY: f} for r in h], n)
+                  for f, (tr, h, n) in splits.items()}
     train = [r for tr, _, _ in splits.values() for r in tr]
     heldouts = [h for _, h, _ in splits.values()]
     found = contamination(train, heldouts, task.contamination_overlap) if task.max_contamination < 1 else None
     if found and refuse_contaminated and found["contamination_contaminated_frac"] > task.max_contamination:
-        raise ConfigError(f"task.max_contamination: {found['contamination_contaminated']} of {found['contamination_checked']} held-out "
-                          f"prompts ({found['contamination_contaminated_frac']:.1%}) are in the training prompts (n-gram overlap, "
-                          f"envs/decontam.py), above {task.max_contamination:g}; e.g. {found['contamination_examples'][0][:80]!r}. "
+        raise ConfigError(f"task.max_contamination: {found['contamination_contaminated']} of "
+                          f"{found['contamination_checked']} held-out prompts "
+                          f"({found['contamination_contaminated_frac']:.1%}) are in the training prompts (n-gram "
+                          f"overlap, envs/decontam.py), above {task.max_contamination:g}; e.g. "
+                          f"{found['contamination_examples'][0][:80]!r}. "
                           + ("Remove those prompts from task.data or task.eval_data" if task.eval_data else
                              "Separate the splits (task.eval_data names a held-out file of your own)")
                           + ", or raise task.max_contamination to accept it")
     # The verifier is imported only in its worker processes (rewards/runner.py), whose first start
     # is the dry call that turns a bad path into one line before training.
-    verifier = MIX_VERIFIER if mix else task.verifier or DEFAULT_VERIFIER.get(task.name, "")  # env: its episodes carry their rewards
+    # env: its episodes carry their rewards
+    verifier = MIX_VERIFIER if mix else task.verifier or DEFAULT_VERIFIER.get(task.name, "")
     return Task(train, interleave(heldouts), verifier, sum(n for _, _, n in splits.values()), found, mix)
 
 
@@ -153,7 +160,8 @@ def _generated_splits(t, family: str) -> tuple[list[dict], list[dict]]:
             return gym.build_splits(t.gym_name, yaml.safe_load(t.gym_config) or {}, t.n_train, t.n_heldout, t.seed,
                                     t.system_prompt or "default")
         except ImportError as e:
-            raise ConfigError(f"task.name=gym needs reasoning-gym ({e}); install it with: pip install 'rlpost[envs]'") from None
+            raise ConfigError(f"task.name=gym needs reasoning-gym ({e}); install it with: pip install "
+                              "'rlpost[envs]'") from None
         except ValueError as e:
             raise ConfigError(f"task.{'gym_config' if 'config' in str(e) else 'gym_name'}: {e}") from None
     if family == "code":

@@ -167,7 +167,8 @@ TEMPLATES = (
     Template("fib_like", "fib_like(n)", "returns term number `n` (counting from 0) of the sequence that starts {a}, "
              "{b} and where every later term is the sum of the two before it",
              "x, y = {a}, {b}\n    for _ in range(n):\n        x, y = y, x + y\n    return x",
-             lambda a, b: lambda n: _fib(a, b, n), _grid(a=range(0, 6), b=range(1, 10)), ((0,), (1,), (2,), (5,), (10,))),
+             lambda a, b: lambda n: _fib(a, b, n), _grid(a=range(0, 6), b=range(1, 10)),
+             ((0,), (1,), (2,), (5,), (10,))),
     Template("digit_sum_base", "digit_sum_base(n)", "returns the sum of the digits of the non-negative integer `n` "
              "written in base {a}", "s = 0\n    while n:\n        s += n % {a}\n        n //= {a}\n    return s",
              lambda a: lambda n: sum(_digits(n, a)), _grid(a=range(2, 11)), ((0,), (7,), (100,), (255,), (12345,))),
@@ -198,7 +199,8 @@ TEMPLATES = (
              "length of at least {a}", "return s.rjust({a}, {c!r})", lambda a, c: lambda s: s.rjust(a, c),
              _grid(a=range(3, 11), c="*#.-"), (("",), ("ab",), ("abcdefghijkl",), ("x",))),
     Template("first_k", "first_k(s)", "returns the first {a} characters of the string `s` (all of `s` if it is "
-             "shorter)", "return s[:{a}]", lambda a: lambda s: s[:a], _grid(a=range(1, 10)), tuple((w,) for w in WORDS)),
+             "shorter)", "return s[:{a}]", lambda a: lambda s: s[:a], _grid(a=range(1, 10)),
+             tuple((w,) for w in WORDS)),
     Template("gcd_with", "gcd_with(n)", "returns the greatest common divisor of the positive integer `n` and {a}",
              "a, b = n, {a}\n    while b:\n        a, b = b, a % b\n    return a", lambda a: lambda n: _gcd(n, a),
              _grid(a=range(2, 61)), ((1,), (12,), (18,), (100,), (97,))),
@@ -223,7 +225,8 @@ TEMPLATES = (
              tuple((w,) for w in WORDS)),
     Template("count_long_words", "count_long_words(s)", "returns how many whitespace-separated words in the string "
              "`s` have more than {a} characters", "return sum(1 for w in s.split() if len(w) > {a})",
-             lambda a: lambda s: sum(1 for w in s.split() if len(w) > a), _grid(a=range(1, 7)), tuple((w,) for w in WORDS)),
+             lambda a: lambda s: sum(1 for w in s.split() if len(w) > a), _grid(a=range(1, 7)),
+             tuple((w,) for w in WORDS)),
     Template("running_total", "running_total(xs)", "returns the list of running sums of `xs`, each plus {a} "
              "(so [1, 2] gives [1 + {a}, 3 + {a}])",
              "out, t = [], 0\n    for x in xs:\n        t += x\n        out.append(t + {a})\n    return out",

@@ -62,7 +62,8 @@ def _read_dataset(path: Path) -> list[dict]:
             return [dict(r) for r in datasets.load_from_disk(str(path))]
         return [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
     except Exception as e:  # noqa: BLE001 - arrow and datasets raise many types for a bad file
-        what = "a folder, but not one saved by `datasets` (save_to_disk)" if path.is_dir() else "not a readable parquet file"
+        what = ("a folder, but not one saved by `datasets` (save_to_disk)" if path.is_dir()
+                else "not a readable parquet file")
         first = str(e).splitlines()[0][:200] if str(e) else ""
         raise DataError(f"{path}: {what} ({type(e).__name__}: {first})") from None
 
@@ -151,7 +152,8 @@ def preference_triple(row: dict, source: str) -> tuple[list[dict], str, str]:
             raise DataError(f"{where(row, source)}: 'chosen' and 'rejected' must both be strings or both message lists")
         prompt, chosen, rejected = extract_prompt(chosen, rejected)
         if not prompt:
-            raise DataError(f"{where(row, source)}: no 'prompt', and 'chosen' and 'rejected' share no prefix to take it from")
+            raise DataError(f"{where(row, source)}: no 'prompt', and 'chosen' and 'rejected' share no prefix to take "
+                            "it from")
         row = {**row, "prompt": prompt}
     return (prompt_messages(row, source), completion_text(chosen, "chosen", row, source),
             completion_text(rejected, "rejected", row, source))
@@ -166,10 +168,11 @@ class PromptStream:
     batches stay in the learnable band (ProRL, Liu et al. 2025, arXiv:2505.24864; verl's curriculum
     samplers). A pass-over forgets the prompt's oldest record, so at its next turn (the next epoch)
     it is drawn again and re-measured: it stays out only while its new scores keep it out, and a
-    prompt the policy has since forgotten, or grown into, comes back. At most one epoch's worth of prompts is passed over per batch, so a
-    stream whose every prompt is out of band still yields batches."""
+    prompt the policy has since forgotten, or grown into, comes back. At most one epoch's worth of prompts is passed
+    over per batch, so a stream whose every prompt is out of band still yields batches."""
 
-    def __init__(self, rows: list[dict], batch_size: int, seed: int, curriculum: tuple[int, float, float] | None = None):
+    def __init__(self, rows: list[dict], batch_size: int, seed: int,
+                 curriculum: tuple[int, float, float] | None = None):
         if not rows:
             raise ValueError("the training split is empty")
         self.rows, self.batch_size, self.seed = rows, batch_size, seed
@@ -233,7 +236,8 @@ class PromptStream:
     def fork(self) -> PromptStream:
         """A copy at the same position that moves on its own (peek's probe; envs/mix.py)."""
         probe = PromptStream.__new__(PromptStream)
-        probe.rows, probe.batch_size, probe.seed, probe.curriculum = self.rows, self.batch_size, self.seed, self.curriculum
+        probe.rows, probe.batch_size, probe.seed, probe.curriculum = (self.rows, self.batch_size, self.seed,
+                                                                      self.curriculum)
         probe.load_state_dict(self.state_dict())
         return probe
 
@@ -243,8 +247,10 @@ class PromptStream:
     def load_state_dict(self, state: dict) -> None:
         count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
         check(state, {"epoch": Where(count, "a whole number >= 0"),
-                      "pos": Where(lambda v: count(v) and v <= len(self.rows), f"a position in the {len(self.rows)} rows"),
-                      "history?": MapOf(ListOf(float)), "skipped?": Where(count, "a whole number >= 0")}, "state.pt: stream")
+                      "pos": Where(lambda v: count(v) and v <= len(self.rows),
+                                   f"a position in the {len(self.rows)} rows"),
+                      "history?": MapOf(ListOf(float)), "skipped?": Where(count, "a whole number >= 0")},
+              "state.pt: stream")
         self.epoch, self.pos = state["epoch"], state["pos"]
         # copies: a peek's probe passes prompts over too (older checkpoints have no history)
         self.history, self.skipped = {k: list(v) for k, v in state.get("history", {}).items()}, state.get("skipped", 0)

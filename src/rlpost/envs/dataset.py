@@ -4,9 +4,9 @@ A data row has a prompt column (``task.prompt_column``: a string, which becomes 
 or a list of chat messages) and an answer column (``task.answer_column``, copied to
 ``row['answer']``; a dotted name reads a nested field). verl's parquet rows load as they are:
 ``prompt`` holds the messages and, when there is no ``answer`` column, the answer is read from
-``reward_model.ground_truth``. Every other column (``data_source``, ``extra_info``, ...) rides along in the row, so a verifier or a TRL-style reward
-function can read it (TRL passes dataset columns to reward functions as keyword arguments; so do
-we, see envs/worker.py). A row that does not fit is reported as ``file:line`` and either stops the
+``reward_model.ground_truth``. Every other column (``data_source``, ``extra_info``, ...) rides along in the row, so a
+verifier or a TRL-style reward function can read it (TRL passes dataset columns to reward functions as keyword
+arguments; so do we, see envs/worker.py). A row that does not fit is reported as ``file:line`` and either stops the
 run (``task.on_bad_row=refuse``) or is skipped and counted (``skip``).
 
 The held-out split is ``task.eval_data`` when given, else ``task.n_heldout`` rows of a seeded
@@ -46,13 +46,14 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
     prompt = raw.get(tcfg.prompt_column)
     if isinstance(prompt, str) and prompt.strip():
         messages = [{"role": "user", "content": prompt}]
-    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt):
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and {"role", "content"} <= set(m)
+                                                     for m in prompt):
         if prompt[-1]["role"] != "user":
             raise DataError(f"{where(raw, source)}: '{tcfg.prompt_column}' must end with a user message")
         messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
     else:
-        raise DataError(f"{where(raw, source)}: '{tcfg.prompt_column}' must be a non-empty string or a list of chat messages"
-                        f" (task.prompt_column; columns here: {', '.join(k for k in raw if k != '_line')})")
+        raise DataError(f"{where(raw, source)}: '{tcfg.prompt_column}' must be a non-empty string or a list of chat "
+                        f"messages (task.prompt_column; columns here: {', '.join(k for k in raw if k != '_line')})")
     raw_text = isinstance(prompt, str) and tcfg.prompt_format == "raw"  # TRL's standard format: no chat template
     if tcfg.system_prompt and messages[0]["role"] != "system" and not raw_text:
         messages = [{"role": "system", "content": tcfg.system_prompt}, *messages]
@@ -64,7 +65,8 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
     if name:
         answer = column(raw, name)
         if answer in (None, ""):
-            raise DataError(f"{where(raw, source)}: missing '{name}' (task.answer_column; set it to '' if the verifier needs none)")
+            raise DataError(f"{where(raw, source)}: missing '{name}' (task.answer_column; set it to '' if the verifier "
+                            "needs none)")
         row["answer"] = answer if isinstance(answer, str) else str(answer)
     return row
 

@@ -60,4 +60,5 @@ def contamination(train: list[dict], heldout: list[dict], threshold: float = 0.5
         if shared and max(shared.values()) >= threshold * len(own):
             hits.append(prompt_text(row))
     return {"contamination_checked": checked, "contamination_contaminated": len(hits),
-            "contamination_contaminated_frac": len(hits) / checked if checked else 0.0, "contamination_examples": hits[:3]}
+            "contamination_contaminated_frac": len(hits) / checked if checked else 0.0,
+            "contamination_examples": hits[:3]}

@@ -91,10 +91,12 @@ def _unevaluated(pred, gold) -> bool:
 
     if not isinstance(gold, sympy.Number) or isinstance(pred, sympy.Number):
         return False
-    if isinstance(pred, sympy.Mul):  # p/q parses to Mul(p, Pow(q, -1)), 50\\% to Mul(50, UnevaluatedExpr(1/100)): values
+    # p/q parses to Mul(p, Pow(q, -1)), 50\\% to Mul(50, UnevaluatedExpr(1/100)): values
+    if isinstance(pred, sympy.Mul):
         factors = [f for f in _factors(pred) if not (isinstance(f, sympy.Integer) and abs(f) == 1)]
         ints = sum(isinstance(f, sympy.Integer) for f in factors)
-        divisions = sum((isinstance(f, sympy.Pow) and f.exp == -1) or (isinstance(f, sympy.Rational) and not f.is_integer)
+        divisions = sum((isinstance(f, sympy.Pow) and f.exp == -1)
+                        or (isinstance(f, sympy.Rational) and not f.is_integer)
                         for f in factors)
         percent = sum(isinstance(f, sympy.UnevaluatedExpr) and f.args[0] == sympy.Rational(1, 100) for f in factors)
         # a value: at most one integer and one division (p/q, 1/q, 8/3), or an integer and a percent sign
@@ -103,7 +105,8 @@ def _unevaluated(pred, gold) -> bool:
 
 
 def _factors(expr) -> list:
-    """The factors of a product, nested products flattened (LaTeX parses \\frac{8}{3} \\cdot ... as Mul(Mul(..), ..))."""
+    """The factors of a product, nested products flattened (LaTeX parses \\frac{8}{3} \\cdot ... as
+    Mul(Mul(..), ..))."""
     import sympy
 
     return [f for a in expr.args for f in (_factors(a) if isinstance(a, sympy.Mul) else [a])]

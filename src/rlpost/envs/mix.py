@@ -67,7 +67,8 @@ class MixedStream:
     def family(self, i: int) -> str:
         """The family of the stream's i-th prompt: inverse CDF of one uniform draw seeded by (seed, i)."""
         u = random.Random(f"mix:{self.seed}:{i}").random()  # a str seed hashes with SHA-512: the same in every process
-        return self.families[min(bisect.bisect_right(self.cdf, u), len(self.families) - 1)]  # min: cdf[-1] may round below 1
+        # min: cdf[-1] may round below 1
+        return self.families[min(bisect.bisect_right(self.cdf, u), len(self.families) - 1)]
 
     def next(self) -> list[dict]:
         drawn = [self.family(self.drawn + j) for j in range(self.batch_size)]
@@ -107,8 +108,9 @@ class MixedStream:
         return {"drawn": self.drawn, "streams": {f: s.state_dict() for f, s in self.streams.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        check(state, {"drawn": Where(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a whole number >= 0"),
-                      "streams": {f: dict for f in self.streams}}, "state.pt: stream")
+        check(state, {"drawn": Where(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                                     "a whole number >= 0"), "streams": {f: dict for f in self.streams}},
+              "state.pt: stream")
         self.drawn = state["drawn"]
         for f, s in self.streams.items():
             s.load_state_dict(state["streams"][f])

@@ -162,7 +162,8 @@ class EnvPool:
                 proc.state, proc.key, proc.deadline = "busy", key, time.monotonic() + self.timeout_s
         if self.procs or not self.queue:
             return []
-        failed = [(key, ("died", f"no environment worker could start ({self.failed_starts} tries)")) for key, _ in self.queue]
+        failed = [(key, ("died", f"no environment worker could start ({self.failed_starts} tries)"))
+                  for key, _ in self.queue]
         self.queue.clear()
         return failed
 

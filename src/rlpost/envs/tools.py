@@ -129,5 +129,6 @@ def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
         user = {"role": "user", "content": PROMPT.format(expr=expr)}
         return {"messages": [*system, *ONE_SHOT, user], "answer": str(value), "expr": expr}
 
-    train, heldout = disjoint_splits(lambda: make_problem(rng, "*", (100, 999), (11, 99), 2), tcfg.n_train, tcfg.n_heldout)
+    train, heldout = disjoint_splits(lambda: make_problem(rng, "*", (100, 999), (11, 99), 2), tcfg.n_train,
+                                     tcfg.n_heldout)
     return [row(e, v) for e, v in train], [row(e, v) for e, v in heldout]

@@ -31,7 +31,8 @@ class TemplateError(ValueError):
 
 
 def render(tok, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
-    return tok.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False)
+    return tok.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
+                                   tokenize=False)
 
 
 def encode(tok, text: str) -> list[int]:
@@ -51,9 +52,9 @@ def chat_delta(tok, history: list[dict], new: list[dict], tools: list[dict] | No
     before = render(tok, history, tools, False)
     after = render(tok, history + new, tools, True)
     if not after.startswith(before):
-        raise TemplateError("the chat template renders earlier turns differently once the environment's messages follow "
-                            "(not prefix-stable), so the sampled tokens would not be the context; use an environment "
-                            "with style='inline', or a model whose template keeps earlier turns")
+        raise TemplateError("the chat template renders earlier turns differently once the environment's messages "
+                            "follow (not prefix-stable), so the sampled tokens would not be the context; use an "
+                            "environment with style='inline', or a model whose template keeps earlier turns")
     end = max(((before.rfind(e), e) for e in eos_texts), default=(-1, ""))
     tail = before[end[0] + len(end[1]):] if end[0] >= 0 else None
     if tail is None or tail.strip():

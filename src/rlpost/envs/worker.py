@@ -43,11 +43,13 @@ def messages_of(value, what: str) -> list[dict]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, (list, tuple)):
-        raise Garbage(f"{what} returned {type(value).__name__} for its messages, expected a list of message dicts or a string")
+        raise Garbage(f"{what} returned {type(value).__name__} for its messages, expected a list of message dicts or a "
+                      "string")
     out = []
     for m in value:
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise Garbage(f"{what} returned the message {str(m)[:80]!r}; expected a dict with a role in {ROLES} and string content")
+            raise Garbage(f"{what} returned the message {str(m)[:80]!r}; expected a dict with a role in {ROLES} and "
+                          "string content")
         out.append(dict(m))
     return out
 
@@ -67,7 +69,8 @@ def reward_of(value) -> float:
 def step_of(value) -> dict:
     """What step returned, checked: (messages, reward, done) or (messages, reward, done, info)."""
     if not isinstance(value, tuple) or len(value) not in (3, 4):
-        raise Garbage(f"step returned {type(value).__name__} {str(value)[:60]!r}; expected (messages, reward, done[, info])")
+        raise Garbage(f"step returned {type(value).__name__} {str(value)[:60]!r}; expected (messages, reward, done[, "
+                      "info])")
     done, info = value[2], value[3] if len(value) == 4 else {}
     if not isinstance(done, bool):
         raise Garbage(f"step returned done={done!r}; expected True or False")

@@ -80,8 +80,9 @@ def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state
     the run's model may come from)."""
     bad = nonfinite(model_state)
     if bad:
-        raise RunError(f"step {step}: the weights are not finite ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''});"
-                       f" no checkpoint written, the last good one stays in {Path(run_dir) / 'checkpoints'}")
+        raise RunError(f"step {step}: the weights are not finite "
+                       f"({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}); no checkpoint written, the "
+                       f"last good one stays in {Path(run_dir) / 'checkpoints'}")
     root = run_dir / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
@@ -250,8 +251,9 @@ def check_fits(ckpt: Path, algo: str, needs_values: bool, lora: bool, master: bo
     for key, ours, what in (("critic", needs_values, "a critic (value head)"), ("lora", lora, "LoRA adapters"),
                             ("master", master, "float32 master weights (trainer.param_dtype=bfloat16)")):
         if (key in trainer) != ours:
-            raise ConfigError(f"{ckpt}/trainer.pt: {key}: {'present' if key in trainer else 'absent'} ({what}), and this run "
-                              f"({algo}) {'needs it' if ours else 'has none'}; was it written by another kind of run?")
+            raise ConfigError(f"{ckpt}/trainer.pt: {key}: {'present' if key in trainer else 'absent'} ({what}), and "
+                              f"this run ({algo}) {'needs it' if ours else 'has none'}; was it written by another kind "
+                              "of run?")
 
 
 def _trainer_keys(ckpt: Path) -> set[str]:

@@ -70,7 +70,8 @@ class Cores:
     ``adjust``. Construct it where the run starts; it sets the count at once."""
 
     def __init__(self, configured: int = 0):
-        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        self.cpus = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else list(range(os.cpu_count() or 1)))
         self.auto = configured == 0
         self.most = configured or len(self.cpus)
         self.threads = self.most

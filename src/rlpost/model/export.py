@@ -8,9 +8,9 @@ from any checkpoint that is still on disk.
 the run (``RUN-model``, ``RUN-model_step_N``, ``RUN-adapter``), and ``--out`` must be a new or
 empty folder, or one an earlier export wrote (types/folders.py: the marker ``.rlpost`` lists the
 files it wrote; a file added beside them refuses the folder). The folder is written under a
-temporary name and renamed into place, so a failed export leaves the old one whole. The folder is what ``save_pretrained`` writes:
-config.json, generation_config.json (with the EOS and pad ids the sampler used), the tokenizer
-with its chat template (the plain fallback one for a base model, so the folder generates the same
+temporary name and renamed into place, so a failed export leaves the old one whole. The folder is what
+``save_pretrained`` writes: config.json, generation_config.json (with the EOS and pad ids the sampler used), the
+tokenizer with its chat template (the plain fallback one for a base model, so the folder generates the same
 prompts rlpost trained on), and model.safetensors in float32 (the trainer's master weights, so a
 reload gives the same greedy tokens as ``rlpost eval``). ``model.name=RUN`` loads it.
 
@@ -65,7 +65,8 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
                           "there is one, holds the run's final model as it is")
     if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model (and LoRA adapter) folder is final
         return _copy_final(run_dir, out, "model" if merge_lora else "adapter")
-    out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter") + ("" if step is None else f"_step_{step}"))
+    out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter")
+                                           + ("" if step is None else f"_step_{step}"))
     loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
     if merge_lora:  # the checkpoint's weights alone: its optimizer moments would double the memory this needs
         checkpoint.load_into(loaded.model, checkpoint.load_weights(ckpt), f"{ckpt}/model.safetensors")
@@ -102,16 +103,18 @@ def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | N
         raise ConfigError(f"RUN_DIR {run_dir}: no config.yaml there; is it a run folder?")
     cfg = runconfig.load_run(run_dir)[0]
     if merge_lora and cfg.model.lora_r == 0:
-        raise ConfigError(f"--merge-lora: {run_dir} is a full fine-tune (model.lora_r=0); there are no adapters to merge")
+        raise ConfigError(f"--merge-lora: {run_dir} is a full fine-tune (model.lora_r=0); there are no adapters to "
+                          "merge")
     merge = merge_lora or cfg.model.lora_r == 0
     if out is None and step is None and dtype == "float32" and not checkpoint.candidates(run_dir, quiet=True):
         return _copy_final(run_dir, None, "model" if merge else "adapter")  # sft|rm|dpo: their final folder, as it is
     out = Path(out) if out is not None else default_out(run_dir, step, merge)
     if folders.inside(out, run_dir) or folders.inside(run_dir, out):
-        raise ConfigError(f"--out {out}: {'inside' if folders.inside(out, run_dir) else 'holds'} the run folder it exports "
-                          f"from ({run_dir}); rlpost export never writes there: pick a folder outside it")
+        raise ConfigError(f"--out {out}: {'inside' if folders.inside(out, run_dir) else 'holds'} the run folder it "
+                          f"exports from ({run_dir}); rlpost export never writes there: pick a folder outside it")
     folders.check_folder(out, "export", "--out")
-    return publish(out, lambda tmp: cast_folder(write_model(run_dir, cfg.model, cfg.run.seed, step, tmp, merge_lora=merge), dtype))
+    return publish(out, lambda tmp: cast_folder(write_model(run_dir, cfg.model, cfg.run.seed, step, tmp,
+                                                            merge_lora=merge), dtype))
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -70,7 +70,8 @@ def check_prompts(spec: str, rows: list[dict], after: int, after_key: str, sourc
         return
     budget = context - after
     if budget < 1:
-        raise ConfigError(f"{after_key}: expected less than the context of {model_spec(spec)} ({context} tokens), got {after}")
+        raise ConfigError(f"{after_key}: expected less than the context of {model_spec(spec)} ({context} tokens), got "
+                          f"{after}")
     tok = _tokenizer(spec)
     per_message = _prompt_tokens(tok, [{"role": "user", "content": ""}], budget) + 8  # the template's own tokens
     for i, row in enumerate(rows):
@@ -81,8 +82,9 @@ def check_prompts(spec: str, rows: list[dict], after: int, after_key: str, sourc
         n = _prompt_tokens(tok, messages, budget)
         if n > budget:
             at = where(row, source) if "_line" in row else f"{source} row {i + 1}"
-            raise ConfigError(f"{at}: the prompt is longer than the model's context: {'at least ' if n > 16 * budget else ''}"
-                              f"{n} tokens, and {model_spec(spec)} takes {context} tokens, {after} of them for {after_key}; "
+            raise ConfigError(f"{at}: the prompt is longer than the model's context: "
+                              f"{'at least ' if n > 16 * budget else ''}{n} tokens, and {model_spec(spec)} takes "
+                              f"{context} tokens, {after} of them for {after_key}; "
                               "shorten it or drop the row")
 
 

@@ -65,7 +65,8 @@ def manifest_files(ckpt: Path, text: str) -> dict:
     unknown = [name for name in files if name not in FILES + EXTRA]
     missing = [name for name in FILES if name not in files]
     if unknown or missing:
-        raise ValueError(f"{MANIFEST}: files: {'lists ' + repr(unknown[0]) if unknown else 'does not list ' + missing[0]}")
+        raise ValueError(f"{MANIFEST}: files: "
+                         f"{'lists ' + repr(unknown[0]) if unknown else 'does not list ' + missing[0]}")
     if tree["step"] != step_of(ckpt):
         raise ValueError(f"{MANIFEST}: step: {tree['step']}, but the folder is {ckpt.name}")
     return files

@@ -171,7 +171,8 @@ def resolve(spec: str) -> str:
     return spec
 
 
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # 'org/name' or 'name'; a path starts with / or . or has 2+ slashes
+# 'org/name' or 'name'; a path starts with / or . or has 2+ slashes
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
 _HUB_CHECKED: list[bool] = []  # the hub probe runs once per process
@@ -264,7 +265,8 @@ def _from_pretrained(cls, source: str, **kwargs):
         hint = "a local folder with config.json, a run folder, a hub id reachable from here, 'embedded' or 'tiny'"
         text = " ".join(str(e).split())  # transformers' messages span lines: all of it, on one
         offline = " (the hub cannot be reached from here: offline mode)" if _HUB_CHECKED == [False] else ""
-        raise ModelLoadError(f"cannot load model {source!r}{offline}: its {what} does not load: {type(e).__name__}: {text[:400]} (expected {hint})") from e
+        raise ModelLoadError(f"cannot load model {source!r}{offline}: its {what} does not load: {type(e).__name__}: "
+                             f"{text[:400]} (expected {hint})") from e
 
 
 def save_model(model, tokenizer, folder: Path, value_head: torch.nn.Module | None = None) -> Path:

@@ -91,7 +91,8 @@ def policy_forward(
                                     temperature, dtype, entropy != "none", floor, head_grad if deferred else None)
         logp = hidden.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, lp)  # (B, T), 0 off the mask
         if entropy != "none":
-            ent = hidden.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, ent if with_grad else ent.detach())
+            ent = (hidden.new_zeros(mask.shape, dtype=torch.float32)
+                   .masked_scatter(mask, ent if with_grad else ent.detach()))
         values = value_head(hidden).squeeze(-1).float() if value_head is not None else None  # (B, T)
         return PolicyForward(logp, ent if entropy != "none" else None, values)
     if value_head is None:
@@ -133,7 +134,8 @@ CHUNK_TOKENS = budgets.CPU_CHUNK_TOKENS  # tokens per chunk on a CPU (model/budg
 
 
 def chunk_tokens(on_gpu: bool, vocab: int) -> int:
-    """Tokens per ``ChunkedLogp`` chunk: CHUNK_TOKENS on a CPU, GPU_CHUNK_BYTES of logits on a GPU (model/budgets.py)."""
+    """Tokens per ``ChunkedLogp`` chunk: CHUNK_TOKENS on a CPU, GPU_CHUNK_BYTES of logits on a GPU
+    (model/budgets.py)."""
     return budgets.gpu_chunk_tokens(vocab) if on_gpu else CHUNK_TOKENS
 
 
@@ -154,7 +156,8 @@ class ChunkedLogp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, temperature: float, dtype: torch.dtype,
-                want_entropy: bool, floor: Tensor | None = None, head_grad: "HeadGrad | None" = None) -> tuple[Tensor, Tensor]:
+                want_entropy: bool, floor: Tensor | None = None,
+                head_grad: "HeadGrad | None" = None) -> tuple[Tensor, Tensor]:
         w = _cast(weight, dtype)
         logp, ent, lse, lse_all = (h.new_zeros(len(h), dtype=torch.float32) for _ in range(4))  # on h's device
         # The matmul's output, kept for the backward when there is one (2 bytes a logit in bf16: 20 MB
@@ -274,7 +277,8 @@ def completion_logprobs(
     return out.logp, out.entropy
 
 
-def completion_values(decoder: torch.nn.Module, head: torch.nn.Module, batch: Rollouts, share_prefix: bool = True) -> Tensor:
+def completion_values(decoder: torch.nn.Module, head: torch.nn.Module, batch: Rollouts,
+                      share_prefix: bool = True) -> Tensor:
     """(B, T) float32 values from a separate critic: its own trunk (a decoder) and a scalar head."""
     hidden = completion_states(decoder, batch, share_prefix, _backbone)  # (B, T, H)
     return head(hidden).squeeze(-1).float()
@@ -288,7 +292,8 @@ def trunk(model: torch.nn.Module, chunked: bool = True, value_head: torch.nn.Mod
     return model, _causal_lm
 
 
-def completion_states(module, batch: Rollouts, share_prefix: bool, run, prefix: "Prefix | None" = None) -> Tensor:  # (B, T, D)
+# (B, T, D)
+def completion_states(module, batch: Rollouts, share_prefix: bool, run, prefix: "Prefix | None" = None) -> Tensor:
     """What ``module`` outputs at the T positions that predict the completion tokens: logits
     (a *ForCausalLM, run=_causal_lm) or final hidden states (its decoder, run=_backbone).
     prefix: the rows' prompts, already run (``Prefix.take``)."""
@@ -352,7 +357,8 @@ def _prompts(module, batch: Rollouts, first: Tensor, run):
     """Each distinct prompt (rows ``first``) once: (its last position's output (G, 1, D), which
     predicts completion token 0, and the prompts' KV cache)."""
     p_ids, p_mask = batch.prompt_ids[first], batch.prompt_mask[first]  # (G, P) each
-    return run(module, 1, input_ids=p_ids, attention_mask=p_mask.long(), position_ids=position_ids(p_mask), use_cache=True)
+    return run(module, 1, input_ids=p_ids, attention_mask=p_mask.long(), position_ids=position_ids(p_mask),
+               use_cache=True)
 
 
 def _full(module, batch: Rollouts, run) -> Tensor:  # (B, T, D)
@@ -446,7 +452,8 @@ def _matmul_dtype(weight: Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
 
 
-def _packed_prompts(trunk: packed.PackedTrunk, batch: Rollouts, share_prefix: bool, leaves: bool) -> packed.PackedPrefix:
+def _packed_prompts(trunk: packed.PackedTrunk, batch: Rollouts, share_prefix: bool,
+                    leaves: bool) -> packed.PackedPrefix:
     """Each distinct prompt of ``batch`` once on the packed trunk (every row's own without
     share_prefix, or where a group's rows do not share one); ``leaves``: for ``Prefix``'s use."""
     first, row_to_group = prompt_groups(batch) if share_prefix else (None, None)

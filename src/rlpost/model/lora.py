@@ -25,7 +25,8 @@ def wrap(model: torch.nn.Module, mcfg, seed: int) -> torch.nn.Module:
         from peft import LoraConfig, get_peft_model
     except ImportError as e:
         raise ImportError("model.lora_r > 0 needs peft: pip install 'rlpost[lora]' (or pip install peft)") from e
-    targets = mcfg.lora_targets if mcfg.lora_targets == "all-linear" else [t.strip() for t in mcfg.lora_targets.split(",")]
+    targets = (mcfg.lora_targets if mcfg.lora_targets == "all-linear"
+               else [t.strip() for t in mcfg.lora_targets.split(",")])
     cfg = LoraConfig(r=mcfg.lora_r, lora_alpha=mcfg.lora_alpha, lora_dropout=mcfg.lora_dropout,
                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
     with torch.random.fork_rng():

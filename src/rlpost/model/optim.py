@@ -21,7 +21,8 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
 
 
-def adamw(groups: list[dict], tcfg, total_optimizer_steps: int) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+def adamw(groups: list[dict], tcfg,
+          total_optimizer_steps: int) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over ``groups`` (each with its own "lr"), betas and weight decay from ``tcfg`` (the
     trainer section), and its schedule."""
     # fused=True: one kernel over all parameters. Measured on 135M parameters here: 0.11 s per

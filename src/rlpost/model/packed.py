@@ -34,8 +34,8 @@ gate/up, no padded rows); attention is torch's SDPA on the padded grid with the 
 (``attention``), the memory-efficient kernel transformers' own CUDA forward runs. True varlen
 attention (FlexAttention's block masks, flash-attn's varlen kernel) would drop the grid's padding
 too, but attention is a small share of a micro-batch's work at these lengths, FlexAttention is fast
-only compiled (a compile per new length), and flash-attn is a CUDA-only build CI cannot run. The batch-side glue (prompt groups,
-positions) is model/logprobs.py's, which calls ``PackedTrunk.prompts`` and ``.completions``.
+only compiled (a compile per new length), and flash-attn is a CUDA-only build CI cannot run. The batch-side glue (prompt
+groups, positions) is model/logprobs.py's, which calls ``PackedTrunk.prompts`` and ``.completions``.
 """
 
 from __future__ import annotations
@@ -198,7 +198,8 @@ class PackedTrunk:
                 a, m = layer.self_attn, layer.mlp
                 qkv = [a.q_proj, a.k_proj, a.v_proj]
                 out.append((cast([l.weight for l in qkv]), cast([l.bias for l in qkv]), cast([a.o_proj.weight]),
-                            cast([a.o_proj.bias]), cast([m.gate_proj.weight, m.up_proj.weight]), cast([m.down_proj.weight])))
+                            cast([a.o_proj.bias]), cast([m.gate_proj.weight, m.up_proj.weight]),
+                            cast([m.down_proj.weight])))
             self._fused[key] = out
         return self._fused[key]
 
@@ -260,7 +261,8 @@ class PackedTrunk:
             return PackedPrefix(states, kv, torch.arange(G, device=ids.device))
         outputs = [states, *(t for pair in kv for t in pair)]
         made = [t.detach().requires_grad_(t.requires_grad) for t in outputs]
-        return PackedPrefix(made[0], list(zip(made[1::2], made[2::2])), torch.arange(G, device=ids.device), outputs, made)
+        return PackedPrefix(made[0], list(zip(made[1::2], made[2::2])), torch.arange(G, device=ids.device), outputs,
+                            made)
 
     def completions(self, ids: Tensor, loss_mask: Tensor, prompt_mask: Tensor, prefix: PackedPrefix,
                     dtype: torch.dtype) -> Tensor:
@@ -277,7 +279,8 @@ class PackedTrunk:
         fed = cols[None, :Tf] < (length - 1)[:, None]  # (b, Tf)
         grid = fed.reshape(-1).nonzero().squeeze(1)  # (N,) cell of each fed token in the (b, Tf) grid
         P = prompt_mask.shape[1]
-        pos = (prompt_mask.sum(1, keepdim=True) + cols[None, :Tf]).reshape(-1)[grid]  # positions continue after the prompt
+        # positions continue after the prompt
+        pos = (prompt_mask.sum(1, keepdim=True) + cols[None, :Tf]).reshape(-1)[grid]
         allow = torch.cat([prompt_mask[:, None, :].expand(b, Tf, P),
                            torch.ones(Tf, Tf, dtype=torch.bool, device=ids.device).tril().expand(b, Tf, Tf)], -1)
         x = self.decoder.embed_tokens(ids[:, :Tf].reshape(-1)[grid])  # (N, H)

@@ -79,8 +79,9 @@ def machine_key(device: str = HOST) -> str:
     if device != HOST:
         parts = [device, torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "none"]
     else:
-        parts = [device, platform.machine(), _cpu_identity(), torch.__version__, torch.backends.cpu.get_cpu_capability(),
-                 os.environ.get("ONEDNN_MAX_CPU_ISA", ""), os.environ.get("ATEN_CPU_CAPABILITY", "")]
+        parts = [device, platform.machine(), _cpu_identity(), torch.__version__,
+                 torch.backends.cpu.get_cpu_capability(), os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+                 os.environ.get("ATEN_CPU_CAPABILITY", "")]
     return hashlib.sha256("|".join(map(str, [PROBE_VERSION, *parts])).encode()).hexdigest()[:16]
 
 

@@ -114,7 +114,8 @@ def keeps_graphs(dev: Device, w: Workload, held: float) -> bool:
     return not dev.cpu and w.engine == "fast" and held <= KEEP_FRACTION * dev.memory_gib * GiB
 
 
-def rollout_parts(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict[str, float]:
+def rollout_parts(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1,
+                  eff: dict | None = None) -> dict[str, float]:
     """The rollout engine's prefill and its mean decode step, in seconds, and that step's FLOPs.
 
     Prefill is FLOP bound and runs each distinct prompt once (rlpost's loop copies its KV to the
@@ -180,11 +181,13 @@ def rollout_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1,
     return rollout_parts(s, w, dev, gpus, eff)["total"]
 
 
-def step_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict[str, float]:
+def step_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1,
+              eff: dict | None = None) -> dict[str, float]:
     """Seconds per phase, named as the loop's timing_s/<phase>. Data parallel over `gpus`."""
     bf16, w = w.trainer_bf16, w.on(dev)
     rate = (dev.bf16_flops if bf16 else dev.fp32_flops) * gpus
-    fwd = lambda wl, head=True: forward_flops(s, wl, w.batch, head, gpus) / (rate * efficiency(dev, "forward", bf16, eff))
+    fwd = lambda wl, head=True: (forward_flops(s, wl, w.batch, head, gpus)
+                                 / (rate * efficiency(dev, "forward", bf16, eff)))
     t, wt = {"gen": rollout_time(s, w, dev, gpus, eff)}, w.trainer()
     if w.reference:  # the reference is copied before checkpointing is switched on: it shares the prefix
         t["ref"] = fwd(w)

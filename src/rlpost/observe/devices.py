@@ -41,7 +41,8 @@ GPUS = {
 # fp32 params and writes bf16 in 0.034 s. Overhead 1 GiB: importing torch + transformers is 0.33
 # GiB of RSS; the rest (tokenizer, data, allocator slack) is fitted to the demo's 4.5 GB peak RSS.
 # `--device cpu` plans for the CPU it runs on (``probed_cpu``); `--device cpu-avx512` for this one.
-CPU_AVX512 = Device("cpu-avx512 (2 cores, AVX-512 bf16, the reference machine)", 0, 704e9, 163e9, 24e9, 0, 1.0, cpu=True)
+CPU_AVX512 = Device("cpu-avx512 (2 cores, AVX-512 bf16, the reference machine)", 0, 704e9, 163e9, 24e9, 0, 1.0,
+                    cpu=True)
 
 
 def probed_cpu() -> Device:

@@ -73,7 +73,8 @@ def entropy_collapse(history: list[dict]) -> Finding | None:
         if ref > 0 and v < ENTROPY_COLLAPSE * ref:
             return Finding("entropy_collapse", step, f"entropy {v:.3f} vs {ref:.3f} early (< {ENTROPY_COLLAPSE:.0%})",
                            "algo.cov_control=clip_cov or kl_cov (Cui et al. 2025), algo.entropy_adv_coef > 0, "
-                           "algo.entropy_coef > 0, a higher rollout.temperature, or clip-higher (algo.clip_eps_high / dapo)")
+                           "algo.entropy_coef > 0, a higher rollout.temperature, or clip-higher (algo.clip_eps_high / "
+                           "dapo)")
     return None
 
 
@@ -145,7 +146,8 @@ def constant_reward(history: list[dict]) -> Finding | None:
     if not pts or any(lo != hi for _, lo, hi in pts) or len({lo for _, lo, _ in pts}) > 1:
         return None
     steps = f"step {pts[0][0]}" if len(pts) == 1 else f"steps {pts[0][0]}-{pts[-1][0]}"
-    return Finding("constant_reward", pts[0][0], f"every completion of {steps} got reward {pts[0][1]:g}: no signal at all",
+    return Finding("constant_reward", pts[0][0],
+                   f"every completion of {steps} got reward {pts[0][1]:g}: no signal at all",
                    "a look at RUN_DIR/samples/step_*.jsonl (does the verifier find the answer in the model's format? "
                    "task.verifier, task.answer_column), a higher rollout.max_new_tokens if answers are cut off, or a "
                    "task this model solves sometimes")
@@ -194,7 +196,8 @@ def reward_errors(history: list[dict]) -> Finding | None:
     failing = {n: t for n, t in totals.items() if t[0] or t[1]}
     if not failing:
         return None
-    what = "; ".join(f"reward function {n} failed on {e + t}{f' of {c}' if c else ''} completions ({e} errors, {t} timeouts)"
+    what = "; ".join(f"reward function {n} failed on {e + t}{f' of {c}' if c else ''} completions "
+                     f"({e} errors, {t} timeouts)"
                      for n, (e, t, c, _) in failing.items())
     return Finding("reward_errors", min(t[3] for t in failing.values()), what + ", each scored 0",
                    "fix the function: its first traceback was printed when it failed, and every one is in "
@@ -260,7 +263,8 @@ def doctor_text(run_dir: Path) -> str:
     if not n:
         return f"{run_dir}: no steps logged yet: nothing to judge"
     judged = f"{len(CHECKS) - len(short)} of {len(CHECKS)} checks could judge" if short else f"{len(CHECKS)} checks"
-    lines = [f"{run_dir}: {n} steps, " + (f"{len(findings)} finding(s)" if findings else f"no health problems found ({judged})")]
+    lines = [f"{run_dir}: {n} steps, "
+             + (f"{len(findings)} finding(s)" if findings else f"no health problems found ({judged})")]
     for f in findings:
         lines += [f"- {f.name} (from step {f.step}): {f.what}", f"    knob: {f.knob}"]
     lines += [f"too few steps to judge {name}: it needs {what}" for name, what in short.items()]

@@ -66,7 +66,8 @@ def append(path: Path, row: dict) -> None:
         size = os.fstat(fd).st_size
         written = os.write(fd, data)
         if written != len(data):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))  # a short write: the disk filled up under it
+            # a short write: the disk filled up under it
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
     except OSError as e:
         try:
             os.ftruncate(fd, size)

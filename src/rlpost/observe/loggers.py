@@ -19,8 +19,8 @@ from pathlib import Path
 from rlpost.types.errors import ConfigError
 
 KNOWN = {"console": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-CONSOLE_KEYS = ("reward/mean", "eval/heldout_accuracy", "actor/loss", "actor/entropy", "actor/kl", "response_length/mean",
-                "timing_s/step")
+CONSOLE_KEYS = ("reward/mean", "eval/heldout_accuracy", "actor/loss", "actor/entropy", "actor/kl",
+                "response_length/mean", "timing_s/step")
 
 
 def parse(names: str) -> list[str]:
@@ -65,7 +65,8 @@ class TensorBoard:
         for k, v in metrics.items():
             if isinstance(v, list) and v and sum(v) > 0:  # bin counts -> a histogram over bin indices
                 counts = np.asarray(v, dtype=np.float64)
-                self.w.add_histogram_raw(k, min=0, max=len(v) - 1, num=counts.sum(), sum=float((counts * np.arange(len(v))).sum()),
+                self.w.add_histogram_raw(k, min=0, max=len(v) - 1, num=counts.sum(),
+                                         sum=float((counts * np.arange(len(v))).sum()),
                                          sum_squares=float((counts * np.arange(len(v)) ** 2).sum()),
                                          bucket_limits=list(range(1, len(v) + 1)), bucket_counts=v, global_step=step)
         self.w.flush()

@@ -43,10 +43,12 @@ MULTI_GPU = "data parallelism over GPUs (FSDP2 on NCCL) has run on the CPU only,
 
 # --- The plan ---
 LABELS = {"weights": "policy weights (fp32 master)", "sampler": "sampler copy", "grads": "gradients (fp32)",
-          "adamw": "AdamW states (2 x fp32)", "reference": "reference copy (fp32)", "critic": "critic (weights+grads+AdamW)",
-          "activations": "activations (1 micro-batch fwd+bwd)", "logits": "logits (B, T, V) for log-softmax", "step": "step",
-          "kv_cache": "sampler KV cache", "runtime": "runtime overhead", "total": "total (peak)", "sync": "weight sync",
-          "gen": "rollout (prefill + decode)", "ref": "reference forward", "old": "old log-probs (+values)", "update": "update (fwd+bwd+AdamW)"}
+          "adamw": "AdamW states (2 x fp32)", "reference": "reference copy (fp32)",
+          "critic": "critic (weights+grads+AdamW)", "activations": "activations (1 micro-batch fwd+bwd)",
+          "logits": "logits (B, T, V) for log-softmax", "step": "step", "kv_cache": "sampler KV cache",
+          "runtime": "runtime overhead", "total": "total (peak)", "sync": "weight sync",
+          "gen": "rollout (prefill + decode)", "ref": "reference forward", "old": "old log-probs (+values)",
+          "update": "update (fwd+bwd+AdamW)"}
 
 
 def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict:
@@ -134,10 +136,12 @@ def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict
 # --- Command line ---
 
 INT_ARGS = (  # (name, default, smallest allowed, help): the workload's integer options
-    ("prompts", 16, 1, "prompts per step"), ("group", 8, 1, "completions per prompt"), ("prompt_len", 47, 1, "prompt tokens"),
-    ("new_tokens", 16, 1, "max new tokens"), ("response_len", 0, 0, "padded completion length in the trainer (0 = --new-tokens)"),
+    ("prompts", 16, 1, "prompts per step"), ("group", 8, 1, "completions per prompt"),
+    ("prompt_len", 47, 1, "prompt tokens"), ("new_tokens", 16, 1, "max new tokens"),
+    ("response_len", 0, 0, "padded completion length in the trainer (0 = --new-tokens)"),
     ("micro_batch", 32, 0, "sequences per forward/backward (0 = mini-batch)"),
-    ("micro_batch_tokens", 0, 0, "tokens per forward/backward, rows x (prompt + completion): trainer.micro_batch_tokens "
+    ("micro_batch_tokens", 0, 0,
+     "tokens per forward/backward, rows x (prompt + completion): trainer.micro_batch_tokens "
      "(0 = by --micro-batch)"),
     ("mini_batch", 0, 0, "sequences per optimizer step (0 = all)"), ("epochs", 1, 1, "passes over each batch"))
 
@@ -145,25 +149,31 @@ INT_ARGS = (  # (name, default, smallest allowed, help): the workload's integer 
 def parse_eff(items: list[str] | None) -> dict[str, float]:
     """['update=0.3', ...] -> {'update': 0.3}: efficiencies (e.g. from calibrate) replacing the table's."""
     pairs = [item.partition("=")[::2] for item in items or ()]
-    if any(k not in EFFICIENCY["cpu"] or not re.fullmatch(r"[0-9]*\.?[0-9]+", v) or not 0 < float(v) <= 1.5 for k, v in pairs):
-        raise ConfigError(f"--eff: expected PHASE=X, PHASE one of {', '.join(EFFICIENCY['cpu'])}, 0 < X <= 1.5; got {items}")
+    if any(k not in EFFICIENCY["cpu"] or not re.fullmatch(r"[0-9]*\.?[0-9]+", v) or not 0 < float(v) <= 1.5
+           for k, v in pairs):
+        raise ConfigError(f"--eff: expected PHASE=X, PHASE one of {', '.join(EFFICIENCY['cpu'])}, 0 < X <= 1.5; got "
+                          f"{items}")
     return {k: float(v) for k, v in pairs}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (one of; default --model embedded)")
-    g.add_argument("--model", metavar="NAME_OR_DIR", help="'embedded', 'tiny', or a folder with a LLaMA-style config.json")
+    g.add_argument("--model", metavar="NAME_OR_DIR",
+                   help="'embedded', 'tiny', or a folder with a LLaMA-style config.json")
     g.add_argument("--params", metavar="SIZE", help="a size like 135M, 1.5B, 7B: a LLaMA-2-like shape is derived")
-    g.add_argument("--from", dest="run_dir", metavar="RUN_DIR", help="calibrate: predict RUN_DIR's workload, print it against its metrics")
+    g.add_argument("--from", dest="run_dir", metavar="RUN_DIR",
+                   help="calibrate: predict RUN_DIR's workload, print it against its metrics")
     w = p.add_argument_group("workload (the config keys of the same meaning)")
     for name, default, _, help_ in INT_ARGS:
         w.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, help=f"{help_} (default {default})")
     w.add_argument("--algo", default="grpo", choices=list(algorithms.ALGORITHMS),
                    help="algo.name; one with a critic (ppo) adds it (default grpo)")
-    w.add_argument("--critic", default="separate", choices=("separate", "shared"), help="PPO: own trunk or a head on the policy")
+    w.add_argument("--critic", default="separate", choices=("separate", "shared"),
+                   help="PPO: own trunk or a head on the policy")
     w.add_argument("--kl-coef", type=float, default=0.0, help="> 0 adds a reference copy and its forward")
     w.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
-                   help="trainer: bf16 autocast (fp32 master) or fp32; auto = as trainer.precision=auto picks on --device")
+                   help="trainer: bf16 autocast (fp32 master) or fp32; auto = as trainer.precision=auto picks on "
+                        "--device")
     w.add_argument("--sampler-dtype", default="auto", choices=("auto", "bf16", "fp32"),
                    help="sampler weights; auto = as rollout.dtype=auto picks on --device")
     w.add_argument("--no-share-prefix", action="store_true", help="the trainer runs every row's prompt")
@@ -171,7 +181,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--forward", choices=("auto", "hf"), help="trainer.forward: auto (the default) counts real tokens "
                    "(the run's mean with --from), hf pads rows; with --from, the run's config unless given")
     w.add_argument("--engine", choices=("auto", "fast", "hf", "vllm"), help="rollout.engine: auto (the default) = "
-                   "fast, the own engine (CUDA graphs on a GPU), hf = generate; with --from, the run's config unless given")
+                   "fast, the own engine (CUDA graphs on a GPU), hf = generate; with --from, the run's config unless "
+                   "given")
     w.add_argument("--logp-chunk", type=int, default=0, metavar="TOKENS",
                    help="tokens per ChunkedLogp chunk on a GPU (default 0: rlpost's rule, model/logprobs.py; "
                    "128 for runs before 2026-11-27)")
@@ -180,7 +191,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"2-core AVX-512 bf16 machine) or a GPU: {', '.join(GPUS)}")
     c.add_argument("--gpu", metavar="NAME", help="same as --device NAME")
     c.add_argument("--gpus", type=int, default=1, help="GPUs; FSDP shards weights, grads, AdamW over them")
-    c.add_argument("--eff", action="append", metavar="PHASE=X", help=f"override an efficiency ({', '.join(EFFICIENCY['cpu'])})")
+    c.add_argument("--eff", action="append", metavar="PHASE=X",
+                   help=f"override an efficiency ({', '.join(EFFICIENCY['cpu'])})")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
 
@@ -220,9 +232,11 @@ def format_plan(p: dict, label: str) -> str:
              f"prompt {w['prompt_len']} + {w['new_tokens']} new tokens", "", f"{'memory per device':<44}{'GiB':>9}"]
     lines += [f"  {LABELS[k]:<42}{v / GiB:>9.3f}" for k, v in m.items()]
     if p["fits"] is not None:
-        lines.append(f"  {'within device memory' + (' (estimate only)' if p['caveats'] else ''):<42}{'yes' if p['fits'] else 'NO':>9}")
+        lines.append(f"  {'within device memory' + (' (estimate only)' if p['caveats'] else ''):<42}"
+                     f"{'yes' if p['fits'] else 'NO':>9}")
     lines += ["", f"{'time per step':<44}{'s':>9}"] + [f"  {LABELS[k]:<42}{v:>9.3f}" for k, v in t.items()]
-    lines += ["", "not measured on a GPU yet; read these as estimates:", *(f"  - {x}" for x in p["caveats"])] if p["caveats"] else []
+    lines += (["", "not measured on a GPU yet; read these as estimates:", *(f"  - {x}" for x in p["caveats"])]
+              if p["caveats"] else [])
     return "\n".join(lines)
 
 
@@ -230,7 +244,8 @@ def format_calibration(c: dict) -> str:
     fmt = lambda x: f"{x:>10.3f}" if x is not None else f"{'-':>10}"
     lines = [f"rlpost plan --from {c['run_dir']}: {c['model']}, {c['steps']} steps (medians over steps)", "",
              f"{'':<22}{'unit':>5}{'predicted':>10}{'measured':>10}{'meas/pred':>10}"]
-    lines += [f"{r['name']:<22}{r['unit']:>5}{fmt(r['predicted'])}{fmt(r['measured'])}{fmt(r['ratio'])}" for r in c["rows"]]
+    lines += [f"{r['name']:<22}{r['unit']:>5}{fmt(r['predicted'])}{fmt(r['measured'])}{fmt(r['ratio'])}"
+              for r in c["rows"]]
     return "\n".join(lines)
 
 

@@ -57,17 +57,23 @@ LINE_PLOTS = [
     ("Response length", [("response_length/mean", "mean"), ("response_length/max", "max")], "tokens"),
     ("Clip fractions", [("actor/pg_clipfrac", "PPO ratio clipped"), ("response_length/clip_ratio", "truncated"),
                         ("actor/is_weight_clipfrac", "IS weight clipped (CISPO)")], "share"),
-    ("Group reward spread", [("reward/group_std", "group reward std"), ("reward/zero_std_frac", "groups with one reward"),
-                             ("reward/all_pass_frac", "all-pass groups"), ("reward/all_fail_frac", "all-fail groups")], ""),
+    ("Group reward spread", [("reward/group_std", "group reward std"),
+                             ("reward/zero_std_frac", "groups with one reward"),
+                             ("reward/all_pass_frac", "all-pass groups"), ("reward/all_fail_frac", "all-fail groups")],
+     ""),
     ("Gradient norm (pre-clip)", [("actor/grad_norm", "policy"), ("critic/grad_norm", "critic")], ""),
-    ("Throughput", [("perf/gen_tokens_per_s", "generated tokens / s"), ("perf/throughput", "all tokens / s")], "tokens / s"),
+    ("Throughput", [("perf/gen_tokens_per_s", "generated tokens / s"), ("perf/throughput", "all tokens / s")],
+     "tokens / s"),
     # Environment episodes only (task.name=env or tools, docs/environments.md).
-    ("Environment episodes", [("env/turns_mean", "turns per episode"), ("env/tool_calls_per_episode", "tool calls per episode"),
-                              ("env/errors", "environment errors"), ("env/timeouts", "environment timeouts")], "per episode; count"),
+    ("Environment episodes", [("env/turns_mean", "turns per episode"),
+                              ("env/tool_calls_per_episode", "tool calls per episode"),
+                              ("env/errors", "environment errors"), ("env/timeouts", "environment timeouts")],
+     "per episode; count"),
     ("Reward per turn", [("env/turn_reward/mean", "mean over turns"), ("env/turn_reward/first", "first turn"),
                          ("env/turn_reward/last", "last turn")], "reward"),
     # Ray topologies only (docs/distributed.md); a plot with no data is not drawn.
-    ("Staleness of trained samples", [("async/staleness_mean", "mean"), ("async/staleness_max", "max")], "versions behind"),
+    ("Staleness of trained samples", [("async/staleness_mean", "mean"), ("async/staleness_max", "max")],
+     "versions behind"),
     ("Idle time", [("async/trainer_idle_frac", "trainer"), ("async/rollout_idle_frac", "rollout workers")], "share"),
     ("Rollout queue", [("async/queue_depth", "sampled sequences waiting")], "sequences"),
 ]
@@ -121,13 +127,15 @@ def reward_plot(history, summary) -> str:
     x, y = _series(history, "reward/mean")
     ax.plot(x, y, label="train reward (mean)")
     ex, ey = _series(history, "eval/heldout_accuracy")
-    if summary and summary.get("heldout_accuracy_before") is not None and summary.get("heldout_accuracy_after") is not None:
+    if (summary and summary.get("heldout_accuracy_before") is not None
+            and summary.get("heldout_accuracy_after") is not None):
         ex = [0, *ex, summary.get("steps", x[-1] if x else 0)]  # before training = step 0, after = the last step
         ey = [summary["heldout_accuracy_before"], *ey, summary["heldout_accuracy_after"]]
     if ex:
         ax.plot(ex, ey, marker="o", label="held-out accuracy (greedy)")
     if summary and summary.get("selected_step") is not None:  # early stopping chose this step's weights
-        ax.axvline(summary["selected_step"], color="0.4", linestyle="--", label=f"selected: step {summary['selected_step']}")
+        ax.axvline(summary["selected_step"], color="0.4", linestyle="--",
+                   label=f"selected: step {summary['selected_step']}")
     finish(ax, "Reward and held-out accuracy", ylim=(-0.05, 1.05))
     return _svg(fig)
 
@@ -225,7 +233,8 @@ def sample_section(run_dir: Path, history, steps: list[int] | None = None, n: in
 
 
 def _sample_table(title: str, rows: list[dict]) -> str:
-    body = "".join(f"<tr><td>{html.escape(str(r['prompt']))}</td><td><pre>{html.escape(str(r['completion']))}</pre></td>"
+    body = "".join(f"<tr><td>{html.escape(str(r['prompt']))}</td>"
+                   f"<td><pre>{html.escape(str(r['completion']))}</pre></td>"
                    f"<td>{html.escape(str(r.get('answer')))}</td><td>{r['reward']:.3f}</td></tr>" for r in rows)
     return (f"<h4>{title}</h4><table><tr><th>prompt</th><th>completion</th><th>answer</th><th>reward</th></tr>"
             f"{body}</table>")
@@ -233,7 +242,8 @@ def _sample_table(title: str, rows: list[dict]) -> str:
 
 CSS = """body{font-family:sans-serif;max-width:1150px;margin:auto;padding:1em}
 .grid{display:flex;flex-wrap:wrap;gap:8px}.grid>div{flex:0 0 560px}svg{max-width:100%;height:auto}
-table{border-collapse:collapse;font-size:13px;margin-bottom:8px}td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
+table{border-collapse:collapse;font-size:13px;margin-bottom:8px}
+td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
 pre{margin:0;white-space:pre-wrap}.warn{color:#a40}"""
 
 
@@ -254,9 +264,10 @@ def summary_items(summary: dict | None) -> list[tuple[str, object]]:
 def plots_for(history, summary) -> list[str | None]:
     if summary and summary.get("kind") in ("sft", "rm", "dpo"):  # offline: a loss curve, no rollouts
         loss = (f"{summary['kind']} training loss ({summary.get('loss')})", [("actor/loss", "loss per step")], "loss")
-        return [line_plot(history, *loss), line_plot(history, "Gradient norm (pre-clip)", [("actor/grad_norm", "policy")], "")]
-    return [reward_plot(history, summary), passk_plot(summary), task_plot(history, summary), *(line_plot(history, *p) for p in LINE_PLOTS),
-            ratio_plot(history), timing_plot(history)]
+        return [line_plot(history, *loss),
+                line_plot(history, "Gradient norm (pre-clip)", [("actor/grad_norm", "policy")], "")]
+    return [reward_plot(history, summary), passk_plot(summary), task_plot(history, summary),
+            *(line_plot(history, *p) for p in LINE_PLOTS), ratio_plot(history), timing_plot(history)]
 
 
 NUMBER = (float, type(None))
@@ -264,14 +275,17 @@ NUMBER = (float, type(None))
 # metrics before/after), a sampled-rounds run's (kind rsft or online_dpo, rounds). Only a mapping is required.
 SUMMARY = {"kind?": str, "loss?": (str, type(None)), "steps?": int, "heldout_accuracy_before?": NUMBER,
            "heldout_accuracy_after?": NUMBER, "heldout_accuracy_selected?": NUMBER, "selected_step?": (int, type(None)),
-           "passk_before?": Where(lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, (int, float)) for x in
-                                                                                       v.values())), "a pass@k curve"),
-           "passk_after?": Where(lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, (int, float)) for x in
-                                                                                      v.values())), "a pass@k curve")}
+           "passk_before?": Where(lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, (int, float))
+                                                                                      for x in v.values())),
+                                  "a pass@k curve"),
+           "passk_after?": Where(lambda v: v is None or (isinstance(v, dict) and all(isinstance(x, (int, float))
+                                                                                     for x in v.values())),
+                                 "a pass@k curve")}
 
 
 def read_summary(path: Path) -> dict | None:
-    """summary.json checked against ``SUMMARY`` (one line naming the file and the field), None when there is none yet."""
+    """summary.json checked against ``SUMMARY`` (one line naming the file and the field), None when there is none
+    yet."""
     if not path.exists():
         return None
     try:
@@ -286,10 +300,12 @@ def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
     history = jsonl.read_lines(run_dir / "metrics.jsonl")
     summary = read_summary(run_dir / "summary.json")
     plots = plots_for(history, summary)
-    summary_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in summary_items(summary))
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>rlpost report: {html.escape(run_dir.name)}</title>"
-            f"<style>{CSS}</style></head><body><h1>rlpost run {html.escape(run_dir.name)}</h1>"
-            f"<p>{len(history)} steps{'' if summary else ' (run in progress or stopped: no summary yet)'}</p>{selected_line(summary)}"
+    summary_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>"
+                           for k, v in summary_items(summary))
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>rlpost report: "
+            f"{html.escape(run_dir.name)}</title><style>{CSS}</style></head><body><h1>rlpost run "
+            f"{html.escape(run_dir.name)}</h1><p>{len(history)} "
+            f"steps{'' if summary else ' (run in progress or stopped: no summary yet)'}</p>{selected_line(summary)}"
             f"<table>{summary_rows}</table><h2>Health</h2>{health_section(history)}<h2>Plots</h2><div class='grid'>"
             + "".join(f"<div>{p}</div>" for p in plots if p)
             + f"</div>{always_zero(history)}<h2>Samples</h2>{sample_section(run_dir, history, sample_steps)}"
@@ -312,7 +328,8 @@ def always_zero(history: list[dict]) -> str:
     zero = [k for k in keys if _series(history, k)[0] and not any(_series(history, k)[1])]
     if not zero:
         return ""
-    items = "".join(f"<li><code>{k}</code>{': ' + html.escape(ZERO_WHY[k]) if k in ZERO_WHY else ''}</li>" for k in zero)
+    items = "".join(f"<li><code>{k}</code>{': ' + html.escape(ZERO_WHY[k]) if k in ZERO_WHY else ''}</li>"
+                    for k in zero)
     return f"<p>0 at every step, so not drawn:</p><ul>{items}</ul>"
 
 
@@ -323,12 +340,15 @@ def config_section(run_dir: Path) -> str:
         return "<p>no config.yaml</p>"
     text = config_file.read_text()
     tree, defaults = yaml.safe_load(text) or {}, to_dict(Config())
-    defaults["rollout"]["max_new_tokens"] = default_max_new_tokens(bool((tree.get("task") or {}).get("data")))  # what 0 became
+    # what 0 became
+    defaults["rollout"]["max_new_tokens"] = default_max_new_tokens(bool((tree.get("task") or {}).get("data")))
     changed = [f"{sec}.{key}={str(value).lower() if isinstance(value, bool) else value}" for sec, values in tree.items()
-               if isinstance(values, dict) for key, value in values.items() if defaults.get(sec, {}).get(key, object()) != value]
+               if isinstance(values, dict) for key, value in values.items()
+               if defaults.get(sec, {}).get(key, object()) != value]
     return (f"<p>set away from the defaults ({config_file.name} holds all of it):</p>"
             f"<pre>{html.escape(chr(10).join(changed) or '(nothing: the defaults)')}</pre>"
-            f"<details><summary>the whole config ({len(text.splitlines())} lines)</summary><pre>{html.escape(text)}</pre></details>")
+            f"<details><summary>the whole config ({len(text.splitlines())} lines)</summary>"
+            f"<pre>{html.escape(text)}</pre></details>")
 
 
 def selected_line(summary: dict | None) -> str:
@@ -336,7 +356,8 @@ def selected_line(summary: dict | None) -> str:
     if not summary or summary.get("selected_step") is None:
         return ""
     return (f"<p><b>Selected step {summary['selected_step']}</b>: the best held-out accuracy "
-            f"({rounded(summary['heldout_accuracy_selected'])}); RUN/model holds its weights (run.early_stop_patience).</p>")
+            f"({rounded(summary['heldout_accuracy_selected'])}); RUN/model holds its weights "
+            "(run.early_stop_patience).</p>")
 
 
 def write_report(run_dir: Path, out: Path | None = None, sample_steps: list[int] | None = None) -> Path:

@@ -52,8 +52,8 @@ def rl_postfix(metrics: dict, history: list[dict]) -> dict:
 
 class RunLog:
     def __init__(self, run_dir: Path, steps: int, start_step: int, progress: bool, sinks: Loggers | None = None,
-                 ckpt: Path | None = None, *, desc: str = "train", postfix: Callable[[dict, list[dict]], dict] = rl_postfix,
-                 rollouts: bool = True):
+                 ckpt: Path | None = None, *, desc: str = "train",
+                 postfix: Callable[[dict, list[dict]], dict] = rl_postfix, rollouts: bool = True):
         """``ckpt``: the checkpoint a resume starts from (its copy of the metric lines). desc, postfix:
         the progress bar's name and figures; rollouts: the RL loop's run, whose steps write their
         samples (samples/step_N.jsonl) and whose lines get the health checks."""
@@ -101,10 +101,10 @@ class RunLog:
         saved = checkpoint.saved_metrics(ckpt) if ckpt is not None else None
         if saved is None:
             if self.metrics_path.exists():  # nothing to rebuild it from: refused, the file left as it is
-                raise DataError(f"{problem}; checkpoint {ckpt.name if ckpt else ''} (an older rlpost) keeps no copy to rebuild "
-                                "it from: repair the file, or resume with --start-over")
-            say(f"{problem}; checkpoint {ckpt.name if ckpt else ''} (an older rlpost) keeps no copy of it: steps 1-{step} "
-                "will have no metric lines")
+                raise DataError(f"{problem}; checkpoint {ckpt.name if ckpt else ''} (an older rlpost) keeps no copy to "
+                                "rebuild it from: repair the file, or resume with --start-over")
+            say(f"{problem}; checkpoint {ckpt.name if ckpt else ''} (an older rlpost) keeps no copy of it: "
+                f"steps 1-{step} will have no metric lines")
             return []
         kept = ""
         if self.metrics_path.exists():
@@ -187,9 +187,11 @@ def closing_table(summary: dict) -> str:
                      f"{summary.get(f'heldout_n/{task}')} problems)")
     kb, ka = summary.get("passk_before") or {}, summary.get("passk_after") or {}
     for k in sorted({"1", max(kb, key=int)} & set(ka), key=int) if kb else ():  # the curve's ends: pass@1, pass@64
-        lines.append(f"{f'pass@{k} (sampled)':24s}{kb[k]:>10.3f}{ka[k]:>10.3f}   ({summary.get('passk_problems')} problems)")
+        lines.append(f"{f'pass@{k} (sampled)':24s}{kb[k]:>10.3f}{ka[k]:>10.3f}   "
+                     f"({summary.get('passk_problems')} problems)")
     if summary.get("reward_mean_first") is not None:
-        lines.append(f"{'reward/mean (first/last)':24s}{summary['reward_mean_first']:>10.3f}{summary['reward_mean_last']:>10.3f}")
+        lines.append(f"{'reward/mean (first/last)':24s}{summary['reward_mean_first']:>10.3f}"
+                     f"{summary['reward_mean_last']:>10.3f}")
     lines.append(f"{'steps / wall time':24s}{summary['steps']:>10d}{summary['wall_minutes']:>9.1f}m")
     return "\n".join(lines)
 

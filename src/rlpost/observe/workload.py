@@ -123,9 +123,11 @@ class Workload:
     mean_response_len: float = 0  # mean completion length; 0 = T (every row runs to the longest)
     prompts_once: bool = True  # the trainer runs a mini-batch's prompts once where they fit (trainer.prompts_once)
     packed: bool = True  # trainer.forward auto/packed: without checkpointing, only real tokens (model/packed.py)
-    engine: str = "fast"  # rollout.engine: the own engine (CPU loop, or CUDA graphs on a GPU), 'hf' (generate) or 'vllm'
+    # rollout.engine: the own engine (CPU loop, or CUDA graphs on a GPU), 'hf' (generate) or 'vllm'
+    engine: str = "fast"
     logp_chunk: int = 0  # tokens per ChunkedLogp chunk on a GPU; 0 = rlpost's rule (model/logprobs.py: chunk_tokens)
-    micro_tokens: int = 0  # trainer.micro_batch_tokens: rows a micro-batch = as many of P + T tokens as fit; 0 = by rows
+    # trainer.micro_batch_tokens: rows a micro-batch = as many of P + T tokens as fit; 0 = by rows
+    micro_tokens: int = 0
 
     @property
     def batch(self) -> int:

@@ -97,9 +97,11 @@ class Trainer:
             has_answer = all("answer" in r or column(r, VERL_ANSWER) is not None for r in self.rows)
             if not has_answer:
                 if verifier is None and not paths:
-                    raise ConfigError("train_dataset: rows without 'answer' need reward_funcs or a verifier to score them")
+                    raise ConfigError("train_dataset: rows without 'answer' need reward_funcs or a verifier to score "
+                                      "them")
                 task.append("task.answer_column=")
-                if verifier is None and len(paths) > 1:  # which one is a guess: say it (a format reward first scores nothing)
+                # which one is a guess: say it (a format reward first scores nothing)
+                if verifier is None and len(paths) > 1:
                     say(f"held-out accuracy: scored by the first reward function, {paths[0].rpartition(':')[2]} "
                         "(correct = reward >= 1); verifier= names the one that checks the answer")
                 verifier = paths[0] if verifier is None else verifier
@@ -154,12 +156,14 @@ class Trainer:
         if cfg.model.lora_r > 0:
             fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
         if self.rows is not None and cfg.task.name != "env":
-            fit.check_prompts(cfg.model.name, self.prompts, cfg.rollout.max_new_tokens, "rollout.max_new_tokens", "train_dataset")
+            fit.check_prompts(cfg.model.name, self.prompts, cfg.rollout.max_new_tokens, "rollout.max_new_tokens",
+                              "train_dataset")
 
     def _resume_overrides(self) -> list[str]:
         """This Trainer's values of the keys a resume may change, as overrides."""
         if not (self.run_dir / "config.yaml").is_file():
-            raise ConfigError(f"output_dir {self.run_dir}: no run to resume there (no config.yaml); train() without resume=True starts one")
+            raise ConfigError(f"output_dir {self.run_dir}: no run to resume there (no config.yaml); train() without "
+                              "resume=True starts one")
         saved = to_dict(load_run(self.run_dir)[0])
         ours = to_dict(self.config)
         return [f"{sec}.{key}={_text(ours[sec][key])}" for sec, keys in RESUMABLE.items() for key in keys
@@ -245,8 +249,9 @@ class Registry:
         if not callable(fn):
             raise ConfigError(f"reward_funcs: expected 'module:function' strings or callables, got {type(fn).__name__}")
         if hasattr(fn, "config") and hasattr(fn, "forward"):  # TRL takes a reward model among its reward functions
-            raise ConfigError(f"reward_funcs: a model object ({type(fn).__name__}); a reward model goes in task.reward_model: "
-                              "save it with save_pretrained and pass overrides={'task.reward_model': folder}")
+            raise ConfigError(f"reward_funcs: a model object ({type(fn).__name__}); a reward model goes in "
+                              "task.reward_model: save it with save_pretrained and pass "
+                              "overrides={'task.reward_model': folder}")
         name = getattr(fn, "__name__", "")
         if not name.isidentifier() or name in self.funcs or name.startswith("_"):
             name = fallback  # lambdas, duplicates: the logs name it reward_<i>

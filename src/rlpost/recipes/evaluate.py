@@ -104,14 +104,17 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
     found = {k: v for k, v in (task.contamination or {}).items() if k != "contamination_examples"}
     try:
         scores = heldout_scores(roles, rows, cfg, dump if not samples else None)
-        acc, per_task = scores.pop(ACCURACY), {k.replace("eval/", ""): v for k, v in scores.items()}  # a mix's, per family
+        # a mix's, per family
+        acc, per_task = scores.pop(ACCURACY), {k.replace("eval/", ""): v for k, v in scores.items()}
         if not samples:
             return acc, len(rows), {**per_task, **found}
         rollout = cfg.rollout
-        records = sample_records(roles, rows, samples, rollout.temperature, rollout.top_p, rollout.max_new_tokens, cfg.run.eval_batch_size)
+        records = sample_records(roles, rows, samples, rollout.temperature, rollout.top_p, rollout.max_new_tokens,
+                                 cfg.run.eval_batch_size)
         if dump is not None:
             write_records(records, dump)
-        return acc, len(rows), {"samples": samples, "temperature": rollout.temperature, **summarise(records, list(ks)), **per_task, **found}
+        return acc, len(rows), {"samples": samples, "temperature": rollout.temperature, **summarise(records, list(ks)),
+                                **per_task, **found}
     finally:
         roles.close()
 

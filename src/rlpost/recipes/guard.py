@@ -76,7 +76,8 @@ class RunGuard:
         self.cfg = cfg
         self.saved, self.after_nonfinite = saved, after_nonfinite
         self.step, self.step_done = 0, False  # step_done: its checkpoint decided (finish_step)
-        # early stopping: the best evaluation (step, accuracy) and evaluations since; a resumed run's from its checkpoint
+        # early stopping: the best evaluation (step, accuracy) and evaluations since; a resumed run's from its
+        # checkpoint
         self.best: tuple[int, float] | None = (early_stop or {}).get("best")
         self.evals_since_best: int = (early_stop or {}).get("evals_since_best", 0)
         self.new_best = self.early_stopped = False
@@ -117,8 +118,8 @@ class RunGuard:
 
     def _on_status(self, signum: int, frame) -> None:
         stopping = f"; stopping after it ({signal.Signals(self.signum).name})" if self.signum is not None else ""
-        say(f"SIGUSR1: step {self.step} of {self.cfg.run.steps} running, {(time.monotonic() - self.started) / 60:.1f} min "
-            f"into this start{stopping}. SIGINT, SIGTERM or SIGHUP stop after the step (saved), SIGQUIT at once")
+        say(f"SIGUSR1: step {self.step} of {self.cfg.run.steps} running, {(time.monotonic() - self.started) / 60:.1f} "
+            f"min into this start{stopping}. SIGINT, SIGTERM or SIGHUP stop after the step (saved), SIGQUIT at once")
 
     def _on_alarm(self, signum: int, frame) -> None:
         raise Interrupted(self.signum or signal.SIGTERM, f"step {self.step} did not finish within run.stop_grace_s="
@@ -156,7 +157,8 @@ class RunGuard:
         if patience == 0:
             return
         self.new_best = self.best is None or accuracy > self.best[1]
-        self.best, self.evals_since_best = ((step, accuracy), 0) if self.new_best else (self.best, self.evals_since_best + 1)
+        self.best, self.evals_since_best = (((step, accuracy), 0) if self.new_best
+                                            else (self.best, self.evals_since_best + 1))
         if self.evals_since_best >= patience:
             self.early_stopped = True
             say(f"early stop after step {step}: {patience} held-out evaluations without beating "
@@ -181,8 +183,9 @@ class RunGuard:
         """After scoring: RunError if a reward function failed too often (see the module docstring)."""
         counts = failure_counts(metrics)
         if metrics.get("env/episodes"):  # an environment's calls that raised, hung, died or returned garbage
-            counts.append((f"environment {self.cfg.task.env or self.cfg.task.name}", "episodes", metrics["env/episodes"],
-                           metrics.get("env/errors", 0) + metrics.get("env/timeouts", 0), "env.log"))
+            counts.append((f"environment {self.cfg.task.env or self.cfg.task.name}", "episodes",
+                           metrics["env/episodes"], metrics.get("env/errors", 0) + metrics.get("env/timeouts", 0),
+                           "env.log"))
         stop_on_failures(counts, self.cfg.task.max_reward_error_frac, f"at step {step}", self.first_batch,
                          "stopped before that step's update")
         self.first_batch = False
@@ -196,8 +199,8 @@ class RunGuard:
             return
         self.nonfinite_streak += 1
         limit = self.cfg.trainer.max_nonfinite_steps
-        say(f"step {step}: a non-finite loss or gradient; {skipped:g} optimizer step(s) skipped, {self.nonfinite_streak} "
-            f"training step(s) in a row (trainer.max_nonfinite_steps={limit} stops the run)")
+        say(f"step {step}: a non-finite loss or gradient; {skipped:g} optimizer step(s) skipped, "
+            f"{self.nonfinite_streak} training step(s) in a row (trainer.max_nonfinite_steps={limit} stops the run)")
         if self.nonfinite_streak >= limit:
             raise RunError(f"{limit} training steps in a row with a non-finite loss or gradient (the last at step "
                            f"{step}); stopped without saving them: {self.after_nonfinite}")
@@ -215,7 +218,8 @@ def failure_counts(metrics: dict) -> list[tuple]:
     """(what, unit, calls, failed, log) of each reward function in a scorer's metrics."""
     return [(f"reward function {key[len('verifier/'):-len('/calls')]}", "completions", calls,
              metrics.get(f"{key[:-len('/calls')]}/errors", 0) + metrics.get(f"{key[:-len('/calls')]}/timeouts", 0),
-             "verifier.log") for key, calls in metrics.items() if key.startswith("verifier/") and key.endswith("/calls")]
+             "verifier.log")
+            for key, calls in metrics.items() if key.startswith("verifier/") and key.endswith("/calls")]
 
 
 def stop_on_failures(counts: list[tuple], frac: float, where: str, first: bool, what: str) -> None:

@@ -52,7 +52,8 @@ def explain(why: str, n: int, cfg: config.Config) -> str:
                     f"rollout.max_refill_rounds={rollout.max_refill_rounds} refills); widen "
                     f"rollout.filter_min_pass_rate={rollout.filter_min_pass_rate:g} / "
                     f"filter_max_pass_rate={rollout.filter_max_pass_rate:g}, raise rollout.group_size "
-                    f"(now {rollout.group_size}) or rollout.max_refill_rounds, or pick a task this model solves sometimes",
+                    f"(now {rollout.group_size}) or rollout.max_refill_rounds, or pick a task this model solves "
+                    "sometimes",
         "nonfinite": "skipped every optimizer step for a non-finite loss or gradient; lower trainer.lr "
                      f"(trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps} in a row stop a run)",
         "reward_failed": "scored every completion 0 because every reward call failed, which task.max_reward_error_frac="
@@ -72,5 +73,6 @@ def closing_line(history: list[dict], cfg: config.Config) -> str | None:
     idle = sum(found.values())
     why = "; ".join(explain(w, n, cfg) for w, n in found.items())
     if idle == len(history):
-        return f"trained nothing: none of the {idle} steps changed the policy: {why}. RUN/model is the starting policy, unchanged"
+        return (f"trained nothing: none of the {idle} steps changed the policy: {why}. RUN/model is the starting "
+                "policy, unchanged")
     return f"{idle} of {len(history)} steps trained nothing: {why}"

@@ -78,8 +78,8 @@ def load_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict], in
     heldout, bad_heldout = data.check_rows(heldout, parse, pref.eval_data or pref.data, pref.on_bad_row)
     if not rows or not heldout:
         split = "pref.eval_data" if pref.eval_data else f"pref.heldout_frac={pref.heldout_frac:g}"
-        raise DataError(f"pref.data: {pref.data} leaves {len(rows)} training and {len(heldout)} held-out rows ({split}, "
-                        f"{bad_train + bad_heldout} malformed rows skipped); both need at least one")
+        raise DataError(f"pref.data: {pref.data} leaves {len(rows)} training and {len(heldout)} held-out rows "
+                        f"({split}, {bad_train + bad_heldout} malformed rows skipped); both need at least one")
     return rows, heldout, bad_train + bad_heldout
 
 
@@ -91,13 +91,14 @@ def preflight(cfg: config.Config, kind: str) -> None:
         fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
     if kind == "rsft" or (kind == "dpo" and cfg.pref.online_rounds > 0):  # sampled from the task's prompts
         task = build_task(cfg.task)
-        fit.check_prompts(cfg.model.name, task.train + task.heldout, cfg.rollout.max_new_tokens, "rollout.max_new_tokens",
-                          f"task.name={cfg.task.name}")
+        fit.check_prompts(cfg.model.name, task.train + task.heldout, cfg.rollout.max_new_tokens,
+                          "rollout.max_new_tokens", f"task.name={cfg.task.name}")
         return
     rows, heldout, _ = load_rows(cfg, kind)
     parse = data.sft_pair if kind == "sft" else data.preference_triple
     prompts = [{"messages": parse(r, "")[0], **({"_line": r["_line"]} if "_line" in r else {})} for r in rows + heldout]
-    fit.check_prompts(cfg.model.name, prompts, cfg.pref.max_len, "pref.max_len", cfg.pref.data or f"task.name={cfg.task.name}")
+    fit.check_prompts(cfg.model.name, prompts, cfg.pref.max_len, "pref.max_len",
+                      cfg.pref.data or f"task.name={cfg.task.name}")
 
 
 def batch_order(lengths: list[int], batch_size: int, by_length: bool, rng: random.Random) -> list[int]:
@@ -129,7 +130,8 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
     pref, t0 = cfg.pref, time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
     config.save(cfg, run_dir / "config.yaml")
-    sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before any model loads
+    # a missing package stops us here, before any model loads
+    sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))
     try:
         cfg = build.resolve_precision(cfg)  # after saving: a resumed or copied run probes its own machine
         rows, heldout, skipped = load_rows(cfg, kind)
@@ -138,7 +140,8 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
         loaded = load_policy_for(cfg.model, cfg.run.seed)
         build.on_device(cfg, loaded.model)  # run.device (resolved above); the roles move each batch to it
         tok = loaded.tokenizer
-        enc = (lambda rs: encode.encode_sft(tok, rs, pref.max_len)) if kind == "sft" else (lambda rs: encode.encode_pairs(tok, rs, pref.max_len))
+        enc = ((lambda rs: encode.encode_sft(tok, rs, pref.max_len)) if kind == "sft"
+               else (lambda rs: encode.encode_pairs(tok, rs, pref.max_len)))
         rows_per_seq = 1 if kind == "sft" else 2  # sequences per row: a pair is two
         train_b, held_b = enc(rows), enc(heldout)
         mini = pref.batch_size * rows_per_seq
@@ -147,12 +150,15 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
         if kind == "dpo" and pref.loss not in REFERENCE_FREE:  # ORPO and SimPO compare the policy with itself
             reference = build.make_pref_reference(cfg, loaded.model, micro)  # frozen: its numbers once, before training
             train_b.ref_logp, held_b.ref_logp = reference.logprobs(train_b), reference.logprobs(held_b)
-        trainer = build.make_pref_trainer(cfg, loaded.model, mini, micro, steps_per_epoch * pref.epochs, value_head=kind == "rm")
-        loss_fn = {"sft": sft_loss, "dpo": make_dpo_loss(pref) if kind == "dpo" else None, "rm": make_rm_loss(pref)}[kind]
+        trainer = build.make_pref_trainer(cfg, loaded.model, mini, micro, steps_per_epoch * pref.epochs,
+                                          value_head=kind == "rm")
+        loss_fn = {"sft": sft_loss, "dpo": make_dpo_loss(pref) if kind == "dpo" else None,
+                   "rm": make_rm_loss(pref)}[kind]
         before = trainer.evaluate(held_b, loss_fn)
         log = RunLog(run_dir, steps_per_epoch * pref.epochs, 0, cfg.run.progress, sinks, desc=kind, rollouts=False,
                      postfix=lambda m, history: {"loss": f"{m['actor/loss']:.4f}"})
-        steps = run_epochs(trainer, train_b, rows_per_seq, loss_fn, cfg, cores, log, save=lambda: save_trained(trainer, tok, run_dir))
+        steps = run_epochs(trainer, train_b, rows_per_seq, loss_fn, cfg, cores, log,
+                           save=lambda: save_trained(trainer, tok, run_dir))
     finally:
         sinks.close()  # (again is a no-op: the log closes them too)
     after = trainer.evaluate(held_b, loss_fn)
@@ -164,8 +170,8 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
                               "wall_minutes": (time.perf_counter() - t0) / 60, "model": str(out)})
 
 
-def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg: config.Config, cores: Cores, log: RunLog,
-        save) -> int:
+def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg: config.Config, cores: Cores,
+               log: RunLog, save) -> int:
     """pref.epochs passes over ``data`` (pref.batch_size rows a step, shuffled per epoch: batch_order)
     inside the run guard; ``save()`` writes what is trained so far when a stop signal comes. Returns
     the steps taken."""
@@ -174,7 +180,8 @@ def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg
     rng = random.Random(cfg.run.seed)
     log.begin()
     try:
-        with RunGuard(cfg, saved="model (RUN/model)", after_nonfinite="no model is written. Try a lower trainer.lr") as guard:
+        with RunGuard(cfg, saved="model (RUN/model)",
+                      after_nonfinite="no model is written. Try a lower trainer.lr") as guard:
             for step in guard.steps(1, steps_per_epoch * pref.epochs):
                 epoch, s = divmod(step - 1, steps_per_epoch)
                 if s == 0:  # a new epoch: a new order
@@ -182,7 +189,8 @@ def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg
                                         pref.group_by_length, rng)
                 rows = order[s * pref.batch_size:(s + 1) * pref.batch_size]
                 cores.adjust()
-                m = trainer.train_step(data.select(torch.tensor([r * rows_per_seq + j for r in rows for j in range(rows_per_seq)])),
+                m = trainer.train_step(data.select(torch.tensor([r * rows_per_seq + j for r in rows
+                                                                 for j in range(rows_per_seq)])),
                                        loss_fn)
                 guard.check_update(m, step)  # skipped by the trainer (roles/trainer.py); N in a row stop the run
                 log.step(step, {"epoch": epoch, **m})

@@ -49,7 +49,8 @@ def onpolicy_pairs(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple
 def run_online_dpo(cfg: config.Config, run_dir: Path) -> dict:
     """pref.online_rounds rounds of (sample -> pairs -> one DPO pass); returns the summary."""
     return sampled_rounds(cfg, run_dir, cfg.pref.online_rounds, onpolicy_pairs, "dpo", "online_dpo",
-                          "pairs.jsonl", "fewer than 2 prompts gave a pair", ("pair_accuracy_after", "rewards/accuracy"))
+                          "pairs.jsonl", "fewer than 2 prompts gave a pair",
+                          ("pair_accuracy_after", "rewards/accuracy"))
 
 
 def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, kind: str, summary_kind: str,
@@ -94,4 +95,5 @@ def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, ki
         log.step(i, {k: v for k, v in rounds[-1].items() if isinstance(v, (int, float)) and k != "round"})
     log.close()
     return log.write_summary({"kind": summary_kind, "rounds": rounds, "model": model,
-                              "heldout_before": rounds[0]["heldout_accuracy"], "heldout_after": rounds[-1].get("heldout_accuracy")})
+                              "heldout_before": rounds[0]["heldout_accuracy"],
+                              "heldout_after": rounds[-1].get("heldout_accuracy")})

@@ -13,9 +13,9 @@ A pipeline recipe is YAML:
 
 ``kind`` is sft | rsft | rm | dpo | rl (rsft: rejection-sampling SFT on the policy's own accepted
 samples, recipes/rsft.py). An rl stage with ``teacher: <stage name>`` and algo.name=distill
-distils from that earlier stage's model (on-policy distillation, algorithms/distill.py). An rl stage trains on the task's verifier, or on a reward model
-stage's output with ``reward_model: <stage name>``. After every policy stage the held-out accuracy
-of the task (greedy, the same verifier and rows as ``rlpost eval``) is measured, so the table
+distils from that earlier stage's model (on-policy distillation, algorithms/distill.py). An rl stage trains on the
+task's verifier, or on a reward model stage's output with ``reward_model: <stage name>``. After every policy stage the
+held-out accuracy of the task (greedy, the same verifier and rows as ``rlpost eval``) is measured, so the table
 shows what each stage added. The command line's overrides (``rlpost pipeline RECIPE k=v``) come
 last, after a stage's own, so they hold for every stage. A stage that already finished (its
 summary.json exists) is not run again: re-running the command after a crash continues with the
@@ -62,11 +62,14 @@ def read_pipeline(path: str | Path) -> dict:
     for st in stages:
         rm = st.get("reward_model")
         if rm is not None and (rm not in names or next(s for s in stages if s["name"] == rm)["kind"] != "rm"):
-            raise config.ConfigError(f"{path}: stage {st['name']}.reward_model: expected the name of an earlier rm stage, got {rm!r}")
+            raise config.ConfigError(f"{path}: stage {st['name']}.reward_model: expected the name of an earlier rm "
+                                     f"stage, got {rm!r}")
         teacher = st.get("teacher")
         earlier = names[: names.index(st["name"])]
-        if teacher is not None and (teacher not in earlier or next(s for s in stages if s["name"] == teacher)["kind"] == "rm"):
-            raise config.ConfigError(f"{path}: stage {st['name']}.teacher: expected the name of an earlier policy stage, got {teacher!r}")
+        if teacher is not None and (teacher not in earlier
+                                    or next(s for s in stages if s["name"] == teacher)["kind"] == "rm"):
+            raise config.ConfigError(f"{path}: stage {st['name']}.teacher: expected the name of an earlier policy "
+                                     f"stage, got {teacher!r}")
     return tree
 
 
@@ -128,20 +131,22 @@ def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
         say(f"stage {st['name']} ({st['kind']}) from {model}")
         if (sdir / "summary.json").exists():
             if changed := changed_keys(sdir, cfg):
-                raise config.ConfigError(f"stage {st['name']}: finished under other settings ({'; '.join(changed[:4])}); "
-                                         f"remove {sdir} (and the stages after it) to train it again with these, "
-                                         "or give the pipeline another name")
+                raise config.ConfigError(f"stage {st['name']}: finished under other settings "
+                                         f"({'; '.join(changed[:4])}); remove {sdir} (and the stages after it) to "
+                                         "train it again with these, or give the pipeline another name")
             summary = read_summary(sdir / "summary.json", st["kind"])
         else:
             summary = run_stage(cfg, sdir, st["kind"])
-        out = summary.get("model") or str(export.write_model(sdir, cfg.model, cfg.run.seed))  # an rl stage of an older rlpost: no model/ yet
+        # an rl stage of an older rlpost: no model/ yet
+        out = summary.get("model") or str(export.write_model(sdir, cfg.model, cfg.run.seed))
         outputs[st["name"]] = out
         other = _stage_metric(st["kind"], summary)
         if st["kind"] == "rm":
             rows.append({"stage": st["name"], "kind": "rm", "heldout_accuracy": None, "other": other})
             continue
         model = out
-        rows.append({"stage": st["name"], "kind": st["kind"], "heldout_accuracy": model_accuracy(cfg, model), "other": other})
+        rows.append({"stage": st["name"], "kind": st["kind"], "heldout_accuracy": model_accuracy(cfg, model),
+                     "other": other})
     text = stage_table(rows)
     (run_dir / "pipeline.json").write_text(json.dumps(rows, indent=1))
     print(text)
@@ -171,7 +176,8 @@ SUMMARY = {  # what the table reads of a finished stage's summary.json, by kind
     "sft": {"heldout_before": {"sft/nll": float}, "heldout_after": {"sft/nll": float}},
     "rm": {"heldout_before": NUMBERS, "heldout_after": NUMBERS},
     "dpo": Where(lambda s: isinstance(s.get("rounds"), list) or (isinstance(s.get("loss"), str) and isinstance(
-        s.get("heldout_before"), dict) and isinstance(s.get("heldout_after"), dict)), "online rounds, or a loss and its metrics"),
+        s.get("heldout_before"), dict) and isinstance(s.get("heldout_after"), dict)),
+                 "online rounds, or a loss and its metrics"),
     "rsft": {"rounds": ListOf(dict)},
     "rl": {"reward_mean_first": (float, type(None)), "reward_mean_last": (float, type(None))},
 }
@@ -182,21 +188,26 @@ def read_summary(path: Path, kind: str) -> dict:
     try:
         summary = json.loads(path.read_text())
     except (ValueError, OSError) as e:
-        raise DataError(f"{path}: not readable JSON ({type(e).__name__}); remove the stage's folder to run it again") from None
+        raise DataError(f"{path}: not readable JSON ({type(e).__name__}); remove the stage's folder to run it "
+                        "again") from None
     check(summary, {"model?": str}, str(path))
     return check(summary, SUMMARY[kind], str(path))
 
 
 def _stage_metric(kind: str, s: dict) -> str:
     if kind == "rm":
-        return f"pairwise accuracy {s['heldout_before'].get('rm/accuracy', 0):.3f} -> {s['heldout_after'].get('rm/accuracy', 0):.3f}"
+        return (f"pairwise accuracy {s['heldout_before'].get('rm/accuracy', 0):.3f} -> "
+                f"{s['heldout_after'].get('rm/accuracy', 0):.3f}")
     if kind == "dpo" and "rounds" in s:
-        return f"online DPO: {len(s['rounds']) - 1} rounds, pairs per round {[r.get('online/pairs') for r in s['rounds'][1:]]}"
+        return (f"online DPO: {len(s['rounds']) - 1} rounds, pairs per round "
+                f"{[r.get('online/pairs') for r in s['rounds'][1:]]}")
     if kind == "dpo":
         return (f"{s['loss']}: reward accuracy {s['heldout_before'].get('rewards/accuracy', 0):.3f} -> "
-                f"{s['heldout_after'].get('rewards/accuracy', 0):.3f}, margin {s['heldout_after'].get('rewards/margin', 0):+.3f}")
+                f"{s['heldout_after'].get('rewards/accuracy', 0):.3f}, margin "
+                f"{s['heldout_after'].get('rewards/margin', 0):+.3f}")
     if kind == "rsft":
-        return f"rejection-sampling SFT: {len(s['rounds']) - 1} rounds, rows per round {[r.get('rsft/rows') for r in s['rounds'][1:]]}"
+        return (f"rejection-sampling SFT: {len(s['rounds']) - 1} rounds, rows per round "
+                f"{[r.get('rsft/rows') for r in s['rounds'][1:]]}")
     if kind == "sft":
         return f"held-out NLL/token {s['heldout_before']['sft/nll']:.3f} -> {s['heldout_after']['sft/nll']:.3f}"
     if s["reward_mean_first"] is None:

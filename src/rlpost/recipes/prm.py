@@ -109,7 +109,8 @@ def outcome_examples(sols: list[LabelledSolution]) -> list[Example]:
 
 def train_value_head(lm: torch.nn.Module, examples: list[Example], pad_id: int, *, epochs: int = 2,
                      batch_size: int = 16, lr: float = 1e-5, head_lr: float = 1e-3, micro_batch_size: int = 16,
-                     autocast_bf16: bool | None = None, seed: int = 0, aggregate=core.token_mean) -> tuple[Critic, list[dict]]:
+                     autocast_bf16: bool | None = None, seed: int = 0,
+                     aggregate=core.token_mean) -> tuple[Critic, list[dict]]:
     """Fit trunk + head to the examples' targets with ``bce_at_positions`` (a PRM or an ORM,
     depending on the examples); returns the head (the trunk is ``lm``, trained in place) and
     one metrics dict per optimizer step. autocast_bf16: None = what the precision probe chose."""

@@ -35,10 +35,12 @@ def resume_run(run_dir: str | Path, overrides: list[str] = (), start_over: bool 
         ckpt = checkpoint.newest_intact(run_dir)
         if ckpt is None and not start_over:
             raise config.ConfigError(f"--resume {run_dir}: no intact checkpoint to resume from{_why(run_dir)}; add "
-                                     "--start-over to train it again from step 0 (its metrics and samples are replaced)")
+                                     "--start-over to train it again from step 0 (its metrics and samples are "
+                                     "replaced)")
         if ckpt is not None:
             check_checkpoint(ckpt, cfg)
-            by_task_summary(run_dir / "samples")  # the first start's held-out dump, read at the end: damaged is said now
+            # the first start's held-out dump, read at the end: damaged is said now
+            by_task_summary(run_dir / "samples")
         task = build_task(cfg.task)
         build.preflight(cfg, task)
 

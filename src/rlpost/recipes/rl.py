@@ -60,7 +60,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         heldout = task.heldout[: cfg.run.eval_n or None]
         torch.manual_seed(cfg.run.seed)  # after building: loading a model may draw from the RNG
         start = resume_state(roles, stream, trainer_state, state, on_resumed) if resume else 0
-        weights = trainer_state = None  # copied into the roles: a resumed run would carry a second set of weights to its end
+        # copied into the roles: a resumed run would carry a second set of weights to its end
+        weights = trainer_state = None
         sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before step 1
         log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks, ckpt)
         before, before_k = baseline(roles, heldout, cfg, run_dir, task, state)  # a resumed run's: from its checkpoint
@@ -72,7 +73,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                 batch, c_metrics = collect(roles, stream, cfg, timings, cores)
                 guard.check_rewards(c_metrics, step)  # a reward function that keeps failing stops the run here
                 evaluating, syncing = schedule(cfg, step)
-                roles.rollout.sleep(discard_weights=syncing)  # frees memory for the update, the peak (rollout_hf.py: sleep)
+                # frees memory for the update, the peak (rollout_hf.py: sleep)
+                roles.rollout.sleep(discard_weights=syncing)
                 adv_metrics, u_metrics = {}, {}  # stay empty when every group was filtered out (even after refills)
                 if len(batch):
                     if roles.reference is not None:
@@ -102,7 +104,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                                            **perf(batch, timings, cores), "training/epoch": stream.epoch}, batch)
                 every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
                 if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
-                    save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k), elapsed(), guard, log.history)
+                    save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k), elapsed(), guard,
+                                    log.history)
                 if on_step_end is not None:
                     on_step_end(step)
                 _call(callbacks, "on_step_end", step, metrics, roles)
@@ -137,12 +140,15 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, befo
     fresh mappings: the heap is trimmed first (5.16 GiB peak at the end of vs_trl.py's rlpost child
     without it, Zen 4, 2026-11-26; a no-op off glibc and on a GPU's memory)."""
     heap.trim()
-    model_dir, selected = write_selected_model(run_dir, cfg, guard.select(after))  # a checkpoint as a transformers folder: RUN/model
+    # a checkpoint as a transformers folder: RUN/model
+    model_dir, selected = write_selected_model(run_dir, cfg, guard.select(after))
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
-    summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": heldout_n, "model": str(model_dir),
-                                                   "peak_rss_gb": round(peak_rss_gb, 2), **device.max_memory_allocated_gb(),
-                                                   "skipped_rows": task.skipped_rows, **selected, **by_task_summary(run_dir / "samples"),
-                                                   **passk_summary(passk, cfg), **idle_summary(log.history)})
+    summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": heldout_n,
+                                                   "model": str(model_dir), "peak_rss_gb": round(peak_rss_gb, 2),
+                                                   **device.max_memory_allocated_gb(),
+                                                   "skipped_rows": task.skipped_rows, **selected,
+                                                   **by_task_summary(run_dir / "samples"), **passk_summary(passk, cfg),
+                                                   **idle_summary(log.history)})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     nothing = idle.closing_line(log.history, cfg)  # steps that trained nothing: how many, why, the knob; the last word
@@ -214,7 +220,8 @@ def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config
             metrics[k] = metrics.get(k, 0) + v if k.startswith(("verifier/", "reward/nan_or_inf")) else v
         score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
         metrics.update(stream.observe(b.rows[::K], core.pass_rate(score, K).tolist()))  # the online curriculum
-        b.reward, shaping = stack.shape(b, cfg.task, cfg.algo, cfg.rollout)  # overlong penalty and length shaping, part of the reward from here on
+        # overlong penalty and length shaping, part of the reward from here on
+        b.reward, shaping = stack.shape(b, cfg.task, cfg.algo, cfg.rollout)
         metrics.update(shaping)
         first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
         if not filtering:
@@ -272,7 +279,8 @@ def perf(batch: Rollouts, timings: dict, cores: Cores) -> dict:
     # perf/threads: torch's threads for the update; perf/other_cores: other processes' work before it (model/cores.py)
     return {"perf/throughput": tokens / timings["timing_s/step"],
             "perf/gen_tokens_per_s": float(batch.completion_mask.sum()) / timings["timing_s/gen"],
-            "perf/threads": cores.threads, "perf/other_cores": round(cores.others, 2), **device.max_memory_allocated_gb()}
+            "perf/threads": cores.threads, "perf/other_cores": round(cores.others, 2),
+            **device.max_memory_allocated_gb()}
 
 
 def schedule(cfg: config.Config, step: int) -> tuple[bool, bool]:
@@ -324,12 +332,12 @@ def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state
     return state["step"]
 
 
-def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream | MixedStream, before: tuple,
-                    minutes: float, guard: RunGuard, metrics: list[dict]) -> None:
+def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream | MixedStream,
+                    before: tuple, minutes: float, guard: RunGuard, metrics: list[dict]) -> None:
     """``before``: (held-out accuracy, pass@k curve) before training, which a resumed run reports as its own."""
-    state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(), "algo_name": cfg.algo.name,
-             "heldout_before": before[0], "passk_before": before[1], "minutes": minutes, "early_stop": guard.early_stop_state(),
-             **roles.algo.state_dict()}
+    state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
+             "algo_name": cfg.algo.name, "heldout_before": before[0], "passk_before": before[1], "minutes": minutes,
+             "early_stop": guard.early_stop_state(), **roles.algo.state_dict()}
     checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
                     cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None, metrics=metrics)
 

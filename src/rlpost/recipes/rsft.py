@@ -30,7 +30,8 @@ def accepted_rows(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[
     batch = roles.rollout.generate(rows, n=k, temperature=rollout.temperature, top_p=rollout.top_p,
                                    max_new_tokens=rollout.max_new_tokens)
     reward, _, scored = roles.verifier.score(batch)
-    check_reward_failures(scored, cfg.task.max_reward_error_frac, "while sampling a round", True, "stopped before training on them")
+    check_reward_failures(scored, cfg.task.max_reward_error_frac, "while sampling a round", True,
+                          "stopped before training on them")
     lengths = batch.completion_mask.sum(1)  # (B,) tokens per completion
     out, solved = [], 0
     for i, row in enumerate(rows):
@@ -41,7 +42,8 @@ def accepted_rows(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[
         elif pref.rsft_keep == "unique":  # the first sample of each distinct text
             seen: set[str] = set()
             ok = [b for b in ok if not (batch.completions[b].strip() in seen or seen.add(batch.completions[b].strip()))]
-        out += [{"prompt": row["messages"], "completion": batch.completions[b], "answer": row.get("answer")} for b in ok]
+        out += [{"prompt": row["messages"], "completion": batch.completions[b], "answer": row.get("answer")}
+                for b in ok]
     accepted = int((reward >= pref.rsft_min_reward).sum())
     return out, {"rsft/accepted_frac": accepted / len(batch), "rsft/prompts_solved_frac": solved / len(rows),
                  "rsft/rows": len(out), "rsft/reward_mean": reward.mean().item()}

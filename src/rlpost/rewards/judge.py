@@ -180,7 +180,8 @@ class Judge:
 
     @classmethod
     def from_config(cls, task: TaskConfig, seed: int, dtype: str) -> "Judge":
-        """task.judge_* with run.seed; dtype: rollout.dtype (the judge samples nothing but computes as the sampler does)."""
+        """task.judge_* with run.seed; dtype: rollout.dtype (the judge samples nothing but computes as the sampler
+        does)."""
         return cls(task.judge_model, task.judge_mode, task.judge_rubric, seed, task.judge_both_orders,
                    dtype=precision.sampler_dtype(dtype))
 

@@ -115,7 +115,8 @@ class ProcessRewardModel:
         self.autocast_bf16 = precision.trainer_bf16("auto") if autocast_bf16 is None else autocast_bf16
 
     @torch.no_grad()
-    def scored_steps(self, prompts: list[list[int]], completions: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    def scored_steps(self, prompts: list[list[int]],
+                     completions: list[list[int]]) -> list[tuple[list[int], list[float]]]:
         """(index of each step's last token, P(correct) there) of each (prompt, completion)."""
         ctx = precision.autocast(self.autocast_bf16, self.device)
         out = []
@@ -182,7 +183,8 @@ class StepRewards:
     def dense(self, batch: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
         mask = batch.completion_mask  # (B, T)
         B, T = mask.shape
-        length = torch.where(mask.any(1), (mask.long().cumsum(1) * mask).argmax(1) + 1, 0)  # (B,) up to the last loss token
+        # (B,) up to the last loss token
+        length = torch.where(mask.any(1), (mask.long().cumsum(1) * mask).argmax(1) + 1, 0)
         prompts = unpadded(batch)[0]
         completions = [batch.completion_ids[j, :n].tolist() for j, n in enumerate(length.tolist())]
         reward, ends = torch.zeros(B, T), torch.zeros(B, T, dtype=torch.bool)

@@ -43,11 +43,13 @@ def load_reward_model(spec: str, micro_batch_size: int = 32, autocast_bf16: bool
     try:
         archs = AutoConfig.from_pretrained(folder).architectures or []
     except (OSError, ValueError) as e:
-        raise ConfigError(f"task.reward_model: cannot read the model config of {spec!r} ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"task.reward_model: cannot read the model config of {spec!r} "
+                          f"({str(e).splitlines()[0]})") from None
     if any(a.endswith("ForSequenceClassification") for a in archs):
         return SequenceClassifierScorer(folder, micro_batch_size, autocast_bf16, device, offload)
     raise ConfigError(f"task.reward_model: {spec} is neither an `rlpost rm` model folder (value_head.safetensors) "
-                      f"nor a *ForSequenceClassification reward model (its architectures: {', '.join(archs) or 'none'})")
+                      "nor a *ForSequenceClassification reward model (its architectures: "
+                      f"{', '.join(archs) or 'none'})")
 
 
 class SequenceClassifierScorer:
@@ -60,7 +62,8 @@ class SequenceClassifierScorer:
         self.device = torch.device(device)
         self.home = Offloaded(self.model, self.device, offload)  # on the device, or on the host between calls
         if self.model.config.num_labels != 1:
-            raise ConfigError(f"task.reward_model: {folder} has {self.model.config.num_labels} labels; a reward model has 1")
+            raise ConfigError(f"task.reward_model: {folder} has {self.model.config.num_labels} labels; a reward model "
+                              "has 1")
         if self.model.config.pad_token_id is None:  # it finds each row's last token by the pad id
             self.model.config.pad_token_id = self.tok.pad_token_id
         self.micro = micro_batch_size
@@ -68,7 +71,8 @@ class SequenceClassifierScorer:
 
     def texts(self, batch: Rollouts) -> list[str]:
         """Each completion as the assistant turn after its prompt, in the RM's own chat template."""
-        return [self.tok.apply_chat_template([*row["messages"], {"role": "assistant", "content": completion}], tokenize=False)
+        return [self.tok.apply_chat_template([*row["messages"], {"role": "assistant", "content": completion}],
+                                             tokenize=False)
                 for row, completion in zip(batch.rows, batch.completions)]
 
     @torch.no_grad()
@@ -96,7 +100,8 @@ class RewardModelScorer:
         """autocast_bf16: score under bf16 autocast; None = what the probe chose (model/precision.py)."""
         head_file = Path(folder) / "value_head.safetensors"
         if not head_file.exists():
-            raise ConfigError(f"task.reward_model: {folder} has no value_head.safetensors; is it the model folder of an `rlpost rm` run?")
+            raise ConfigError(f"task.reward_model: {folder} has no value_head.safetensors; is it the model folder of "
+                              "an `rlpost rm` run?")
         lm = load_policy(folder).model.float().eval()
         self.device = torch.device(device)
         self.rm = Critic(lm, "shared")

@@ -34,6 +34,7 @@ class Critic(nn.Module):
 
     def values(self, batch: Rollouts, share_prefix: bool = True) -> Tensor:  # (B, T) float32
         """Separate critic only: a shared one gets its values from the policy's forward."""
-        assert not self.shared, "a shared critic's values come out of the policy forward (policy_forward(value_head=...))"
+        assert not self.shared, ("a shared critic's values come out of the policy forward "
+                                 "(policy_forward(value_head=...))")
         return completion_values(self.trunk, self.head, batch, share_prefix)
 

@@ -2,10 +2,12 @@
 
 | rollout.engine | CPU | CUDA |
 |---|---|---|
-| auto | the own decode loop (rollout_fast.py) | vLLM when it is installed (and top_p = 1), else the own engine's GPU path (rollout_static.py) |
+| auto | the own decode loop | vLLM when it is installed (and top_p = 1), else the own engine's GPU path |
 | fast | the own decode loop | the own engine's GPU path (static KV cache, CUDA graphs) |
 | hf | transformers `generate` | transformers `generate` |
 | vllm | vLLM (rollout_vllm.py) | vLLM |
+
+The own decode loop is rollout_fast.py; the own engine's GPU path is rollout_static.py.
 
 A model the own engine does not support (``supported``) falls back to `generate` under ``auto``
 and is refused under ``fast``. On CUDA, ``auto`` says in one line which engine it picked and why.

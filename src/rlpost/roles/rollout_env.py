@@ -30,7 +30,8 @@ import time
 
 import torch
 
-from rlpost.envs.transcript import TemplateError, assistant_message, chat_delta, encode, for_template, inline_delta, opening_ids
+from rlpost.envs.transcript import (TemplateError, assistant_message, chat_delta, encode, for_template, inline_delta,
+                                    opening_ids)
 from rlpost.envs.pool import EnvPool, warn_once
 from rlpost.types.batch import Rollouts
 from rlpost.types.errors import ConfigError
@@ -71,7 +72,8 @@ class Episode:
         self.end("error")
 
     def record(self) -> dict:
-        out = {"turns": len(self.ends), "turn_rewards": self.rewards, "tool_calls": self.tool_calls, "stop": self.stopped}
+        out = {"turns": len(self.ends), "turn_rewards": self.rewards, "tool_calls": self.tool_calls,
+               "stop": self.stopped}
         if self.error:
             out.update(error=self.error, timeout=self.timeout)
         if self.correct is not None:
@@ -185,7 +187,8 @@ class EnvRollout:
     def _failed(self, e: Episode, outcome: tuple) -> None:
         e.fail(outcome)
         kind = "timeout" if e.timeout else "error"
-        text = f"timed out after {self.pool.timeout_s:g} s (task.env_timeout_s); the call was killed" if e.timeout else e.error
+        text = (f"timed out after {self.pool.timeout_s:g} s (task.env_timeout_s); the call was killed" if e.timeout
+                else e.error)
         warn_once(self.reported, kind, self.pool.path, f"{text}; the episode ended with reward 0")
 
 
@@ -208,7 +211,8 @@ def assemble(episodes: list[Episode], rows: list[dict], n: int, tok, version: in
         sampler_logp=torch.tensor([e.logp + [0.0] * (T - len(e.ids)) for e in episodes]) * mask,
         truncated=torch.tensor([e.stopped != "done" for e in episodes]),
         group_ids=torch.arange(len(rows)).repeat_interleave(n),
-        rows=[e.row if "messages" in e.row else {**e.row, "messages": e.opening} for e in episodes],  # the prompt, as logged
+        rows=[e.row if "messages" in e.row else {**e.row, "messages": e.opening}
+              for e in episodes],  # the prompt, as logged
         completions=[tok.decode(e.ids, skip_special_tokens=e.style == "inline") for e in episodes],
         policy_version=version,
         turn_end=ends, turn_reward=rewards, episodes=[e.record() for e in episodes],

@@ -142,7 +142,8 @@ class FastRollout:
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
         enc = self.hf.encode(rows)
-        completion, sampler_logp, floor = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p, max_new_tokens)
+        completion, sampler_logp, floor = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p,
+                                                       max_new_tokens)
         return self.hf.assemble(enc, rows, n, completion, sampler_logp, floor)
 
     def sample_ids(self, seqs: list[list[int]], temperature: float, top_p: float, max_new_tokens: int,
@@ -179,8 +180,8 @@ class FastRollout:
             q, k = qk[:, :, : self.nh].transpose(1, 2), qk[:, :, self.nh :].transpose(1, 2)  # (b, heads, s, hd)
             kc[i, :b, :, :, :s] = k.transpose(-1, -2)
             vc[i, :b, :, :s] = qkv[..., nq + nk :].view(b, s, self.nkv, self.hd).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, kc[i, :b, :, :, :s].transpose(-1, -2), vc[i, :b, :, :s], attn_mask=kmask,
-                                               enable_gqa=self.nkv != self.nh)
+            o = F.scaled_dot_product_attention(q, kc[i, :b, :, :, :s].transpose(-1, -2), vc[i, :b, :, :s],
+                                               attn_mask=kmask, enable_gqa=self.nkv != self.nh)
             x = self._mlp(x + L.o(o.transpose(1, 2).reshape(b, s, nq)), L)
         return x
 
@@ -257,7 +258,8 @@ class FastRollout:
         kmask |= torch.eye(P, dtype=torch.bool)  # a left pad attends itself (never read; avoids NaN)
         x = self._layers(self.embed[ids], *self._cos_sin(pos), cache, kmask)  # (G, P, H)
         if n > 1:
-            cache[0][:, :B, :, :, :P] = cache[0][:, :G, :, :, :P].repeat_interleave(n, dim=1)  # group g's KV -> its n rows
+            # group g's KV -> its n rows
+            cache[0][:, :B, :, :, :P] = cache[0][:, :G, :, :, :P].repeat_interleave(n, dim=1)
             cache[1][:, :B, :, :P] = cache[1][:, :G, :, :P].repeat_interleave(n, dim=1)
         logits = self._logits(x[:, -1]).repeat_interleave(n, dim=0)  # (B, V)
         # 2. Decode. `rows` maps the live decode rows to output rows; a row that has drawn EOS
@@ -285,11 +287,14 @@ class FastRollout:
                 keep = (~finished).nonzero().squeeze(1)
                 for c in cache:
                     c[:, : len(keep)] = c[:, keep]
-                kmask[: len(keep)], next_pos, rows, tok, finished = kmask[keep], next_pos[keep], rows[keep], tok[keep], finished[keep]
-            if views is None or len(views[0][0]) != len(rows):  # each layer's cache, live rows only: made once per batch size
+                kmask[: len(keep)], next_pos, rows, tok, finished = (kmask[keep], next_pos[keep], rows[keep], tok[keep],
+                                                                     finished[keep])
+            # each layer's cache, live rows only: made once per batch size
+            if views is None or len(views[0][0]) != len(rows):
                 views = [(k[: len(rows)], v[: len(rows)]) for k, v in zip(*cache)]
             cos, sin = self._cos_sin((next_pos + t)[:, None])
-            x = self._step(self.embed[tok][:, None], cos[:, 0], sin[:, 0], views, P + t, kmask[: len(rows), None, None, : P + t + 1])
+            x = self._step(self.embed[tok][:, None], cos[:, 0], sin[:, 0], views, P + t,
+                           kmask[: len(rows), None, None, : P + t + 1])
             logits = self._logits(x[:, 0])
         return out[:, :T], logp_out[:, :T], floor_out[:, :T] if floor_out is not None else None
 
@@ -303,7 +308,8 @@ class FastRollout:
             tok, lp = sampling.draw(logits / temperature)
             return tok, lp, None
         logp = (logits / temperature).log_softmax(-1)  # (b, V) the policy the trainer optimises
-        logp, floor = top_p_truncate(logp, top_p)  # the trainer truncates at the same threshold (Rollouts.sampler_floor)
+        # the trainer truncates at the same threshold (Rollouts.sampler_floor)
+        logp, floor = top_p_truncate(logp, top_p)
         # Inverse-CDF sampling: one uniform per row against the cumulative distribution. Exact;
         # the profiler charged torch.multinomial 25 ms per step, but end to end the two measured
         # the same (benchmarks/rollout_levers.py: 1.02x).

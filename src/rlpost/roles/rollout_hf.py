@@ -119,7 +119,8 @@ class HFRollout:
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
         enc = self.encode(rows)
-        completion, sampler_logp, floor = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p, max_new_tokens)
+        completion, sampler_logp, floor = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p,
+                                                       max_new_tokens)
         return self.assemble(enc, rows, n, completion, sampler_logp, floor)
 
     def encode(self, rows: list[dict]):
@@ -139,7 +140,8 @@ class HFRollout:
             truncated=~torch.isin(completion, self.eos_ids).any(dim=1),
             group_ids=torch.arange(len(rows)).repeat_interleave(n),
             rows=[r for r in rows for _ in range(n)],
-            completions=self.tok.batch_decode(completion * mask + self.tok.pad_token_id * ~mask, skip_special_tokens=True),
+            completions=self.tok.batch_decode(completion * mask + self.tok.pad_token_id * ~mask,
+                                              skip_special_tokens=True),
             policy_version=self.version,
             sampler_floor=sampler_floor.where(mask, 0.0) if sampler_floor is not None else None,  # -inf * 0 is nan
         )
@@ -176,7 +178,9 @@ class HFRollout:
         B, T = completion.shape
         if recorder is not None and recorder.prev is not None:
             recorder.collect(completion[:, len(recorder.logp)])  # the last sampled token
-        sampler_logp = torch.stack(recorder.logp, dim=1) if recorder else completion.new_zeros(B, T, dtype=torch.float32)  # (B, T)
+        # (B, T)
+        sampler_logp = (torch.stack(recorder.logp, dim=1) if recorder
+                        else completion.new_zeros(B, T, dtype=torch.float32))
         floor = torch.stack(recorder.floor, dim=1).float().to(home) if recorder and recorder.floor else None  # (B, T)
         return completion.to(home), sampler_logp.float().to(home), floor
 

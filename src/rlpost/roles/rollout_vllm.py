@@ -62,7 +62,8 @@ class VLLMRollout(HFRollout):
         """``model``: the policy whose weights vLLM samples with (read once, not kept); ``source``:
         a folder or hub id with its architecture ('tiny' is written to a temporary folder)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: in-place weight sync
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # share the cores with the trainer, as the other engines do
+        # share the cores with the trainer, as the other engines do
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         # vLLM's INFO lines (and on CPU a warning each time the loop sets torch's thread count) would
         # bury the progress bar; its errors still print. VLLM_LOGGING_LEVEL=INFO brings them back.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")

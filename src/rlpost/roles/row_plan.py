@@ -86,7 +86,8 @@ class LocalPlan:
     sharded = False
     cast_cache = True  # one bf16 cast of each weight serves every micro-batch of a mini-batch
 
-    def prepare(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> tuple[Callable, torch.nn.Parameter | None]:
+    def prepare(self, model: torch.nn.Module,
+                critic: torch.nn.Module | None) -> tuple[Callable, torch.nn.Parameter | None]:
         return partial(policy_forward, model), split_tied_embedding(model)
 
     def micro_batches(self, rows: Rollouts, micro: int, order: str,
@@ -141,7 +142,8 @@ class ShardedPlan:
     # one micro-batch). Each forward casts afresh.
     cast_cache = False
 
-    def prepare(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> tuple[Callable, torch.nn.Parameter | None]:
+    def prepare(self, model: torch.nn.Module,
+                critic: torch.nn.Module | None) -> tuple[Callable, torch.nn.Parameter | None]:
         """FSDP2 over the policy. The tied embedding is NOT split into its own leaf here: that
         leaf would be a second Parameter over the head's storage, which sharding cannot keep
         shared; the tied Parameter is sharded once in the root unit and gets one dense gradient.
@@ -208,9 +210,9 @@ class ShardedPlan:
 
 
 def sampler_diff_metrics(diff: Tensor, plan: LocalPlan | ShardedPlan) -> dict:
-    """The trainer's sampler-mismatch metrics, over every rank's tokens of the plan. How far the sampler's recorded log-probs are from the trainer's, from the per-token
-    differences log pi_trainer - log pi_sampler (n_tokens,); under data parallelism, over all
-    ranks' tokens (sums and maxima reduced before the mean is taken)."""
+    """The trainer's sampler-mismatch metrics, over every rank's tokens of the plan. How far the sampler's recorded
+    log-probs are from the trainer's, from the per-token differences log pi_trainer - log pi_sampler (n_tokens,); under
+    data parallelism, over all ranks' tokens (sums and maxima reduced before the mean is taken)."""
     # The histogram's bin edges live on the host (algorithms/core.py), so its input goes there; the
     # sums go on diff's device (the trainer's): NCCL reduces CUDA tensors only.
     hist = ratio_histogram(diff.exp().to(device.CPU))

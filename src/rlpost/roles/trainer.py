@@ -66,7 +66,8 @@ class Trainer:
         self.entropy_grad = entropy_grad  # the loss has an entropy bonus: pass it entropy with grad
         self.plan = plan or LocalPlan()
         if gradient_checkpointing:
-            enable_checkpointing([self.model, *([critic.trunk] if critic is not None and critic.trunk is not None else [])])
+            enable_checkpointing([self.model,
+                                  *([critic.trunk] if critic is not None and critic.trunk is not None else [])])
         # trainer.prompts_once: each mini-batch's prompts once, ahead of its micro-batches (_prefix).
         # A sharded plan runs them per micro-batch: each rank's rows are its own.
         self.prefix_once = tcfg.prompts_once and not self.plan.sharded
@@ -105,8 +106,9 @@ class Trainer:
         its rows' prompts, already run (``_prefix``); head_grad: the mini-batch's lm_head gradient."""
         shared_head = self._shared_head()
         with self._autocast():
-            out = self._policy_forward(batch, self.temperature, entropy=entropy, share_prefix=self.cfg.share_prompt_prefix,
-                                       value_head=shared_head, prefix=prefix, head_grad=head_grad)
+            out = self._policy_forward(batch, self.temperature, entropy=entropy,
+                                       share_prefix=self.cfg.share_prompt_prefix, value_head=shared_head, prefix=prefix,
+                                       head_grad=head_grad)
             if self.critic is not None and not self.critic.shared:
                 out.values = self.critic.values(batch, self.cfg.share_prompt_prefix)
         return out
@@ -143,7 +145,8 @@ class Trainer:
             parts = self.plan.micro_batches(batch, self.micro, "rows", *self._tokens())
             outs = [(self._forward(mb.trimmed()), idx) for mb, idx in parts]
         logp = self.plan.gather([pad(o.logp) for o, idx in outs if idx is not None], batch)  # (B, T)
-        values = torch.cat([pad(o.values) for o, _ in outs]) * batch.completion_mask if self.critic is not None else None
+        values = (torch.cat([pad(o.values) for o, _ in outs]) * batch.completion_mask if self.critic is not None
+                  else None)
         return logp.to(home), values.to(home) if values is not None else None
 
     @on_critic_home
@@ -223,7 +226,8 @@ class Trainer:
         autocast off. Autocast caches its bf16 copy of each weight until the *outermost* context
         exits, so one cast serves every micro-batch of the mini-batch (the weights do not change
         before the optimizer step), where a context per forward re-cast all 135M weights each time."""
-        out = self._forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none", prefix, head_grad)
+        out = self._forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none", prefix,
+                            head_grad)
         with torch.autocast(out.logp.device.type, enabled=False):  # the forward's device, not a fixed one
             logp, entropy = out.logp, out.entropy  # (b, T) each
             if mb.old_logp is None:  # single optimizer step: this forward runs under the sampling weights

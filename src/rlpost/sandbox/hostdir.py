@@ -8,8 +8,9 @@ what the program put there with more rights than the program had.
   directory is a fresh name in it, recorded in the slot's registry (slots.py) before it exists.
 * **As root: a tmpfs of its own.** The working directory is a tmpfs mount of ``max_disk_mb``
   (and INODES_PER_MB inodes per MiB), owned by the run's uid: the disk quota holds, as under
-  bubblewrap, and removing it is one lazy unmount, whatever the program built in it. Where mounts are refused (a container without CAP_SYS_ADMIN), a
-  plain directory, removed by cleanup.remove_tree_as with the run's uid, within a deadline.
+  bubblewrap, and removing it is one lazy unmount, whatever the program built in it. Where mounts are refused (a
+  container without CAP_SYS_ADMIN), a plain directory, removed by cleanup.remove_tree_as with the run's uid, within a
+  deadline.
 * **Not root:** a plain directory, removed by cleanup.remove_tree within a deadline. (The
   program runs with our uid then, so it could remove our files itself; the removal still never
   follows a link or leaves the tree.)

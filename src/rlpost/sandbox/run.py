@@ -141,7 +141,8 @@ def guarantees(backend: str | None = None) -> dict[str, bool]:
 
 # What each missing guarantee leaves the program free to do, in the words the console uses.
 UNPROTECTED = {
-    "memory_total": "memory held in memfd, tmpfs and shared memory (no cgroup: only each process's address space is capped)",
+    "memory_total": "memory held in memfd, tmpfs and shared memory (no cgroup: only each process's address space is "
+                    "capped)",
     "process_count": "process count (shared with your uid's other processes)",
     "disk_quota": "disk use (files go to the host disk, capped per file only)",
     "tree_kill": "daemons that leave the session (they outlive the run)",
@@ -153,7 +154,8 @@ UNPROTECTED = {
     "keyring_isolated": "the session keyring",
     "ptrace_blocked": "ptrace and process_vm_readv",
     "parent_protected": "this process and your files: the program runs with your uid, so it can read this process's "
-                        "memory, kill it, and change anything you can write, the Python packages the verifier imports included",
+                        "memory, kill it, and change anything you can write, the Python packages the verifier imports "
+                        "included",
     "runs_isolated": "other runs: what one run does can change another's result",
 }
 

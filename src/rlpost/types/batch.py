@@ -80,7 +80,8 @@ class Rollouts:
         device on entry); the batch itself when it is already there, so the CPU path copies nothing."""
         if self.device == torch.device(device):
             return self
-        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                 if isinstance(getattr(self, f.name), Tensor)}
         return replace(self, **moved)
 
     @property
@@ -135,7 +136,8 @@ class Rollouts:
         completion, each group's rows kept contiguous (so the shared prompt prefix still applies)."""
         lengths = self.completion_mask.sum(1)  # (B,)
         _, row_to_group = torch.unique_consecutive(self.group_ids, return_inverse=True)
-        longest = torch.zeros(int(row_to_group.max()) + 1 if len(self) else 0, dtype=lengths.dtype, device=lengths.device)
+        longest = torch.zeros(int(row_to_group.max()) + 1 if len(self) else 0, dtype=lengths.dtype,
+                              device=lengths.device)
         longest.scatter_reduce_(0, row_to_group, lengths, reduce="amax")
         # A stable sort on the group's length keeps each group's rows contiguous and in order.
         return torch.sort(longest[row_to_group], stable=True).indices
@@ -158,7 +160,8 @@ class Rollouts:
             elif isinstance(vals[0], Tensor) and vals[0].dim() == 2:
                 left = f.name.startswith("prompt_")
                 width = P if left else T
-                out[f.name] = torch.cat([F.pad(v, (width - v.shape[1], 0) if left else (0, width - v.shape[1])) for v in vals])
+                out[f.name] = torch.cat([F.pad(v, (width - v.shape[1], 0) if left else (0, width - v.shape[1]))
+                                         for v in vals])
             elif isinstance(vals[0], Tensor):
                 out[f.name] = torch.cat(vals)
             elif isinstance(vals[0], list):

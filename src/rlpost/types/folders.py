@@ -67,11 +67,13 @@ def check_folder(folder: Path, kind: str, key: str, parent_key: str = "") -> boo
     this kind may not write; True when it exists."""
     for part in folder.parts:
         if len(os.fsencode(part)) > 255:
-            raise ConfigError(f"{key}: a folder name of {len(os.fsencode(part))} bytes ({clip(part, 40)}); a name holds at most 255")
+            raise ConfigError(f"{key}: a folder name of {len(os.fsencode(part))} bytes ({clip(part, 40)}); a name "
+                              "holds at most 255")
     for parent in [folder, *folder.parents]:
         if parent.exists() and not parent.is_dir():
             what = "is a file" if parent.is_file() else "is not a folder"
-            raise ConfigError(f"{parent_key if parent != folder and parent_key else key}: {parent} {what}, expected a folder")
+            raise ConfigError(f"{parent_key if parent != folder and parent_key else key}: {parent} {what}, expected a "
+                              "folder")
     if not folder.exists():
         return False
     entries = os.listdir(folder)

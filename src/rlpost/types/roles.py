@@ -37,7 +37,8 @@ class Traits:
     on_policy_only: bool = False  # no importance ratio: one optimizer step per rollout batch
     token_clip: bool = False  # PPO's clipped token ratio, which algo.dual_clip_c can cap (clipped_pg_loss)
     teacher: bool = False  # the reference role holds algo.teacher, whose log-probs make the advantages (distill)
-    token_rewards: bool = False  # advantages from per-token rewards (GAE, returns-to-go): a PRM's step rewards go in there
+    # advantages from per-token rewards (GAE, returns-to-go): a PRM's step rewards go in there
+    token_rewards: bool = False
     state: tuple[str, ...] = ()  # fields that change during training and are saved in checkpoints
 
 
