@@ -16,7 +16,8 @@ from rlpost.model.load import load_policy
 torch.set_num_threads(1)
 # Processes that tests start in-process runs from (verifier workers) import the toy verifiers of
 # tests/ by module path, as `rlpost` started by run_cli does (tests/helpers.py).
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")] if p)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]
+                                           if p)
 
 
 @pytest.fixture(autouse=True)

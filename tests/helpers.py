@@ -45,7 +45,8 @@ def algorithm(cfg: config.Config):
 
 
 def objective(cfg: config.Config):
-    """The loop's algorithm role for cfg (the algorithm with its knobs), checked first, as build.build_roles makes it."""
+    """The loop's algorithm role for cfg (the algorithm with its knobs), checked first, as build.build_roles makes
+    it."""
     from rlpost import algorithms, build
 
     build.check_algorithm(cfg, refuse_ignored=False)  # tests set every algorithm's knobs at once
@@ -139,7 +140,8 @@ def tmpfs(path: Path, size: str = "1m"):
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                       text=True)
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -169,8 +171,8 @@ def make_batch(tiny, n_prompts=4, k=4, seed=0) -> Rollouts:
 
 
 def verifier_workers() -> list[int]:
-    """Verifier and environment worker processes (rewards/worker.py, envs/worker.py) whose parent is this process: none may be
-    left once a command or a test ends. conftest.py asks twice per test, so this reads each
+    """Verifier and environment worker processes (rewards/worker.py, envs/worker.py) whose parent is this process: none
+    may be left once a command or a test ends. conftest.py asks twice per test, so this reads each
     /proc/PID/stat with one os.read (a third of pathlib's cost: ~2 ms a call here, ~90 processes)."""
     me, found = os.getpid(), []
     for pid in filter(str.isdigit, os.listdir("/proc")):

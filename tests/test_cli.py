@@ -68,11 +68,15 @@ def test_every_recipe_runs_two_steps_on_the_tiny_model(tmp_path, monkeypatch):
             continue
         # TINY's rollout batch is 16 sequences: a recipe's mini-batch of the demo's 128 is scaled with it
         scaled = ["trainer.mini_batch_size=8"] if "mini_batch_size" in recipe.read_text() else []
-        scaled += ["algo.teacher=tiny"] if "teacher:" in recipe.read_text() else []  # the recipe's teacher is a real run
-        # a mix scores each row by its own family's verifier, an environment by its step (task.verifier is refused there)
+        # the recipe's teacher is a real run
+        scaled += ["algo.teacher=tiny"] if "teacher:" in recipe.read_text() else []
+        # a mix scores each row by its own family's verifier, an environment by its step
+        # (task.verifier is refused there)
         text = recipe.read_text()
-        verifier = [] if "mix:" in text or "name: tools" in text or "name: env" in text else ["task.verifier=toy_verifiers:odd_length"]
-        code = cli.main(["train", str(recipe), *TINY, *scaled, f"run.out_dir={tmp_path}", f"run.name={recipe.stem}", *verifier])
+        verifier = ([] if "mix:" in text or "name: tools" in text or "name: env" in text
+                    else ["task.verifier=toy_verifiers:odd_length"])
+        code = cli.main(["train", str(recipe), *TINY, *scaled, f"run.out_dir={tmp_path}", f"run.name={recipe.stem}",
+                         *verifier])
         assert code == 0, recipe.name
         assert len((tmp_path / recipe.stem / "metrics.jsonl").read_text().splitlines()) == 2, recipe.name
 

@@ -20,11 +20,14 @@ from rlpost import build, config
     ("algo.loss_agg=mean", "algo.loss_agg: expected one of token_mean"),
     ("run.progress=maybe", "run.progress: expected true or false"),
     ("task.name=tools rollout.top_p=0.9", "rollout.top_p: task.name=tools does not yet carry the top-p threshold"),
-    ("run.early_stop_patience=2 run.eval_every=0", "run.early_stop_patience: needs held-out evaluations during the run"),
-    ("rollout.curriculum_window=3 dist.topology=async", "rollout.curriculum_window: async workers draw prompts steps ahead"),
+    ("run.early_stop_patience=2 run.eval_every=0",
+     "run.early_stop_patience: needs held-out evaluations during the run"),
+    ("rollout.curriculum_window=3 dist.topology=async",
+     "rollout.curriculum_window: async workers draw prompts steps ahead"),
     ("algo.cispo_eps_low=-1", "algo.cispo_eps_low: expected a number >= 0, got -1.0 (or none)"),
     ("nosuch.key=1", "nosuch.key: unknown section nosuch"),
-    ("task.prompt_format=raw", "task.prompt_format: raw feeds task.data's string prompts as they are: it needs task.data"),
+    ("task.prompt_format=raw",
+     "task.prompt_format: raw feeds task.data's string prompts as they are: it needs task.data"),
     ("trainer.micro_batch_size=7", "trainer.micro_batch_size: expected a divisor of the mini-batch (128), got 7"),
     ("rollout.group_size=1", "rollout.group_size: expected >= 2 for GRPO"),
     ("algo.kl_target=0.01", "algo.kl_target: adaptive KL starts from kl_coef"),
@@ -102,7 +105,8 @@ def test_every_recipe_validates():
 def test_bad_input_from_the_real_entry_point_is_one_line_exit_2():
     # The same path in a separate process: the exit status and stderr a shell sees, no traceback.
     r = run_cli("train", "trainer.lr=abc")
-    assert r.returncode == 2 and r.stderr.strip() == "rlpost: error: trainer.lr: expected a finite number > 0 and <= 1", r.stderr
+    assert (r.returncode == 2
+            and r.stderr.strip() == "rlpost: error: trainer.lr: expected a finite number > 0 and <= 1"), r.stderr
 
 
 def test_the_length_cap_follows_the_data(tmp_path):
@@ -113,23 +117,27 @@ def test_the_length_cap_follows_the_data(tmp_path):
     data.write_text('{"prompt": "hi", "answer": "1"}\n')
     assert config.load(None, ["task.name=dataset", f"task.data={data}"]).rollout.max_new_tokens == 256
     assert config.load(None, ["task.name=math", f"task.data={data}"]).rollout.max_new_tokens == 256
-    assert config.load(None, ["task.name=dataset", f"task.data={data}", "rollout.max_new_tokens=40"]).rollout.max_new_tokens == 40
+    assert config.load(None, ["task.name=dataset", f"task.data={data}",
+                              "rollout.max_new_tokens=40"]).rollout.max_new_tokens == 40
     saved = tmp_path / "config.yaml"
     config.save(config.load(None, ["task.name=dataset", f"task.data={data}"]), saved)
     assert "max_new_tokens: 256" in saved.read_text()
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["learning_rate=1e-6"], "learning_rate: expected section.field, e.g. trainer.lr; did you mean trainer.lr=1e-6? (TRL's"),
+    (["learning_rate=1e-6"],
+     "learning_rate: expected section.field, e.g. trainer.lr; did you mean trainer.lr=1e-6? (TRL's"),
     (["data.train_files=x.parquet"], "did you mean task.data=x.parquet? (verl's data.train_files"),
-    (["algorithm.adv_estimator=gae"], "did you mean algo.name=ppo? (verl's algorithm.adv_estimator"),  # the value translated
+    (["algorithm.adv_estimator=gae"],
+     "did you mean algo.name=ppo? (verl's algorithm.adv_estimator"),  # the value translated
     (["actor_rollout_ref.rollout.n=16"], "did you mean rollout.group_size=16? (verl's"),
     (["trainer.total_training_steps=100"], "trainer.total_training_steps: unknown key; did you mean run.steps=100?"),
     # the unit differs: no value carried over, the difference said
     (["per_device_train_batch_size=16"], "did you mean rollout.prompts_per_step? (TRL's per_device_train_batch_size: "
                                          "TRL counts completions"),
     (["actor_rollout_ref.actor.kl_loss_type=low_var_kl"], "did you mean algo.kl_estimator=k3?"),
-    (["data.max_prompt_length=512"], "verl's data.max_prompt_length has no rlpost counterpart (rlpost never cuts a prompt): drop it"),
+    (["data.max_prompt_length=512"],
+     "verl's data.max_prompt_length has no rlpost counterpart (rlpost never cuts a prompt): drop it"),
     (["--actor_learning_rate", "1e-6"], "--actor_learning_rate: not an rlpost option; rlpost takes section.key=value; "
                                         "did you mean trainer.lr=1e-6? (OpenRLHF's"),
     (["rollout.group_sise=4"], "rollout.group_sise: unknown key; did you mean rollout.group_size? (expected one of"),
@@ -156,7 +164,8 @@ def test_recipes_are_found_by_name_from_any_folder(tmp_path, monkeypatch):
     assert config.load("ppo_arith").algo.name == "ppo"
     assert config.load("ppo_arith.yaml").algo.name == "ppo"
     assert config.load("recipes/ppo_arith.yaml").algo.name == "ppo"  # the README's path, from elsewhere
-    with pytest.raises(config.ConfigError, match=r"recipe: file not found: nosuch \(shipped recipes, by name: .*ppo_arith"):
+    with pytest.raises(config.ConfigError,
+                       match=r"recipe: file not found: nosuch \(shipped recipes, by name: .*ppo_arith"):
         config.load("nosuch")
     (tmp_path / "ppo_arith.yaml").write_text("algo:\n  name: grpo\n")  # a file of yours wins over the shipped one
     assert config.load("ppo_arith.yaml").algo.name == "grpo"
@@ -180,9 +189,10 @@ def test_a_wheel_carries_every_recipe(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    shutil.copytree(ROOT / "src", tmp_path / "src", symlinks=True, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"),
-                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    shutil.copytree(ROOT / "src", tmp_path / "src", symlinks=True,
+                    ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path / "dist"), str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     inside = {n.rpartition("/")[2] for n in zipfile.ZipFile(wheel).namelist() if "/shipped_recipes/" in n}
@@ -193,15 +203,19 @@ def test_reward_functions_by_file_and_the_hints_for_what_is_not_one(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_reward.py").write_text("def compute_score(*a):\n    return 1.0\n")
     (tmp_path / "rm").mkdir()
-    cfg = config.load(None, ["task.verifier=my_reward.py:compute_score", "task.reward_funcs=my_reward.py:compute_score"])
+    cfg = config.load(None,
+                      ["task.verifier=my_reward.py:compute_score", "task.reward_funcs=my_reward.py:compute_score"])
     # the absolute path, so `rlpost eval RUN` from another folder imports the same file
     assert cfg.task.verifier == f"{tmp_path / 'my_reward.py'}:compute_score" == cfg.task.reward_funcs
     for item, expected in [
         ("task.verifier=my_reward.py", "names no function; expected 'module:function' or 'file.py:function', "
-                                       "e.g. task.verifier=my_reward.py:compute_score (verl's custom_reward_function.name"),
+                                       "e.g. task.verifier=my_reward.py:compute_score (verl's "
+                                       "custom_reward_function.name"),
         ("task.verifier=nofile.py:compute_score", "task.verifier: no file nofile.py"),
-        ("task.reward_funcs=rm", "rm looks like a reward model (a model folder or hub id): that goes in task.reward_model=rm"),
-        ("task.reward_funcs=OpenAssistant/reward-model-deberta-v3-large-v2", "goes in task.reward_model="),  # TRL takes a hub id
+        ("task.reward_funcs=rm",
+         "rm looks like a reward model (a model folder or hub id): that goes in task.reward_model=rm"),
+        ("task.reward_funcs=OpenAssistant/reward-model-deberta-v3-large-v2",
+         "goes in task.reward_model="),  # TRL takes a hub id
     ]:
         with pytest.raises(config.ConfigError, match=re.escape(expected)):
             config.load(None, [item])

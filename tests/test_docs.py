@@ -830,7 +830,8 @@ def test_coming_from_tables_are_the_map_behind_did_you_mean():
         for line in section.splitlines():
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if line.startswith("| `"):
-                rows.add((framework, cells[0].strip("`").removeprefix("--"), cells[1].strip("`") if cells[1] != "none" else ""))
+                rows.add((framework, cells[0].strip("`").removeprefix("--"),
+                          cells[1].strip("`") if cells[1] != "none" else ""))
     mapped = {(framework, n.theirs, n.ours) for framework, table in names.FOREIGN.items() for n in table}
     assert rows == mapped, (rows - mapped, mapped - rows)
     assert all(len([n for n in table]) >= 20 for table in names.FOREIGN.values())
@@ -842,7 +843,8 @@ def test_coming_from_tables_are_the_map_behind_did_you_mean():
 
 
 def readme_layout() -> str:
-    return next(body for kind, _, body in blocks((ROOT / "README.md").read_text()) if kind == "code" and is_layout(body))
+    return next(body for kind, _, body in blocks((ROOT / "README.md").read_text())
+                if kind == "code" and is_layout(body))
 
 
 def test_the_layout_lists_every_module():
@@ -878,9 +880,11 @@ def test_build_py_is_where_every_trainer_and_reference_is_made():
     found = []
     for f in src_files():
         tree = parse(f)
-        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module in roles.values()
+        imported = {a.asname or a.name for n in ast.walk(tree)
+                    if isinstance(n, ast.ImportFrom) and n.module in roles.values()
                     for a in n.names if roles.get(a.name) == n.module}
-        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in imported]
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id in imported]
         found += [f"{f.relative_to(SRC)}:{c.lineno} {c.func.id}(" for c in calls if f.name != "build.py"]
     assert not found, found
 
@@ -903,7 +907,8 @@ NOT_FILES = NOT_IN_REPO | {"pytest.ini", "conftest.py", "__init__.py", "events.o
                            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "pyproject.toml",
                            "latest", "trainer.pt", "state.pt", "manifest.json", "weights.safetensors", "pairs.jsonl",
                            "accepted.jsonl", "pipeline.json", "precision.json", "env.log", "model.gguf",
-                           "file.py", "path.py", "x.yaml", "p.yaml", "gpu-tokens.md", "json.py", "usercustomize.py"}  # placeholders, modules a test plants
+                           "file.py", "path.py", "x.yaml", "p.yaml", "gpu-tokens.md", "json.py",
+                           "usercustomize.py"}  # placeholders, modules a test plants
 # Other projects' files, named where rlpost follows them (their paths in their repositories).
 OTHER_PROJECTS = ("verl/", "trl/", "mutmut/", "examples/data_preprocess/", "eval/eval.py")
 OUTSIDE = re.compile(r"DESIGN\.md|MEASUREMENTS\.md|STYLE(\.md| R\d)|\.\./shared|/work/")
@@ -915,9 +920,11 @@ def cited_paths(f: Path) -> list[tuple[int, str]]:
     import tokenize
 
     text = f.read_text()
-    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
+    out = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+           if t.type == tokenize.COMMENT]
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(node):
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and ast.get_docstring(node)):
             out.append((node.body[0].lineno, ast.get_docstring(node)))
     return [(line, m.group(1)) for line, s in out for m in PATH.finditer(s)] + \
         [(line, f"outside: {m.group(0)}") for line, s in out for m in OUTSIDE.finditer(s)]
@@ -925,7 +932,8 @@ def cited_paths(f: Path) -> list[tuple[int, str]]:
 
 @cache
 def repo_files() -> frozenset[str]:
-    return frozenset(p.relative_to(ROOT).as_posix() for d in ("src", "tests", "benchmarks", "scripts", "recipes", "docs")
+    return frozenset(p.relative_to(ROOT).as_posix()
+                     for d in ("src", "tests", "benchmarks", "scripts", "recipes", "docs")
                      for p in (ROOT / d).rglob("*") if ".venv" not in p.parts) | \
         frozenset(p.name for p in ROOT.iterdir())
 

@@ -100,7 +100,8 @@ def test_a_reward_function_failing_on_the_first_batch_stops_before_any_update(tm
     code, err = main("train", *ARGS, "task.reward_funcs=toy_verifiers:raises", f"run.out_dir={tmp_path}", "run.name=r",
                      capsys=capsys)
     assert code == 1
-    assert err.strip().splitlines()[-1].startswith("rlpost: error: reward function raises failed on 16 of 16 completions at step 1")
+    assert err.strip().splitlines()[-1].startswith(
+        "rlpost: error: reward function raises failed on 16 of 16 completions at step 1")
     assert err.count("Traceback (most recent call last)") == 1  # the first failure, once, with its traceback
     run = tmp_path / "r"
     assert not checkpoint.candidates(run) and "RuntimeError: broken verifier" in (run / "verifier.log").read_text()
@@ -109,13 +110,15 @@ def test_a_reward_function_failing_on_the_first_batch_stops_before_any_update(tm
 
 def test_reward_failures_are_counted_and_shown_by_doctor_and_the_report(tmp_path, capsys):
     data = tmp_path / "rows.jsonl"  # with two malformed rows, skipped and counted in the summary
-    data.write_text("".join(json.dumps({"prompt": str(i), "answer": str(i)}) + "\n" for i in range(30)) + '{"answer": "1"}\n{"prompt": "", "answer": "2"}\n')
+    data.write_text("".join(json.dumps({"prompt": str(i), "answer": str(i)}) + "\n" for i in range(30))
+                    + '{"answer": "1"}\n{"prompt": "", "answer": "2"}\n')
     code, err = main("train", *ARGS, "task.reward_funcs=toy_verifiers:fails_on_multiples_of_three", "task.name=dataset",
                      f"task.data={data}", "task.on_bad_row=skip", "task.n_heldout=4",
                      "task.max_reward_error_frac=1", f"run.out_dir={tmp_path}", "run.name=d", capsys=capsys)
     assert code == 0, err
     run = tmp_path / "d"
-    assert json.loads((run / "summary.json").read_text())["skipped_rows"] == 2 and "skipped 2 malformed data rows" in err
+    assert (json.loads((run / "summary.json").read_text())["skipped_rows"] == 2
+            and "skipped 2 malformed data rows" in err)
     rows = jsonl.read_lines(run / "metrics.jsonl")
     errors = sum(r["verifier/fails_on_multiples_of_three/errors"] for r in rows)
     assert errors > 0 and all(r["verifier/fails_on_multiples_of_three/calls"] == 16 for r in rows)
@@ -161,7 +164,8 @@ def test_resume_validates_everything_before_writing_anything(tmp_path, capsys):
     for change, key in (("algo.name=ppo", "algo.name"), ("model.lora_r=8", "model.lora_r"),
                         ("rollout.group_size=2", "rollout.group_size")):
         code, err = main("train", "--resume", str(run), change, capsys=capsys)
-        assert code == 2 and err.strip().startswith(f"rlpost: error: {key}: cannot change on --resume") and "\n" not in err.strip()
+        assert (code == 2 and err.strip().startswith(f"rlpost: error: {key}: cannot change on --resume")
+                and "\n" not in err.strip())
     assert sorted(p.name for p in run.glob("config*")) == ["config.yaml"]
     # the newest checkpoint corrupt: a line, then the one before; a changed lr is applied and recorded
     (run / "checkpoints" / "step_000003" / "model.safetensors").write_bytes(b"torn")
@@ -171,7 +175,8 @@ def test_resume_validates_everything_before_writing_anything(tmp_path, capsys):
     rows = jsonl.read_lines(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["actor/lr"] for r in rows] == [1e-3, 1e-3, 2e-3, 2e-3]
     assert config.load(run / "config.yaml").trainer.lr == 1e-3
-    assert config.load(run / "config.resume-1.yaml").trainer.lr == 2e-3 and config.run_config_path(run).name == "config.resume-1.yaml"
+    assert (config.load(run / "config.resume-1.yaml").trainer.lr == 2e-3
+            and config.run_config_path(run).name == "config.resume-1.yaml")
 
 
 def test_resume_without_a_checkpoint_refuses_unless_asked_to_start_over(tmp_path, capsys):
@@ -242,15 +247,18 @@ def bad_inputs(tmp: Path) -> dict:
     os.mkfifo(tmp / "fifo.jsonl")
     (tmp / "zero.jsonl").symlink_to("/dev/zero")
     rows = "".join(json.dumps({"prompt": str(i), "answer": str(i)}) + "\n" for i in range(20))
-    (tmp / "huge_prompt.jsonl").write_text(rows + json.dumps({"prompt": "7 " * 200_000, "answer": "7"}) + "\n")  # 10 MB: the same, slower
+    # 10 MB: the same, slower
+    (tmp / "huge_prompt.jsonl").write_text(rows + json.dumps({"prompt": "7 " * 200_000, "answer": "7"}) + "\n")
     return {
-        "seed past what the libraries take": (["run.seed=18446744073709551616"], "run.seed: expected an integer >= 0 and <= 4294967295"),
+        "seed past what the libraries take": (["run.seed=18446744073709551616"],
+                                              "run.seed: expected an integer >= 0 and <= 4294967295"),
         "threads past the cores": (["run.threads=100000"], "run.threads: expected at most"),
         "a LoRA target the model lacks": (["model.lora_r=4", "model.lora_targets=q_proj,no_such_proj"],
                                           "model.lora_targets: model tiny has no module named 'no_such_proj'"),
         "a FIFO as the data": ([*data, f"task.data={tmp / 'fifo.jsonl'}"], "fifo.jsonl is a FIFO"),
         "/dev/zero as the data": ([*data, f"task.data={tmp / 'zero.jsonl'}"], "zero.jsonl is a device"),
-        "a huge prompt": ([*data, f"task.data={tmp / 'huge_prompt.jsonl'}"], "the prompt is longer than the model's context"),
+        "a huge prompt": ([*data, f"task.data={tmp / 'huge_prompt.jsonl'}"],
+                          "the prompt is longer than the model's context"),
         "a 100 KB value": (["task.verifier=" + "m" * 100_000 + ":f"], "characters]..."),
         "'=5' as an override": (["=5"], "override '=5': no key before '='"),
         "non-UTF-8 recipe": ([str(tmp / "latin1.yaml")], "latin1.yaml line 2: not UTF-8 text (byte 0xe9)"),

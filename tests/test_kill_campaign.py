@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 
 from rlpost.model import checkpoint
 
-ARGS = [*TINY, "run.steps=6", "run.checkpoint_every=1", "run.keep_checkpoints=2", "task.verifier=toy_verifiers:odd_length",
-        "task.verifier_workers=1"]
+ARGS = [*TINY, "run.steps=6", "run.checkpoint_every=1", "run.keep_checkpoints=2",
+        "task.verifier=toy_verifiers:odd_length", "task.verifier_workers=1"]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
 
 

@@ -14,8 +14,8 @@ from helpers import TINY, cli
 
 from rlpost.model import checkpoint
 
-ARGS = [*TINY, "run.steps=3", "run.checkpoint_every=1", "run.keep_checkpoints=2", "task.verifier=toy_verifiers:odd_length",
-        "task.verifier_workers=1"]
+ARGS = [*TINY, "run.steps=3", "run.checkpoint_every=1", "run.keep_checkpoints=2",
+        "task.verifier=toy_verifiers:odd_length", "task.verifier_workers=1"]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,8 @@ def test_export_never_touches_the_run_and_writes_only_where_it_may(run, tmp_path
 
 def test_eval_and_report_replace_only_a_file_they_wrote(run):
     before = snapshot(run)
-    refused(["eval", str(run), "--n", "2", "--out", str(run / "metrics.jsonl"), "--overwrite"], "not a file rlpost eval wrote")
+    refused(["eval", str(run), "--n", "2", "--out", str(run / "metrics.jsonl"), "--overwrite"],
+            "not a file rlpost eval wrote")
     refused(["report", str(run), "--out", str(run / "summary.json")], "not a file rlpost report wrote")
     refused(["report", str(run), "--out", str(run / "samples")], "is a folder")
     assert snapshot(run) == before
@@ -89,7 +90,8 @@ def test_a_resume_checks_what_it_will_write_before_writing_anything(run, path, m
     shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
     target.mkdir() if make == "folder" else target.write_text("x")
     before = snapshot(run)
-    refused(["train", "--resume", str(run), "run.steps=4", "trainer.lr=2e-3"], str(target), f"a {make} where the run writes")
+    refused(["train", "--resume", str(run), "run.steps=4", "trainer.lr=2e-3"], str(target),
+            f"a {make} where the run writes")
     assert snapshot(run) == before and not list(run.glob("config.resume-*"))
 
 
@@ -118,7 +120,8 @@ def test_a_damaged_or_deleted_metrics_file_loses_no_step_on_resume(run, damage):
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3, 4]
     if damage != "deleted":  # the damaged file is kept beside it, as it was; the stray folder too
         assert (run / "metrics.jsonl.damaged-1").read_text() == "\n".join(lines) + "\n"
-        assert "step_junk: not a checkpoint" in r.stderr and (run / "checkpoints" / "step_junk" / "notes").read_text() == "mine"
+        assert ("step_junk: not a checkpoint" in r.stderr
+                and (run / "checkpoints" / "step_junk" / "notes").read_text() == "mine")
         assert [p.name for p in checkpoint.candidates(run)] == ["step_000004", "step_000003"]
 
 
@@ -130,7 +133,8 @@ def test_a_checkpoint_of_another_algorithm_is_refused_by_name(run):
              for n in ("model.safetensors", "trainer.pt", "state.pt", "metrics.jsonl")}
     (ckpt / "manifest.json").write_text(json.dumps({"step": 3, "files": files}))  # intact: only its kind differs
     before = snapshot(run)
-    refused(["train", "--resume", str(run), "run.steps=4", "trainer.lr=2e-3"], "a checkpoint of a ppo run", "this run is grpo")
+    refused(["train", "--resume", str(run), "run.steps=4", "trainer.lr=2e-3"], "a checkpoint of a ppo run",
+            "this run is grpo")
     assert snapshot(run) == before
 
 
@@ -141,5 +145,6 @@ def test_a_damaged_held_out_dump_is_named_before_a_resume_trains(run):
     lines = dump.read_text().splitlines()
     dump.write_text("\n".join([lines[0], '{"correct": "yes"}', *lines[1:]]) + "\n")
     before = snapshot(run)
-    refused(["train", "--resume", str(run), "run.steps=4", "trainer.lr=2e-3"], "eval_before.jsonl:2: correct: expected true or false")
+    refused(["train", "--resume", str(run), "run.steps=4", "trainer.lr=2e-3"],
+            "eval_before.jsonl:2: correct: expected true or false")
     assert snapshot(run) == before and not list(run.glob("config.resume-*"))

@@ -91,8 +91,8 @@ def resume_cfg(name: str):
     extra += [] if traits.kl == "none" else ["algo.kl_coef=0.1", "algo.kl_target=1e-4"]
     extra += ["algo.critic_lr=1e-3"] if traits.needs_values else []
     extra += ["algo.teacher=tiny"] if traits.teacher else []  # distill: the tiny model's own copy as teacher
-    return tiny_cfg(f"algo.name={name}", "run.steps=3", "run.checkpoint_every=1", "task.verifier=toy_verifiers:odd_length",
-                    *extra)
+    return tiny_cfg(f"algo.name={name}", "run.steps=3", "run.checkpoint_every=1",
+                    "task.verifier=toy_verifiers:odd_length", *extra)
 
 
 @pytest.mark.slow

@@ -34,7 +34,8 @@ LAYERS = [
 LAZY_OK = {
     "rlpost.cli": "commands load their recipe after the config is checked (errors before torch loads)",
     "rlpost.build": "distributed/ needs the optional ray extra",
-    "rlpost": "the package exports its API lazily (PEP 562): `import rlpost` loads no torch, so config errors come first",
+    "rlpost": "the package exports its API lazily (PEP 562): `import rlpost` loads no torch, so config errors come "
+              "first",
 }
 
 
@@ -67,7 +68,8 @@ def rlpost_imports(tree: ast.Module):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "rlpost":
             # `from rlpost.envs import code` imports the module rlpost.envs.code (and runs rlpost.envs);
             # `from rlpost.envs import Task` imports the package's own name
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names]
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                     for a in node.names]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names if a.name.split(".")[0] == "rlpost"]
         for name in names:
@@ -204,10 +206,12 @@ def test_test_files_never_import_each_other_nor_install_packages():
 CPU_LITERAL_OK = {
     "model/device.py:<module>": "device.CPU: the one name of the host, which everything else refers to",
     "sections.py:RunConfig": "run.device's choices (auto | cpu | cuda): the config key itself",
-    "observe/devices.py:probed_cpu": "the planner's hardware catalogue: 'cpu' is a machine to predict for, no tensor moves",
+    "observe/devices.py:probed_cpu": "the planner's hardware catalogue: 'cpu' is a machine to predict for, no tensor "
+                                     "moves",
     "observe/devices.py:<module>": "the planner's efficiency table keyed by hardware kind ('cpu' vs 'gpu')",
     "observe/devices.py:table": "the planner's efficiency and overhead tables keyed by hardware kind",
-    "observe/devices.py:resolve_device": "`rlpost plan --device cpu|cpu-avx512|<gpu>`: hardware names, not torch devices",
+    "observe/devices.py:resolve_device": "`rlpost plan --device cpu|cpu-avx512|<gpu>`: hardware names, not torch "
+                                         "devices",
     "observe/planner.py:calibrate": "`rlpost plan calibrate --device cpu`: a hardware name for the planner",
     "observe/planner.py:parse_eff": "the planner's efficiency phases, read from its 'cpu' table",
     "observe/planner.py:add_arguments": "`rlpost plan --device` default and help: a hardware name for the planner",
@@ -269,7 +273,8 @@ def test_config_sections_are_spelled_out():
     for _, f, tree in sources():
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):
-                pairs = list(zip(node.targets[0].elts, node.value.elts)) if isinstance(node.targets[0], ast.Tuple) else []
+                pairs = (list(zip(node.targets[0].elts, node.value.elts)) if isinstance(node.targets[0], ast.Tuple)
+                         else [])
             elif isinstance(node, ast.Assign):
                 pairs = [(target, node.value) for target in node.targets]
             elif isinstance(node, ast.arg) and node.annotation is not None:

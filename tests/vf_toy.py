@@ -15,7 +15,8 @@ def right_sum(completion, answer, **kwargs) -> float:
 
 
 def _sums() -> Dataset:
-    return Dataset.from_list([{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(5) for b in range(5)])
+    return Dataset.from_list([{"question": f"What is {a} + {b}?", "answer": str(a + b)}
+                              for a in range(5) for b in range(5)])
 
 
 class Hints(vf.MultiTurnEnv):

@@ -39,21 +39,25 @@ OLD = t([[-1.0, -2.0, -0.5, -1.5, -0.7], [-0.3, -1.2, G, G, G], [-0.9, G, G, -1.
 # epsilons were swapped), e^-.2 = 0.819 and e^-.15 = 0.861 (below 0.9), e^.5 = 1.65 and e^.3 = 1.35 (above 1.3).
 DELTA = t([[0.0, 0.25, -0.2, 0.5, -0.05], [0.15, -0.5, 0.0, 0.0, 0.0], [-0.15, 0.0, 0.0, 0.2, 0.05],
            [0.3, -0.08, 0.1, 0.0, 0.0]])
-REF = t([[-1.2, -1.7, -0.5, -2.0, -0.6], [-0.5, -1.0, -G, -G, -G], [-0.8, -G, -G, -1.3, -0.5], [-2.0, -0.9, -1.1, -G, -G]])
+REF = t([[-1.2, -1.7, -0.5, -2.0, -0.6], [-0.5, -1.0, -G, -G, -G], [-0.8, -G, -G, -1.3, -0.5],
+         [-2.0, -0.9, -1.1, -G, -G]])
 OLD_VALUES = t([[0.1, 0.3, -0.2, 0.4, 0.5], [0.2, -0.1, G, G, G], [0.0, G, G, 0.6, 0.2], [-0.3, 0.1, 0.4, G, G]])
-VALUES = OLD_VALUES + t([[0.05, -0.3, 0.2, 0.0, -0.15], [0.5, 0.02, 0, 0, 0], [-0.2, 0, 0, 0.08, 0.3], [0.0, -0.5, 0.07, 0, 0]])
+VALUES = OLD_VALUES + t([[0.05, -0.3, 0.2, 0.0, -0.15], [0.5, 0.02, 0, 0, 0], [-0.2, 0, 0, 0.08, 0.3],
+                         [0.0, -0.5, 0.07, 0, 0]])
 
 PAPER = {
-    "reinforce": "Williams 1992: loss = -(r - b) log pi(y) on every token; b is a moving average of EARLIER batches' rewards",
-    "ppo": "Schulman 2017 Eq. 7 + GAE (2016) Eq. 16: A_t = sum_l (gamma lambda)^l delta_{t+l} over the policy's own tokens; "
-           "KL(pi_old || pi_ref) is a per-token reward; value loss 0.5 max((V - R)^2, (V_clip - R)^2)",
+    "reinforce": "Williams 1992: loss = -(r - b) log pi(y) on every token; b is a moving average of EARLIER batches' "
+                 "rewards",
+    "ppo": "Schulman 2017 Eq. 7 + GAE (2016) Eq. 16: A_t = sum_l (gamma lambda)^l delta_{t+l} over the policy's own "
+           "tokens; KL(pi_old || pi_ref) is a per-token reward; value loss 0.5 max((V - R)^2, (V_clip - R)^2)",
     "reinforce_pp": "Hu 2025 Eq. 6-7: r_t = -beta KL_t (+ score on the last token), A_t = sum_{s >= t} r_s, "
                     "normalised over all tokens of the batch; PPO's clipped surrogate",
     "grpo": "Shao 2024 Sec. 4.1.2: A_i = (r_i - mean(r)) / std(r) over the G completions of one prompt "
             "(unbiased std, as TRL and verl), KL (k3) to the reference in the loss",
     "rloo": "Ahmadian 2024 Eq. 3: A_i = r_i - 1/(k - 1) sum_{j != i} r_j, no division by std",
     "dapo": "Yu 2025 Eq. 8-10: eps_low 0.2, eps_high 0.28, loss summed over all tokens / total tokens of the batch",
-    "dr_grpo": "Liu 2025 Sec. 3.1: A_i = r_i - mean(r) (no /std), loss summed over tokens / (G * max_new_tokens) (no /|o_i|)",
+    "dr_grpo": "Liu 2025 Sec. 3.1: A_i = r_i - mean(r) (no /std), loss summed over tokens / (G * max_new_tokens) (no "
+               "/|o_i|)",
     "gspo": "Zheng 2025 Eq. 5-7: s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|), loss -1/G sum_i min(s_i A_i, clip(s_i) A_i), "
             "eps 3e-4 / 4e-4",
     "cispo": "MiniMax 2025 Eq. 4: loss -sum sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A log pi(y_t) / sum |o_i|",
@@ -255,10 +259,9 @@ def test_values_and_gradients_match_the_equations(name, agg):
 def test_swapped_clip_epsilons_change_the_loss(name):
     # The batch has ratios between the two ranges, so eps_low and eps_high are told apart.
     algo = algorithm(cfg_for(name))
-    swapped = algorithm(cfg_for(name, "token_mean", f"algo.clip_eps_low={EPS_HIGH}",
-                                                   f"algo.clip_eps_high={EPS_LOW}", f"algo.dapo_clip_eps_high={EPS_LOW}",
-                                                   f"algo.cispo_eps_low={EPS_HIGH}", f"algo.seq_clip_eps_low={SEQ_EPS_HIGH}",
-                                                   f"algo.seq_clip_eps_high={SEQ_EPS_LOW}"))
+    swapped = algorithm(cfg_for(name, "token_mean", f"algo.clip_eps_low={EPS_HIGH}", f"algo.clip_eps_high={EPS_LOW}",
+                                f"algo.dapo_clip_eps_high={EPS_LOW}", f"algo.cispo_eps_low={EPS_HIGH}",
+                                f"algo.seq_clip_eps_low={SEQ_EPS_HIGH}", f"algo.seq_clip_eps_high={SEQ_EPS_LOW}"))
     b = batch()
     b.advantages, b.returns = algo.advantages(b).tokens, algo.advantages(batch()).returns
     if name == "reinforce":  # no ratio, nothing to clip
@@ -347,8 +350,9 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
     kl_on = ALGORITHMS[name].traits.kl != "none"
     if ALGORITHMS[name].traits.group_baseline:  # one metric set for every group method (grpo.group_advantages)
         stds = [REWARD[g * K:(g + 1) * K].std().item() for g in range(len(R) // K)]
-        adv_m = {"critic/advantages/mean": mean(seq), "critic/advantages/max": max(seq), "critic/advantages/min": min(seq),
-                 "reward/group_std": mean(stds), "reward/zero_std_frac": mean([s == 0 for s in stds])}
+        adv_m = {"critic/advantages/mean": mean(seq), "critic/advantages/max": max(seq),
+                 "critic/advantages/min": min(seq), "reward/group_std": mean(stds),
+                 "reward/zero_std_frac": mean([s == 0 for s in stds])}
     elif name == "reinforce":
         adv_m = {"critic/baseline": 0.0}
     elif name in ("ppo", "reinforce_pp"):
@@ -359,15 +363,16 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
         else:
             rets, vals = [ret[i][c] for i, c in toks], [OLD_VALUES[i, c].item() for i, c in toks]
             var = lambda xs: mean([(x - mean(xs)) ** 2 for x in xs])
-            adv_m.update({"critic/advantages/mean": mean([adv[i][c] for i, c in toks]), "critic/returns/mean": mean(rets),
-                          "critic/values/mean": mean(vals),
+            adv_m.update({"critic/advantages/mean": mean([adv[i][c] for i, c in toks]),
+                          "critic/returns/mean": mean(rets), "critic/values/mean": mean(vals),
                           "critic/explained_variance": 1 - var([r - v for r, v in zip(rets, vals)]) / var(rets)})
     elif name == "distill":
         kl_toks = [(OLD[i, c] - REF[i, c]).item() for i, c in toks]
         adv_m = {"distill/reverse_kl": mean(kl_toks), "critic/advantages/mean": -mean(kl_toks)}
     else:
         adv_m = {"critic/advantages/mean": mean(seq)}
-    kl_tok = [math.exp(REF[i, c].item() - logp[i, c].item()) - 1 - (REF[i, c].item() - logp[i, c].item()) for i, c in toks]
+    kl_tok = [math.exp(REF[i, c].item() - logp[i, c].item()) - 1 - (REF[i, c].item() - logp[i, c].item())
+              for i, c in toks]
     if name == "gspo":
         s = [math.exp(mean([DELTA[i, c].item() for c in cols])) for i, cols in enumerate(R)]
         per = [clipped(math.log(s[i]), seq[i], SEQ_EPS_LOW, SEQ_EPS_HIGH)[0] for i in range(len(R))]
@@ -385,7 +390,8 @@ def expected_metrics(name: str, adv: list[dict], ret: list[dict] | None) -> tupl
             loss_m = {"actor/pg_loss": mean(per), "actor/is_weight_clipfrac": mean([wi != x for wi, x in zip(w, r)])}
         else:
             per = [clipped(math.log(x), ai, EPS_LOW, EPS_HIGH)[0] for x, ai in zip(r, a)]
-            loss_m = {"actor/pg_loss": mean(per), "actor/pg_clipfrac": mean([p != -x * ai for p, x, ai in zip(per, r, a)]),
+            loss_m = {"actor/pg_loss": mean(per),
+                      "actor/pg_clipfrac": mean([p != -x * ai for p, x, ai in zip(per, r, a)]),
                       "actor/ppo_kl": -mean([DELTA[i, c].item() for i, c in toks]), "actor/ratio_max": max(r)}
         if name == "ppo":
             vf, vclip = [], []

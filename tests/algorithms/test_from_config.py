@@ -13,11 +13,12 @@ from helpers import algorithm
 
 from rlpost import algorithms, config
 
-KNOBS = {"algo.scale_by_std": "false", "algo.std_scope": "batch", "algo.clip_eps_low": "0.1", "algo.clip_eps_high": "0.3",
-         "algo.seq_clip_eps_low": "0.001", "algo.seq_clip_eps_high": "0.002", "algo.kl_coef": "0.05",
-         "algo.kl_estimator": "k2", "algo.gamma": "0.9", "algo.lam": "0.8", "algo.vf_coef": "0.3", "algo.value_clip": "0.5",
-         "algo.whiten_advantages": "false", "algo.dapo_clip_eps_high": "0.4", "algo.dual_clip_c": "3.0",
-         "algo.cispo_eps_low": "0.5", "algo.baseline": "none", "algo.baseline_decay": "0.5", "algo.loss_agg": "const_norm",
+KNOBS = {"algo.scale_by_std": "false", "algo.std_scope": "batch", "algo.clip_eps_low": "0.1",
+         "algo.clip_eps_high": "0.3", "algo.seq_clip_eps_low": "0.001", "algo.seq_clip_eps_high": "0.002",
+         "algo.kl_coef": "0.05", "algo.kl_estimator": "k2", "algo.gamma": "0.9", "algo.lam": "0.8",
+         "algo.vf_coef": "0.3", "algo.value_clip": "0.5", "algo.whiten_advantages": "false",
+         "algo.dapo_clip_eps_high": "0.4", "algo.dual_clip_c": "3.0", "algo.cispo_eps_low": "0.5",
+         "algo.baseline": "none", "algo.baseline_decay": "0.5", "algo.loss_agg": "const_norm",
          "rollout.group_size": "4", "rollout.max_new_tokens": "32"}
 
 PPO_CLIP = {"algo.clip_eps_low", "algo.clip_eps_high", "algo.dual_clip_c"}  # the token-clipped ratio and its cap
@@ -54,7 +55,8 @@ def test_the_table_covers_the_registry():
 def test_from_config_reads_exactly_the_documented_knobs(name):
     base = state(name)
     read = {k for k, v in KNOBS.items() if state(name, f"{k}={v}") != base}
-    assert read == READS[name], f"read but not documented: {read - READS[name]}; documented but dropped: {READS[name] - read}"
+    assert read == READS[name], (f"read but not documented: {read - READS[name]}; "
+                                 f"documented but dropped: {READS[name] - read}")
 
 
 @pytest.mark.parametrize("name", sorted(READS))

@@ -109,7 +109,8 @@ def test_dual_clip_caps_the_loss_of_negative_advantages_by_hand():
     #   ratio e^2, A = +1: min(7.389, 1.2) = 1.2 -> loss -1.2 with or without dual clip, gradient 0
     logp_old, mask = torch.zeros(1, 3), t([[True, True, True]])
     adv = t([[-1.0, -1.0, 1.0]])
-    for c, want, grad in ((None, [math.exp(2), 2.0, -1.2], [math.exp(2), 2.0, 0.0]), (3.0, [3.0, 2.0, -1.2], [0.0, 2.0, 0.0])):
+    for c, want, grad in ((None, [math.exp(2), 2.0, -1.2], [math.exp(2), 2.0, 0.0]),
+                          (3.0, [3.0, 2.0, -1.2], [0.0, 2.0, 0.0])):
         logp = t([[2.0, math.log(2), 2.0]], requires_grad=True)
         per_tok, _, _ = clipped_pg_loss(logp, logp_old, adv, mask, 0.2, 0.2, dual_clip=c)
         per_tok.sum().backward()

@@ -80,7 +80,8 @@ def test_build_wires_the_loss_side_knobs():
     # TIS weights [[min(2, 1.5), 1], [1, -]]: pg per token -[1.5, 1], +1 -> row means -1.25, 1 -> mean -0.125
     # entropy row means 2 and 2 -> 2; loss = -0.125 - 0.1 * 2 = -0.325
     assert math.isclose(loss.item(), -0.325, rel_tol=1e-6)
-    assert math.isclose(m["actor/tis_weight_mean"], 3.5 / 3, rel_tol=1e-6) and math.isclose(m["actor/tis_capped_frac"], 1 / 3, rel_tol=1e-6)
+    assert (math.isclose(m["actor/tis_weight_mean"], 3.5 / 3, rel_tol=1e-6)
+            and math.isclose(m["actor/tis_capped_frac"], 1 / 3, rel_tol=1e-6))
     bare = objective(tiny_cfg())
     assert bare.loss == bare.algo.loss  # no knob: the algorithm's own loss
 
@@ -189,7 +190,8 @@ def test_kl_cov_is_refused_with_one_optimizer_step_per_batch():
     from rlpost.types.errors import ConfigError
     with pytest.raises(ConfigError, match="algo.cov_control=kl_cov: with one optimizer step per rollout batch"):
         build.check_algorithm(tiny_cfg("rollout.group_size=2", "algo.cov_control=kl_cov"))
-    build.check_algorithm(tiny_cfg("rollout.group_size=2", "algo.cov_control=kl_cov", "trainer.epochs=2"))  # acts from epoch 2
+    # acts from epoch 2
+    build.check_algorithm(tiny_cfg("rollout.group_size=2", "algo.cov_control=kl_cov", "trainer.epochs=2"))
     build.check_algorithm(tiny_cfg("rollout.group_size=2", "algo.cov_control=clip_cov"))  # acts on the first forward
 
 
@@ -246,7 +248,8 @@ def test_entropy_advantage_leaves_padding_alone_and_passes_keywords():
     b = rl_batch(t([[True, True, False]]), advantages=t([[1.0, -1.0, 0.5]]))
     wrapped = with_entropy_advantage(lambda logp, batch, scale: (batch.advantages.sum() * scale, {}), 0.5, 2.0, False)
     loss, m = wrapped(None, b, entropy=t([[0.4, 3.0, 2.0]]), scale=2.0)
-    assert math.isclose(loss.item(), 2.4, rel_tol=1e-6) and math.isclose(m["actor/entropy_adv_mean"], 0.35, rel_tol=1e-6)
+    assert (math.isclose(loss.item(), 2.4, rel_tol=1e-6)
+            and math.isclose(m["actor/entropy_adv_mean"], 0.35, rel_tol=1e-6))
 
 
 def test_loss_takes_entropy_for_either_knob():
@@ -258,7 +261,8 @@ def test_loss_takes_entropy_for_either_knob():
 
 def test_cov_control_is_refused_without_a_token_clip():
     from rlpost.types.errors import ConfigError
-    with pytest.raises(ConfigError, match="algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which GSPO"):
+    with pytest.raises(ConfigError,
+                       match="algo.cov_control: Clip-Cov and KL-Cov act on PPO's token-level loss, which GSPO"):
         build.check_algorithm(tiny_cfg("algo.name=gspo", "algo.cov_control=kl_cov"))
 
 
@@ -279,4 +283,5 @@ def test_entropy_shaped_advantage_by_hand():
         # no gradient through the shaping: only the bonus's -.1 / 3 per token, and none without it
         assert torch.allclose(entropy.grad, torch.full((1, 3), -bonus / 3)) if bonus else entropy.grad is None
         assert math.isclose(m["actor/entropy_adv_mean"], 0.8 / 3, rel_tol=1e-6)
-    assert algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_adv_coef=0.5").algo) and not algorithms.loss_takes_entropy(tiny_cfg().algo)
+    assert (algorithms.loss_takes_entropy(tiny_cfg("algo.entropy_adv_coef=0.5").algo)
+            and not algorithms.loss_takes_entropy(tiny_cfg().algo))

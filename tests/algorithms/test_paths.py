@@ -19,7 +19,8 @@ def prime_batch():
     g = torch.Generator().manual_seed(0)
     mask = t([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]]).bool()
     logp = torch.randn(4, 3, generator=g) * mask
-    return rl_batch(mask, sampler_logp=logp, old_logp=logp, ref_logp=(logp + 0.3 * torch.randn(4, 3, generator=g)) * mask,
+    return rl_batch(mask, sampler_logp=logp, old_logp=logp,
+                    ref_logp=(logp + 0.3 * torch.randn(4, 3, generator=g)) * mask,
                     reward=t([1.0, 0.0, 0.5, 1.0]), group_ids=t([0, 0, 1, 1]), truncated=t([False, True, False, False]))
 
 
@@ -74,11 +75,13 @@ def test_sequence_level_tis_weights_each_row_by_its_own_log_ratio():
 
 def test_dual_clip_counts_only_negative_advantages():
     ratio, mask = t([[4.0, 4.0, 4.0]]), torch.ones(1, 3, dtype=torch.bool)
-    assert dual_clip_frac(ratio, t([[-1.0, 0.0, 1.0]]), mask, 3.0) == pytest.approx(1 / 3)  # a zero advantage is not negative
+    # a zero advantage is not negative
+    assert dual_clip_frac(ratio, t([[-1.0, 0.0, 1.0]]), mask, 3.0) == pytest.approx(1 / 3)
 
 
 def test_ratio_histogram_by_hand():
-    # bins [0,0.5) [0.5,0.8) [0.8,0.9) [0.9,0.95) [0.95,0.99) [0.99,1.01) [1.01,1.05) [1.05,1.1) [1.1,1.25) [1.25,2) [2,inf)
+    # bins [0,0.5) [0.5,0.8) [0.8,0.9) [0.9,0.95) [0.95,0.99) [0.99,1.01) [1.01,1.05) [1.05,1.1) [1.1,1.25) [1.25,2)
+    # [2,inf)
     ratios = t([0.1, 0.5, 0.85, 0.92, 0.97, 1.0, 1.0, 1.01, 1.07, 1.2, 1.5, 2.0, 40.0])  # an edge goes up (right=True)
     assert core.ratio_histogram(ratios) == [1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 2]
     assert core.ratio_histogram(torch.zeros(0)) == [0] * 11
@@ -103,7 +106,8 @@ def test_what_an_algorithm_cannot_run_is_refused(keys, key):
         objective(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
 
 
-@pytest.mark.parametrize("keys, key, hint", [  # what a user switching algorithms leaves behind (train used to run without it)
+# what a user switching algorithms leaves behind (train used to run without it)
+@pytest.mark.parametrize("keys, key, hint", [
     (["algo.dapo_clip_eps_high=0.3"], "algo.dapo_clip_eps_high", "set algo.name=dapo"),
     (["algo.cispo_eps_low=0.1"], "algo.cispo_eps_low", "set algo.name=cispo"),
     (["algo.gamma=0.9"], "algo.gamma", "set algo.name=ppo"),
@@ -113,12 +117,14 @@ def test_what_an_algorithm_cannot_run_is_refused(keys, key):
     (["algo.critic=shared"], "algo.critic", "set algo.name=ppo"),
 ])
 def test_keys_the_chosen_algorithm_does_not_read_are_refused(keys, key, hint):
-    with pytest.raises(config.ConfigError, match=rf"^{key.replace('.', '[.]')}: algo.name=\w+ does not read it.*{hint}"):
+    with pytest.raises(config.ConfigError,
+                       match=rf"^{key.replace('.', '[.]')}: algo.name=\w+ does not read it.*{hint}"):
         check_algorithm(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
 
 
 def test_each_algorithm_takes_its_own_keys():
-    for keys in (["algo.name=dapo", "algo.dapo_clip_eps_high=0.3"], ["algo.name=ppo", "algo.gamma=0.9", "algo.critic=shared"],
+    for keys in (["algo.name=dapo", "algo.dapo_clip_eps_high=0.3"],
+                 ["algo.name=ppo", "algo.gamma=0.9", "algo.critic=shared"],
                  ["algo.name=reinforce", "algo.baseline=none"], ["algo.name=cispo", "algo.cispo_eps_low=0.1"],
                  ["algo.name=gspo", "algo.seq_clip_eps_high=1e-3"], ["algo.name=grpo", "algo.std_scope=batch"]):
         check_algorithm(config.load(None, ["rollout.prompts_per_step=4", "rollout.group_size=4", *keys]))
@@ -138,7 +144,8 @@ def objective_loss(keys, logp, old, adv, mask, ref=None, sampler=None):
 def test_the_kl_in_the_loss_is_the_configured_estimator(name):
     mask = torch.ones(2, 2, dtype=torch.bool)
     logp, ref = t([[-1.0, -2.0], [-0.5, -1.5]]), t([[-1.5, -1.0], [-0.5, -3.0]])
-    _, m = objective_loss([f"algo.name={name}", "algo.kl_coef=0.1", "algo.kl_estimator=k2"], logp, logp, torch.ones(2, 2), mask, ref)
+    _, m = objective_loss([f"algo.name={name}", "algo.kl_coef=0.1", "algo.kl_estimator=k2"], logp, logp,
+                          torch.ones(2, 2), mask, ref)
     assert m["actor/kl"] == pytest.approx(core.masked_mean(core.kl_k2(logp, ref), mask).item(), rel=1e-6)
 
 
@@ -183,7 +190,8 @@ def test_reinforce_pp_reports_the_largest_advantage():
     obj = objective(config.load(None, ["algo.name=reinforce_pp", "rollout.group_size=2", "rollout.prompts_per_step=2"]))
     adv = obj.advantages(rl_batch(torch.ones(4, 2, dtype=torch.bool), reward=t([1.0, 0.0, 0.0, 0.0])))
     assert adv.metrics == {"critic/advantages/max": pytest.approx(adv.tokens.max().item())}
-    assert adv.tokens.max().item() == pytest.approx(3**0.5, rel=1e-5)  # (1 - 0.25) / (std 0.433 + eps): whitened over 8 tokens
+    # (1 - 0.25) / (std 0.433 + eps): whitened over 8 tokens
+    assert adv.tokens.max().item() == pytest.approx(3**0.5, rel=1e-5)
 
 
 def test_process_advantages_by_hand():

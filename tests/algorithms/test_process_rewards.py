@@ -31,9 +31,11 @@ def group_case():
 def test_process_advantages_by_hand():
     reward, ends, mask = group_case()
     adv = core.process_advantages(reward, ends, mask, group_size=2)
-    # group mean 0.5, std S3: normalised row 0 = (0 at col 1, 0.5 / S3 at col 3), row 1 = (-0.5 / S3 at col 0, 0 at col 2)
+    # group mean 0.5, std S3: normalised row 0 = (0 at col 1, 0.5 / S3 at col 3), row 1 = (-0.5 / S3 at col 0, 0 at col
+    # 2)
     z = 0.5 / S3  # 1.2247
-    # summed to go: row 0 every token sees the col-3 step (z); row 1 col 0 sees both (-z + 0), later ones 0; col 3 is padding
+    # summed to go: row 0 every token sees the col-3 step (z); row 1 col 0 sees both (-z + 0), later ones 0; col 3 is
+    # padding
     want = torch.tensor([[z, z, z, z], [-z, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(adv, want)
 
@@ -41,7 +43,8 @@ def test_process_advantages_by_hand():
 def test_process_advantages_groups_are_independent_and_equal_steps_give_zero():
     reward, ends, mask = group_case()
     flat = torch.tensor([[0.0, 0.7, 0.0, 0.7], [0.7, 0.0, 0.7, 0.0]])  # a second group: every step reward 0.7
-    adv = core.process_advantages(torch.cat([reward, flat]), torch.cat([ends, ends]), torch.cat([mask, mask]), group_size=2)
+    adv = core.process_advantages(torch.cat([reward, flat]), torch.cat([ends, ends]), torch.cat([mask, mask]),
+                                  group_size=2)
     torch.testing.assert_close(adv[:2], core.process_advantages(reward, ends, mask, 2))  # the first group unchanged
     assert adv[2:].abs().max() == 0  # std 0: every normalised reward is 0, not 0 / 0
 
@@ -70,7 +73,8 @@ def test_token_rewards_add_the_dense_rewards_on_loss_tokens_only():
     mask = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
     dense = torch.tensor([[0.5, 0.0, 0.25, 7.0]])  # 7 sits on padding and must not count
     r = core.token_rewards(torch.tensor([1.0]), mask, dense=dense)
-    torch.testing.assert_close(r, torch.tensor([[0.5, 0.0, 1.25, 0.0]]))  # score 1 on the last loss token (col 2) + 0.25
+    # score 1 on the last loss token (col 2) + 0.25
+    torch.testing.assert_close(r, torch.tensor([[0.5, 0.0, 1.25, 0.0]]))
 
 
 def test_ppo_gae_takes_the_step_rewards():
@@ -95,13 +99,15 @@ def test_reinforce_pp_returns_to_go_take_the_step_rewards():
     torch.testing.assert_close(adv, want)
     # without step rewards the old path: each token its sequence's reward, whitened ([1, 1, 0, 0] -> [1, 1, -1, -1])
     b.step_reward = b.step_end = None
-    torch.testing.assert_close(ReinforcePP().advantages(b).tokens, torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ReinforcePP().advantages(b).tokens, torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), atol=1e-5,
+                               rtol=0)
 
 
 def test_objective_adds_the_process_advantage_to_a_group_method_once():
     reward, ends, mask = group_case()
     grpo = GRPO(group_size=2)
-    b = rl_batch(mask, reward=torch.tensor([1.0, 0.0]), group_ids=torch.zeros(2, dtype=torch.long), step_reward=reward, step_end=ends)
+    b = rl_batch(mask, reward=torch.tensor([1.0, 0.0]), group_ids=torch.zeros(2, dtype=torch.long), step_reward=reward,
+                 step_end=ends)
     adv = Objective(grpo, grpo.loss, group_size=2).advantages(b)
     outcome = grpo.advantages(b).tokens  # (1 - 0.5) / std([1, 0]) = 0.7071 on row 0's tokens, -0.7071 on row 1's
     torch.testing.assert_close(adv.tokens, outcome + core.process_advantages(reward, ends, mask, 2))
@@ -113,7 +119,8 @@ def test_objective_leaves_a_token_reward_method_to_its_own_rewards():
     # PPO has put the step rewards into its GAE already: the wrapper must not add them a second time
     mask = torch.tensor([[1, 1, 1]], dtype=torch.bool)
     step_reward = torch.tensor([[0.5, 0.0, 0.25]])
-    b = rl_batch(mask, reward=torch.tensor([1.0]), old_values=torch.zeros(1, 3), step_reward=step_reward, step_end=step_reward > 0)
+    b = rl_batch(mask, reward=torch.tensor([1.0]), old_values=torch.zeros(1, 3), step_reward=step_reward,
+                 step_end=step_reward > 0)
     ppo = PPO(whiten_advantages=False)
     adv = Objective(ppo, ppo.loss, group_size=1).advantages(b)
     torch.testing.assert_close(adv.tokens, ppo.advantages(b).tokens)

@@ -103,8 +103,8 @@ def loss_and_grads(a, b, logp):
     return loss.item(), logp.grad, values.grad
 
 
-@given(batches(), st.sampled_from(list(ALGORITHMS)), st.sampled_from(["token_mean", "seq_mean_token_sum", "const_norm"]),
-       st.data())
+@given(batches(), st.sampled_from(list(ALGORITHMS)),
+       st.sampled_from(["token_mean", "seq_mean_token_sum", "const_norm"]), st.data())
 def test_masking_a_token_leaves_the_others_alone(data, name, agg, pick):
     K, b, logp = data
     a = prepared(name, K, b, agg)
@@ -146,7 +146,8 @@ def test_any_split_into_micro_batches_is_exact(data, name, agg, pick):
 
 @given(st.integers(1, 6), st.integers(1, 5), st.sampled_from(AGGREGATORS), st.data())
 def test_aggregators_add_up_over_any_split(B, T, agg_name, pick):
-    x = torch.tensor(pick.draw(st.lists(st.lists(st.floats(-3, 3, width=32), min_size=T, max_size=T), min_size=B, max_size=B)))
+    x = torch.tensor(pick.draw(st.lists(st.lists(st.floats(-3, 3, width=32), min_size=T, max_size=T), min_size=B,
+                                        max_size=B)))
     mask = torch.tensor(pick.draw(st.lists(st.lists(st.booleans(), min_size=T, max_size=T), min_size=B, max_size=B)))
     agg = core.aggregator(agg_name, MAX_NEW)
     n_tok, n_seq = float(mask.sum()), B

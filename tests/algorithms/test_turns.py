@@ -82,7 +82,8 @@ def test_ppo_gets_each_turn_reward_on_its_last_token_into_gae():
 def test_turn_credit_is_refused_where_a_turn_cannot_get_its_own_advantage(algo):
     with pytest.raises(ConfigError, match=r"^task.turn_credit: "):
         build.check_algorithm(tiny_cfg("task.name=env", "task.env=guess", f"algo.name={algo}", "task.turn_credit=turn"))
-    build.check_algorithm(tiny_cfg("task.name=env", "task.env=guess", f"algo.name={algo}"))  # the episode rule runs anywhere
+    # the episode rule runs anywhere
+    build.check_algorithm(tiny_cfg("task.name=env", "task.env=guess", f"algo.name={algo}"))
 
 
 def test_turn_credit_is_refused_outside_environment_episodes():

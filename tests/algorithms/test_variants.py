@@ -70,7 +70,8 @@ def test_cispo_has_no_lower_bound_on_the_weight_by_default():
     # With algo.cispo_eps_low=0.2 the floor 0.8 bites: loss -0.8, gradient +0.8.
     from helpers import algorithm, tiny_cfg
     mask, adv = t([[True]]), t([[-1.0]])
-    for overrides, w in (((), math.exp(-1)), (("algo.cispo_eps_low=0.2",), 0.8), (("algo.cispo_eps_low=none",), math.exp(-1))):
+    for overrides, w in (((), math.exp(-1)), (("algo.cispo_eps_low=0.2",), 0.8),
+                         (("algo.cispo_eps_low=none",), math.exp(-1))):
         cispo = algorithm(tiny_cfg("algo.name=cispo", *overrides))
         logp = t([[-1.0]], requires_grad=True)
         loss, m = cispo.loss(logp, _batch(t([[0.0]]), adv, mask))

@@ -171,15 +171,17 @@ def test_expected_values_never_enter_the_sandbox():
     environment and argv, every object in its interpreter) and reports what it found there: the
     inputs, as it must, and no expected value. The markers are built at run time, so the program's
     own source does not contain them."""
-    spy = ("import gc, os, sys\nblob = []\nfor fd in range(64):\n    try:\n        blob.append(os.pread(fd, 1 << 20, 0))\n"
-           "    except OSError:\n        pass\nfor n in os.listdir('.'):\n    blob.append(open(n, 'rb').read())\n"
+    spy = ("import gc, os, sys\nblob = []\nfor fd in range(64):\n    try:\n"
+           "        blob.append(os.pread(fd, 1 << 20, 0))\n    except OSError:\n        pass\n"
+           "for n in os.listdir('.'):\n    blob.append(open(n, 'rb').read())\n"
            "blob += [repr(dict(os.environ)).encode(), repr(sys.argv).encode()]\n"
            "blob += [repr(o).encode() for o in gc.get_objects() if isinstance(o, (list, dict, tuple, str))]\n"
            "text = b''.join(blob)\n"
            "mark = lambda w: b'-'.join([b'zq', w])  # joined at run time: a + of two constants is folded into one\n"
            "print('inputs', mark(b'input') in text, b'12345' in text, 'expected', mark(b'expected') in text)\n"
            "def f(x):\n    return x")
-    tests = ["assert f(12345) == 'zq-expected-1'", {"call": "f('in')", "expected": "zq-expected-2"}, "assert not f('zq-input-3')"]
+    tests = ["assert f(12345) == 'zq-expected-1'", {"call": "f('in')", "expected": "zq-expected-2"},
+             "assert not f('zq-input-3')"]
     statuses, _, res = grading.run_calls(extract_program(fenced(spy)), [parse_test(t) for t in tests],
                                          run.Limits(**FAST), "bwrap", 0)
     assert statuses == ["fail", "fail", "fail"] and res.status == "ok"
@@ -215,7 +217,8 @@ def test_stdin_stdout_form_and_the_skip_rule_at_any_parallelism():
 def test_every_template_reference_answer_scores_one():
     def grade(t):
         row = make_row(t, t.space[len(t.space) // 2])
-        return t.name, row["answer"], *score(fenced(row["answer"]), {**row, "sandbox": {"backend": "bwrap", "parallel": 2}})
+        return t.name, row["answer"], *score(fenced(row["answer"]),
+                                             {**row, "sandbox": {"backend": "bwrap", "parallel": 2}})
 
     with ThreadPoolExecutor(2) as pool:  # two at a time, as the 2 sandbox slots allow: ~0.1 s a run
         for name, answer, reward, info in pool.map(grade, TEMPLATES):
@@ -245,7 +248,8 @@ def test_splits_are_fixed_disjoint_and_cover_every_template():
 
 
 def tcfg(**kw):
-    return SimpleNamespace(**{"sandbox": "bwrap", "sandboxes": 0, "on_bad_row": "refuse", "sandbox_allow_root": False, **kw})
+    return SimpleNamespace(**{"sandbox": "bwrap", "sandboxes": 0, "on_bad_row": "refuse", "sandbox_allow_root": False,
+                              **kw})
 
 
 def test_code_task_refuses_to_start_without_bubblewrap(monkeypatch):
@@ -309,9 +313,11 @@ def test_build_task_code_refuses_without_bubblewrap(monkeypatch):
 
 FORGERIES = [  # each writes "pass" somewhere a grader might read a status from, and computes nothing
     "def add(a, b):\n    raise type('pass', (Exception,), {})()",
-    "import os\nfor fd in range(1, 64):\n    try:\n        os.write(fd, b''.join(b'{\"i\": %d, \"raised\": \"pass\", \"e\": \"pass\"}\\n' % i"
-    " for i in range(4)))\n    except OSError:\n        pass\nos._exit(0)",
-    "import sys\ndef t(frame, event, arg):\n    for v in list(frame.f_locals.values()):\n        if type(v) is dict and 'i' in v:\n"
+    "import os\nfor fd in range(1, 64):\n    try:\n"
+    "        os.write(fd, b''.join(b'{\"i\": %d, \"raised\": \"pass\", \"e\": \"pass\"}\\n' % i for i in range(4)))\n"
+    "    except OSError:\n        pass\nos._exit(0)",
+    "import sys\ndef t(frame, event, arg):\n    for v in list(frame.f_locals.values()):\n"
+    "        if type(v) is dict and 'i' in v:\n"
     "            v.update({'raised': 'pass', 'e': 'pass'}); v.pop('v', None)\n    return t\nsys.settrace(t)\n"
     "f = sys._getframe(1)\nwhile f:\n    f.f_trace = t\n    f = f.f_back\ndef add(a, b):\n    return a - b",
     "def add(a, b):\n    return float(a + b) * (1 + 1e-7)",  # a float near each int answer

@@ -24,9 +24,11 @@ def test_a_failed_attempt_shows_the_failing_tests_and_a_fix_earns_less_than_a_fi
     assert (reward, done, info["correct"]) == (0.0, False, False)
     said = messages[0]["content"]
     assert said.startswith("These hidden tests failed:") and "add_k(" in said and "wrong answer" in said
-    for test in row["tests"]:  # the first three calls are shown (and a count of the rest); what they should return is not
+    # the first three calls are shown (and a count of the rest); what they should return is not
+    for test in row["tests"]:
         call, expected = test.removeprefix("assert ").split(" == ")
-        assert (call in said) == (test in row["tests"][:3]) and f"== {expected}" not in said and f"-> {expected}" not in said
+        assert ((call in said) == (test in row["tests"][:3]) and f"== {expected}" not in said
+                and f"-> {expected}" not in said)
     assert f"(and {len(row['tests']) - 3} more)" in said
     right = f"```python\ndef add_k(x):\n    return x + {k}\n```"
     assert env.step({"role": "assistant", "content": right})[1:3] == (pytest.approx(0.9), True)

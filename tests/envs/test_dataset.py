@@ -24,7 +24,8 @@ def test_verl_parquet_rows_load_and_train(tmp_path):
     cfg = tiny_cfg("task.name=dataset", f"task.data={tmp_path / 'train.parquet'}", "task.n_heldout=4")
     task = build_task(cfg.task)
     row = next(r for r in task.train if r["extra_info"]["index"] == 5)
-    assert row["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 5 + 1?"}]
+    assert row["messages"] == [{"role": "system", "content": "Be brief."},
+                               {"role": "user", "content": "What is 5 + 1?"}]
     assert row["answer"] == "6" and row["data_source"] == "openai/gsm8k" and row["reward_model"]["ground_truth"] == "6"
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 2 and summary["heldout_n"] == 4
@@ -37,7 +38,8 @@ def test_verl_parquet_rows_load_and_train(tmp_path):
 def test_a_small_dataset_keeps_nine_tenths_for_training(tmp_path):
     # 200 held-out rows (the demo's) out of 60 would have taken half of them; at most a tenth is held out
     datasets.Dataset.from_list(verl_rows(60)).to_parquet(str(tmp_path / "train.parquet"))
-    task = build_task(tiny_cfg("task.name=dataset", f"task.data={tmp_path / 'train.parquet'}", "task.n_heldout=200").task)
+    task = build_task(tiny_cfg("task.name=dataset", f"task.data={tmp_path / 'train.parquet'}",
+                               "task.n_heldout=200").task)
     assert (len(task.train), len(task.heldout)) == (54, 6)
 
 

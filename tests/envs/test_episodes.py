@@ -92,11 +92,12 @@ def test_limits_end_an_episode_and_the_last_turn_is_still_scored():
         ro.close()
     assert batch.episodes[0]["turns"] == 2 and batch.episodes[0]["stop"] == "max_turns" and batch.truncated.all()
     assert batch.episodes[0]["turn_rewards"] == [1.0, 2.0]  # the second turn went to step; its answer was not appended
-    assert batch.completion_ids.shape[1] == len(t) + len(encode(tok, "\n<|im_start|>user\nturn 1<|im_end|>\n<|im_start|>assistant\n")) + len(t)
+    assert (batch.completion_ids.shape[1]
+            == len(t) + len(encode(tok, "\n<|im_start|>user\nturn 1<|im_end|>\n<|im_start|>assistant\n")) + len(t))
 
 
-@pytest.mark.parametrize("fault,kind", [("hang", "timeouts"), ("raise", "errors"), ("exit", "errors"), ("garbage", "errors"),
-                                        ("nan", "errors"), ("unpicklable", "errors")])
+@pytest.mark.parametrize("fault,kind", [("hang", "timeouts"), ("raise", "errors"), ("exit", "errors"),
+                                        ("garbage", "errors"), ("nan", "errors"), ("unpicklable", "errors")])
 def test_a_failing_environment_ends_only_its_episode_with_reward_zero(fault, kind):
     tok = load_tokenizer("embedded")
     t = encode(tok, "x") + [tok.eos_token_id]
@@ -123,7 +124,8 @@ def test_a_missing_environment_is_one_line_before_any_model_loads():
 def test_a_template_that_rewrites_earlier_turns_is_refused():
     tok = copy.deepcopy(load_tokenizer("embedded"))
     history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ab"}]
-    assert chat_delta(tok, history, [{"role": "user", "content": "b"}], None, ["<|im_end|>"], closed=True).startswith("\n<|im_start|>user")
+    assert (chat_delta(tok, history, [{"role": "user", "content": "b"}], None, ["<|im_end|>"], closed=True)
+            .startswith("\n<|im_start|>user"))
     # earlier messages shortened to their first character: "q|ab|" becomes "q|a|bb|" once a turn follows
     tok.chat_template = "{% for m in messages %}{{ m['content'] if loop.last else m['content'][:1] }}|{% endfor %}"
     with pytest.raises(TemplateError, match="prefix-stable"):
@@ -133,7 +135,8 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
 def test_episode_scoring_counts_and_credits_by_hand():
     batch = type("B", (), {})()
     batch.episodes = [{"turns": 2, "turn_rewards": [0.5, 1.0], "tool_calls": 1, "stop": "done"},
-                      {"turns": 1, "turn_rewards": [0.0], "tool_calls": 0, "stop": "error", "error": "boom", "timeout": False},
+                      {"turns": 1, "turn_rewards": [0.0], "tool_calls": 0, "stop": "error", "error": "boom",
+                       "timeout": False},
                       {"turns": 0, "turn_rewards": [], "tool_calls": 0, "stop": "error", "error": "t", "timeout": True}]
     reward, infos, m = EpisodeReward(gamma=0.9).score(batch)
     assert torch.allclose(reward, torch.tensor([0.5 + 0.9, 0.0, 0.0]))

@@ -57,9 +57,11 @@ def header(name: str) -> tuple[str, list[str]]:
 
 
 def graded_tests(name: str, form: str) -> list:
-    """The tests a program is graded against: its '# tests:' line (JSON), else add's."""
-    own = re.search(r"^# tests: (.+)$", (HOSTILE / f"{name}.py").read_text(), re.M)
-    return json.loads(own[1]) if own else CALL_TESTS if form == "call" else IO_TESTS
+    """The tests a program is graded against: its '# tests:' line (JSON, continued on '#  ' lines), else add's."""
+    own = re.search(r"^# tests: (.+(?:\n#  +.+)*)$", (HOSTILE / f"{name}.py").read_text(), re.M)
+    if not own:
+        return CALL_TESTS if form == "call" else IO_TESTS
+    return json.loads(" ".join(line.lstrip("# ") for line in own[1].split("\n")))
 
 
 def test_suite_covers_every_class_of_the_issue():
@@ -105,7 +107,8 @@ def host(tmp_path_factory):
     shm_id = libc.shmget(shm_key, 4096, 0o1644)
     os.environ["RLPOST_HOSTILE_SECRET"] = "1"
     values = {"HOST_PORT": str(listener.getsockname()[1]), "ABSTRACT_NAME": abstract_name, "SECRET_PATH": str(secret),
-              "DATA_PATH": str(data), "HOST_HOME": os.path.expanduser("~"), "PARENT_PID": str(os.getpid()), "KEY_ID": str(key_id), "SHM_KEY": str(shm_key)}
+              "DATA_PATH": str(data), "HOST_HOME": os.path.expanduser("~"), "PARENT_PID": str(os.getpid()),
+              "KEY_ID": str(key_id), "SHM_KEY": str(shm_key)}
     yield values, listener, abstract
     del os.environ["RLPOST_HOSTILE_SECRET"]
     if key_id > 0:
@@ -213,8 +216,8 @@ def batch(request, host):
     time.sleep(1.5)  # let anything that outlived its run show itself (the daemon acts after 1 s)
     connections = _accept_all(listener) + _accept_all(abstract)
     return {"backend": backend, "results": results, "skipped": skipped, "marks": marks, "connections": connections,
-            "leftover_workdirs": workdirs() - before, "registries": left_in_registries(), "sysv": sysv_segments_of_slots(),
-            "processes": slot_uid_processes() if os.geteuid() == 0 else []}
+            "leftover_workdirs": workdirs() - before, "registries": left_in_registries(),
+            "sysv": sysv_segments_of_slots(), "processes": slot_uid_processes() if os.geteuid() == 0 else []}
 
 
 def _accept_all(sock) -> int:
@@ -289,7 +292,8 @@ def runner_batch(request, host):
     runner = VerifierRunner("rlpost.envs.code:score", timeout_s=30, workers=3)
     try:
         rewards, infos, metrics = runner.score(Batch([c for _, _, c in jobs],
-                                                     [{"tests": t, "limits": LIMITS, "sandbox": box} for _, t, _ in jobs]))
+                                                     [{"tests": t, "limits": LIMITS, "sandbox": box}
+                                                      for _, t, _ in jobs]))
     finally:
         runner.close()
     time.sleep(1.0)

@@ -36,7 +36,8 @@ def test_mix_parses_to_families_and_weights_in_order():
 
 @pytest.mark.parametrize("overrides, message", [
     (["task.mix=arithmetic"], "task.mix: expected comma-separated 'family:weight' entries"),
-    (["task.mix=arithmetic:1,chess:1"], "task.mix: unknown family 'chess'; expected some of arithmetic, dataset, math, gym, code$"),
+    (["task.mix=arithmetic:1,chess:1"],
+     "task.mix: unknown family 'chess'; expected some of arithmetic, dataset, math, gym, code$"),
     (["task.mix=arithmetic:1,tools:1"], "task.mix: tools runs multi-turn episodes"),
     (["task.mix=math:1,math:2"], "task.mix: math is named twice"),
     (["task.mix=math:heavy"], "task.mix: the weight of math must be a number, got 'heavy'"),
@@ -45,8 +46,10 @@ def test_mix_parses_to_families_and_weights_in_order():
     (["task.mix=math:inf"], "task.mix: the weight of math must be a positive number"),
     (["task.mix=arithmetic:1,dataset:1"], "task.mix: dataset needs task.data"),
     (["task.mix=math:1,code:1", "task.data=x.jsonl"], "task.mix: task.data would feed both math and code"),
-    (["task.mix=arithmetic:1,gym:1", "task.data=x.jsonl"], "task.data: no family of task.mix='arithmetic:1,gym:1' reads it"),
-    (["task.mix=arithmetic:1,math:1", "task.verifier=m:f"], "task.verifier: with task.mix each row is scored by its own"),
+    (["task.mix=arithmetic:1,gym:1", "task.data=x.jsonl"],
+     "task.data: no family of task.mix='arithmetic:1,gym:1' reads it"),
+    (["task.mix=arithmetic:1,math:1", "task.verifier=m:f"],
+     "task.verifier: with task.mix each row is scored by its own"),
     (["task.mix=arithmetic:1,math:1", "task.min_a=9", "task.max_a=3"], "task.min_a: expected <= task.max_a"),
 ])
 def test_every_mistake_in_a_mix_is_one_config_error_naming_its_key(overrides, message):
@@ -58,7 +61,8 @@ def test_a_mix_gets_the_longest_default_timeout_of_its_families():
     # defaults: arithmetic 2 s, gym 10 s, code 60 s; task.verifier_timeout_s overrides them all
     assert verifier_timeout(config.load(None, ["task.mix=arithmetic:1,gym:1"]).task) == 10.0
     assert verifier_timeout(config.load(None, ["task.mix=arithmetic:1,code:1"]).task) == 60.0
-    assert verifier_timeout(config.load(None, ["task.mix=arithmetic:1,code:1", "task.verifier_timeout_s=3"]).task) == 3.0
+    assert (verifier_timeout(config.load(None, ["task.mix=arithmetic:1,code:1", "task.verifier_timeout_s=3"]).task)
+            == 3.0)
 
 
 # --- the draw ---------------------------------------------------------------------------------
@@ -70,7 +74,8 @@ def test_draw_frequencies_match_the_weights_and_are_fixed_by_the_seed():
     s = stream(batch=100, weights={"arithmetic": 7, "math": 2, "gym": 1})
     drawn = [r[TASK_KEY] for _ in range(200) for r in s.next()]
     share = {f: drawn.count(f) / len(drawn) for f in ("arithmetic", "math", "gym")}
-    assert abs(share["arithmetic"] - 0.7) < 0.015 and abs(share["math"] - 0.2) < 0.015 and abs(share["gym"] - 0.1) < 0.015
+    assert (abs(share["arithmetic"] - 0.7) < 0.015 and abs(share["math"] - 0.2) < 0.015
+            and abs(share["gym"] - 0.1) < 0.015)
     again = stream(batch=100, weights={"arithmetic": 7, "math": 2, "gym": 1})
     assert [r[TASK_KEY] for _ in range(200) for r in again.next()] == drawn  # the same seed, the same draws
     other = stream(seed=8, batch=100, weights={"arithmetic": 7, "math": 2, "gym": 1})
@@ -140,7 +145,8 @@ def test_each_row_is_scored_by_its_own_familys_rules():
     half = {"answer": "\\frac{1}{2}", TASK_KEY: "math"}
     assert score("so it is \\boxed{0.5}", half)[0] == 1.0
     assert score("so it is \\boxed{0.5}", {**half, TASK_KEY: "arithmetic", "answer": "5"})[0] == 1.0  # last integer 5
-    assert score("12 + 7 = 19", {"answer": "19", TASK_KEY: "arithmetic"}) == (1.0, {"correct": True, "parsed": True, "pred": "19"})
+    assert (score("12 + 7 = 19", {"answer": "19", TASK_KEY: "arithmetic"})
+            == (1.0, {"correct": True, "parsed": True, "pred": "19"}))
     assert score("12 + 7 = 18", {"answer": "19", TASK_KEY: "arithmetic"})[0] == 0.0
     # a reasoning-gym row: its own scorer reads the <answer> block
     (row,), _ = gym.build_splits("basic_arithmetic", {}, 1, 1, seed=3)
@@ -148,7 +154,8 @@ def test_each_row_is_scored_by_its_own_familys_rules():
     gold = row["gym"]["entry"]["answer"]
     assert score(f"<answer>{gold}</answer>", row)[0] == 1.0 and score("<answer>nope</answer>", row)[0] < 1.0
     # a code row: its hidden tests, in the sandbox its row names (rlimits: runs where bubblewrap cannot)
-    add = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"], "limits": {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 256},
+    add = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"],
+           "limits": {"wall_s": 2.0, "cpu_s": 1, "memory_mb": 256},
            "sandbox": {"backend": "rlimits", "parallel": 1, "allow_root": True}, TASK_KEY: "code"}
     assert score("```python\ndef add(a, b):\n    return a + b\n```", add)[0] == 1.0
     assert score("```python\ndef add(a, b):\n    return a * b\n```", add)[0] == 0.5  # 1*2 != 3, 2*2 == 4
@@ -182,8 +189,9 @@ def test_batch_metrics_per_family_by_hand():
     # math rewards 0.2, 1.2, 0, 0:   mean 1.4/4 = 0.35, pass rate 1/4 (only 1.2 >= 1), share 4/8
     rows = [{TASK_KEY: "arithmetic"}] * 2 + [{TASK_KEY: "math"}] * 4 + [{TASK_KEY: "arithmetic"}] * 2
     m = batch_metrics(rows, [1, 0, 0.2, 1.2, 0, 0, 1, 1])
-    assert m == pytest.approx({"reward/mean/arithmetic": 0.75, "reward/pass_rate/arithmetic": 0.75, "mix/share/arithmetic": 0.5,
-                               "reward/mean/math": 0.35, "reward/pass_rate/math": 0.25, "mix/share/math": 0.5})
+    assert m == pytest.approx({"reward/mean/arithmetic": 0.75, "reward/pass_rate/arithmetic": 0.75,
+                               "mix/share/arithmetic": 0.5, "reward/mean/math": 0.35, "reward/pass_rate/math": 0.25,
+                               "mix/share/math": 0.5})
     assert batch_metrics([{}, {}], [1.0, 0.0]) == {}  # outside a mix: nothing
 
 
@@ -205,9 +213,12 @@ def test_decontamination_checks_across_the_families_of_a_mix(tmp_path):
     # alone is clean, the mix is not, and training refuses it naming task.max_contamination.
     heldout = build_task(tiny_cfg("task.n_heldout=10").task).heldout
     data, evals = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
-    data.write_text("".join(json.dumps({"prompt": r["messages"][-1]["content"], "answer": r["answer"]}) + "\n" for r in heldout))
-    evals.write_text("".join(json.dumps({"prompt": f"Spell the number {i} in words.", "answer": str(i)}) + "\n" for i in range(10)))
-    mix = tiny_cfg("task.mix=arithmetic:1,dataset:1", f"task.data={data}", f"task.eval_data={evals}", "task.n_heldout=10")
+    data.write_text("".join(json.dumps({"prompt": r["messages"][-1]["content"], "answer": r["answer"]}) + "\n"
+                            for r in heldout))
+    evals.write_text("".join(json.dumps({"prompt": f"Spell the number {i} in words.", "answer": str(i)}) + "\n"
+                             for i in range(10)))
+    mix = tiny_cfg("task.mix=arithmetic:1,dataset:1", f"task.data={data}", f"task.eval_data={evals}",
+                   "task.n_heldout=10")
     with pytest.raises(ConfigError, match=r"^task.max_contamination: 10 of 20 held-out prompts \(50.0%\)"):
         build_task(mix.task)
     found = build_task(mix.task, refuse_contaminated=False).contamination

@@ -50,7 +50,8 @@ class Scripted:
 
 def episodes(sampler, rows, n, max_turns=4, max_tokens=200):
     """The tools environment's episodes on the scripted sampler (the rollout of task.name=tools)."""
-    ro = EnvRollout(sampler, EnvPool("rlpost.envs.tools:Tools", {"tools": "calculator"}, 30.0, workers=1), max_turns, max_tokens)
+    ro = EnvRollout(sampler, EnvPool("rlpost.envs.tools:Tools", {"tools": "calculator"}, 30.0, workers=1), max_turns,
+                    max_tokens)
     try:
         return ro.generate(rows, n=n, temperature=1.0, top_p=1.0, max_new_tokens=64)
     finally:
@@ -61,7 +62,8 @@ def test_episode_is_token_exact_and_masks_tool_tokens():
     tok = load_tokenizer("embedded")
     # Turn 1 is drawn in a NON-canonical tokenisation (character by character): re-encoding the
     # text would give different ids, so only a token-exact assembly keeps these.
-    call = [tok.convert_tokens_to_ids(c) for c in "<calculator>"] + tok("347*29</calculator>", add_special_tokens=False).input_ids
+    call = ([tok.convert_tokens_to_ids(c) for c in "<calculator>"]
+            + tok("347*29</calculator>", add_special_tokens=False).input_ids)
     final = tok("The answer is 10063.", add_special_tokens=False).input_ids + [tok.eos_token_id]
     assert call != tok(tok.decode(call), add_special_tokens=False).input_ids  # the drift we must avoid
     sampler = Scripted(tok, [(call, "stop"), (final, "eos")])
@@ -69,7 +71,8 @@ def test_episode_is_token_exact_and_masks_tool_tokens():
     batch = episodes(sampler, rows, n=2)
 
     obs = tok("\n<result>10063</result>\n", add_special_tokens=False).input_ids
-    prompt = tok(tok.apply_chat_template(rows[0]["messages"], add_generation_prompt=True, tokenize=False), add_special_tokens=False).input_ids
+    prompt = tok(tok.apply_chat_template(rows[0]["messages"], add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False).input_ids
     expected = call + obs + final
     for b in range(2):
         n = len(expected)
@@ -108,7 +111,8 @@ def test_sample_ids_stops_on_stop_strings_with_matching_logprobs():
     torch.manual_seed(0)
     loaded = load_policy("tiny")
     rollout = HFRollout(loaded.model, loaded.tokenizer, torch.float32)
-    seqs = [loaded.tokenizer("abc", add_special_tokens=False).input_ids, loaded.tokenizer("hello", add_special_tokens=False).input_ids]
+    seqs = [loaded.tokenizer("abc", add_special_tokens=False).input_ids,
+            loaded.tokenizer("hello", add_special_tokens=False).input_ids]
     outs = rollout.sample_ids(seqs * 4, 1.0, 1.0, 12, ["e", "a"])
     hows = {how for _, _, how in outs}
     assert "stop" in hows

@@ -15,14 +15,16 @@ from rlpost.types.errors import ConfigError, RunError
 
 def state(step, **extra):
     """What the loop's state.pt holds (recipes/rl.py: save_checkpoint)."""
-    return {"step": step, "stream": {"epoch": 0, "pos": step}, "torch_rng": torch.get_rng_state(), "heldout_before": 0.5,
-            "minutes": 0.1, "algo_name": "grpo", **extra}
+    return {"step": step, "stream": {"epoch": 0, "pos": step}, "torch_rng": torch.get_rng_state(),
+            "heldout_before": 0.5, "minutes": 0.1, "algo_name": "grpo", **extra}
 
 
 def write(run, step, value=1.0, keep=3):
     model = {"w": torch.full((64, 64), value), "b": torch.zeros(3)}
-    trainer = {"optimizer": {"state": {0: torch.ones(64)}, "param_groups": [{"lr": 1e-3}]}, "scheduler": {"last_epoch": step}}
-    return checkpoint.save(run, step, model, trainer, state(step), keep, metrics=[{"step": s} for s in range(1, step + 1)])
+    trainer = {"optimizer": {"state": {0: torch.ones(64)}, "param_groups": [{"lr": 1e-3}]},
+               "scheduler": {"last_epoch": step}}
+    return checkpoint.save(run, step, model, trainer, state(step), keep,
+                           metrics=[{"step": s} for s in range(1, step + 1)])
 
 
 def loaded_step(run):
@@ -32,12 +34,14 @@ def loaded_step(run):
 
 # Every way a checkpoint was seen corrupted: the newest is passed over, the one before is used.
 CORRUPTIONS = {
-    "truncated safetensors": lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:100]),
+    "truncated safetensors":
+        lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:100]),
     "flipped byte in the weights": lambda c: flip(c / "model.safetensors"),
     "missing trainer.pt": lambda c: (c / "trainer.pt").unlink(),
     "empty trainer.pt": lambda c: (c / "trainer.pt").write_bytes(b""),
     "truncated state.pt": lambda c: (c / "state.pt").write_bytes((c / "state.pt").read_bytes()[:50]),
-    "missing manifest, truncated weights": lambda c: ((c / "manifest.json").unlink(), (c / "model.safetensors").write_bytes(b"x")),
+    "missing manifest, truncated weights": lambda c: ((c / "manifest.json").unlink(),
+                                                      (c / "model.safetensors").write_bytes(b"x")),
     "garbage manifest": lambda c: (c / "manifest.json").write_text("{not json"),
     "empty step folder": lambda c: [p.unlink() for p in c.iterdir()],
 }
@@ -57,22 +61,29 @@ def manifest(ckpt, **change):
 # Damaged but parseable, each sealed with a matching manifest where the damage is not the manifest's:
 # the schema of the file names what is wrong (issue 43: these raised from deep inside).
 SCHEMA_DAMAGE = {
-    "manifest files is a list": (lambda c: manifest(c, files=["model.safetensors"]), "manifest.json: files: expected a mapping"),
-    "manifest entries are numbers": (lambda c: manifest(c, files={"model.safetensors": 1, "trainer.pt": 2, "state.pt": 3}),
+    "manifest files is a list": (lambda c: manifest(c, files=["model.safetensors"]),
+                                 "manifest.json: files: expected a mapping"),
+    "manifest entries are numbers": (lambda c: manifest(c, files={"model.safetensors": 1, "trainer.pt": 2,
+                                                                  "state.pt": 3}),
                                      "manifest.json: files.model.safetensors: expected a mapping, got 1"),
-    "manifest of another step": (lambda c: manifest(c, step=7), "manifest.json: step: 7, but the folder is step_000002"),
+    "manifest of another step": (lambda c: manifest(c, step=7),
+                                 "manifest.json: step: 7, but the folder is step_000002"),
     "state.pt is {}": (lambda c: (torch.save({}, c / "state.pt"), reseal(c)), "step_000002/state.pt: step: missing"),
     "state.pt is a list": (lambda c: (torch.save([1], c / "state.pt"), reseal(c)), "state.pt: expected a mapping"),
-    "state.pt without the RNG": (lambda c: (torch.save({k: v for k, v in state(2).items() if k != "torch_rng"}, c / "state.pt"),
+    "state.pt without the RNG": (lambda c: (torch.save({k: v for k, v in state(2).items() if k != "torch_rng"},
+                                                       c / "state.pt"),
                                             reseal(c)), "state.pt: torch_rng: missing"),
-    "state.pt of another step": (lambda c: (torch.save(state(9), c / "state.pt"), reseal(c)), "state.pt: step: 9, but the folder"),
+    "state.pt of another step": (lambda c: (torch.save(state(9), c / "state.pt"), reseal(c)),
+                                 "state.pt: step: 9, but the folder"),
     "trainer.pt is {}": (lambda c: (torch.save({}, c / "trainer.pt"), reseal(c)), "trainer.pt: optimizer: missing"),
-    "trainer.pt param_groups a dict": (lambda c: (torch.save({"optimizer": {"state": {}, "param_groups": {}}, "scheduler": {}},
+    "trainer.pt param_groups a dict": (lambda c: (torch.save({"optimizer": {"state": {}, "param_groups": {}},
+                                                              "scheduler": {}},
                                                              c / "trainer.pt"), reseal(c)),
                                        "trainer.pt: optimizer.param_groups: expected a list"),
     "metrics copy not JSON lines": (lambda c: ((c / "metrics.jsonl").write_text('{"step": 1}\n[2]\n'), reseal(c)),
                                     "metrics.jsonl[1]: expected a mapping"),
-    "weights with no tensor": (lambda c: (save_file({}, c / "model.safetensors"), reseal(c)), "model.safetensors holds no tensor"),
+    "weights with no tensor": (lambda c: (save_file({}, c / "model.safetensors"), reseal(c)),
+                               "model.safetensors holds no tensor"),
 }
 
 
@@ -107,7 +118,8 @@ def test_a_checkpoint_of_another_kind_of_run_is_refused_by_name(tmp_path):
     with pytest.raises(ConfigError, match=r"a checkpoint of a grpo run \(state.pt: algo_name\), and this run is ppo"):
         checkpoint.check_fits(ckpt, "ppo", needs_values=True, lora=False, master=False)
     torch.save({k: v for k, v in state(1).items() if k != "algo_name"}, ckpt / "state.pt")  # an older checkpoint
-    with pytest.raises(ConfigError, match=r"trainer.pt: critic: absent \(a critic \(value head\)\), and this run \(ppo\) needs it"):
+    with pytest.raises(ConfigError,
+                       match=r"trainer.pt: critic: absent \(a critic \(value head\)\), and this run \(ppo\) needs it"):
         checkpoint.check_fits(ckpt, "ppo", needs_values=True, lora=False, master=False)
 
 

@@ -27,7 +27,8 @@ def test_train_export_reload_in_transformers_and_train_again(tmp_path, capsys):
     verifier = "task.verifier=toy_verifiers:odd_length"  # rewards vary whatever the tiny model says: it trains
     assert cli.main(["train", *TINY, verifier, f"run.out_dir={tmp_path}", "run.name=first"]) == 0
     folder = run / "model"
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    assert ({"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"}
+            <= {p.name for p in folder.iterdir()})
     assert json.loads((run / "summary.json").read_text())["model"] == str(folder)
 
     # rlpost eval's greedy completions ...
@@ -39,7 +40,8 @@ def test_train_export_reload_in_transformers_and_train_again(tmp_path, capsys):
     rows = build_task(config.load(run / "config.yaml").task).heldout[:4]
     assert [r["messages"][-1]["content"] for r in rows] == [s["prompt"] for s in samples]
     for row, sample in zip(rows, samples):
-        ids = tok.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        ids = tok.apply_chat_template(row["messages"], add_generation_prompt=True, return_tensors="pt",
+                                      return_dict=True)
         out = model.generate(**ids, do_sample=False, max_new_tokens=6)
         assert tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True) == sample["completion"]
 
@@ -81,7 +83,8 @@ def test_lora_run_exports_merged_model_and_peft_adapters(tmp_path):
     assert all(torch.allclose(again[k], ckpt[k], atol=1e-6) for k in ckpt)
     assert export_run(run, merge_lora=True) == tmp_path / "lora-model"
     # the run itself ended with the same adapters in RUN/adapter, without an export
-    ours, exported = load_file(run / "adapter" / "adapter_model.safetensors"), load_file(adapter / "adapter_model.safetensors")
+    ours, exported = (load_file(run / "adapter" / "adapter_model.safetensors"),
+                      load_file(adapter / "adapter_model.safetensors"))
     assert ours.keys() == exported.keys() and all(torch.equal(ours[k], exported[k]) for k in ours)
     # --dtype bfloat16: every weight in bf16, config.json says so, and transformers loads it as such
     half = export_run(run, merge_lora=True, out=tmp_path / "bf16", dtype="bfloat16")

@@ -54,8 +54,9 @@ def synthetic_batch(model, n_prompts: int = 4, P: int = 6, T: int = 8, seed: int
 def make_trainer(data_parallel: bool, micro: int = MICRO, bf16: bool = False) -> Trainer:
     model = load_policy("tiny", dtype=torch.float32, seed=SEED).model
     # transformers' forward on both sides (the ranks cannot run packed): this compares the parallelism alone
-    return Trainer(model, tcfg(lr=LR, precision="bf16" if bf16 else "fp32", forward="hf"), 1.0, mini_batch_size=MINI, micro_batch_size=micro,
-                   total_optimizer_steps=4, plan=ShardedPlan() if data_parallel else LocalPlan())
+    return Trainer(model, tcfg(lr=LR, precision="bf16" if bf16 else "fp32", forward="hf"), 1.0, mini_batch_size=MINI,
+                   micro_batch_size=micro, total_optimizer_steps=4,
+                   plan=ShardedPlan() if data_parallel else LocalPlan())
 
 
 def full_grads(tr: Trainer) -> dict:

@@ -22,6 +22,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 @pytest.mark.skipif(heap._libc() is None or not hasattr(heap._libc(), "mallopt"), reason="not glibc")
 def test_kept_memory_is_reused_without_page_faults():
-    faults = {arm: int(subprocess.run([sys.executable, "-c", CODE, arm], capture_output=True, text=True, check=True).stdout)
+    faults = {arm: int(subprocess.run([sys.executable, "-c", CODE, arm], capture_output=True, text=True, check=True)
+                       .stdout)
               for arm in ("keep", "plain")}
     assert faults["plain"] > 10_000 and faults["keep"] < 1_000, faults  # 64 MB = 16,384 pages of 4 KB

@@ -32,7 +32,8 @@ def test_embedded_model_loads_with_chat_template_and_eos():
     loaded = load_policy("embedded", dtype=torch.bfloat16)
     tok = loaded.tokenizer
     assert tok.padding_side == "left" and tok.eos_token == "<|im_end|>" and tok.pad_token_id is not None
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
+                                   tokenize=False)
     assert text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nWhat is 2 + 3?<|im_end|>" in text
     assert loaded.model.config.num_hidden_layers == 30 and loaded.model.dtype == torch.bfloat16
     enc = tok([text], return_tensors="pt", add_special_tokens=False)
@@ -49,7 +50,8 @@ def test_base_model_without_chat_template_gets_a_plain_one_said_once(tmp_path, c
     tiny_model(len(tok)).save_pretrained(tmp_path)
     a, b = load_policy(str(tmp_path)), load_policy(str(tmp_path))
     assert capsys.readouterr().err.count("has no chat template") == 1
-    text = b.tokenizer.apply_chat_template([{"role": "user", "content": "2+3"}], add_generation_prompt=True, tokenize=False)
+    text = b.tokenizer.apply_chat_template([{"role": "user", "content": "2+3"}], add_generation_prompt=True,
+                                           tokenize=False)
     assert a.tokenizer.chat_template == PLAIN_CHAT_TEMPLATE and text == "User: 2+3\nAssistant:"
 
 
@@ -82,7 +84,8 @@ def test_attn_implementation_reaches_the_trainer_and_reference_and_computes_the_
     from rlpost.build import build_roles
     from rlpost.envs import Task
 
-    roles = build_roles(tiny_cfg("model.attn_implementation=eager", "algo.kl_coef=0.1"), Task([], [], "toy_verifiers:odd_length"))
+    roles = build_roles(tiny_cfg("model.attn_implementation=eager", "algo.kl_coef=0.1"),
+                        Task([], [], "toy_verifiers:odd_length"))
     roles.close()
     assert roles.trainer.model.config._attn_implementation == "eager"
     assert roles.reference.model.config._attn_implementation == "eager"

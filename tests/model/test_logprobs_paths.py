@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import rlpost.model.logprobs as lp_mod
-from rlpost.model.logprobs import ChunkedLogp, completion_logprobs, completion_values, plain_head, policy_forward, truncated
+from rlpost.model.logprobs import (ChunkedLogp, completion_logprobs, completion_values, plain_head, policy_forward,
+                                   truncated)
 
 T = 0.9  # a temperature other than 1, so a missing division shows
 
@@ -49,7 +50,8 @@ def test_truncated_keeps_the_top_p_set_and_the_target_by_hand():
     z = probs.log().repeat(2, 3, 1) + torch.arange(6.0).view(2, 3, 1)  # (B=2, T=3, V=4); a shift per position
     lse = z.logsumexp(-1)  # (2, 3)
     logq = z - lse[..., None]  # the same expression truncated uses, so a floor can sit exactly on a token
-    floor = torch.stack([logq[0, 0, 1], logq[0, 1, 0], logq[0, 2, 3], logq[1, 0, 2], logq[1, 1, 1], logq[1, 2, 0]]).view(2, 3)
+    floor = (torch.stack([logq[0, 0, 1], logq[0, 1, 0], logq[0, 2, 3], logq[1, 0, 2], logq[1, 1, 1], logq[1, 2, 0]])
+             .view(2, 3))
     targets = torch.tensor([[3, 2, 0], [3, 0, 1]])
     out = truncated(z, lse, floor, targets)
     want = [[[1, 1, 0, 1], [1, 0, 1, 0], [1, 1, 1, 1]],  # a token exactly at the floor is kept (>=)
@@ -86,7 +88,8 @@ def test_a_head_with_a_bias_is_scored_with_its_bias(tiny, batch):
     want, _ = reference(model, batch)
     for chunked in (True, False):
         got, _ = completion_logprobs(model, batch, T, chunked=chunked)
-        assert torch.allclose(got * batch.completion_mask, want, atol=1e-5), chunked  # the full path leaves pads unmasked
+        # the full path leaves pads unmasked
+        assert torch.allclose(got * batch.completion_mask, want, atol=1e-5), chunked
 
 
 # --- entropy modes ---
@@ -122,7 +125,8 @@ def test_the_defaults_are_the_shared_prefix_chunked_path(tiny, batch):
     explicit = policy_forward(tiny.model, batch, T, share_prefix=True, chunked=True).logp
     assert torch.equal(policy_forward(tiny.model, batch, T).logp, explicit)
     assert torch.equal(completion_logprobs(tiny.model, batch, T)[0], explicit)
-    others = [policy_forward(tiny.model, batch, T, share_prefix=s, chunked=c).logp for s, c in ((False, True), (True, False))]
+    others = [policy_forward(tiny.model, batch, T, share_prefix=s, chunked=c).logp
+              for s, c in ((False, True), (True, False))]
     assert all(not torch.equal(o, explicit) for o in others), "the paths agree bit for bit: this test checks nothing"
 
 
@@ -276,7 +280,8 @@ def test_share_prefix_and_chunked_reach_the_forward_they_name(tiny, batch):
         assert not torch.equal(shared.values, full.values) and not torch.equal(shared.logp, full.logp), chunked
         plain = policy_forward(tiny.model, batch, T, share_prefix=True, chunked=chunked).logp
         assert not torch.equal(plain, policy_forward(tiny.model, batch, T, share_prefix=False, chunked=chunked).logp)
-    assert not torch.equal(completion_values(dec, head, batch, share_prefix=True), completion_values(dec, head, batch, share_prefix=False))
+    assert not torch.equal(completion_values(dec, head, batch, share_prefix=True),
+                           completion_values(dec, head, batch, share_prefix=False))
     for chunked in (True, False):
         want = policy_forward(tiny.model, batch, T, chunked=chunked).logp
         assert torch.equal(completion_logprobs(tiny.model, batch, T, chunked=chunked)[0], want)

@@ -165,4 +165,6 @@ def test_bf16_parameters_where_bf16_is_slow_are_kept_but_said(monkeypatch, capsy
     out = build.resolve_precision(tiny_cfg("trainer.param_dtype=bfloat16"))
     assert out.trainer.param_dtype == "bfloat16"  # explicit: kept either way
     said = [l for l in capsys.readouterr().err.splitlines() if "trainer.param_dtype" in l]
-    assert said == ([] if bf16_fast else [f"rlpost: trainer.param_dtype=bfloat16 as set, though {reason}: float32 is faster on this machine"])
+    assert said == ([] if bf16_fast
+                    else [(f"rlpost: trainer.param_dtype=bfloat16 as set, though {reason}: float32 is faster on "
+                           "this machine")])

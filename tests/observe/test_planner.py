@@ -201,7 +201,8 @@ def test_device_cpu_is_this_machine_from_the_probe_and_auto_follows_its_rule(mon
     # An AVX2-like probe: per core bf16 1.1, fp32 59 GFLOP/s, copy 12 GB/s, 2 cores.
     from rlpost.model import precision
 
-    monkeypatch.setattr(precision, "probe", lambda device="cpu": precision.Probe("cpu", "AVX2", 1.1, 59.0, 12.0, 2, "k"))
+    monkeypatch.setattr(precision, "probe",
+                        lambda device="cpu": precision.Probe("cpu", "AVX2", 1.1, 59.0, 12.0, 2, "k"))
     dev = planner.resolve_device("cpu", "--device")
     assert dev.cpu and "AVX2" in dev.name
     assert (dev.bf16_flops, dev.fp32_flops, dev.mem_bw) == (2.2e9, 118e9, 12e9)  # per core x 2 cores
@@ -263,7 +264,8 @@ def test_main_prints_a_table_and_json(capsys):
 def fake_run(tmp_path, overrides, metrics, peak_gb=None):
     tmp_path.mkdir(parents=True, exist_ok=True)
     config.save(config.load(None, overrides), tmp_path / "config.yaml")
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **m}) + "\n" for i, m in enumerate(metrics)))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, **m}) + "\n"
+                                                    for i, m in enumerate(metrics)))
     if peak_gb is not None:
         (tmp_path / "summary.json").write_text(json.dumps({"peak_rss_gb": peak_gb}))
     return tmp_path
@@ -302,7 +304,8 @@ def test_the_fitted_efficiencies_still_reproduce_the_runs_they_were_fitted_to(tm
     # (gen 3.3 s) fits decode's figures. Its update (11.6 s) predates the packed trunk: not a fit since.
     demo = {"timing_s/gen": 3.3, "timing_s/sync": 0.034, "prompt_length/mean": 46.2,
             "response_length/max": 16, "response_length/mean": 12.2}
-    cal = planner.calibrate(fake_run(tmp_path / "intel", ["model.name=embedded"], [demo], peak_gb=5.0), device="cpu-avx512")
+    cal = planner.calibrate(fake_run(tmp_path / "intel", ["model.name=embedded"], [demo], peak_gb=5.0),
+                            device="cpu-avx512")
     for r in cal["rows"]:
         assert r["measured"] is None or 0.8 < r["ratio"] < 1.25, r
     # The demo on AMD Zen 4 with the packed trunk (make demo, 2026-11-26; probed per core bf16 217.9,
@@ -311,14 +314,18 @@ def test_the_fitted_efficiencies_still_reproduce_the_runs_they_were_fitted_to(tm
     # heap's creep between trims; benchmarks/README.md).
     from rlpost.model import precision
 
-    monkeypatch.setattr(precision, "probe", lambda device="cpu": precision.Probe("cpu", "AVX512", 217.9, 99.8, 23.9, 2, "k"))
-    demo = {"timing_s/update": 9.45, "prompt_length/mean": 46.2, "response_length/max": 16, "response_length/mean": 10.8}
+    monkeypatch.setattr(precision, "probe",
+                        lambda device="cpu": precision.Probe("cpu", "AVX512", 217.9, 99.8, 23.9, 2, "k"))
+    demo = {"timing_s/update": 9.45, "prompt_length/mean": 46.2, "response_length/max": 16,
+            "response_length/mean": 10.8}
     cal = planner.calibrate(fake_run(tmp_path / "amd", ["model.name=embedded"], [demo]), device="cpu")
     assert 0.8 < {r["name"]: r for r in cal["rows"]}["timing_s/update"]["ratio"] < 1.25
     # The same machine capped to AVX2 (2026-11-26; probed bf16 2.3, fp32 82.9 GFLOP/s per core, float32
     # picked): the demo's update 13.83 s, mean completion 12.2
-    monkeypatch.setattr(precision, "probe", lambda device="cpu": precision.Probe("cpu", "AVX2", 2.3, 82.9, 18.1, 2, "k"))
-    demo = {"timing_s/update": 13.83, "prompt_length/mean": 46.2, "response_length/max": 16, "response_length/mean": 12.2}
+    monkeypatch.setattr(precision, "probe",
+                        lambda device="cpu": precision.Probe("cpu", "AVX2", 2.3, 82.9, 18.1, 2, "k"))
+    demo = {"timing_s/update": 13.83, "prompt_length/mean": 46.2, "response_length/max": 16,
+            "response_length/mean": 12.2}
     cal = planner.calibrate(fake_run(tmp_path / "avx2", ["model.name=embedded"], [demo]), device="cpu")
     assert 0.8 < {r["name"]: r for r in cal["rows"]}["timing_s/update"]["ratio"] < 1.25
 
@@ -353,8 +360,8 @@ def h100_run(tmp_path, name):
 @pytest.mark.parametrize("name", list(H100_RUNS))
 def test_gpu_plan_lands_within_1_5x_of_the_h100_runs_it_was_calibrated_on(tmp_path, capsys, monkeypatch, name):
     run = h100_run(tmp_path, name)
-    assert planner.main(["--from", str(run), "--gpu", "h100", "--engine", "hf", "--forward", "hf", "--logp-chunk", "128",
-                         "--json"]) == 0
+    assert planner.main(["--from", str(run), "--gpu", "h100", "--engine", "hf", "--forward", "hf", "--logp-chunk",
+                         "128", "--json"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     for key in ("timing_s/gen", "timing_s/update", "timing_s/step", "peak memory"):
         assert 1 / 1.5 < rows[key]["ratio"] < 1.5, (key, rows[key])

@@ -113,10 +113,12 @@ def test_kl_to_the_reference_is_plotted_only_with_a_reference(tmp_path):
     from rlpost.observe.report import build_html
 
     # no reference (kl_coef = 0): GRPO still logs PPO's old -> new KL, which is not a KL to a reference
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history(**{"actor/ppo_kl": 0.01, "reward/mean": 0.1})))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n"
+                                                    for h in history(**{"actor/ppo_kl": 0.01, "reward/mean": 0.1})))
     page = build_html(tmp_path)
     assert "KL to the reference" not in page and "Policy change per update" in page
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history(**{"actor/kl": 0.01, "reward/mean": 0.1})))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n"
+                                                    for h in history(**{"actor/kl": 0.01, "reward/mean": 0.1})))
     assert "KL to the reference" in build_html(tmp_path)
 
 
@@ -146,7 +148,8 @@ def test_zero_series_are_not_drawn_and_the_histogram_counts_its_bars(tmp_path):
 
     # the PPO clip fraction of one epoch over one mini-batch is 0 at every step: not a line of its plot
     h = history(3, **{"actor/pg_clipfrac": 0.0, "response_length/clip_ratio": 0.1})
-    fig = line_figure(h, "Clip fractions", [("actor/pg_clipfrac", "PPO"), ("response_length/clip_ratio", "truncated")], "share")
+    fig = line_figure(h, "Clip fractions", [("actor/pg_clipfrac", "PPO"), ("response_length/clip_ratio", "truncated")],
+                      "share")
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["truncated (response_length/clip_ratio)"]
     assert fig.axes[0].get_legend().get_texts()[0].get_fontsize() == LEGEND_SIZE >= 9  # was 7: unreadable
     assert line_figure(history(3, **{"actor/ppo_kl": 0.0}), "Policy change", [("actor/ppo_kl", "KL")], "") is None
@@ -170,7 +173,8 @@ def test_a_mix_gets_a_row_per_family_in_the_closing_table_and_a_plot_in_the_repo
     summary = {"heldout_accuracy_before": 0.25, "heldout_accuracy_after": 0.5, "steps": 2, "wall_minutes": 0.1,
                "heldout_accuracy_before/math": 0.0, "heldout_n/math": 4, "heldout_accuracy_after/math": 0.5}
     # math: 0.0 -> 0.5 is +50 points, over its 4 problems
-    assert closing_table(summary).splitlines()[2] == f"{'  math':24s}{0.0:>10.3f}{0.5:>10.3f}   (+50.0 points, 4 problems)"
+    assert (closing_table(summary).splitlines()[2]
+            == f"{'  math':24s}{0.0:>10.3f}{0.5:>10.3f}   (+50.0 points, 4 problems)")
     one_family = {k: v for k, v in summary.items() if "/" not in k}
     assert len(closing_table(one_family).splitlines()) == 3  # header, held-out accuracy, steps: no family rows
     assert task_plot(history(2, **{"reward/mean": 0.1}), one_family) is None
@@ -184,11 +188,14 @@ def test_a_summary_is_read_through_its_schema_and_a_sampled_rounds_run_gets_a_re
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
     summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps({"kind": "rsft", "rounds": [{"round": 0}], "heldout_before": 0.1, "heldout_after": 0.2}))
+    summary.write_text(json.dumps({"kind": "rsft", "rounds": [{"round": 0}], "heldout_before": 0.1,
+                                   "heldout_after": 0.2}))
     assert "rounds" in build_html(tmp_path)
-    for text, said in (("[1]", "summary.json: expected a mapping, got [1]"), ("{not json", "summary.json: not readable JSON"),
+    for text, said in (("[1]", "summary.json: expected a mapping, got [1]"),
+                       ("{not json", "summary.json: not readable JSON"),
                        ('{"steps": "x"}', "summary.json: steps: expected an integer, got 'x'"),
                        ('{"passk_before": {"1": "a"}}', "summary.json: passk_before: expected a pass@k curve")):
         summary.write_text(text)
         r = cli("report", str(tmp_path))
-        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("rlpost: error: ") and said in r.stderr, r.stderr
+        assert (r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("rlpost: error: ")
+                and said in r.stderr), r.stderr

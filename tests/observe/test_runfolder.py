@@ -69,7 +69,8 @@ def test_a_failed_start_leaves_no_folder_behind(tmp_path):
 def test_a_folder_holding_a_users_files_is_refused_and_an_empty_one_left_empty(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match=r"^run.name: .*mine holds files rlpost did not write \(notes.txt\); pick a new"):
+    with pytest.raises(ConfigError,
+                       match=r"^run.name: .*mine holds files rlpost did not write \(notes.txt\); pick a new"):
         with runfolder.claim(tmp_path / "mine", "new"):
             pass
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]

@@ -49,7 +49,8 @@ def test_callables_and_a_datasets_dataset_then_eval_and_resume_from_the_cli(tmp_
     def trl_style(prompts, completions, answer, **kwargs):  # TRL's signature; columns arrive as keywords
         return [0.25 * (c[0]["content"][:1] == a) for c, a in zip(completions, answer)]
 
-    rows = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": str(d)}], "answer": str(d)} for d in range(10)] * 4)
+    rows = datasets.Dataset.from_list([{"prompt": [{"role": "user", "content": str(d)}], "answer": str(d)}
+                                       for d in range(10)] * 4)
     # ten prompts repeated: every held-out row is also a training row, which decontamination would
     # refuse (envs/decontam.py); accepted here, the point is the callables
     trainer = rlpost.Trainer(model="tiny", reward_funcs=[odd_half, trl_style, lambda c, r: 0.0], train_dataset=rows,
@@ -83,7 +84,8 @@ def test_config_as_a_dict_or_recipe_with_dotted_overrides(tmp_path):
     t = rlpost.Trainer(model="tiny", config={"trainer.lr": 3e-4, "rollout": {"group_size": 2}},
                        overrides={"run.steps": 7}, output_dir=tmp_path / "r")
     assert (t.config.trainer.lr, t.config.rollout.group_size, t.config.run.steps) == (3e-4, 2, 7)
-    t = rlpost.Trainer(config=ROOT / "recipes" / "tiny_smoke.yaml", overrides=["run.steps=3"], output_dir=tmp_path / "s")
+    t = rlpost.Trainer(config=ROOT / "recipes" / "tiny_smoke.yaml", overrides=["run.steps=3"],
+                       output_dir=tmp_path / "s")
     assert t.config.model.name == "tiny" and t.config.run.steps == 3
 
 
@@ -92,9 +94,11 @@ def test_your_rows_get_a_length_cap_for_real_answers(tmp_path):
     rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
     t = rlpost.Trainer(model="tiny", train_dataset=rows, output_dir=tmp_path / "r")
     assert t.config.rollout.max_new_tokens == 256 and t.config.task.name == "dataset"
-    t = rlpost.Trainer(model="tiny", train_dataset=rows, overrides=["rollout.max_new_tokens=32"], output_dir=tmp_path / "s")
+    t = rlpost.Trainer(model="tiny", train_dataset=rows, overrides=["rollout.max_new_tokens=32"],
+                       output_dir=tmp_path / "s")
     assert t.config.rollout.max_new_tokens == 32
-    assert rlpost.Trainer(model="tiny", output_dir=tmp_path / "t").config.rollout.max_new_tokens == 16  # the demo's task
+    # the demo's task
+    assert rlpost.Trainer(model="tiny", output_dir=tmp_path / "t").config.rollout.max_new_tokens == 16
 
 
 def test_rows_without_answers_say_which_function_scores_heldout(tmp_path, capsys):

@@ -21,7 +21,8 @@ KINDS = {
     "ppo offloaded critic and reference": ["algo.name=ppo", "algo.kl_coef=0.05", "offload.critic=true",
                                            "offload.reference=true", ODD],
     "reinforce baseline and curriculum": ["algo.name=reinforce", "rollout.curriculum_window=1", ODD],
-    "environment (tools)": ["task.name=tools", "task.tools=calculator", "task.max_turns=2", "task.max_episode_tokens=40"],
+    "environment (tools)": ["task.name=tools", "task.tools=calculator", "task.max_turns=2",
+                            "task.max_episode_tokens=40"],
 }
 FAST = "lora ppo bf16 masters"
 

@@ -74,7 +74,8 @@ def test_eval_cli_reports_pass_at_k_and_saves_every_sample(tmp_path):
     assert summary["n"] == 8 and summary["samples"] == 3 and summary["problems"] == 8
     assert {"pass@1", "pass@3", "maj@1", "maj@3", "heldout_accuracy"} <= set(summary)
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    assert len(lines) == 8 * 3 and {(r["problem"], r["sample"]) for r in lines} == {(i, j) for i in range(8) for j in range(3)}
+    assert (len(lines) == 8 * 3
+            and {(r["problem"], r["sample"]) for r in lines} == {(i, j) for i in range(8) for j in range(3)})
     assert summary["pass@1"] == pytest.approx(sum(r["correct"] for r in lines) / 24)
     assert summary["maj@1"] == pytest.approx(summary["pass@1"])  # one sample's "majority" is that sample
     bad = cli("eval", "tiny", *overrides, "--samples", "2", "--k", "3", "--out", str(out))

@@ -78,7 +78,8 @@ def test_a_run_of_your_own_algorithm_keeps_it_for_eval_from_another_folder(own_a
     r = cli("train", *TINY, f"run.out_dir={own_algorithm}", "run.name=own", "algo.name=my_algo.py:HalfGRPO")
     assert r.returncode == 0, r.stderr[-2000:]
     run = own_algorithm / "own"
-    assert yaml.safe_load((run / "config.yaml").read_text())["algo"]["name"] == f"{own_algorithm / 'my_algo.py'}:HalfGRPO"
+    assert (yaml.safe_load((run / "config.yaml").read_text())["algo"]["name"]
+            == f"{own_algorithm / 'my_algo.py'}:HalfGRPO")
     monkeypatch.chdir("/")
     e = cli("eval", str(run), "--n", "4", "--json")
     assert e.returncode == 0, e.stderr[-2000:]

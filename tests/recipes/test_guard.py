@@ -67,7 +67,9 @@ def test_reward_function_failures_over_the_fraction_stop_the_run():
     guard = RunGuard(tiny_cfg("task.max_reward_error_frac=0.5"))
     guard.check_rewards(metrics(1, 0, 16), 1)  # 1 of 16 on the first batch: go on
     guard.check_rewards(metrics(4, 4, 16), 2)  # 50%: not more than the fraction
-    with pytest.raises(RunError, match=r"reward function f failed on 9 of 16 completions at step 3 \(56% > task.max_reward_error_frac=0.5\)"):
+    with pytest.raises(RunError,
+                       match=r"reward function f failed on 9 of 16 completions at step 3 \(56% > "
+                             r"task.max_reward_error_frac=0.5\)"):
         guard.check_rewards(metrics(5, 4, 16), 3)
 
 

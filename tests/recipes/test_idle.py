@@ -25,7 +25,8 @@ def test_dapo_with_no_group_left_says_so_and_writes_the_model(tmp_path):
     r = cli("train", *TINY, "algo.name=dapo", "rollout.max_refill_rounds=0", f"run.out_dir={tmp_path}", "run.name=d")
     run = tmp_path / "d"
     assert r.returncode == 0, r.stderr
-    assert "trained nothing: none of the 2 steps changed the policy: 2 steps kept no group after the group filter" in r.stderr
+    assert ("trained nothing: none of the 2 steps changed the policy: 2 steps kept no group after the group filter"
+            in r.stderr)
     assert "rollout.max_refill_rounds=0 refills" in r.stderr and "no checkpoint" not in r.stderr
     assert r.stderr.splitlines()[-1].startswith("rlpost: trained nothing")  # the run's last word
     summary = json.loads((run / "summary.json").read_text())
@@ -77,9 +78,11 @@ def test_cause_reads_each_signal_and_a_gradient_anywhere_means_trained():
     assert idle.cause({"rollout/groups_trained": 0}) == "filtered"
     assert idle.cause({"actor/optimizer_steps": 0, "actor/grad_norm": float("nan")}) == "nonfinite"
     assert idle.cause({"actor/optimizer_steps": 1, "actor/grad_norm": 0.0}) == "no_signal"
-    assert idle.cause({"actor/optimizer_steps": 1, "actor/grad_norm": 0.0, "critic/grad_norm": 0.3}) is None  # PPO's critic
+    # PPO's critic
+    assert idle.cause({"actor/optimizer_steps": 1, "actor/grad_norm": 0.0, "critic/grad_norm": 0.3}) is None
     assert idle.cause({"actor/optimizer_steps": 1, "actor/grad_norm": 1e-9}) is None  # a KL or entropy term
     failed = {"verifier/f/calls": 8, "verifier/f/errors": 5, "verifier/f/timeouts": 3, "verifier/errors": 5}
     assert idle.cause({"actor/optimizer_steps": 1, "actor/grad_norm": 0.0, **failed}) == "reward_failed"
-    assert idle.cause({"actor/optimizer_steps": 1, "actor/grad_norm": 0.0, **failed, "verifier/f/timeouts": 2}) == "no_signal"
+    assert (idle.cause({"actor/optimizer_steps": 1, "actor/grad_norm": 0.0, **failed, "verifier/f/timeouts": 2})
+            == "no_signal")
     assert idle.cause({"rollout/groups_trained": 2, "actor/optimizer_steps": 1, "actor/grad_norm": 0.5}) is None

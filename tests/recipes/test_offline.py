@@ -29,7 +29,8 @@ def write_jsonl(path, rows):
 
 @pytest.fixture
 def pairs(tmp_path):
-    return write_jsonl(tmp_path / "train.jsonl", digit_pairs(256, 0)), write_jsonl(tmp_path / "eval.jsonl", digit_pairs(64, 1))
+    return (write_jsonl(tmp_path / "train.jsonl", digit_pairs(256, 0)),
+            write_jsonl(tmp_path / "eval.jsonl", digit_pairs(64, 1)))
 
 
 def test_sft_learns_to_copy_the_digit(tmp_path):
@@ -81,7 +82,8 @@ J = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
 # Rows each command's schema refuses, in one line naming the file, the line and the field (issue 43:
 # each raised from deep inside), and a split that leaves no rows; all before a run folder exists.
 BAD_ROWS = {
-    "sft: messages that are strings": ("sft", J([{"messages": ["hi", "there"]}] * 4), "rows.jsonl:1: messages[0]: expected a mapping"),
+    "sft: messages that are strings": ("sft", J([{"messages": ["hi", "there"]}] * 4),
+                                       "rows.jsonl:1: messages[0]: expected a mapping"),
     "sft: messages without content": ("sft", J([{"messages": [{"role": "user"}, {"role": "assistant"}]}] * 4),
                                       "rows.jsonl:1: messages[0].content: missing"),
     "sft: only an assistant turn": ("sft", J([{"messages": [{"role": "assistant", "content": "x"}]}] * 4),
@@ -90,7 +92,8 @@ BAD_ROWS = {
                                                               {"role": "assistant", "content": "b"}]}] * 4),
                                       "messages[0].role: expected system, user, assistant or tool, got 'wizard'"),
     "dpo: an empty file": ("dpo", "", "leaves 0 training and 0 held-out rows"),
-    "sft: a split with no held-out row": ("sft", J([{"prompt": "1", "completion": "1"}]), "leaves 1 training and 0 held-out"),
+    "sft: a split with no held-out row": ("sft", J([{"prompt": "1", "completion": "1"}]),
+                                          "leaves 1 training and 0 held-out"),
     "dpo: a FIFO": ("dpo", None, "rows.jsonl is a FIFO"),
 }
 
@@ -104,7 +107,8 @@ def test_rows_that_do_not_fit_are_one_line_before_any_folder(tmp_path, case):
     os.mkfifo(data) if text is None else data.write_text(text)
     r = cli(kind, *TINY, f"pref.data={data}", f"run.out_dir={tmp_path}", "run.name=x")
     last = r.stderr.strip().splitlines()[-1]
-    assert r.returncode == 2 and "Traceback" not in r.stderr and last.startswith("rlpost: error:") and said in last, last
+    assert (r.returncode == 2 and "Traceback" not in r.stderr and last.startswith("rlpost: error:")
+            and said in last), last
     assert not (tmp_path / "x").exists()
 
 
@@ -112,7 +116,8 @@ def test_online_dpo_stops_when_the_reward_function_returns_text(tmp_path):
     r = cli("dpo", *TINY, "pref.online_rounds=1", "pref.online_prompts=4", "task.verifier=toy_verifiers:returns_text",
             f"run.out_dir={tmp_path}", "run.name=o")
     assert r.returncode == 1 and r.stderr.count("Traceback") == 1, r.stderr[-2000:]  # the first failure's, printed once
-    assert r.stderr.strip().splitlines()[-1].startswith("rlpost: error: reward function returns_text failed on 8 of 8 completions")
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "rlpost: error: reward function returns_text failed on 8 of 8 completions")
 
 
 def test_rows_from_jsonl_parquet_and_a_datasets_folder_agree(tmp_path):
@@ -124,7 +129,8 @@ def test_rows_from_jsonl_parquet_and_a_datasets_folder_agree(tmp_path):
     ds = datasets.Dataset.from_list(rows)
     ds.to_parquet(str(tmp_path / "d.parquet"))
     ds.save_to_disk(str(tmp_path / "folder"))
-    plain = [{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in read_rows(write_jsonl(tmp_path / "d.jsonl", rows))]
+    plain = [{k: r[k] for k in ("prompt", "chosen", "rejected")}
+             for r in read_rows(write_jsonl(tmp_path / "d.jsonl", rows))]
     assert plain == rows
     assert read_rows(tmp_path / "d.parquet") == rows and read_rows(tmp_path / "folder") == rows
     with pytest.raises(ConfigError, match="file not found"):
@@ -220,9 +226,11 @@ def test_trl_preference_layouts_are_read_and_train(tmp_path, layout):
     rows = [convert(r) for r in plain]
     prompt, chosen, rejected = preference_triple(rows[0], "x")
     if layout == "implicit_standard":  # TRL's split: the shared text is the prompt, the space stays with the answers
-        assert prompt == [{"role": "user", "content": f"Q{plain[0]['prompt']} A:"}] and chosen == f" {plain[0]['chosen']}"
+        assert (prompt == [{"role": "user", "content": f"Q{plain[0]['prompt']} A:"}]
+                and chosen == f" {plain[0]['chosen']}")
     else:
-        assert (prompt, chosen, rejected) == ([{"role": "user", "content": plain[0]["prompt"]}], plain[0]["chosen"], plain[0]["rejected"])
+        assert (prompt, chosen, rejected) == ([{"role": "user", "content": plain[0]["prompt"]}], plain[0]["chosen"],
+                                              plain[0]["rejected"])
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     for kind in ("dpo", "rm"):
         s = train_offline(tiny_cfg(f"pref.data={data}", "pref.batch_size=32"), tmp_path / kind, kind)
@@ -237,7 +245,8 @@ def test_report_on_sft_rm_and_dpo_runs(tmp_path, pairs):
     for kind in ("sft", "rm", "dpo"):
         data = train
         if kind == "sft":
-            data = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"]} for r in digit_pairs(32, 0)])
+            data = write_jsonl(tmp_path / "sft.jsonl",
+                               [{"prompt": r["prompt"], "completion": r["chosen"]} for r in digit_pairs(32, 0)])
         train_offline(tiny_cfg(f"pref.data={data}", "pref.batch_size=16"), tmp_path / kind, kind)
         assert cli.main(["report", str(tmp_path / kind)]) == 0, kind
         page = (tmp_path / kind / "report.html").read_text()

@@ -52,7 +52,8 @@ def test_a_distill_stage_takes_an_earlier_stage_as_its_teacher(tmp_path):
     from rlpost.recipes.pipeline import read_pipeline, stage_config
     from rlpost.types.errors import ConfigError
     path = tmp_path / "p.yaml"
-    stages = [{"name": "rs", "kind": "rsft"}, {"name": "d", "kind": "rl", "teacher": "rs", "overrides": ["algo.name=distill"]}]
+    stages = [{"name": "rs", "kind": "rsft"},
+              {"name": "d", "kind": "rl", "teacher": "rs", "overrides": ["algo.name=distill"]}]
     path.write_text(yaml.safe_dump({"base": ["model.name=tiny"], "stages": stages}))
     tree = read_pipeline(path)
     cfg = stage_config(tree, tree["stages"][1], "tiny", {"rs": "/x/rs/model"}, tmp_path)
@@ -70,7 +71,8 @@ def test_a_finished_stages_summary_is_read_back_through_its_schema(tmp_path):
 
     path = tmp_path / "summary.json"
     for text, said in (('{"heldout_before": {"sft/nll": 1.0}}', "summary.json: heldout_after: missing"),
-                       ('{"heldout_before": {"sft/nll": "x"}, "heldout_after": {}}', "heldout_before.sft/nll: expected a number"),
+                       ('{"heldout_before": {"sft/nll": "x"}, "heldout_after": {}}',
+                        "heldout_before.sft/nll: expected a number"),
                        ("[1]", "summary.json: expected a mapping"), ("{not json", "not readable JSON")):
         path.write_text(text)
         with pytest.raises(ConfigError, match=said):

@@ -27,7 +27,8 @@ def test_tool_task_trains_through_the_loop(tmp_path):
     summary = train(cfg, tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # a random model rarely calls the tool: every episode has one turn at least, calls are counted
-    assert [r["env/turns_mean"] >= 1 and r["env/tool_calls_per_episode"] >= 0 and r["env/episodes"] == 16 for r in rows] == [True, True]
+    assert [r["env/turns_mean"] >= 1 and r["env/tool_calls_per_episode"] >= 0 and r["env/episodes"] == 16
+            for r in rows] == [True, True]
     assert all(r["actor/grad_norm"] > 0 for r in rows) and 0 <= summary["heldout_accuracy_after"] <= 1
 
 
@@ -50,7 +51,8 @@ def test_entropy_shaped_advantage_gets_the_trainers_entropy_in_the_loop(tmp_path
     # build.make_trainer must hand the loss the per-token entropy when only algo.entropy_adv_coef is on
     # (it used to do so only for the entropy bonus; the wrapper would raise a TypeError). A reward that
     # varies within every group whatever the model gives non-zero advantages, so the shaping is > 0.
-    train(tiny_cfg("algo.entropy_adv_coef=0.5", "algo.kl_coef=0", "task.verifier=toy_verifiers:odd_length"), tmp_path / "run")
+    train(tiny_cfg("algo.entropy_adv_coef=0.5", "algo.kl_coef=0", "task.verifier=toy_verifiers:odd_length"),
+          tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["actor/entropy_adv_mean"] > 0 for r in rows)
 
@@ -110,7 +112,8 @@ def test_a_mix_reports_each_familys_reward_and_heldout_accuracy_consistent_with_
                 for rs in [[r for r in heldout if r[TASK_KEY] == f]]}
     assert 0 < expected["arithmetic"] < 1 and 0 < expected["math"] < 1  # both families partly right: not a 0 = 0 check
     s = train(cfg, tmp_path / "run", make_roles=make_roles)
-    whole = (expected["arithmetic"] * s["heldout_n/arithmetic"] + expected["math"] * s["heldout_n/math"]) / s["heldout_n"]
+    whole = (expected["arithmetic"] * s["heldout_n/arithmetic"]
+             + expected["math"] * s["heldout_n/math"]) / s["heldout_n"]
     assert s["heldout_n/arithmetic"] == s["heldout_n/math"] == 8 and s["heldout_n"] == 16
     for when in ("before", "after"):
         assert {f: s[f"heldout_accuracy_{when}/{f}"] for f in expected} == pytest.approx(expected)

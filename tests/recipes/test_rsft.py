@@ -29,7 +29,8 @@ class FakeRoles:
 ])
 def test_accepted_rows_by_hand(keep, want):
     roles = FakeRoles(["a", "a ", "bb", "x", "y", "z"], [1.0, 1.0, 2.0, 0.0, 0.5, 0.0], [3, 3, 1, 2, 2, 2])
-    rows = [{"messages": [{"role": "user", "content": "p0"}], "answer": "0"}, {"messages": [{"role": "user", "content": "p1"}]}]
+    rows = [{"messages": [{"role": "user", "content": "p0"}], "answer": "0"},
+            {"messages": [{"role": "user", "content": "p1"}]}]
     out, m = accepted_rows(roles, rows, 3, tiny_cfg(f"pref.rsft_keep={keep}"))
     assert [r["completion"].strip() for r in out] == want
     assert all(r["prompt"] == rows[0]["messages"] and r["answer"] == "0" for r in out)

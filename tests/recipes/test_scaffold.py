@@ -16,7 +16,8 @@ from rlpost.types.errors import Interrupted
 
 # sft, rm, dpo on 32 rows built from the arithmetic task: 4 steps of 8 rows
 OFFLINE = ["pref.batch_size=8", "task.n_train=32", "pref.epochs=1", "pref.max_len=64"]
-ROUNDS = ["pref.online_rounds=1", "pref.online_prompts=8", "task.verifier=toy_verifiers:odd_length", "pref.batch_size=4"]
+ROUNDS = ["pref.online_rounds=1", "pref.online_prompts=8", "task.verifier=toy_verifiers:odd_length",
+          "pref.batch_size=4"]
 
 
 def lines(path):
@@ -42,7 +43,8 @@ def test_ctrl_c_in_an_offline_recipe_saves_the_model_so_far(tmp_path, sigint_at_
     with pytest.raises(Interrupted) as e:
         offline.train_offline(tiny_cfg(*OFFLINE), tmp_path, kind)
     assert e.value.saved == 2 and "after step 2, whose model (RUN/model) is saved" in e.value.message
-    assert (tmp_path / "model" / "config.json").exists() and [m["step"] for m in lines(tmp_path / "metrics.jsonl")] == [1, 2]
+    assert ((tmp_path / "model" / "config.json").exists()
+            and [m["step"] for m in lines(tmp_path / "metrics.jsonl")] == [1, 2])
     assert not (tmp_path / "summary.json").exists()  # not finished: a pipeline runs the stage again
 
 
@@ -82,7 +84,8 @@ def test_run_loggers_reach_every_sink_from_an_offline_recipe(tmp_path, kind):
 def test_run_loggers_reach_every_sink_from_the_rounds(tmp_path):
     run_rsft(tiny_cfg(*ROUNDS, "task.n_train=32", "run.loggers=tensorboard"), tmp_path)
     trained = lines(tmp_path / "round_1" / "metrics.jsonl")
-    assert tensorboard_scalars(tmp_path / "round_1" / "tensorboard")["actor/loss"] == pytest.approx([m["actor/loss"] for m in trained])
+    assert (tensorboard_scalars(tmp_path / "round_1" / "tensorboard")["actor/loss"]
+            == pytest.approx([m["actor/loss"] for m in trained]))
     assert [m["step"] for m in lines(tmp_path / "metrics.jsonl")] == [1]  # one line per round, as it ends
 
 

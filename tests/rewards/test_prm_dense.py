@@ -40,7 +40,8 @@ def batch_of(tok, texts, mask_holes=()):
 
 def test_step_rewards_sit_on_the_step_ends_with_the_prms_scores(prm, tiny):
     tok = tiny.tokenizer
-    b = batch_of(tok, ["ab\ncd\nef", "x\ny"])  # a b \n c d \n e f </s>: steps end at columns 2, 5, 8 (EOS); x \n y </s>: 1, 3
+    # a b \n c d \n e f </s>: steps end at columns 2, 5, 8 (EOS); x \n y </s>: 1, 3
+    b = batch_of(tok, ["ab\ncd\nef", "x\ny"])
     scores = prm.step_scores([[int(i) for i in b.prompt_ids[j]] for j in range(2)],
                              [ids(tok, "ab\ncd\nef"), ids(tok, "x\ny")])
     reward, ends = StepRewards(prm, coef=2.0).dense(b)
@@ -51,7 +52,8 @@ def test_step_rewards_sit_on_the_step_ends_with_the_prms_scores(prm, tiny):
     assert len(set(scores[0])) == 3  # the random head scores each step differently: the columns are not interchangeable
 
     delta, _ = StepRewards(prm, form="delta").dense(b)  # each step's change from the one before
-    torch.testing.assert_close(delta[0, [2, 5, 8]], torch.tensor([scores[0][0], scores[0][1] - scores[0][0], scores[0][2] - scores[0][1]]))
+    torch.testing.assert_close(delta[0, [2, 5, 8]],
+                               torch.tensor([scores[0][0], scores[0][1] - scores[0][0], scores[0][2] - scores[0][1]]))
     assert delta[0].sum().item() == pytest.approx(scores[0][-1], abs=1e-6)
 
 

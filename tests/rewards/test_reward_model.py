@@ -16,8 +16,8 @@ from rlpost.rewards.reward_model import SequenceClassifierScorer, load_reward_mo
 @pytest.fixture
 def hf_rm(tmp_path):
     tok = tiny_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, num_labels=1, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     model = LlamaForSequenceClassification(cfg)
     model.save_pretrained(tmp_path / "rm")
@@ -29,7 +29,8 @@ def test_scores_are_the_classifiers_logit_on_the_templated_conversation(hf_rm):
     folder, model, tok = hf_rm
     prompts = [[{"role": "user", "content": q}] for q in ("1+1", "22*3", "7")]
     batch = encode(tok, prompts, ["2", "66 it is", "seven"], [0, 1, 2])
-    scorer = load_reward_model(str(folder), micro_batch_size=2, autocast_bf16=False)  # 2 + 1: padding inside a micro-batch
+    # 2 + 1: padding inside a micro-batch
+    scorer = load_reward_model(str(folder), micro_batch_size=2, autocast_bf16=False)
     assert isinstance(scorer, SequenceClassifierScorer)
     scores, infos, _ = scorer.score(batch)
     with torch.no_grad():  # one conversation at a time, no padding at all

@@ -58,11 +58,13 @@ def test_verifier_that_kills_its_worker():
 
 
 def test_bad_import_path_fails_early_with_a_clear_message():
-    with pytest.raises(ConfigError, match=r"^task.verifier: cannot import 'toy_verifiers:does_not_exist' \(AttributeError"):
+    with pytest.raises(ConfigError,
+                       match=r"^task.verifier: cannot import 'toy_verifiers:does_not_exist' \(AttributeError"):
         VerifierRunner("toy_verifiers:does_not_exist", timeout_s=1)
     with pytest.raises(ConfigError, match="module:function"):
         VerifierRunner("no_colon_here", timeout_s=1)
-    with pytest.raises(ConfigError, match=r"^task.reward_funcs: cannot import 'no_such_module:f' \(ModuleNotFoundError"):
+    with pytest.raises(ConfigError,
+                       match=r"^task.reward_funcs: cannot import 'no_such_module:f' \(ModuleNotFoundError"):
         VerifierRunner("no_such_module:f", timeout_s=1, key="task.reward_funcs")
 
 
@@ -210,7 +212,8 @@ def test_workers_die_with_their_parent(tmp_path):
             "print(r.pids()[0], flush=True); r.score(B())")
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     marker = tmp_path / "spinning"
-    parent = subprocess.Popen([sys.executable, "-c", code, str(marker), tests, *sys.path], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", code, str(marker), tests, *sys.path], stdout=subprocess.PIPE,
+                              text=True)
     worker = int(parent.stdout.readline())
     while not marker.exists():  # the worker is inside the call
         time.sleep(0.02)
@@ -285,7 +288,8 @@ def test_a_module_in_the_current_directory_or_the_run_folder_imports_without_pyt
 
 def test_a_reward_function_named_by_file_path(tmp_path):
     # verl names its reward function by file (custom_reward_function.path + .name): file.py:function
-    (tmp_path / "my_reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+    (tmp_path / "my_reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, "
+                                           "extra_info=None):\n"
                                            "    return float(solution_str.strip() == ground_truth)\n")
     r = VerifierRunner(f"{tmp_path / 'my_reward.py'}:compute_score", timeout_s=5)
     rewards, _, _ = r.score(FakeBatch(["7", "8"], [{"reward_model": {"ground_truth": "7"}}] * 2))
@@ -325,12 +329,14 @@ def test_a_module_a_sandboxed_program_left_in_the_current_directory_is_never_imp
     (tmp_path / "run" / "my_rewards_safe.py").write_text("def score(completion, row):\n    return 0.5, {}\n")
     module = f"open({str(marker)!r}, 'a').write(__name__)\ndef score(c, r):\n    return 1.0\n"
     plant = (f"import os\nfor name in ('sitecustomize.py', 'pickle.py', 'my_rewards_planted.py'):\n"
-             f"    with open(os.path.join({str(shared)!r}, name), 'w') as f:\n        f.write({module!r})\nprint('planted')")
+             f"    with open(os.path.join({str(shared)!r}, name), 'w') as f:\n        f.write({module!r})\n"
+             "print('planted')")
     res = run_python(plant, backend="rlimits", allow_root=True)
     assert res.stdout == "planted\n", res
     assert os.stat(shared / "pickle.py").st_uid != 0  # written by the sandbox's uid, not by us
     monkeypatch.chdir(shared)
-    r = build.make_runner(tiny_cfg("task.verifier_workers=1"), "my_rewards_safe:score", "task.verifier", tmp_path / "run")
+    r = build.make_runner(tiny_cfg("task.verifier_workers=1"), "my_rewards_safe:score", "task.verifier",
+                          tmp_path / "run")
     try:
         assert r.score(FakeBatch(["x"]))[0].tolist() == [0.5]
     finally:

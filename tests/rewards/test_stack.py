@@ -34,7 +34,8 @@ def test_trl_style_reward_function_gets_prompts_completions_and_columns():
 
 
 def test_stack_is_the_weighted_sum_and_logs_each_part():
-    parts = [("trl_style", VerifierRunner("toy_verifiers:trl_style", 5), 1.0), ("half", VerifierRunner("toy_verifiers:half", 5), 0.2)]
+    parts = [("trl_style", VerifierRunner("toy_verifiers:trl_style", 5), 1.0),
+             ("half", VerifierRunner("toy_verifiers:half", 5), 0.2)]
     s = stack.RewardStack(parts)
     rows = [{"prompt": "q", "answer": "2"}] * 3
     total, infos, m = s.score(FakeBatch(["2", "3", "skip"], rows))
@@ -45,7 +46,8 @@ def test_stack_is_the_weighted_sum_and_logs_each_part():
 
 
 def test_build_reward_from_config():
-    cfg = config.load(None, ["task.reward_funcs=toy_verifiers:trl_style,toy_verifiers:half", "task.reward_weights=1,0.2"])
+    cfg = config.load(None,
+                      ["task.reward_funcs=toy_verifiers:trl_style,toy_verifiers:half", "task.reward_weights=1,0.2"])
     verifier = VerifierRunner("rlpost.envs.arithmetic:score", 5)
     built = build.build_reward(cfg, verifier)
     assert [(n, w) for n, _, w in built.parts] == [("trl_style", 1.0), ("half", 0.2)]
@@ -57,7 +59,8 @@ def test_build_reward_from_config():
 
 
 def cfg_with(**task):
-    return config.load(None, [f"task.{k}={v}" for k, v in task.items()] + ["rollout.max_new_tokens=10", "rollout.group_size=4"])
+    return config.load(None, [f"task.{k}={v}" for k, v in task.items()]
+                       + ["rollout.max_new_tokens=10", "rollout.group_size=4"])
 
 
 def test_linear_length_penalty_by_hand():
@@ -100,7 +103,8 @@ def write_jsonl(path, rows):
 
 def test_dataset_task_rows_from_jsonl(tmp_path):
     rows = [{"question": f"What is {i}+1?", "solution": i + 1, "level": i % 3} for i in range(20)]
-    rows[3] = {"question": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 3+1?"}], "solution": 4}
+    rows[3] = {"question": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 3+1?"}],
+               "solution": 4}
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     cfg = config.load(None, ["task.name=dataset", f"task.data={path}", "task.prompt_column=question",
                              "task.answer_column=solution", "task.n_heldout=5"])
@@ -119,7 +123,8 @@ def test_bad_rows_are_named_by_line_and_refused_or_skipped(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", rows[:3] + rows[4:])
     with pytest.raises(DataError, match=r"d.jsonl:2: 'prompt' must be a non-empty string"):
         build_task(config.load(None, ["task.name=dataset", f"task.data={path}"]).task)
-    task = build_task(config.load(None, ["task.name=dataset", f"task.data={path}", "task.on_bad_row=skip", "task.n_heldout=2"]).task)
+    task = build_task(config.load(None, ["task.name=dataset", f"task.data={path}", "task.on_bad_row=skip",
+                                         "task.n_heldout=2"]).task)
     assert task.skipped_rows == 2 and len(task.train) + len(task.heldout) == 11
     no_answer = write_jsonl(tmp_path / "f.jsonl", [rows[0], rows[2]])
     with pytest.raises(DataError, match=r"f.jsonl:2: missing 'answer' \(task.answer_column"):

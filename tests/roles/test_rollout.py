@@ -86,7 +86,8 @@ def test_string_prompts_go_raw_with_prompt_format_raw(tiny, tmp_path):
     data.write_text("".join(json.dumps({"prompt": f"Once upon a time {i}", "answer": "x", "genre": "tale"}) + "\n"
                             for i in range(20)))
     row_of = lambda fmt: next(r for r in build_task(tiny_cfg("task.name=dataset", f"task.data={data}",
-                                                             f"task.prompt_format={fmt}").task).train if r["prompt"].endswith(" 3"))
+                                                             f"task.prompt_format={fmt}").task).train
+                              if r["prompt"].endswith(" 3"))
     ro = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
     raw = ro.generate([row_of("raw")], n=1, temperature=0.0, top_p=1.0, max_new_tokens=2)
     assert tiny.tokenizer.decode(raw.prompt_ids[0][raw.prompt_mask[0]]) == "Once upon a time 3"

@@ -94,7 +94,8 @@ def test_under_top_p_sampler_trainer_and_reference_score_the_truncated_distribut
 
     from rlpost.roles.reference import Reference
     from rlpost.roles.trainer import Trainer
-    trainer = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=12, micro_batch_size=4, total_optimizer_steps=1)
+    trainer = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=12, micro_batch_size=4,
+                      total_optimizer_steps=1)
     old_logp = trainer.recompute(b)[0]  # the trainer's pi_old, micro-batched and trimmed
     ref_logp = Reference(copy.deepcopy(tiny.model), 1.0, 4, autocast_bf16=False).logprobs(b)
     with torch.no_grad():
@@ -109,8 +110,8 @@ def test_under_top_p_sampler_trainer_and_reference_score_the_truncated_distribut
 
 def test_truncated_log_probs_and_gradients_by_hand():
     # logits [ln 4, ln 2, ln 1, ln 1] at T = 1: p = [.5, .25, .125, .125]. The sampler's top-p 0.7 keeps
-    # tokens 0 and 1 (.5 + .25 >= .7): floor halfway between ln .25 and ln .125. Truncated: p' = [2/3, 1/3, 0, 0], so for the
-    # target 1: log p' = ln 1/3; d log p'(1) / dz = onehot(1) - p' = [-2/3, 2/3, 0, 0].
+    # tokens 0 and 1 (.5 + .25 >= .7): floor halfway between ln .25 and ln .125. Truncated: p' = [2/3, 1/3, 0, 0], so
+    # for the target 1: log p' = ln 1/3; d log p'(1) / dz = onehot(1) - p' = [-2/3, 2/3, 0, 0].
     # For target 2 (outside the set: kept anyway, so never -inf): p'' = [4/7, 2/7, 1/7, 0], log p''(2) = ln 1/7.
     import math
 
@@ -166,7 +167,8 @@ def test_weight_sync_reaches_the_fused_weights(tiny):
     a = hf.generate(rows(3), n=1, temperature=0.0, top_p=1.0, max_new_tokens=10)
     b = fast.generate(rows(3), n=1, temperature=0.0, top_p=1.0, max_new_tokens=10)
     assert a.completions == b.completions
-    assert torch.equal(fast.layers[0].qkv.weight[: fast.nh * fast.hd], fast.model.model.layers[0].self_attn.q_proj.weight)
+    assert torch.equal(fast.layers[0].qkv.weight[: fast.nh * fast.hd],
+                       fast.model.model.layers[0].self_attn.q_proj.weight)
 
 
 def test_build_rollout_picks_an_engine(tiny):

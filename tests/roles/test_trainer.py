@@ -26,7 +26,8 @@ def test_micro_batch_times_accumulation_equals_full_batch(tiny, agg):
     batch.advantages = algo.advantages(batch).tokens
     grads = []
     for micro in (16, 4, 1):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
+                     total_optimizer_steps=1)
         b = copy.deepcopy(batch)
         tr._accumulate(b, algo.loss)
         grads.append([p.grad.clone() for p in tr.params])
@@ -110,7 +111,8 @@ def test_changing_pad_contents_changes_nothing(tiny):
     other.completion_ids[~other.completion_mask] = 23  # garbage after EOS
     losses = []
     for b in (batch, other):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=1)
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16,
+                     total_optimizer_steps=1)
         m = tr._accumulate(copy.deepcopy(b), algo.loss)
         losses.append((m["actor/pg_loss"], [p.grad.clone() for p in tr.params]))
     assert losses[0][0] == losses[1][0]
@@ -121,7 +123,8 @@ def test_update_changes_weights_and_reports_metrics(tiny):
     batch = make_batch(tiny)
     algo = GRPO(group_size=4)
     batch.advantages = algo.advantages(batch).tokens
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(lr=1e-2), 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4)
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(lr=1e-2), 1.0, mini_batch_size=8, micro_batch_size=4,
+                 total_optimizer_steps=4)
     before = [p.detach().clone() for p in tr.params]
     m = tr.update(batch, algo.loss)
     assert any(not torch.equal(a, p) for a, p in zip(before, tr.params))
@@ -167,7 +170,8 @@ def test_reported_metrics_do_not_depend_on_micro_batching(tiny):
     batch.ref_logp = torch.zeros_like(batch.sampler_logp)
     reports = []
     for micro in (16, 4):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
+                     total_optimizer_steps=1)
         reports.append(tr.update(copy.deepcopy(batch), algo.loss))
     for key in ("actor/loss", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/pg_clipfrac"):
         assert math.isclose(reports[0][key], reports[1][key], rel_tol=1e-4, abs_tol=1e-7), key
@@ -196,7 +200,8 @@ def test_tis_inside_the_loss_needs_no_old_logprob_pass(tiny):
     loss_fn = with_tis(algo.loss, cap=1.2, level="token")
     grads, metrics = [], []
     for precompute in (False, True):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4, total_optimizer_steps=1)
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
+                     total_optimizer_steps=1)
         b = copy.deepcopy(batch)
         if precompute:
             b.old_logp = tr.recompute(b)[0]
@@ -205,7 +210,8 @@ def test_tis_inside_the_loss_needs_no_old_logprob_pass(tiny):
     assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(*grads))
     assert 0 < metrics[0]["actor/tis_capped_frac"] < 1
     assert metrics[0]["actor/tis_weight_mean"] == pytest.approx(metrics[1]["actor/tis_weight_mean"], rel=1e-5)
-    plain = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4, total_optimizer_steps=1)
+    plain = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
+                    total_optimizer_steps=1)
     plain._accumulate(copy.deepcopy(batch), algo.loss)  # without TIS the gradient differs: the weights did something
     assert not all(torch.allclose(a.grad, c, atol=1e-6) for a, c in zip(plain.params, grads[0]))
 
@@ -263,7 +269,8 @@ def test_update_averages_metrics_over_epochs_and_mini_batches(tiny):
     batch.advantages = algo.advantages(batch).tokens
     batch.ref_logp = batch.sampler_logp - 0.05
     cfg = tcfg(epochs=2, lr=1e-2, warmup_steps=2)
-    make = lambda: Trainer(copy.deepcopy(tiny.model), cfg, 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4)
+    make = lambda: Trainer(copy.deepcopy(tiny.model), cfg, 1.0, mini_batch_size=8, micro_batch_size=4,
+                           total_optimizer_steps=4)
     got = make().update(copy.deepcopy(batch), algo.loss)
     tr = make()
     b = copy.deepcopy(batch)
@@ -271,7 +278,8 @@ def test_update_averages_metrics_over_epochs_and_mini_batches(tiny):
     steps, norms, diffs = [], [], []
     for epoch in range(2):
         for lo in (0, 8):
-            steps.append((epoch, tr._accumulate(b.select(slice(lo, lo + 8)), algo.loss, first_epoch=epoch == 0, diffs=diffs)))
+            steps.append((epoch,
+                          tr._accumulate(b.select(slice(lo, lo + 8)), algo.loss, first_epoch=epoch == 0, diffs=diffs)))
             norms.append(tr._step()[0][0])  # the policy's pre-clip norm
     for k in ("actor/loss", "actor/pg_loss", "actor/pg_clipfrac", "actor/kl", "actor/ppo_kl", "actor/ratio_max"):
         assert got[k] == pytest.approx(sum(m[k] for _, m in steps) / 4, rel=1e-5, abs=1e-8), k
@@ -364,7 +372,8 @@ def test_a_step_whose_critic_loss_alone_is_non_finite_is_skipped_whole(tiny):
         return (logp * mb.completion_mask).sum() / mb.norm_tokens + (values * float("nan")).sum(), {}
 
     m = tr.update(copy.deepcopy(batch), nan_critic)
-    assert m["actor/nonfinite_steps"] == 1 and m["actor/optimizer_steps"] == 0 and math.isfinite(m["actor/grad_norm"]) and math.isnan(m["critic/grad_norm"])
+    assert (m["actor/nonfinite_steps"] == 1 and m["actor/optimizer_steps"] == 0 and math.isfinite(m["actor/grad_norm"])
+            and math.isnan(m["critic/grad_norm"]))
     assert all(torch.equal(a, p) for a, p in zip(policy_before, tr.params))
     assert all(torch.equal(a, p) for a, p in zip(critic_before, critic.parameters()))
     assert tr.sched.last_epoch == 0  # the schedule did not move either
@@ -399,7 +408,8 @@ def test_the_heap_is_trimmed_every_trim_every_updates_on_the_host(tiny, monkeypa
     trims = []
     monkeypatch.setattr(heap, "trim", lambda: trims.append(1))
     batch, algo = grpo_batch(tiny, n_prompts=1)
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=4, total_optimizer_steps=30)
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=4,
+                 total_optimizer_steps=30)
     for i in range(2 * heap.TRIM_EVERY + 1):
         tr.update(copy.deepcopy(batch), algo.loss)
         assert len(trims) == (i + 1) // heap.TRIM_EVERY, i
@@ -407,7 +417,8 @@ def test_the_heap_is_trimmed_every_trim_every_updates_on_the_host(tiny, monkeypa
 
 
 @pytest.mark.parametrize("epochs, mini, recomputes, steps", [(1, 16, 0, 1), (2, 16, 1, 2), (1, 8, 1, 2)])
-def test_old_logprobs_are_recomputed_only_when_the_batch_takes_more_than_one_step(tiny, epochs, mini, recomputes, steps):
+def test_old_logprobs_are_recomputed_only_when_the_batch_takes_more_than_one_step(tiny, epochs, mini, recomputes,
+                                                                                  steps):
     batch, algo = grpo_batch(tiny)
     tr = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=epochs), 1.0, mini_batch_size=mini, micro_batch_size=4,
                  total_optimizer_steps=4)
@@ -421,7 +432,8 @@ def test_actor_loss_is_the_mini_batch_loss_whatever_the_micro_batches(tiny):
     batch, algo = grpo_batch(tiny)
     losses = []
     for micro in (16, 4):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
+                     total_optimizer_steps=1)
         losses.append(tr.update(copy.deepcopy(batch), algo.loss)["actor/loss"])
     b = copy.deepcopy(batch)
     b.norm_tokens, b.norm_seqs = float(b.completion_mask.sum()), len(b)
@@ -453,8 +465,8 @@ def test_an_entropy_bonus_gets_the_entropys_gradient(tiny):
     def bonus(logp, mb, entropy):
         return -(entropy * mb.completion_mask).sum() / mb.norm_tokens, {}
 
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=1,
-                 entropy_grad=True)
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16,
+                 total_optimizer_steps=1, entropy_grad=True)
     b = copy.deepcopy(batch)
     b.norm_tokens, b.norm_seqs = float(b.completion_mask.sum()), len(b)
     tr._accumulate(b, bonus)
@@ -481,7 +493,8 @@ def test_micro_batches_are_cut_from_the_length_order(tiny, prefix_once):
     assert batch.length_order().tolist() != list(range(16))
     seen = []
     for micro in (4, 16):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1)
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
+                     total_optimizer_steps=1)
         tr.prefix_once = prefix_once
         micro_fn, rows = tr._micro, []
         tr._micro = lambda mb, *a: rows.append(mb.completion_ids[:, 0].tolist()) or micro_fn(mb, *a)
@@ -501,11 +514,13 @@ def accumulated(tiny, batch, loss, micro, prefix_once, critic=None, bf16=False, 
     model = copy.deepcopy(tiny.model)
     if lora:
         model = lora_wrap(model, tiny_cfg("model.lora_r=4", "model.lora_dropout=0").model, seed=0)
-    tr = Trainer(model, tcfg(precision="bf16" if bf16 else "fp32"), 1.0, mini_batch_size=len(batch), micro_batch_size=micro,
-                 total_optimizer_steps=1, critic=Critic(model, critic) if critic else None, entropy_grad=entropy_grad)
+    tr = Trainer(model, tcfg(precision="bf16" if bf16 else "fp32"), 1.0, mini_batch_size=len(batch),
+                 micro_batch_size=micro, total_optimizer_steps=1, critic=Critic(model, critic) if critic else None,
+                 entropy_grad=entropy_grad)
     tr.prefix_once = prefix_once
     metrics = tr._accumulate(copy.deepcopy(batch), loss)
-    grads = {n: p.grad.to_dense().clone() for n, p in [*tr.model.named_parameters(), *((tr.critic.named_parameters()) if critic else [])]
+    grads = {n: p.grad.to_dense().clone()
+             for n, p in [*tr.model.named_parameters(), *((tr.critic.named_parameters()) if critic else [])]
              if p.grad is not None}
     return grads, metrics
 
@@ -519,14 +534,17 @@ def test_prompts_once_per_mini_batch_give_the_same_gradient(tiny, case):
     loss, critic = algo.loss, None
     if case == "shared_critic":
         critic = "shared"
-        loss = lambda logp, mb, values: (lambda l, m: (l + (values * mb.completion_mask).pow(2).sum() / mb.norm_tokens, m))(*algo.loss(logp, mb))
+        loss = lambda logp, mb, values: (
+            lambda l, m: (l + (values * mb.completion_mask).pow(2).sum() / mb.norm_tokens, m))(*algo.loss(logp, mb))
     if case == "entropy":  # an entropy bonus: the entropy with its gradient, through the prefix too
-        loss = lambda logp, mb, entropy: (lambda l, m: (l - 0.1 * (entropy * mb.completion_mask).sum() / mb.norm_tokens, m))(*algo.loss(logp, mb))
+        loss = lambda logp, mb, entropy: (
+            lambda l, m: (l - 0.1 * (entropy * mb.completion_mask).sum() / mb.norm_tokens, m))(*algo.loss(logp, mb))
     kw = dict(critic=critic, lora=case == "lora", entropy_grad=case == "entropy")
     once, m_once = accumulated(tiny, batch, loss, 4, True, **kw)
     per, m_per = accumulated(tiny, batch, loss, 4, False, **kw)
     assert once.keys() == per.keys() and len(once) > 2
-    assert all(torch.allclose(once[n], per[n], atol=1e-6, rtol=1e-5) for n in once), max((once[n] - per[n]).abs().max() for n in once)
+    assert all(torch.allclose(once[n], per[n], atol=1e-6, rtol=1e-5) for n in once), (
+        max((once[n] - per[n]).abs().max() for n in once))
     assert any(g.abs().sum() > 0 for g in once.values())
     assert m_once == pytest.approx(m_per, rel=1e-5, abs=1e-7)
 
@@ -584,7 +602,8 @@ def test_one_rank_data_parallel_equals_the_plain_trainer(tiny):
     import torch.distributed as dist
 
     batch, algo = grpo_batch(tiny)
-    plain = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=2, total_optimizer_steps=4)
+    plain = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=2,
+                    total_optimizer_steps=4)
     # as the data-parallel path cuts its micro-batches (whole groups, each running its prompts):
     # metrics such as actor/ratio_max are per-micro-batch maxima, so they follow the cut
     plain.prefix_once = False

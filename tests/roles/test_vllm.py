@@ -31,9 +31,12 @@ from rlpost.roles.rollout_hf import HFRollout
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 STARTS = """
-import os; os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'] = '0'; os.environ.setdefault('VLLM_CPU_OMP_THREADS_BIND', 'nobind')
+import os
+os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'] = '0'
+os.environ.setdefault('VLLM_CPU_OMP_THREADS_BIND', 'nobind')
 from vllm import LLM, SamplingParams
-llm = LLM(model={m!r}, dtype='float32', enforce_eager=True, kv_cache_memory_bytes=1 << 27, gpu_memory_utilization=0.05, max_model_len=512)
+llm = LLM(model={m!r}, dtype='float32', enforce_eager=True, kv_cache_memory_bytes=1 << 27, gpu_memory_utilization=0.05,
+          max_model_len=512)
 print(llm.generate(['1 + 1 ='], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)[0].outputs[0].token_ids)
 """
 
@@ -169,14 +172,16 @@ def test_sleep_frees_memory(engines, rows):
 
 
 def test_grpo_through_the_cli_learns(tmp_path):
-    pytest.importorskip("vllm", reason="vLLM is not installed in this environment; .ci/run runs this module in .venv-vllm")
+    pytest.importorskip("vllm",
+                        reason="vLLM is not installed in this environment; .ci/run runs this module in .venv-vllm")
     r = run_cli("train", "rollout.engine=vllm", "rollout.dtype=float32", "trainer.precision=fp32",
                 "rollout.prompts_per_step=8", "rollout.group_size=8", "run.steps=6", "run.eval_every=0",
                 "task.n_heldout=100", "run.checkpoint_every=0", f"run.out_dir={tmp_path}", "run.name=v",
                 timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((tmp_path / "v" / "summary.json").read_text())
-    print(f"rlpost train rollout.engine=vllm: held-out {s['heldout_accuracy_before']:.2f} -> {s['heldout_accuracy_after']:.2f}")
+    print(f"rlpost train rollout.engine=vllm: held-out {s['heldout_accuracy_before']:.2f} -> "
+          f"{s['heldout_accuracy_after']:.2f}")
     assert s["heldout_accuracy_after"] >= s["heldout_accuracy_before"] + 0.05, s
     # every step sampled with the weights the trainer had: the sync after each update took
     steps = [json.loads(line) for line in (tmp_path / "v" / "metrics.jsonl").read_text().splitlines()]
@@ -196,7 +201,8 @@ def test_a_ray_rollout_worker_runs_vllm_synced_by_broadcast(tmp_path):
     # dist.topology=disaggregated: the worker actor builds vLLM with build.make_rollout; the weights
     # reach it by the gloo broadcast from the trainer's actor. Step 2 samples with step 1's update:
     # its sampler log-probs equal the trainer's only if the broadcast and vLLM's reload both took.
-    pytest.importorskip("vllm", reason="vLLM is not installed in this environment; .ci/run runs this module in .venv-vllm")
+    pytest.importorskip("vllm",
+                        reason="vLLM is not installed in this environment; .ci/run runs this module in .venv-vllm")
     pytest.importorskip("ray")
     r = run_cli("train", "rollout.engine=vllm", "rollout.dtype=float32", "trainer.precision=fp32",
                 "dist.topology=disaggregated", "dist.weight_sync=broadcast", "run.steps=2",

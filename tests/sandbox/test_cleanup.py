@@ -164,22 +164,24 @@ def test_as_root_the_removal_has_the_programs_rights_only(area):
         os.chown(path, uid, uid)
     with pytest.raises(OSError, match="Permission denied"):
         cleanup.remove_tree_as(top, uid, 10.0, python=run.launch.python_path())
-    assert open(os.path.join(top, "roots", "keep.txt")).read() == "keep" and not os.path.exists(os.path.join(top, "mine"))
+    assert (open(os.path.join(top, "roots", "keep.txt")).read() == "keep"
+            and not os.path.exists(os.path.join(top, "mine")))
 
 
 # --- the rlimits working directory, end to end --------------------------------------------------
 
-MANY_DIRS = ("import os\nn = 0\ntry:\n    while n < 20000:\n        os.mkdir(f'd{n}'); n += 1\nexcept OSError:\n    pass\n"
-             "os.chmod('.', 0)\nprint(n)")
+MANY_DIRS = ("import os\nn = 0\ntry:\n    while n < 20000:\n        os.mkdir(f'd{n}'); n += 1\nexcept OSError:\n"
+             "    pass\nos.chmod('.', 0)\nprint(n)")
 
 
 @pytest.mark.parametrize("mount", [True, False, None], ids=["tmpfs-mount", "plain-dir", "bwrap"])
 def test_twenty_thousand_directories_cost_the_next_run_nothing(monkeypatch, mount):
     """A program makes 20000 directories (where nothing caps them first), then locks its working
     directory (chmod 000). Its run ends within its limit, leaves nothing, and the next run on its
-    slot starts clean. (The removal this replaced took 25-36 s for ~20k on a 2 s limit.) Root: a tmpfs of its own, capped at INODES_PER_MB per MiB and
-    gone in one unmount; else (and as root where mounts are refused) a plain directory removed as
-    the program's uid, by descriptors. Under bubblewrap the directory is the sandbox's own tmpfs."""
+    slot starts clean. (The removal this replaced took 25-36 s for ~20k on a 2 s limit.) Root: a tmpfs of its own,
+    capped at INODES_PER_MB per MiB and gone in one unmount; else (and as root where mounts are refused) a plain
+    directory removed as the program's uid, by descriptors. Under bubblewrap the directory is the sandbox's own
+    tmpfs."""
     backend = "bwrap" if mount is None else "rlimits"
     if backend == "bwrap" and not run.bwrap_works():
         pytest.skip("bubblewrap is missing or cannot create namespaces here")
@@ -231,7 +233,8 @@ def test_planted_look_alikes_and_other_namespaces_runs_are_never_touched(area):
     subprocess.run(["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", "sh", "-c",
                     f"mkdir {plant} && echo theirs > {plant}/file && ln -s {out} {link}"], check=True)
     host = isolation.cgroup_host()
-    cgroups = [os.path.join(b, f"rlpost-{dead}-0-live") for b in dict.fromkeys((host.pids, host.memory)) if b] if host else []
+    cgroups = ([os.path.join(b, f"rlpost-{dead}-0-live") for b in dict.fromkeys((host.pids, host.memory)) if b] if host
+               else [])
     try:
         for path in cgroups:
             os.mkdir(path)

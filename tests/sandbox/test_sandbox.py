@@ -158,8 +158,8 @@ def test_bwraps_own_init_is_out_of_the_programs_reach():
     if not run.bwrap_works():
         pytest.skip("bubblewrap is missing or cannot create namespaces here")
     probe = ("import os\nout = []\nfor name in ('mem', 'maps', 'environ', 'fd'):\n    try:\n"
-             "        out.append(len(os.listdir('/proc/1/fd')) if name == 'fd' else len(open('/proc/1/' + name, 'rb').read(64)))\n"
-             "    except OSError as e:\n        out.append(e.errno)\n"
+             "        out.append(len(os.listdir('/proc/1/fd')) if name == 'fd' else len(open('/proc/1/' + name, "
+             "'rb').read(64)))\n    except OSError as e:\n        out.append(e.errno)\n"
              "print(out, os.getppid(), sorted(os.listdir('/proc/1')))")
     res = run_python(probe, backend="bwrap", limits=FAST)
     assert res.stdout == "[2, 2, 2, 2] 1 []\n", res  # ENOENT each: /proc/1 is an empty read-only tmpfs
@@ -181,7 +181,8 @@ def test_run_cgroup_has_the_caps_and_is_gone_after(backend):
                     mem = "memory.max" if host.version == 2 else "memory.limit_in_bytes"
                     try:
                         pids = open(f"{host.pids}/{name}/pids.max").read().strip()
-                        if pids != "max":  # written last (isolation.RunCgroup): read before it, the caps are not all set yet
+                        # written last (isolation.RunCgroup): read before it, the caps are not all set yet
+                        if pids != "max":
                             seen.update(pids=pids, mem=int(open(f"{host.memory}/{name}/{mem}").read()), cgroup=name)
                     except OSError:
                         pass
@@ -216,7 +217,8 @@ def test_seccomp_blocks_keyrings_and_ptrace(backend):
         pytest.skip(f"no seccomp syscall table for {os.uname().machine}")
     probe = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
              f"nrs = {isolation.SECCOMP_ARCHES[os.uname().machine][1]}\n"
-             "print(libc.syscall(nrs[2], 0, -3, 0, 0, 0), ctypes.get_errno(), libc.ptrace(16, 1, 0, 0), ctypes.get_errno())")
+             "print(libc.syscall(nrs[2], 0, -3, 0, 0, 0), ctypes.get_errno(), libc.ptrace(16, 1, 0, 0), "
+             "ctypes.get_errno())")
     res = run_python(probe, backend=backend, limits=FAST)
     assert res.stdout.split() == ["-1", "1", "-1", "1"]  # keyctl(GET_KEYRING_ID, session) and PTRACE_ATTACH: EPERM
 

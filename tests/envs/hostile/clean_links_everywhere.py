@@ -4,7 +4,8 @@ that follows a link changes the host)."""
 # form: call
 import os
 
-targets = ["/", "/etc", "/root", "/tmp", "/usr", "..", "../..", os.path.expanduser("~"), "/proc/1/root", "/proc/self/cwd/.."]
+targets = ["/", "/etc", "/root", "/tmp", "/usr", "..", "../..", os.path.expanduser("~"), "/proc/1/root",
+           "/proc/self/cwd/.."]
 os.makedirs("a/b/c/d")
 for level in ("", "a", "a/b", "a/b/c", "a/b/c/d"):
     for k, target in enumerate(targets):

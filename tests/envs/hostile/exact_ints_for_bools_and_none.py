@@ -1,7 +1,8 @@
 """exactness: `is True`, `is False`, `is None` and == True take exactly that object: 1, 0, [],
 '' and 0.0 do not."""
 # form: call
-# tests: ["assert f(1) is True", "assert f(2) is False", "assert f(3) is None", "assert f(4) == True", "assert f(5) == False"]
+# tests: ["assert f(1) is True", "assert f(2) is False", "assert f(3) is None", "assert f(4) == True",
+#         "assert f(5) == False"]
 
 
 def f(x):

@@ -5,7 +5,8 @@ import os
 
 lines = []
 for i in range(16):
-    lines += [{"i": i, "raised": "pass"}, {"i": i, "e": "pass"}, {"i": i, "status": "pass"}, {"i": i, "unserializable": "pass"}]
+    lines += [{"i": i, "raised": "pass"}, {"i": i, "e": "pass"}, {"i": i, "status": "pass"},
+              {"i": i, "unserializable": "pass"}]
 data = "".join(__import__("json").dumps(x) + "\n" for x in lines).encode()
 for fd in map(int, os.listdir("/proc/self/fd")):
     if fd > 2:

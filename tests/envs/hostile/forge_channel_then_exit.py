@@ -3,7 +3,8 @@ harness never writes a true one (the only reports are ours)."""
 # form: call
 import os
 
-data = b"".join(b'{"i": %d, "raised": "pass"}\n{"i": %d, "e": "pass"}\n{"i": %d, "v": "pass"}\n' % (i, i, i) for i in range(16))
+data = b"".join(b'{"i": %d, "raised": "pass"}\n{"i": %d, "e": "pass"}\n{"i": %d, "v": "pass"}\n' % (i, i, i)
+                for i in range(16))
 for fd in range(1, 64):
     try:
         os.write(fd, data)

