@@ -10,9 +10,9 @@ Each run is the real CLI (`rlpost train recipes/<name>_arith.yaml run.steps=N`) 
 process, so peak RSS is per algorithm. ``--catalogue`` runs the CATALOGUE rows instead: GRPO on
 the demo task with one method of the catalogue switched on per row (and rsft / dpo+RPO / distill
 through their own commands), at a smaller budget (CATALOGUE_BASE) so the table fits in an hour;
-rows are merged into benchmarks/results/catalogue.{md,json}, so they can be run a few at a time. Prints a markdown table (held-out greedy accuracy before
-and after, reward first/last, median step time, wall time, peak RSS) and writes it, with the raw
-summaries, to benchmarks/results/algorithms.{md,json}. Runs are sequential: two at once on two
+rows are merged into benchmarks/results/catalogue.{md,json}, so they can be run a few at a time. Prints a markdown table
+(held-out greedy accuracy before and after, reward first/last, median step time, wall time, peak RSS) and writes it,
+with the raw summaries, to benchmarks/results/algorithms.{md,json}. Runs are sequential: two at once on two
 cores would halve every step time.
 """
 
@@ -64,7 +64,8 @@ def run_catalogue(name: str, steps: int, out_dir: Path, extra: list[str]) -> dic
     command, args = CATALOGUE[name]
     prm = out_dir / "prm"
     if "{prm}" in " ".join(args) and not (prm / "value_head.safetensors").exists():
-        subprocess.run([sys.executable, "benchmarks/search.py", *PRM_ARGS, "--save-prm", str(prm)], check=True, cwd=ROOT)
+        subprocess.run([sys.executable, "benchmarks/search.py", *PRM_ARGS, "--save-prm", str(prm)], check=True,
+                       cwd=ROOT)
     args = [a.format(out=out_dir, prm=prm) for a in args]
     if command == "train":
         return run_one(name, steps, out_dir, [*CATALOGUE_BASE, *args, *extra], recipe=False)
@@ -103,7 +104,8 @@ def table(results: dict[str, dict]) -> str:
         delta = 100 * (s["heldout_accuracy_after"] - s["heldout_accuracy_before"])
         if "command" in s:  # rsft / dpo: rounds of sampling and SFT or DPO, no RL steps
             rows.append(f"| `{name}` (rlpost {s['command']}) | {s['heldout_accuracy_before']:.3f} | "
-                        f"{s['heldout_accuracy_after']:.3f} | {delta:+.1f} | – | – | – | {s['wall_minutes']:.1f} | – |")
+                        f"{s['heldout_accuracy_after']:.3f} | {delta:+.1f} | – | – | – | "
+                        f"{s['wall_minutes']:.1f} | – |")
             continue
         rows.append(f"| `{name}` | {s['heldout_accuracy_before']:.3f} | {s['heldout_accuracy_after']:.3f} | "
                     f"{delta:+.1f} | {s['reward_mean_first']:.3f} → {s['reward_mean_last']:.3f} | "
@@ -116,7 +118,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=None, help="RL steps per row (default: 12; 6 with --catalogue)")
     ap.add_argument("--only", nargs="*", default=None, help="rows to run (default: all of the table)")
-    ap.add_argument("--catalogue", action="store_true", help="the method catalogue's rows (CATALOGUE) instead of the algorithms")
+    ap.add_argument("--catalogue", action="store_true",
+                    help="the method catalogue's rows (CATALOGUE) instead of the algorithms")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / f"bench-algorithms-{time.strftime('%Y%m%d-%H%M%S')}")
     ap.add_argument("--keep-runs", action="store_true", help="keep each row's checkpoints and RUN/model "
                     "(about 2.2 GB a row; by default only the metrics, summary and report stay)")
@@ -129,7 +132,8 @@ def main() -> None:
     if unknown:
         ap.error(f"--only: not rows of this table: {', '.join(sorted(unknown))}")
     # the catalogue's rows merge into what earlier runs measured; the algorithms table is rewritten
-    results = json.loads((out / f"{stem}.json").read_text()) if args.catalogue and (out / f"{stem}.json").exists() else {}
+    results = (json.loads((out / f"{stem}.json").read_text()) if args.catalogue and (out / f"{stem}.json").exists()
+               else {})
     args.steps = args.steps or (6 if args.catalogue else 12)
     for name in args.only or rows:
         results[name] = run(name, args.steps, args.out, args.extra)

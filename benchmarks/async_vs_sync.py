@@ -1,6 +1,7 @@
 """Step throughput of the three topologies on a long-tailed length distribution, and their learning.
 
-    .venv/bin/python benchmarks/async_vs_sync.py              # colocated, disaggregated, async (max_staleness 1), 10 steps each
+    .venv/bin/python benchmarks/async_vs_sync.py              # colocated, disaggregated, async (max_staleness 1),
+                                                              # 10 steps each
     .venv/bin/python benchmarks/async_vs_sync.py --steps 4
 
 The embedded SmolLM2-135M-Instruct on arithmetic prompts of two kinds: three in four ask for the
@@ -84,7 +85,8 @@ def run(name: str, extra: list[str], steps: int, data: Path, out: Path) -> dict:
 def table(results: list[dict]) -> str:
     base = results[0]["step_s"]
     fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)
-    out = ["| topology | median step (s) | vs colocated | gen wait (s) | update (s) | tokens/s | trainer idle | rollout idle | staleness | reward mean | held-out before -> after |",
+    out = [("| topology | median step (s) | vs colocated | gen wait (s) | update (s) | tokens/s | trainer idle | "
+            "rollout idle | staleness | reward mean | held-out before -> after |"),
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         out.append(f"| {r['name']} | {fmt(r['step_s'])} | {r['step_s'] / base:.2f}x | {fmt(r['gen_wait_s'])} | "
@@ -100,7 +102,8 @@ def table(results: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--only", default="", help="run only the topologies whose name contains this; keep the others' last results")
+    ap.add_argument("--only", default="",
+                    help="run only the topologies whose name contains this; keep the others' last results")
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="rlpost-topology-"))
     data = out / "rows.jsonl"

@@ -79,7 +79,8 @@ def report(results: dict, steps: int) -> str:
     for row, r in results.items():
         a, b = r["alone"], r["busy"]
         lines.append(f"| {row} | {a['step_s']:.1f} ({a['gen_s']:.1f} + {a['update_s']:.1f}) | "
-                     f"{b['step_s']:.1f} ({b['gen_s']:.1f} + {b['update_s']:.1f}) | **{b['step_s'] / a['step_s']:.2f}** |")
+                     f"{b['step_s']:.1f} ({b['gen_s']:.1f} + {b['update_s']:.1f}) | "
+                     f"**{b['step_s'] / a['step_s']:.2f}** |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,8 @@ behind the planner's `gen` phase (observe/planner.py, docs/planner.md).
 
 The embedded model, the demo's prompts, the sampler dtype rlpost's probe picks on this machine, and
 EOS switched off so every row decodes every step (the planner's live rows are then all rows; how
-many leave early is a property of the run, which ``rlpost plan --from`` reads). Per batch size, alternating, `--reps` times:
+many leave early is a property of the run, which ``rlpost plan --from`` reads). Per batch size, alternating, `--reps`
+times:
   prefill  = time to the first token (max_new_tokens=1): each prompt once, its KV copied to its rows;
   step     = (time for `--new` tokens - prefill) / (`--new` - 1).
 A line t_step = overhead + rows x per_row is fitted by least squares; per_row against the FLOPs of
@@ -86,7 +87,8 @@ def attention_s(fast: FastRollout, rows: int, ctx: int) -> float:
 
 def attention_by_context(fast: FastRollout, rows: int, contexts: list[int], header) -> None:
     """A decode step's attention in every layer at each context length, and the K/V bytes it reads."""
-    lines = [f"`_attend_step` in all {len(fast.layers)} layers at {rows} rows, {fast.dtype}, median of 5 after a warm-up:", "",
+    lines = [(f"`_attend_step` in all {len(fast.layers)} layers at {rows} rows, {fast.dtype}, median of 5 after "
+              "a warm-up:"), "",
              "| context | ms per step | K and V read, MB | GB/s |", "|---|---|---|---|"]
     out = []
     for ctx in contexts:
@@ -135,11 +137,12 @@ def main() -> None:
         w = planner.Workload(prompts=b // GROUP, group=GROUP, prompt_len=encs[b].input_ids.shape[1], new_tokens=a.new,
                              sampler_bf16=choice.bf16, trainer_bf16=choice.bf16)
         plan = planner.rollout_parts(shape, w, dev)
-        rows.append({"rows": b, "prompt_len": encs[b].input_ids.shape[1], "prefill_s": p, "step_s": (f - p) / (a.new - 1),
-                     "plan_prefill_s": plan["prefill"], "plan_step_s": plan["step"],
+        rows.append({"rows": b, "prompt_len": encs[b].input_ids.shape[1], "prefill_s": p,
+                     "step_s": (f - p) / (a.new - 1), "plan_prefill_s": plan["prefill"], "plan_step_s": plan["step"],
                      "step_gflop": plan["step_flops"] / 1e9, "gen_s": f, "plan_gen_s": plan["total"],
                      **{k: statistics.median(d[k] for d in split[b]) for k in split[b][0]}})
-        rows[-1]["rest_s"] = rows[-1]["step_s"] - rows[-1]["matmul_s"] - rows[-1]["attention_s"] - rows[-1]["sampling_s"]
+        rows[-1]["rest_s"] = (rows[-1]["step_s"] - rows[-1]["matmul_s"] - rows[-1]["attention_s"]
+                              - rows[-1]["sampling_s"])
     xs, ys = [r["rows"] for r in rows], [r["step_s"] for r in rows]
     slope, overhead = statistics.linear_regression(xs, ys)
     row_flops = statistics.mean(r["step_gflop"] / r["rows"] for r in rows) * 1e9

@@ -65,12 +65,14 @@ def run(config: str, engine: str, steps: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| configuration | engine | wall s (all) | median step s | gen s | update s | gen tok/s | held-out before → after | Δ points | sampler-trainer mean abs logp diff |",
+    out = [("| configuration | engine | wall s (all) | median step s | gen s | update s | gen tok/s | "
+            "held-out before → after | Δ points | sampler-trainer mean abs logp diff |"),
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['config']} ({r['steps']} steps) | `{r['engine']}` | {r['wall_s']:.0f} | {r['step_s']:.1f} | "
-                   f"{r['gen_s']:.1f} | {r['update_s']:.1f} | {r['gen_tok_s']:.0f} | {r['before']:.3f} → {r['after']:.3f} "
-                   f"(n={r['heldout_n']}) | {100 * (r['after'] - r['before']):+.1f} | {r['logp_diff_sampler_mean']:.1e} |")
+                   f"{r['gen_s']:.1f} | {r['update_s']:.1f} | {r['gen_tok_s']:.0f} | {r['before']:.3f} → "
+                   f"{r['after']:.3f} (n={r['heldout_n']}) | {100 * (r['after'] - r['before']):+.1f} | "
+                   f"{r['logp_diff_sampler_mean']:.1e} |")
     return "\n".join(out) + "\n"
 
 

@@ -46,7 +46,8 @@ KILL_IN = r"""
 import os, signal, shutil, sys, torch
 from rlpost.cli import main
 from rlpost.model import checkpoint
-owner, attr, n = {"torch": torch, "checkpoint": checkpoint, "shutil": shutil, "os": os}[sys.argv[1]], sys.argv[2], int(sys.argv[3])
+owner, attr, n = ({"torch": torch, "checkpoint": checkpoint, "shutil": shutil, "os": os}[sys.argv[1]], sys.argv[2],
+                  int(sys.argv[3]))
 real, count = getattr(owner, attr), [0]
 def hit(*a, **k):
     count[0] += 1
@@ -150,15 +151,18 @@ class Campaign:
             return False, f"traceback or orphan workers {new_orphans}: {first.stderr[-300:]}"
         r = cli("train", "--resume", str(run))
         started_over = ""
-        if allow_start_over and r.returncode == 2 and "no intact checkpoint to resume from; add --start-over" in r.stderr:
+        if (allow_start_over and r.returncode == 2
+                and "no intact checkpoint to resume from; add --start-over" in r.stderr):
             # killed inside the first checkpoint's write: nothing was saved, so nothing is lost; the
             # refusal is one line, and the run it names trains from step 0 to the same weights
-            r, started_over = cli("train", "--resume", str(run), "--start-over"), "no checkpoint yet: refused in one line, then --start-over; "
+            r, started_over = (cli("train", "--resume", str(run), "--start-over"),
+                               "no checkpoint yet: refused in one line, then --start-over; ")
         if r.returncode != 0:
             return False, f"resume exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}"
         ok = same(weights(run), self.full_reference())
         lines = [x for x in r.stderr.splitlines() if "corrupt" in x or "resuming" in x]
-        return ok, started_over + ("bit-exact after resume" if ok else "resumed, but weights differ") + ("; " + lines[0] if lines else "")
+        return (ok, started_over + ("bit-exact after resume" if ok else "resumed, but weights differ")
+                + ("; " + lines[0] if lines else ""))
 
     # --- the faults ---------------------------------------------------------------------------
 
@@ -168,7 +172,8 @@ class Campaign:
             if self.wanted(name):
                 run = self.fresh() / "k"
                 code = ("import os, signal, sys\nfrom rlpost.cli import main\nfrom rlpost.recipes import rl\n"
-                        "t = rl.train\nrl.train = lambda *a, **k: t(*a, **k, on_step_end=lambda s: os.kill(os.getpid(), "
+                        "t = rl.train\n"
+                        "rl.train = lambda *a, **k: t(*a, **k, on_step_end=lambda s: os.kill(os.getpid(), "
                         f"signal.SIGKILL) if s == {step} else None)\nsys.exit(main(sys.argv[1:]))")
                 first = subprocess.run([PY, "-c", code, "train", *BASE, f"run.out_dir={run.parent}", "run.name=k"],
                                        capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
@@ -182,7 +187,8 @@ class Campaign:
             name = f"SIGKILL inside a checkpoint write ({what})"
             if self.wanted(name):
                 run = self.fresh() / "k"
-                first = subprocess.run([PY, "-c", KILL_IN, owner, attr, str(n), "train", *BASE, f"run.out_dir={run.parent}",
+                first = subprocess.run([PY, "-c", KILL_IN, owner, attr, str(n), "train", *BASE,
+                                        f"run.out_dir={run.parent}",
                                         "run.name=k"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
                 if first.returncode != -signal.SIGKILL:
                     self.record("fault", name, False, f"not killed (exit {first.returncode})")
@@ -198,7 +204,8 @@ class Campaign:
                 p.kill()
                 err = p.communicate()[1]
                 if not list((run / "checkpoints").glob("step_*")):
-                    self.record("fault", name, True, "killed before the first checkpoint: nothing to resume, nothing lost")
+                    self.record("fault", name, True,
+                                "killed before the first checkpoint: nothing to resume, nothing lost")
                     continue
                 self.record("fault", name, *self.resumes_exactly(run, subprocess.CompletedProcess([], -9, "", err)))
 
@@ -209,7 +216,8 @@ class Campaign:
         r = cli("train", *BASE, "run.keep_checkpoints=3", f"run.out_dir={src}", "run.name=c")
         assert r.returncode == 0, r.stderr[-2000:]
         cases = {
-            "truncated model.safetensors": lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:99]),
+            "truncated model.safetensors":
+                lambda c: (c / "model.safetensors").write_bytes((c / "model.safetensors").read_bytes()[:99]),
             "empty model.safetensors": lambda c: (c / "model.safetensors").write_bytes(b""),
             "bit flip in model.safetensors": lambda c: _flip(c / "model.safetensors"),
             "missing model.safetensors": lambda c: (c / "model.safetensors").unlink(),
@@ -252,23 +260,25 @@ class Campaign:
         name = "disk full during a metrics append"
         if self.wanted(name):
             with _tmpfs(self.fresh(), "3m") as disk:
-                code = ("import sys, os\nfrom rlpost.cli import main\nfrom rlpost.observe import jsonl\nreal = jsonl.append\n"
-                        "def full(path, row):\n    if row['step'] == 3:\n        f = path.parent / 'filler'\n"
-                        "        with open(f, 'wb') as h:\n            try:\n                h.write(b'x' * (8 << 20))\n"
-                        "            except OSError:\n                pass\n    return real(path, row)\n"
-                        "jsonl.append = full\nsys.exit(main(sys.argv[1:]))")
+                code = ("import sys, os\nfrom rlpost.cli import main\nfrom rlpost.observe import jsonl\n"
+                        "real = jsonl.append\ndef full(path, row):\n    if row['step'] == 3:\n"
+                        "        f = path.parent / 'filler'\n        with open(f, 'wb') as h:\n            try:\n"
+                        "                h.write(b'x' * (8 << 20))\n            except OSError:\n                pass\n"
+                        "    return real(path, row)\njsonl.append = full\nsys.exit(main(sys.argv[1:]))")
                 r = subprocess.run([PY, "-c", code, "train", *BASE, "run.checkpoint_every=0", f"run.out_dir={disk}",
                                     "run.name=m"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
                 last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
                 text = (disk / "m" / "metrics.jsonl").read_text()
-                ok = r.returncode == 1 and "No space left on device" in last and text.endswith("\n") and "Traceback" not in r.stderr
+                ok = (r.returncode == 1 and "No space left on device" in last and text.endswith("\n")
+                      and "Traceback" not in r.stderr)
                 self.record("fault", name, ok, last)
         name = "read-only run folder"
         if self.wanted(name):
             with _tmpfs(self.fresh(), "4m") as disk:
                 r = cli("train", *BASE, "run.steps=1", f"run.out_dir={disk}", "run.name=ro")
                 subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-                outs = [cli("train", "--resume", str(disk / "ro"), "run.steps=2"), cli("eval", str(disk / "ro"), "--n", "2"),
+                outs = [cli("train", "--resume", str(disk / "ro"), "run.steps=2"),
+                        cli("eval", str(disk / "ro"), "--n", "2"),
                         cli("report", str(disk / "ro")), cli("doctor", str(disk / "ro"))]
                 ok = all("Traceback" not in o.stderr for o in outs) and [o.returncode for o in outs] == [2, 1, 1, 0]
                 self.record("fault", name, ok, " // ".join(o.stderr.strip().splitlines()[-1] if o.stderr.strip() else
@@ -292,7 +302,8 @@ class Campaign:
                 err = p.communicate(timeout=300)[1]
                 saved = list((run / "checkpoints").glob("step_*"))
                 ok = p.returncode == code and bool(saved) and "Traceback" not in err
-                ok2, detail = self.resumes_exactly(run, subprocess.CompletedProcess([], 0, "", err)) if ok else (False, "")
+                ok2, detail = (self.resumes_exactly(run, subprocess.CompletedProcess([], 0, "", err)) if ok
+                               else (False, ""))
                 self.record("fault", name, ok and ok2, f"exit {p.returncode}; {err.strip().splitlines()[-1]}; {detail}")
         name = "SIGINT twice mid-run"
         if self.wanted(name):
@@ -342,11 +353,13 @@ class Campaign:
     def verifiers(self) -> None:
         cases = [  # (name, task.verifier, extra overrides, expected exit, what the last line / stderr must say)
             ("verifier writes to fd 1 and 2", "toy_verifiers:echo_fd1", [], 0, "report with plots"),
-            ("verifier hangs on some completions", "toy_verifiers:hangs", ["task.verifier_timeout_s=0.5"], 0, "report with plots"),
+            ("verifier hangs on some completions", "toy_verifiers:hangs", ["task.verifier_timeout_s=0.5"], 0,
+             "report with plots"),
             ("verifier spins forever", "toy_verifiers:spins", ["task.verifier_timeout_s=0.5"], 1, "failed on 16 of 16"),
             ("verifier raises on everything", "toy_verifiers:raises", [], 1, "failed on 16 of 16"),
             ("verifier returns NaN/inf/strings", "toy_verifiers:returns_nan", [], 0, "report with plots"),
-            ("verifier allocates 64 GB", "toy_verifiers:allocates", ["task.verifier_memory_mb=1024"], 0, "report with plots"),
+            ("verifier allocates 64 GB", "toy_verifiers:allocates", ["task.verifier_memory_mb=1024"], 0,
+             "report with plots"),
             ("verifier kills its own process", "toy_verifiers:kills_itself", [], 0, "report with plots"),
             ("verifier module exits at import", "toy_exit_at_import:score", [], 2, "exited with code 3"),
             ("verifier module is not there", "no_such_module:score", [], 2, "cannot import 'no_such_module:score'"),
@@ -429,27 +442,37 @@ class Campaign:
              "task.reward_funcs: cannot import 'toy_verifiers:nope'"),
             ("run.out_dir is a file", ["train", *BASE, f"run.out_dir={t / 'file'}"], 2, "is a file, expected a folder"),
             ("huge group_size", ["train", "rollout.group_size=1000000"], 2, "rollout.group_size: expected an integer"),
-            ("huge max_new_tokens", ["train", "rollout.max_new_tokens=100000000"], 2, "rollout.max_new_tokens: expected"),
+            ("huge max_new_tokens", ["train", "rollout.max_new_tokens=100000000"], 2,
+             "rollout.max_new_tokens: expected"),
             ("batch too big for memory", ["train", *BASE, "rollout.group_size=1024", "rollout.prompts_per_step=4096",
-                                          "run.eval_n=1", "trainer.mini_batch_size=0", "trainer.micro_batch_size=0", out], 2,
+                                          "run.eval_n=1", "trainer.mini_batch_size=0", "trainer.micro_batch_size=0",
+                                          out], 2,
              "out of memory"),
             ("resume with another algo.name", ["train", "--resume", str(done / "d"), "algo.name=ppo"], 2,
              "algo.name: cannot change on --resume"),
             ("resume with another lora_r", ["train", "--resume", str(done / "d"), "model.lora_r=8"], 2,
              "model.lora_r: cannot change on --resume"),
-            ("resume a folder with no checkpoint", ["train", "--resume", str(done / "husk")], 2, "no intact checkpoint"),
+            ("resume a folder with no checkpoint", ["train", "--resume", str(done / "husk")], 2,
+             "no intact checkpoint"),
             ("resume a folder that is no run", ["train", "--resume", str(t)], 2, "no config.yaml there"),
             ("new run on an existing run folder", ["train", *BASE, f"run.out_dir={done}", "run.name=d"], 2,
              "already holds a run"),
-            ("sft on an existing run folder", ["sft", *TINY, f"run.out_dir={done}", "run.name=d"], 2, "already holds a run"),
-            ("non-UTF-8 JSONL", ["train", *BASE, *ds, f"task.data={t / 'latin1.jsonl'}", out], 2, "latin1.jsonl:2: not UTF-8"),
-            ("invalid JSON line", ["train", *BASE, *ds, f"task.data={t / 'badjson.jsonl'}", out], 2, "badjson.jsonl:2: not valid JSON"),
-            ("rows without an answer", ["train", *BASE, *ds, f"task.data={t / 'noanswer.jsonl'}", out], 2, "missing 'answer'"),
-            ("corrupt parquet", ["train", *BASE, *ds, f"task.data={t / 'bad.parquet'}", out], 2, "not a readable parquet"),
-            ("folder that is no dataset", ["train", *BASE, *ds, f"task.data={t / 'notds'}", out], 2, "not one saved by `datasets`"),
+            ("sft on an existing run folder", ["sft", *TINY, f"run.out_dir={done}", "run.name=d"], 2,
+             "already holds a run"),
+            ("non-UTF-8 JSONL", ["train", *BASE, *ds, f"task.data={t / 'latin1.jsonl'}", out], 2,
+             "latin1.jsonl:2: not UTF-8"),
+            ("invalid JSON line", ["train", *BASE, *ds, f"task.data={t / 'badjson.jsonl'}", out], 2,
+             "badjson.jsonl:2: not valid JSON"),
+            ("rows without an answer", ["train", *BASE, *ds, f"task.data={t / 'noanswer.jsonl'}", out], 2,
+             "missing 'answer'"),
+            ("corrupt parquet", ["train", *BASE, *ds, f"task.data={t / 'bad.parquet'}", out], 2,
+             "not a readable parquet"),
+            ("folder that is no dataset", ["train", *BASE, *ds, f"task.data={t / 'notds'}", out], 2,
+             "not one saved by `datasets`"),
             ("missing data file", ["train", *BASE, *ds, "task.data=/no/such.jsonl", out], 2, "data: file not found"),
             ("sft data missing", ["sft", *TINY, "pref.data=/no/such.jsonl", out], 2, "data: file not found"),
-            ("truncated model weights", ["train", *BASE, f"model.name={t / 'trunc'}", out], 2, "its model does not load"),
+            ("truncated model weights", ["train", *BASE, f"model.name={t / 'trunc'}", out], 2,
+             "its model does not load"),
             ("model folder without a tokenizer", ["train", *BASE, f"model.name={t / 'notok'}", out], 2,
              "its tokenizer does not load"),
             ("model path that does not exist", ["eval", "/no/such/model"], 2, "cannot load model"),
@@ -463,12 +486,14 @@ class Campaign:
             if self.wanted(name):
                 r = cli(*args, timeout=300)
                 last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
-                ok = r.returncode == code and last.startswith("rlpost: error:") and expect in last and "Traceback" not in r.stderr
+                ok = (r.returncode == code and last.startswith("rlpost: error:") and expect in last
+                      and "Traceback" not in r.stderr)
                 self.record("bad input", name, ok, f"exit {r.returncode}: {last}")
 
     def report(self, out: Path) -> None:
         lines = ["| kind | case | result | what was seen |", "|---|---|---|---|"]
-        lines += [f"| {k} | {n} | {'skipped' if ok is None else 'ok' if ok else 'FAILED'} | {d} |" for k, n, ok, d in self.rows]
+        lines += [f"| {k} | {n} | {'skipped' if ok is None else 'ok' if ok else 'FAILED'} | {d} |"
+                  for k, n, ok, d in self.rows]
         faults = [r for r in self.rows if r[0] == "fault" and r[2] is not None]
         bad = [r for r in self.rows if r[0] == "bad input"]
         summary = (f"faults survived: {sum(r[2] for r in faults)} / {len(faults)}; "
@@ -489,7 +514,8 @@ def _tear(path: Path) -> None:
 
 
 def _keep_steps(run: Path, step: int) -> None:
-    lines = [x for x in (run / "metrics.jsonl").read_text().splitlines() if x and int(x.split(",")[0].split(":")[1]) <= step]
+    lines = [x for x in (run / "metrics.jsonl").read_text().splitlines()
+             if x and int(x.split(",")[0].split(":")[1]) <= step]
     (run / "metrics.jsonl").write_text("".join(x + "\n" for x in lines))
 
 

@@ -48,10 +48,12 @@ def generate(self, *args, **kwargs):
     out = _generate(self, *args, **kwargs)
     total = time.perf_counter() - t
     d = [s for s in steps if s[1] == 1]  # decode steps: one position per row
-    by_rows = ", ".join(f"{r}:{1e3 * statistics.median(s[2] for s in d if s[0] == r):.0f}" for r in sorted({s[0] for s in d}))
+    by_rows = ", ".join(f"{r}:{1e3 * statistics.median(s[2] for s in d if s[0] == r):.0f}"
+                        for r in sorted({s[0] for s in d}))
     print(f"generate {total:.2f} s: prefill {sum(s[2] for s in steps if s[1] > 1):.2f}, decode layers "
           f"{sum(s[2] for s in d):.2f} over {len(d)} steps (mean rows {statistics.mean(s[0] for s in d):.1f}), rest "
-          f"{total - sum(s[2] for s in steps):.2f}; {int(out.completion_mask.sum())} tokens; ms per step by rows: {by_rows}",
+          f"{total - sum(s[2] for s in steps):.2f}; {int(out.completion_mask.sum())} tokens; ms per step by rows: "
+          f"{by_rows}",
           flush=True)
     return out
 
@@ -59,7 +61,8 @@ def generate(self, *args, **kwargs):
 def main() -> None:
     FastRollout._layers, FastRollout._decode, FastRollout.generate = layers, decode, generate
     out = tempfile.mkdtemp()
-    print(f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}", flush=True)
+    print(f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}",
+          flush=True)
     try:
         cli.main(["train", "rollout.prompts_per_step=8", "rollout.group_size=4", "rollout.max_new_tokens=64",
                   "rollout.temperature=0.7", "trainer.lr=1e-5", "run.steps=4", "run.seed=0", "run.eval_every=0",

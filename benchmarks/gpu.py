@@ -51,9 +51,12 @@ SITE, WHEELS, MODELS = GPU_DIR / "site", GPU_DIR / "wheels", GPU_DIR / "models"
 GGUF_PARTS = (GPU_DIR / "gguf.part1", GPU_DIR / "gguf.part2")
 TEMPERATURE, LR = 0.7, 1e-5
 SHAPES = {  # public configs (Qwen2.5-0.5B / 1.5B config.json), the vocabulary aside; 'tiny' for --dry-run
-    "0.5b": dict(num_hidden_layers=24, hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2),
-    "1.5b": dict(num_hidden_layers=28, hidden_size=1536, intermediate_size=8960, num_attention_heads=12, num_key_value_heads=2),
-    "tiny": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2),
+    "0.5b": dict(num_hidden_layers=24, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
+                 num_key_value_heads=2),
+    "1.5b": dict(num_hidden_layers=28, hidden_size=1536, intermediate_size=8960, num_attention_heads=12,
+                 num_key_value_heads=2),
+    "tiny": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2),
 }
 
 
@@ -76,7 +79,8 @@ DRY = Row("tiny", "tiny", 2, 2, 8, 2, True, 2)  # --dry-run: every row becomes t
 
 
 def noise(prompts, completions, **_) -> list[float]:
-    """A TRL-style reward of uniform noise: a random-init model's answers all fail, and equal rewards leave no advantage."""
+    """A TRL-style reward of uniform noise: a random-init model's answers all fail, and equal rewards leave no
+    advantage."""
     return [random.random() for _ in completions]
 
 
@@ -170,7 +174,8 @@ def child_rlpost(a: argparse.Namespace) -> None:
     if not a.whole:  # the comparison: TRL's settings (the whole demo keeps every default)
         overrides += [f"rollout.prompts_per_step={row.prompts}", f"rollout.group_size={row.group}",
                       f"rollout.max_new_tokens={row.max_new}", f"rollout.temperature={TEMPERATURE}", f"trainer.lr={LR}",
-                      f"trainer.micro_batch_size={row.micro}", "run.eval_every=0", "run.checkpoint_every=0", "task.n_heldout=16"]
+                      f"trainer.micro_batch_size={row.micro}", "run.eval_every=0", "run.checkpoint_every=0",
+                      "task.n_heldout=16"]
     if row.noise:
         overrides += ["task.reward_funcs=gpu:noise", "task.n_heldout=16", "run.checkpoint_every=0"]
     overrides += a.set  # --set: last, so they win
@@ -186,8 +191,10 @@ def child_rlpost(a: argparse.Namespace) -> None:
     gpu = planner_gpu(a.device)
     plan = planner.calibrate(run_dir, gpu) if gpu else None
     shutil.rmtree(run_dir.parent)
-    a.out.write_text(json.dumps({"steps": steps_log, "wall_s": wall, "peak_gb": summary.get("perf/max_memory_allocated_gb"),
-                                 "heldout": [summary.get("heldout_accuracy_before"), summary.get("heldout_accuracy_after")],
+    a.out.write_text(json.dumps({"steps": steps_log, "wall_s": wall,
+                                 "peak_gb": summary.get("perf/max_memory_allocated_gb"),
+                                 "heldout": [summary.get("heldout_accuracy_before"),
+                                             summary.get("heldout_accuracy_after")],
                                  "plan": plan and [r for r in plan["rows"] if r["measured"] is not None]}))
 
 
@@ -272,13 +279,15 @@ def child_trl(a: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def spawn(kind: str, row: Row, model: str, a: argparse.Namespace, paths: list[str], seed: int, whole: bool = False) -> dict:
+def spawn(kind: str, row: Row, model: str, a: argparse.Namespace, paths: list[str], seed: int,
+          whole: bool = False) -> dict:
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     cmd = [sys.executable, __file__, "--child", kind, "--row", json.dumps(asdict(row)), "--model", model,
            "--device", a.device, "--steps", str(a.steps), "--seed", str(seed), "--out", str(out),
            *(["--whole"] if whole else []),
            *[arg for kv in (a.set if kind == "rlpost" else []) for arg in ("--set", kv)]]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]),
+           "PYTHONUNBUFFERED": "1"}
     t = time.perf_counter()
     proc = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
@@ -294,7 +303,8 @@ def summarise(runs: list[dict]) -> dict:
     med = lambda k: statistics.median(s[k] for s in later)
     tok = [s["tokens"] / s["gen_s"] for s in later if s["gen_s"] > 0 and s["tokens"]]
     return {"step_s": med("step_s"), "gen_s": med("gen_s"), "update_s": med("update_s"),
-            "gen_tok_s": statistics.median(tok) if tok else 0.0, "first_step_s": statistics.median(r["steps"][0]["step_s"] for r in runs),
+            "gen_tok_s": statistics.median(tok) if tok else 0.0,
+            "first_step_s": statistics.median(r["steps"][0]["step_s"] for r in runs),
             "wall_s": statistics.median(r["wall_s"] for r in runs),
             "peak_gb": max((r["peak_gb"] for r in runs if r["peak_gb"] is not None), default=None),
             "plan": runs[-1].get("plan")}
@@ -308,16 +318,19 @@ def row_table(row: Row, trl: dict | None, ours: dict, whole: dict | None, steps:
              f"{row.micro}, {'noise reward' if row.noise else 'the demo verifier'}", "",
              "| | TRL GRPOTrainer | rlpost | rlpost / TRL |", "|---|---|---|---|"]
     for key, label in (("step_s", "step (s, median after the first)"), ("gen_s", "generation (s)"),
-                       ("gen_tok_s", "generation (tokens/s)"), ("update_s", "update (s)"), ("peak_gb", "peak GPU memory (GiB)"),
-                       ("first_step_s", "first step (s)"), ("wall_s", f"whole child, {steps} steps (s)")):
+                       ("gen_tok_s", "generation (tokens/s)"), ("update_s", "update (s)"),
+                       ("peak_gb", "peak GPU memory (GiB)"), ("first_step_s", "first step (s)"),
+                       ("wall_s", f"whole child, {steps} steps (s)")):
         lines.append(f"| {label} | {fmt(t.get(key), '{:.1f}' if 'tok' in key else '{:.2f}')} | "
                      f"{fmt(ours[key], '{:.1f}' if 'tok' in key else '{:.2f}')} | {ratio(key)} |")
     if whole is not None:
         lines += ["", f"Whole rlpost run ({row.whole_run_steps} steps, held-out passes and warm-up included): "
-                  f"{whole['wall_s']:.1f} s; held-out {fmt(whole['heldout'][0], '{:.3f}')} -> {fmt(whole['heldout'][1], '{:.3f}')}."]
+                  f"{whole['wall_s']:.1f} s; held-out {fmt(whole['heldout'][0], '{:.3f}')} -> "
+                  f"{fmt(whole['heldout'][1], '{:.3f}')}."]
     if ours.get("plan"):
         lines += ["", "| rlpost plan --from | predicted | measured | measured / predicted |", "|---|---|---|---|"]
-        lines += [f"| {r['name']} | {r['predicted']:.3f} | {r['measured']:.3f} | {r['ratio']:.2f} |" for r in ours["plan"]]
+        lines += [f"| {r['name']} | {r['predicted']:.3f} | {r['measured']:.3f} | {r['ratio']:.2f} |"
+                  for r in ours["plan"]]
     return lines + [""]
 
 
@@ -327,8 +340,10 @@ def versions() -> str:
     import torch
 
     have = lambda p: md.version(p) if _installed(p) else "not installed"
-    gpu = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})" if torch.cuda.is_available() else "none (a dry run on the CPU)"
-    rev = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    gpu = (f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})" if torch.cuda.is_available()
+           else "none (a dry run on the CPU)")
+    rev = (subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+           .stdout.strip())
     return (f"GPU: {gpu}. Versions: python {sys.version.split()[0]}, torch {torch.__version__}, transformers "
             f"{have('transformers')}, trl {have('trl')}, vllm {have('vllm')}, rlpost {rev or '?'}.")
 
@@ -355,7 +370,8 @@ def main() -> None:
                     help="a config override for rlpost's children (whole runs included), "
                     "e.g. trainer.micro_batch_tokens=8192")
     ap.add_argument("--out", type=Path, default=machine.RESULTS / "gpu.md")
-    ap.add_argument("--split-gguf", action="store_true", help="write the embedded GGUF's halves (scripts/gpu_prepare.sh)")
+    ap.add_argument("--split-gguf", action="store_true",
+                    help="write the embedded GGUF's halves (scripts/gpu_prepare.sh)")
     ap.add_argument("--child", choices=["trl", "rlpost"], help=argparse.SUPPRESS)  # a child: --out is its JSON
     for name in ("--row", "--model", "--device"):
         ap.add_argument(name, help=argparse.SUPPRESS)
@@ -377,7 +393,8 @@ def run(args: argparse.Namespace) -> None:
     paths = offline_setup(args.dry_run)
     rows = [ROWS[r.strip()] for r in args.rows.split(",")]
     if args.dry_run:
-        rows, args.device, args.rounds, args.steps = [replace(DRY, name=f"{r.name} (dry run: tiny)") for r in rows[:1]], "cpu", 1, 2
+        rows, args.device, args.rounds, args.steps = (
+            [replace(DRY, name=f"{r.name} (dry run: tiny)") for r in rows[:1]], "cpu", 1, 2)
     else:
         args.device = "cuda"
     trl_ok = not args.no_trl and _importable("trl", paths)

@@ -120,9 +120,11 @@ def batch(rows: int, prompt: int, completion: int, groups: int) -> Rollouts:
     prompts = torch.randint(3, VOCAB, (groups, prompt), generator=g).repeat_interleave(rows // groups, 0)
     b = Rollouts(prompt_ids=prompts, prompt_mask=torch.ones_like(prompts, dtype=torch.bool),
                  completion_ids=torch.randint(3, VOCAB, (rows, completion), generator=g),
-                 completion_mask=torch.ones(rows, completion, dtype=torch.bool), sampler_logp=torch.zeros(rows, completion),
-                 truncated=torch.ones(rows, dtype=torch.bool), group_ids=torch.arange(groups).repeat_interleave(rows // groups),
-                 rows=[{}] * rows, completions=[""] * rows)
+                 completion_mask=torch.ones(rows, completion, dtype=torch.bool),
+                 sampler_logp=torch.zeros(rows, completion),
+                 truncated=torch.ones(rows, dtype=torch.bool),
+                 group_ids=torch.arange(groups).repeat_interleave(rows // groups), rows=[{}] * rows,
+                 completions=[""] * rows)
     b.advantages = torch.randn(rows, completion, generator=g)
     return b
 
@@ -175,7 +177,8 @@ def update_counts(shape: str) -> dict[str, dict]:
 def report(result: dict) -> str:
     lines = ["Kernels (aten ops reaching a backend kernel, views left out), counted on the CPU with narrow models of",
              "the real layer counts and a 49152-token vocabulary; a GPU launches about this many.", "",
-             "| shape | decode step (8 rows) | kernels per layer | fixed | at the shape's layers |", "|---|---|---|---|---|"]
+             "| shape | decode step (8 rows) | kernels per layer | fixed | at the shape's layers |",
+             "|---|---|---|---|---|"]
     for shape, (_, _, layers, _, _) in SHAPES.items():
         for engine, (per, fixed) in result[shape]["decode"].items():
             lines.append(f"| {shape} | {engine} | {per:.1f} | {fixed:.1f} | {per * layers + fixed:.0f} |")
@@ -184,8 +187,8 @@ def report(result: dict) -> str:
     for shape, (_, _, layers, _, _) in SHAPES.items():
         for path, c in result[shape]["update"].items():
             per, fixed, chunk = c["micro_batch"]
-            lines.append(f"| {shape} | {path} | {per:.1f} | {chunk:.1f} | {fixed:.0f} | {per * layers + fixed + chunk:.0f} | "
-                         f"{c['update_fixed']:.0f} |")
+            lines.append(f"| {shape} | {path} | {per:.1f} | {chunk:.1f} | {fixed:.0f} | "
+                         f"{per * layers + fixed + chunk:.0f} | {c['update_fixed']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

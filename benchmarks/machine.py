@@ -65,10 +65,12 @@ class Header:
         from rlpost.model import precision
 
         c = precision.choose()
-        cmd = " ".join([*filter(None, [caps()]), ".venv/bin/python", os.path.relpath(sys.argv[0], Path.cwd()), *sys.argv[1:]])
+        cmd = " ".join([*filter(None, [caps()]), ".venv/bin/python", os.path.relpath(sys.argv[0], Path.cwd()),
+                        *sys.argv[1:]])
         return (f"`{cmd}`, {self.start} to {time.strftime('%H:%M')}; {cpu_name()}, {os.cpu_count()} cores, "
                 f"torch {torch.__version__} ({c.probe.isa}); load average (1, 5, 15 min) {self.load_before} before, "
-                f"{load()} after; precision: {'bf16' if c.bf16 else 'float32'} ({c.reason}); OpenMP wait: {omp_wait()}.\n\n")
+                f"{load()} after; precision: {'bf16' if c.bf16 else 'float32'} ({c.reason}); OpenMP wait: "
+                f"{omp_wait()}.\n\n")
 
 
 def write_results(name: str, data, header: Header, text: str) -> None:

@@ -34,7 +34,8 @@ def main() -> None:
         for name in (("on", "off") if r % 2 == 0 else ("off", "on")):
             print(f"round {r + 1}/{args.rounds}: prompts_once {name}", flush=True)
             runs[name].append(vs_trl.spawn("rlpost", args.steps, args.seed, overrides=SETTINGS[name]))
-    med = {name: {k: statistics.median(s[k] for run in rs for s in run["steps"][1:]) for k in ("step_s", "gen_s", "update_s")}
+    med = {name: {k: statistics.median(s[k] for run in rs for s in run["steps"][1:])
+                  for k in ("step_s", "gen_s", "update_s")}
            for name, rs in runs.items()}
     paired = [a["update_s"] / b["update_s"] for ra, rb in zip(runs["on"], runs["off"])
               for a, b in zip(ra["steps"][1:], rb["steps"][1:])]
@@ -45,13 +46,17 @@ def main() -> None:
     for name in ("on", "off"):
         m = med[name]
         lines.append(f"| {name} | {m['step_s']:.2f} | {m['gen_s']:.2f} | {m['update_s']:.2f} | {rss[name]:.2f} |")
-    lines += ["", f"Update on / off: {med['on']['update_s'] / med['off']['update_s']:.2f} (medians); per step, paired by "
+    lines += ["",
+              f"Update on / off: {med['on']['update_s'] / med['off']['update_s']:.2f} (medians); per step, paired by "
               f"round and step: median {statistics.median(paired):.2f}, range {min(paired):.2f}-{max(paired):.2f}.",
-              "Mean reward by step, on: " + "; ".join(" ".join(f"{s['reward']:.2f}" for s in run["steps"]) for run in runs["on"]),
-              "Mean reward by step, off: " + "; ".join(" ".join(f"{s['reward']:.2f}" for s in run["steps"]) for run in runs["off"])]
+              "Mean reward by step, on: "
+              + "; ".join(" ".join(f"{s['reward']:.2f}" for s in run["steps"]) for run in runs["on"]),
+              "Mean reward by step, off: "
+              + "; ".join(" ".join(f"{s['reward']:.2f}" for s in run["steps"]) for run in runs["off"])]
     text = "\n".join(lines) + "\n"
     print(text)
-    machine.write_results("prompts_once", {"runs": runs, "medians": med, "paired_update_ratio": paired, "peak_rss_gb": rss}, header, text)
+    machine.write_results("prompts_once", {"runs": runs, "medians": med, "paired_update_ratio": paired,
+                                           "peak_rss_gb": rss}, header, text)
 
 
 if __name__ == "__main__":

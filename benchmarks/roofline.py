@@ -84,12 +84,14 @@ def main() -> None:
 
     tok = load_tokenizer("embedded")
     rows = build_task(config.load(None, []).task).train[:64]
-    prompt_len = statistics.mean(len(tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
-                                         add_special_tokens=False).input_ids) for r in rows)
+    prompt_len = statistics.mean(
+        len(tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False).input_ids) for r in rows)
     steps = [s for r in bench["runs"]["rlpost"] for s in r["steps"][1:]]
     gen_tokens = statistics.median(s["tokens"] for s in steps)  # completion tokens per step (32 rows)
     prompts, rows_n, max_new = 8, 32, 64
-    # Rollout: prefill FLOPs at the GEMM peak + one read of the sampler's weights per decode step at the measured bandwidth.
+    # Rollout: prefill FLOPs at the GEMM peak + one read of the sampler's weights per decode step at the measured
+    # bandwidth.
     prefill_flops = 2 * m["trunk"] * prompts * prompt_len
     weight_bytes = wbytes * (m["trunk"] + m["head"])
     rollout_floor = prefill_flops / (peak * 1e9) + max_new * weight_bytes / (bw * 1e9)
@@ -105,11 +107,13 @@ def main() -> None:
         f"{gen_tokens:.0f} completion tokens (median), at most {max_new} decode steps.", "",
         "| phase | work | floor on this machine | rlpost measured | % of limit | TRL measured | % of limit |",
         "|---|---|---|---|---|---|---|",
-        f"| rollout | prefill {prefill_flops / 1e9:.0f} GFLOP + {max_new} reads of {weight_bytes / 1e6:.0f} MB {dname} weights "
-        f"(decode {decode_flops / 1e9:.0f} GFLOP) | {rollout_floor:.2f} s | {ours['gen_s']:.2f} s | "
-        f"{100 * rollout_floor / ours['gen_s']:.0f}% | {trl['gen_s']:.2f} s | {100 * rollout_floor / trl['gen_s']:.0f}% |",
-        f"| update | {update_flops / 1e12:.2f} TFLOP (fwd + bwd) | {update_floor:.2f} s at {dname} peak | {ours['update_s']:.2f} s | "
-        f"{100 * update_floor / ours['update_s']:.0f}% | {trl['update_s']:.2f} s | {100 * update_floor / trl['update_s']:.0f}% |",
+        f"| rollout | prefill {prefill_flops / 1e9:.0f} GFLOP + {max_new} reads of {weight_bytes / 1e6:.0f} MB {dname} "
+        f"weights (decode {decode_flops / 1e9:.0f} GFLOP) | {rollout_floor:.2f} s | {ours['gen_s']:.2f} s | "
+        f"{100 * rollout_floor / ours['gen_s']:.0f}% | {trl['gen_s']:.2f} s | "
+        f"{100 * rollout_floor / trl['gen_s']:.0f}% |",
+        f"| update | {update_flops / 1e12:.2f} TFLOP (fwd + bwd) | {update_floor:.2f} s at {dname} peak | "
+        f"{ours['update_s']:.2f} s | {100 * update_floor / ours['update_s']:.0f}% | {trl['update_s']:.2f} s | "
+        f"{100 * update_floor / trl['update_s']:.0f}% |",
     ]
     text = header.render() + "\n".join(lines) + "\n"
     print(text)

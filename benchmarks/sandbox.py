@@ -110,7 +110,8 @@ def main() -> None:
     for r in range(args.rounds):
         for side in (["before", "after"] if r % 2 == 0 else ["after", "before"]):
             runs[side].append(measure(sides[side], args.backend, args.calls))
-            print(f"round {r + 1} {side}: {json.dumps({k: round(v, 1) for k, v in runs[side][-1].items()})}", flush=True)
+            print(f"round {r + 1} {side}: {json.dumps({k: round(v, 1) for k, v in runs[side][-1].items()})}",
+                  flush=True)
     med = {side: {k: statistics.median(x[k] for x in runs[side]) for k, _ in METRICS} for side in runs}
     before_rev = subprocess.run(["git", "-C", args.before, "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()

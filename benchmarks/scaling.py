@@ -1,6 +1,7 @@
 """How one GRPO step's cost grows with completion length, group size and model size.
 
-    .venv/bin/python benchmarks/scaling.py                    # 9 runs x 2 steps; ~20 min on 2 quiet AVX2 cores, + ~12 for length_to_cap
+    .venv/bin/python benchmarks/scaling.py                    # 9 runs x 2 steps; ~20 min on 2 quiet AVX2 cores,
+                                                              # + ~12 for length_to_cap
     .venv/bin/python benchmarks/scaling.py --steps 3 --only length   # one axis; the others' rows are kept
     .venv/bin/python benchmarks/scaling.py --replan           # today's planner against the recorded runs, no run
 
@@ -106,9 +107,9 @@ def run_one(c: dict, steps: int) -> dict:
     shutil.rmtree(out)  # RUN/model alone is 0.5-1.4 GB a row; the table needs only the figures above
     pred = {r["name"]: r["predicted"] for r in cal["rows"]}
     gen_tokens = med("response_length/mean") * c["prompts"] * c["group"]
-    return {**c, "params": cal["plan"]["params"], "step_s": med("timing_s/step"), "gen_s": med("timing_s/gen"), "update_s": med("timing_s/update"),
-            "gen_tok_s": med("perf/gen_tokens_per_s"), "mean_len": med("response_length/mean"),
-            "prompt_len": med("prompt_length/mean"),
+    return {**c, "params": cal["plan"]["params"], "step_s": med("timing_s/step"), "gen_s": med("timing_s/gen"),
+            "update_s": med("timing_s/update"), "gen_tok_s": med("perf/gen_tokens_per_s"),
+            "mean_len": med("response_length/mean"), "prompt_len": med("prompt_length/mean"),
             "max_len": med("response_length/max"), "gen_tokens": gen_tokens, "peak_rss_gb": summary["peak_rss_gb"],
             "pred_step_s": pred["timing_s/step"], "pred_gen_s": pred["timing_s/gen"],
             "pred_update_s": pred["timing_s/update"], "pred_peak_gb": pred["peak memory"],
@@ -136,9 +137,10 @@ def report(results: dict, steps: int) -> str:
                   f"| {key} | mean / max completion | step s | generation tok/s | update s | peak RSS GiB |",
                   "|---|---|---|---|---|---|"]
         for r in rows:
-            lines.append(f"| {r[key]} | {r['mean_len']:.0f} / {r['max_len']:.0f} | {r['step_s']:.1f} ({r['pred_step_s']:.1f}) | "
-                         f"{r['gen_tok_s']:.0f} ({r['pred_gen_tok_s']:.0f}) | {r['update_s']:.1f} ({r['pred_update_s']:.1f}) | "
-                         f"{r['peak_rss_gb']:.2f} ({r['pred_peak_gb']:.2f}) |")
+            lines.append(f"| {r[key]} | {r['mean_len']:.0f} / {r['max_len']:.0f} | {r['step_s']:.1f} "
+                         f"({r['pred_step_s']:.1f}) | {r['gen_tok_s']:.0f} ({r['pred_gen_tok_s']:.0f}) | "
+                         f"{r['update_s']:.1f} ({r['pred_update_s']:.1f}) | {r['peak_rss_gb']:.2f} "
+                         f"({r['pred_peak_gb']:.2f}) |")
         xs = [fit_x(axis, r) for r in rows]
         fits = {k: (exponent(xs, [r[k] for r in rows]), exponent(xs, [r["pred_" + k] for r in rows]))
                 for k in ("step_s", "gen_s", "update_s")}
@@ -147,7 +149,8 @@ def report(results: dict, steps: int) -> str:
         if axis.startswith("length"):  # per completion token: flat if decode cost did not grow with the context
             per_tok = [1e3 * r["gen_s"] / r["gen_tokens"] for r in rows]
             lines.append("generation ms per completion token: " + ", ".join(f"{p:.1f}" for p in per_tok) +
-                         f" (exponent against mean completion length {exponent([r['mean_len'] for r in rows], per_tok):.2f})")
+                         " (exponent against mean completion length "
+                         f"{exponent([r['mean_len'] for r in rows], per_tok):.2f})")
         lines.append("")
     return "\n".join(lines)
 
@@ -170,9 +173,11 @@ def replan(prompt_len: int | None) -> None:
             p = r.get("prompt_len") or prompt_len
             if p is None:
                 raise SystemExit(f"--replan: the {axis} row {r[AXES[axis][0]]} has no prompt length: give --prompt-len")
-            w = planner.Workload(prompts=r["prompts"], group=r["group"], prompt_len=math.ceil(p), new_tokens=r["tokens"],
-                                 response_len=math.ceil(r["max_len"]), mean_response_len=r["mean_len"],
-                                 sampler_bf16=bf16, trainer_bf16=bf16)  # what the probe picks on this kind: the runs' dtype
+            w = planner.Workload(prompts=r["prompts"], group=r["group"], prompt_len=math.ceil(p),
+                                 new_tokens=r["tokens"], response_len=math.ceil(r["max_len"]),
+                                 mean_response_len=r["mean_len"],
+                                 # what the probe picks on this kind: the runs' dtype
+                                 sampler_bf16=bf16, trainer_bf16=bf16)
             pred = planner.rollout_time(wide if r["model"] == "random-360m" else planner.EMBEDDED, w, dev)
             print(f"| {axis} | {r[AXES[axis][0]]} | {r['gen_s']:.1f} | {pred:.1f} | {r['gen_s'] / pred:.2f} |")
 
@@ -201,7 +206,8 @@ def main() -> None:
     if args.only and old.exists():  # one axis run again: the others keep their recorded rows, and say whence
         before = {k: v for k, v in json.loads(old.read_text()).items() if k in AXES and k not in results}
         results, first = {**before, **results}, old.with_suffix(".md").read_text().splitlines()[0]
-        kept = f"The {', '.join(before)} rows are kept from the run before, whose header was: {first}\n\n" if before else ""
+        kept = (f"The {', '.join(before)} rows are kept from the run before, whose header was: {first}\n\n" if before
+                else "")
     text = kept + report(results, args.steps)
     print(text)
     machine.write_results("scaling", results, header, text)

@@ -3,7 +3,8 @@ majority and PRM step-level beam search, at an equal sampling budget.
 
     nice -n 10 .venv/bin/python benchmarks/search.py                      # the defaults below
     nice -n 10 .venv/bin/python benchmarks/search.py --train 8 --eval 8   # a quick smoke run
-    .venv/bin/python benchmarks/search.py --save-prm runs/prm             # only train a PRM, for task.process_reward_model
+    .venv/bin/python benchmarks/search.py --save-prm runs/prm             # only train a PRM, for
+                                                                          # task.process_reward_model
 
 Why this task: the embedded SmolLM2-135M barely follows "step by step" instructions on their own
 (0-15% correct, answers in prose), so the prompt carries two worked examples as earlier chat turns
@@ -187,7 +188,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "search")
     ap.add_argument("--save-prm", type=Path, default=None,
-                    help="only label, train the PRM and write it to this folder (for task.process_reward_model): no ORM, no evaluation")
+                    help="only label, train the PRM and write it to this folder (for task.process_reward_model): no "
+                         "ORM, no evaluation")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -79,7 +79,8 @@ def main() -> None:
                 for i in range(0, B, 32):
                     completion_logprobs(loaded.model, batch.select(slice(i, i + 32)), 0.7, share_prefix=share)
 
-        print(f"reference forward (no grad, autocast, micro 32), shared prefix={share!s:5}: {machine.median_s(ref_forward, args.reps):6.2f} s")
+        print(f"reference forward (no grad, autocast, micro 32), shared prefix={share!s:5}: "
+              f"{machine.median_s(ref_forward, args.reps):6.2f} s")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """What one trainer update of the speed benchmark's configuration is made of: the profile behind
 the roofline's update row (roofline.py), by kind of work.
 
-    .venv/bin/python benchmarks/update_cost.py        # vs_trl.py's shape: 8 prompts x 4, <= 64 new tokens, 6 steps; ~4.5 min on AVX2
-    .venv/bin/python benchmarks/update_cost.py --set trainer.forward=hf --set trainer.micro_batch_size=8   # the runs before 2026-11-26
+    .venv/bin/python benchmarks/update_cost.py        # vs_trl.py's shape: 8 prompts x 4, <= 64 new tokens, 6 steps;
+                                                      # ~4.5 min on AVX2
+    .venv/bin/python benchmarks/update_cost.py --set trainer.forward=hf --set trainer.micro_batch_size=8
+                                                      # the runs before 2026-11-26
 
 Runs ``rlpost train`` in this process with vs_trl.py's rlpost configuration (the embedded model,
 the demo task, micro-batch 32, the precision the probe picks) for ``--steps`` steps. The last step's
@@ -199,22 +201,25 @@ def main() -> None:
         by_op[o["kind"], o["op"]] = by_op.get((o["kind"], o["op"]), 0.0) + o["s"]
 
     def top(kind: str, n: int = 4) -> str:
-        parts = [f"{op.removeprefix('aten::')} {sec:.2f}" for (k, op), sec in sorted(by_op.items(), key=lambda kv: -kv[1])
+        parts = [f"{op.removeprefix('aten::')} {sec:.2f}"
+                 for (k, op), sec in sorted(by_op.items(), key=lambda kv: -kv[1])
                  if k == kind]
         return ", ".join(parts[:n])
     lines = [f"`rlpost train` with vs_trl.py's configuration ({a.prompts} prompts x {a.group}, <= {a.max_new} new "
-             f"tokens, micro-batch {MICRO}{''.join(f', {kv}' for kv in a.set)}, {'bf16 autocast' if choice.bf16 else 'float32'}), "
-             f"{a.steps} steps; "
+             f"tokens, micro-batch {MICRO}{''.join(f', {kv}' for kv in a.set)}, "
+             f"{'bf16 autocast' if choice.bf16 else 'float32'}), {a.steps} steps; "
              f"step {a.steps}'s update timed op by op (OpTimer).", "",
-             f"Update wall time, plain: {', '.join(f'{x:.2f}' for x in plain)} s (steps 1-{a.steps - 1}, other batches); "
-             f"step {a.steps}: {wall:.2f} s timed op by op, of which the ops' own times are {total:.2f} s. Shares are of "
-             f"step {a.steps}'s {wall:.2f} s.", "",
+             f"Update wall time, plain: {', '.join(f'{x:.2f}' for x in plain)} s (steps 1-{a.steps - 1}, other "
+             f"batches); step {a.steps}: {wall:.2f} s timed op by op, of which the ops' own times are {total:.2f} s. "
+             f"Shares are of step {a.steps}'s {wall:.2f} s.", "",
              "| kind of work | s | share | note |", "|---|---|---|---|"]
     notes = {"matmul": f"{mm_flops / 1e9:.0f} GFLOP at {mm_flops / mm_s / 1e9:.0f} GFLOP/s, "
                        f"{mm_flops / mm_s / peak:.2f} of the probed peak {peak / 1e9:.0f}" if mm_s else "",
              **{k: top(k) for k in ("elementwise", "other", "memory", "log-probs", "attention")},
-             "gradient sums": "two uses of a weight summed out of place {:.2f} s; micro-batches into .grad in place {:.2f} s".format(
-                 *(sum(o["s"] for o in ops if o["kind"] == "gradient sums" and o["op"] == op) for op in ("aten::add", "aten::add_")))}
+             "gradient sums": ("two uses of a weight summed out of place {:.2f} s; micro-batches into .grad in place "
+                               "{:.2f} s").format(
+                 *(sum(o["s"] for o in ops if o["kind"] == "gradient sums" and o["op"] == op)
+                   for op in ("aten::add", "aten::add_")))}
     for kind, sec in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {kind} | {sec:.2f} | {sec / wall:.0%} | {notes.get(kind, '')} |")
     calls = sum(o["calls"] for o in ops)
@@ -226,8 +231,8 @@ def main() -> None:
               f"did {mm_flops / 1e9:.0f} ({mm_flops / useful:.2f}x; attention's bmms and the lm_head's are in both). "
               f"Through the trunk: {tokens['computed']} completion positions for {tokens['completion']} tokens, "
               f"{padding / 1e9:.0f} GFLOP of padding.",
-              f"At the peak, the useful FLOPs would take {useful / peak:.2f} s, the counted ones {mm_flops / peak:.2f} s: "
-              f"{useful / peak / wall:.0%} and {mm_flops / peak / wall:.0%} of this update's {wall:.2f} s "
+              f"At the peak, the useful FLOPs would take {useful / peak:.2f} s, the counted ones {mm_flops / peak:.2f} "
+              f"s: {useful / peak / wall:.0%} and {mm_flops / peak / wall:.0%} of this update's {wall:.2f} s "
               f"(= {mm_flops / useful:.2f}x the FLOPs, the matmuls at {mm_flops / mm_s / peak:.2f} of peak, "
               f"and {1 - mm_s / wall:.0%} of the time outside them)."]
     now, free = sum(x["now"] for x in positions), sum(x["rows_sorted"] for x in positions)
@@ -240,7 +245,8 @@ def main() -> None:
     print(header.render() + text)
     machine.write_results("update_cost", {"plain_s": plain, "timed_s_s": timed_s, "ops_s": total,
                                           "by_kind_s": by_kind, "matmul_flops": mm_flops, "peak_flops": peak,
-                                          "useful_flops": useful, "tokens": tokens, "op_calls": sum(o["calls"] for o in ops), "positions": positions,
+                                          "useful_flops": useful, "tokens": tokens,
+                                          "op_calls": sum(o["calls"] for o in ops), "positions": positions,
                                           "padding_flops": padding,
                                           "by_op_s": {f"{k}: {op}": sec for (k, op), sec in
                                                       sorted(by_op.items(), key=lambda kv: -kv[1])},

@@ -16,7 +16,8 @@ no rlpost) through the chat template, 4 samples each, at most 64 new tokens, T =
 recording the sampled tokens' log-probs (as a GRPO sampler must). Measures the engine's start-up
 (LLM(...) until it can generate), completion tokens per second (3 reps after a warm-up), and a
 full weight sync in process (a float32 state dict through vLLM's in-place reload), checked by
-greedy outputs changing with perturbed weights and coming back with the originals. Writes benchmarks/results/vllm_cpu.json.
+greedy outputs changing with perturbed weights and coming back with the originals. Writes
+benchmarks/results/vllm_cpu.json.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ PROMPTS, GROUP, MAX_NEW, TEMPERATURE = 8, 4, 64, 0.7
 def prompts(tok) -> list[str]:
     rng = random.Random(0)
     rows = [f"What is {rng.randint(10, 99)} + {rng.randint(1, 9)}? Reply with only the number." for _ in range(PROMPTS)]
-    return [tok.apply_chat_template([{"role": "user", "content": r}], tokenize=False, add_generation_prompt=True) for r in rows]
+    return [tok.apply_chat_template([{"role": "user", "content": r}], tokenize=False, add_generation_prompt=True)
+            for r in rows]
 
 
 def model_runner(llm):

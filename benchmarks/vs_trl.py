@@ -1,6 +1,7 @@
 """rlpost against TRL's GRPOTrainer: same model, task and configuration, run alternately in one invocation.
 
-    .venv/bin/python benchmarks/vs_trl.py                   # 2 rounds x (TRL, rlpost) x 6 steps, + the generate comparison
+    .venv/bin/python benchmarks/vs_trl.py                   # 2 rounds x (TRL, rlpost) x 6 steps, + the generate
+                                                            # comparison
     .venv/bin/python benchmarks/vs_trl.py --rounds 1 --steps 3
     .venv/bin/python benchmarks/vs_trl.py --spincount 300000  # both children spin ~3 ms (a machine of one's own)
 
@@ -177,7 +178,8 @@ def child_generate(a: argparse.Namespace) -> None:
     def run_fast():
         return fast.generate(rows, GROUP, TEMPERATURE, 1.0, MAX_NEW).completion_mask.sum().item()
 
-    engines = {"rlpost": run_fast, "generate_static": lambda: generate_tokens(hf, loaded.tokenizer, enc, fast, "static"),
+    engines = {"rlpost": run_fast,
+               "generate_static": lambda: generate_tokens(hf, loaded.tokenizer, enc, fast, "static"),
                "generate_dynamic": lambda: generate_tokens(hf, loaded.tokenizer, enc, fast, None)}
     result = {k: [] for k in engines}
     seed, reps = a.seed, a.steps
@@ -237,7 +239,8 @@ def summarise(runs: list[dict]) -> dict:
     out = {"step_s": med("step_s"), "gen_s": med("gen_s"), "update_s": med("update_s"),
            "gen_tok_s": statistics.median(s["tokens"] / s["gen_s"] for s in steps),
            "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
-           "reward_by_step": [statistics.mean(r["steps"][i]["reward"] for r in runs) for i in range(len(runs[0]["steps"]))]}
+           "reward_by_step": [statistics.mean(r["steps"][i]["reward"] for r in runs)
+                              for i in range(len(runs[0]["steps"]))]}
     if "logp_diff_mean" in steps[0]:
         out["logp_diff_mean"] = statistics.mean(s["logp_diff_mean"] for s in steps)
         out["logp_diff_max"] = max(s["logp_diff_max"] for s in steps)
@@ -248,11 +251,13 @@ def report(trl: dict, ours: dict, gen: dict, args) -> str:
     ratio = lambda k: ours[k] / trl[k]
     g = {k: statistics.median(v) for k, v in gen.items()}
     lines = [
-        f"{args.rounds} rounds x {args.steps} steps each, alternating; medians over steps 2..{args.steps} of every run.",
+        (f"{args.rounds} rounds x {args.steps} steps each, alternating; medians over steps 2..{args.steps} of "
+         "every run."),
         "", "| | TRL GRPOTrainer | rlpost | rlpost / TRL |", "|---|---|---|---|",
         f"| median step time (s) | {trl['step_s']:.1f} | {ours['step_s']:.1f} | **{ratio('step_s'):.2f}** |",
         f"| median generation time (s) | {trl['gen_s']:.1f} | {ours['gen_s']:.1f} | {ratio('gen_s'):.2f} |",
-        f"| generation tok/s (completion tokens) | {trl['gen_tok_s']:.0f} | {ours['gen_tok_s']:.0f} | {ratio('gen_tok_s'):.2f} |",
+        (f"| generation tok/s (completion tokens) | {trl['gen_tok_s']:.0f} | {ours['gen_tok_s']:.0f} | "
+         f"{ratio('gen_tok_s'):.2f} |"),
         f"| median update time (s) | {trl['update_s']:.1f} | {ours['update_s']:.1f} | {ratio('update_s'):.2f} |",
         f"| peak RSS (GiB) | {trl['peak_rss_gb']:.2f} | {ours['peak_rss_gb']:.2f} | **{ratio('peak_rss_gb'):.2f}** |",
         f"| mean reward by step | {' '.join(f'{x:.2f}' for x in trl['reward_by_step'])} | "
@@ -278,8 +283,8 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=MAX_NEW)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="child rlpost: an extra override")
     ap.add_argument("--spincount", default=None,
-                    help="both children under OMP_WAIT_POLICY=PASSIVE with this GOMP_SPINCOUNT (default: the environment's "
-                         "wait, GNU OpenMP's own unless set); writes vs_trl-spinN")
+                    help="both children under OMP_WAIT_POLICY=PASSIVE with this GOMP_SPINCOUNT (default: the "
+                         "environment's wait, GNU OpenMP's own unless set); writes vs_trl-spinN")
     ap.add_argument("--child", choices=["trl", "rlpost", "generate"])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()

@@ -101,7 +101,8 @@ def pending(patterns: list[str]) -> list[str]:
     res = {}
     for meta in (ROOT / "mutants" / "src").rglob("*.py.meta"):
         res.update(json.loads(meta.read_text())["exit_code_by_key"])
-    return sorted(n for n, c in res.items() if any(fnmatch.fnmatch(n, p) for p in patterns) and c not in KILLED | TIMEOUT)
+    return sorted(n for n, c in res.items()
+                  if any(fnmatch.fnmatch(n, p) for p in patterns) and c not in KILLED | TIMEOUT)
 
 
 def mutmut(names: list[str]) -> int:
