@@ -1,5 +1,5 @@
 from rlpost import config
-from rlpost.envs.arithmetic import _evaluate, build_splits, score
+from rlpost.envs.arithmetic import _evaluate, build_splits, score, score_steps
 
 
 def test_score_last_integer():
@@ -8,6 +8,19 @@ def test_score_last_integer():
     assert score("19, no wait, 20", row)[0] == 0.0
     assert score("The answer is nineteen.", row) == (0.0, {"correct": False, "parsed": False, "pred": None})
     assert score("1,019", {"answer": "1019"})[0] == 1.0
+
+
+def test_score_steps_pays_for_the_running_totals_in_order():
+    row = {"expr": "3 + 8 + 7", "answer": "18"}
+    assert score_steps("3 + 8 = 11\n11 + 7 = 18\nAnswer: 18", row) == (1.0, {"steps": 2, "wrong_equations": 0})
+    assert score_steps("First, 3 + 8 = 11. Answer: 18", row)[0] == 0.5  # half the chain
+    assert score_steps("11 + 7 = 18, since 3 + 8 = 11", row)[0] == 0.5  # out of order: one step counts
+    assert score_steps("Answer: 18", row) == (0.0, {"steps": 0, "wrong_equations": 0})  # a bare guess earns nothing
+    # a guessed total first ('8 + 7 = 21' is inside it) cancels one correct step; never below 0
+    assert score_steps("3 + 8 + 7 = 21\n3 + 8 = 11\n11 + 7 = 18", row) == (0.5, {"steps": 2, "wrong_equations": 1})
+    assert score_steps("3 + 8 = 12\n12 + 7 = 20", row)[0] == 0.0
+    assert score_steps("10 - 4 = 6\n6 + 1,000 = 1,006", {"expr": "10 - 4 + 1000"})[0] == 1.0
+    assert score_steps("2 + 12 = 14", {"expr": "2 + 3 * 4"})[0] == 0.0  # '*': no left-to-right chain
 
 
 def test_precedence_without_eval():

@@ -26,6 +26,33 @@ def score(completion: str, row: dict) -> tuple[float, dict]:
     return float(correct), {"correct": correct, "parsed": pred is not None, "pred": pred}
 
 
+EQUATION = re.compile(r"(-?\d+)\s*([+-])\s*(-?\d+)\s*=\s*(-?\d+)")
+
+
+def score_steps(completion: str, row: dict) -> tuple[float, dict]:
+    """Reward for the written working of a +/- expression: the fraction of its running totals
+    ("3 + 8 = 11", then "11 + 7 = 18") written as equations, in order, less one per arithmetically
+    wrong equation anywhere (a guessed "3 + 8 + 7 = 21" ends in the wrong "8 + 7 = 21"), floored at 0.
+
+    Stacked beside score() (task.reward_funcs), it pays for the chain of thought itself, so a short
+    guess that happens to be right no longer earns what a worked answer does: recipes/grpo_cot.yaml
+    says what a correctness reward alone did to the working. Expressions with '*' (precedence, no
+    left-to-right chain) score 0."""
+    tokens = row["expr"].split()
+    if "*" in tokens:
+        return 0.0, {"steps": 0, "wrong_equations": 0}
+    total, want = int(tokens[0]), []
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        after = total + int(num) if op == "+" else total - int(num)
+        want.append((total, op, int(num), after))
+        total = after
+    written = [(int(a), op, int(b), int(c)) for a, op, b, c in EQUATION.findall(completion.replace(",", ""))]
+    wrong = sum(c != (a + b if op == "+" else a - b) for a, op, b, c in written)
+    rest = iter(written)
+    found = sum(1 for _ in (w for w in want if w in rest))  # an in-order subsequence: `in` consumes `rest`
+    return max(0.0, (found - wrong) / len(want)), {"steps": found, "wrong_equations": wrong}
+
+
 def make_problem(rng: random.Random, ops: str, a_range, b_range, n_terms: int) -> tuple[str, int]:
     """One expression and its value; subtraction never goes below zero."""
     value = rng.randint(*a_range)
