@@ -1,5 +1,5 @@
 from rlpost import config
-from rlpost.envs.arithmetic import _evaluate, build_splits, score, score_steps
+from rlpost.envs.arithmetic import _evaluate, build_splits, score, score_steps, score_worked
 
 
 def test_score_last_integer():
@@ -10,17 +10,27 @@ def test_score_last_integer():
     assert score("1,019", {"answer": "1019"})[0] == 1.0
 
 
-def test_score_steps_pays_for_the_running_totals_in_order():
+def test_score_steps_pays_for_the_whole_chain_of_running_totals():
     row = {"expr": "3 + 8 + 7", "answer": "18"}
     assert score_steps("3 + 8 = 11\n11 + 7 = 18\nAnswer: 18", row) == (1.0, {"steps": 2, "wrong_equations": 0})
-    assert score_steps("First, 3 + 8 = 11. Answer: 18", row)[0] == 0.5  # half the chain
-    assert score_steps("11 + 7 = 18, since 3 + 8 = 11", row)[0] == 0.5  # out of order: one step counts
+    assert score_steps("3 + 8 = 11\n11 + 7 = 18\nAnswer: 19", row)[0] == 1.0  # the working only: score() has the answer
+    assert score_steps("First, 3 + 8 = 11. Answer: 11", row) == (0.0, {"steps": 1, "wrong_equations": 0})  # half a chain
+    assert score_steps("11 + 7 = 18, since 3 + 8 = 11", row)[0] == 0.0  # out of order
     assert score_steps("Answer: 18", row) == (0.0, {"steps": 0, "wrong_equations": 0})  # a bare guess earns nothing
-    # a guessed total first ('8 + 7 = 21' is inside it) cancels one correct step; never below 0
+    # a guessed total first ('8 + 7 = 21' is inside it) halves a whole chain
     assert score_steps("3 + 8 + 7 = 21\n3 + 8 = 11\n11 + 7 = 18", row) == (0.5, {"steps": 2, "wrong_equations": 1})
-    assert score_steps("3 + 8 = 12\n12 + 7 = 20", row)[0] == 0.0
+    assert score_steps("3 + 8 = 12\n12 + 7 = 19", row)[0] == 0.0
     assert score_steps("10 - 4 = 6\n6 + 1,000 = 1,006", {"expr": "10 - 4 + 1000"})[0] == 1.0
     assert score_steps("2 + 12 = 14", {"expr": "2 + 3 * 4"})[0] == 0.0  # '*': no left-to-right chain
+
+
+def test_score_worked_pays_the_answer_only_after_the_chain():
+    row = {"expr": "3 + 8 + 7", "answer": "18"}
+    assert score_worked("3 + 8 = 11\n11 + 7 = 18\nAnswer: 18", row)[0] == 2.0
+    assert score_worked("3 + 8 = 11\n11 + 7 = 18\nAnswer: 17", row)[0] == 1.0
+    assert score_worked("3 + 8 + 7 = 21\n3 + 8 = 11\n11 + 7 = 18. Answer: 18", row)[0] == 1.0  # a wrong guess first
+    assert score_worked("3 + 8 + 7 = Answer: 18", row) == (0.0, {"steps": 0, "wrong_equations": 0, "correct": True,
+                                                               "parsed": True, "pred": "18"})  # a right guess: nothing
 
 
 def test_precedence_without_eval():

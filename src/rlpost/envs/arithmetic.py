@@ -30,14 +30,16 @@ EQUATION = re.compile(r"(-?\d+)\s*([+-])\s*(-?\d+)\s*=\s*(-?\d+)")
 
 
 def score_steps(completion: str, row: dict) -> tuple[float, dict]:
-    """Reward for the written working of a +/- expression: the fraction of its running totals
-    ("3 + 8 = 11", then "11 + 7 = 18") written as equations, in order, less one per arithmetically
-    wrong equation anywhere (a guessed "3 + 8 + 7 = 21" ends in the wrong "8 + 7 = 21"), floored at 0.
+    """Reward for the written working of a +/- expression: 1.0 when every running total is written
+    as an equation, in order ("3 + 8 = 11", then "11 + 7 = 18"), and no equation is wrong; 0.5 when
+    the chain is whole but a wrong equation is there too (a guessed "3 + 8 + 7 = 21" first ends in
+    the wrong "8 + 7 = 21"); 0 otherwise.
 
     Stacked beside score() (task.reward_funcs), it pays for the chain of thought itself, so a short
-    guess that happens to be right no longer earns what a worked answer does: recipes/grpo_cot.yaml
-    says what a correctness reward alone did to the working. Expressions with '*' (precedence, no
-    left-to-right chain) score 0."""
+    guess that happens to be right no longer earns what a worked answer does. All or nothing on
+    purpose: a reward per running total was collected by writing the first one and stopping ("4 + 8
+    = 12. Answer: 12", measured in recipes/grpo_cot.yaml's header). Expressions with '*' (precedence,
+    no left-to-right chain) score 0."""
     tokens = row["expr"].split()
     if "*" in tokens:
         return 0.0, {"steps": 0, "wrong_equations": 0}
@@ -50,7 +52,20 @@ def score_steps(completion: str, row: dict) -> tuple[float, dict]:
     wrong = sum(c != (a + b if op == "+" else a - b) for a, op, b, c in written)
     rest = iter(written)
     found = sum(1 for _ in (w for w in want if w in rest))  # an in-order subsequence: `in` consumes `rest`
-    return max(0.0, (found - wrong) / len(want)), {"steps": found, "wrong_equations": wrong}
+    reward = 0.0 if found < len(want) else 0.5 if wrong else 1.0
+    return reward, {"steps": found, "wrong_equations": wrong}
+
+
+def score_worked(completion: str, row: dict) -> tuple[float, dict]:
+    """score_steps x (1 + score): a right answer counts only after the whole chain of running totals.
+
+    0 for a bare guess, right or wrong; 1 (0.5 with a wrong equation) for the whole chain ending in
+    a wrong answer; 2 (1) for the whole chain and the right answer. recipes/grpo_cot.yaml measured
+    why the answer may not pay alone: stacked as a sum beside score_steps, a right guess still
+    collected more often than the rarer whole chain, and GRPO collapsed the working into guesses."""
+    steps, info = score_steps(completion, row)
+    correct, answer_info = score(completion, row)
+    return steps * (1.0 + correct), {**info, **answer_info}
 
 
 def make_problem(rng: random.Random, ops: str, a_range, b_range, n_terms: int) -> tuple[str, int]:
