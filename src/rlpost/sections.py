@@ -65,7 +65,7 @@ class TaskConfig:
     """smallest second operand"""
     max_b: int = knob(20, ge=0)
     """largest second operand"""
-    n_terms: int = knob(2, ge=2, le=6)
+    n_terms: int = knob(2, ge=2, le=20)
     """operands per problem (a op b op c ...); operands after the first use the b range"""
     prompt: str = "What is {expr}? Reply with only the number."
     """user message; {expr} is replaced by the expression"""

@@ -40,9 +40,17 @@ def score_steps(completion: str, row: dict) -> tuple[float, dict]:
     purpose: a reward per running total was collected by writing the first one and stopping ("4 + 8
     = 12. Answer: 12", measured in recipes/grpo_cot.yaml's header). Expressions with '*' (precedence,
     no left-to-right chain) score 0."""
-    tokens = row["expr"].split()
+    found, steps, wrong = _chain(completion, row["expr"])
+    reward = 0.0 if not steps or found < steps else 0.5 if wrong else 1.0
+    return reward, {"steps": found, "wrong_equations": wrong}
+
+
+def _chain(completion: str, expr: str) -> tuple[int, int, int]:
+    """(running totals of ``expr`` written as equations in order, counted from the first until one
+    is missing; the chain's length; arithmetically wrong equations written). '*' has no chain: 0."""
+    tokens = expr.split()
     if "*" in tokens:
-        return 0.0, {"steps": 0, "wrong_equations": 0}
+        return 0, 0, 0
     total, want = int(tokens[0]), []
     for op, num in zip(tokens[1::2], tokens[2::2]):
         after = total + int(num) if op == "+" else total - int(num)
@@ -50,10 +58,8 @@ def score_steps(completion: str, row: dict) -> tuple[float, dict]:
         total = after
     written = [(int(a), op, int(b), int(c)) for a, op, b, c in EQUATION.findall(completion.replace(",", ""))]
     wrong = sum(c != (a + b if op == "+" else a - b) for a, op, b, c in written)
-    rest = iter(written)
-    found = sum(1 for _ in (w for w in want if w in rest))  # an in-order subsequence: `in` consumes `rest`
-    reward = 0.0 if found < len(want) else 0.5 if wrong else 1.0
-    return reward, {"steps": found, "wrong_equations": wrong}
+    rest = iter(written)  # `w in rest` consumes rest up to w, so a missing step ends the count: a prefix
+    return sum(1 for _ in (w for w in want if w in rest)), len(want), wrong
 
 
 def score_worked(completion: str, row: dict) -> tuple[float, dict]:
@@ -66,6 +72,17 @@ def score_worked(completion: str, row: dict) -> tuple[float, dict]:
     steps, info = score_steps(completion, row)
     correct, answer_info = score(completion, row)
     return steps * (1.0 + correct), {**info, **answer_info}
+
+
+def score_worked_partial(completion: str, row: dict) -> tuple[float, dict]:
+    """score_worked for long chains: the fraction of the running totals written in order from the
+    first (halved by a wrong equation) x (1 + score). A bare guess earns 0 and the right answer
+    doubles what the working earned; each further step written right pays a little, which an
+    eight-step chain needs (the whole chain at once is too rare to learn from: recipes/grpo_cot_long.yaml)."""
+    found, steps, wrong = _chain(completion, row["expr"])
+    correct, answer_info = score(completion, row)
+    working = found / steps * (0.5 if wrong else 1.0) if steps else 0.0
+    return working * (1.0 + correct), {"steps": found, "wrong_equations": wrong, **answer_info}
 
 
 def make_problem(rng: random.Random, ops: str, a_range, b_range, n_terms: int) -> tuple[str, int]:
