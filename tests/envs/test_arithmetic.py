@@ -1,5 +1,5 @@
 from rlpost import config
-from rlpost.envs.arithmetic import _evaluate, build_splits, score, score_steps, score_worked, score_worked_partial
+from rlpost.envs.arithmetic import _evaluate, build_splits, score, score_steps, score_worked
 
 
 def test_score_last_integer():
@@ -31,17 +31,6 @@ def test_score_worked_pays_the_answer_only_after_the_chain():
     assert score_worked("3 + 8 + 7 = 21\n3 + 8 = 11\n11 + 7 = 18. Answer: 18", row)[0] == 1.0  # a wrong guess first
     assert score_worked("3 + 8 + 7 = Answer: 18", row) == (0.0, {"steps": 0, "wrong_equations": 0, "correct": True,
                                                                "parsed": True, "pred": "18"})  # a right guess: nothing
-
-
-def test_score_worked_partial_pays_each_running_total_from_the_first():
-    row = {"expr": "3 + 8 + 7 + 2", "answer": "20"}
-    chain = "3 + 8 = 11\n11 + 7 = 18\n18 + 2 = 20\n"
-    assert score_worked_partial(chain + "Answer: 20", row)[0] == 2.0
-    assert score_worked_partial(chain + "Answer: 21", row)[0] == 1.0
-    assert score_worked_partial("3 + 8 = 11\n11 + 7 = 18\nAnswer: 18", row)[0] == 2 / 3
-    assert score_worked_partial("11 + 7 = 18\n18 + 2 = 20\nAnswer: 20", row)[0] == 0.0  # the first step missing
-    assert score_worked_partial("3 + 8 = 12\nAnswer: 20", row)[0] == 0.0  # a guess after a wrong step
-    assert score_worked_partial("3 + 8 + 7 + 2 = 21\n" + chain + "Answer: 20", row)[0] == 1.0  # halved by the guess
 
 
 def test_precedence_without_eval():

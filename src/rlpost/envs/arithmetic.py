@@ -74,17 +74,6 @@ def score_worked(completion: str, row: dict) -> tuple[float, dict]:
     return steps * (1.0 + correct), {**info, **answer_info}
 
 
-def score_worked_partial(completion: str, row: dict) -> tuple[float, dict]:
-    """score_worked for long chains: the fraction of the running totals written in order from the
-    first (halved by a wrong equation) x (1 + score). A bare guess earns 0 and the right answer
-    doubles what the working earned; each further step written right pays a little, which an
-    eight-step chain needs (the whole chain at once is too rare to learn from: recipes/grpo_cot_long.yaml)."""
-    found, steps, wrong = _chain(completion, row["expr"])
-    correct, answer_info = score(completion, row)
-    working = found / steps * (0.5 if wrong else 1.0) if steps else 0.0
-    return working * (1.0 + correct), {"steps": found, "wrong_equations": wrong, **answer_info}
-
-
 def make_problem(rng: random.Random, ops: str, a_range, b_range, n_terms: int) -> tuple[str, int]:
     """One expression and its value; subtraction never goes below zero."""
     value = rng.randint(*a_range)
