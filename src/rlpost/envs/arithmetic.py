@@ -53,13 +53,13 @@ def _chain(completion: str, expr: str) -> tuple[int, int, int]:
         return 0, 0, 0
     total, want = int(tokens[0]), []
     for op, num in zip(tokens[1::2], tokens[2::2]):
-        after = total + int(num) if op == "+" else total - int(num)
+        after = _apply(total, op, int(num))
         want.append((total, op, int(num), after))
         total = after
     written = [(int(a), op, int(b), int(c)) for a, op, b, c in EQUATION.findall(completion.replace(",", ""))]
-    wrong = sum(c != (a + b if op == "+" else a - b) for a, op, b, c in written)
+    wrong = sum(c != _apply(a, op, b) for a, op, b, c in written)
     rest = iter(written)  # `w in rest` consumes rest up to w, so a missing step ends the count: a prefix
-    return sum(1 for _ in (w for w in want if w in rest)), len(want), wrong
+    return sum(w in rest for w in want), len(want), wrong
 
 
 def score_worked(completion: str, row: dict) -> tuple[float, dict]:
@@ -83,7 +83,7 @@ def make_problem(rng: random.Random, ops: str, a_range, b_range, n_terms: int) -
         b = rng.randint(*b_range)
         if op == "-" and b > value:  # keep results non-negative: swap in a b that fits
             b = rng.randint(min(b_range[0], value), value)
-        value = value + b if op == "+" else value - b if op == "-" else value * b
+        value = _apply(value, op, b)
         expr += f" {op} {b}"
     # Operator precedence: with '*' after '+' the string's value differs from left-to-right;
     # evaluate the string itself (digits and + - * only, so this is plain arithmetic).
@@ -102,8 +102,13 @@ def _evaluate(expr: str) -> int:
             ops.append(op)
     total = terms[0]
     for op, t in zip(ops, terms[1:]):
-        total = total + t if op == "+" else total - t
+        total = _apply(total, op, t)
     return total
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    """a op b for one of the family's operators: + - *."""
+    return a + b if op == "+" else a - b if op == "-" else a * b
 
 
 def disjoint_splits(draw, n_train: int, n_heldout: int) -> tuple[list[tuple], list[tuple]]:
