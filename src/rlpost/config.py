@@ -1,10 +1,11 @@
 """Typed run configuration: frozen dataclasses, YAML recipes, dotted ``key=value`` overrides.
 
 A config is one ``Config`` made of sections (``model``, ``task``, ``rollout``, ``algo``,
-``trainer``, ``pref``, ``run``, ``dist``, ``offload``), defined in sections.py. Each field's docstring (the string
-literal under it) is its ``--help`` text, so nothing is documented twice. Ranges and choices live next to
-the field, in ``metadata``; cross-field rules live here in ``check_consistency``; the numbers that
-follow from several sections (batch sizes, optimizer steps) in ``Config.derived`` (sections.py).
+``trainer``, ``pref``, ``run``, ``dist``, ``offload``), defined in sections.py (``task`` in
+task_section.py). Each field's docstring (the string literal under it) is its ``--help`` text, so
+nothing is documented twice. Ranges and choices live next to the field, in ``metadata``; cross-field
+rules live here in ``check_consistency``; the numbers that follow from several sections (batch
+sizes, optimizer steps) in ``Config.derived`` (sections.py).
 
 Any mistake — an unknown key, a wrong type, an out-of-range value — raises ``ConfigError`` whose
 message is one line naming the dotted key and what was expected. The CLI prints that line and

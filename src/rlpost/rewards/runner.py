@@ -127,7 +127,7 @@ def echo_output(log_path: str) -> None:
 
 
 def default_workers(n: int) -> int:
-    """task.verifier_workers: 0 = the number of CPU cores, at most 8 (sections.py says why)."""
+    """task.verifier_workers: 0 = the number of CPU cores, at most 8 (task_section.py says why)."""
     return n or min(8, os.cpu_count() or 1)
 
 
