@@ -197,10 +197,16 @@ def check_task(cfg: Config) -> None:
         raise ConfigError(f"task.min_a: expected <= task.max_a ({cfg.task.max_a}), got {cfg.task.min_a}")
     if cfg.task.min_b > cfg.task.max_b:
         raise ConfigError(f"task.min_b: expected <= task.max_b ({cfg.task.max_b}), got {cfg.task.min_b}")
+    if cfg.task.min_terms and not 2 <= cfg.task.min_terms <= cfg.task.n_terms:
+        raise ConfigError(f"task.min_terms: expected 0 (off) or 2 to task.n_terms ({cfg.task.n_terms}), "
+                          f"got {cfg.task.min_terms}")
     if not cfg.task.ops or set(cfg.task.ops) - set("+-*"):
         raise ConfigError(f"task.ops: expected a non-empty string of '+', '-', '*', got {cfg.task.ops!r}")
-    if "{expr}" not in cfg.task.prompt:
-        raise ConfigError("task.prompt: expected a template containing {expr}")
+    if "{expr}" not in cfg.task.prompt and "{steps}" not in cfg.task.prompt:
+        raise ConfigError("task.prompt: expected a template containing {expr} or {steps}")
+    if "{steps}" in cfg.task.prompt and "*" in cfg.task.ops:
+        raise ConfigError("task.prompt: {steps} lists the operations left to right, which '*' in task.ops (done "
+                          "first) would make wrong; use {expr}, or task.ops without '*'")
 
 
 # ---------------------------------------------------------------------------------------------

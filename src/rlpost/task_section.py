@@ -38,8 +38,12 @@ class TaskConfig:
     """largest second operand"""
     n_terms: int = knob(2, ge=2, le=20)
     """operands per problem (a op b op c ...); operands after the first use the b range"""
+    min_terms: int = knob(0, ge=0, le=20)
+    """training problems draw their operand count from task.min_terms..task.n_terms, shorter ones more often; held-out
+    ones all have task.n_terms; 0 = all have task.n_terms (docs/environments.md)"""
     prompt: str = "What is {expr}? Reply with only the number."
-    """user message; {expr} is replaced by the expression"""
+    """user message; {expr} is replaced by the expression, {steps} by its operations one per numbered line (+ and -
+    only: docs/environments.md)"""
     system_prompt: str = ""
     """system message placed before the user message; empty = the chat template's default"""
     prompt_format: Literal["chat", "raw"] = "chat"

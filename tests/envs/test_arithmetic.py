@@ -1,5 +1,7 @@
+import pytest
+
 from rlpost import config
-from rlpost.envs.arithmetic import _evaluate, build_splits, score, score_steps, score_worked
+from rlpost.envs.arithmetic import _evaluate, build_splits, numbered_steps, score, score_steps, score_worked
 
 
 def test_score_last_integer():
@@ -55,3 +57,45 @@ def test_subtraction_stays_non_negative():
     tcfg = config.load(None, ["task.ops=-", "task.min_a=0", "task.max_a=9", "task.min_b=0", "task.max_b=9"]).task
     train, heldout = build_splits(tcfg)
     assert all(int(r["answer"]) >= 0 for r in train + heldout)
+
+
+def test_min_terms_mixes_chain_lengths_in_training_and_holds_out_the_longest():
+    tcfg = config.load(None, ["task.ops=+-", "task.n_terms=6", "task.min_terms=3", "task.n_train=2000",
+                           "task.n_heldout=100"]).task
+    train, heldout = build_splits(tcfg)
+    operands = lambda r: len(r["expr"].split()) // 2 + 1
+    assert {operands(r) for r in heldout} == {6}  # held-out accuracy is the longest chain's
+    counts = [sum(operands(r) == n for r in train) for n in range(3, 7)]
+    assert sum(counts) == 2000 and counts == sorted(counts, reverse=True) and counts[-1] > 200  # 1 : 1/2 : 1/3 : 1/4
+    assert not {r["expr"] for r in train} & {r["expr"] for r in heldout}
+    assert all(_evaluate(r["expr"]) == int(r["answer"]) >= 0 for r in train + heldout)
+    off = build_splits(config.load(None, ["task.n_terms=4", "task.n_train=50"]).task)[0]
+    assert {operands(r) for r in off} == {4}  # 0 (the default): every problem has task.n_terms
+
+
+def test_min_terms_outside_two_to_n_terms_is_one_clear_error():
+    for bad in ("task.min_terms=1", "task.min_terms=5"):
+        with pytest.raises(config.ConfigError,
+                           match=r"task\.min_terms: expected 0 \(off\) or 2 to task\.n_terms \(4\)"):
+            config.load(None, ["task.n_terms=4", bad])
+
+
+def test_steps_placeholder_lists_each_operation_on_its_numbered_line():
+    assert numbered_steps("4 + 7 - 2") == "Start with 4.\nStep 1: + 7\nStep 2: - 2"
+    assert numbered_steps("5") == "Start with 5."
+    tcfg = config.load(None, ["task.ops=+-", "task.n_terms=4", "task.n_heldout=5", "task.n_train=5",
+                           "task.prompt=Add these up.\n{steps}"]).task
+    train, heldout = build_splits(tcfg)
+    for row in train + heldout:
+        text = row["messages"][-1]["content"]
+        lines = text.split("\n")[1:]
+        assert text.startswith("Add these up.\nStart with ") and len(lines) == 4 and lines[-1].startswith("Step 3: ")
+        assert " ".join([lines[0][len("Start with "):-1]] + [ln.split(": ", 1)[1] for ln in lines[1:]]) == row["expr"]
+
+
+def test_steps_placeholder_with_multiplication_or_no_placeholder_is_one_clear_error():
+    with pytest.raises(config.ConfigError, match=r"task\.prompt: \{steps\} lists the operations left to right"):
+        config.load(None, ["task.ops=+*", "task.prompt={steps}"])
+    with pytest.raises(config.ConfigError,
+                       match=r"task\.prompt: expected a template containing \{expr\} or \{steps\}"):
+        config.load(None, ["task.prompt=What is it?"])

@@ -111,11 +111,14 @@ def _apply(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
-def disjoint_splits(draw, n_train: int, n_heldout: int) -> tuple[list[tuple], list[tuple]]:
+def disjoint_splits(draw, n_train: int, n_heldout: int, draw_train=None) -> tuple[list[tuple], list[tuple]]:
     """(train, held-out) lists of (expr, value) from ``draw()``: the held-out split is drawn first,
     distinct, and every training draw whose expression is held out is dropped. Each loop makes at
     most 20x its target draws, so a small problem space gives fewer rows instead of hanging.
+    ``draw_train`` (default ``draw``) draws the training problems when they come from a wider
+    distribution than the held-out ones (arithmetic's task.min_terms curriculum).
     Shared by every generated task family (arithmetic, mathgen, tools)."""
+    draw_train = draw_train or draw
     heldout: dict = {}
     for _ in range(n_heldout * 20):
         if len(heldout) == n_heldout:
@@ -126,21 +129,42 @@ def disjoint_splits(draw, n_train: int, n_heldout: int) -> tuple[list[tuple], li
     for _ in range(n_train * 20):
         if len(train) == n_train:
             break
-        expr, value = draw()
+        expr, value = draw_train()
         if expr not in heldout:
             train.append((expr, value))
     return train, list(heldout.items())
 
 
 def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
-    """(train rows, held-out rows); rows carry chat messages and the answer."""
+    """(train rows, held-out rows); rows carry chat messages and the answer.
+
+    With task.min_terms each training problem draws its operand count from min_terms..n_terms with
+    weights 1, 1/2, 1/3, ... (min_terms the most often), so one run mixes short chains, which the
+    base model sometimes works out (a learning signal from the first step), with long ones, which
+    it does not yet; the held-out problems all have n_terms operands, so held-out accuracy is
+    measured on the longest chain."""
     rng = random.Random(tcfg.seed)
-    draw = lambda: make_problem(rng, tcfg.ops, (tcfg.min_a, tcfg.max_a), (tcfg.min_b, tcfg.max_b), tcfg.n_terms)
-    train, heldout = disjoint_splits(draw, tcfg.n_train, tcfg.n_heldout)
+    ranges = (tcfg.min_a, tcfg.max_a), (tcfg.min_b, tcfg.max_b)
+    draw = lambda: make_problem(rng, tcfg.ops, *ranges, tcfg.n_terms)
+    counts = range(tcfg.min_terms, tcfg.n_terms + 1)
+    weights = [1 / (i + 1) for i in range(len(counts))]
+    mixed = lambda: make_problem(rng, tcfg.ops, *ranges, rng.choices(counts, weights)[0])
+    train, heldout = disjoint_splits(draw, tcfg.n_train, tcfg.n_heldout, mixed if tcfg.min_terms else None)
     to_row = lambda e, v: {"messages": _messages(tcfg, e), "answer": str(v), "expr": e}
     return [to_row(e, v) for e, v in train], [to_row(e, v) for e, v in heldout]
 
 
+def numbered_steps(expr: str) -> str:
+    """'4 + 7 - 2' as a worksheet, one operation per numbered line: 'Start with 4.', 'Step 1: + 7',
+    'Step 2: - 2' (task.prompt's {steps}). A long chain is easier to keep in order this way: the
+    number of the step being written points at its line, where '4 + 7 + 7 + 2 + ...' on one line
+    leaves a small model to find its place among repeated terms (it skips and repeats them)."""
+    tokens = expr.split()
+    lines = [f"Start with {tokens[0]}."]
+    lines += [f"Step {i}: {op} {num}" for i, (op, num) in enumerate(zip(tokens[1::2], tokens[2::2]), 1)]
+    return "\n".join(lines)
+
+
 def _messages(tcfg, expr: str) -> list[dict]:
-    user = {"role": "user", "content": tcfg.prompt.format(expr=expr)}
+    user = {"role": "user", "content": tcfg.prompt.format(expr=expr, steps=numbered_steps(expr))}
     return ([{"role": "system", "content": tcfg.system_prompt}] if tcfg.system_prompt else []) + [user]
