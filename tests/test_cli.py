@@ -70,6 +70,8 @@ def test_every_recipe_runs_two_steps_on_the_tiny_model(tmp_path, monkeypatch):
         scaled = ["trainer.mini_batch_size=8"] if "mini_batch_size" in recipe.read_text() else []
         # the recipe's teacher is a real run
         scaled += ["algo.teacher=tiny"] if "teacher:" in recipe.read_text() else []
+        # ten terms one per line are ~280 of the tiny model's (character) tokens, past its 256-token context
+        scaled += ["task.n_terms=4"] if "{steps}" in recipe.read_text() else []
         # a mix scores each row by its own family's verifier, an environment by its step
         # (task.verifier is refused there)
         text = recipe.read_text()

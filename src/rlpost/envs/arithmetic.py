@@ -38,8 +38,8 @@ def score_steps(completion: str, row: dict) -> tuple[float, dict]:
     Stacked beside score() (task.reward_funcs), it pays for the chain of thought itself, so a short
     guess that happens to be right no longer earns what a worked answer does. All or nothing on
     purpose: a reward per running total was collected by writing the first one and stopping ("4 + 8
-    = 12. Answer: 12", measured in recipes/grpo_cot.yaml's header). Expressions with '*' (precedence,
-    no left-to-right chain) score 0."""
+    = 12. Answer: 12", measured in recipes/grpo_cot_short.yaml's header). Expressions with '*'
+    (precedence, no left-to-right chain) score 0."""
     found, steps, wrong = _chain(completion, row["expr"])
     reward = 0.0 if not steps or found < steps else 0.5 if wrong else 1.0
     return reward, {"steps": found, "wrong_equations": wrong}
@@ -66,9 +66,10 @@ def score_worked(completion: str, row: dict) -> tuple[float, dict]:
     """score_steps x (1 + score): a right answer counts only after the whole chain of running totals.
 
     0 for a bare guess, right or wrong; 1 (0.5 with a wrong equation) for the whole chain ending in
-    a wrong answer; 2 (1) for the whole chain and the right answer. recipes/grpo_cot.yaml measured
-    why the answer may not pay alone: stacked as a sum beside score_steps, a right guess still
-    collected more often than the rarer whole chain, and GRPO collapsed the working into guesses."""
+    a wrong answer; 2 (1) for the whole chain and the right answer. recipes/grpo_cot_short.yaml
+    measured why the answer may not pay alone: stacked as a sum beside score_steps, a right guess
+    still collected more often than the rarer whole chain, and GRPO collapsed the working into
+    guesses. recipes/grpo_cot.yaml uses it on a ten-term chain (~130 tokens)."""
     steps, info = score_steps(completion, row)
     correct, answer_info = score(completion, row)
     return steps * (1.0 + correct), {**info, **answer_info}
