@@ -14,16 +14,17 @@ def test_score_last_integer():
 
 def test_score_steps_pays_for_the_whole_chain_of_running_totals():
     row = {"expr": "3 + 8 + 7", "answer": "18"}
-    assert score_steps("3 + 8 = 11\n11 + 7 = 18\nAnswer: 18", row) == (1.0, {"steps": 2, "wrong_equations": 0})
+    info = lambda steps, whole, wrong: {"steps": steps, "whole_chain": whole, "wrong_equations": wrong}
+    assert score_steps("3 + 8 = 11\n11 + 7 = 18\nAnswer: 18", row) == (1.0, info(2, True, 0))
     assert score_steps("3 + 8 = 11\n11 + 7 = 18\nAnswer: 19", row)[0] == 1.0  # the working only: score() has the answer
-    assert score_steps("First, 3 + 8 = 11. Answer: 11", row) == (0.0, {"steps": 1, "wrong_equations": 0})  # half
+    assert score_steps("First, 3 + 8 = 11. Answer: 11", row) == (0.0, info(1, False, 0))  # half
     assert score_steps("11 + 7 = 18, since 3 + 8 = 11", row)[0] == 0.0  # out of order
-    assert score_steps("Answer: 18", row) == (0.0, {"steps": 0, "wrong_equations": 0})  # a bare guess earns nothing
+    assert score_steps("Answer: 18", row) == (0.0, info(0, False, 0))  # a bare guess earns nothing
     # a guessed total first ('8 + 7 = 21' is inside it) halves a whole chain
-    assert score_steps("3 + 8 + 7 = 21\n3 + 8 = 11\n11 + 7 = 18", row) == (0.5, {"steps": 2, "wrong_equations": 1})
+    assert score_steps("3 + 8 + 7 = 21\n3 + 8 = 11\n11 + 7 = 18", row) == (0.5, info(2, True, 1))
     assert score_steps("3 + 8 = 12\n12 + 7 = 19", row)[0] == 0.0
     assert score_steps("10 - 4 = 6\n6 + 1,000 = 1,006", {"expr": "10 - 4 + 1000"})[0] == 1.0
-    assert score_steps("2 + 12 = 14", {"expr": "2 + 3 * 4"})[0] == 0.0  # '*': no left-to-right chain
+    assert score_steps("2 + 12 = 14", {"expr": "2 + 3 * 4"}) == (0.0, info(0, False, 0))  # '*': no left-to-right chain
 
 
 def test_score_worked_pays_the_answer_only_after_the_chain():
@@ -31,8 +32,9 @@ def test_score_worked_pays_the_answer_only_after_the_chain():
     assert score_worked("3 + 8 = 11\n11 + 7 = 18\nAnswer: 18", row)[0] == 2.0
     assert score_worked("3 + 8 = 11\n11 + 7 = 18\nAnswer: 17", row)[0] == 1.0
     assert score_worked("3 + 8 + 7 = 21\n3 + 8 = 11\n11 + 7 = 18. Answer: 18", row)[0] == 1.0  # a wrong guess first
-    assert score_worked("3 + 8 + 7 = Answer: 18", row) == (0.0, {"steps": 0, "wrong_equations": 0, "correct": True,
-                                                               "parsed": True, "pred": "18"})  # a right guess: nothing
+    assert score_worked("3 + 8 + 7 = Answer: 18", row) == (0.0, {"steps": 0, "whole_chain": False, "wrong_equations": 0,
+                                                               "correct": True, "parsed": True,
+                                                               "pred": "18"})  # a right guess: nothing
 
 
 def test_precedence_without_eval():

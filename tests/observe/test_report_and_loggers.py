@@ -166,6 +166,17 @@ def test_zero_series_are_not_drawn_and_the_histogram_counts_its_bars(tmp_path):
     assert "too few steps to judge <b>entropy_collapse</b>" in page
 
 
+@pytest.mark.plots  # reads the plot's text: drawn, not conftest.py's stand-in
+def test_what_the_verifier_found_is_one_plot_and_absent_without_it():
+    from rlpost.observe.report import plots_for, verifier_plot
+
+    h = history(3, **{"reward_extra/whole_chain": 0.5, "reward_extra/correct": 0.25})
+    fig_svg = verifier_plot(h)
+    assert "What the verifier found" in fig_svg and "whole_chain" in fig_svg and "correct" in fig_svg
+    assert verifier_plot(history(3)) is None  # no reward_extra/ metric: no plot
+    assert sum(p is not None for p in plots_for(h, None)) == sum(p is not None for p in plots_for(history(3), None)) + 1
+
+
 def test_a_mix_gets_a_row_per_family_in_the_closing_table_and_a_plot_in_the_report():
     from rlpost.observe.report import task_plot
     from rlpost.observe.runlog import closing_table

@@ -41,6 +41,22 @@ def test_hanging_verifier_times_out_and_the_rest_still_score():
     r.close()
 
 
+def test_a_verifiers_bools_are_shares_in_the_metrics_and_its_other_values_are_not():
+    # arithmetic's score: {'correct': bool, 'parsed': bool, 'pred': str | None}; a parsed answer has no mean
+    r = VerifierRunner("rlpost.envs.arithmetic:score", timeout_s=5)
+    rewards, infos, m = r.score(FakeBatch(["1", "so 2", "none", "11"]))
+    r.close()
+    assert rewards.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert m["reward_extra/correct"] == 0.25 and m["reward_extra/parsed"] == 0.75
+    assert not any(k.startswith("reward_extra/pred") for k in m) and infos[1]["pred"] == "2"
+    from rlpost.rewards.runner import extra_metrics
+
+    # the same info as a verl compute_score's extras: its numbers are averaged too (verl's reward_extra_info)
+    infos = [{"acc": True, "steps": 3, "pred": "7"}, {"acc": False, "steps": 1}]
+    assert extra_metrics(infos) == {"reward_extra/acc": 0.5, "reward_extra/steps": 2.0}
+    assert extra_metrics(infos, numbers=False) == {"reward_extra/acc": 0.5}
+
+
 def test_printing_and_plain_float_verifiers():
     r = VerifierRunner("toy_verifiers:prints", timeout_s=5)
     assert r.score(FakeBatch(["x"]))[0].tolist() == [0.5]

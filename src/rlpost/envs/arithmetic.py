@@ -42,7 +42,7 @@ def score_steps(completion: str, row: dict) -> tuple[float, dict]:
     (precedence, no left-to-right chain) score 0."""
     found, steps, wrong = _chain(completion, row["expr"])
     reward = 0.0 if not steps or found < steps else 0.5 if wrong else 1.0
-    return reward, {"steps": found, "wrong_equations": wrong}
+    return reward, {"steps": found, "whole_chain": bool(steps) and found == steps, "wrong_equations": wrong}
 
 
 def _chain(completion: str, expr: str) -> tuple[int, int, int]:

@@ -122,6 +122,15 @@ def line_plot(history, title, keys, ylabel) -> str | None:
     return _svg(fig) if fig is not None else None
 
 
+def verifier_plot(history) -> str | None:
+    """What the reward functions found beside the reward, per step (reward_extra/<key>: a share of the
+    completions for a verifier's bools such as 'parsed', 'whole_chain', 'correct'; verl's extras as
+    they come): the format health a reward's mean hides. None when no function reports any."""
+    keys = sorted({k for h in history for k in h if k.startswith("reward_extra/")})
+    return line_plot(history, "What the verifier found (per completion)",
+                     [(k, k.partition("/")[2]) for k in keys], "share or mean") if keys else None
+
+
 def reward_plot(history, summary) -> str:
     fig, ax = plt.subplots(figsize=(5.2, 3.0))
     x, y = _series(history, "reward/mean")
@@ -267,7 +276,8 @@ def plots_for(history, summary) -> list[str | None]:
         return [line_plot(history, *loss),
                 line_plot(history, "Gradient norm (pre-clip)", [("actor/grad_norm", "policy")], "")]
     return [reward_plot(history, summary), passk_plot(summary), task_plot(history, summary),
-            *(line_plot(history, *p) for p in LINE_PLOTS), ratio_plot(history), timing_plot(history)]
+            verifier_plot(history), *(line_plot(history, *p) for p in LINE_PLOTS), ratio_plot(history),
+            timing_plot(history)]
 
 
 NUMBER = (float, type(None))

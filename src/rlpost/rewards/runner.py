@@ -82,14 +82,17 @@ def _others_can_write(path: str) -> str:
         node, leaf = os.path.dirname(node), False
 
 
-def extra_metrics(infos: list[dict]) -> dict:
+def extra_metrics(infos: list[dict], numbers: bool = True) -> dict:
     """reward_extra/<key>: the mean of each number (or bool) a verl ``compute_score`` returned beside
     its 'score' (verl's reward_extra_info, e.g. {'score': 1.0, 'acc': True}), over the completions
-    that have it. Other conventions' info dicts hold parsed answers too, which no mean describes."""
+    that have it. A verifier-style function's info dict holds parsed answers too, which no mean
+    describes (``numbers=False``): only its bools are kept, as shares ('correct', 'parsed',
+    'whole_chain', 'format': the format health the report plots)."""
     values: dict[str, list[float]] = {}
+    kinds = (bool, int, float) if numbers else (bool,)
     for info in infos:
         for key, v in info.items():
-            if isinstance(v, (bool, int, float)) and key not in ("timeout",):
+            if isinstance(v, kinds) and key not in ("timeout",):
                 values.setdefault(key, []).append(float(v))
     return {f"reward_extra/{key}": sum(vs) / len(vs) for key, vs in values.items()}
 
@@ -330,7 +333,7 @@ class VerifierRunner:
             f"verifier/{self.name}/errors": errors, f"verifier/{self.name}/timeouts": timeouts,
             f"verifier/{self.name}/calls": n,
             "timing_s/verifier_per_call": (time.perf_counter() - t0) / max(1, n),
-            **(extra_metrics(infos) if self.style == "verl" else {}),
+            **(extra_metrics(infos, numbers=self.style == "verl") if self.style != "trl" else {}),
         }
         echo_output(self.log_path)
         return torch.tensor(rewards, dtype=torch.float32), infos, metrics
