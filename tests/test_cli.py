@@ -64,17 +64,17 @@ def test_every_recipe_runs_two_steps_on_the_tiny_model(tmp_path, monkeypatch):
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
-        if "stages:" in recipe.read_text():  # a pipeline recipe: tests/recipes/test_pipeline.py
+        text = recipe.read_text()
+        if "stages:" in text:  # a pipeline recipe: tests/recipes/test_pipeline.py
             continue
         # TINY's rollout batch is 16 sequences: a recipe's mini-batch of the demo's 128 is scaled with it
-        scaled = ["trainer.mini_batch_size=8"] if "mini_batch_size" in recipe.read_text() else []
+        scaled = ["trainer.mini_batch_size=8"] if "mini_batch_size" in text else []
         # the recipe's teacher is a real run
-        scaled += ["algo.teacher=tiny"] if "teacher:" in recipe.read_text() else []
+        scaled += ["algo.teacher=tiny"] if "teacher:" in text else []
         # ten terms one per line are ~280 of the tiny model's (character) tokens, past its 256-token context
-        scaled += ["task.n_terms=4"] if "{steps}" in recipe.read_text() else []
+        scaled += ["task.n_terms=4"] if "{steps}" in text else []
         # a mix scores each row by its own family's verifier, an environment by its step
         # (task.verifier is refused there)
-        text = recipe.read_text()
         verifier = ([] if "mix:" in text or "name: tools" in text or "name: env" in text
                     else ["task.verifier=toy_verifiers:odd_length"])
         code = cli.main(["train", str(recipe), *TINY, *scaled, f"run.out_dir={tmp_path}", f"run.name={recipe.stem}",

@@ -48,13 +48,13 @@ def score_steps(completion: str, row: dict) -> tuple[float, dict]:
 def _chain(completion: str, expr: str) -> tuple[int, int, int]:
     """(running totals of ``expr`` written as equations in order, counted from the first until one
     is missing; the chain's length; arithmetically wrong equations written). '*' has no chain: 0."""
-    tokens = expr.split()
-    if "*" in tokens:
+    first, operations = _operations(expr)
+    if any(op == "*" for op, _ in operations):
         return 0, 0, 0
-    total, want = int(tokens[0]), []
-    for op, num in zip(tokens[1::2], tokens[2::2]):
-        after = _apply(total, op, int(num))
-        want.append((total, op, int(num), after))
+    total, want = first, []
+    for op, num in operations:
+        after = _apply(total, op, num)
+        want.append((total, op, num, after))
         total = after
     written = [(int(a), op, int(b), int(c)) for a, op, b, c in EQUATION.findall(completion.replace(",", ""))]
     wrong = sum(c != _apply(a, op, b) for a, op, b, c in written)
@@ -93,18 +93,24 @@ def make_problem(rng: random.Random, ops: str, a_range, b_range, n_terms: int) -
 
 def _evaluate(expr: str) -> int:
     """Evaluate 'a op b op c' with * before + and -, without eval()."""
-    tokens = expr.split()
-    terms, ops = [int(tokens[0])], []
-    for op, num in zip(tokens[1::2], tokens[2::2]):
+    first, operations = _operations(expr)
+    terms, ops = [first], []
+    for op, num in operations:
         if op == "*":
-            terms[-1] *= int(num)
+            terms[-1] *= num
         else:
-            terms.append(int(num))
+            terms.append(num)
             ops.append(op)
     total = terms[0]
     for op, t in zip(ops, terms[1:]):
         total = _apply(total, op, t)
     return total
+
+
+def _operations(expr: str) -> tuple[int, list[tuple[str, int]]]:
+    """'4 + 7 * 2' as (4, [('+', 7), ('*', 2)]): the first operand and each operation after it."""
+    tokens = expr.split()
+    return int(tokens[0]), [(op, int(num)) for op, num in zip(tokens[1::2], tokens[2::2])]
 
 
 def _apply(a: int, op: str, b: int) -> int:
@@ -147,10 +153,12 @@ def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
     rng = random.Random(tcfg.seed)
     ranges = (tcfg.min_a, tcfg.max_a), (tcfg.min_b, tcfg.max_b)
     draw = lambda: make_problem(rng, tcfg.ops, *ranges, tcfg.n_terms)
-    counts = range(tcfg.min_terms, tcfg.n_terms + 1)
-    weights = [1 / (i + 1) for i in range(len(counts))]
-    mixed = lambda: make_problem(rng, tcfg.ops, *ranges, rng.choices(counts, weights)[0])
-    train, heldout = disjoint_splits(draw, tcfg.n_train, tcfg.n_heldout, mixed if tcfg.min_terms else None)
+    mixed = None
+    if tcfg.min_terms:
+        counts = range(tcfg.min_terms, tcfg.n_terms + 1)
+        weights = [1 / (i + 1) for i in range(len(counts))]
+        mixed = lambda: make_problem(rng, tcfg.ops, *ranges, rng.choices(counts, weights)[0])
+    train, heldout = disjoint_splits(draw, tcfg.n_train, tcfg.n_heldout, mixed)
     to_row = lambda e, v: {"messages": _messages(tcfg, e), "answer": str(v), "expr": e}
     return [to_row(e, v) for e, v in train], [to_row(e, v) for e, v in heldout]
 
@@ -160,9 +168,9 @@ def numbered_steps(expr: str) -> str:
     'Step 2: - 2' (task.prompt's {steps}). A long chain is easier to keep in order this way: the
     number of the step being written points at its line, where '4 + 7 + 7 + 2 + ...' on one line
     leaves a small model to find its place among repeated terms (it skips and repeats them)."""
-    tokens = expr.split()
-    lines = [f"Start with {tokens[0]}."]
-    lines += [f"Step {i}: {op} {num}" for i, (op, num) in enumerate(zip(tokens[1::2], tokens[2::2]), 1)]
+    first, operations = _operations(expr)
+    lines = [f"Start with {first}."]
+    lines += [f"Step {i}: {op} {num}" for i, (op, num) in enumerate(operations, 1)]
     return "\n".join(lines)
 
 
