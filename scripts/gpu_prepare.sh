@@ -16,7 +16,7 @@ OUT=benchmarks/.gpu
 mkdir -p "$OUT/wheels"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$OUT/wheels" \
-  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 gguf==0.19.0 math-verify==0.9.0 \
+  trl==1.16.0 datasets==4.8.5 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0 gguf==0.19.0 math-verify==0.9.0 \
   latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
 PYTHONPATH=src "$PY" benchmarks/gpu.py --split-gguf
 du -sh "$OUT"/wheels "$OUT"/gguf.part*

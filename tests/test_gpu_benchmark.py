@@ -55,7 +55,8 @@ def test_dry_run_runs_both_children_and_writes_the_table(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     # --set reaches rlpost's children (trainer.micro_batch_tokens: micro-batches by tokens, through the CLI)
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--dry-run", "--out", str(out),
-                        "--set", "trainer.micro_batch_tokens=80"],
+                        "--set", "trainer.micro_batch_tokens=80", "--variant", "hf:rollout.engine=hf,trainer.forward=hf",
+                        "--variant", "broken:trainer.no_such_key=1", "--profile"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     text = out.read_text()
@@ -66,3 +67,10 @@ def test_dry_run_runs_both_children_and_writes_the_table(tmp_path):
     assert len(row["runs"]["trl"][0]["steps"]) == 2 and len(row["runs"]["rlpost"][0]["steps"]) == 2
     assert row["trl"]["update_s"] > 0 and row["rlpost"]["gen_tok_s"] > 0 and row["whole"]["wall_s"] > 0
     assert {r["name"] for r in row["rlpost"]["plan"]} >= {"timing_s/gen", "timing_s/update"}
+    # a variant is a column of its own; a child that fails is reported with its error, and the rows go on
+    assert "| | TRL GRPOTrainer | rlpost | rlpost hf | rlpost broken | rlpost / TRL |" in text
+    assert row["hf"]["update_s"] > 0 and row["broken"] is None and "trainer.no_such_key" in text
+    assert "Failed: tiny" in text or "Failed: demo" in text
+    # the profiled child: its second update and decode, kernel by kernel
+    profile = out.with_suffix(".profile.txt").read_text()
+    assert "## update (Trainer.update, call 2)" in profile and "## generation" in profile and "aten::" in profile

@@ -130,3 +130,54 @@ def test_arena_is_reused_grown_and_freed_without_a_trace(tiny):
     static.sleep(discard_weights=True)
     static.load_weights(tiny.model.state_dict(), version=2)
     assert greedy(static) == greedy(fresh)
+
+
+# Ops that make the host wait for the device (a value or an output size read back): inside a CUDA graph
+# capture they fail, and in an eager GPU loop each one is a synchronisation per token.
+HOST_SYNC_OPS = {"_local_scalar_dense", "nonzero", "is_nonzero", "masked_select", "unique", "_unique",
+                 "_unique2", "unique_consecutive", "equal", "bincount", "argwhere", "multinomial", "allclose"}
+
+
+def ops_in_the_step(tiny, monkeypatch, temperature: float, top_p: float) -> set[str]:
+    """The aten ops _advance (what a CUDA graph captures) dispatches during a generate."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set[str] = set()
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    plain = StaticRollout._advance
+
+    def watched(self, *args, **kw):
+        with Ops():
+            return plain(self, *args, **kw)
+
+    monkeypatch.setattr(StaticRollout, "_advance", watched)
+    shake(tiny.model, 0.1)
+    _, static = engines(tiny)
+    static.generate(rows(5), n=2, temperature=temperature, top_p=top_p, max_new_tokens=6)
+    return seen
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (0.7, 1.0), (0.7, 0.8)])
+def test_the_captured_step_never_waits_for_the_host(tiny, monkeypatch, temperature, top_p):
+    # No GPU here, so the ops the step dispatches are read instead, on the CPU: none may read a value
+    # or a data-dependent size back to the host.
+    seen = ops_in_the_step(tiny, monkeypatch, temperature, top_p)
+    assert {"index_copy_", "bmm"} <= seen  # the step ran, and its ops were seen
+    assert not seen & HOST_SYNC_OPS, sorted(seen & HOST_SYNC_OPS)
+
+
+def test_the_host_sync_check_catches_a_sync(tiny, monkeypatch):
+    # The check above can fail: a step with a per-token EOS check (`bool(finished.all())`) in it is caught.
+    plain = StaticRollout._advance
+
+    def syncing(self, a, b, *args):
+        plain(self, a, b, *args)
+        bool(a.finished[:b].all())
+
+    monkeypatch.setattr(StaticRollout, "_advance", syncing)
+    assert ops_in_the_step(tiny, monkeypatch, 0.7, 1.0) & HOST_SYNC_OPS == {"_local_scalar_dense"}
