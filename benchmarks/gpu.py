@@ -105,6 +105,8 @@ def offline_setup(dry_run: bool, need_gguf: bool = True) -> list[str]:
     import importlib.util
 
     paths = [str(HERE.parent / "src"), str(HERE)]
+    if paths[0] not in sys.path:  # the parent imports rlpost too (the shapes' tokenizer), installed or not
+        sys.path.insert(0, paths[0])
     if dry_run:  # this machine's own packages (the wheels are for the GPU machine's Python)
         return paths
     wheels = sorted(WHEELS.glob("*.whl")) if WHEELS.is_dir() else []

@@ -95,6 +95,7 @@ def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
+        _intact.add((final, _stamp(final)))  # hashed as it was written: the export at the end need not read it again
         write_atomic(root / "latest", final.name)
         for old in candidates(run_dir, quiet=True)[keep:]:  # checkpoints only: nothing else there is deleted
             if protect is None or step_of(old) != protect:
@@ -141,13 +142,18 @@ _intact: set[tuple] = set()  # checkpoints verified in this process (the CLI che
 def verify(ckpt: Path) -> str | None:
     """None if the checkpoint's files match its manifest; else what is wrong, in a few words."""
     manifest = ckpt / MANIFEST
-    stamp = tuple((ckpt / n).stat().st_mtime_ns if (ckpt / n).exists() else 0 for n in (MANIFEST, *FILES, *EXTRA))
+    stamp = _stamp(ckpt)
     if (ckpt, stamp) in _intact:
         return None
     problem = _check(ckpt, manifest) or _check_content(ckpt)
     if problem is None:
         _intact.add((ckpt, stamp))
     return problem
+
+
+def _stamp(ckpt: Path) -> tuple:
+    """The files' modification times: a file changed since it was verified is verified again."""
+    return tuple((ckpt / n).stat().st_mtime_ns if (ckpt / n).exists() else 0 for n in (MANIFEST, *FILES, *EXTRA))
 
 
 def _check_content(ckpt: Path) -> str | None:

@@ -73,12 +73,16 @@ def probed_cpu() -> Device:
 #   decode_bw: the matmuls' fixed cost per decode step, 0.54 GB of fp32 weights in 31.3 ms on the AVX2
 #             kind (decode_cost.py), is the probed copy bandwidth (16.5 GB/s) within 5% -> 1.0
 # GPU: common planning figures for an inference engine (vLLM/SGLang; HF generate on a GPU is several
-# times slower) and an FSDP trainer at 40% MFU. Calibrate against your own run and pass --eff.
+# times slower), except the update: measured on an H100 (2026-11-27, benchmarks/gpu.py --profile), the
+# 0.5B row's update of 9.3e13 FLOPs kept the GPU busy 0.49 s, 0.19 of the bf16 peak: the matmuls ran at
+# ~0.65 of it (0.14 s), the elementwise kernels around them (norms, casts, SiLU, the log-softmax) took
+# the rest. A larger model's matmuls weigh more, so this is pessimistic there; calibrate against your
+# own run and pass --eff.
 EFFICIENCY = {
     "cpu": {"prefill": (0.45, 0.48), "decode": (0.24, 0.48), "decode_bw": (1.0, 1.0),
             "forward": (0.32, 0.6), "update": (0.42, 0.75), "sync": (1.0, 1.0)},
     "gpu": {"prefill": (0.5, 0.5), "decode": (0.5, 0.5), "decode_bw": (0.6, 0.6),
-            "forward": (0.45, 0.45), "update": (0.4, 0.4), "sync": (0.7, 0.7)},
+            "forward": (0.45, 0.45), "update": (0.19, 0.19), "sync": (0.7, 0.7)},
 }
 
 
@@ -116,19 +120,25 @@ def decode_overhead(dev: Device, bf16: bool) -> float:
 # which a CUDA graph replays, 31 + 49 (Llama and Qwen2 alike).
 DECODE_KERNELS = {"hf": (36, 49), "graph": (31, 49)}
 # A trainer micro-batch's forward and backward, (per layer, fixed, per ChunkedLogp chunk): on
-# transformers' forward 192 (Llama) to 203 (Qwen2's q/k/v biases) per layer, on the packed trunk 154
-# to 160; the means below. Once per update (clipping, AdamW, the metrics): UPDATE_KERNELS.
-MICRO_KERNELS = {"hf": (198, 88, 29), "packed": (157, 118, 29)}
+# transformers' forward 192 (Llama) to 203 (Qwen2's q/k/v biases) per layer, counted on the CPU; on the
+# packed trunk's CUDA path 186 per layer, the launches torch.profiler counted on an H100 (2026-11-27,
+# benchmarks/gpu.py --profile: 19,623 in the 0.5B row's update of 4 micro-batches; the CPU count of the
+# same code is 157: cuBLAS and cuDNN's attention launch more than one kernel for some ops). Once per
+# update (clipping, AdamW, the metrics): UPDATE_KERNELS.
+MICRO_KERNELS = {"hf": (198, 88, 29), "packed": (186, 118, 29)}
 UPDATE_KERNELS = 360
-# Seconds per kernel. 'launch': launched one by one from Python, in the eager forward, backward and
-# `generate`, fitted on the issue-37 H100 runs (torch 2.11, transformers 5.17; `generate`, transformers'
-# forward, 128-token chunks): a decode step of the 0.5B row (913 kernels, 27.7 ms) and of the demo
-# (1129 kernels; its generation 0.57 s for 16 tokens), and the update of each (4 micro-batches: the
-# demo's 24.2k kernels in 0.77 s, the 0.5B row's 27.8k in 0.98 s) give 28-35 us each; 32 us puts
-# the four within 0.92-1.1x (tests/observe/test_planner.py replays them).
-# 'graph': a kernel inside a CUDA graph, back to back with the next (the own engine's decode step,
-# vLLM's): 2.5 us, a planning figure not yet measured here (benchmarks/gpu.py will).
-GPU_LATENCY = {"launch": 32e-6, "graph": 2.5e-6}
+# Seconds per kernel, fitted on four H100 runs (torch 2.11, transformers 5.17; benchmarks/README.md,
+# "On a GPU"): issue 37's on `generate` and transformers' forward with 128-token chunks, and
+# 2026-11-27's on the CUDA-graph engine and the packed trunk (benchmarks/gpu.py).
+# 'launch': one kernel launched from Python, in the eager forward, backward, prefill and `generate`. The
+# four updates (the demo's 24.2k and 23.4k kernels in 0.77 and 0.79 s; the 0.5B row's 27.8k and 19.6k in
+# 0.98 and 0.77 s) give 32-39 us each; 35 us puts them within 0.91-1.06x (eager_step below).
+# 'graph': a kernel inside a CUDA graph, back to back with the next: the 0.5B row's 255 decode steps of
+# 793 kernels took 0.79 s with 128 rows (weights and FLOPs 0.4 ms a step) and the demo's 15 steps of
+# 979 kernels 0.098 s; with 'host' below, 3.25 us fits both.
+# 'host': what a generate call costs the host once whatever its length (chat template, tokenising, the
+# completions' text, the EOS checks' synchronisations): 18 ms, from the same two runs.
+GPU_LATENCY = {"launch": 35e-6, "graph": 3.25e-6, "host": 18e-3}
 
 
 def resolve_device(name: str, arg: str) -> Device:

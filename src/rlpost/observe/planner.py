@@ -33,11 +33,10 @@ from rlpost.observe.workload import (  # noqa: F401 - re-exported: planner.Shape
     shape_from_size)
 
 
-# What a GPU plan rests on that no GPU run has measured yet ("fits" is the memory check alone).
-GPU_CAVEATS = ("the own engine's CUDA graphs and the packed trunk on a GPU (the defaults since 2026-11-27) have run on "
-               "the CPU only: a kernel inside a graph is priced at a planning figure (docs/planner.md)",
-               "the big kernels' efficiencies are planning figures; the launch latency was fitted on two H100 runs "
-               "of `generate` and transformers' forward (docs/planner.md)")
+# What a GPU plan rests on that no GPU run has measured ("fits" is the memory check alone).
+GPU_CAVEATS = ("fitted on H100 runs of models up to 0.5B (the demo and a Qwen2.5-0.5B shape, each phase within "
+               "0.87-1.09x, docs/planner.md); a larger model's kernels are priced at those runs' efficiencies, and "
+               "other GPUs by their spec sheets",)
 MULTI_GPU = "data parallelism over GPUs (FSDP2 on NCCL) has run on the CPU only, on gloo (docs/distributed.md)"
 
 
@@ -235,7 +234,7 @@ def format_plan(p: dict, label: str) -> str:
         lines.append(f"  {'within device memory' + (' (estimate only)' if p['caveats'] else ''):<42}"
                      f"{'yes' if p['fits'] else 'NO':>9}")
     lines += ["", f"{'time per step':<44}{'s':>9}"] + [f"  {LABELS[k]:<42}{v:>9.3f}" for k, v in t.items()]
-    lines += (["", "not measured on a GPU yet; read these as estimates:", *(f"  - {x}" for x in p["caveats"])]
+    lines += (["", "what this GPU plan rests on; read it as an estimate:", *(f"  - {x}" for x in p["caveats"])]
               if p["caveats"] else [])
     return "\n".join(lines)
 
