@@ -55,7 +55,8 @@ def test_dry_run_runs_both_children_and_writes_the_table(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     # --set reaches rlpost's children (trainer.micro_batch_tokens: micro-batches by tokens, through the CLI)
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--dry-run", "--out", str(out),
-                        "--set", "trainer.micro_batch_tokens=80", "--variant", "hf:rollout.engine=hf,trainer.forward=hf",
+                        "--set", "trainer.micro_batch_tokens=80",
+                        "--variant", "hf:rollout.engine=hf,trainer.forward=hf",
                         "--variant", "broken:trainer.no_such_key=1", "--profile"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
