@@ -1,6 +1,6 @@
 """rlpost against TRL's GRPOTrainer on one GPU: the demo and random-init public shapes, children alternating.
 
-    python benchmarks/gpu.py                          # on a GPU machine: every row, 2 rounds x 3 steps (~10 min, H100)
+    python benchmarks/gpu.py                          # on a GPU machine: every row, 1 round x 3 steps (~11 min, H100)
     python benchmarks/gpu.py --rows 0.5b --rounds 1   # one row, one round
     python benchmarks/gpu.py --dry-run --out /tmp/gpu.md   # a CPU, tiny shapes, 2 steps: the script runs end to end
     python benchmarks/gpu.py --rows demo --set trainer.micro_batch_tokens=8192 --out results/gpu-tokens.md
@@ -450,7 +450,7 @@ def _installed(package: str) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="demo,0.5b,1.5b", help="comma-separated: " + ", ".join(ROWS))
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="children of each kind per row, alternating")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dry-run", action="store_true", help="on the CPU, tiny shapes, 2 steps, 1 round (tests run it)")
