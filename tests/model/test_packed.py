@@ -186,3 +186,33 @@ def test_resolve_says_why_not():
     with pytest.raises(ConfigError, match="trainer.forward=packed does not apply to activation checkpointing"):
         packed.resolve("packed", object(), checkpointing=True)
     assert packed.resolve("auto", torch.nn.Linear(2, 2)) is False  # not a Llama: transformers' forward
+
+
+def test_cuda_attention_takes_the_memory_efficient_kernel_where_it_can(monkeypatch):
+    # On CUDA the trainer's SDPA is held to the memory-efficient kernel when that kernel takes the inputs
+    # (cuDNN's, torch's first choice on Hopper, builds a graph per new shape); otherwise torch chooses.
+    # No GPU here: the decision is read with torch's own check stubbed, and on the CPU nothing is held.
+    q = torch.randn(2, 4, 8, 16)
+    bias = torch.zeros(2, 1, 8, 8)
+    assert isinstance(packed.kernels(q, q, q, bias, gqa=False), type(packed.nullcontext()))  # the CPU: torch's
+    seen = {}
+
+    class FakeCuda(torch.Tensor):
+        is_cuda = True
+
+    def can_use(params, debug):
+        seen["asked"] = True
+        return seen["answer"]
+
+    monkeypatch.setattr(torch.backends.cuda, "can_use_efficient_attention", can_use)
+    monkeypatch.setattr(torch.backends.cuda, "SDPAParams", lambda *a: a)
+    fake = q.as_subclass(FakeCuda)
+    seen["answer"] = False
+    assert isinstance(packed.kernels(fake, q, q, bias, gqa=False), type(packed.nullcontext())) and seen["asked"]
+    seen["answer"] = True
+    held = packed.kernels(fake, q, q, bias, gqa=False)
+    assert not isinstance(held, type(packed.nullcontext()))
+    with held:  # inside, SDPA may use the memory-efficient kernel alone
+        assert torch._C._get_mem_efficient_sdp_enabled() and not torch._C._get_cudnn_sdp_enabled()
+        assert not torch._C._get_flash_sdp_enabled() and not torch._C._get_math_sdp_enabled()
+    assert torch._C._get_cudnn_sdp_enabled()  # and after it, torch's choice again

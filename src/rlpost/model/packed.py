@@ -41,11 +41,13 @@ groups, positions) is model/logprobs.py's, which calls ``PackedTrunk.prompts`` a
 from __future__ import annotations
 
 import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlpost.types.errors import ConfigError
 
@@ -139,9 +141,25 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, expand_kv:
     g = gT // T
     if expand_kv:
         k, v = (x[:, :, None].expand(b, nkv, g, L, hd).reshape(b, nkv * g, L, hd) for x in (k, v))
-    o = F.scaled_dot_product_attention(q.view(b, nkv * g, T, hd), k, v, mask[:, 0].to(q.dtype), scale=scale,
-                                       enable_gqa=not expand_kv)  # (b, nh, T, hd)
+    q, bias = q.view(b, nkv * g, T, hd), mask[:, 0].to(q.dtype)
+    with kernels(q, k, v, bias, gqa=not expand_kv):
+        o = F.scaled_dot_product_attention(q, k, v, bias, scale=scale, enable_gqa=not expand_kv)  # (b, nh, T, hd)
     return o.view(b, nkv, gT, hd)
+
+
+def kernels(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, gqa: bool):
+    """Which SDPA kernels the trainer's attention may use: on CUDA the memory-efficient one wherever it
+    takes these inputs, else torch's choice. On Hopper torch picks cuDNN's attention first, and cuDNN
+    builds a graph for every new shape it sees (hundreds of ms, about a second when it compiles a kernel):
+    the trainer's shapes change with the batch's lengths, and the H100 demo's updates had steps of 1.8-2.6 s
+    among steps of 0.6-0.9 (benchmarks/README.md). The memory-efficient kernel is compiled ahead and keeps
+    the same log-sum-exp per query for the backward; attention was ~5% of the update there."""
+    if not q.is_cuda:
+        return nullcontext()
+    params = torch.backends.cuda.SDPAParams(q, k, v, bias, 0.0, False, gqa)
+    if not torch.backends.cuda.can_use_efficient_attention(params, False):
+        return nullcontext()
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
 
 
 @dataclass
