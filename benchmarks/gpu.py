@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -242,7 +243,10 @@ def profile_second_call(sink: Path) -> None:
         kernels = sum(1 for e in raw if str(getattr(e, "device_type", "")).endswith("CUDA"))
         launches = sum(e.count for e in events if "LaunchKernel" in e.key or e.key == "cudaGraphLaunch")
         graphs = sum(e.count for e in events if e.key == "cudaGraphLaunch")
-        busy = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6 if cuda else 0.0
+        # the device's busy time as the table's footer sums it (an op and its kernels both carry the kernels'
+        # time, so a sum over every event counts it twice)
+        found = re.search(r"Self (?:CUDA|device) time total: ([\d.]+)(us|ms|s)\b", table)
+        busy = float(found[1]) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[found[2]] if found else 0.0
         return (f"## {label}: {wall:.3f} s wall; {kernels} device kernels, {launches} launches from the host "
                 f"({graphs} of them graph replays); kernels busy {busy:.3f} s\n\n{table}\n\n")
 
