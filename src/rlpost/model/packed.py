@@ -244,15 +244,19 @@ class PackedTrunk:
             qkv = F.linear(rms_norm(x, layer.input_layernorm).to(dtype), w_qkv, b_qkv)  # (N, (nh + 2 nkv) hd)
             # RoPE on q and k in one go, as transformers' x cos + rotate_half(x) sin with rotate_half
             # written as roll(x) times a sin whose first half is negated (rollout_fast._rope)
-            qk = qkv[:, : (nh + nkv) * hd].view(N, nh + nkv, hd)
+            # split, not two slices: its backward is one cat, where each slice's makes a zero tensor of
+            # qkv's size, copies its part in, and the two are added (6 kernels where 1 does)
+            qk, v = qkv.split([(nh + nkv) * hd, nkv * hd], dim=-1)
+            qk = qk.view(N, nh + nkv, hd)
             qk = (qk * cos + qk.roll(hd // 2, -1) * sin).to(dtype)  # (N, nh + nkv, hd)
-            v = qkv[:, (nh + nkv) * hd :].view(N, nkv, hd)
+            v = v.view(N, nkv, hd)
             if grid is not None:  # onto the padded grid: (b T, ...) rows, zeros off the tokens
                 qk = qk.new_zeros(b * T, nh + nkv, hd).index_copy(0, grid, qk)
                 v = v.new_zeros(b * T, nkv, hd).index_copy(0, grid, v)
             qk, v = qk.view(b, T, nh + nkv, hd), v.view(b, T, nkv, hd).transpose(1, 2)  # v: (b, nkv, T, hd)
-            q = qk[:, :, :nh].permute(0, 2, 1, 3).reshape(b, nkv, g * T, hd)  # kv head j's g query heads, stacked
-            k = qk[:, :, nh:].transpose(1, 2)  # (b, nkv, T, hd)
+            q, k = qk.split([nh, nkv], dim=2)
+            q = q.permute(0, 2, 1, 3).reshape(b, nkv, g * T, hd)  # kv head j's g query heads, stacked
+            k = k.transpose(1, 2)  # (b, nkv, T, hd)
             kv_out.append((k, v))
             if prefix_kv is not None:
                 k, v = torch.cat([prefix_kv[i][0], k], 2), torch.cat([prefix_kv[i][1], v], 2)  # (b, nkv, P+T, hd)

@@ -123,7 +123,8 @@ DECODE_KERNELS = {"hf": (36, 49), "graph": (31, 49)}
 # transformers' forward 192 (Llama) to 203 (Qwen2's q/k/v biases) per layer, counted on the CPU; on the
 # packed trunk's CUDA path 186 per layer, the launches torch.profiler counted on an H100 (2026-11-27,
 # benchmarks/gpu.py --profile: 19,623 in the 0.5B row's update of 4 micro-batches; the CPU count of the
-# same code is 157: cuBLAS and cuDNN's attention launch more than one kernel for some ops). Once per
+# same code was 160: cuBLAS and cuDNN's attention launch more than one kernel for some ops; 155 since q/k/v are
+# split rather than sliced, not yet measured there). Once per
 # update (clipping, AdamW, the metrics): UPDATE_KERNELS.
 MICRO_KERNELS = {"hf": (198, 88, 29), "packed": (186, 118, 29)}
 UPDATE_KERNELS = 360
