@@ -155,9 +155,9 @@ def gpu_step(work: float, latency: float, graph: bool) -> float:
     """A GPU phase of ``work`` seconds of FLOPs or bytes with ``latency`` seconds of launches: inside a
     CUDA graph the kernels run back to back, each paying its gap (they add). Launched one by one from
     Python the host runs ahead of the device where kernels are big and behind it where they are small,
-    so the two overlap only in part: the root of the sum of their squares, which fits the H100 updates
-    (the 0.5B row in 4 micro-batches and in 2, 0.77 and 0.62 s measured, 0.73 and 0.43 planned) where
-    the slower of the two alone planned the 2-micro-batch update at 0.36 s (devices.py: GPU_LATENCY)."""
+    so the two overlap only in part: the root of the sum of their squares. On the H100 the 0.5B row's
+    update in 4 micro-batches and in 2 took 0.75 and 0.62 s; this plans 0.81 and 0.57, the slower of
+    the two alone 0.68 and 0.44 (devices.py: GPU_LATENCY)."""
     return work + latency if graph else math.hypot(work, latency)
 
 
