@@ -75,3 +75,19 @@ def test_dry_run_runs_both_children_and_writes_the_table(tmp_path):
     # the profiled child: its second update and decode, kernel by kernel
     profile = out.with_suffix(".profile.txt").read_text()
     assert "## update (Trainer.update, call 2)" in profile and "## generation" in profile and "aten::" in profile
+
+
+def test_random_init_shapes_need_only_the_tokenizer_folder(tmp_path, monkeypatch):
+    # A device call carries one GGUF half at a time: the shapes' rows run on the tokenizer folder that
+    # --split-gguf writes beside the halves, without the GGUF
+    from rlpost.model import load
+
+    gpu = gpu_module()
+    load.tiny_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    monkeypatch.setattr(gpu, "TOKENIZER", tmp_path / "tokenizer")
+    monkeypatch.setitem(gpu.SHAPES, "small", gpu.SHAPES["tiny"])
+    monkeypatch.setattr(load, "load_tokenizer", lambda *a, **k: pytest.fail("the GGUF's tokenizer was read"))
+    folder = gpu.shape_folder("small", tmp_path / "models")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["vocab_size"] == len(load.tiny_tokenizer())
+    assert (folder / "tokenizer_config.json").exists()
