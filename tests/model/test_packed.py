@@ -216,3 +216,9 @@ def test_cuda_attention_takes_the_memory_efficient_kernel_where_it_can(monkeypat
         assert torch._C._get_mem_efficient_sdp_enabled() and not torch._C._get_cudnn_sdp_enabled()
         assert not torch._C._get_flash_sdp_enabled() and not torch._C._get_math_sdp_enabled()
     assert torch._C._get_cudnn_sdp_enabled()  # and after it, torch's choice again
+
+    def older_torch(*args):  # SDPAParams took 6 arguments before enable_gqa
+        raise TypeError("__init__(): incompatible constructor arguments")
+
+    monkeypatch.setattr(torch.backends.cuda, "SDPAParams", older_torch)
+    assert isinstance(packed.kernels(fake, q, q, bias, gqa=False), type(packed.nullcontext()))  # torch's choice

@@ -156,10 +156,12 @@ def kernels(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, gqa: bool):
     the same log-sum-exp per query for the backward; attention was ~5% of the update there."""
     if not q.is_cuda:
         return nullcontext()
-    params = torch.backends.cuda.SDPAParams(q, k, v, bias, 0.0, False, gqa)
-    if not torch.backends.cuda.can_use_efficient_attention(params, False):
-        return nullcontext()
-    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION])
+    try:  # SDPAParams' arguments have changed between torch versions: where they differ, torch chooses
+        params = torch.backends.cuda.SDPAParams(q, k, v, bias, 0.0, False, gqa)
+        usable = torch.backends.cuda.can_use_efficient_attention(params, False)
+    except (TypeError, AttributeError, RuntimeError):
+        usable = False
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]) if usable else nullcontext()
 
 
 @dataclass
