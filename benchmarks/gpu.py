@@ -220,6 +220,26 @@ def child_rlpost(a: argparse.Namespace) -> None:
                                  "plan": plan and [r for r in plan["rows"] if r["measured"] is not None]}))
 
 
+def profile_report(label: str, prof, wall: float, cuda: bool) -> str:
+    """One profiled call as text: its wall time, kernels and launches, the device's busy time, the top kernels."""
+    events = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    try:
+        table = events.table(sort_by=key, row_limit=30, max_name_column_width=70)
+    except Exception as e:  # noqa: BLE001 -- the profiler's API moves between versions: say so, keep going
+        table = f"(no table: {e})"
+    raw = prof.events()
+    kernels = sum(1 for e in raw if str(getattr(e, "device_type", "")).endswith("CUDA"))
+    launches = sum(e.count for e in events if "LaunchKernel" in e.key or e.key == "cudaGraphLaunch")
+    graphs = sum(e.count for e in events if e.key == "cudaGraphLaunch")
+    # the device's busy time as the table's footer sums it (an op and its kernels both carry the kernels'
+    # time, so a sum over every event counts it twice)
+    found = re.search(r"Self (?:CUDA|device) time total: ([\d.]+)(us|ms|s)\b", table)
+    busy = float(found[1]) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[found[2]] if found else 0.0
+    return (f"## {label}: {wall:.3f} s wall; {kernels} device kernels, {launches} launches from the host "
+            f"({graphs} of them graph replays); kernels busy {busy:.3f} s\n\n{table}\n\n")
+
+
 def profile_second_call(sink: Path) -> None:
     """Run the second call of the trainer's update and of the engine's decode under torch.profiler, and write
     where their time went to ``sink``: the kernels by device time, and how many were launched (issue 37's
@@ -231,24 +251,6 @@ def profile_second_call(sink: Path) -> None:
 
     cuda = torch.cuda.is_available()
     acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-
-    def report(label: str, prof, wall: float) -> str:
-        events = prof.key_averages()
-        key = "self_device_time_total" if cuda else "self_cpu_time_total"
-        try:
-            table = events.table(sort_by=key, row_limit=30, max_name_column_width=70)
-        except Exception as e:  # noqa: BLE001 -- the profiler's API moves between versions: say so, keep going
-            table = f"(no table: {e})"
-        raw = prof.events()
-        kernels = sum(1 for e in raw if str(getattr(e, "device_type", "")).endswith("CUDA"))
-        launches = sum(e.count for e in events if "LaunchKernel" in e.key or e.key == "cudaGraphLaunch")
-        graphs = sum(e.count for e in events if e.key == "cudaGraphLaunch")
-        # the device's busy time as the table's footer sums it (an op and its kernels both carry the kernels'
-        # time, so a sum over every event counts it twice)
-        found = re.search(r"Self (?:CUDA|device) time total: ([\d.]+)(us|ms|s)\b", table)
-        busy = float(found[1]) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[found[2]] if found else 0.0
-        return (f"## {label}: {wall:.3f} s wall; {kernels} device kernels, {launches} launches from the host "
-                f"({graphs} of them graph replays); kernels busy {busy:.3f} s\n\n{table}\n\n")
 
     def wrap(cls, name: str, label: str) -> None:
         plain, calls = getattr(cls, name), [0]
@@ -265,7 +267,8 @@ def profile_second_call(sink: Path) -> None:
                 if cuda:
                     torch.cuda.synchronize()
             with open(sink, "a") as f:
-                f.write(report(f"{label} ({cls.__name__}.{name}, call 2)", prof, time.perf_counter() - t))
+                f.write(profile_report(f"{label} ({cls.__name__}.{name}, call 2)", prof, time.perf_counter() - t,
+                                       cuda))
             return out
 
         setattr(cls, name, profiled)
@@ -318,10 +321,27 @@ def child_trl(a: argparse.Namespace) -> None:
     model.generate = timed_generate
 
     class Timer(TrainerCallback):
+        """Each step's time and its generation's; with --profile its second step (generation and update) under
+        torch.profiler, as the rlpost child profiles its second update and decode."""
+
         def on_step_begin(self, args, state, control, **kw):
+            self.prof = None
+            if a.child_profile and len(steps_log) == 1:
+                from torch.profiler import ProfilerActivity, profile
+
+                acts = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])]
+                self.prof = profile(activities=acts)
+                self.prof.__enter__()
             self.t, gen_s[0] = time.perf_counter(), 0.0
 
         def on_step_end(self, args, state, control, **kw):
+            if self.prof is not None:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.prof.__exit__(None, None, None)
+                with open(a.child_profile, "a") as f:
+                    f.write(profile_report("TRL's step 2 (generation and update)", self.prof,
+                                           time.perf_counter() - self.t, torch.cuda.is_available()))
             steps_log.append({"step_s": time.perf_counter() - self.t, "gen_s": gen_s[0]})
 
         def on_log(self, args, state, control, logs=None, **kw):
@@ -466,8 +486,8 @@ def main() -> None:
                     help="one more rlpost child per round with these settings, in a column of its own, "
                     "e.g. before:rollout.engine=hf,trainer.forward=hf")
     ap.add_argument("--profile", action="store_true",
-                    help="one more rlpost child (2 steps) whose second update and decode run under torch.profiler: "
-                    "<out>.profile.txt")
+                    help="one more rlpost child (2 steps) whose second update and decode run under torch.profiler, "
+                    "and a TRL child whose second step does: <out>.profile.txt")
     ap.add_argument("--out", type=Path, default=machine.RESULTS / "gpu.md")
     ap.add_argument("--split-gguf", action="store_true",
                     help="write the embedded GGUF's halves (scripts/gpu_prepare.sh)")
@@ -551,6 +571,9 @@ def run(args: argparse.Namespace) -> None:
                 f.write(f"# {row.name}\n\n")
             data[row.name]["profile"] = spawn("rlpost", row, model, args, paths, args.seed, label="profiled",
                                               profile=profile_out)
+            if trl_ok:
+                data[row.name]["profile_trl"] = spawn("trl", row, model, args, paths, args.seed, label="profiled",
+                                                      profile=profile_out)
         data[row.name].update(trl=summarise(runs["trl"]) if runs["trl"] else None, rlpost=summarise(runs["rlpost"]),
                               whole=whole, **{k: summarise(runs[k]) for k, _ in variants})
         sections += table()

@@ -75,6 +75,7 @@ def test_dry_run_runs_both_children_and_writes_the_table(tmp_path):
     # the profiled child: its second update and decode, kernel by kernel
     profile = out.with_suffix(".profile.txt").read_text()
     assert "## update (Trainer.update, call 2)" in profile and "## generation" in profile and "aten::" in profile
+    assert "## TRL's step 2 (generation and update)" in profile  # and TRL's, beside it
 
 
 def test_random_init_shapes_need_only_the_tokenizer_folder(tmp_path, monkeypatch):
