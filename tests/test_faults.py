@@ -337,8 +337,10 @@ def kill_on(calls: int):
 
 # (what to replace in model/checkpoint.py, on which call): the points of step 3's checkpoint write
 KILL_POINTS = {
-    "after the weights, before trainer.pt": ("checkpoint.torch.save", 5),  # 2 calls per checkpoint
-    "all files written, no manifest yet": ("checkpoint.sha256", 7),  # 3 calls per checkpoint
+    "trainer.pt being written": ("checkpoint.torch.save", 5),  # 2 calls per checkpoint
+    "after trainer.pt, before the weights": ("checkpoint.save_file", 3),  # 1 call per checkpoint
+    "a file being hashed (on the second thread)": ("checkpoint.sha256", 9),  # 4 calls per checkpoint
+    "all files written and hashed, no manifest yet": ("checkpoint.write_atomic", 5),  # manifest, latest
     "renamed into place, latest not updated": ("checkpoint._fsync_dir", 3),
     "latest updated, the old one not yet deleted": ("checkpoint.shutil.rmtree", 5),  # tmp clean-up + rotation
 }

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -121,18 +122,27 @@ def unshared(tensors: dict) -> dict:
 
 
 def _write(folder: Path, step: int, model_state: dict, trainer_state: dict, state: dict, metrics: list[dict]) -> None:
-    save_file(unshared(model_state), folder / "model.safetensors")
-    with open(folder / "trainer.pt", "wb") as f:  # a file object: a full disk is an OSError, not 'unexpected pos'
-        torch.save(trainer_state, f)
-    with open(folder / "state.pt", "wb") as f:
-        torch.save(state, f)
-    with open(folder / "metrics.jsonl", "w") as f:
-        f.write("".join(json.dumps(m) + "\n" for m in metrics))
-    names = FILES + EXTRA
-    for name in names:
+    """The files, then the manifest of their sizes and hashes. Each file is synced and hashed on a second
+    thread while the next one is written (hashlib and the writes release the GIL): the optimizer's
+    moments first, the largest, so their hash overlaps the weights' write."""
+    def settle(name: str) -> dict:
         with open(folder / name, "rb") as fh:
             os.fsync(fh.fileno())
-    files = {name: {"bytes": (folder / name).stat().st_size, "sha256": sha256(folder / name)} for name in names}
+        return {"bytes": (folder / name).stat().st_size, "sha256": sha256(folder / name)}
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        done = {}
+        with open(folder / "trainer.pt", "wb") as f:  # a file object: a full disk is an OSError, not 'unexpected pos'
+            torch.save(trainer_state, f)
+        done["trainer.pt"] = pool.submit(settle, "trainer.pt")
+        save_file(unshared(model_state), folder / "model.safetensors")
+        done["model.safetensors"] = pool.submit(settle, "model.safetensors")
+        with open(folder / "state.pt", "wb") as f:
+            torch.save(state, f)
+        with open(folder / "metrics.jsonl", "w") as f:
+            f.write("".join(json.dumps(m) + "\n" for m in metrics))
+        done.update((name, pool.submit(settle, name)) for name in ("state.pt", "metrics.jsonl"))
+        files = {name: done[name].result() for name in FILES + EXTRA}
     write_atomic(folder / MANIFEST, json.dumps({"step": step, "files": files}, indent=1) + "\n")
 
 
