@@ -402,7 +402,7 @@ def spawn(kind: str, row: Row, model: str, a: argparse.Namespace, paths: list[st
 
 
 def summarise(runs: list[dict]) -> dict | None:
-    """Medians over the runs that finished (None when none did)."""
+    """Medians over the runs that finished (None when none did, or there were none)."""
     runs = [r for r in runs if "error" not in r]
     if not runs:
         return None
@@ -529,7 +529,7 @@ def run(args: argparse.Namespace) -> None:
         profile_out.write_text(f"{versions()}\n\n")
     sections, data = [], {}
 
-    def write(partial: list[str]) -> None:  # after every child: a run cut short keeps what it measured
+    def write(partial: list[str]) -> str:  # after every child: a run cut short keeps what it measured
         text = "\n".join([f"{versions()} {'TRL: not installed, its column is empty. ' if not trl_ok else ''}"
                           f"{args.rounds} rounds x {args.steps} steps, children alternating."
                           f"{' rlpost with ' + ' '.join(args.set) + '.' if args.set else ''}"
@@ -545,12 +545,11 @@ def run(args: argparse.Namespace) -> None:
         whole = None
 
         def table() -> list[str]:
-            ok = lambda rs: summarise(rs) if rs else None
             failures = [f"{row.name} {k}{' (whole run)' if w else ''}\n{r['error']}"
                         for k, rs, w in [*((k, rs, False) for k, rs in runs.items()), ("rlpost", [whole or {}], True)]
                         for r in rs if "error" in r]
-            return row_table(row, ok(runs["trl"]), ok(runs["rlpost"]), whole, args.steps,
-                             {k: ok(runs[k]) for k, _ in variants}, failures)
+            return row_table(row, summarise(runs["trl"]), summarise(runs["rlpost"]), whole, args.steps,
+                             {k: summarise(runs[k]) for k, _ in variants}, failures)
 
         data[row.name] = {"runs": runs}
         for r in range(args.rounds):
@@ -574,8 +573,7 @@ def run(args: argparse.Namespace) -> None:
             if trl_ok:
                 data[row.name]["profile_trl"] = spawn("trl", row, model, args, paths, args.seed, label="profiled",
                                                       profile=profile_out)
-        data[row.name].update(trl=summarise(runs["trl"]) if runs["trl"] else None, rlpost=summarise(runs["rlpost"]),
-                              whole=whole, **{k: summarise(runs[k]) for k, _ in variants})
+        data[row.name].update(whole=whole, **{k: summarise(rs) for k, rs in runs.items()})
         sections += table()
         write(sections)
     print(write(sections))

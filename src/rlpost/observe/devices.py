@@ -122,18 +122,18 @@ DECODE_KERNELS = {"hf": (36, 49), "graph": (31, 49)}
 # A trainer micro-batch's forward and backward, (per layer, fixed, per ChunkedLogp chunk): on
 # transformers' forward 192 (Llama) to 203 (Qwen2's q/k/v biases) per layer, counted on the CPU; on the
 # packed trunk's CUDA path 186 per layer, the launches torch.profiler counted on an H100 (2026-11-27,
-# benchmarks/gpu.py --profile: 19,623 in the 0.5B row's update of 4 micro-batches; the CPU count of the
-# same code was 160: cuBLAS and cuDNN's attention launch more than one kernel for some ops; 155 since q/k/v are
-# split rather than sliced, not yet measured there). Once per
-# update (clipping, AdamW, the metrics): UPDATE_KERNELS.
+# benchmarks/gpu.py --profile: 19,623 in the 0.5B row's update of 4 micro-batches), where the CPU counted
+# 160 for the same code (cuBLAS and cuDNN's attention launch more than one kernel for some ops); 155 on
+# the CPU since q/k/v are split rather than sliced, not yet measured on a GPU. Once per update
+# (clipping, AdamW, the metrics): UPDATE_KERNELS.
 MICRO_KERNELS = {"hf": (198, 88, 29), "packed": (186, 118, 29)}
 UPDATE_KERNELS = 360
-# Seconds per kernel, fitted on four H100 runs (torch 2.11, transformers 5.17; benchmarks/README.md,
-# "On a GPU"): issue 37's on `generate` and transformers' forward with 128-token chunks, and
+# Seconds per kernel, fitted on the H100 runs of benchmarks/README.md ("Issue 37") (torch 2.11,
+# transformers 5.17): issue 37's on `generate` and transformers' forward with 128-token chunks, and
 # 2026-11-27's on the CUDA-graph engine and the packed trunk (benchmarks/gpu.py).
 # 'launch': one kernel launched from Python, in the eager forward, backward, prefill and `generate`. The
-# four updates (the demo's 24.2k and 23.4k kernels in 0.77 and 0.79 s; the 0.5B row's 27.8k and 19.6k in
-# 0.98 and 0.77 s) give 32-39 us each; 35 us puts them within 0.91-1.06x (eager_step below).
+# four updates by rows (the demo's 24.2k and 23.4k kernels in 0.77 and 0.78 s; the 0.5B row's 27.8k and
+# 19.6k in 0.98 and 0.75 s) give 32-39 us each; 35 us puts them within 0.91-1.06x (cost.gpu_step).
 # 'graph': a kernel inside a CUDA graph, back to back with the next: the 0.5B row's 255 decode steps of
 # 793 kernels took 0.79 s with 128 rows (weights and FLOPs 0.4 ms a step) and the demo's 15 steps of
 # 979 kernels 0.098 s; with 'host' below, 3.25 us fits both.
