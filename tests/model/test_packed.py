@@ -222,3 +222,79 @@ def test_cuda_attention_takes_the_memory_efficient_kernel_where_it_can(monkeypat
 
     monkeypatch.setattr(torch.backends.cuda, "SDPAParams", older_torch)
     assert isinstance(packed.kernels(fake, q, q, bias, gqa=False), type(packed.nullcontext()))  # torch's choice
+
+
+def gpu_branch(monkeypatch):
+    """Run the trunk's GPU kernels (fused RMSNorm, SiluMul, the mask cast once) on the CPU, with
+    attention as CUDA runs it (SDPA, each kv head copied to its query heads)."""
+    monkeypatch.setattr(packed, "on_gpu", lambda x: True)
+    monkeypatch.setattr(packed, "attention", lambda q, k, v, m, sc: packed.sdpa(q, k, v, m, sc, expand_kv=True))
+
+
+def test_gpu_branch_is_the_same_function(tiny, batch, monkeypatch):
+    # float32: the GPU branch's values and gradients equal transformers' (rms_norm with the weight is
+    # the same float32 arithmetic); under bf16 autocast it tracks the float32 function as the CPU
+    # branch does
+    calls = []
+    real = torch.nn.functional.rms_norm
+    monkeypatch.setattr(torch.nn.functional, "rms_norm", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    exact = logp_and_grads(tiny.model, batch, use_packed=False)
+    cpu = logp_and_grads(tiny.model, batch, use_packed=True, autocast=True)
+    assert not calls  # the CPU branch writes the norm out
+    gpu_branch(monkeypatch)
+    assert_same_function(exact, logp_and_grads(tiny.model, batch, use_packed=True), batch.completion_mask)
+    layers = len(tiny.model.model.layers)
+    assert len(calls) == 2 * (2 * layers + 1)  # every norm, prompts and completions, with its weight
+    assert all(w is not None for w in calls)
+    gpu = logp_and_grads(tiny.model, batch, use_packed=True, autocast=True)
+    m = batch.completion_mask
+    err = lambda run: (run[0][m] - exact[0][m]).abs().max()
+    grad_err = lambda run: max((run[1][n] - exact[1][n]).abs().max() / exact[1][n].abs().max() for n in exact[1])
+    assert 0 < err(gpu) <= 1.5 * err(cpu) + 1e-4, (err(gpu), err(cpu))
+    assert grad_err(gpu) <= 1.5 * grad_err(cpu) + 1e-4, (grad_err(gpu), grad_err(cpu))
+
+
+def test_silu_mul_equals_autograd_to_the_bit():
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        gate, up = (torch.randn(37, 24).mul(3).to(dtype).requires_grad_() for _ in range(2))
+        g = torch.randn(37, 24).to(dtype)
+        want = torch.nn.functional.silu(gate) * up
+        got = packed.SiluMul.apply(gate, up)
+        assert torch.equal(got, want)
+        for a, w in zip(torch.autograd.grad(got, (gate, up), g), torch.autograd.grad(want, (gate, up), g)):
+            assert torch.equal(a, w)
+
+
+def saved_bytes(model, batch):
+    """Bytes of the tensors one forward keeps for its backward (bf16 autocast), weights left out."""
+    seen = {}
+
+    def keep(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp, _ = completion_logprobs(model, batch, temperature=0.9)
+    logp.sum().backward()
+    packed.clear_caches()
+    return sum(n for ptr, n in seen.items() if ptr not in weights)
+
+
+def test_gpu_branch_keeps_less_than_transformers_for_the_backward(tiny, batch, monkeypatch):
+    # SiluMul keeps gate and up, not silu(gate): one (tokens, intermediate) bf16 tensor a layer fewer
+    # than transformers' MLP keeps. (The fused norm's saving, the float32 normalised x, is CUDA's
+    # kernel's: torch writes rms_norm out on the CPU, so it does not show here.)
+    packed.disable(tiny.model)
+    hf = saved_bytes(tiny.model, batch)
+    gpu_branch(monkeypatch)
+    packed.enable(tiny.model)
+    try:
+        gpu = saved_bytes(tiny.model, batch)
+    finally:
+        packed.disable(tiny.model)
+    c = tiny.model.config
+    tokens = int(batch.completion_mask.sum())  # at least this many positions run the MLP
+    assert gpu <= hf - c.num_hidden_layers * tokens * c.intermediate_size * 2, (gpu, hf)

@@ -36,6 +36,35 @@ def test_micro_batch_times_accumulation_equals_full_batch(tiny, agg):
     assert any(g.abs().sum() > 0 for g in grads[0])
 
 
+@pytest.mark.parametrize("share", [0, 1.5])
+def test_head_gradient_held_within_its_budget(tiny, share, monkeypatch):
+    # HeadGrad holds each micro-batch's dz until the mini-batch ends; past budgets.head_grad_bytes (0 on
+    # a GPU) the trainer flushes it after the micro-batch. The gradient is the same either way.
+    from rlpost.model import budgets, logprobs
+
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4)
+    batch.advantages = algo.advantages(batch).tokens
+    held, flushes, grads = [], [], []
+    real_flush = logprobs.HeadGrad.flush
+    monkeypatch.setattr(logprobs.HeadGrad, "flush", lambda self, w: held.append(self.held()) or flushes.append(1)
+                        or real_flush(self, w))
+    for limit in (None, share):  # no budget, then `share` micro-batches' worth
+        monkeypatch.setattr(budgets, "head_grad_bytes", lambda gpu, n=limit: 2**40 if n is None else int(n * one))
+        held.clear(), flushes.clear()
+        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
+                     total_optimizer_steps=1)
+        tr._accumulate(copy.deepcopy(batch), algo.loss)
+        grads.append([p.grad.clone() for p in tr.params])
+        if limit is None:  # one flush at the end, of all four micro-batches
+            assert len([h for h in held if h]) == 1
+            one = max(held) / 4
+        else:  # every flush held at most what crossed the budget: one micro-batch more than it
+            assert len([h for h in held if h]) >= (4 if share == 0 else 2)
+            assert all(h <= (share + 1.5) * one for h in held)
+    assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(*grads))
+
+
 def test_token_bounds_by_hand():
     from rlpost.roles.row_plan import token_bounds
 

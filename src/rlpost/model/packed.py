@@ -30,8 +30,14 @@ LoRA adapters, FSDP or activation checkpointing (``reason_unsupported``); traine
 this trunk (auto/packed) or transformers' forward (hf).
 
 On CUDA the linear layers, norms and MLP run packed as on the CPU (fewer kernels: fused q/k/v and
-gate/up, no padded rows); attention is torch's SDPA on the padded grid with the mask
-(``attention``), the memory-efficient kernel transformers' own CUDA forward runs. True varlen
+gate/up, no padded rows), with GPU kernels of their own (``on_gpu``): the RMSNorms are torch's
+``rms_norm`` with the weight, there one fused kernel forward and one or two back that keep only x and
+one 1/rms a token (the written-out norm is ~20 kernels and keeps the float32 normalised x as well: 4
+bytes a hidden unit a token, 1.4 GB a micro-batch of the H100 0.5B row's 8.2k tokens), and the SwiGLU
+product is ``SiluMul``, which keeps gate and up and recomputes silu(gate) in its backward (autograd
+keeps silu(gate) too: 2 bytes an MLP unit a token, 1.9 GB there). 112 kernels a layer where the CPU
+branch takes 155 (benchmarks/kernel_count.py). Attention is torch's SDPA on the padded grid with the
+mask (``attention``), the memory-efficient kernel transformers' own CUDA forward runs. True varlen
 attention (FlexAttention's block masks, flash-attn's varlen kernel) would drop the grid's padding
 too, but attention is a small share of a micro-batch's work at these lengths, FlexAttention is fast
 only compiled (a compile per new length), and flash-attn is a CUDA-only build CI cannot run. The batch-side glue (prompt
@@ -238,12 +244,15 @@ class PackedTrunk:
         and values on the grid (b, nkv, T, hd)."""
         nh, nkv, hd, N = self.nh, self.nkv, self.hd, x.shape[0]
         g = nh // nkv
+        gpu = on_gpu(x)
+        if gpu:
+            mask = mask.to(dtype)  # 0 and -inf are exact in bf16: cast once here, not in every layer's SDPA
         cos, sin = self.decoder.rotary_emb(x, pos[None])  # (1, N, hd) each, in the residual stream's dtype
         cos, sin = cos[0, :, None], torch.cat((-sin[0, :, : hd // 2], sin[0, :, hd // 2 :]), -1)[:, None]  # (N, 1, hd)
         kv_out = []
         for i, layer in enumerate(self.decoder.layers):
             w_qkv, b_qkv, w_o, b_o, w_gu, w_down = self.cached(dtype)[i]
-            qkv = F.linear(rms_norm(x, layer.input_layernorm).to(dtype), w_qkv, b_qkv)  # (N, (nh + 2 nkv) hd)
+            qkv = F.linear(rms_norm(x, layer.input_layernorm, gpu).to(dtype), w_qkv, b_qkv)  # (N, (nh + 2 nkv) hd)
             # RoPE on q and k in one go, as transformers' x cos + rotate_half(x) sin with rotate_half
             # written as roll(x) times a sin whose first half is negated (rollout_fast._rope)
             # split, not two slices: its backward is one cat, where each slice's makes a zero tensor of
@@ -266,8 +275,8 @@ class PackedTrunk:
             if grid is not None:
                 o = o.index_select(0, grid)  # (N, nh hd): back to the tokens
             x = x + F.linear(o, w_o, b_o)
-            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm).to(dtype), w_gu).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w_down)
+            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm, gpu).to(dtype), w_gu).chunk(2, dim=-1)
+            x = x + F.linear(SiluMul.apply(gate, up) if gpu else F.silu(gate) * up, w_down)
         return x, kv_out
 
     # --- prompts and completions ------------------------------------------------------------------
@@ -280,7 +289,7 @@ class PackedTrunk:
         allow |= torch.eye(P, dtype=torch.bool, device=ids.device)  # a left pad looks at itself (never read; no NaN)
         x = self.decoder.embed_tokens(ids).reshape(G * P, -1)  # (G P, H)
         x, kv = self._layers(x, pos.reshape(-1), None, G, P, None, additive(allow), dtype)
-        states = self.decoder.norm(x.view(G, P, -1)[:, -1:])  # (G, 1, H): position P-1 predicts token 0
+        states = rms_norm(x.view(G, P, -1)[:, -1:], self.decoder.norm, on_gpu(x))  # (G, 1, H): P-1 predicts token 0
         if not leaves:
             return PackedPrefix(states, kv, torch.arange(G, device=ids.device))
         outputs = [states, *(t for pair in kv for t in pair)]
@@ -309,15 +318,44 @@ class PackedTrunk:
                            torch.ones(Tf, Tf, dtype=torch.bool, device=ids.device).tril().expand(b, Tf, Tf)], -1)
         x = self.decoder.embed_tokens(ids[:, :Tf].reshape(-1)[grid])  # (N, H)
         x, _ = self._layers(x, pos, grid, b, Tf, prefix.kv, additive(allow), dtype)
-        x = self.decoder.norm(x)  # (N, H)
+        x = rms_norm(x, self.decoder.norm, on_gpu(x))  # (N, H)
         fed_states = x.new_zeros(b * Tf, x.shape[-1]).index_copy(0, grid, x).view(b, Tf, -1)
         return F.pad(torch.cat([prefix.states.to(x.dtype), fed_states], 1), (0, 0, 0, T - 1 - Tf))  # (b, T, H)
 
 
-def rms_norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
-    """transformers' LlamaRMSNorm, written out: in float32, cast back, then the weight."""
+def on_gpu(x: Tensor) -> bool:
+    """Whether the trunk takes its GPU kernels for x (fused RMSNorm, ``SiluMul``, the mask cast once): a
+    function of its own so the tests run that branch on the CPU."""
+    return x.is_cuda
+
+
+def rms_norm(x: Tensor, norm: torch.nn.Module, fused: bool = False) -> Tensor:
+    """transformers' LlamaRMSNorm, written out: in float32, cast back, then the weight. ``fused``, for a
+    float32 x and weight (bf16 autocast over float32 masters): torch's ``rms_norm`` with the weight, the
+    same x * rsqrt(mean(x^2) + eps) * w in float32, which on CUDA is one kernel each way keeping x and
+    1/rms for the backward (on the CPU torch writes it out as above)."""
+    if fused and x.dtype == norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     h = x.float()
     return norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)).to(x.dtype)
+
+
+class SiluMul(torch.autograd.Function):
+    """silu(gate) * up, the SwiGLU product, keeping only gate and up for the backward and recomputing
+    silu(gate) there: autograd's silu and mul keep silu(gate) too, a third tensor of the MLP's width
+    (tokens x intermediate in bf16, 80 MB a layer at 8.2k tokens of the 0.5B shape). The backward runs the ops
+    autograd's would (d up = g silu(gate), d gate = silu_backward(g up, gate)), so values and gradients
+    are the same to the bit, for one more elementwise kernel a layer."""
+
+    @staticmethod
+    def forward(ctx, gate: Tensor, up: Tensor) -> Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        gate, up = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(g * up, gate), g * F.silu(gate)
 
 
 def additive(allow: Tensor) -> Tensor:

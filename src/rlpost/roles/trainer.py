@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms.core import masked_mean
-from rlpost.model import device, fsdp, heap, lora, optim, packed, precision
+from rlpost.model import budgets, device, fsdp, heap, lora, optim, packed, precision
 from rlpost.model.load import enable_checkpointing
 from rlpost.model.logprobs import HeadGrad, Prefix, PolicyForward, clear_cast_cache, prompt_prefix
 from rlpost.roles.critic import Critic
@@ -212,6 +212,8 @@ class Trainer:
                 mb = mb.trimmed()
                 part = prefix.take(idx, mb.prompt_ids.shape[1]) if prefix is not None else None
                 sums = self._micro(mb, mini, loss_fn, first_epoch, diffs, sums, part, head_grad)
+                if head_grad is not None and head_grad.held() > budgets.head_grad_bytes(device.is_cuda(self.device)):
+                    head_grad.flush(self.model.get_output_embeddings().weight)  # (budgets.py says why)
             if prefix is not None:
                 prefix.backward()  # the prompts' share of the gradient, summed over the micro-batches
         if head_grad is not None:
