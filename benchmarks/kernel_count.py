@@ -17,7 +17,9 @@ layers, q/k/v biases), vocabulary 49152:
                 (rollout_fast.py) and the GPU path's ``_advance`` (rollout_static.py), the step a
                 CUDA graph captures: per layer and fixed, from the two layer counts;
   micro-batch   one trainer micro-batch's forward and backward, on transformers' forward (what the
-                issue's H100 run had) and on the packed trunk with SDPA (what a GPU runs now): per
+                issue's H100 run had), on the packed trunk with SDPA (what the 2026-11-27 H100 run
+                had) and with its CUDA branch (model/packed.py: on_gpu; torch's fused RMSNorm counted
+                as CUDA's one kernel forward and two back, not the CPU's ~20 ops): per
                 layer, per ChunkedLogp chunk and fixed, from small batches (the count does not
                 depend on the tokens, only on the chunks: the planner counts those);
   update        what an update adds once: clipping, AdamW, the metrics.
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import machine  # benchmarks/machine.py: where the figures came from
 import torch
@@ -51,19 +53,75 @@ VIEWS = {"view", "_unsafe_view", "as_strided", "t", "transpose", "permute", "exp
 
 
 class Count(TorchDispatchMode):
+    current: "Count | None" = None  # the count running (FusedNorm adds its kernels to it)
+    paused = 0  # inside FusedNorm: its CPU ops stand in for CUDA's kernels and are not counted
+
     def __init__(self):
         super().__init__()
         self.n = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__.strip("_") not in {v.strip("_") for v in VIEWS}:
+        if not Count.paused and func.overloadpacket.__name__.strip("_") not in {v.strip("_") for v in VIEWS}:
             self.n += 1
         return func(*args, **(kwargs or {}))
 
 
+@contextmanager
+def uncounted():
+    Count.paused += 1
+    try:
+        yield
+    finally:
+        Count.paused -= 1
+
+
+RMS_NORM = torch.nn.functional.rms_norm
+
+
+class FusedNorm(torch.autograd.Function):
+    """torch's rms_norm with a weight as CUDA runs it (``_fused_rms_norm``): one kernel forward, two
+    back (the input's gradient; the weight's, a reduction over the tokens). On the CPU torch writes it
+    out in ~20 ops; here they compute it and the count takes CUDA's three. It keeps what CUDA's keeps
+for the backward (x and the weight; CUDA adds one 1/rms a token), for benchmarks/update_memory.py."""
+
+    @staticmethod
+    def forward(ctx, x, shape, w, eps):
+        ctx.save_for_backward(x, w)
+        ctx.shape, ctx.eps = shape, eps
+        if Count.current is not None:
+            Count.current.n += 1
+        with uncounted():
+            return RMS_NORM(x, shape, w, eps)
+
+    @staticmethod
+    def backward(ctx, g):
+        if Count.current is not None:
+            Count.current.n += 2
+        with uncounted(), torch.enable_grad():
+            x, w = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+            dx, dw = torch.autograd.grad(RMS_NORM(x, ctx.shape, w, ctx.eps), (x, w), g)
+        return dx, None, dw, None
+
+
+@contextmanager
+def gpu_kernels():
+    """The packed trunk's CUDA branch on the CPU (model/packed.py: on_gpu), its norms counted as CUDA's."""
+    on_gpu = packed.on_gpu
+    packed.on_gpu = lambda x: True
+    torch.nn.functional.rms_norm = lambda x, shape, w=None, eps=None: FusedNorm.apply(x, shape, w, eps)
+    try:
+        yield
+    finally:
+        packed.on_gpu, torch.nn.functional.rms_norm = on_gpu, RMS_NORM
+
+
 def count(fn) -> int:
     with Count() as c:
-        fn()
+        Count.current = c
+        try:
+            fn()
+        finally:
+            Count.current = None
     return c.n
 
 
@@ -153,7 +211,7 @@ def update_counts(shape: str) -> dict[str, dict]:
     per mini-batch, ahead of its micro-batches (trainer.prompts_once, the default): counted in the
     update's own."""
     out = {}
-    for path, forward in (("hf forward", "hf"), ("packed", "packed")):
+    for path, forward in (("hf forward", "hf"), ("packed", "packed"), ("packed, CUDA kernels", "packed")):
         totals = {}
         for layers, micro, chunk in ((2, MICRO, None), (2, 2 * MICRO, None), (4, MICRO, None), (2, MICRO, 8)):
             cfg = config.load(None, ["model.name=tiny", "trainer.precision=bf16", f"trainer.forward={forward}",
@@ -162,7 +220,7 @@ def update_counts(shape: str) -> dict[str, dict]:
             trainer = build.make_trainer(cfg, model(shape, layers).train(), False)
             loss = algorithms.build(cfg.algo, cfg.rollout.group_size, cfg.rollout.max_new_tokens).loss
             b = batch(ROWS, PROMPT, COMPLETION, 4)
-            with chunks(chunk, sdpa=True):
+            with chunks(chunk, sdpa=True), gpu_kernels() if "CUDA" in path else nullcontext():
                 trainer.update(copy.deepcopy(b), loss)  # warm: the first update allocates the optimizer state
                 totals[layers, micro, chunk] = count(lambda: trainer.update(copy.deepcopy(b), loss))
         n_micro = ROWS // MICRO
