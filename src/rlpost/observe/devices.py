@@ -124,7 +124,9 @@ DECODE_KERNELS = {"hf": (36, 49), "graph": (31, 49)}
 # packed trunk's CUDA path 186 per layer, the launches torch.profiler counted on an H100 (2026-11-27,
 # benchmarks/gpu.py --profile: 19,623 in the 0.5B row's update of 4 micro-batches), where the CPU counted
 # 160 for the same code (cuBLAS and cuDNN's attention launch more than one kernel for some ops); 155 on
-# the CPU since q/k/v are split rather than sliced, not yet measured on a GPU. Once per update
+# the CPU since q/k/v are split rather than sliced, and 112.5 with the CUDA branch's fused norms and
+# SiluMul (benchmarks/kernel_count.py), neither yet measured on a GPU: kept at the profiler's 186 until a
+# GPU run refits it (docs/planner.md says the plan reads high on today's update). Once per update
 # (clipping, AdamW, the metrics): UPDATE_KERNELS.
 MICRO_KERNELS = {"hf": (198, 88, 29), "packed": (186, 118, 29)}
 UPDATE_KERNELS = 360
