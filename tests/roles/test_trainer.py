@@ -65,6 +65,56 @@ def test_head_gradient_held_within_its_budget(tiny, share, monkeypatch):
     assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(*grads))
 
 
+def test_micro_batches_read_nothing_back_to_the_host(tiny, monkeypatch):
+    # On a GPU a value read back to the host (.item(), a nonzero, a max turned into an int) waits for
+    # the device. Between one micro-batch's backward and the next one's forward that wait leaves the
+    # GPU idle while the host queues the next forward: so _micro reads nothing back (its sums stay on
+    # the device) and the cuts and the fed tokens' layout are planned before the first micro-batch.
+    # Read here on the trunk's CUDA branch, by a dispatch mode; the algorithm's own metrics (after the
+    # forward, before the backward is queued) are left out.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    batch = make_batch(tiny)
+    algo = GRPO(group_size=4)
+    batch.advantages = algo.advantages(batch).tokens
+    reads, watching = [], [False]
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if watching[0] and func.overloadpacket.__name__ in ("_local_scalar_dense", "nonzero", "is_nonzero",
+                                                                  "equal", "item", "masked_select"):
+                reads.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    def loss(logp, mb, **kw):
+        watching[0] = False
+        try:
+            return algo.loss(logp, mb, **kw)
+        finally:
+            watching[0] = True
+
+    real = Trainer._micro
+
+    def micro(self, *a, **k):
+        watching[0] = True
+        try:
+            return real(self, *a, **k)
+        finally:
+            watching[0] = False
+
+    monkeypatch.setattr(Trainer, "_micro", micro)
+    monkeypatch.setattr(packed, "on_gpu", lambda x: True)
+    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
+                 total_optimizer_steps=1)
+    assert packed.trunk_of(tr.model) is not None  # the packed trunk's forward, whose layout is planned
+    diffs = []
+    with Watch():
+        metrics = tr._accumulate(copy.deepcopy(batch), loss, diffs=diffs)
+    assert reads == []
+    assert all(isinstance(v, float) for v in metrics.values())  # read back once, at the mini-batch's end
+    assert sum(len(d) for d in diffs) == int(batch.completion_mask.sum())  # the loss tokens' differences
+
+
 def test_token_bounds_by_hand():
     from rlpost.roles.row_plan import token_bounds
 

@@ -179,6 +179,7 @@ class ChunkedLogp(torch.autograd.Function):
                 ent[sl] = lse[sl] - ((zk - lse[sl, None]).exp_() * z).sum(-1)
         ctx.save_for_backward(h, weight, targets, ent, lse, lse_all, floor, kept)
         ctx.temperature, ctx.dtype, ctx.head_grad = temperature, dtype, head_grad
+        ctx.set_materialize_grads(False)  # an output no loss reads gets None, not zeros to test on the host
         return logp, ent
 
     @staticmethod
@@ -191,8 +192,9 @@ class ChunkedLogp(torch.autograd.Function):
         # 576 float32 add per chunk, the slowest ops of the whole update in the profile.
         want_w = ctx.needs_input_grad[1] or ctx.head_grad is not None
         dz_all = h.new_empty(len(h), w.shape[0], dtype=ctx.dtype) if want_w else None
-        g_logp = g_logp / ctx.temperature  # the chain through z = h W^T / temperature
-        g_ent = g_ent / ctx.temperature if g_ent is not None and bool(g_ent.any()) else None
+        # the chain through z = h W^T / temperature; an unread output's gradient is None (no entropy term)
+        g_logp = g_logp / ctx.temperature if g_logp is not None else torch.zeros_like(lse)
+        g_ent = g_ent / ctx.temperature if g_ent is not None else None
         chunk = chunk_tokens(h.is_cuda, w.shape[0])
         for i in range(0, len(h), chunk):
             sl = slice(i, i + chunk)

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.weak import WeakIdKeyDictionary
 
 from rlpost.types.errors import ConfigError
 
@@ -305,12 +306,9 @@ class PackedTrunk:
         taken for these rows)."""
         b, T = ids.shape
         cols = torch.arange(T, device=ids.device)
-        length = torch.where(loss_mask, cols + 1, 0).amax(1)  # (b,) last loss token + 1; tokens before it are fed
-        Tf = int(length.max()) - 1 if b else 0  # fed positions of the longest row
+        Tf, grid = _PLANNED.get(loss_mask) or fed_layout(loss_mask)
         if Tf <= 0:
             return F.pad(prefix.states, (0, 0, 0, T - 1))
-        fed = cols[None, :Tf] < (length - 1)[:, None]  # (b, Tf)
-        grid = fed.reshape(-1).nonzero().squeeze(1)  # (N,) cell of each fed token in the (b, Tf) grid
         P = prompt_mask.shape[1]
         # positions continue after the prompt
         pos = (prompt_mask.sum(1, keepdim=True) + cols[None, :Tf]).reshape(-1)[grid]
@@ -321,6 +319,30 @@ class PackedTrunk:
         x = rms_norm(x, self.decoder.norm, on_gpu(x))  # (N, H)
         fed_states = x.new_zeros(b * Tf, x.shape[-1]).index_copy(0, grid, x).view(b, Tf, -1)
         return F.pad(torch.cat([prefix.states.to(x.dtype), fed_states], 1), (0, 0, 0, T - 1 - Tf))  # (b, T, H)
+
+
+def fed_layout(loss_mask: Tensor) -> tuple[int, Tensor]:
+    """(Tf, grid) of ``completions``: the fed positions of the longest row (token t-1 is fed to predict
+    token t, up to each row's last loss token), and each fed token's cell in the (b, Tf) grid (N,).
+    Both read the mask back to the host (a max and a nonzero): ``plan_fed`` does it ahead of time."""
+    b, T = loss_mask.shape
+    cols = torch.arange(T, device=loss_mask.device)
+    length = torch.where(loss_mask, cols + 1, 0).amax(1)  # (b,) last loss token + 1; tokens before it are fed
+    Tf = int(length.max()) - 1 if b else 0
+    fed = cols[None, :max(Tf, 0)] < (length - 1)[:, None]  # (b, Tf)
+    return Tf, fed.reshape(-1).nonzero().squeeze(1)
+
+
+# Layouts planned ahead (``plan_fed``), by the mask they were read from; an entry goes with its mask.
+_PLANNED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def plan_fed(loss_mask: Tensor) -> None:
+    """Read ``loss_mask``'s fed layout now, for the forward that later runs on it: the trainer plans all
+    of a mini-batch's micro-batches before the first, so on a GPU no forward waits for the device
+    (roles/trainer.py, ``_micro``). The mask must not change in place after (none does: masks are
+    made, selected and trimmed, never written)."""
+    _PLANNED[loss_mask] = fed_layout(loss_mask)
 
 
 def on_gpu(x: Tensor) -> bool:

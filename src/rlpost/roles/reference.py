@@ -34,11 +34,12 @@ class Reference:
     def logprobs(self, batch: Rollouts) -> Tensor:  # (B, T) float32, on the batch's device
         home, batch = batch.device, batch.to(self.device)  # computed on the model's device, returned home
         with self.home, precision.autocast(self.autocast_bf16, self.device):
-            parts = [
-                completion_logprobs(self.model, batch.select(slice(i, i + self.micro)), self.temperature,
-                                    share_prefix=self.share_prefix)[0]
-                for i in range(0, len(batch), self.micro)
-            ]
+            micro = [batch.select(slice(i, i + self.micro)) for i in range(0, len(batch), self.micro)]
+            if self.packed:  # the layouts read back before the first forward is queued, not between forwards
+                for mb in micro:
+                    packed.plan_fed(mb.completion_mask)
+            parts = [completion_logprobs(self.model, mb, self.temperature, share_prefix=self.share_prefix)[0]
+                     for mb in micro]
         if self.packed:  # its fused weights, rebuilt per call: they never change, but need not stay resident
             packed.trunk_of(self.model).clear()
         return (torch.cat(parts) * batch.completion_mask).to(home)

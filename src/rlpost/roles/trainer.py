@@ -48,6 +48,16 @@ def on_critic_home(verb):
     return wrapped
 
 
+def on_host(sums: dict) -> dict:
+    """``sums`` with every tensor read back as a float, all in one transfer (the first waits for the
+    device to finish; per value, each would)."""
+    keys = [k for k, v in sums.items() if isinstance(v, Tensor)]
+    if not keys:
+        return sums
+    values = torch.stack([sums[k].reshape(()).double() for k in keys]).tolist()
+    return {**sums, **dict(zip(keys, values))}
+
+
 class Trainer:
     def __init__(self, model: torch.nn.Module, tcfg, temperature: float, mini_batch_size: int,
                  micro_batch_size: int, total_optimizer_steps: int, gradient_checkpointing: bool = False,
@@ -134,6 +144,16 @@ class Trainer:
             return None
         return prompt_prefix(self.model, mini, value_head=self._shared_head())
 
+    def _planned(self, rows: Rollouts, order: str) -> list[tuple[Rollouts, Tensor | None]]:
+        """``rows`` cut into micro-batches (``plan.micro_batches``), each trimmed to its own columns,
+        with the packed trunk's layout of its fed tokens read now (``packed.plan_fed``): everything
+        that reads the masks back to the host, before the first forward is queued (``_micro``)."""
+        parts = [(mb.trimmed(), idx) for mb, idx in self.plan.micro_batches(rows, self.micro, order, *self._tokens())]
+        if packed.trunk_of(self.model) is not None:
+            for mb, _ in parts:
+                packed.plan_fed(mb.completion_mask)
+        return parts
+
     @torch.no_grad()
     @on_critic_home
     def recompute(self, batch: Rollouts) -> tuple[Tensor, Tensor | None]:
@@ -142,8 +162,8 @@ class Trainer:
         T = batch.completion_ids.shape[1]
         pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
         with self._autocast():  # one bf16 cast of the weights for all micro-batches
-            parts = self.plan.micro_batches(batch, self.micro, "rows", *self._tokens())
-            outs = [(self._forward(mb.trimmed()), idx) for mb, idx in parts]
+            parts = self._planned(batch, "rows")
+            outs = [(self._forward(mb), idx) for mb, idx in parts]
         logp = self.plan.gather([pad(o.logp) for o, idx in outs if idx is not None], batch)  # (B, T)
         values = (torch.cat([pad(o.values) for o, _ in outs]) * batch.completion_mask if self.critic is not None
                   else None)
@@ -198,18 +218,20 @@ class Trainer:
         touched) so the aggregator normalises by them; under a sharded plan they are the whole
         mini-batch's, so each rank's metrics are shares whose sum over the ranks is the 1-rank value."""
         mini = replace(mini, norm_tokens=float(mini.completion_mask.sum()), norm_seqs=len(mini))
-        sums: dict[str, float] = {}
+        sums: dict[str, float | Tensor] = {}
         head_grad = self.plan.head_grad(self.model)
+        n_diffs = len(diffs) if diffs is not None else 0
         with self._autocast():  # open across the micro-batches: the weights' bf16 casts are made once
             prefix = self._prefix(mini)
             # Micro-batches of similar length, each cut to its own longest completion: rows sorted by
             # their own length when the prompts ran once above, else whole groups (each micro-batch
-            # runs its groups' prompts) sorted by their longest row.
-            order = "own_length" if prefix is not None else "groups"
-            parts = self.plan.micro_batches(mini, self.micro, order, *self._tokens())
+            # runs its groups' prompts) sorted by their longest row. All planned before the first
+            # micro-batch: what reads the masks back to the host (the cuts, the fed tokens' layout)
+            # waits here once, not between one micro-batch's backward and the next one's forward
+            # (``_micro`` says why).
+            parts = self._planned(mini, "own_length" if prefix is not None else "groups")
             for i, (mb, idx) in enumerate(parts):
                 self.plan.sync_gradients(self.model, last=i == len(parts) - 1)
-                mb = mb.trimmed()
                 part = prefix.take(idx, mb.prompt_ids.shape[1]) if prefix is not None else None
                 sums = self._micro(mb, mini, loss_fn, first_epoch, diffs, sums, part, head_grad)
                 if head_grad is not None and head_grad.held() > budgets.head_grad_bytes(device.is_cuda(self.device)):
@@ -218,7 +240,9 @@ class Trainer:
                 prefix.backward()  # the prompts' share of the gradient, summed over the micro-batches
         if head_grad is not None:
             head_grad.flush(self.model.get_output_embeddings().weight)
-        return self.plan.reduce(sums, self.device)
+        if diffs is not None:  # the loss tokens' differences, picked now (a boolean index reads back a count)
+            diffs[n_diffs:] = [d[m] for d, m in diffs[n_diffs:]]
+        return self.plan.reduce(on_host(sums), self.device)
 
     def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None,
                sums: dict, prefix: Prefix | None = None, head_grad: HeadGrad | None = None) -> dict:
@@ -241,13 +265,17 @@ class Trainer:
                 extra["entropy"] = entropy
             loss, metrics = loss_fn(logp, mb, **extra)
             loss.backward()
-        sums["actor/loss"] = sums.get("actor/loss", 0.0) + loss.item()  # micro-batch losses add up
+        # Nothing here reads a value back to the host: on a GPU that would wait for this backward to
+        # finish before the next micro-batch's forward is queued, and the forward, launch-bound, would
+        # then run with the GPU idle where it could run beside this backward. The sums stay on the
+        # device in float64 until the mini-batch ends (``on_host``).
+        sums["actor/loss"] = sums.get("actor/loss", 0.0) + loss.detach().double()  # micro-batch losses add up
         if first_epoch:
-            metrics["actor/entropy"] = masked_mean(entropy.detach(), mb.completion_mask).item()
+            metrics["actor/entropy"] = masked_mean(entropy.detach(), mb.completion_mask).double()
             if diffs is not None:
-                diffs.append((mb.old_logp - mb.sampler_logp)[mb.completion_mask])
+                diffs.append((mb.old_logp - mb.sampler_logp, mb.completion_mask))  # picked in _accumulate
         # The algorithm's metrics are per-token means: weight each by its micro-batch's token share.
-        share = float(mb.completion_mask.sum()) / max(mini.norm_tokens, 1.0)
+        share = mb.completion_mask.sum().double() / max(mini.norm_tokens, 1.0)
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + share * v
         return sums
