@@ -54,7 +54,8 @@ def on_host(sums: dict) -> dict:
     keys = [k for k, v in sums.items() if isinstance(v, Tensor)]
     if not keys:
         return sums
-    values = torch.stack([sums[k].reshape(()).double() for k in keys]).tolist()
+    dev = sums[keys[0]].device  # the trainer's; a value elsewhere (a critic's device) is moved to it
+    values = torch.stack([sums[k].detach().reshape(()).double().to(dev) for k in keys]).tolist()
     return {**sums, **dict(zip(keys, values))}
 
 
