@@ -410,7 +410,7 @@ def test_gpu_latency_by_hand():
     # per micro-batch 198 per layer + 88 + 29 per chunk; once 360
     assert cost.update_latency(s, w) == pytest.approx((198 + 88 + 29 * 2 + 360) * 35e-6)
     assert cost.update_latency(s, replace(w, logp_chunk=128)) == pytest.approx((198 + 88 + 29 * 11 + 360) * 35e-6)
-    assert cost.update_latency(s, replace(w, packed=True)) == pytest.approx((186 + 118 + 29 * 2 + 360) * 35e-6)
+    assert cost.update_latency(s, replace(w, packed=True)) == pytest.approx((131 + 134 + 29 * 2 + 360) * 35e-6)
     # eager launches overlap the device's work in part (3-4-5: the root of the sum of squares); a graph's
     # kernels add to it
     assert cost.gpu_step(0.3, 0.4, graph=False) == pytest.approx(0.5) and cost.gpu_step(1.0, 0.5, graph=True) == 1.5

@@ -120,15 +120,15 @@ def decode_overhead(dev: Device, bf16: bool) -> float:
 # which a CUDA graph replays, 31 + 49 (Llama and Qwen2 alike).
 DECODE_KERNELS = {"hf": (36, 49), "graph": (31, 49)}
 # A trainer micro-batch's forward and backward, (per layer, fixed, per ChunkedLogp chunk): on
-# transformers' forward 192 (Llama) to 203 (Qwen2's q/k/v biases) per layer, counted on the CPU; on the
-# packed trunk's CUDA path 186 per layer, the launches torch.profiler counted on an H100 (2026-11-27,
-# benchmarks/gpu.py --profile: 19,623 in the 0.5B row's update of 4 micro-batches), where the CPU counted
-# 160 for the same code (cuBLAS and cuDNN's attention launch more than one kernel for some ops); 155 on
-# the CPU since q/k/v are split rather than sliced, and 112.5 with the CUDA branch's fused norms and
-# SiluMul (benchmarks/kernel_count.py), neither yet measured on a GPU: kept at the profiler's 186 until a
-# GPU run refits it (docs/planner.md says the plan reads high on today's update). Once per update
-# (clipping, AdamW, the metrics): UPDATE_KERNELS.
-MICRO_KERNELS = {"hf": (198, 88, 29), "packed": (186, 118, 29)}
+# transformers' forward 192 (Llama) to 203 (Qwen2's q/k/v biases) per layer, counted on the CPU. On the
+# packed trunk's CUDA path torch.profiler counted 186 launches a layer on an H100 (2026-11-27,
+# benchmarks/gpu.py --profile: 19,623 in the 0.5B row's update of 4 micro-batches) where the CPU counted
+# 160 for the same code (cuBLAS and cuDNN's attention launch more than one kernel for some ops): 1.16x.
+# Today's CUDA branch (q/k/v split, fused norms, SiluMul) counts 112.5 on the CPU (benchmarks/
+# kernel_count.py, the fused norm as CUDA's 3 kernels), so 131 at that ratio, and 134 fixed (the
+# micro-batch's sums kept on the device); not yet measured on a GPU (docs/planner.md, "GPU latency").
+# Once per update (clipping, AdamW, the metrics): UPDATE_KERNELS.
+MICRO_KERNELS = {"hf": (198, 88, 29), "packed": (131, 134, 29)}
 UPDATE_KERNELS = 360
 # Seconds per kernel, fitted on the H100 runs of benchmarks/README.md ("Issue 37") (torch 2.11,
 # transformers 5.17): issue 37's on `generate` and transformers' forward with 128-token chunks, and

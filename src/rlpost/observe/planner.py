@@ -35,8 +35,8 @@ from rlpost.observe.workload import (  # noqa: F401 - re-exported: planner.Shape
 
 # What a GPU plan rests on that no GPU run has measured ("fits" is the memory check alone).
 GPU_CAVEATS = ("fitted on H100 runs of models up to 0.5B (the demo and a Qwen2.5-0.5B shape, each phase within "
-               "0.87-1.09x, docs/planner.md); a larger model's kernels are priced at those runs' efficiencies, and "
-               "other GPUs by their spec sheets",)
+               "0.87-1.09x, docs/planner.md; the trainer's kernel count since then is counted, not measured); a "
+               "larger model's kernels are priced at those runs' efficiencies, and other GPUs by their spec sheets",)
 MULTI_GPU = "data parallelism over GPUs (FSDP2 on NCCL) has run on the CPU only, on gloo (docs/distributed.md)"
 
 
