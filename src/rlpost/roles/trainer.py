@@ -221,7 +221,7 @@ class Trainer:
         mini = replace(mini, norm_tokens=float(mini.completion_mask.sum()), norm_seqs=len(mini))
         sums: dict[str, float | Tensor] = {}
         head_grad = self.plan.head_grad(self.model)
-        n_diffs = len(diffs) if diffs is not None else 0
+        pending = [] if diffs is not None else None  # (differences, loss mask) per micro-batch (``_micro``)
         with self._autocast():  # open across the micro-batches: the weights' bf16 casts are made once
             prefix = self._prefix(mini)
             # Micro-batches of similar length, each cut to its own longest completion: rows sorted by
@@ -234,7 +234,7 @@ class Trainer:
             for i, (mb, idx) in enumerate(parts):
                 self.plan.sync_gradients(self.model, last=i == len(parts) - 1)
                 part = prefix.take(idx, mb.prompt_ids.shape[1]) if prefix is not None else None
-                sums = self._micro(mb, mini, loss_fn, first_epoch, diffs, sums, part, head_grad)
+                sums = self._micro(mb, mini, loss_fn, first_epoch, pending, sums, part, head_grad)
                 if head_grad is not None and head_grad.held() > budgets.head_grad_bytes(device.is_cuda(self.device)):
                     head_grad.flush(self.model.get_output_embeddings().weight)  # (budgets.py says why)
             if prefix is not None:
@@ -242,10 +242,10 @@ class Trainer:
         if head_grad is not None:
             head_grad.flush(self.model.get_output_embeddings().weight)
         if diffs is not None:  # the loss tokens' differences, picked now (a boolean index reads back a count)
-            diffs[n_diffs:] = [d[m] for d, m in diffs[n_diffs:]]
+            diffs.extend(d[m] for d, m in pending)
         return self.plan.reduce(on_host(sums), self.device)
 
-    def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, diffs: list | None,
+    def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, pending: list | None,
                sums: dict, prefix: Prefix | None = None, head_grad: HeadGrad | None = None) -> dict:
         """Forward and backward of one micro-batch; adds its metrics into ``sums``.
 
@@ -273,8 +273,8 @@ class Trainer:
         sums["actor/loss"] = sums.get("actor/loss", 0.0) + loss.detach().double()  # micro-batch losses add up
         if first_epoch:
             metrics["actor/entropy"] = masked_mean(entropy.detach(), mb.completion_mask).double()
-            if diffs is not None:
-                diffs.append((mb.old_logp - mb.sampler_logp, mb.completion_mask))  # picked in _accumulate
+            if pending is not None:  # trainer vs sampler log-probs, and the tokens to pick them on (_accumulate)
+                pending.append((mb.old_logp - mb.sampler_logp, mb.completion_mask))
         # The algorithm's metrics are per-token means: weight each by its micro-batch's token share.
         share = mb.completion_mask.sum().double() / max(mini.norm_tokens, 1.0)
         for k, v in metrics.items():
