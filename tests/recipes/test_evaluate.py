@@ -80,3 +80,19 @@ def test_eval_cli_reports_pass_at_k_and_saves_every_sample(tmp_path):
     assert summary["maj@1"] == pytest.approx(summary["pass@1"])  # one sample's "majority" is that sample
     bad = cli("eval", "tiny", *overrides, "--samples", "2", "--k", "3", "--out", str(out))
     assert bad.returncode == 2 and "--k" in bad.stderr
+
+
+def test_eval_keeps_a_source_name_with_eval_in_it(tmp_path):
+    from helpers import tiny_cfg
+
+    from rlpost.recipes.evaluate import heldout_accuracy
+
+    # verl's data_source names: the one with "eval/" inside must come back as written, not "lightMATH"
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1),
+             "data_source": ("lighteval/MATH", "openai/gsm8k")[i % 2]} for i in range(4)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, n, summary = heldout_accuracy(tiny_cfg("task.name=dataset", f"task.data={data}", f"task.eval_data={data}"))
+    assert n == 4
+    assert {k for k in summary if k.startswith("heldout_accuracy/")} == {"heldout_accuracy/lighteval/MATH",
+                                                                          "heldout_accuracy/openai/gsm8k"}

@@ -105,7 +105,8 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
     try:
         scores = heldout_scores(roles, rows, cfg, dump if not samples else None)
         # a mix's, per family
-        acc, per_task = scores.pop(ACCURACY), {k.replace("eval/", ""): v for k, v in scores.items()}
+        # only the prefix goes: a per-source name keeps its own text (lighteval/MATH, not lightMATH)
+        acc, per_task = scores.pop(ACCURACY), {k.removeprefix("eval/"): v for k, v in scores.items()}
         if not samples:
             return acc, len(rows), {**per_task, **found}
         rollout = cfg.rollout
