@@ -303,6 +303,43 @@ def test_rlimits_fork_bomb_then_correct_run_on_the_same_slot():
     assert res.stdout == "forked\n", res
 
 
+# --- reaping what a run orphans ------------------------------------------------------------------
+
+# A child subreaper, as every verifier worker is (wire.die_with): each run's orphans become its
+# children. It starts a child of its own that has exited (its Popen has not waited yet), runs N
+# programs that each fork a child and exit, and prints the run statuses, its zombie children other
+# than its own, and the exit status its own child's Popen reads.
+SUBREAPER = r"""import ctypes, json, os, subprocess, sys
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+from rlpost.sandbox import Limits, run_python
+own = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(7)"])
+os.waitid(os.P_PID, own.pid, os.WEXITED | os.WNOWAIT)  # exited, left unreaped: its Popen's to read
+program = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nprint(input())"
+runs = [run_python(program, stdin=f"{i}\n", backend=sys.argv[1], limits=Limits(wall_s=10), parallel=2).stdout
+        for i in range(int(sys.argv[2]))]
+zombies = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        state, ppid = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[:2]
+    except OSError:
+        continue
+    if int(ppid) == os.getpid() and state == "Z" and int(pid) != own.pid:
+        zombies.append(pid)
+print(json.dumps([runs, zombies, own.wait()]))
+"""
+
+
+def test_a_subreaper_is_left_no_zombie_and_keeps_its_own_childs_status(backend):
+    """Run by a child subreaper, no run leaves it a zombie (under bwrap, each run's pid 1 was left one
+    until it hit the process limit and bwrap could not fork), and reaping them never takes the exit
+    status of a child it started itself."""
+    out = subprocess.run([sys.executable, "-c", SUBREAPER, backend, "12"], capture_output=True, text=True,
+                         timeout=120)
+    runs, zombies, own_status = json.loads(out.stdout.splitlines()[-1])
+    assert runs == [f"{i}\n" for i in range(12)], out.stderr
+    assert zombies == [] and own_status == 7
+
+
 # --- what a killed worker leaves --------------------------------------------------------------
 
 

@@ -155,24 +155,30 @@ def remove_tree(path: str, deadline: float | None = None, keep_top: bool = False
     return n
 
 
-def remove_tree_as(path: str, uid: int, seconds: float, python: str = sys.executable) -> None:
+def remove_tree_as(path: str, uid: int, seconds: float, python: str = sys.executable, spawn=subprocess.Popen,
+                   forget=lambda proc: None) -> None:
     """remove_tree(path) within `seconds`, acting as `uid` when we are root and it is another uid:
     a child process with that uid empties the tree, then the empty top is removed here (its
-    parent is ours and not writable by `uid`). Raises OSError (Overdue past the time)."""
+    parent is ours and not writable by `uid`). Raises OSError (Overdue past the time).
+    spawn and forget: how the child is started and, once reaped, let go (the sandbox registers
+    it, so that reaping another run's orphans never takes its exit status)."""
     if os.geteuid() != 0 or uid == os.geteuid():
         remove_tree(path, time.monotonic() + seconds)
         return
     with open(__file__) as f:
         source = f.read()
-    proc = subprocess.Popen([python, "-I", "-S", "-B", "-c", source, path, str(seconds)], user=uid, group=uid,
-                            extra_groups=[], cwd="/", env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, close_fds=True, start_new_session=True)
+    proc = spawn([python, "-I", "-S", "-B", "-c", source, path, str(seconds)], user=uid, group=uid,
+                 extra_groups=[], cwd="/", env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.PIPE, close_fds=True, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=seconds + 2.0)  # its own deadline stops it first
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
         raise Overdue(f"removal as uid {uid} did not finish in {seconds:g} s") from None
+    finally:
+        if proc.returncode is not None:
+            forget(proc)
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines() or [f"exit status {proc.returncode}"]
         raise (Overdue if "Overdue" in lines[-1] else OSError)(f"removal as uid {uid}: {lines[-1][:300]}")

@@ -25,7 +25,7 @@ import secrets
 import stat
 import tempfile
 
-from rlpost.sandbox import cleanup, slots
+from rlpost.sandbox import cleanup, isolation, slots
 from rlpost.sandbox.launch import python_path
 
 INODES_PER_MB = 256  # a 64 MiB working directory holds up to 16384 files and directories
@@ -107,7 +107,7 @@ def remove(entry: dict, seconds: float) -> None:
         except OSError as e:
             if e.errno != errno.ENOTEMPTY:
                 raise
-    cleanup.remove_tree_as(path, int(entry["uid"]), seconds, python_path())
+    cleanup.remove_tree_as(path, int(entry["uid"]), seconds, python_path(), isolation.popen, isolation.forget)
 
 
 def can_mount() -> bool:

@@ -25,12 +25,15 @@ from __future__ import annotations
 import functools
 import os
 import re
+import select
 import signal
 import struct
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
+
+from rlpost.sandbox.slots import SLOT_UID_BASE
 
 KILL_WAIT_S = 2.0
 
@@ -61,11 +64,13 @@ def _processes() -> list[tuple[int, str, int, int]]:
     return out
 
 
-# A worker that runs programs is a child subreaper (wire.die_with): a killed run's orphans become its
-# zombies, and no init reaps them. reap_adopted reaps those, never a child launched here (its Popen reaps
-# it and would read a stolen exit status as 0): launches register their pid under LAUNCHING. (cleanup.py's
-# removal child is not registered, that file runs standalone; were it reaped here, its 0 status is checked by
-# the rmdir that follows.)
+# A worker that runs programs is a child subreaper (wire.die_with): every process a run orphans becomes its child,
+# and no init reaps it. Under bwrap that is each run's pid 1 (the outer bwrap exits on the program's status without
+# waiting for it); under rlimits, what the program forked. Unreaped, each is a zombie that counts against the slot
+# uid's process limit, the worker's pids cgroup and the machine's pid_max until bwrap cannot fork and every later run
+# fails. So every run ends by reaping what it orphaned (reap_pidfd for bwrap's pid 1, reap_adopted for the rest),
+# and never a child this process launched and still waits for (its Popen would read a stolen status as 0): those are
+# registered under LAUNCHING, and of the rest only what a sandbox made (sandbox_made) is reaped.
 LAUNCHING = threading.Lock()
 LAUNCHED: set[int] = set()
 
@@ -83,19 +88,58 @@ def forget(proc: subprocess.Popen) -> None:
     LAUNCHED.discard(proc.pid)
 
 
-def reap_adopted() -> None:
-    """waitpid every zombie whose parent is this process and which it did not launch (see LAUNCHED)."""
-    me = os.getpid()
+def sandbox_made(pid: int, uid: int) -> bool:
+    """Is our exited child `pid` (real uid `uid`) something a sandbox run made, not a child of the
+    code around it? As root every run's processes have a slot uid (bwrap's pid 1 included) and
+    nothing else of ours has; otherwise every run starts in a session of its own (and a daemon in
+    another), while what the verifier itself starts stays in ours (unless it asks for a new session)."""
+    if os.geteuid() == 0:
+        return uid >= SLOT_UID_BASE
+    try:
+        return int(_stat(str(pid))[3]) != os.getsid(0)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def reap_adopted() -> int:
+    """waitpid every exited child that a sandbox made and this process did not launch (LAUNCHED);
+    returns how many. One waitid call when no child has exited (the usual case after a run), a
+    scan of /proc otherwise."""
     with LAUNCHING:
+        try:
+            first = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # peek: reaps nothing
+        except ChildProcessError:
+            return 0
+        if first is None:
+            return 0
+        me, reaped = os.getpid(), 0
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) in LAUNCHED:
                 continue
             try:
                 state, ppid = _stat(name)[:2]
-                if state == "Z" and int(ppid) == me:
-                    os.waitpid(int(name), os.WNOHANG)
-            except (OSError, ValueError):
+                if state != "Z" or int(ppid) != me:
+                    continue
+                with open(f"/proc/{name}/status") as f:
+                    uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+                if sandbox_made(int(name), uid):
+                    reaped += os.waitpid(int(name), os.WNOHANG)[0] == int(name)
+            except (OSError, ValueError, StopIteration, IndexError):
                 continue
+        return reaped
+
+
+def reap_pidfd(fd: int, wait_s: float = KILL_WAIT_S) -> bool:
+    """Wait up to wait_s for the (killed) process behind pidfd `fd` to exit, and reap it if it is
+    our child: bwrap's pid 1, adopted when the outer bwrap exits before it. False if it is still
+    running. One that is not ours (reaped by the outer bwrap, or adopted by init) is left alone."""
+    if not select.select([fd], [], [], wait_s)[0]:
+        return False
+    try:
+        os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+    except OSError:  # ECHILD: not ours; EINVAL: a kernel before 5.4 (reap_adopted finds it then)
+        pass
+    return True
 
 
 def kill_matching(uid: int | None = None, session: int | None = None, wait_s: float = KILL_WAIT_S,

@@ -206,6 +206,7 @@ def run_python(code: str, stdin: str = "", limits: Limits = Limits(), files: dic
         res = _run_in_slot(backend, files, stdin, limits, slot)
         return res
     finally:
+        isolation.reap_adopted()  # whatever the run orphaned to this process, on every way out (isolation.py)
         slots.release_slot(slot, clean=res is not None and not res.cleanup)
 
 
@@ -320,8 +321,8 @@ def _kill_all(proc: subprocess.Popen, cgroup, slot: isolation.Slot, backend: str
     """Kill every process of the run, by every handle we have; returns what could not be killed.
 
     bwrap: first the sandbox's pid 1, whose death tears down the pid namespace and everything in
-    it, and which the outer bwrap then reaps (killing both at once would leave the kernel's init
-    to reap an orphan). Then the cgroup (where there is one), which holds everything, even
+    it. The outer bwrap exits on the program's status, often before pid 1 is gone, and a worker
+    (a child subreaper) inherits it: it is reaped here, once dead (isolation.reap_pidfd). Then the cgroup (where there is one), which holds everything, even
     processes that left the session; then the process group. rlimits: every process of the
     run's own uid (root), else of its session."""
     problems = []
@@ -334,6 +335,9 @@ def _kill_all(proc: subprocess.Popen, cgroup, slot: isolation.Slot, backend: str
             proc.wait(timeout=KILL_WAIT_S)
         except subprocess.TimeoutExpired:
             problems.append("the sandbox's init did not die")
+        else:  # the outer bwrap is gone: its pid 1, if still unreaped, is init's or ours (a subreaper's) now
+            if not isolation.reap_pidfd(proc.pid1_fd):
+                problems.append("the sandbox's init did not die")
     if cgroup is not None and not getattr(proc, "cgroup_emptied", False):
         try:
             proc.cgroup_emptied = cgroup.kill()
