@@ -5,7 +5,7 @@ import re
 import pytest
 from helpers import ROOT, cli, run_cli
 
-from rlpost import build, config
+from rlpost import build, config, defaults
 
 
 @pytest.mark.parametrize("override,expected", [
@@ -122,6 +122,28 @@ def test_the_length_cap_follows_the_data(tmp_path):
     saved = tmp_path / "config.yaml"
     config.save(config.load(None, ["task.name=dataset", f"task.data={data}"]), saved)
     assert "max_new_tokens: 256" in saved.read_text()
+
+
+def test_the_length_cap_of_rows_fits_a_small_context(tmp_path, capsys):
+    # The tiny model's context is 256 tokens: the rows' default 256 new tokens would leave no room for any prompt,
+    # so the default is half the context, said in one line; a folder's config.json is read the same way.
+    from rlpost.envs import build_task
+    from rlpost.model import load
+
+    assert load.tiny_model(8).config.max_position_embeddings == defaults.TINY_CONTEXT
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(f'{{"prompt": "What is {i} + 1?", "answer": "{i + 1}"}}\n' for i in range(10)))
+    cfg = config.load(None, ["model.name=tiny", "task.name=dataset", f"task.data={data}"])
+    assert cfg.rollout.max_new_tokens == 128
+    assert capsys.readouterr().err.count("rollout.max_new_tokens: 128, half of model tiny's 256-token context") == 1
+    build.preflight(cfg, build_task(cfg.task))  # the rows now fit: no ConfigError
+    folder = tmp_path / "small"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"max_position_embeddings": 300}')
+    assert config.load(None, [f"model.name={folder}", "task.name=dataset",
+                              f"task.data={data}"]).rollout.max_new_tokens == 150
+    assert config.load(None, ["model.name=tiny", "task.name=dataset", f"task.data={data}",
+                              "rollout.max_new_tokens=200"]).rollout.max_new_tokens == 200  # yours is kept
 
 
 @pytest.mark.parametrize("args, expected", [

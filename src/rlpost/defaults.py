@@ -2,7 +2,7 @@
 and ``rlpost eval RUN`` or ``--resume`` read the same ones from any folder:
 
   rollout.max_new_tokens=0   the cap that follows the task: 16 for the generated tasks, 256 for rows
-                             of your own (task.data)
+                             of your own (task.data), at most half a known small context (tiny's)
   task.verifier, task.reward_funcs   a reward function named by file (``my_reward.py:compute_score``,
                              verl's ``custom_reward_function.path`` and ``.name`` in one) gets its
                              absolute path; an entry that names no function is refused here with
@@ -14,6 +14,7 @@ and ``rlpost eval RUN`` or ``--resume`` read the same ones from any folder:
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from rlpost.sections import Config, ConfigError
@@ -31,7 +32,7 @@ def fill(cfg: Config) -> Config:
     task = dataclasses.replace(task, verifier=function_path(task.verifier, "task.verifier"),
                                reward_funcs=",".join(function_path(f.strip(), "task.reward_funcs")
                                                      for f in task.reward_funcs.split(",") if f.strip()))
-    tokens = cfg.rollout.max_new_tokens or default_max_new_tokens(bool(task.data))
+    tokens = cfg.rollout.max_new_tokens or fitted_max_new_tokens(bool(task.data), cfg.model.name)
     algo = cfg.algo
     if ":" in algo.name:  # your own algorithm, 'module:Class' or 'file.py:Class' (algorithms.resolve)
         algo = dataclasses.replace(algo, name=function_path(algo.name, "algo.name"))
@@ -42,6 +43,36 @@ def fill(cfg: Config) -> Config:
 def default_max_new_tokens(user_data: bool) -> int:
     """What rollout.max_new_tokens=0 becomes: rows of your own (task.data) or a generated task."""
     return USER_DATA_MAX_NEW_TOKENS if user_data else GENERATED_MAX_NEW_TOKENS
+
+
+TINY_CONTEXT = 256  # model.name=tiny's max_position_embeddings (model/load.py's tiny_model)
+
+
+def fitted_max_new_tokens(user_data: bool, model: str) -> int:
+    """default_max_new_tokens, clipped to half the context of a model whose context is known without
+    loading anything (the tiny test model's 256 tokens would hold the 256 new tokens and no prompt),
+    saying so in one line."""
+    tokens, context = default_max_new_tokens(user_data), known_context(model)
+    if context and tokens > context // 2:
+        from rlpost.console import say
+
+        say(f"rollout.max_new_tokens: {context // 2}, half of model {model}'s {context}-token context (the default "
+            f"{tokens} would leave no room for the prompt); set it to choose another")
+        return context // 2
+    return tokens
+
+
+def known_context(model: str) -> int:
+    """The context in tokens of model.name where reading it costs no import: the tiny test model's,
+    or a local folder's config.json; 0 otherwise (hub ids and the embedded model: thousands)."""
+    if model == "tiny":
+        return TINY_CONTEXT
+    try:
+        found = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    context = found.get("max_position_embeddings") or found.get("n_positions") if isinstance(found, dict) else 0
+    return context if isinstance(context, int) and context > 0 else 0
 
 
 def function_path(spec: str, key: str) -> str:
