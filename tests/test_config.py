@@ -181,6 +181,24 @@ def test_a_verl_layout_recipe_and_a_trl_dict_get_the_same_answer(tmp_path):
         rlpost.Trainer(model="tiny", overrides={"num_generations": 4}, output_dir=tmp_path / "r")
 
 
+def test_verls_reward_function_keys_get_one_readable_hint(tmp_path):
+    # verl's path and name are one rlpost setting: the hint writes it whole from the value given, and no list of
+    # rlpost's sections trails after the answer
+    recipe = tmp_path / "verl.yaml"
+    recipe.write_text("custom_reward_function:\n  path: compute_score.py\n  name: compute_score\n")
+    for source, expected in [
+        (recipe, "custom_reward_function.path: unknown section custom_reward_function; did you mean "
+                 "task.verifier=compute_score.py:compute_score? (verl's custom_reward_function.path: with .name, "
+                 "one setting here: file.py:function; docs/coming-from.md)"),
+        (["custom_reward_function.name=my_fn"], "custom_reward_function.name: unknown section custom_reward_function; "
+         "did you mean task.verifier=my_reward.py:my_fn? (verl's custom_reward_function.name: with .path, one setting "
+         "here: file.py:function; docs/coming-from.md)"),
+    ]:
+        with pytest.raises(config.ConfigError) as e:
+            config.load(recipe) if source == recipe else config.load(None, source)
+        assert str(e.value) == expected
+
+
 def test_recipes_are_found_by_name_from_any_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no recipes/ here
     assert config.load("ppo_arith").algo.name == "ppo"

@@ -30,6 +30,7 @@ class Name:
     note: str = ""  # how the meaning differs, when it does
     values: dict[str, str] = field(default_factory=dict)  # their value -> our key=value
     same_value: bool = True  # their value means the same here (False: counted in other units, a flag for a number)
+    template: str = ""  # where their value goes in ours ("{}:compute_score"): one of two keys that are one here
 
 
 SAME_BATCH = "both count prompts"
@@ -127,10 +128,10 @@ FOREIGN: dict[str, tuple[Name, ...]] = {
         Name("actor_rollout_ref.rollout.gpu_memory_utilization", "rollout.vllm_gpu_memory_utilization"),
         Name("actor_rollout_ref.ref.fsdp_config.param_offload", "offload.reference"),
         Name("critic.optim.lr", "algo.critic_lr"),
-        Name("custom_reward_function.path", "task.verifier", "one setting, file and function: "
-             "task.verifier=my_reward.py:compute_score (a path, or module:function)", same_value=False),
-        Name("custom_reward_function.name", "task.verifier", "task.verifier=my_reward.py:compute_score",
-             same_value=False),
+        Name("custom_reward_function.path", "task.verifier", "with .name, one setting here: file.py:function",
+             template="{}:compute_score"),
+        Name("custom_reward_function.name", "task.verifier", "with .path, one setting here: file.py:function",
+             template="my_reward.py:{}"),
         Name("reward_model.model.path", "task.reward_model"),
         Name("trainer.total_training_steps", "run.steps"),
         Name("trainer.total_epochs", "run.steps", "rlpost counts steps: epochs = run.steps x rollout.prompts_per_step "
@@ -210,7 +211,7 @@ def hint(key: str, value: object = None) -> str:
             return f"; {theirs} has no rlpost counterpart ({name.note}): drop it"
         ours = name.values.get(str(value).lower(), name.ours) if value is not None else name.ours
         if value is not None and "=" not in ours and str(value) and name.same_value:
-            ours = f"{ours}={value}"
+            ours = f"{ours}={name.template.format(value) if name.template else value}"
         note = f": {name.note}" if name.note else ""
         return f"; did you mean {ours}? ({theirs}{note}; docs/coming-from.md)"
     close = difflib.get_close_matches(key, rlpost_keys(), n=1, cutoff=0.75)
