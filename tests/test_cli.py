@@ -169,3 +169,25 @@ def test_eval_and_report_numbers_are_one_line(tmp_path, capsys):
         code = cli.main(argv)
         err = capsys.readouterr().err
         assert code == 2 and "Traceback" not in err and err.strip().startswith(f"rlpost: error: {said}"), (argv, err)
+
+
+def test_ctrl_c_names_the_report_of_the_steps_so_far(tmp_path, monkeypatch):
+    # a Ctrl-C during step 1: the step finishes and is saved, and the last line says how to read what it logged
+    import os
+    import signal
+
+    from rlpost.roles.trainer import Trainer
+
+    update = Trainer.update
+
+    def interrupted(self, *a, **kw):
+        os.kill(os.getpid(), signal.SIGINT)
+        return update(self, *a, **kw)
+
+    monkeypatch.setattr(Trainer, "update", interrupted)
+    r = cli("train", *TINY, "run.steps=3", f"run.out_dir={tmp_path}", "run.name=r")
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 130 and "after step 1" in last, r.stderr
+    assert last.endswith("`rlpost train --resume RUN_DIR` continues from the last checkpoint); `rlpost report "
+                         "RUN_DIR` writes the report of the steps so far")
+    assert cli("report", str(tmp_path / "r")).returncode == 0

@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         what = e.message if isinstance(e, Interrupted) and e.message else f"stopped by {signal.Signals(signum).name}"
         resume = (" (`rlpost train --resume RUN_DIR` continues from the last checkpoint)" if argv[:1] == ["train"]
                   else "")
+        if isinstance(e, Interrupted) and e.saved is not None:  # steps are logged: their plots can be read now
+            resume += "; `rlpost report RUN_DIR` writes the report of the steps so far"
         if as_program and threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:  # stopped and saved: a second Ctrl-C while Python exits changes nothing
                 signal.signal(sig, signal.SIG_IGN)
