@@ -108,6 +108,19 @@ def test_a_reward_function_failing_on_the_first_batch_stops_before_any_update(tm
     assert verifier_workers() == []
 
 
+@pytest.mark.parametrize("fn,said", [("always_nan", "returned nan, expected a finite number"),
+                                     ("past_float32", "returned 1e+39, expected a finite number in float32")])
+def test_a_reward_function_returning_nan_or_past_float32_is_one_line(tmp_path, capsys, fn, said):
+    # a value check, not a crash: the reward function's line, no traceback of rlpost's (nor any), and the
+    # guard's stop (every completion of the first batch failed)
+    code, err = main("train", *ARGS, f"task.reward_funcs=toy_verifiers:{fn}", f"run.out_dir={tmp_path}",
+                     "run.name=n", capsys=capsys)
+    assert code == 1 and "Traceback" not in err, err
+    assert f"reward function toy_verifiers:{fn} failed (the first error; " in err and said in err
+    assert err.strip().splitlines()[-1].startswith(f"rlpost: error: reward function {fn} failed on 16 of 16")
+    assert verifier_workers() == []
+
+
 def test_reward_failures_are_counted_and_shown_by_doctor_and_the_report(tmp_path, capsys):
     data = tmp_path / "rows.jsonl"  # with two malformed rows, skipped and counted in the summary
     data.write_text("".join(json.dumps({"prompt": str(i), "answer": str(i)}) + "\n" for i in range(30))

@@ -156,3 +156,21 @@ def starts_a_daemon(completion, row):
 
 def returns_text(completion, row):
     return "yes"
+
+
+def always_nan(completion, row):
+    return float("nan")
+
+
+def past_float32(completion, row):
+    """Finite as a Python float, inf in float32 (the loop's rewards): 1e39, but 3.4e38 (in range) for 'in range'."""
+    return 3.4e38 if completion == "in range" else 1e39
+
+
+def correct_as_text(completion, row):
+    """info['correct'] as a string: 'no' would be True to bool(); numpy's bool is a boolean like Python's."""
+    import numpy
+
+    if completion == "numpy":
+        return 0.0, {"correct": numpy.bool_(False)}
+    return 0.0, {"correct": "no" if completion == "no" else False}

@@ -121,6 +121,59 @@ def test_nan_inf_and_non_numbers_are_errors_scored_zero(capfd):
     assert err.count("reward function toy_verifiers:returns_nan failed") == 1 and "returned nan" in err
 
 
+def test_a_nan_reward_is_one_line_without_a_traceback(capfd):
+    # a value check of rlpost's, not a crash: the line says what was returned, and no frame of rlpost's shows
+    r = VerifierRunner("toy_verifiers:always_nan", timeout_s=5)
+    try:
+        _, infos, m = r.score(FakeBatch(["a", "b"]))
+    finally:
+        r.close()
+    err = capfd.readouterr().err
+    assert m["verifier/errors"] == 2 and infos[0]["error"] == "returned nan, expected a finite number"
+    assert err.strip().endswith("returned nan, expected a finite number") and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and "worker.py" not in err and "BadReward" not in err
+
+
+def test_a_reward_past_float32_is_refused_as_the_loop_would_hold_it(capfd):
+    # 1e39 is a finite float64 but inf as the float32 the loop keeps rewards in; 3.4e38 is in range
+    r = VerifierRunner("toy_verifiers:past_float32", timeout_s=5)
+    try:
+        rewards, infos, m = r.score(FakeBatch(["big", "in range"]))
+    finally:
+        r.close()
+    assert rewards.tolist() == [0.0, torch.tensor(3.4e38).item()] and torch.isfinite(rewards).all()
+    assert m["verifier/errors"] == 1
+    assert infos[0]["error"].startswith("returned 1e+39, expected a finite number in float32")
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "returned 1e+39" in err
+
+
+def test_reward_value_checks_float32_at_its_edge():
+    from rlpost.types.values import NotAReward, reward_value
+
+    edge = 2.0**128 - 2.0**103  # halfway between float32's max and 2^128: rounds (to even) to inf
+    below = 2.0**128 - 2.0**103 - 2.0**75  # the next float64 down rounds to float32's max
+    assert torch.isinf(torch.tensor(edge)) and torch.isfinite(torch.tensor(below))  # torch's own rounding
+    assert reward_value(below) == below and reward_value(-below) == -below and reward_value(True) == 1.0
+    for bad in (edge, -edge, 1e39, float("nan"), float("-inf"), 10**400, "1.0", None, [1.0]):
+        with pytest.raises(NotAReward):
+            reward_value(bad)
+
+
+def test_a_verifiers_correct_must_be_a_boolean(capfd):
+    # bool("no") is True: held-out accuracy would count it correct. Refused in one line naming the key;
+    # numpy's bool is a boolean and arrives as Python's
+    r = VerifierRunner("toy_verifiers:correct_as_text", timeout_s=5)
+    try:
+        rewards, infos, m = r.score(FakeBatch(["no", "numpy", "false"]))
+    finally:
+        r.close()
+    assert m["verifier/errors"] == 1 and rewards.tolist() == [0.0, 0.0, 0.0]
+    assert infos[0]["error"] == "returned info['correct'] = 'no' (a str), expected True or False"
+    assert infos[1] == {"correct": False} and type(infos[1]["correct"]) is bool and infos[2] == {"correct": False}
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_first_exception_is_printed_once_with_its_traceback(capfd):
     r = VerifierRunner("toy_verifiers:raises", timeout_s=5)
     try:
@@ -165,7 +218,7 @@ def test_a_spinning_verifier_is_killed_and_the_cpu_limit_backs_the_deadline():
 def test_a_runaway_allocation_fails_inside_the_worker():
     r = VerifierRunner("toy_verifiers:allocates", timeout_s=10, memory_mb=1024)
     try:
-        rewards, infos, m = r.score(FakeBatch(["big", "ok"]))
+        rewards, infos, m = r.score(FakeBatch(["big", "in range"]))
     finally:
         r.close()
     assert rewards.tolist() == [0.0, 1.0] and "MemoryError" in infos[0]["error"] and m["verifier/errors"] == 1

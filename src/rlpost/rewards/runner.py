@@ -7,11 +7,13 @@ completions in parallel, each call with a deadline; a TRL-style function gets th
 one call (its deadline: the per-call one times the batch size).
 
 Failures are loud but never fatal to the step. A call that raises, kills its worker, returns a
-non-number or NaN/inf scores 0 and counts in ``verifier/errors`` (and ``verifier/<name>/errors``);
-one that runs past its deadline is killed with everything it started (worker.py: kill_tree), scores 0 and counts in
-``verifier/timeouts``; a fresh worker takes over. The first failure of each function is printed
-once, with its traceback (every traceback goes to the worker log). Whether a run may go on with
-that many failures is the loop's call (recipes/guard.py, ``task.max_reward_error_frac``).
+non-number, NaN/inf or a number float32 holds as inf scores 0 and counts in ``verifier/errors`` (and
+``verifier/<name>/errors``); one that runs past its deadline is killed with everything it started
+(worker.py: kill_tree), scores 0 and counts in ``verifier/timeouts``; a fresh worker takes over. The
+first failure of each function is printed once: with its traceback where the function raised (every
+traceback goes to the worker log), as one line where rlpost's checks refused what it returned.
+Whether a run may go on with that many failures is the loop's call (recipes/guard.py,
+``task.max_reward_error_frac``).
 
 Deadlines cover the whole reply (frames are read without blocking until complete). A worker's
 start-up (importing, say, reasoning-gym) gets IMPORT_GRACE_S once, when the worker starts; a

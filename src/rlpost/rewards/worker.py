@@ -30,19 +30,21 @@ Three calling conventions, told apart by the function's parameter names:
             ``_calculate_rewards``): every dataset column but the prompt as a keyword list, and
             the whole batch, so a group-aware reward sees every group whole.
 
-A reward must be a finite real number: NaN, inf, a string or None (outside TRL's "does not apply")
-is a verifier error, scored 0 and counted, like an exception.
+A reward must be a real number finite in float32, the type the loop holds rewards in: NaN, inf,
+1e39, a string or None (outside TRL's "does not apply") is a verifier error, scored 0 and counted,
+like an exception; so is an info whose ``correct`` is not a boolean (types/values.py). These
+checks are rlpost's, so their failure is one line (what was returned), without a traceback.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 import numbers
 import sys
 import traceback
 from dataclasses import dataclass
 
+from rlpost.types.values import NotAFlag, NotAReward, checked_flags, reward_value
 from rlpost.wire import (  # noqa: F401 - the framing, re-exported for the runner
     MAX_FRAME,
     FrameReader,
@@ -120,15 +122,18 @@ class MissingColumn(Exception):
 
 
 def to_reward(value) -> float:
-    if isinstance(value, (str, bytes)) or value is None:
-        raise BadReward(f"returned {value!r}, expected a finite number")
     try:
-        reward = float(value)
-    except (TypeError, ValueError):
-        raise BadReward(f"returned a {type(value).__name__}, expected a finite number") from None
-    if not math.isfinite(reward):
-        raise BadReward(f"returned {reward}, expected a finite number")
-    return reward
+        return reward_value(value)
+    except NotAReward as e:
+        raise BadReward(f"returned {e}") from None
+
+
+def info_of(info: dict) -> dict:
+    """A reply's info: plain data, its flags (``correct``) booleans (types/values.py)."""
+    try:
+        return checked_flags(plain(info))
+    except NotAFlag as e:
+        raise BadReward(f"returned {e}") from None
 
 
 def ground_truth(row: dict):
@@ -144,13 +149,13 @@ def call_one(fn, style: str, completion: str, row: dict) -> tuple[float, dict]:
         if isinstance(out, dict):  # verl: {"score": ..., other fields logged}
             if "score" not in out:
                 raise BadReward(f"returned a dict without 'score' (keys: {', '.join(map(str, out))})")
-            return to_reward(out["score"]), plain({k: v for k, v in out.items() if k != "score"})
+            return to_reward(out["score"]), info_of({k: v for k, v in out.items() if k != "score"})
         return to_reward(out), {}
     out = fn(completion, row)
     reward, info = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
     if not isinstance(info, dict):
         raise BadReward(f"returned info of type {type(info).__name__}, expected a dict")
-    return to_reward(reward), plain(info)
+    return to_reward(reward), info_of(info)
 
 
 def missing_columns(fn, given: set[str]) -> list[str]:
@@ -186,7 +191,7 @@ def call_batch(fn, request: dict) -> list:
         try:
             results.append(NOT_APPLICABLE if value is None else to_reward(value))
         except BadReward as e:
-            results.append(("error", f"BadReward: {e}"))
+            results.append(("error", str(e)))
     return results
 
 
@@ -198,6 +203,8 @@ def _handle(fn, style: str, request: dict):
         if request["kind"] == "batch":
             return ("ok", call_batch(fn, request))
         return ("ok", *call_one(fn, style, request["completion"], request["row"]))
+    except (BadReward, MissingColumn) as e:  # rlpost's check of the function's result: a line, not our traceback
+        return ("error", str(e), "")
     except BaseException as e:  # noqa: BLE001 - any failure of user code is a scored 0, SystemExit too
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)  # every failure's traceback in the log
