@@ -119,15 +119,47 @@ def test_completion_logprobs_gives_entropy_only_when_asked(tiny, batch):
     assert not ent.requires_grad and torch.allclose(ent * batch.completion_mask, want, atol=1e-5)
 
 
-def test_the_defaults_are_the_shared_prefix_chunked_path(tiny, batch):
-    # bit for bit: the defaults are that path, not another one that agrees to rounding
-    assert not batch.prompt_mask.all()  # left padding, so the full and shared-prefix forwards differ in rounding
+def reached(monkeypatch):
+    """A spy on the routes model/logprobs.py can take. The returned function gives what the calls since
+    its last call reached, in order: ("shared", run) or ("full", run) for completion_states' two
+    forwards, run being "decoder" (final hidden states) or "lm" (the *ForCausalLM's logits), then
+    "chunked" where ChunkedLogp scored the tokens. The route is read, not inferred from rounding: the
+    two forwards agree bit for bit on some CPUs (Intel AMX) and not on others."""
+    seen = []
+
+    def spy(name, real):
+        def wrapped(module, batch, *rest):  # run is the last positional argument of both
+            run = rest[-1]
+            seen.append((name, "decoder" if run is lp_mod._backbone else "lm" if run is lp_mod._causal_lm else run))
+            return real(module, batch, *rest)
+        return wrapped
+
+    monkeypatch.setattr(lp_mod, "_shared_prefix", spy("shared", lp_mod._shared_prefix))
+    monkeypatch.setattr(lp_mod, "_full", spy("full", lp_mod._full))
+    apply = ChunkedLogp.apply
+    monkeypatch.setattr(ChunkedLogp, "apply", lambda *a: seen.append("chunked") or apply(*a))
+
+    def take():
+        got = list(seen)
+        seen.clear()
+        return got
+    return take
+
+
+def test_the_defaults_are_the_shared_prefix_chunked_path(tiny, batch, monkeypatch):
+    # the batch has prompts to share (groups of 4) and left padding, so each flag has a path to choose
+    assert len(batch.group_ids.unique()) < len(batch) and not batch.prompt_mask.all()
+    took = reached(monkeypatch)
+    shared_chunked = [("shared", "decoder"), "chunked"]
     explicit = policy_forward(tiny.model, batch, T, share_prefix=True, chunked=True).logp
-    assert torch.equal(policy_forward(tiny.model, batch, T).logp, explicit)
-    assert torch.equal(completion_logprobs(tiny.model, batch, T)[0], explicit)
-    others = [policy_forward(tiny.model, batch, T, share_prefix=s, chunked=c).logp
-              for s, c in ((False, True), (True, False))]
-    assert all(not torch.equal(o, explicit) for o in others), "the paths agree bit for bit: this test checks nothing"
+    assert took() == shared_chunked
+    assert torch.equal(policy_forward(tiny.model, batch, T).logp, explicit) and took() == shared_chunked
+    assert torch.equal(completion_logprobs(tiny.model, batch, T)[0], explicit) and took() == shared_chunked
+    # each other path is reached by its flag, and scores the same distribution
+    for s, c, route in ((False, True, [("full", "decoder"), "chunked"]), (True, False, [("shared", "lm")])):
+        other = policy_forward(tiny.model, batch, T, share_prefix=s, chunked=c).logp
+        assert took() == route, (s, c)
+        assert torch.allclose(other * batch.completion_mask, explicit, atol=1e-5), (s, c)
 
 
 # --- the value head ---
@@ -268,23 +300,28 @@ def test_no_tokens_give_a_zero_head_gradient():
 # --- the arguments each entry point passes on, bit for bit ---
 
 
-def test_share_prefix_and_chunked_reach_the_forward_they_name(tiny, batch):
-    # the shared-prefix and full forwards agree to rounding, not bit for bit (checked above), so a
-    # flag dropped on its way down shows as a bit-level difference from the path it names
+def test_share_prefix_and_chunked_reach_the_forward_they_name(tiny, batch, monkeypatch):
+    # every entry point, every combination of the flags: the forward reached (a spy, not a rounding
+    # difference) is the one the flags name, so a flag dropped on its way down shows
     dec = tiny.model.get_decoder()
     torch.manual_seed(1)
     head = nn.Linear(64, 1)
-    for chunked in (True, False):
-        shared = policy_forward(tiny.model, batch, T, share_prefix=True, chunked=chunked, value_head=head)
-        full = policy_forward(tiny.model, batch, T, share_prefix=False, chunked=chunked, value_head=head)
-        assert not torch.equal(shared.values, full.values) and not torch.equal(shared.logp, full.logp), chunked
-        plain = policy_forward(tiny.model, batch, T, share_prefix=True, chunked=chunked).logp
-        assert not torch.equal(plain, policy_forward(tiny.model, batch, T, share_prefix=False, chunked=chunked).logp)
-    assert not torch.equal(completion_values(dec, head, batch, share_prefix=True),
-                           completion_values(dec, head, batch, share_prefix=False))
-    for chunked in (True, False):
-        want = policy_forward(tiny.model, batch, T, chunked=chunked).logp
-        assert torch.equal(completion_logprobs(tiny.model, batch, T, chunked=chunked)[0], want)
+    took = reached(monkeypatch)
+    for share_prefix in (True, False):
+        forward = "shared" if share_prefix else "full"
+        for chunked in (True, False):
+            route = [(forward, "decoder"), "chunked"] if chunked else [(forward, "lm")]
+            with_head = [(forward, "decoder")] + (["chunked"] if chunked else [])  # the head reads hidden states
+            out = policy_forward(tiny.model, batch, T, share_prefix=share_prefix, chunked=chunked, value_head=head)
+            assert took() == with_head and out.values is not None, (share_prefix, chunked)
+            want = policy_forward(tiny.model, batch, T, share_prefix=share_prefix, chunked=chunked).logp
+            assert took() == route, (share_prefix, chunked)
+            got = completion_logprobs(tiny.model, batch, T, share_prefix=share_prefix, chunked=chunked)[0]
+            assert took() == route and torch.equal(got, want), (share_prefix, chunked)
+        completion_values(dec, head, batch, share_prefix=share_prefix)
+        assert took() == [(forward, "decoder")], share_prefix
+    completion_values(dec, head, batch)
+    assert took() == [("shared", "decoder")]  # the critic's default
 
 
 def test_rows_that_share_no_prompt_take_the_full_forward(tiny, batch):
