@@ -42,6 +42,12 @@ class Faulty(Counter):
             return "not a tuple"
         if fault == "nan":
             return [], float("nan"), False
+        if fault == "past_float32":  # finite as a Python float, inf as the loop's float32
+            return [], 1e39, False
+        if fault == "correct_as_text":  # bool("no") is True
+            return [], 0.0, True, {"correct": "no"}
+        if fault == "tool_calls_as_text":
+            return [], 0.0, True, {"tool_calls": "two"}
         if fault == "unpicklable":
             self.lock = threading.Lock()
         return super().step(message)
@@ -49,3 +55,10 @@ class Faulty(Counter):
 
 class NoRows(Counter):
     rows = None
+
+
+class EmptyReset(Counter):
+    """reset returns no messages: nothing for the chat template to render."""
+
+    def reset(self, row):
+        return []

@@ -21,12 +21,13 @@ shapes below is an error of that call, not of the run.
 from __future__ import annotations
 
 import json
-import math
+import numbers
 import sys
 import traceback
 
 import cloudpickle
 
+from rlpost.types.values import NotAFlag, NotAReward, checked_flags, reward_value
 from rlpost.wire import frame, import_object, read_frame, set_cpu_limit, start_worker, write_all
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -55,15 +56,24 @@ def messages_of(value, what: str) -> list[dict]:
 
 
 def reward_of(value) -> float:
-    if isinstance(value, (str, bytes)) or value is None:
-        raise Garbage(f"step returned the reward {value!r}, expected a finite number")
+    """The turn's reward, checked as the loop holds it (types/values.py: finite in float32)."""
     try:
-        reward = float(value)
-    except (TypeError, ValueError):
-        raise Garbage(f"step returned a {type(value).__name__} as its reward, expected a finite number") from None
-    if not math.isfinite(reward):
-        raise Garbage(f"step returned the reward {reward}, expected a finite number")
-    return reward
+        return reward_value(value)
+    except NotAReward as e:
+        raise Garbage(f"step returned {e.shown} as its reward, expected {e.expected}") from None
+
+
+def info_of(info: dict) -> dict:
+    """step's info (plain data), with what rlpost reads of it checked: ``correct`` a boolean
+    (types/values.py) and ``tool_calls`` a count."""
+    try:
+        info = checked_flags(info)
+    except NotAFlag as e:
+        raise Garbage(f"step returned {e}") from None
+    calls = info.get("tool_calls")  # read as int(...) by the rollout: a string there was its traceback
+    if calls is not None and (isinstance(calls, bool) or not isinstance(calls, numbers.Integral) or calls < 0):
+        raise Garbage(f"step returned info['tool_calls'] = {repr(calls)[:60]}, expected a count (an int >= 0)")
+    return info if calls is None else {**info, "tool_calls": int(calls)}
 
 
 def step_of(value) -> dict:
@@ -76,7 +86,8 @@ def step_of(value) -> dict:
         raise Garbage(f"step returned done={done!r}; expected True or False")
     if not isinstance(info, dict):
         raise Garbage(f"step returned info of type {type(info).__name__}; expected a dict")
-    return {"messages": messages_of(value[0], "step"), "reward": reward_of(value[1]), "done": done, "info": info}
+    return {"messages": messages_of(value[0], "step"), "reward": reward_of(value[1]), "done": done,
+            "info": info_of(info)}
 
 
 def tools_of(tools) -> list[dict] | None:
@@ -95,6 +106,9 @@ def tools_of(tools) -> list[dict] | None:
 
 def opening(env, row: dict) -> dict:
     messages = messages_of(env.reset(row), "reset")
+    if not messages:  # the chat template has nothing to render, and the model nothing to answer
+        raise Garbage("reset returned no messages; expected the opening messages (a list of message dicts, or a "
+                      "string)")
     style, stop = getattr(env, "style", "chat"), list(getattr(env, "stop", []) or [])
     if style not in STYLES:
         raise Garbage(f"style={style!r}; expected one of {STYLES}")
@@ -121,6 +135,9 @@ def handle(cls, kwargs: dict, request: dict):
             env = cloudpickle.loads(request["env"])
             payload = step_of(env.step(request["message"]))
         return ("ok", {**payload, "env": cloudpickle.dumps(env)})
+    except Garbage as e:  # rlpost's check of what the environment returned: a line, not our traceback
+        print(f"environment: {e}", file=sys.stderr, flush=True)
+        return ("error", str(e), "")
     except BaseException as e:  # noqa: BLE001 - any failure of the environment's code ends its episode, SystemExit too
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)  # every failure's traceback in the log
