@@ -340,6 +340,36 @@ def test_a_subreaper_is_left_no_zombie_and_keeps_its_own_childs_status(backend):
     assert zombies == [] and own_status == 7
 
 
+@pytest.mark.slow  # ~20 s: several hundred sandbox runs, 2 cores
+def test_code_grading_through_the_verifier_workers_leaves_them_no_zombie():
+    """The code task graded by the real verifier worker processes (child subreapers) for several
+    hundred sandbox runs in each backend: every correct program is paid, and the workers are left
+    no zombie and no process at all (the issue: one zombie per bubblewrap run, 2,128 at the peak,
+    then bwrap could not fork and every later sample scored 0)."""
+    from rlpost.rewards.runner import VerifierRunner
+    from rlpost.wire import descendants
+
+    class Batch:  # the runner reads only these two fields of a Rollouts
+        def __init__(self, completions, rows):
+            self.completions, self.rows = completions, rows
+
+    program = "```python\nimport os, time\nif os.fork() == 0:\n    time.sleep(60)\nprint(2 * int(input()))\n```"
+    backends = [b for b in BACKENDS if b == "rlimits" or run.bwrap_works()]
+    for backend in backends:
+        row = {"tests": [{"stdin": f"{i}\n", "stdout": f"{2 * i}"} for i in range(8)],
+               "limits": {"wall_s": 10.0, "memory_mb": 128},
+               "sandbox": {"backend": backend, "parallel": 2, "allow_root": True}}
+        runner = VerifierRunner("rlpost.envs.code:score", timeout_s=120, workers=2)
+        try:
+            rewards, infos, metrics = runner.score(Batch([program] * 20, [row] * 20))  # 160 sandbox runs
+            assert rewards.tolist() == [1.0] * 20, infos
+            assert sum(info["runs"] for info in infos) == 160 and metrics["verifier/errors"] == 0
+            left = {pid: len(descendants(pid)) for pid in runner.pids()}  # zombies included
+            assert list(left.values()) == [0, 0], (backend, left)
+        finally:
+            runner.close()
+
+
 # --- what a killed worker leaves --------------------------------------------------------------
 
 
