@@ -2,6 +2,7 @@
 turn by turn, and environments that hang, raise, die or return garbage ending only their episode."""
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -119,6 +120,24 @@ def test_a_missing_environment_is_one_line_before_any_model_loads():
         EnvPool("toy_envs:Nope", {}, 5.0)
     with pytest.raises(ConfigError, match=r"'module:Class'"):
         EnvPool("no_colon", {}, 5.0)
+
+
+def test_an_object_of_the_environment_module_never_imports_it_here(capsys):
+    # the trainer unpickles replies with no class allowed: an info object arrives as its repr; a message
+    # whose content is a str of the module's own class ends its episode, in one line naming that class
+    tok = load_tokenizer("embedded")
+    t = encode(tok, "x") + [tok.eos_token_id]
+    ro = rollout(Scripted(tok, [(t, "eos")]), env="toy_info_object:Env", turns=1)
+    try:
+        batch = ro.generate([{"leak": False}, {"leak": True}], n=1, temperature=1.0, top_p=1.0, max_new_tokens=8)
+    finally:
+        ro.close()
+    assert "toy_info_object" not in sys.modules
+    reward, infos, metrics = EpisodeReward().score(batch)
+    assert reward.tolist() == [1.0, 0.0] and [i["stop"] for i in infos] == ["done", "error"] and infos[0]["correct"]
+    assert metrics["env/errors"] == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if "environment toy_info_object:Env" in line]
+    assert len(said) == 1 and "the reply holds a toy_info_object.Text object" in said[0], said
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -39,7 +40,9 @@ class _Proc:
     state: str = "starting"  # starting -> idle <-> busy; dropped once killed
     key: object = None  # the call in flight
     failure: str = ""
-    reader: FrameReader = field(default_factory=FrameReader)
+    # plain values only: a reply naming a class (one of the environment module's own) is refused, so
+    # unpickling it never imports that module here (wire.py)
+    reader: FrameReader = field(default_factory=lambda: FrameReader(plain=True))
 
 
 class EnvPool:
@@ -179,6 +182,8 @@ class EnvPool:
                     data = os.read(proc.rep, 1 << 20)
                     frames = proc.reader.feed(data) if data else None
                     why = None if data else self._why_dead(proc)
+                except pickle.UnpicklingError as e:  # a class in the reply: refused, the worker too (as garbage)
+                    frames, why = None, f"the environment's reply was refused: {e}"
                 except Exception as e:  # noqa: BLE001 - garbage on the pipe: a protocol error
                     frames, why = None, f"the environment worker sent garbage ({type(e).__name__}: {e})"
                 if frames is None:

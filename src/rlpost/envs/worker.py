@@ -15,7 +15,10 @@ it was running.
 Like the verifier workers (rewards/worker.py) it talks over two private pipes (rlpost/wire.py),
 with fd 1 and 2 going to the run's log. Replies are ``("ok", payload)`` or ``("error", message,
 traceback)``; what the environment returned is checked here, so a reply that is not one of the
-shapes below is an error of that call, not of the run.
+shapes below is an error of that call, not of the run. The step's info is made plain data here (an
+object becomes its repr); the pool reads replies with no class allowed (wire.py), so an object of
+the environment's module left anywhere else in a reply ends that call instead of importing the
+module into the trainer.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import traceback
 
 import cloudpickle
 
+from rlpost.rewards.worker import plain
 from rlpost.types.values import NotAFlag, NotAReward, checked_flags, reward_value
 from rlpost.wire import frame, import_object, read_frame, set_cpu_limit, start_worker, write_all
 
@@ -86,8 +90,10 @@ def step_of(value) -> dict:
         raise Garbage(f"step returned done={done!r}; expected True or False")
     if not isinstance(info, dict):
         raise Garbage(f"step returned info of type {type(info).__name__}; expected a dict")
+    # info as plain data (an object becomes its repr, as a reward function's does): the trainer unpickles
+    # replies with no class allowed (pool.py), so it never imports the environment's module
     return {"messages": messages_of(value[0], "step"), "reward": reward_of(value[1]), "done": done,
-            "info": info_of(info)}
+            "info": info_of(plain(info))}
 
 
 def tools_of(tools) -> list[dict] | None:
