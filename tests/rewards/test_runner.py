@@ -57,6 +57,17 @@ def test_a_verifiers_bools_are_shares_in_the_metrics_and_its_other_values_are_no
     assert extra_metrics(infos, numbers=False) == {"reward_extra/acc": 0.5}
 
 
+def test_extra_metrics_average_over_the_completions_carrying_each_key_and_leave_timeout_out():
+    from rlpost.rewards.runner import extra_metrics
+
+    # a timed-out call's info is the runner's {'timeout': True}, an error's {'error': ...}: neither counts
+    # towards another key's mean, and the timeout flag is no metric (verifier/timeouts counts it)
+    infos = [{"acc": True, "steps": 4}, {"acc": False}, {"timeout": True}, {"error": "boom"}]
+    assert extra_metrics(infos) == {"reward_extra/acc": 0.5, "reward_extra/steps": 4.0}  # not 0.25 and 1.0
+    assert extra_metrics(infos, numbers=False) == {"reward_extra/acc": 0.5}
+    assert extra_metrics([{"timeout": True}]) == {} and extra_metrics([]) == {}
+
+
 def test_printing_and_plain_float_verifiers():
     r = VerifierRunner("toy_verifiers:prints", timeout_s=5)
     assert r.score(FakeBatch(["x"]))[0].tolist() == [0.5]

@@ -89,7 +89,8 @@ def extra_metrics(infos: list[dict], numbers: bool = True) -> dict:
     its 'score' (verl's reward_extra_info, e.g. {'score': 1.0, 'acc': True}), over the completions
     that have it. A verifier-style function's info dict holds parsed answers too, which no mean
     describes (``numbers=False``): only its bools are kept, as shares ('correct', 'parsed',
-    'whole_chain', 'format': the format health the report plots)."""
+    'whole_chain', 'format': the format health the report plots). The runner's own ``timeout`` flag
+    (``_result``) is left out: ``verifier/timeouts`` counts it."""
     values: dict[str, list[float]] = {}
     kinds = (bool, int, float) if numbers else (bool,)
     for info in infos:
