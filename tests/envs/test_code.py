@@ -16,7 +16,7 @@ import pytest
 from rlpost.envs import code, grading
 from rlpost.sandbox import run
 from rlpost.envs.code import TEMPLATES, build_splits, extract_program, make_row, prepare, score
-from rlpost.envs.grading import CallTest, IoTest, Refused, canon, decode, parse_test, same
+from rlpost.envs.grading import CallTest, IoTest, Refused, canon, parse_test, same, well_formed
 from rlpost.rewards.runner import VerifierRunner
 from rlpost.sections import ConfigError
 
@@ -36,15 +36,16 @@ def fenced(src: str) -> str:
 
 def test_accepted_test_forms_parse_to_inputs_and_expected_values():
     assert parse_test("assert add(1, 2) == 3") == CallTest("add", "(1, 2, )", "{}", 3)
-    assert parse_test("assert [1, (2, 3)] == f(x=-1)") == CallTest("f", "()", "{'x': -1}", [1, [2, 3]])
+    assert parse_test("assert [1, (2, 3)] == f(x=-1)") == CallTest("f", "()", "{'x': -1}", [1, (2, 3)])
     assert parse_test("assert f('a') is None").expected is None
     assert parse_test("assert is_even(4)").check == "truthy"
     assert parse_test("assert not is_even(3)").check == "falsy"
     t = parse_test("assert math.isclose(area(2.0), 12.566, rel_tol=0.001)")  # abs_tol: isclose's default, 0
     assert (t.fn, t.expected, t.tol) == ("area", 12.566, (0.001, 0.0))
     assert parse_test("assert math.isclose(area(2.0), 12.566)").tol == (1e-9, 0.0)  # Python's defaults
-    t = parse_test("assert abs(root(2) - 1.4142) < 1e-4")
-    assert (t.fn, t.expected, t.tol) == ("root", 1.4142, (0.0, 1e-4))
+    t = parse_test("assert abs(root(2) - 1.4142) < 1e-4")  # Python's operator and bound, kept as written
+    assert (t.fn, t.expected, t.check, t.tol, t.bound) == ("root", 1.4142, "abs", None, ("<", 1e-4, False))
+    assert parse_test("assert 1 >= abs(3 - root(9))").bound == ("<=", 1, True)
     t = parse_test({"call": "f({1, 2}, b'x')", "expected": {"k": [1, 2]}, "abs_tol": 0.5})
     assert (t.args, t.expected, t.tol) == ("({1, 2}, b'x', )", {"k": [1, 2]}, (1e-9, 0.5))
     assert parse_test("assert f(1) == 2").tol is None and parse_test({"call": "f(1)", "expected": 2}).tol is None
@@ -79,6 +80,7 @@ def test_tests_that_would_run_code_in_the_program_interpreter_are_refused(test, 
 
 
 def test_equality_rule_is_exact_where_python_is():
+    # claims as the harness writes them (json.loads output): tuples tagged, sets and dicts tagged
     # ints: exact, as Python compares; a float only when it is exactly the int (4.0 == 4)
     assert same(3, 3) and same(3.0, 3) and not same(3.0000001, 3) and not same(2.9999999999999996, 3)
     big = 10 ** 17 + 1  # float(big) == 1e17, within 1e-6 (and 1e-9) of it relatively: a tolerance would pass it
@@ -86,28 +88,29 @@ def test_equality_rule_is_exact_where_python_is():
     assert same(10 ** 400, 10 ** 400) and not same(10 ** 400 + 1, 10 ** 400) and not same(1e300, 10 ** 400)
     # bool is never a number, None only None, in either direction and inside containers
     assert not same(1, True) and not same(True, 1) and not same(0, None) and same(True, True)
-    assert not same([True, False], [1, 0]) and not same(canon({1: "a"}), canon({True: "a"}))
-    assert not same(canon({True, 2}), canon({1, 2})) and same(canon({True, 2}), canon({2, True}))
-    # floats with no stated tolerance: math.isclose's defaults, rel_tol 1e-9, abs_tol 0
-    # 0.1 + 0.2 - 0.3 = 5.6e-17 <= 1e-9 * 0.3; 0.3000001 - 0.3 = 1e-7 > 3e-10; near 0 nothing but 0
-    assert same(0.1 + 0.2, 0.3) and not same(0.3000001, 0.3) and same(3, 3.0) and not same(1e-12, 0.0)
-    # a stated tolerance is used as stated: |1.05 - 1.0| = 0.05 <= 0.1 * 1.05; |3.2 - 3| = 0.2 > 0.1
+    assert not same([True, False], [1, 0]) and not same({"$dict": [[1, "a"]]}, canon({True: "a"}))
+    assert not same({"$set": [True, 2]}, canon({1, 2})) and same({"$set": [2, True]}, canon({True, 2}))
+    # floats with no stated tolerance: exact, as Python's == (0.1 + 0.2 is 0.30000000000000004)
+    assert not same(0.1 + 0.2, 0.3) and same(0.1 + 0.2, 0.30000000000000004) and same(3, 3.0)
+    # a stated tolerance is math.isclose's: |1.05 - 1.0| = 0.05 <= 0.1 * 1.05; |3.2 - 3| = 0.2 > 0.1
     assert same(1.0, 1.05, (0.1, 0.0)) and same(3.05, 3, (0.0, 0.1)) and not same(3.2, 3, (0.0, 0.1))
-    assert same(float("nan"), float("nan")) and not same(float("nan"), 1.0) and not same(1.0, float("nan"))
-    # containers: tuples are lists, dicts by keys then values, sets exactly; floats inside at the same rule
-    assert same(canon((1, 2)), canon([1, 2])) and not same([1, 2], [2, 1]) and not same([1], [1, 1])
-    assert same({"a": 1.0000000000001}, {"a": 1.0}) and not same({"a": 1.0001}, {"a": 1}) and not same([1], {1: 1})
-    assert not same({"a": 1}, {"a": 1, "b": 2}) and same(canon({1, 2}), canon(frozenset([2, 1])))
-    assert not same(canon({1, 2}), [1, 2]) and same("ab", "ab") and not same("ab", b"ab") and not same("1", 1)
+    assert not same(float("nan"), 1.0) and not same(float("nan"), 1.0, (0.1, 0.1))
+    # containers: a tuple is not a list; dicts by keys then values, sets exactly; floats inside at the same rule
+    assert same({"$tuple": [1, 2]}, canon((1, 2))) and not same([1, 2], canon((1, 2)))
+    assert not same({"$tuple": [1, 2]}, [1, 2]) and not same([1, 2], [2, 1]) and not same([1], [1, 1])
+    assert same({"$dict": [["a", 1.5]]}, {"a": 1.5}) and not same({"$dict": [["a", 1.0001]]}, {"a": 1})
+    assert not same({"$dict": [["a", 1]]}, {"a": 1, "b": 2}) and same({"$set": [2, 1]}, canon(frozenset([1, 2])))
+    assert not same([1, 2], canon({1, 2})) and same("ab", "ab") and not same("ab", b"ab") and not same("1", 1)
+    assert same({"$bytes": "6869"}, b"hi") and not same({"$bytes": "68"}, b"hi")
 
 
-def test_decode_accepts_only_what_the_harness_encoder_writes():
-    assert decode([1, "a", None, 2.5, True]) == [1, "a", None, 2.5, True]
-    assert decode({"$dict": [[[1, 2], "x"]]}) == {(1, 2): "x"}  # list keys come back hashable, as tuples
-    assert decode({"$set": [1, 2]}) == frozenset({1, 2}) and decode({"$bytes": "6869"}) == b"hi"
-    for forged in ({"a": 1}, {"$dict": [[1]]}, {"$set": 3}, {"$bytes": "zz"}, {"$dict": [], "x": 1}):
-        with pytest.raises((ValueError, TypeError)):
-            decode(forged)
+def test_only_what_the_harness_encoder_writes_is_a_claim():
+    assert well_formed([1, "a", None, 2.5, True]) and well_formed({"$dict": [[{"$tuple": [1, 2]}, "x"]]})
+    assert well_formed({"$set": [1, {"$set": [2]}]}) and well_formed({"$bytes": "6869"})
+    # a list or a dict cannot be a set member or a dict key in Python, so no harness writes one
+    for forged in ({"a": 1}, {"$dict": [[1]]}, {"$set": 3}, {"$bytes": "zz"}, {"$bytes": "6 8"}, {"$dict": [], "x": 1},
+                   {"$set": [[1]]}, {"$dict": [[[1], 2]]}, {"$set": [{"$dict": []}]}, {"$tuple": 1}):
+        assert not well_formed(forged), forged
     # A forged report is only a claimed value: it passes exactly when the claim is right.
     t = parse_test("assert add(1, 2) == 3")
     assert grading.judge(t, {"v": 3}) == ("pass", "") and grading.judge(t, {"v": True}) == ("fail", "")
@@ -156,10 +159,10 @@ def test_result_types_and_tolerances_end_to_end():
              {"call": "pair(2)", "expected": [2, [2]]}, "assert loud(5) == 5", "assert not pair(0)",
              "assert math.isclose(third(1), 0.3333333, rel_tol=1e-6)", "assert third(3) == 1", "assert third(1.5) == 1"]
     reward, info = score(fenced(prog), {"tests": tests, "limits": FAST})
-    # 0.3333333 is 1e-7 relative from 1/3: not within isclose's default 1e-9, within a stated 1e-6;
-    # 1/3 + 1e-3 is not a literal (refused); object() cannot leave; 3 / 3 = 1.0 is exactly the int 1,
-    # 1.5 / 3 = 0.5 is not
-    assert info["statuses"] == ["pass", "pass", "fail", "pass", "unserializable", "refused", "pass", "pass", "fail",
+    # 0.3333333 is not 1/3 (== is exact), and is 1e-7 relative from it: within a stated 1e-6; 1/3 + 1e-3
+    # is not a literal (refused); object() cannot leave; a JSON list expected is a list, and pair returns a
+    # tuple, so Python's == says no; 3 / 3 = 1.0 is exactly the int 1, 1.5 / 3 = 0.5 is not
+    assert info["statuses"] == ["pass", "pass", "fail", "pass", "unserializable", "refused", "fail", "pass", "fail",
                                 "pass", "pass", "fail"]
     assert info["messages"][4] == "object"
     assert "noise 5" in info["stderr_tail"]  # the program's prints go to stderr, never to the report channel

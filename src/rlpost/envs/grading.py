@@ -10,11 +10,12 @@ object it returns, every byte it writes. So nothing that decides the reward is d
    * ``"assert f(ARGS) == EXPECTED"`` (either side), ``"assert f(ARGS) is True|False|None"``,
      ``"assert f(ARGS)"`` (truthy), ``"assert not f(ARGS)"`` (falsy),
      ``"assert math.isclose(f(ARGS), EXPECTED, rel_tol=R, abs_tol=A)"`` and
-     ``"assert abs(f(ARGS) - EXPECTED) < TOL"`` (``<=`` too), where f is a plain name and ARGS
-     and EXPECTED are Python literals (numbers, strings, bytes, None, True/False, and tuples,
-     lists, dicts and sets of those; ``ast.literal_eval``);
+     ``"assert abs(f(ARGS) - EXPECTED) < TOL"`` (``<=`` too, ``abs(EXPECTED - f(ARGS))``, and
+     ``TOL > abs(...)`` / ``>=``), where f is a plain name and ARGS and EXPECTED are Python
+     literals (numbers, strings, bytes, None, True/False, and tuples, lists, dicts and sets of
+     those; ``ast.literal_eval``);
    * ``{"call": "f(ARGS)", "expected": VALUE}`` with optional ``"rel_tol"`` / ``"abs_tol"``:
-     the same, with the expected value as data (JSON);
+     the same, with the expected value as data (JSON, so a list is a list);
    * ``{"stdin": "...", "stdout": "..."}``: the program reads stdin and must exit 0 printing
      stdout (compared after stripping the ends and trailing spaces per line).
 
@@ -25,7 +26,7 @@ object it returns, every byte it writes. So nothing that decides the reward is d
 
 3. The harness (inside, running as main.py next to the program's solution.py) calls each
    function and writes back what happened as JSON: ``{"i": N, "v": VALUE}`` with the return value
-   as plain values (None, bool, int, float, str, list (tuples become lists), and tagged
+   as plain values (None, bool, int, float, str, list, and tagged ``{"$tuple": [...]}``,
    ``{"$dict": [[k, v], ...]}``, ``{"$set": [...]}``, ``{"$bytes": "hex"}``), or ``{"i": N,
    "raised": TYPE}`` / ``{"i": N, "unserializable": TYPE}``. An object whose ``__eq__`` always says
    yes never leaves the sandbox. The program shares the harness's process, so it can write or
@@ -34,16 +35,20 @@ object it returns, every byte it writes. So nothing that decides the reward is d
    claim passes only if it equals the expected value, which the program never sees.
 
 4. The decision happens here (``judge``, ``same``), from values: a test's status comes from a
-   fixed list (``STATUSES``) and is "pass" only for a claimed value equal to the expected one by
-   the rule of ``same`` (exact for ints, bools, strings and containers; floats at the test's
-   stated tolerance, else math.isclose's defaults; docs/environments.md has the table). What
-   the program names (an exception's type) is kept as a message, never as a status.
+   fixed list (``STATUSES``) and is "pass" only for a claimed value that the test, evaluated by
+   Python on that value, would pass (``==`` exact, ``abs(...) < t`` with Python's arithmetic and
+   operator, ``math.isclose`` itself), except that bool is never a number here
+   (docs/environments.md has the table). The claim is read against the expected value's shape:
+   a claim of another type or size fails before anything is built from it, and set members and
+   dict keys are looked up in the expected value's table, so no claim costs more than its size.
+   What the program names (an exception's type) is kept as a message, never as a status.
 
 Refused: any other assert, e.g. one on a side effect (``f(xs); assert xs == [...]``), a method
-call, or arguments that are not literals. Running such a test means running test code in the
-program's interpreter, where the program can rewrite what the test sees (that is how 8 of 55
-hostile programs once earned full reward), so it is not run at all: the code task refuses the
-row when it is built (or skips it, ``task.on_bad_row=skip``), and ``score`` marks such a test
+call, or arguments that are not literals; and a test no value could pass (``abs(...) < 0``, an
+expected NaN, a tolerance test against a non-number). Running such a test means running test
+code in the program's interpreter, where the program can rewrite what the test sees (that is how
+8 of 55 hostile programs once earned full reward), so it is not run at all: the code task refuses
+the row when it is built (or skips it, ``task.on_bad_row=skip``), and ``score`` marks such a test
 ``refused`` (never passed). Rewrite a side-effect test as a stdin/stdout test (print the state)
 or as a call whose return value shows it.
 """
@@ -81,8 +86,10 @@ def plain(v, depth=0):
         return int(v)
     if isinstance(v, float):
         return float(v)
-    if isinstance(v, (list, tuple)):
+    if isinstance(v, list):
         return [plain(x, depth + 1) for x in v]
+    if isinstance(v, tuple):
+        return {"$tuple": [plain(x, depth + 1) for x in v]}
     if isinstance(v, dict):
         return {"$dict": [[plain(k, depth + 1), plain(x, depth + 1)] for k, x in v.items()]}
     if isinstance(v, (set, frozenset)):
@@ -129,8 +136,9 @@ class CallTest:
     args: str  # literal source of the positional arguments, as a tuple: "(1, [2, 3])"
     kwargs: str  # literal source of the keyword arguments, as a dict: "{'k': 1}"
     expected: object  # canonical plain value (canon); only this process ever holds it
-    check: str = "eq"  # "eq" | "truthy" | "falsy"
-    tol: tuple[float, float] | None = None  # (rel_tol, abs_tol) the test states; None: it states none
+    check: str = "eq"  # "eq" | "truthy" | "falsy" | "abs" (abs(f(x) - expected) against `bound`)
+    tol: tuple[float, float] | None = None  # (rel_tol, abs_tol) for math.isclose; None: `==`, exact
+    bound: tuple[str, int | float, bool] | None = None  # check "abs": ("<" or "<=", t, written abs(v - f(x)))
 
 
 @dataclass(frozen=True)
@@ -175,20 +183,20 @@ def _parse_assert(src: str) -> CallTest:
         if isinstance(op, ast.Eq):  # f(x) == v, or v == f(x)
             if not (_is_call(left) or _is_call(right)):
                 raise Refused("the tested expression must call a function by name, e.g. f(1, 2)")
-            call, value = (left, right) if _is_call(left) else (right, left)
+            # set() is a call by name too: the tested call is the side that is not a literal
+            call, value = (left, right) if _is_call(left) and not _is_literal(left) else (right, left)
             return _call_test(call, canon(_literal(value)))
         if isinstance(op, ast.Is) and isinstance(right, ast.Constant) and right.value in (True, False, None):
             if right.value is None or isinstance(right.value, bool):
                 return _call_test(left, right.value)
-        if isinstance(op, (ast.Lt, ast.LtE)) and _is_abs_diff(left):  # abs(f(x) - v) < tol
-            diff = left.args[0]
-            return _call_test(diff.left, canon(_literal(diff.right)), tol=(0.0, _tolerance(_literal(right), "tol")))
+        if _is_abs_diff(left) or _is_abs_diff(right):
+            return _abs_test(left, op, right)
     if isinstance(e, ast.Call) and _is_isclose(e.func) and len(e.args) == 2:
         stated = {k.arg: _tolerance(_literal(k.value), k.arg) for k in e.keywords if k.arg in ("rel_tol", "abs_tol")}
         if len(stated) != len(e.keywords):
             raise Refused("math.isclose takes only rel_tol and abs_tol here")
         call, value = (e.args[0], e.args[1]) if _is_call(e.args[0]) else (e.args[1], e.args[0])
-        return _call_test(call, canon(_literal(value)), tol=_isclose_tol(**stated))
+        return _call_test(call, _number(_literal(value), "math.isclose"), tol=_isclose_tol(**stated))
     if _is_call(e):
         return _call_test(e, True, check="truthy")
     if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not) and _is_call(e.operand):
@@ -197,13 +205,51 @@ def _parse_assert(src: str) -> CallTest:
                   "math.isclose and abs(f(args) - value) < tol are graded outside the sandbox")
 
 
+# abs(...) < t and abs(...) <= t as written; t > abs(...) is abs(...) < t (Python's number comparisons are exact
+# and two-sided, NaN included), so the operator kept is the one Python applies.
+_BOUND_OPS = {ast.Lt: "<", ast.LtE: "<="}
+_MIRRORED_OPS = {ast.Gt: "<", ast.GtE: "<="}
+
+
+def _abs_test(left, op, right) -> CallTest:
+    """abs(f(x) - v) < t (or <=, abs(v - f(x)), t > abs(...), t >= abs(...)): graded as Python evaluates it."""
+    if _is_abs_diff(left) and type(op) in _BOUND_OPS:
+        diff, name, limit = left.args[0], _BOUND_OPS[type(op)], right
+    elif _is_abs_diff(right) and type(op) in _MIRRORED_OPS:
+        diff, name, limit = right.args[0], _MIRRORED_OPS[type(op)], left
+    else:
+        raise Refused("unsupported assert: a distance is bounded as abs(f(args) - value) < tol (or <=)")
+    flipped = not _is_call(diff.left)
+    call, value = (diff.right, diff.left) if flipped else (diff.left, diff.right)
+    t = _literal(limit)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or (isinstance(t, float) and not math.isfinite(t)):
+        raise Refused(f"tol = {t!r}: a bound on abs(...) is a finite number")
+    if t < 0 or (t == 0 and name == "<"):
+        raise Refused(f"abs(...) {name} {t!r} is never true: no answer could pass")
+    return _call_test(call, _number(_literal(value), "abs(f(args) - value)"), check="abs", bound=(name, t, flipped))
+
+
+def _number(value, form: str):
+    """The expected value of a tolerance test: Python subtracts or isclose()s only numbers (bool is none here)."""
+    if isinstance(value, bool):
+        raise Refused(f"{form} against {value!r}: a tolerance compares numbers, and bool is none here")
+    if not isinstance(value, (int, float)):
+        raise Refused(f"{form} against {value!r}: Python's {form} takes numbers, so no answer could pass")
+    return canon(value)
+
+
 def _isclose_tol(rel_tol: float = ISCLOSE_REL_TOL, abs_tol: float = ISCLOSE_ABS_TOL) -> tuple[float, float]:
     """What math.isclose uses when a test names only some of its tolerances: Python's defaults for the rest."""
     return rel_tol, abs_tol
 
 
 def _tolerance(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == math.inf:
+    """A math.isclose tolerance, as isclose takes it (a float); one it would reject, or inf, is refused."""
+    try:
+        ok = _is_number(value) and 0 <= float(value) < math.inf  # NaN fails the comparison
+    except OverflowError:  # an int past the floats: isclose would raise
+        ok = False
+    if not ok:
         raise Refused(f"{name} = {value!r}: a tolerance is a finite number >= 0")
     return float(value)
 
@@ -218,9 +264,18 @@ def _is_isclose(func) -> bool:
 
 
 def _is_abs_diff(node) -> bool:
+    """abs(A - B) with A or B a call by name (the other must then be a literal)."""
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "abs"
-            and len(node.args) == 1 and isinstance(node.args[0], ast.BinOp) and isinstance(node.args[0].op, ast.Sub)
-            and _is_call(node.args[0].left))
+            and len(node.args) == 1 and not node.keywords and isinstance(node.args[0], ast.BinOp)
+            and isinstance(node.args[0].op, ast.Sub) and (_is_call(node.args[0].left) or _is_call(node.args[0].right)))
+
+
+def _is_literal(node) -> bool:
+    try:
+        _literal(node)
+    except Refused:
+        return False
+    return True
 
 
 def _literal(node):
@@ -230,7 +285,8 @@ def _literal(node):
         raise Refused(f"{ast.unparse(node)[:60]!r} is not a literal") from None
 
 
-def _call_test(call, expected, check: str = "eq", tol: tuple[float, float] | None = None) -> CallTest:
+def _call_test(call, expected, check: str = "eq", tol: tuple[float, float] | None = None,
+               bound: tuple[str, int | float, bool] | None = None) -> CallTest:
     if not _is_call(call):
         raise Refused("the tested expression must call a function by name, e.g. f(1, 2)")
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
@@ -239,7 +295,7 @@ def _call_test(call, expected, check: str = "eq", tol: tuple[float, float] | Non
         _literal(node)  # each argument must be a literal: the harness rebuilds it with literal_eval
     args = "(" + "".join(ast.unparse(a) + ", " for a in call.args) + ")"
     kwargs = "{" + ", ".join(f"{k.arg!r}: {ast.unparse(k.value)}" for k in call.keywords) + "}"
-    return CallTest(call.func.id, args, kwargs, expected, check, tol)
+    return CallTest(call.func.id, args, kwargs, expected, check, tol, bound)
 
 
 # --- values and equality (trusted side) -----------------------------------------------------
@@ -253,12 +309,17 @@ class Flag:
 
 
 def canon(v):
-    """A literal or JSON value in the form results are decoded to: tuples as lists, sets as
-    frozensets, dict keys and set members frozen (lists inside them become tuples, bools Flags)."""
+    """A literal or JSON value as the expected value is held: Python's own types (a tuple stays a
+    tuple, a set becomes a frozenset, which Python finds equal), with dict keys and set members
+    frozen (bools as Flags). NaN is refused: Python finds it equal to nothing, so no answer could pass."""
+    if isinstance(v, float) and math.isnan(v):
+        raise Refused("an expected NaN: Python's == finds NaN equal to nothing, so no answer could pass")
     if v is None or isinstance(v, (bool, int, float, str, bytes)):
         return v
-    if isinstance(v, (list, tuple)):
+    if isinstance(v, list):
         return [canon(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(canon(x) for x in v)
     if isinstance(v, (set, frozenset)):
         return frozenset(_freeze(canon(x)) for x in v)
     if isinstance(v, dict):
@@ -269,59 +330,152 @@ def canon(v):
 def _freeze(v):
     if isinstance(v, bool):
         return Flag(v)
-    return tuple(_freeze(x) for x in v) if isinstance(v, list) else v
+    return tuple(_freeze(x) for x in v) if isinstance(v, tuple) else v
 
 
-def decode(v):
-    """A value as the harness reported it (json.loads output) -> the canon form; ValueError if it
-    is not one the harness's encoder can produce."""
+def well_formed(v, member: bool = False) -> bool:
+    """Whether a claimed value (json.loads output) is one the harness's encoder can write; `member`:
+    it stands where Python needs a hashable (a set member, a dict key). One linear pass, nothing built."""
     if v is None or type(v) in (bool, int, float, str):
-        return v
+        return True
     if type(v) is list:
-        return [decode(x) for x in v]
-    if type(v) is dict and len(v) == 1:
-        (tag, body), = v.items()
-        if tag == "$dict" and type(body) is list and all(type(p) is list and len(p) == 2 for p in body):
-            return {_freeze(decode(k)): decode(x) for k, x in body}
-        if tag == "$set" and type(body) is list:
-            return frozenset(_freeze(decode(x)) for x in body)
-        if tag == "$bytes" and type(body) is str:
-            return bytes.fromhex(body)
-    raise ValueError("not a plain value")
+        return not member and all(well_formed(x) for x in v)
+    if type(v) is not dict or len(v) != 1:
+        return False
+    (tag, body), = v.items()
+    if tag == "$bytes":
+        return type(body) is str and len(body) % 2 == 0 and not body.strip("0123456789abcdef")
+    if type(body) is not list:
+        return False
+    if tag == "$tuple":
+        return all(well_formed(x, member) for x in body)
+    if tag == "$set":
+        return all(well_formed(x, True) for x in body)
+    return (tag == "$dict" and not member
+            and all(type(p) is list and len(p) == 2 and well_formed(p[0], True) and well_formed(p[1]) for p in body))
+
+
+def _tagged(claim, tag: str):
+    """The body of a claim tagged `tag` ({"$set": [...]}), else None."""
+    return claim.get(tag) if type(claim) is dict else None
 
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def same(got, exp, tol: tuple[float, float] | None = None) -> bool:
-    """The equality rule (docs/environments.md has it as a table), between canon values. `tol`:
-    the (rel_tol, abs_tol) the test states, or None. Exact where Python is exact, and bool is
-    never a number: an int expected takes an int, or a float of exactly that value (4.0 == 4),
-    unless the test states a tolerance; a float expected takes a number within the stated
-    tolerance, else within math.isclose's defaults (rel_tol 1e-9, abs_tol 0). NaN equals only
-    NaN. Lists (tuples) element by element, dicts by key set then value by value, both with the
-    same rule; sets, dict keys, strings, bytes, None and bools exactly."""
+def same(claim, exp, tol: tuple[float, float] | None = None) -> bool:
+    """The equality rule (docs/environments.md has it as a table): whether a well-formed claim (as
+    the harness writes it, json.loads output) equals `exp` (canon) as Python's == finds it, except
+    that bool is never a number and a bool set member or dict key never the int. `tol`: (rel_tol,
+    abs_tol) of a math.isclose test (or a structured one's), applied to every number but set
+    members and dict keys. Read against exp's shape: another type or length fails before anything
+    is built from the claim."""
     if isinstance(exp, bool) or exp is None:
-        return type(got) is type(exp) and got == exp
+        return type(claim) is type(exp) and claim == exp
     if _is_number(exp):
-        if not _is_number(got):
+        if type(claim) not in (int, float):
             return False
-        if isinstance(exp, int) and tol is None:
-            return got == exp  # int == int, or a float compared exactly, as Python compares them
-        if isinstance(got, float) and isinstance(exp, float) and math.isnan(got) and math.isnan(exp):
-            return True
-        rel_tol, abs_tol = tol or (ISCLOSE_REL_TOL, ISCLOSE_ABS_TOL)
+        if tol is None:
+            return claim == exp  # Python's: int == int exactly, int == float by exact value, NaN equal to nothing
         try:
-            return math.isclose(float(got), float(exp), rel_tol=rel_tol, abs_tol=abs_tol)
-        except OverflowError:  # an int too large for a float: only an exact match can be equal
-            return got == exp
+            return math.isclose(claim, exp, rel_tol=tol[0], abs_tol=tol[1])
+        except OverflowError:  # an int too large for a float: math.isclose raises, so Python's assert fails
+            return False
+    if isinstance(exp, str):
+        return type(claim) is str and claim == exp
     if isinstance(exp, list):
-        return (type(got) is list and len(got) == len(exp)
-                and all(same(g, e, tol) for g, e in zip(got, exp)))
-    if isinstance(exp, dict):
-        return type(got) is dict and got.keys() == exp.keys() and all(same(got[k], e, tol) for k, e in exp.items())
-    return type(got) is type(exp) and got == exp  # str, bytes, frozenset
+        return type(claim) is list and len(claim) == len(exp) and all(same(c, e, tol) for c, e in zip(claim, exp))
+    if isinstance(exp, tuple):
+        body = _tagged(claim, "$tuple")
+        return body is not None and len(body) == len(exp) and all(same(c, e, tol) for c, e in zip(body, exp))
+    if isinstance(exp, bytes):
+        body = _tagged(claim, "$bytes")
+        return body is not None and len(body) == 2 * len(exp) and bytes.fromhex(body) == exp
+    if isinstance(exp, frozenset):
+        body = _tagged(claim, "$set")
+        return body is not None and len(body) == len(exp) and _match_members(body, list(exp)) is not None
+    body = _tagged(claim, "$dict")  # exp is a dict
+    if body is None or len(body) != len(exp):
+        return False
+    keys = list(exp)
+    found = _match_members([k for k, _ in body], keys)
+    return found is not None and all(same(v, exp[keys[i]], tol) for (_, v), i in zip(body, found))
+
+
+def _match_members(claimed: list, members: list) -> list[int] | None:
+    """For claimed set members (or dict keys), the index in `members` (the expected ones, frozen) of
+    the one each equals, one to one; None if any has none or shares one. Each is looked up in a table
+    of the expected members, never put in a table of claimed ones: a claim whose members all hash
+    alike (multiples of 2**61 - 1) would make that table quadratic. A claimed member larger than
+    every expected one, or past their total, fails unbuilt: what is built (a nested set) is bounded
+    by the expected value's size."""
+    index = {m: i for i, m in enumerate(members)}
+    sizes = [_size(m) for m in members]
+    largest, budget = max(sizes, default=0), sum(sizes)
+    seen = bytearray(len(members))
+    found = []
+    for c in claimed:
+        limit = min(largest, budget)
+        n = _size(c, limit)
+        if n > limit:
+            return None
+        budget -= n
+        i = index.get(_frozen(c))
+        if i is None or seen[i]:
+            return None
+        seen[i] = 1
+        found.append(i)
+    return found
+
+
+def _size(v, limit: float = math.inf) -> int:
+    """Nodes in a claimed or expected value (a container and each thing in it), counted up to just past `limit`."""
+    if type(v) is dict and len(v) == 1:  # a tagged claim
+        v = next(iter(v.values()))
+        if type(v) is str:
+            return 1
+    if not isinstance(v, (list, tuple, frozenset)):
+        return 1
+    n = 1
+    for x in v:
+        n += _size(x, limit - n)
+        if n > limit:
+            break
+    return n
+
+
+def _frozen(claim):
+    """A well-formed claimed member -> the hashable value Python would have had (tuple, frozenset, bytes, Flag)."""
+    if type(claim) is bool:
+        return Flag(claim)
+    if type(claim) is not dict:
+        return claim
+    (tag, body), = claim.items()
+    if tag == "$bytes":
+        return bytes.fromhex(body)
+    members = [_frozen(x) for x in body]
+    return tuple(members) if tag == "$tuple" else frozenset(members)
+
+
+def _within(claim, exp, bound: tuple[str, int | float, bool]) -> bool:
+    """abs(claim - exp) < t (or <=, or abs(exp - claim)) exactly as Python evaluates it: int - int exactly,
+    a float in the subtraction makes it a float one (rounded), and the comparison is exact whatever the types."""
+    op, t, flipped = bound
+    if type(claim) not in (int, float):
+        return False
+    try:
+        d = abs(exp - claim) if flipped else abs(claim - exp)
+    except OverflowError:  # an int too large for a float in a float subtraction: Python's assert raises
+        return False
+    return d < t if op == "<" else d <= t
+
+
+def _truth(claim) -> bool:
+    """Python's truth of a well-formed claimed value: a container is true when it has something in it."""
+    if type(claim) is dict:
+        return len(next(iter(claim.values()))) > 0
+    return bool(claim)
 
 
 def _message(text) -> str:
@@ -333,20 +487,24 @@ def judge(test: CallTest, report: dict) -> tuple[str, str]:
     """(status, message) of one call test from its report. The status is "pass" only when the
     report carries a value "v" that the rule finds equal to the expected value; whatever else a
     report says (an exception's or a type's name, any other key) can only fail the test, and is
-    kept as the message."""
+    kept as the message. A value the harness could not have written is a bad_report."""
     if "v" not in report:
         for key in ("raised", "unserializable"):
             if key in report:
                 return key, _message(report[key])
         return "bad_report", ""
+    claim = report["v"]
     try:
-        got = decode(report["v"])
+        if not well_formed(claim):
+            return "bad_report", ""
         if test.check == "truthy":
-            ok = bool(got)
+            ok = _truth(claim)
         elif test.check == "falsy":
-            ok = not got
+            ok = not _truth(claim)
+        elif test.check == "abs":
+            ok = _within(claim, test.expected, test.bound)
         else:
-            ok = same(got, test.expected, test.tol)
+            ok = same(claim, test.expected, test.tol)
     except (ValueError, TypeError, RecursionError, OverflowError):
         return "bad_report", ""
     return ("pass" if ok else "fail"), ""
