@@ -165,3 +165,28 @@ def test_the_docs_environment_example_runs_through_the_api(tmp_path, monkeypatch
     # the class ran in the environment workers: 16 episodes a step, one or two turns each, no failure
     assert [r["env/episodes"] for r in rows] == [16, 16]
     assert all(1 <= r["env/turns_mean"] <= 2 and r["env/errors"] == 0 for r in rows)
+
+
+def test_a_pickled_reward_functions_traceback_names_its_file(tmp_path):
+    # a function of the user's script (__main__, pickled by value) keeps its file: its traceback in the verifier
+    # worker names that file and line, where cloudpickle alone names '<dynamic-code>'
+    import pickle
+    import traceback
+
+    from rlpost.recipes.api import Registry
+
+    script = tmp_path / "train_mine.py"
+    script.write_text("def helper(x):\n    return 1 / x\n\n\ndef my_reward(completions, **kw):\n"
+                      "    return list(map(helper, [0] * len(completions)))\n")
+    found = {"__name__": "__main__"}
+    exec(compile(script.read_text(), str(script), "exec"), found)
+    registry = Registry(tmp_path)
+    assert registry.add(found["my_reward"], "reward_0") == f"{registry.module}:my_reward"
+    registry.save()
+    loaded = pickle.loads((tmp_path / f"{registry.module}.pkl").read_bytes())
+    with pytest.raises(ZeroDivisionError) as e:
+        loaded["my_reward"](["a"])
+    frames = traceback.extract_tb(e.tb)[1:]
+    assert [(f.filename, f.lineno, f.name) for f in frames] == [
+        (str(script), 6, "my_reward"), (str(script), 2, "helper")]
+    assert frames[-1].line == "return 1 / x"

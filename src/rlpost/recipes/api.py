@@ -33,10 +33,14 @@ What it does is what the command line does, so the folder it writes works with e
 
 from __future__ import annotations
 
+import io
 import json
+import marshal
 import sys
 import time
+import types
 import uuid
+from collections import ChainMap
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -262,8 +266,25 @@ class Registry:
         if not self.funcs:
             return
         pkl = self.run_dir / f"{self.module}.pkl"
-        pkl.write_bytes(cloudpickle.dumps(self.funcs))
+        pkl.write_bytes(dumps_by_value(self.funcs))
         (self.run_dir / f"{self.module}.py").write_text(
             '"""Functions passed to rlpost.Trainer as Python objects, pickled by value next to this file."""\n'
             "import pickle\nfrom pathlib import Path\n\n"
             f"globals().update(pickle.loads(Path(__file__).with_name({pkl.name!r}).read_bytes()))\n")
+
+def _code_by_marshal(code: types.CodeType):
+    return marshal.loads, (marshal.dumps(code),)
+
+
+class _NamedCodePickler(cloudpickle.Pickler):
+    # read when the pickler is made: code objects by marshal, the rest as cloudpickle does
+    dispatch_table = ChainMap({types.CodeType: _code_by_marshal}, cloudpickle.Pickler.dispatch_table)
+
+
+def dumps_by_value(obj: Any) -> bytes:
+    """cloudpickle.dumps, keeping each function's file name: cloudpickle writes every code object's
+    as '<dynamic-code>', so a reward function's traceback named no file of the user's. marshal keeps
+    the whole code object (the run folder needs the same Python to load it in any case)."""
+    buffer = io.BytesIO()
+    _NamedCodePickler(buffer).dump(obj)
+    return buffer.getvalue()
