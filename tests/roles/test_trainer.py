@@ -5,7 +5,9 @@ import math
 
 import pytest
 import torch
-from helpers import make_batch, objective, tcfg, tiny_cfg
+from helpers import make_batch, objective, rl_batch, tcfg, tiny_cfg
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from rlpost import algorithms
 from rlpost.algorithms import ALGORITHMS, core
@@ -122,6 +124,60 @@ def test_token_bounds_by_hand():
     # a row longer than the budget still makes a micro-batch of its own
     assert token_bounds([1, 1, 2, 4, 4, 9], 2, 12) == [0, 3, 5, 6]
     assert token_bounds([30], 2, 12) == [0, 1] and token_bounds([], 2, 12) == [0]
+    # a long row first (issue 51): 1 | 9 | 1, 1 (1 + 9 + 2 tokens); the 9 never rides with the rows after it
+    assert token_bounds([1, 9, 1, 1], 0, 12) == [0, 1, 2, 4]
+
+
+@given(st.lists(st.integers(0, 20), max_size=12), st.integers(0, 5), st.integers(0, 40))
+@example([1, 9, 1, 1], 0, 0)
+def test_token_bounds_keep_every_micro_batch_within_its_budget_and_fill_it(lengths, prompt, slack):
+    # a budget is a memory promise: n rows padded to the longest of them, n x (prompt + L) <= tokens, whenever
+    # one row alone fits; and each cut takes as many rows as fit, so the next row would not have
+    from rlpost.roles.row_plan import token_bounds
+
+    tokens = prompt + max(lengths, default=0) + slack
+    bounds = token_bounds(lengths, prompt, tokens)
+    assert bounds[0] == 0 and bounds[-1] == len(lengths) and all(a < b for a, b in zip(bounds, bounds[1:]))
+    for a, b in zip(bounds, bounds[1:]):
+        assert (b - a) * (prompt + max(lengths[a:b])) <= tokens, (a, b)
+        if b < len(lengths):
+            assert (b + 1 - a) * (prompt + max(lengths[a : b + 1])) > tokens, (a, b)
+
+
+@st.composite
+def padded_rows(draw):
+    """A batch as the trainer gets it: left-padded prompts, and completion masks with holes (a
+    multi-turn episode's environment tokens), masked tokens after the last loss token, and rows
+    with no loss token at all (a failed episode); a budget one row alone fits; an order."""
+    B, T, P = draw(st.integers(1, 8)), draw(st.integers(1, 10)), draw(st.integers(1, 4))
+    mask = torch.tensor(draw(st.lists(st.lists(st.booleans(), min_size=T, max_size=T), min_size=B, max_size=B)))
+    for b, end in enumerate(draw(st.lists(st.integers(0, T), min_size=B, max_size=B))):
+        mask[b, end:] = False  # environment tokens (or nothing) after the last loss token; end 0: an empty row
+    used = draw(st.lists(st.integers(1, P), min_size=B, max_size=B))
+    prompt_mask = torch.tensor([[c >= P - n for c in range(P)] for n in used])
+    extent = max((int(m.nonzero().max()) + 1 if m.any() else 1) for m in mask)
+    tokens = P + extent + draw(st.integers(0, 40))
+    batch = rl_batch(mask, prompt_ids=torch.zeros(B, P, dtype=torch.long), prompt_mask=prompt_mask,
+                     group_ids=torch.arange(B) // 2)
+    return batch, tokens, draw(st.sampled_from(["rows", "groups", "own_length"]))
+
+
+@given(padded_rows())
+@example((rl_batch(torch.zeros(4, 3, dtype=torch.bool), prompt_ids=torch.zeros(4, 2, dtype=torch.long),
+                   prompt_mask=torch.ones(4, 2, dtype=torch.bool)), 8, "own_length"))
+def test_micro_batches_by_tokens_stay_within_the_budget_as_the_trainer_pads_them(case):
+    # what the trainer runs is each micro-batch trimmed (Rollouts.trimmed): every row once, and rows x
+    # (its prompt + completion columns) <= trainer.micro_batch_tokens. Four rows without a loss token,
+    # a 2-token prompt, 8 tokens: counted as 4 x 2 they were one micro-batch, which trimmed keeps one
+    # completion column of: 4 x 3 = 12
+    from rlpost.roles.row_plan import LocalPlan
+
+    batch, tokens, order = case
+    cuts = LocalPlan().micro_batches(batch, 4, order, tokens)
+    assert sorted(torch.cat([i for _, i in cuts]).tolist()) == list(range(len(batch)))
+    for mb, _ in cuts:
+        t = mb.trimmed()
+        assert len(t) * (t.prompt_ids.shape[1] + t.completion_ids.shape[1]) <= tokens, (mb.completion_mask, tokens)
 
 
 @pytest.mark.parametrize("rows_of_longest", [1, 3, 16])

@@ -72,7 +72,8 @@ def ordered(rows: Rollouts, micro: int, order: str) -> Tensor:
 
 def token_bounds(lengths: list[int], prompt: int, tokens: int) -> list[int]:
     """Bounds cutting rows, in the order given, into micro-batches of at most ``tokens`` tokens each: n
-    rows whose longest completion is L make a grid of n x (prompt + L) tokens; each takes one row at least."""
+    rows whose longest completion is L make a grid of n x (prompt + L) tokens, L the longest wherever it
+    stands among them (a long first row pads the short ones after it); each takes one row at least."""
     bounds, longest = [0], 0
     for i, length in enumerate(lengths):
         longest = max(longest, length)
@@ -100,7 +101,9 @@ class LocalPlan:
             bounds = [*range(0, len(rows), micro), len(rows)]
         else:
             mask, P = rows.completion_mask, rows.prompt_ids.shape[1]
-            lengths = mask.shape[1] - (mask.flip(1).cumsum(1) == 0).sum(1)  # (B,) through each row's last loss token
+            # (B,) through each row's last loss token, as Rollouts.trimmed cuts; at least 1, the one column
+            # trimmed keeps where no row of a micro-batch has a loss token (a failed episode's empty mask)
+            lengths = (mask.shape[1] - (mask.flip(1).cumsum(1) == 0).sum(1)).clamp(min=1)
             one = len(rows) * (P + int(lengths.max())) <= tokens if len(rows) else True
             idx = ordered(rows, len(rows) if one else 0, order)
             bounds = token_bounds(lengths[idx].tolist(), P, tokens)
