@@ -13,7 +13,12 @@ by ``build.check`` from its traits, so nothing outside this package names an alg
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import signal
+import threading
+import traceback
 from dataclasses import replace
 
 from rlpost.algorithms import core, turns
@@ -30,7 +35,7 @@ from rlpost.algorithms.reinforce_pp import ReinforcePP
 from rlpost.algorithms.rloo import RLOO
 from rlpost.algorithms.wrappers import with_clip_cov, with_entropy_advantage, with_entropy_bonus, with_kl_cov, with_tis
 from rlpost.sections import AlgoConfig
-from rlpost.types.errors import ConfigError
+from rlpost.types.errors import ConfigError, Interrupted, RunError
 from rlpost.types.roles import Traits
 from rlpost.wire import import_object
 
@@ -58,16 +63,95 @@ def resolve(name: str) -> type:
     if ":" not in name:
         raise ConfigError(f"algo.name: expected one of {', '.join(ALGORITHMS)}, or your own as 'module:Class', got "
                           f"{name!r}")
-    try:
-        cls = import_object(name, "Class")
-    except Exception as e:  # the user's module: any error it raises on import is theirs to see
-        raise ConfigError(f"algo.name: cannot import {name} ({type(e).__name__}: {e})") from None
+    cls = _import_own(name)
     missing = [m for m in CONTRACT if not hasattr(cls, m)]
     if not isinstance(cls, type) or missing or not isinstance(cls.traits, Traits):
         raise ConfigError(f"algo.name: {name} is not an algorithm: expected a class with {', '.join(CONTRACT)} "
                           f"(traits a rlpost.types.roles.Traits){'; missing ' + ', '.join(missing) if missing else ''} "
                           "(docs/algorithms.md, your own algorithm)")
     return cls
+
+
+def _import_own(name: str) -> type:
+    """The user's algorithm class: whatever its module raises on import, SystemExit and a
+    KeyboardInterrupt of its own included, is one ConfigError naming the module and its line. A
+    Ctrl-C that arrives meanwhile is still a Ctrl-C: rlpost's stop handlers raise Interrupted, and
+    Python's own SIGINT handler is watched here, so a KeyboardInterrupt no signal caused is told apart."""
+    interrupted: list[int] = []
+    with _noting_sigint(interrupted):
+        try:
+            return import_object(name, "Class")
+        except Interrupted:
+            raise
+        except KeyboardInterrupt as e:
+            if interrupted:
+                raise
+            why = (f"importing {name} raised KeyboardInterrupt{own_frame(e)}, though no Ctrl-C came; an algorithm's "
+                   "module runs in the trainer and must not stop it")
+        except SystemExit as e:
+            why = (f"importing {name} called sys.exit({e.code!r}){own_frame(e)}; an algorithm's module runs in the "
+                   "trainer and must not end it")
+        except Exception as e:  # the user's module: any error it raises on import is theirs to see
+            why = f"cannot import {name} ({type(e).__name__}: {e}){own_frame(e)}"
+    # raised out here, with no exception as its context: the CLI reports a KeyboardInterrupt found in
+    # an error's context as the stop it was (types/errors.py: interrupt_in)
+    raise ConfigError(f"algo.name: {why}")
+
+
+@contextlib.contextmanager
+def _noting_sigint(received: list[int]):
+    """Records in ``received`` a SIGINT handled while the block runs, by Python's handler (or any
+    callable one, which still runs); from the main thread only, where Python delivers signals."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+
+    def note(signum, frame):
+        received.append(signum)
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+RLPOST_DIR = os.path.dirname(os.path.abspath(__file__)).rpartition(os.sep)[0]
+
+
+def own_frame(e: BaseException) -> str:
+    """' (at FILE:LINE, in FUNCTION)' for the user's line in ``e``'s traceback: the deepest frame in the
+    file of the first frame outside rlpost and the import machinery (the user's module or method);
+    '' when every frame is rlpost's."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith("<frozen") and not f.filename.startswith(RLPOST_DIR + os.sep)]
+    if not frames:
+        return ""
+    last = [f for f in frames if f.filename == frames[0].filename][-1]
+    return f" (at {last.filename}:{last.lineno}, in {last.name})"
+
+
+class OwnCode:
+    """A method of the user's algorithm (from_config, advantages, loss): an exception raised in the
+    user's code is one RunError naming the algorithm, the exception and the user's line, instead of a
+    traceback through the loop. What rlpost raises already as one line, running out of memory and an
+    error outside the user's lines (a method inherited unchanged) go on as they are."""
+
+    def __init__(self, fn, name: str):
+        self.fn, self.name = fn, name
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.fn(*args, **kwargs)
+        except (ConfigError, RunError, MemoryError):
+            raise
+        except Exception as e:
+            where = own_frame(e)
+            if not where or "out of memory" in str(e) or "can't allocate memory" in str(e):
+                raise
+            raise RunError(f"algo.name: your algorithm {self.name} raised {type(e).__name__}: {e}{where}") from None
 
 
 def traits(name: str) -> Traits:
@@ -84,8 +168,12 @@ def build(algo: AlgoConfig, group_size: int, max_new_tokens: int, stale_samples:
     # KL-Cov's surrogate is unclipped: its penalty is the trust region (wrappers.with_kl_cov)
     if algo.cov_control == "kl_cov":
         algo = replace(algo, clip_eps_low=math.inf, clip_eps_high=math.inf, dapo_clip_eps_high=math.inf)
-    policy = resolve(algo.name).from_config(algo, group_size, max_new_tokens)
-    loss = policy.loss
+    cls = resolve(algo.name)
+    own = algo.name not in ALGORITHMS  # the user's: their exceptions are one line (OwnCode)
+    policy = (OwnCode(cls.from_config, algo.name) if own else cls.from_config)(algo, group_size, max_new_tokens)
+    loss = OwnCode(policy.loss, algo.name) if own else policy.loss
+    if own:
+        policy.advantages = OwnCode(policy.advantages, algo.name)
     if algo.cov_control == "clip_cov":
         loss = with_clip_cov(loss, algo.cov_ratio, algo.clip_cov_lb, algo.clip_cov_ub)
     elif algo.cov_control == "kl_cov":
