@@ -143,7 +143,7 @@ def slot_uid_processes() -> list[int]:
 
 def left_in_registries() -> list[dict]:
     """What the slots' registries still list (slots another process holds now are its own business)."""
-    left, folder = [], slots._slot_dir()
+    left, folder = [], slots.slot_dir()
     for i in range(PARALLEL):
         fd = os.open(f"{folder}/slot-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:

@@ -8,11 +8,13 @@ this machine's ext4 each rmdir costs ~3.7 ms (the disk's discard), which would m
 """
 
 import glob
+import json
 import os
 import stat
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -250,7 +252,7 @@ def test_planted_look_alikes_and_other_namespaces_runs_are_never_touched(area):
 
 
 def test_the_registry_lists_only_our_own_and_is_private(area):
-    folder = slots._slot_dir()
+    folder = slots.slot_dir()
     st = os.lstat(folder)
     assert st.st_uid == os.geteuid() and not st.st_mode & 0o077  # no other uid can write (or read) a registry
     root = hostdir.work_root()
@@ -295,3 +297,39 @@ def test_leftovers_of_a_dead_holder_are_removed_by_the_next_one():
         slots.release_slot(slot, clean=False)
     assert run_python("print(1)", backend="rlimits", parallel=1, limits=FAST).cleanup == ""
     assert not any(os.path.exists(e["path"]) for e in entries)
+
+
+def test_a_squatted_old_work_root_name_costs_no_reward(monkeypatch, tmp_path, request):
+    """Any local user could make the old fixed name {TMPDIR}/rlpost-work-{uid} first, and every
+    rlimits sample then scored 0 (the check refused it, rightly). The root is now a private name
+    nobody can foresee, recorded in the slot directory: grading pays, and the squatted folder is
+    left as it was."""
+    from rlpost.envs.grading import grade
+
+    temp, folder = Path(tempfile.mkdtemp(prefix="rlpost-test-")), tmp_path / "slots"  # temp: like /tmp, reachable
+    os.chmod(temp, 0o755)  # by the sandbox's uid (pytest's tmp_path is not)
+    request.addfinalizer(lambda: subprocess.run(["rm", "-rf", str(temp)]))
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(slots, "slot_dir", lambda: str(folder))  # no record yet: the root is made here
+    monkeypatch.setattr(hostdir, "_roots", {})
+    squat = temp / f"rlpost-work-{os.geteuid()}"
+    squat.mkdir()
+    os.chmod(squat, 0o777)
+    if ROOT:
+        os.chown(squat, OTHER_UID, OTHER_UID)
+    tests = [{"stdin": "3\n", "stdout": "6"}, "assert double(4) == 8"]
+    program = "def double(x):\n    return 2 * x\nif __name__ == '__main__':\n    print(double(int(input())))"
+    reward, info = grade(program, tests, FAST, "rlimits", 1, allow_root=True)
+    assert (reward, info["statuses"]) == (1.0, ["pass", "pass"]), info
+    root = hostdir.work_root()
+    st = os.lstat(root)
+    assert os.path.dirname(root) == str(temp) and os.path.basename(root).startswith(f"rlpost-work-{os.geteuid()}-")
+    assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == (0o711 if ROOT else 0o700)
+    assert json.loads((folder / hostdir.RECORD).read_text()) == {str(temp): root} and os.listdir(squat) == []
+    hostdir._roots.clear()  # another process of ours reads the record
+    assert hostdir.work_root() == root
+    os.chmod(root, 0o777)  # a recorded root that stopped being private is never used again
+    assert hostdir.work_root() not in (root, str(squat))
+    assert grade(program, tests, FAST, "rlimits", 1, allow_root=True)[0] == 1.0
+    os.chmod(root, 0o700)

@@ -404,7 +404,7 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
     worker.kill()
     worker.wait()
     assert alive(), "the orphaned program should still be running"
-    fd = os.open(f"{slots._slot_dir()}/slot-0.lock", os.O_RDONLY)
+    fd = os.open(f"{slots.slot_dir()}/slot-0.lock", os.O_RDONLY)
     left = slots.read_registry(fd)
     os.close(fd)
     assert {e["kind"] for e in left} >= {"workdir"} and all(os.path.exists(e["path"]) for e in left)

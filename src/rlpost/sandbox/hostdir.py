@@ -2,9 +2,13 @@
 swap anything, sized like bubblewrap's where the kernel lets us, and removed without acting on
 what the program put there with more rights than the program had.
 
-* **Where.** ``{TMPDIR}/rlpost-work-{euid}``, a private directory of ours (0711 as root, so the
-  sandbox's uid can reach its own working directory by name but not list or change the others;
-  0700 otherwise), never a name pattern in the world-writable temp directory. Each run's working
+* **Where.** A private directory of ours (0711 as root, so the sandbox's uid can reach its own
+  working directory by name but not list or change the others; 0700 otherwise) under an
+  unpredictable name, ``{TMPDIR}/rlpost-work-{euid}-XXXXXXXX`` (mkdtemp): any local user could make a
+  fixed name in the world-writable temp directory first, and every run would then be refused. It is
+  made once per temp directory and recorded in the private slot directory (slots.py,
+  ``work-roots.json``), so every process of ours uses the same one, and an old one stays
+  removable by the next holder of a slot that lists a working directory in it. Each run's working
   directory is a fresh name in it, recorded in the slot's registry (slots.py) before it exists.
 * **As root: a tmpfs of its own.** The working directory is a tmpfs mount of ``max_disk_mb``
   (and INODES_PER_MB inodes per MiB), owned by the run's uid: the disk quota holds, as under
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
+import json
 import os
 import secrets
 import stat
@@ -34,16 +40,43 @@ MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
 _mounts_refused: list[bool] = []  # non-empty once a mount was refused: do not ask again
 
 
+RECORD = "work-roots.json"  # in the slot directory: {temp directory: our working directories' root in it}
+_roots: dict[str, str] = {}  # this process's copy of it, checked before each use
+
+
 def work_root() -> str:
-    root = os.geteuid() == 0
-    return slots.private_dir(os.path.join(tempfile.gettempdir(), f"rlpost-work-{os.geteuid()}"),
-                             0o711 if root else 0o700)
+    """The root every run's working directory is made in, in the current temp directory (see the
+    module docstring)."""
+    temp = tempfile.gettempdir()
+    if _is_work_root(_roots.get(temp, ""), temp):
+        return _roots[temp]
+    fd = os.open(os.path.join(slots.slot_dir(), RECORD), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # one process makes it; the others read what it recorded
+        try:
+            roots = json.loads(os.pread(fd, 1 << 20, 0) or b"{}")
+        except ValueError:
+            roots = {}
+        roots = {k: v for k, v in roots.items() if isinstance(v, str)} if isinstance(roots, dict) else {}
+        if not _is_work_root(roots.get(temp, ""), temp):
+            roots[temp] = tempfile.mkdtemp(prefix=f"rlpost-work-{os.geteuid()}-", dir=temp)  # 0700, unforeseeable
+            if os.geteuid() == 0:
+                os.chmod(roots[temp], 0o711)
+            data = json.dumps(roots).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
+    _roots[temp] = roots[temp]
+    return roots[temp]
 
 
-def _is_work_root(folder: str) -> bool:
-    """Is `folder` a work root of ours (this process's, or one made under another TMPDIR by a holder
-    of the same slots): named so, a directory of our uid that no other uid can write."""
-    if os.path.basename(folder) != f"rlpost-work-{os.geteuid()}":
+def _is_work_root(folder: str, parent: str | None = None) -> bool:
+    """Is `folder` a work root of ours (recorded, in any temp directory, or under the old fixed name
+    by an older rlpost): named so, a directory of our uid that no other uid can write (and in
+    `parent`, when given)."""
+    name, prefix = os.path.basename(folder), f"rlpost-work-{os.geteuid()}"
+    if (name != prefix and not name.startswith(prefix + "-")) or (parent and os.path.dirname(folder) != parent):
         return False
     try:
         st = os.lstat(folder)

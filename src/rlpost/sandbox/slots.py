@@ -48,9 +48,9 @@ def private_dir(path: str, mode: int = 0o700) -> str:
     return path
 
 
-def _slot_dir() -> str:
-    """A directory only we can write, for the lock files (programs must not be able to hold one)
-    and the registries."""
+def slot_dir() -> str:
+    """A directory only we can write, for the lock files (programs must not be able to hold one),
+    the registries and the record of the working directories' root (hostdir.py)."""
     root = os.geteuid() == 0
     return private_dir("/run/rlpost-sandbox" if root and os.access("/run", os.W_OK) else
                        os.path.join(tempfile.gettempdir(), f"rlpost-sandbox-{os.geteuid()}"))
@@ -63,7 +63,7 @@ def acquire_slot(n: int, uid_block: int = 0, poll_s: float = 0.005) -> Slot:
     RLIMIT_NPROC of their uid, which only the rlimits backend relies on. The slot's registry
     comes with it: what an earlier holder made and could not remove (it died, or its removal
     failed), which the new holder removes before its own run."""
-    folder = _slot_dir()
+    folder = slot_dir()
     while True:
         for i in range(max(1, n)):
             fd = os.open(f"{folder}/slot-{i}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
