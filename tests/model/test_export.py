@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlpost import cli, config
 from rlpost.envs import Task, build_task
+from rlpost.model import checkpoint
 from rlpost.model.export import export_run
 from rlpost.model.load import load_policy
 from rlpost.recipes.rl import train
@@ -92,3 +93,27 @@ def test_lora_run_exports_merged_model_and_peft_adapters(tmp_path):
     assert {v.dtype for v in weights.values()} == {torch.bfloat16}
     assert all(torch.equal(weights[k], merged[k].to(torch.bfloat16)) for k in weights)
     assert AutoModelForCausalLM.from_pretrained(half).dtype == torch.bfloat16
+
+
+def test_export_in_float16_refuses_a_weight_past_its_range_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    # the cast made such a weight inf, silently; bfloat16 (float32's range) takes it as it is
+    assert cli.main(["train", *TINY, "run.steps=1", f"run.out_dir={tmp_path}", "run.name=r"]) == 0
+    run, load_weights = tmp_path / "r", checkpoint.load_weights
+    key = "model.layers.0.mlp.up_proj.weight"
+
+    def one_big_weight(ckpt):
+        weights = load_weights(ckpt)
+        weights[key] = weights[key].clone()
+        weights[key][0, 1] = -69632.0  # 2**16 * 1.0625: exact in bfloat16; float16's largest is 65504
+        return weights
+
+    monkeypatch.setattr(checkpoint, "load_weights", one_big_weight)
+    capsys.readouterr()
+    assert cli.main(["export", str(run), "--dtype", "float16", "--out", str(tmp_path / "half")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"rlpost: error: --dtype float16: model.safetensors: {key} has 1 weight(s) past float16's "
+                           "range (|value| up to 69632; float16 holds at most 65504): they would be inf. Export in "
+                           "float32 or bfloat16 (float32's range); nothing was written"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no folder, no temporary one left
+    assert cli.main(["export", str(run), "--dtype", "bfloat16", "--out", str(tmp_path / "bf16")]) == 0
+    assert load_file(tmp_path / "bf16" / "model.safetensors")[key][0, 1].item() == -69632.0

@@ -122,19 +122,44 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def cast_folder(folder: Path, dtype: str) -> Path:
     """The floating-point tensors of every safetensors file in ``folder`` (a model, its value head, or
-    peft adapters) cast to ``dtype``, and config.json saying so; float32 leaves the folder as it is."""
+    peft adapters) cast to ``dtype``, and config.json saying so; float32 leaves the folder as it is.
+    A finite weight the cast would make inf (float16 holds |x| <= 65504; bfloat16 has float32's
+    range but for its last 0.2%) refuses the export, naming the tensor, before any file changes:
+    each file is cast beside itself and the casts replace the files only once all of them passed."""
     if dtype == "float32":
         return folder
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        tensors = load_file(file)
-        save_file({k: v.to(DTYPES[dtype]) if v.is_floating_point() else v for k, v in tensors.items()}, file,
-                  metadata={"format": "pt"})
+    cast = []
+    try:
+        for file in sorted(Path(folder).glob("*.safetensors")):
+            tensors = {k: cast_tensor(v, dtype, f"{file.name}: {k}") for k, v in load_file(file).items()}
+            cast.append((file.with_name(file.name + ".cast"), file))
+            save_file(tensors, cast[-1][0], metadata={"format": "pt"})
+        for new, file in cast:
+            os.replace(new, file)
+    finally:
+        for new, _ in cast:
+            new.unlink(missing_ok=True)
     meta = Path(folder) / "config.json"
     if meta.is_file():  # transformers reads `dtype` (older versions `torch_dtype`) as the weights' own
         data = json.loads(meta.read_text())
         data["torch_dtype" if "torch_dtype" in data and "dtype" not in data else "dtype"] = dtype
         meta.write_text(json.dumps(data, indent=2) + "\n")
     return folder
+
+
+def cast_tensor(value: torch.Tensor, dtype: str, name: str) -> torch.Tensor:
+    """``value`` in ``dtype`` (a float tensor; others as they are); ConfigError naming ``name`` when a
+    finite value of it would become inf there."""
+    if not value.is_floating_point():
+        return value
+    out = value.to(DTYPES[dtype])
+    overflow = torch.isinf(out) & torch.isfinite(value)
+    if overflow.any():
+        raise ConfigError(f"--dtype {dtype}: {name} has {int(overflow.sum())} weight(s) past {dtype}'s range "
+                          f"(|value| up to {value[overflow].abs().max().item():.6g}; {dtype} holds at most "
+                          f"{torch.finfo(DTYPES[dtype]).max:.6g}): they would be inf. Export in float32"
+                          + (" or bfloat16 (float32's range)" if dtype == "float16" else "") + "; nothing was written")
+    return out
 
 
 def default_out(run_dir: Path, step: int | None, merge: bool) -> Path:
