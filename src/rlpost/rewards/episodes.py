@@ -4,7 +4,8 @@ An environment rewards each turn as the episode runs (roles/rollout_env.py recor
 the batch), so scoring reads them: an episode's reward is its return G_0 = r_0 + gamma r_1 + ...
 (gamma = task.turn_discount; algorithms/turns.py has the credit rules), and its info says what it
 did. Correct (held-out accuracy, pass rates) is the environment's own ``correct`` from the last
-step's info when it gave one, else a return >= 1.
+step's info when it gave one, else a return >= 1. That ``correct`` is a boolean: the environment
+worker refuses anything else (envs/worker.py, types/values.py), since bool("no") is True.
 
 Metrics, every step (the report plots them): ``env/turns_mean``, ``env/tool_calls_per_episode``,
 ``env/turn_reward/mean`` (per turn), ``env/turn_reward/first|last`` (the first and the last turn's
