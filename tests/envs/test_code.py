@@ -16,7 +16,8 @@ import pytest
 from rlpost.envs import code, grading
 from rlpost.sandbox import run
 from rlpost.envs.code import TEMPLATES, build_splits, extract_program, make_row, prepare, score
-from rlpost.envs.grading import CallTest, IoTest, Refused, canon, parse_test, same, well_formed
+from rlpost.envs.claims import same, well_formed
+from rlpost.envs.grading import CallTest, IoTest, Refused, canon, parse_test
 from rlpost.rewards.runner import VerifierRunner
 from rlpost.sections import ConfigError
 
