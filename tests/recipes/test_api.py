@@ -190,3 +190,29 @@ def test_a_pickled_reward_functions_traceback_names_its_file(tmp_path):
     assert [(f.filename, f.lineno, f.name) for f in frames] == [
         (str(script), 6, "my_reward"), (str(script), 2, "helper")]
     assert frames[-1].line == "return 1 / x"
+
+
+def test_resume_keeps_the_callbacks_and_refuses_what_a_resume_cannot_change(tmp_path):
+    # train(resume=True) dropped the callbacks, and every value outside config.RESUMABLE, without a word
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(30)]
+
+    def reward(completion, row):
+        return float(len(completion) % 2)
+
+    seen = []
+
+    class Recorder:
+        def on_step_end(self, step, metrics, roles):
+            seen.append(step)
+
+    def trainer(*more, callbacks=()):
+        return rlpost.Trainer(model="tiny", reward_funcs=[reward], train_dataset=rows, callbacks=callbacks,
+                              overrides=[*TINY, "task.max_contamination=1", *more], output_dir=tmp_path / "r")
+
+    trainer("run.steps=1").train()
+    # the same function, registered anew by this Trainer, and run.steps (resumable): the run goes on
+    assert trainer("run.steps=2", callbacks=[Recorder()]).train(resume=True)["steps"] == 2
+    assert seen == [2]
+    with pytest.raises(ConfigError, match=r"^algo.name: cannot change on --resume \(the run has 'grpo', asked 'rloo'\)"):
+        trainer("run.steps=3", "algo.name=rloo").train(resume=True)
+    assert len((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()) == 2

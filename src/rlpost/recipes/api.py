@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable
 import cloudpickle
 
 from rlpost import build
-from rlpost.config import RESUMABLE, Config, ConfigError, load, to_dict, with_overrides
+from rlpost.config import Config, ConfigError, load, to_dict, with_overrides
 from rlpost.console import say
 from rlpost.envs.data import check_rows
 from rlpost.envs.dataset import VERL_ANSWER, column, to_row
@@ -135,9 +135,11 @@ class Trainer:
         """Train; returns the summary (also RUN/summary.json). resume=True continues the run in
         output_dir from its last checkpoint, like ``rlpost train --resume RUN``: with the config,
         rows and reward functions saved there, and this Trainer's values of what a resume may
-        change (run.steps, trainer.lr, ...: config.RESUMABLE)."""
+        change (run.steps, trainer.lr, ...: config.RESUMABLE) and its callbacks. A value of this
+        Trainer that a resume may not change (a key outside RESUMABLE, another reward function) is
+        refused in one line, as ``rlpost train --resume`` refuses it, rather than left out."""
         if resume:
-            return resume_run(self.run_dir, self._resume_overrides())
+            return resume_run(self.run_dir, self._resume_overrides(), callbacks=self.callbacks)
         hint = "pass resume=True to continue it, or another output_dir"
         runfolder.check_new(self.run_dir, hint, "output_dir")
         self._preflight()
@@ -164,14 +166,30 @@ class Trainer:
                               "train_dataset")
 
     def _resume_overrides(self) -> list[str]:
-        """This Trainer's values of the keys a resume may change, as overrides."""
+        """Every value of this Trainer that differs from the run's, as overrides (config.resume_changes
+        refuses those a resume may not change). Left out: where the run is (output_dir, and the rows
+        written there), and a function given as an object, whose registered module is named anew by each
+        Trainer: the same function names are the same functions (the run folder keeps them pickled)."""
         if not (self.run_dir / "config.yaml").is_file():
             raise ConfigError(f"output_dir {self.run_dir}: no run to resume there (no config.yaml); train() without "
                               "resume=True starts one")
         saved = to_dict(load_run(self.run_dir)[0])
         ours = to_dict(self.config)
-        return [f"{sec}.{key}={_text(ours[sec][key])}" for sec, keys in RESUMABLE.items() for key in keys
-                if ours[sec][key] != saved[sec][key]]
+        return [f"{sec}.{key}={_text(value)}" for sec, keys in ours.items() for key, value in keys.items()
+                if value != saved[sec][key] and f"{sec}.{key}" not in WHERE_THE_RUN_IS
+                and not (f"{sec}.{key}" in FUNCTION_KEYS and _registered(value) == _registered(saved[sec][key]))]
+
+
+# Keys the Trainer sets from output_dir (the run folder, and the rows it writes there), and keys that
+# name functions, which a Trainer registers under a module name of its own (Registry)
+WHERE_THE_RUN_IS = ("run.out_dir", "run.name", "task.data", "task.eval_data")
+FUNCTION_KEYS = ("task.reward_funcs", "task.verifier", "task.env")
+
+
+def _registered(paths) -> str:
+    """A function-key value with each registered module's name dropped: 'rlpost_funcs_<id>:f' -> ':f'."""
+    return ",".join(":" + p.rpartition(":")[2] if p.startswith(Registry.PREFIX) else p
+                    for p in (q.strip() for q in str(paths).split(",")))
 
 
 def _task_rows(rows: list[dict], tcfg, source: str) -> list[dict]:
@@ -243,9 +261,11 @@ class Registry:
     into RUN/<module>.pkl, exposed by a generated RUN/<module>.py. The module name is unique per run,
     so two runs in one process (or on one PYTHONPATH) never see each other's functions."""
 
+    PREFIX = "rlpost_funcs_"
+
     def __init__(self, run_dir: Path):
         self.run_dir, self.funcs = run_dir, {}
-        self.module = f"rlpost_funcs_{uuid.uuid4().hex[:12]}"
+        self.module = f"{self.PREFIX}{uuid.uuid4().hex[:12]}"
 
     def add(self, fn: FuncSpec, fallback: str) -> str:
         if isinstance(fn, str):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from rlpost import build, config, runconfig
 from rlpost.console import say
@@ -23,9 +24,10 @@ from rlpost.recipes.evaluate import by_task_summary
 from rlpost.recipes.rl import check_checkpoint, train
 
 
-def resume_run(run_dir: str | Path, overrides: list[str] = (), start_over: bool = False) -> dict:
+def resume_run(run_dir: str | Path, overrides: list[str] = (), start_over: bool = False,
+               callbacks: Sequence = ()) -> dict:
     """Continue ``run_dir`` from its newest intact checkpoint (or, with ``start_over``, train it
-    again from step 0 when it has none); returns the summary."""
+    again from step 0 when it has none); returns the summary. ``callbacks``: the loop's (rl.train)."""
     run_dir = Path(run_dir)
     with runfolder.claim(run_dir, "resume") as rf:
         importable(run_dir)
@@ -51,8 +53,8 @@ def resume_run(run_dir: str | Path, overrides: list[str] = (), start_over: bool 
         say(f"run folder {run_dir}: resuming from {ckpt.name if ckpt else 'step 0 (--start-over)'}")
         if ckpt is None:
             record()
-            return train(cfg, run_dir, task=task)
-        return train(cfg, run_dir, resume=True, task=task, on_resumed=record)
+            return train(cfg, run_dir, task=task, callbacks=callbacks)
+        return train(cfg, run_dir, resume=True, task=task, on_resumed=record, callbacks=callbacks)
 
 
 def _why(run_dir: Path) -> str:
