@@ -395,3 +395,160 @@ def test_two_runs_started_together_with_one_name_one_runs_the_other_refuses(tmp_
     assert ok == 0 and refused == 2, results
     assert ("another rlpost command" in err or "already holds a run" in err) and "Traceback" not in err
     assert [r["step"] for r in jsonl.read_lines(tmp_path / "same" / "metrics.jsonl")] == [1, 2]
+
+
+# --- issue 51, round three: a full disk names its file; a signal a library wrapped; eval's race ---
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished tiny run (its checkpoint, model, report), for the commands that read one."""
+    out = tmp_path_factory.mktemp("finished")
+    assert cli.main(["train", *TINY, "run.steps=1", f"run.out_dir={out}", "run.name=run"]) == 0
+    return out / "run"
+
+
+def full_disk(disk: Path) -> None:
+    """Fill the tmpfs at ``disk`` up to its last byte."""
+    with open(disk / "filler", "ab", buffering=0) as f:  # unbuffered: nothing left to flush when it is closed
+        try:
+            while f.write(b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+
+
+def test_a_full_disk_names_the_file_each_writer_was_writing(tmp_path, capsys, finished_run):
+    import shutil
+
+    from rlpost.model.load import load_policy, save_model
+    from rlpost.types.errors import RunError
+
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        run = disk / "run"
+        shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns("report.html", "model"))
+        full_disk(disk)
+        for args, named in ((["report", str(run)], run / "report.html"),
+                            (["report", str(run), "--out", str(disk / "r.html")], disk / "r.html"),
+                            (["export", str(run), "--out", str(disk / "x")], disk / "x"),
+                            (["eval", str(run), "--n", "2"], run / "eval_samples.jsonl")):
+            code, err = main(*args, capsys=capsys)
+            last = err.strip().splitlines()[-1]
+            assert code == 1 and "Traceback" not in err, (args, err[-2000:])
+            assert last == f"rlpost: error: cannot write {named}: No space left on device", (args, last)
+        with pytest.raises(RunError, match=f"^cannot write {disk / 'note'}: No space left on device$"):
+            checkpoint.write_atomic(disk / "note", "x" * 100_000)
+        (disk / "filler").unlink()  # room for part of the model folder, not all of it: a writer's own error
+        full_disk(disk)
+        os.truncate(disk / "filler", os.path.getsize(disk / "filler") - 64_000)
+        tiny = load_policy("tiny")
+        with pytest.raises(RunError, match=f"^cannot write {disk / 'model'}: No space left on device"):
+            save_model(tiny.model, tiny.tokenizer, disk / "model")
+        assert sorted(p.name for p in disk.iterdir()) == ["filler", "run"]  # no half folder, no temporary one
+
+
+def test_a_second_sigterm_inside_a_checkpoint_write_stops_at_once_leaving_no_half_checkpoint(tmp_path, capsys,
+                                                                                          monkeypatch):
+    import io
+
+    train, save, armed = rl.train, checkpoint.torch.save, []
+
+    def first_term(step):
+        if step == 1:  # after step 1's checkpoint: step 2 runs, and its checkpoint is the next write
+            os.kill(os.getpid(), signal.SIGTERM)
+            armed.append(True)
+
+    class Signalled(io.RawIOBase):
+        """The file torch.save writes through: the second SIGTERM lands in its third write, inside the
+        zip writer, which turns the handler's exception into its RuntimeError ('unexpected pos')."""
+
+        def __init__(self, f):
+            self.f, self.writes = f, 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.writes += 1
+            if self.writes == 3:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+            return self.f.write(b)
+
+    monkeypatch.setattr(rl, "train", lambda *a, **k: train(*a, **k, on_step_end=first_term))
+    monkeypatch.setattr(checkpoint.torch, "save", lambda obj, f, *a, **k: save(obj, Signalled(f) if armed else f))
+    code, err = main("train", *ARGS, "run.steps=4", "run.checkpoint_every=1", f"run.out_dir={tmp_path}", "run.name=t",
+                     capsys=capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 128 + signal.SIGTERM and "Traceback" not in err and "RuntimeError" not in err, err[-2000:]
+    assert last.startswith("rlpost: stopped by a second SIGTERM during step 2; that step was not saved")
+    assert "(`rlpost train --resume RUN_DIR` continues from the last checkpoint)" in last  # step 1's is kept
+    assert sorted(p.name for p in (tmp_path / "t" / "checkpoints").iterdir()) == ["latest", "step_000001"]
+    assert checkpoint.newest_intact(tmp_path / "t").name == "step_000001"
+
+
+@pytest.mark.parametrize("wrapped", ["plain", "ModuleNotFoundError", "RuntimeError"])
+def test_sigint_during_start_up_even_inside_a_lazy_import_is_one_line_with_no_resume(tmp_path, capsys, monkeypatch,
+                                                                                  wrapped):
+    def interrupted(*a, **k):
+        try:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            time.sleep(5)  # the handler's exception ends the sleep
+        except KeyboardInterrupt as e:
+            if wrapped == "ModuleNotFoundError":  # transformers' _LazyModule.__getattr__: `raise ... from e`
+                raise ModuleNotFoundError("Could not import module 'AutoTokenizer'. Are this object's requirements "
+                                          "defined correctly?") from e
+            if wrapped == "RuntimeError":  # raised while handling it: the interrupt is the __context__ only
+                raise RuntimeError("Failed to import transformers.models.auto")
+            raise
+    monkeypatch.setattr(rl, "make_stream", interrupted)
+    code, err = main("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=c", capsys=capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 130 and "Traceback" not in err and wrapped not in err.replace("plain", ""), err[-2000:]
+    assert last == "rlpost: stopped by SIGINT; nothing was saved, and no run folder is left"
+    assert not (tmp_path / "c").exists()
+
+
+def test_two_evals_of_one_run_at_once_each_keep_their_samples(finished_run, capsys, monkeypatch):
+    from rlpost.recipes import evaluate
+
+    together = threading.Barrier(2, timeout=60)
+
+    def heldout_accuracy(cfg, weights, n, samples=0, ks=(), dump=None):
+        together.wait()  # both have chosen the file name before either writes
+        dump.write_text(json.dumps({"prompt": "1+1", "completion": str(threading.get_ident())}) + "\n")
+        return 0.5, 1, {}
+
+    monkeypatch.setattr(evaluate, "heldout_accuracy", heldout_accuracy)
+    codes = []
+    threads = [threading.Thread(target=lambda: codes.append(cli.main(["eval", str(finished_run), "--json"])))
+               for _ in range(2)]
+    threads[0].start()
+    while together.n_waiting == 0 and threads[0].is_alive():  # the second starts once the first waits to write:
+        time.sleep(0.01)  # Python 3.11's ast (the config's parsing) is not safe in two threads at once
+    threads[1].start()
+    for t in threads:
+        t.join(timeout=120)
+    written = sorted(finished_run.glob("eval_samples*.jsonl"))
+    assert codes == [0, 0] and [p.name for p in written] == ["eval_samples.2.jsonl", "eval_samples.jsonl"]
+    assert {json.loads(p.read_text())["completion"] for p in written} == {str(t.ident) for t in threads}
+    assert not list(finished_run.glob(".eval_samples*"))
+    for p in written:
+        p.unlink()
+
+
+def test_an_environment_opening_longer_than_the_context_is_named_not_out_of_memory(tmp_path, capsys, monkeypatch):
+    (tmp_path / "wordy_env.py").write_text(
+        "class Wordy:\n"
+        "    def rows(self, split, n, seed):\n        return [{'i': i} for i in range(n)]\n"
+        "    def reset(self, row):\n        return [{'role': 'user', 'content': '7 ' * 450_000}]\n"
+        "    def step(self, message):\n        return 'ok', 1.0, True, {}\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))  # the workers'
+    monkeypatch.syspath_prepend(str(tmp_path))  # this process's (the task's rows)
+    code, err = main("train", *TINY, "task.name=env", "task.env=wordy_env:Wordy", f"run.out_dir={tmp_path}",
+                     "run.name=e", capsys=capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "Traceback" not in err and "out of memory" not in err, err[-2000:]
+    assert last.startswith("rlpost: error: task.env wordy_env:Wordy: reset() returned an opening longer than the "
+                           "model's context: 900002 tokens (900000 characters), and the model takes 256 tokens, 6 of "
+                           "them for the first turn"), last
+    assert not (tmp_path / "e").exists() and verifier_workers() == []

@@ -291,7 +291,8 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer, run_dir:
         task = cfg.task
         log = Path(run_dir) / "env.log" if run_dir else None
         pool = env_pool(task, task.env_workers, log, (run_dir,) if run_dir else ())
-        rollout = EnvRollout(rollout, pool, task.max_turns, task.max_episode_tokens)
+        rollout = EnvRollout(rollout, pool, task.max_turns, task.max_episode_tokens,
+                             context=fit.architecture(cfg.model.name)[1])
     return rollout
 
 

@@ -28,19 +28,22 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import re
 import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from rlpost import config, machine, names, runconfig
 from rlpost.console import say
+from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
 from rlpost.recipes.guard import SIGNALS, startup_signals
 from rlpost.types import folders
-from rlpost.types.errors import Interrupted, ModelLoadError, RunError
+from rlpost.types.errors import Interrupted, ModelLoadError, RunError, interrupt_in
 
 EXIT_BAD_INPUT = 2
 
@@ -149,7 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C: one line, and the run folder's failed-start clean-up (observe/runfolder.py). The
         # loop sets its own, and the table of what each signal does is guard.py's.
         with startup_signals():
-            return _dispatch(argv)
+            try:
+                return _dispatch(argv)
+            except Exception as e:  # a stop signal that a library wrapped (transformers' lazy import, torch.save)
+                stop = interrupt_in(e)
+                if stop is None:
+                    raise
+                raise stop from None
     except (config.ConfigError, ModelLoadError) as e:
         return _fail(str(e), EXIT_BAD_INPUT)
     except RunError as e:
@@ -157,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, or another stop signal (Interrupted)
         signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
         what = e.message if isinstance(e, Interrupted) and e.message else f"stopped by {signal.Signals(signum).name}"
-        resume = (" (`rlpost train --resume RUN_DIR` continues from the last checkpoint)" if argv[:1] == ["train"]
-                  else "")
+        resume = resume_hint(e) if argv[:1] == ["train"] else ""
         if isinstance(e, Interrupted) and e.saved is not None:  # steps are logged: their plots can be read now
             resume += "; `rlpost report RUN_DIR` writes the report of the steps so far"
         if as_program and threading.current_thread() is threading.main_thread():
@@ -175,6 +183,30 @@ def main(argv: list[str] | None = None) -> int:
                      "lower them, or trainer.micro_batch_size", EXIT_BAD_INPUT)
     except OSError as e:  # a write or read the recipes did not expect to fail: name the path and the cause
         return _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {e}", 1)
+
+
+def resume_hint(stop: KeyboardInterrupt) -> str:
+    """What a stopped `rlpost train`'s line says of resuming: the command only where its run folder
+    (``_names_run``) holds a checkpoint; a start stopped before its first one left no folder."""
+    run_dir = getattr(stop, "run_dir", None)
+    if run_dir is None:  # stopped before a run folder was named
+        return ""
+    if candidates(run_dir, quiet=True):
+        return " (`rlpost train --resume RUN_DIR` continues from the last checkpoint)"
+    return ("; nothing was saved, and no run folder is left" if not run_dir.exists()
+            else f"; {run_dir} holds no checkpoint yet to resume from")
+
+
+@contextmanager
+def _names_run(run_dir: Path):
+    """A stop signal inside names the run folder it stopped (``resume_hint``)."""
+    try:
+        yield
+    except BaseException as e:
+        stop = interrupt_in(e)
+        if stop is not None:
+            stop.run_dir = run_dir
+        raise
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -267,13 +299,14 @@ def cmd_train(args) -> int:
     from rlpost.envs import build_task
     from rlpost.recipes.rl import train
 
-    build.check(cfg)
-    task = build_task(cfg.task)
-    build.preflight(cfg, task)  # the model's limits (LoRA targets, prompt lengths), before the folder exists
-    with runfolder.claim(run_dir, "new", hint) as rf:
-        rf.write_config(cfg)
-        say(f"run folder {run_dir}")
-        train(cfg, run_dir, task=task)
+    with _names_run(run_dir):
+        build.check(cfg)
+        task = build_task(cfg.task)
+        build.preflight(cfg, task)  # the model's limits (LoRA targets, prompt lengths), before the folder exists
+        with runfolder.claim(run_dir, "new", hint) as rf:
+            rf.write_config(cfg)
+            say(f"run folder {run_dir}")
+            train(cfg, run_dir, task=task)
     return 0
 
 
@@ -290,7 +323,8 @@ def _resume(args, recipe: str | None, overrides: list[str]) -> int:
     machine.check(cfg)
     from rlpost.recipes.resume import resume_run
 
-    resume_run(run_dir, overrides, args.start_over)
+    with _names_run(run_dir):
+        resume_run(run_dir, overrides, args.start_over)
     return 0
 
 
@@ -318,12 +352,12 @@ def cmd_eval(args) -> int:
     run = (target / "config.yaml").exists()
     cfg = machine.check(runconfig.load_run(target, args.args)[1] if run else
                         config.load(None, [f"model.name={args.target}", *args.args]))
-    out = samples_file(args, target if run else Path("."))
+    out, first = samples_file(args, target if run else Path("."))
     import torch
 
     from rlpost import build
     from rlpost.model import checkpoint
-    from rlpost.recipes.evaluate import heldout_accuracy
+    from rlpost.recipes.evaluate import heldout_accuracy, numbered, publish
     from rlpost.recipes.resume import importable
 
     weights = None
@@ -335,7 +369,16 @@ def cmd_eval(args) -> int:
         weights = found[1][0]
     build.check(cfg)
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
-    acc, n, summary = heldout_accuracy(cfg, weights, args.n, samples=args.samples, ks=ks, dump=out)
+    # written under a name of its own, then published under `out` (or the next free number when another eval took
+    # it meanwhile: recipes/evaluate.py)
+    tmp = numbered(out, first).with_name(f".{numbered(out, first).name}.{os.getpid()}.tmp")
+    try:
+        acc, n, summary = heldout_accuracy(cfg, weights, args.n, samples=args.samples, ks=ks, dump=tmp)
+        out = publish(tmp, out, replace=args.overwrite, first=first)
+    except RunError as e:  # a full disk: named as the file this eval writes
+        raise RunError(str(e).replace(str(tmp), str(numbered(out, first)))) from None
+    finally:
+        tmp.unlink(missing_ok=True)
     result = {"target": str(args.target), "heldout_accuracy": acc, "n": n, **summary, "samples_file": str(out)}
     print(json.dumps(result) if args.json or not sys.stdout.isatty() else eval_table(result))
     return 0
@@ -348,19 +391,20 @@ def eval_table(result: dict) -> str:
     return "\n".join(rows)
 
 
-def samples_file(args, folder: Path) -> Path:
-    """Where eval writes its per-sample records; an existing file is never replaced silently: an
-    explicit --out needs --overwrite, the default name gets the next free number."""
+def samples_file(args, folder: Path) -> tuple[Path, int]:
+    """Where eval writes its per-sample records, as (name, first number: evaluate.numbered); an
+    existing file is never replaced silently: an explicit --out needs --overwrite, the default name
+    gets the next free number (and the next again if another eval takes it first: evaluate.publish)."""
     if args.out:
         out = Path(args.out)
         if folders.check_file(out, "eval", "--out") and not args.overwrite:  # one rlpost eval wrote, else refused
             raise config.ConfigError(f"--out: {out} exists; pass --overwrite to replace it, or another --out")
-        return out
+        return out, 1
     out, i = folder / "eval_samples.jsonl", 1
     while out.exists() and not args.overwrite:
         i += 1
         out = folder / f"eval_samples.{i}.jsonl"
-    return out
+    return folder / "eval_samples.jsonl", i
 
 
 # Sections (or keys) a command reads; a key typed for a command that does not read it is refused,
@@ -418,8 +462,10 @@ def cmd_doctor(args) -> int:
     from rlpost.observe import diagnostics
 
     run_dir = _run_folder(args.run_dir)
-    if args.json:
+    if args.json:  # the findings as JSON on stdout; what is wrong with the folder's files on stderr, a line each
         print(json.dumps(diagnostics.as_dicts(diagnostics.doctor(run_dir)[0])))
+        for problem in diagnostics.folder_problems(run_dir):
+            say(f"run folder: {problem}")
     else:
         print(diagnostics.doctor_text(run_dir))
     return 0

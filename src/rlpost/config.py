@@ -30,6 +30,7 @@ import yaml
 from rlpost import defaults, names
 from rlpost.defaults import default_max_new_tokens  # noqa: F401 - re-exported (the report reads it)
 from rlpost.env_config import ENV_FAMILIES, check_env
+from rlpost.types.errors import writing
 from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc.
     AlgoConfig,
     Config,
@@ -391,7 +392,9 @@ def to_dict(cfg: Config) -> dict:
 
 
 def save(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    with writing(path):  # a full disk: one line naming the file
+        Path(path).write_text(text)
 
 
 def with_overrides(cfg: Config, overrides: list[str]) -> Config:

@@ -122,3 +122,36 @@ def test_an_environment_run_hears_about_its_turn_limits_not_a_token_cap():
     assert found.what == ("70% of the episodes ended at task.max_turns or task.max_episode_tokens "
                           "before the environment ended them")
     assert "task.max_turns" in found.knob and "rollout.max_new_tokens" not in found.knob
+
+
+def test_doctor_names_a_missing_or_garbage_config_a_garbage_summary_and_a_torn_last_line(tmp_path):
+    from helpers import tiny_cfg
+
+    from rlpost import config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    metrics = "".join(json.dumps(r) + "\n" for r in healthy(2))
+    (run / "metrics.jsonl").write_text(metrics)
+    config.save(tiny_cfg(), run / "config.yaml")
+    (run / "summary.json").write_text('{"steps": 2}\n')
+    r = cli("doctor", str(run))
+    assert r.returncode == 0 and "run folder" not in r.stdout + r.stderr  # a whole folder: nothing to say
+    (run / "metrics.jsonl").write_text(metrics + '{"step": 3, "reward/me')  # the machine stopped mid-write
+    (run / "summary.json").write_text('{"steps": 2, "wall_min')
+    (run / "config.yaml").write_text("run: [\n")
+    r = cli("doctor", str(run))
+    said = [line for line in r.stdout.splitlines() if line.startswith("run folder: ")]
+    assert r.returncode == 0 and r.stdout.startswith(f"{run}: 2 steps"), r.stdout  # the 2 whole steps are judged
+    assert len(said) == 3, r.stdout
+    assert said[0].startswith(f"run folder: the run's config does not load (recipe {run / 'config.yaml'} line 2: "
+                              "not valid YAML"), said[0]
+    assert said[1].startswith(f"run folder: {run / 'summary.json'} is not a JSON object ("), said[1]
+    assert said[2].startswith(f"run folder: {run / 'metrics.jsonl'}:3: the last line is cut short"), said[2]
+    (run / "config.yaml").unlink()
+    r = cli("doctor", str(run), "--json")  # the findings stay JSON on stdout; the folder's problems go to stderr
+    assert json.loads(r.stdout) == [] and r.returncode == 0
+    assert r.stderr.splitlines()[0] == (f"rlpost: run folder: {run / 'config.yaml'} is missing: the run's settings "
+                                        "are gone, so `rlpost train --resume`, `rlpost eval` and `rlpost export` of "
+                                        "this folder refuse it")
+    assert len(r.stderr.splitlines()) == 3

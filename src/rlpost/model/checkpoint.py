@@ -22,7 +22,9 @@ critic where this run has none, LoRA adapters where it trains in full) is refuse
 
 Never written: non-finite weights (the run stops instead, and the last good checkpoint stays, since
 rotation only runs after a successful write). A write that fails (disk full, read-only folder)
-removes its temporary folder and ends the run with one line naming the path and the cause.
+removes its temporary folder and ends the run with one line naming the path and the cause. So does
+a second stop signal during the write (even one that torch.save's writer turned into its own
+RuntimeError), which then stops the run as that signal does: the checkpoint is whole or absent.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from safetensors.torch import load_file, save_file
 from rlpost.console import say
 from rlpost.model import device
 from rlpost.model.layout import EXTRA, FILES, MANIFEST, candidates, manifest_files, step_of
-from rlpost.types.errors import ConfigError, RunError, write_cause
+from rlpost.types.errors import ConfigError, RunError, interrupt_in, write_cause, write_failure, writing
 from rlpost.types.schema import ListOf, Where, check
 
 __all__ = ["EXTRA", "FILES", "MANIFEST", "candidates", "step_of"]  # re-exported: checkpoint.candidates etc.
@@ -56,12 +58,19 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """``text`` as the file ``path``, whole or not at all (written beside it, then renamed); a write the
+    disk refuses is one line naming ``path`` (RunError)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with writing(path):
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def sha256(path: Path) -> str:
@@ -101,9 +110,16 @@ def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state
         for old in candidates(run_dir, quiet=True)[keep:]:  # checkpoints only: nothing else there is deleted
             if protect is None or step_of(old) != protect:
                 shutil.rmtree(old)
-    except Exception as e:  # noqa: BLE001 - disk full, read-only, quota: one line, the old checkpoints intact
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RunError(f"cannot write checkpoint step {step}: {write_cause(tmp, e)}") from None
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - disk full, read-only, quota, a second stop signal
+        shutil.rmtree(tmp, ignore_errors=True)  # the checkpoint is whole (renamed into place) or absent
+        stop = interrupt_in(e)  # a signal inside torch.save surfaces as its RuntimeError: the stop is what happened
+        if stop is e:
+            raise
+        if stop is not None:
+            raise stop from None
+        cause = (str(e).removeprefix("cannot write ") if isinstance(e, RunError)
+                 else write_failure(tmp, e) or write_cause(tmp, e))
+        raise RunError(f"cannot write checkpoint step {step}: {cause}") from None  # the old checkpoints intact
     return final
 
 

@@ -36,7 +36,7 @@ from rlpost import config, runconfig
 from rlpost.model import checkpoint, lora
 from rlpost.model.load import load_policy, save_model
 from rlpost.types import folders
-from rlpost.types.errors import ConfigError
+from rlpost.types.errors import ConfigError, RunError, writing
 
 
 def find_checkpoint(run_dir: Path, step: int | None) -> Path | None:
@@ -170,14 +170,17 @@ def default_out(run_dir: Path, step: int | None, merge: bool) -> Path:
 def publish(out: Path, write) -> Path:
     """``write(tmp)`` into a new temporary folder beside ``out``, the export marker listing what it
     wrote, then renamed to ``out`` (which held nothing, or only an earlier export's files)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
-    try:
-        folder = Path(write(tmp / "out"))
-        folders.mark(folder, "export", files=sorted(os.listdir(folder)))
-        if out.exists():
-            shutil.rmtree(out)  # empty, or an earlier export's own files (checked by the caller)
-        os.replace(folder, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with writing(out):  # a full disk, a read-only folder: one line naming the folder and the file
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
+        try:
+            folder = Path(write(tmp / "out"))
+            folders.mark(folder, "export", files=sorted(os.listdir(folder)))
+            if out.exists():
+                shutil.rmtree(out)  # empty, or an earlier export's own files (checked by the caller)
+            os.replace(folder, out)
+        except RunError as e:  # a write refused inside the temporary folder (save_model's line): named as `out`
+            raise RunError(str(e).replace(str(tmp / "out"), str(out))) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out

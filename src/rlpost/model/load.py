@@ -42,7 +42,7 @@ from transformers.utils import logging as hf_logging
 from rlpost import config
 from rlpost.console import say, say_once
 from rlpost.model.device import cache_dir  # noqa: F401 - load.cache_dir, as before
-from rlpost.types.errors import ConfigError, ModelLoadError
+from rlpost.types.errors import ConfigError, ModelLoadError, writing
 
 # transformers draws a progress bar for every 0.3 s weight load; rlpost has its own progress bar.
 hf_logging.disable_progress_bar()
@@ -88,16 +88,17 @@ def embedded_model_dir() -> Path:
     plain.load_state_dict(quantised.state_dict())
     # Write into a temporary sibling folder and rename: a crash mid-conversion never leaves a
     # half-written cache that a later run would trust.
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
-    try:
-        plain.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+        try:
+            plain.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -273,15 +274,17 @@ def save_model(model, tokenizer, folder: Path, value_head: torch.nn.Module | Non
     """A transformers folder the next stage loads with model.name=FOLDER (written, then renamed);
     a reward model adds its scalar head (a Linear(hidden, 1)) as value_head.safetensors."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))  # a new name: nothing else is hit
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if value_head is not None:
-            save_file({k: v.contiguous() for k, v in value_head.state_dict().items()}, tmp / "value_head.safetensors")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with writing(folder):  # a full disk: one line naming the folder (and the file when the writer says it)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))  # a new name: nothing is hit
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            if value_head is not None:
+                save_file({k: v.contiguous() for k, v in value_head.state_dict().items()},
+                          tmp / "value_head.safetensors")
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return folder

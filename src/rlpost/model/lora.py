@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from rlpost.types.errors import writing
+
 
 def wrap(model: torch.nn.Module, mcfg, seed: int) -> torch.nn.Module:
     """The peft model; the adapters' random init (A; B starts at 0) is drawn from ``seed``, so two
@@ -64,6 +66,7 @@ def adapter_state(model: torch.nn.Module) -> dict[str, Tensor]:
 def save_adapter(model: torch.nn.Module, tokenizer, folder: Path) -> Path:
     """peft's adapter folder (adapter_config.json naming the base, adapter_model.safetensors) plus
     the tokenizer: what ``peft.AutoPeftModelForCausalLM.from_pretrained`` and vLLM's LoRA load."""
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    with writing(folder):  # a full disk: one line naming the folder
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
     return Path(folder)

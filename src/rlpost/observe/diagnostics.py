@@ -9,16 +9,23 @@ says never disagree. Thresholds are module constants, named and documented here.
 What can be seen in one step is judged from step 1 (most answers cut off, no reward at all, no
 group with signal, no update); what needs a trend (entropy collapse, length inflation, proxy
 overfitting) says so when the run is too short to judge it (``unjudged``), rather than passing.
+
+``rlpost doctor`` also says what is wrong with the run folder's own files (``folder_problems``), one
+line each: a config.yaml missing or not loadable, a summary.json that is not a JSON object, a
+metrics.jsonl whose last line was cut short (the steps before it are judged).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
 from typing import Callable
 
 from rlpost.observe import jsonl
+from rlpost.runconfig import load_run
+from rlpost.types.errors import ConfigError
 
 # --- thresholds ------------------------------------------------------------------------------
 MISMATCH_MEAN = 0.05  # nats: mean |log pi_sampler - log pi_trainer| per token above this is a bug smell
@@ -257,14 +264,55 @@ def doctor(run_dir: Path) -> tuple[list[Finding], int]:
     return diagnose(history), len(history)
 
 
+def folder_problems(run_dir: Path) -> list[str]:
+    """What is wrong with the run folder's own files, one line each (none: nothing)."""
+    run_dir, out = Path(run_dir), []
+    if not (run_dir / "config.yaml").is_file():
+        out.append(f"{run_dir / 'config.yaml'} is missing: the run's settings are gone, so `rlpost train --resume`, "
+                   "`rlpost eval` and `rlpost export` of this folder refuse it")
+    else:
+        try:
+            load_run(run_dir)
+        except ConfigError as e:
+            out.append(f"the run's config does not load ({e}): `rlpost train --resume`, `rlpost eval` and "
+                       "`rlpost export` of this folder refuse it")
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        try:
+            if not isinstance(json.loads(summary.read_bytes()), dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            out.append(f"{summary} is not a JSON object ({str(e).splitlines()[0][:80]}): the run's closing numbers "
+                       "are unreadable, and `rlpost report` refuses the folder until it is removed")
+    torn = torn_line(run_dir / "metrics.jsonl")
+    if torn:
+        out.append(f"{run_dir / 'metrics.jsonl'}:{torn}: the last line is cut short (a write that never finished); "
+                   "the steps before it are judged, and `rlpost train --resume` drops it")
+    return out
+
+
+def torn_line(path: Path) -> int | None:
+    """The number of the last line of a JSONL file when it is not JSON (a write cut short), else None."""
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n") if path.is_file() else []
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=None)
+    if last is None:
+        return None
+    try:
+        json.loads(lines[last - 1])
+    except ValueError:
+        return last
+    return None
+
+
 def doctor_text(run_dir: Path) -> str:
     history = jsonl.read_lines(Path(run_dir) / "metrics.jsonl")
     findings, n, short = diagnose(history), len(history), unjudged(history)
+    problems = [f"run folder: {p}" for p in folder_problems(run_dir)]
     if not n:
-        return f"{run_dir}: no steps logged yet: nothing to judge"
+        return "\n".join([f"{run_dir}: no steps logged yet: nothing to judge", *problems])
     judged = f"{len(CHECKS) - len(short)} of {len(CHECKS)} checks could judge" if short else f"{len(CHECKS)} checks"
     lines = [f"{run_dir}: {n} steps, "
-             + (f"{len(findings)} finding(s)" if findings else f"no health problems found ({judged})")]
+             + (f"{len(findings)} finding(s)" if findings else f"no health problems found ({judged})"), *problems]
     for f in findings:
         lines += [f"- {f.name} (from step {f.step}): {f.what}", f"    knob: {f.knob}"]
     lines += [f"too few steps to judge {name}: it needs {what}" for name, what in short.items()]

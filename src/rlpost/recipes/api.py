@@ -56,6 +56,7 @@ from rlpost.observe import runfolder
 from rlpost.recipes.resume import resume_run
 from rlpost.recipes.rl import train as train_loop
 from rlpost.runconfig import load_run
+from rlpost.types.errors import writing
 from rlpost.types.folders import run_path
 
 FuncSpec = str | Callable
@@ -247,7 +248,8 @@ def _rows(dataset: Iterable[dict]) -> list[dict]:
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    with writing(path):
+        path.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
     return path
 
 

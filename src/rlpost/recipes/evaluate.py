@@ -13,12 +13,17 @@ temperature, scores each with the task's verifier, and reports
 next to the greedy accuracy (one sample, temperature 0). Majority voting needs an answer, not a
 completion: it is the verifier's parsed answer (``pred``, ``parsed`` or ``extracted`` in its
 info), or else the stripped completion. Every sample is written to a JSONL file, so any number
-can be recomputed or inspected later.
+can be recomputed or inspected later. Two evaluations writing one name at once (two ``rlpost eval
+RUN`` both choosing ``RUN/eval_samples.jsonl``) never overwrite each other: each writes a file of
+its own and links it to the name, which fails when the name was taken meanwhile; the later one
+then takes the next free number (``publish``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -28,7 +33,9 @@ from rlpost.envs import build_task, is_correct
 from rlpost.envs.mix import source_of
 from rlpost.observe import jsonl
 from rlpost.recipes.guard import check_reward_failures
+from rlpost.console import say
 from rlpost.search.metrics import maj_at_k, pass_at_k
+from rlpost.types.errors import writing
 from rlpost.types.roles import Roles
 
 ACCURACY = "eval/heldout_accuracy"  # the metric; a mix adds one per family, ACCURACY/<family>
@@ -59,7 +66,8 @@ def heldout_scores(roles: Roles, rows: list[dict], cfg: config.Config, dump: Pat
     check_reward_failures(scored, cfg.task.max_reward_error_frac, "on the held-out rows", True,
                           "no accuracy can be measured with it")  # a verifier returning text would read as 0
     if dump is not None:
-        dump.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
+        with writing(dump):
+            dump.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
     per_task = {f"{ACCURACY}/{t}": acc for t, (acc, _) in by_task(records).items()}
     return {ACCURACY: sum(r["correct"] for r in records) / max(1, len(records)), **per_task}
 
@@ -198,5 +206,50 @@ def passk_curve(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path |
 
 
 def write_records(records: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def numbered(path: Path, i: int) -> Path:
+    """``path`` itself for i = 1, else its name with '.i' before the suffix (the samples file numbered i)."""
+    return path if i == 1 else path.with_name(f"{path.stem}.{i}{path.suffix}")
+
+
+def publish(tmp: Path, out: Path, replace: bool = False, first: int = 1) -> Path:
+    """The finished file ``tmp`` (written beside ``out``) under the name ``out``, or, when another
+    command took that name while this one ran, the next free ``numbered`` one (from ``first``):
+    a hard link is made only where no file is, so no evaluation's file replaces another's.
+    ``replace`` (--overwrite): renamed over ``out``. Returns the path it went to."""
+    with writing(out):
+        if replace:
+            os.replace(tmp, out)
+            return out
+        i = first
+        while True:
+            path = numbered(out, i)
+            try:
+                os.link(tmp, path)
+                break
+            except FileExistsError:
+                i += 1
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                    raise
+                if _claim(tmp, path):  # a file system without hard links: created exclusively, then filled
+                    break
+                i += 1
+        tmp.unlink()
+    if path != numbered(out, first):
+        say(f"{numbered(out, first)} was written by another command while this one ran; the samples went to {path}")
+    return path
+
+
+def _claim(tmp: Path, path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as f:
+        f.write(tmp.read_bytes())
+    return True

@@ -40,7 +40,7 @@ from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
 from rlpost.recipes.rsft import run_rsft
 from rlpost.runconfig import load_run
-from rlpost.types.errors import DataError
+from rlpost.types.errors import DataError, writing
 from rlpost.types.schema import ListOf, MapOf, Where, check
 
 KINDS = ("sft", "rsft", "rm", "dpo", "rl")
@@ -148,7 +148,8 @@ def _run_stages(tree: dict, run_dir: Path) -> list[dict]:
         rows.append({"stage": st["name"], "kind": st["kind"], "heldout_accuracy": model_accuracy(cfg, model),
                      "other": other})
     text = stage_table(rows)
-    (run_dir / "pipeline.json").write_text(json.dumps(rows, indent=1))
+    with writing(run_dir / "pipeline.json"):
+        (run_dir / "pipeline.json").write_text(json.dumps(rows, indent=1))
     print(text)
     return rows
 

@@ -90,9 +90,10 @@ class EnvRollout:
     # next decode, where a slow one (tests in a sandbox) overlaps it.
     GATHER_S = 0.05
 
-    def __init__(self, rollout, pool: EnvPool, max_turns: int, max_episode_tokens: int):
+    def __init__(self, rollout, pool: EnvPool, max_turns: int, max_episode_tokens: int, context: int = 0):
+        """context: the model's, in tokens (0: not known), which an opening must leave a turn's room in."""
         self.inner, self.tok, self.pool = rollout, rollout.tok, pool
-        self.max_turns, self.max_tokens = max_turns, max_episode_tokens
+        self.max_turns, self.max_tokens, self.context = max_turns, max_episode_tokens, context
         self.eos_texts = [self.tok.decode([i]) for i in sorted(rollout.eos_set)]
         self.reported: set[str] = set()
         self.last_metrics: dict = {}
@@ -117,7 +118,7 @@ class EnvRollout:
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         episodes = [Episode(r) for r in rows for _ in range(n)]
         for e, outcome in zip(episodes, self.pool.run([{"op": "reset", "row": e.row} for e in episodes])):
-            self._open(e, outcome)
+            self._open(e, outcome, min(max_new_tokens, self.max_tokens))
         ready, waiting, decodes, waited, decide_at = [e for e in episodes if not e.done], {}, 0, 0.0, None
         while ready or waiting:
             if ready and len(ready) >= len(waiting):
@@ -135,7 +136,10 @@ class EnvRollout:
         self.last_metrics = {"env/decode_calls": decodes, "timing_s/env_wait": waited}
         return assemble(episodes, rows, n, self.tok, self.version)
 
-    def _open(self, e: Episode, outcome: tuple) -> None:
+    def _open(self, e: Episode, outcome: tuple, turn: int) -> None:
+        """The episode's prompt from reset's outcome; ConfigError when it leaves no room for a ``turn``
+        of tokens in the model's context (a 900 KB opening would otherwise be sampled from, and end
+        as an allocation the machine cannot make, reported as out of memory)."""
         if outcome[0] != "ok":
             self._failed(e, outcome)
             e.prompt = [self.tok.pad_token_id]  # no turn: an empty completion, scored 0
@@ -144,6 +148,12 @@ class EnvRollout:
         e.env, e.tools, e.style, e.stop, e.history = p["env"], p["tools"], p["style"], p["stop"], p["messages"]
         e.opening = list(p["messages"])
         e.prompt = opening_ids(self.tok, e.history, e.tools)
+        if self.context and len(e.prompt) + turn > self.context:
+            chars = sum(len(str(m.get("content", ""))) for m in e.opening)
+            raise ConfigError(f"{self.pool.key} {self.pool.path}: reset() returned an opening longer than the model's "
+                              f"context: {len(e.prompt)} tokens ({chars} characters), and the model takes "
+                              f"{self.context} tokens, {turn} of them for the first turn (rollout.max_new_tokens, at "
+                              "most task.max_episode_tokens); shorten what reset() returns")
 
     def _turn(self, ready: list[Episode], temperature: float, top_p: float, max_new_tokens: int, waiting: dict) -> None:
         """One assistant turn for every ready episode, in one sampler call; each goes to its environment."""

@@ -10,6 +10,7 @@ import errno
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 LONG_WORD, LONG_MESSAGE = 160, 1000  # what a message shows of a value pasted into it (a 100 KB task.verifier)
@@ -75,3 +76,55 @@ def write_cause(path: Path, e: BaseException) -> str:
     except OSError:
         pass
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} ({path})"
+
+
+def interrupt_in(e: BaseException | None) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (Ctrl-C, or a stop signal's ``Interrupted``) that ``e`` is, or was raised
+    from or while handling. Libraries wrap one that lands inside them: transformers' lazy import as
+    ModuleNotFoundError, torch.save's writer as RuntimeError ('unexpected pos'); the stop is what
+    happened, so it is what the command reports (one line, 128 + signum)."""
+    todo, seen = [e], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        seen.add(id(e))
+        todo += [e.__context__, e.__cause__]
+    return None
+
+
+# How the writers that are no Python file say that the disk refused a write: safetensors' Rust
+# error carries the OS error, torch's zip writer only that its position went wrong.
+_WRITER_FAILURES = ("unexpected pos", "PytorchStreamWriter failed", "I/O error")
+
+
+def write_failure(path: Path, e: BaseException) -> str | None:
+    """Why a write of ``path`` (a file, or a folder being written) failed, in a few words naming the
+    file: for an OSError (a full disk, a quota, a read-only folder, an I/O error) or a writer's own
+    error for one. None for anything else (a bug, an interrupt), which must propagate as it is."""
+    if interrupt_in(e) is not None or isinstance(e, RunError) or not isinstance(e, Exception):
+        return None
+    text = str(e)
+    code = e.errno if isinstance(e, OSError) else (int(m[1]) if (m := re.search(r"os error (\d+)", text)) else None)
+    if code is None and not isinstance(e, OSError) and not any(w in text for w in _WRITER_FAILURES):
+        return None
+    if not code:
+        return write_cause(Path(path), e)
+    where = getattr(e, "filename", None)
+    return os.strerror(code) + (f" ({where})" if where and Path(where) != Path(path) else "")
+
+
+@contextmanager
+def writing(path: str | Path):
+    """Around every write of a run's files (checkpoints, the model folder, the report, samples,
+    metrics, an export): a write the disk refuses ends with one line naming the file and the
+    cause, ``RunError`` (exit 1), instead of a bare 'OSError: [Errno 28]' naming nothing."""
+    try:
+        yield
+    except Exception as e:
+        cause = write_failure(Path(path), e)
+        if cause is None:
+            raise
+        raise RunError(f"cannot write {path}: {cause}") from None

@@ -22,7 +22,7 @@ import os
 import stat
 from pathlib import Path
 
-from rlpost.types.errors import ConfigError, clip
+from rlpost.types.errors import ConfigError, clip, writing
 
 MARKER = ".rlpost"
 LEGACY_LOCK = ".lock"  # every run folder an older rlpost claimed holds one
@@ -54,7 +54,8 @@ def marker_files(folder: Path) -> list[str]:
 def mark(folder: Path, kind: str, **info) -> None:
     """Write the marker that makes ``folder`` this kind's (a no-op when it is already there)."""
     if kind_of(folder) != kind or info:
-        (folder / MARKER).write_text(json.dumps({"kind": kind, **info}) + "\n")
+        with writing(folder / MARKER):
+            (folder / MARKER).write_text(json.dumps({"kind": kind, **info}) + "\n")
 
 
 def listing(names: list[str], most: int = 3) -> str:
