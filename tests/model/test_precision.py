@@ -89,6 +89,45 @@ def test_the_probe_records_the_load_per_core_it_ran_under(tmp_path, monkeypatch)
     assert p.load == 1.5 and p.cores == 2 and p.fp32_gflops == 50.0
 
 
+class Unit:
+    """A matmul unit on a fake clock: each call costs `slow` seconds until `warm_at`, then `fast`
+    (an AMX unit coming up to speed); the first call from `stall_at` on waits `stall` more (another
+    process had the core)."""
+
+    def __init__(self, slow, fast, warm_at, stall_at=float("inf"), stall=0.0):
+        self.now, self.calls, self.slow, self.fast, self.warm_at = 0.0, 0, slow, fast, warm_at
+        self.stall_at, self.stall = stall_at, stall
+
+    def clock(self):
+        return self.now
+
+    def __call__(self):
+        self.calls += 1
+        stalled = self.now >= self.stall_at
+        self.stall_at = float("inf") if stalled else self.stall_at
+        self.now += (self.slow if self.now < self.warm_at else self.fast) + (self.stall if stalled else 0.0)
+
+
+def test_timing_waits_out_the_warm_up_and_keeps_the_unstalled_timing():
+    # 2 ms a call for the first 30 ms, then 0.1 ms; the first timed call (the first after WARM_S = 50 ms of
+    # calls) stalls 16 ms. One warm-up call and one timing, the probe's old way, read 2 ms (20x too slow, as an
+    # AMX Xeon's first bf16 timings were): 0.1 ms is read, and the stall is not.
+    unit = Unit(slow=2e-3, fast=1e-4, warm_at=0.03, stall_at=precision.WARM_S, stall=0.016)
+    assert precision.timed(unit, clock=unit.clock) == pytest.approx(1e-4)
+    assert unit.stall_at == float("inf")  # the stall happened, in a timed call
+    cold = Unit(slow=2e-3, fast=1e-4, warm_at=0.03)
+    assert precision.timed(cold, reps=1, warm_s=0.0, clock=cold.clock) == pytest.approx(2e-3)  # the old way
+
+
+def test_every_timing_of_the_probe_is_the_best_of_several(tmp_path, monkeypatch):
+    # the bf16 check at SLOW_N decides alone where bf16 is slow: one timing of it, stalled once, picked float32
+    monkeypatch.setenv("RLPOST_CACHE", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(precision, "matmul_gflops", lambda dtype, n, reps=precision.REPS: asked.append(reps) or 50.0)
+    precision.probe("cpu")
+    assert asked and min(asked) >= 3
+
+
 def test_the_real_probe_is_quick_and_restores_the_thread_count(tmp_path, monkeypatch):
     monkeypatch.setenv("RLPOST_CACHE", str(tmp_path))
     threads = torch.get_num_threads()

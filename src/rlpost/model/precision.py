@@ -5,8 +5,8 @@ faster than float32. On cores without them (AVX2 only) PyTorch's bf16 matmul fal
 slow path: 1.1 GFLOP/s against 59 in float32 on one core of a 2-core AMD EPYC (torch 2.13,
 2026-11-23), so a bf16 sampler and bf16 autocast make the demo ~50x slower there. So
 ``rollout.dtype=auto`` and ``trainer.precision=auto`` (the defaults) ask ``choose()``, which
-times a small matmul in each dtype (well under a second, on one thread so that another busy
-process does not decide it) and picks bf16 only where it is measurably faster. The result is
+times a small matmul in each dtype (well under a second, on one thread, the best of three timings
+after a warm-up, so that neither a cold start nor another busy process decides it) and picks bf16 only where it is measurably faster. The result is
 cached per machine in the rlpost cache, keyed by the CPU, the torch build and the instruction-set
 caps (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``), so capping the ISA, another CPU or another
 torch probes afresh. Explicit settings (``bfloat16``/``float32``, ``bf16``/``fp32``) always win.
@@ -45,7 +45,13 @@ TRAINER = {"bf16": True, "fp32": False}  # trainer.precision -> bf16 autocast ov
 FASTER_BY = 1.25
 PROBE_N = 512  # square matmul size of the probe: 268 MFLOP, ~4 ms in float32 on one core
 SLOW_N = 256  # bf16 is first tried at this size; where it is already far slower, it stops there
-PROBE_VERSION = 2  # bump when the probe's method changes: older cached figures are then ignored
+PROBE_VERSION = 3  # bump when the probe's method changes: older cached figures are then ignored
+# Seconds of matmuls before any is timed, and timings kept the best of. On an Intel AMX Xeon (2 cores,
+# shared) the first bf16 matmuls after one warm-up call ran at 210-345 GFLOP/s against ~570 later, and
+# one in ~15 single timings was stalled by another process (2.1 and 6.8 GFLOP/s): one such timing at
+# SLOW_N read as "bf16 50x slower" and picked float32. Three timings after WARM_S of calls read ~570.
+WARM_S = 0.05
+REPS = 3
 # Load average per core above which a probe may have shared its core with other work: its figures
 # are then too low (measured here: 33 GFLOP/s fp32 under load, 94 quiet, one core), and a later start
 # on a quieter machine measures again and keeps the better figures (``probe``).
@@ -150,31 +156,37 @@ def _probe_cpu() -> Probe:
     torch.set_num_threads(1)  # one core: another busy process on the other core cannot skew it
     try:
         fp32 = matmul_gflops(torch.float32, PROBE_N)
-        bf16 = matmul_gflops(torch.bfloat16, SLOW_N, reps=1)
+        bf16 = matmul_gflops(torch.bfloat16, SLOW_N)
         if bf16 * 2 > fp32:  # not clearly slow at the small size: measure it as float32 was
             bf16 = matmul_gflops(torch.bfloat16, PROBE_N)
         src = torch.ones(8 * 2**20)  # 32 MiB, beyond the caches
         dst = torch.empty_like(src)
-        mem = 2 * src.numel() * 4 / _best(lambda: dst.copy_(src), 3) / 1e9
+        mem = 2 * src.numel() * 4 / timed(lambda: dst.copy_(src)) / 1e9
     finally:
         torch.set_num_threads(threads)
     return Probe(HOST, torch.backends.cpu.get_cpu_capability(), round(bf16, 2), round(fp32, 2), round(mem, 2), _cores(),
                  machine_key(HOST), load=round(_load(), 2))
 
 
-def matmul_gflops(dtype: torch.dtype, n: int, reps: int = 3) -> float:
-    """Best rate of an n x n by n x n matmul in dtype, after one warm-up (oneDNN builds its kernel)."""
+def matmul_gflops(dtype: torch.dtype, n: int, reps: int = REPS) -> float:
+    """Best rate of an n x n by n x n matmul in dtype, timed after WARM_S of warm-up (``timed``)."""
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    a @ b
-    return 2 * n**3 / _best(lambda: a @ b, reps) / 1e9
+    return 2 * n**3 / timed(lambda: a @ b, reps) / 1e9
 
 
-def _best(fn, reps: int) -> float:
+def timed(fn, reps: int = REPS, warm_s: float = WARM_S, clock=time.perf_counter) -> float:
+    """The shortest of ``reps`` timings of ``fn()``, after calling it for ``warm_s`` seconds (at least
+    once): oneDNN builds its kernel on the first call and an AMX unit comes up to speed over the
+    first ones; the shortest timing is the one no other process interrupted."""
+    until = clock() + warm_s
+    fn()
+    while clock() < until:
+        fn()
     times = []
     for _ in range(reps):
-        t = time.perf_counter()
+        t = clock()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(clock() - t)
     return min(times)
 
 
