@@ -43,7 +43,7 @@ from safetensors.torch import load_file, save_file
 from rlpost.console import say
 from rlpost.model import device
 from rlpost.model.layout import EXTRA, FILES, MANIFEST, candidates, manifest_files, step_of
-from rlpost.types.errors import ConfigError, RunError, interrupt_in, write_cause, write_failure, writing
+from rlpost.types.errors import ConfigError, RunError, interrupt_in, write_cause, writing
 from rlpost.types.schema import ListOf, Where, check
 
 __all__ = ["EXTRA", "FILES", "MANIFEST", "candidates", "step_of"]  # re-exported: checkpoint.candidates etc.
@@ -117,8 +117,7 @@ def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state
             raise
         if stop is not None:
             raise stop from None
-        cause = (str(e).removeprefix("cannot write ") if isinstance(e, RunError)
-                 else write_failure(tmp, e) or write_cause(tmp, e))
+        cause = str(e).removeprefix("cannot write ") if isinstance(e, RunError) else write_cause(tmp, e)
         raise RunError(f"cannot write checkpoint step {step}: {cause}") from None  # the old checkpoints intact
     return final
 
