@@ -7,7 +7,7 @@ of milliseconds. Frames are ``b"RLPV"`` + a 4-byte little-endian length + a pick
 another magic or a length over MAX_FRAME is a protocol error (the parent kills the worker), never a
 huge read. The parent reads replies with ``FrameReader(plain=True)``: a reply that names any class
 (an object of the user's module) is a protocol error, so unpickling one never imports that module
-into the trainer.
+into the trainer; what a worker sends of the user's values it first makes plain data (``plain``).
 
 A worker is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever the user's code starts stays its
 descendant, a double-forked ``setsid()`` daemon included, so ``kill_tree`` finds and stops it, and
@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import io
 import math
+import numbers
 import os
 import pickle
 import resource
@@ -56,6 +57,26 @@ class _PlainUnpickler(pickle.Unpickler):
 
     def find_class(self, module, name):
         raise pickle.UnpicklingError(f"the reply holds a {module}.{name} object; only plain values are accepted")
+
+
+def plain(value, depth: int = 0):
+    """``value`` as plain data (None, bool, int, float, str, list, dict with string keys): what a
+    reply may carry. numpy scalars become numbers; any other object its repr, cut at 200 characters."""
+    if value is None or type(value) in (bool, str, int, float):
+        return value
+    if isinstance(value, str):  # a subclass of str would pickle as its class
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if depth < 20 and isinstance(value, (list, tuple)):
+        return [plain(v, depth + 1) for v in value]
+    if depth < 20 and isinstance(value, dict):
+        return {str(k): plain(v, depth + 1) for k, v in value.items()}
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return plain(value.item(), depth + 1)
+    return repr(value)[:200]
 
 
 class FrameReader:

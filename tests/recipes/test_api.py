@@ -213,6 +213,7 @@ def test_resume_keeps_the_callbacks_and_refuses_what_a_resume_cannot_change(tmp_
     # the same function, registered anew by this Trainer, and run.steps (resumable): the run goes on
     assert trainer("run.steps=2", callbacks=[Recorder()]).train(resume=True)["steps"] == 2
     assert seen == [2]
-    with pytest.raises(ConfigError, match=r"^algo.name: cannot change on --resume \(the run has 'grpo', asked 'rloo'\)"):
+    refused = r"^algo.name: cannot change on --resume \(the run has 'grpo', asked 'rloo'\)"
+    with pytest.raises(ConfigError, match=refused):
         trainer("run.steps=3", "algo.name=rloo").train(resume=True)
     assert len((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()) == 2

@@ -139,8 +139,10 @@ class BrokenLoss(GRPO):
 '''
 
 
-@pytest.mark.parametrize("cls, says", [("BrokenAdvantages", "AssertionError: advantages broke (at {file}:9, in advantages)"),
-                                       ("BrokenLoss", "ValueError: the loss broke (at {file}:16, in loss)")])
+@pytest.mark.parametrize("cls, says", [
+    ("BrokenAdvantages", "AssertionError: advantages broke (at {file}:9, in advantages)"),
+    ("BrokenLoss", "ValueError: the loss broke (at {file}:16, in loss)"),
+])
 def test_your_algorithm_raising_in_training_is_one_line_naming_its_line(own_algorithm, cls, says):
     # it was the user's traceback through the loop; the line names the algorithm, the error and the user's line
     file = own_algorithm / "broken.py"

@@ -30,9 +30,8 @@ import traceback
 
 import cloudpickle
 
-from rlpost.rewards.worker import plain
 from rlpost.types.values import NotAFlag, NotAReward, checked_flags, reward_value
-from rlpost.wire import frame, import_object, read_frame, set_cpu_limit, start_worker, write_all
+from rlpost.wire import frame, import_object, plain, read_frame, set_cpu_limit, start_worker, write_all
 
 ROLES = ("system", "user", "assistant", "tool")
 STYLES = ("chat", "inline")

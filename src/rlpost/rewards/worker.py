@@ -39,7 +39,6 @@ checks are rlpost's, so their failure is one line (what was returned), without a
 from __future__ import annotations
 
 import inspect
-import numbers
 import sys
 import traceback
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from rlpost.wire import (  # noqa: F401 - the framing, re-exported for the runne
     frame,
     import_object,
     kill_tree,
+    plain,
     read_frame,
     set_cpu_limit,
     start_worker,
@@ -91,26 +91,6 @@ def style_of(fn) -> str:
     if "solution_str" in params:
         return "verl"
     return "verifier"
-
-
-def plain(value, depth: int = 0):
-    """``value`` as plain data (None, bool, int, float, str, list, dict with string keys): what a
-    reply may carry. numpy scalars become numbers; any other object its repr, cut at 200 characters."""
-    if value is None or type(value) in (bool, str, int, float):
-        return value
-    if isinstance(value, str):  # a subclass of str would pickle as its class
-        return str(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if depth < 20 and isinstance(value, (list, tuple)):
-        return [plain(v, depth + 1) for v in value]
-    if depth < 20 and isinstance(value, dict):
-        return {str(k): plain(v, depth + 1) for k, v in value.items()}
-    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-        return plain(value.item(), depth + 1)
-    return repr(value)[:200]
 
 
 class BadReward(Exception):
