@@ -552,3 +552,71 @@ def test_an_environment_opening_longer_than_the_context_is_named_not_out_of_memo
                            "model's context: 900002 tokens (900000 characters), and the model takes 256 tokens, 6 of "
                            "them for the first turn"), last
     assert not (tmp_path / "e").exists() and verifier_workers() == []
+
+
+# --- round three: a split with no rows and a model rlpost cannot train are one line each, not a traceback ---
+
+EMPTY_ENV = '''class Empty:
+    def rows(self, split, n, seed):
+        return []
+
+    def reset(self, row):
+        return "hi"
+
+    def step(self, message):
+        return "ok", 1.0, True
+'''
+
+
+def t5_folder(folder: Path) -> Path:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from rlpost.model.load import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    T5ForConditionalGeneration(T5Config(vocab_size=len(tok), d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
+                                        decoder_start_token_id=0)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def broken_template_folder(folder: Path) -> Path:
+    from rlpost.model.load import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    tiny_model(len(tok)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)  # in tokenizer_config.json, as many hub models have it
+    meta = json.loads((folder / "tokenizer_config.json").read_text())
+    meta["chat_template"] = "{% for m in messages %}{{ m['content'] }"  # a '}' short
+    (folder / "tokenizer_config.json").write_text(json.dumps(meta))
+    return folder
+
+
+@pytest.mark.parametrize("case", ["env_rows_empty", "heldout_takes_every_problem", "heldout_takes_every_row", "t5",
+                                  "broken_template"])
+def test_no_training_rows_and_a_model_rlpost_cannot_train_are_one_line(tmp_path, capsys, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)  # the environment's module is found in the current directory
+    (tmp_path / "empty_env.py").write_text(EMPTY_ENV)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"prompt": str(i), "answer": str(i)}) + "\n"
+                                                 for i in range(10)))
+    args, says = {
+        "env_rows_empty": (["task.name=env", "task.env=empty_env:Empty"],
+                           "task.env: empty_env:Empty.rows('train', 64, 1234) returned no rows"),
+        "heldout_takes_every_problem": (["task.min_a=0", "task.max_a=1", "task.min_b=0", "task.max_b=1", "task.ops=+",
+                                         "task.n_heldout=50"],
+                                        "task.n_heldout: 4 held-out arithmetic problems leave none to train on"),
+        "heldout_takes_every_row": (["task.name=dataset", f"task.data={tmp_path / 'rows.jsonl'}", "task.n_heldout=10"],
+                                    "task.n_heldout: 10 held-out rows leave none of the 10 usable rows"),
+        "t5": ([f"model.name={t5_folder(tmp_path / 't5')}"],
+               f"model.name: {tmp_path / 't5'} is a t5 model (T5Config), an encoder-decoder, not a causal language "
+               "model"),
+        "broken_template": ([f"model.name={broken_template_folder(tmp_path / 'tpl')}"],
+                            f"model.name: the chat template of {tmp_path / 'tpl'} "
+                            f"({tmp_path / 'tpl' / 'tokenizer_config.json'}'s chat_template) does not compile: line 1: "
+                            "unexpected '}'"),
+    }[case]
+    code, err = main("train", *TINY, *args, f"run.out_dir={tmp_path}", "run.name=n", capsys=capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "Traceback" not in err and last.startswith(f"rlpost: error: {says}"), err[-2000:]
+    assert not (tmp_path / "n").exists() and verifier_workers() == []

@@ -126,6 +126,10 @@ def family_splits(t, family: str) -> tuple[list[dict], list[dict], int]:
         train, heldout = env_splits(t)
     else:
         train, heldout = _generated_splits(t, family)
+        if not train:  # every problem the family can make went to the held-out split (arithmetic.disjoint_splits)
+            raise ConfigError(f"task.n_heldout: {len(heldout)} held-out {family} problems leave none to train on: the "
+                              "task makes no more distinct problems than that (task.min_a..max_a, min_b..max_b, "
+                              "ops, n_terms); lower task.n_heldout or widen the problems")
     if family == "code":  # refuses to start without bubblewrap (unless task.sandbox=rlimits) or with ungradable tests
         train, heldout, dropped = code.prepare(train, heldout, t)
         skipped += dropped
@@ -209,4 +213,8 @@ def env_splits(t) -> tuple[list[dict], list[dict]]:
             raise ConfigError(f"task.env: {pool.path}.rows() failed ({outcome[1] if len(outcome) > 1 else outcome[0]})")
         if outcome[1] is None:
             raise ConfigError(f"task.env: {pool.path} has no rows(split, n, seed) method; give its rows in task.data")
+    for (split, n), outcome in zip((("train", t.n_train), ("heldout", t.n_heldout)), outcomes):
+        if not outcome[1]:  # an empty split: nothing to train on, or nothing to evaluate
+            raise ConfigError(f"task.env: {pool.path}.rows({split!r}, {n}, {t.seed}) returned no rows; it must give at "
+                              "least one, or give the rows in task.data")
     return outcomes[0][1], outcomes[1][1]

@@ -110,6 +110,9 @@ def build_splits(tcfg, raw: bool = False) -> tuple[list[dict], list[dict], int]:
             say(f"held out {n} of the {len(rows)} rows of {tcfg.data} for evaluation (at most a tenth of them; "
                 "task.eval_data names a split of your own)")
         heldout, rows = rows[:n], rows[n:]
+    if not rows and heldout and not tcfg.eval_data:  # every row went to the held-out split
+        raise DataError(f"task.n_heldout: {tcfg.n_heldout} held-out rows leave none of the {len(heldout)} usable rows "
+                        f"of {tcfg.data} to train on; lower it, or name a held-out file in task.eval_data")
     if not rows or not heldout:
         raise DataError(f"{tcfg.data}: too few usable rows ({len(rows)} train, {len(heldout)} held-out)")
     return rows[: tcfg.n_train], heldout[: tcfg.n_heldout], skipped

@@ -8,7 +8,9 @@ instead of peft's traceback.
 from __future__ import annotations
 
 import functools
+import os
 
+import jinja2
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -26,7 +28,13 @@ def architecture(spec: str) -> tuple[tuple[str, ...], int]:
             model = load.tiny_model(len(load.tiny_tokenizer()))
         else:
             model_config = load._from_pretrained(AutoConfig, source)
-            model = AutoModelForCausalLM.from_config(model_config)
+            try:
+                model = AutoModelForCausalLM.from_config(model_config)
+            except ValueError:  # transformers' own line lists every causal model it knows
+                kind = "an encoder-decoder, " if getattr(model_config, "is_encoder_decoder", False) else ""
+                raise ConfigError(f"model.name: {clip(spec, 80)} is a {model_config.model_type} model "
+                                  f"({type(model_config).__name__}), {kind}not a causal language model: rlpost trains "
+                                  "decoder-only models (AutoModelForCausalLM), such as Qwen, Llama or SmolLM") from None
     names = tuple(name for name, _ in model.named_modules() if name)
     conf = model.config
     context = getattr(conf, "max_position_embeddings", None) or getattr(conf, "n_positions", None) or 0
@@ -49,7 +57,23 @@ def check_lora_targets(spec: str, targets: str) -> None:
 
 @functools.cache
 def _tokenizer(spec: str):
-    return load.load_tokenizer(spec)
+    tok = load.load_tokenizer(spec)
+    try:  # compiled once here: a template with a syntax error is jinja's traceback at the first prompt
+        tok.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=False)
+    except jinja2.TemplateSyntaxError as e:
+        raise ConfigError(f"model.name: the chat template of {clip(spec, 80)} ({template_file(spec)}) does not "
+                          f"compile: line {e.lineno}: {e.message}") from None
+    return tok
+
+
+def template_file(spec: str) -> str:
+    """Where a model folder keeps its chat template: chat_template.jinja, else tokenizer_config.json."""
+    source = load.resolve(spec)
+    if os.path.isfile(os.path.join(source, "chat_template.jinja")):
+        return os.path.join(source, "chat_template.jinja")
+    if os.path.isfile(os.path.join(source, "tokenizer_config.json")):
+        return os.path.join(source, "tokenizer_config.json") + "'s chat_template"
+    return "its tokenizer's chat_template"
 
 
 def _prompt_tokens(tok, messages: list[dict], cap: int) -> int:
