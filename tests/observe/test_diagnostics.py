@@ -91,7 +91,7 @@ def test_a_short_failing_run_is_not_called_healthy(tmp_path):
 def test_a_healthy_short_run_says_what_it_could_not_judge(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in healthy(2)))
     text = dg.doctor_text(tmp_path)
-    assert "no health problems found (8 of 11 checks could judge)" in text, text
+    assert "no health problems found (9 of 12 checks could judge)" in text, text
     assert "length_inflation: it needs more than 3 steps (has 2)" in text
 
 
@@ -155,3 +155,24 @@ def test_doctor_names_a_missing_or_garbage_config_a_garbage_summary_and_a_torn_l
                                         "are gone, so `rlpost train --resume`, `rlpost eval` and `rlpost export` of "
                                         "this folder refuse it")
     assert len(r.stderr.splitlines()) == 3
+
+
+def test_grading_errors_rising_mid_run_are_said_in_one_line():
+    """The code task's share of completions the sandbox could not grade (bwrap could not fork once the
+    process limit was reached: every later sample scored 0, silently): a rise mid-run is one health
+    line, with the share and where it rose from; a steady small share, or a run without it, is not."""
+    def run(shares):
+        return [{**row, "reward_extra/grading_error": v} for row, v in zip(healthy(len(shares)), shares)]
+
+    assert dg.grading_errors(healthy()) is None
+    assert dg.grading_errors(run([0.05, 0.0, 0.05, 0.08, 0.05])) is None  # at most 0.08 over the lowest before
+    found = dg.grading_errors(run([0.0, 0.0, 0.0, 0.25, 1.0]))  # 0.25 over the lowest before (0.1 is the bar)
+    assert (found.name, found.step) == ("grading_errors", 4)
+    assert found.what == ("the sandbox could not run the programs of 25% of the completions, up from 0% "
+                          "(grading errors, not wrong answers): each scored 0")
+    assert dg.grading_errors(run([0.75])).step == 1  # over half of step 1: said at once
+    warnings, health, h = [], dg.Health([].append), run([0.0, 0.0, 0.0, 0.25, 1.0])
+    health.warn = warnings.append
+    for i in range(len(h)):
+        m = health.metrics(h[: i + 1])
+    assert m["health/grading_errors"] == 1.0 and len(warnings) == 1 and "not wrong answers" in warnings[0]

@@ -370,6 +370,35 @@ def test_code_grading_through_the_verifier_workers_leaves_them_no_zombie():
             runner.close()
 
 
+@pytest.mark.skipif(not ROOT, reason="bwrap runs as the slot's uid only as root; as a user the limit counts ours")
+def test_a_program_the_sandbox_never_started_is_a_grading_error_not_a_wrong_answer():
+    """bwrap inherits the process limit of the slot's uid; once its runs' zombies filled it, bwrap
+    could not fork ("Can't fork for pid 1") and every sample scored 0 as if wrong. Such a run says
+    the sandbox never started the program, and the grade says it is a grading error; a program that
+    fails by itself is not one."""
+    import resource
+
+    from rlpost.envs.grading import grade
+
+    if not run.bwrap_works():
+        pytest.skip("bubblewrap is missing or cannot create namespaces here")
+    tests, program = ["assert double(4) == 8"], "def double(x):\n    return 2 * x"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, hard))  # the outer bwrap, and no process more of its uid
+    try:
+        res = run_python("print(1)", backend="bwrap", limits=FAST)
+        reward, info = grade(program, tests, FAST, "bwrap", 1)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+    assert res.status == "error" and "the sandbox never started the program" in res.sandbox_error, res
+    assert "bwrap:" in res.sandbox_error and (reward, info["grading_error"]) == (0.0, True), info
+    assert "never started" in info["sandbox_error"]
+    reward, info = grade("def double(x):\n    raise SystemExit(1)", tests, FAST, "bwrap", 1)
+    assert (reward, info["grading_error"]) == (0.0, False) and "sandbox_error" not in info, info
+    assert run_python("import sys; sys.exit(3)", backend="bwrap", limits=FAST).sandbox_error == ""
+    assert grade(program, tests, FAST, "bwrap", 1)[0] == 1.0
+
+
 # --- what a killed worker leaves --------------------------------------------------------------
 
 

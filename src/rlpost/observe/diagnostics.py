@@ -40,6 +40,8 @@ PROXY_REWARD_GAIN = 0.05  # reward mean up by this much between two held-out eva
 PROXY_HELDOUT_FLAT = 0.01  # ... while held-out accuracy rose by less than this (flat or down): likely reward hacking
 OUTSIDE_BAND = 0.8  # share of groups whose completions all got one reward (no gradient from a group baseline)
 EARLY = 3  # steps averaged as the "early" reference value
+GRADING_ERROR_RISE = 0.1  # share of a step's completions the sandbox failed to grade, above the lowest share before ...
+GRADING_ERROR_MOST = 0.5  # ... or over this share in any step, from step 1
 
 
 @dataclass
@@ -211,6 +213,24 @@ def reward_errors(history: list[dict]) -> Finding | None:
                    "RUN_DIR/verifier.log; task.verifier_timeout_s if the calls are slow rather than stuck")
 
 
+def grading_errors(history: list[dict]) -> Finding | None:
+    """The sandbox failed to run the programs (bwrap could not fork once the machine's process limit
+    was reached, say), not the programs failing: each such completion scored 0 whatever it wrote,
+    silently. Read off the code task's share per step (reward_extra/grading_error, envs/grading.py);
+    said when it rises mid-run, GRADING_ERROR_RISE over the lowest share of the steps before, or
+    passes GRADING_ERROR_MOST in any step."""
+    pts = _series(history, "reward_extra/grading_error")
+    for i, (step, v) in enumerate(pts):
+        low = min((x for _, x in pts[:i]), default=None)
+        if v > GRADING_ERROR_MOST or (low is not None and v - low > GRADING_ERROR_RISE):
+            was = f", up from {low:.0%}" if low is not None and v > low else ""
+            return Finding("grading_errors", step, f"the sandbox could not run the programs of {v:.0%} of the "
+                           f"completions{was} (grading errors, not wrong answers): each scored 0",
+                           "the info's sandbox_error in RUN_DIR/samples/step_*.jsonl says why; the machine's process "
+                           "limits (ulimit -u, the pids cgroup, kernel.pid_max), fewer task.sandboxes")
+    return None
+
+
 def nonfinite_updates(history: list[dict]) -> Finding | None:
     pts = [(h["step"], h["actor/nonfinite_steps"]) for h in history if h.get("actor/nonfinite_steps")]
     if not pts:
@@ -222,7 +242,7 @@ def nonfinite_updates(history: list[dict]) -> Finding | None:
 
 CHECKS: list[Callable[[list[dict]], Finding | None]] = [
     sampler_mismatch, entropy_collapse, kl_explosion, length_inflation, truncation, proxy_overfit, constant_reward,
-    outside_learnable_band, no_update, reward_errors, nonfinite_updates,
+    outside_learnable_band, no_update, reward_errors, grading_errors, nonfinite_updates,
 ]
 
 

@@ -7,7 +7,7 @@ what the program put there with more rights than the program had.
   unpredictable name, ``{TMPDIR}/rlpost-work-{euid}-XXXXXXXX`` (mkdtemp): any local user could make a
   fixed name in the world-writable temp directory first, and every run would then be refused. It is
   made once per temp directory and recorded in the private slot directory (slots.py,
-  ``work-roots.json``), so every process of ours uses the same one, and an old one stays
+  ``work-roots``), so every process of ours uses the same one, and an old one stays
   removable by the next holder of a slot that lists a working directory in it. Each run's working
   directory is a fresh name in it, recorded in the slot's registry (slots.py) before it exists.
 * **As root: a tmpfs of its own.** The working directory is a tmpfs mount of ``max_disk_mb``
@@ -40,7 +40,7 @@ MNT_DETACH, UMOUNT_NOFOLLOW = 2, 8
 _mounts_refused: list[bool] = []  # non-empty once a mount was refused: do not ask again
 
 
-RECORD = "work-roots.json"  # in the slot directory: {temp directory: our working directories' root in it}
+RECORD = "work-roots"  # in the slot directory: {temp directory: our working directories' root in it}
 _roots: dict[str, str] = {}  # this process's copy of it, checked before each use
 
 

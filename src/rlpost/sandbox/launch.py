@@ -34,11 +34,13 @@ MAIN = "main.py"
 
 # Boot shim: wait at the gate (rlimits backend: until the parent has put this process in its
 # cgroup; bwrap has --block-fd for that), set the rlimits on itself, install the seccomp filter
-# when asked (rlimits backend; bwrap installs it itself), then become the program (same pid,
-# limits inherited). CPU gets a 1 s gap between the soft limit (SIGXCPU, which kills Python)
+# when asked (rlimits backend; bwrap installs it itself), say on the `started` pipe that the
+# program is about to start (a run whose byte never came failed in the sandbox, not in the
+# program: bwrap that could not fork, say), then become the program (same pid, limits inherited).
+# CPU gets a 1 s gap between the soft limit (SIGXCPU, which kills Python)
 # and the hard one (SIGKILL), for programs that catch SIGXCPU.
 BOOT = """import os, resource as r, sys
-gate, cpu, mem, nproc, fsize, bpf, main = sys.argv[1:8]
+gate, started, cpu, mem, nproc, fsize, bpf, main = sys.argv[1:9]
 if gate != "-":
     os.read(int(gate), 1)
     os.close(int(gate))
@@ -54,6 +56,8 @@ if bpf != "-":
     fprog = Prog(len(bpf) // 16, ctypes.addressof(prog))
     if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0):  # NO_NEW_PRIVS; SECCOMP
         sys.exit("rlpost boot: could not install the seccomp filter; refusing to run the program")
+os.write(int(started), b"1")
+os.close(int(started))
 os.execv(sys.executable, [sys.executable, "-E", "-s", "-B", main])
 """
 
@@ -89,10 +93,10 @@ def bwrap_flags() -> frozenset[str] | None:
     return frozenset(f for f in ("--disable-userns", "--size") if f in text)
 
 
-def _boot_args(limits: Limits, gate: int | None, bpf: bytes | None) -> list[str]:
+def _boot_args(limits: Limits, gate: int | None, started: int, bpf: bytes | None) -> list[str]:
     mib = 1 << 20
     cpu = max(1, math.ceil(limits.cpu_s))  # RLIMIT_CPU counts whole seconds; 0 would mean "now"
-    return [python_path(), "-E", "-s", "-B", "-c", BOOT, "-" if gate is None else str(gate), str(cpu),
+    return [python_path(), "-E", "-s", "-B", "-c", BOOT, "-" if gate is None else str(gate), str(started), str(cpu),
             str(int(limits.memory_mb * mib)), str(int(limits.max_processes)), str(int(limits.max_file_mb * mib)),
             bpf.hex() if bpf else "-", MAIN]
 
@@ -133,7 +137,7 @@ def _bwrap_cmd(limits: Limits, fds: dict[str, int], files: dict[str, int]) -> li
         "--clearenv", "--setenv", "PATH", SYSTEM_PATH, "--setenv", "HOME", INSIDE,
         "--setenv", "TMPDIR", INSIDE, "--setenv", "LANG", "C.UTF-8", "--setenv", "MALLOC_ARENA_MAX", "2",
         "--uid", str(NOBODY), "--gid", str(NOBODY),
-        *_boot_args(limits, None, None),
+        *_boot_args(limits, None, fds["started"], None),
     ]
 
 
@@ -149,17 +153,21 @@ def _memfd(data: bytes) -> int:
 
 def spawn(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot: slots.Slot,
           workdir: str | None) -> subprocess.Popen:
-    """Start the run, held at its gate: proc.gate_fd releases it, proc.info_fd (bwrap) says its pid 1."""
+    """Start the run, held at its gate: proc.gate_fd releases it, proc.info_fd (bwrap) says its pid 1,
+    proc.started_fd gets a byte once the program is about to start (started)."""
     mine: list[int] = []  # descriptors the child needs and we close once it has them
     keep: list[int] = []  # our ends, closed by _finish
     try:
         mine.append(stdin_fd := _memfd(stdin.encode()))
+        started_r, started_w = os.pipe()
+        keep.append(started_r)
+        mine.append(started_w)
         if backend == "bwrap":
             info_r, info_w = os.pipe()
             block_r, block_w = os.pipe()
             keep += [info_r, block_w]
             mine += [info_w, block_r]
-            fds = {"info": info_w, "block": block_r}
+            fds = {"info": info_w, "block": block_r, "started": started_w}
             if (bpf := isolation.seccomp_filter()) is not None:
                 mine.append(fds.setdefault("seccomp", _memfd(bpf)))
             file_fds = {n: _memfd(text.encode()) for n, text in files.items()}
@@ -170,7 +178,7 @@ def spawn(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot:
             keep.append(block_w)
             mine.append(gate_r)
             info_r, cwd = None, workdir
-            cmd = _boot_args(limits, gate_r, isolation.seccomp_filter())
+            cmd = _boot_args(limits, gate_r, started_w, isolation.seccomp_filter())
             env = {"PATH": SYSTEM_PATH, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                    "MALLOC_ARENA_MAX": "2"}
         user = {"user": slot.uid, "group": slot.uid, "extra_groups": []} if os.geteuid() == 0 else {}
@@ -184,8 +192,17 @@ def spawn(backend: str, files: dict[str, str], stdin: str, limits: Limits, slot:
     finally:
         for fd in mine:
             os.close(fd)
-    proc.info_fd, proc.gate_fd, proc.pid1_fd = info_r, block_w, None
+    proc.info_fd, proc.gate_fd, proc.pid1_fd, proc.started_fd = info_r, block_w, None, started_r
     return proc
+
+
+def started(proc: subprocess.Popen) -> bool:
+    """Did the run's program start (its boot shim wrote the byte)? Asked once the run is over."""
+    os.set_blocking(proc.started_fd, False)
+    try:
+        return os.read(proc.started_fd, 1) == b"1"
+    except BlockingIOError:  # no byte, and some process of the run still holds the pipe
+        return False
 
 
 def release(proc: subprocess.Popen, cgroup: isolation.RunCgroup | None) -> None:

@@ -37,3 +37,4 @@ class Result:
     backend: str  # "bwrap" | "rlimits"
     peak_memory_mb: float | None = None  # the run's cgroup peak, where there is a cgroup
     cleanup: str = ""  # what could not be cleaned up (never raised: the program's result stands)
+    sandbox_error: str = ""  # why the program never started (bwrap could not fork, say): the sandbox failed, not it

@@ -228,6 +228,7 @@ def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits
             out, err, why = _collect(proc, limits, t0 + limits.wall_s, lambda: _kill_all(proc, cgroup, slot, backend))
         finally:
             problems += _kill_all(proc, cgroup, slot, backend)
+            began = launch.started(proc)
             _finish(proc)
         wall = time.monotonic() - t0
         peak = cgroup.peak_mb() if cgroup else None
@@ -239,7 +240,9 @@ def _run_in_slot(backend: str, files: dict[str, str], stdin: str, limits: Limits
         rc = 128 - rc  # bwrap exits 128 + N when the program died of signal N (sys.exit(130) looks the same)
     stdout, stderr = (b.decode("utf-8", errors="replace") for b in (out, err))
     status = why or ("memory" if oom and rc != 0 else _classify(rc, stderr))
-    return Result(status, rc, stdout, stderr, wall, backend, peak, "; ".join(problems))
+    said = stderr.strip()[-200:] or "no message"
+    failed = "" if began else f"the sandbox never started the program ({status}: {said})"
+    return Result(status, rc, stdout, stderr, wall, backend, peak, "; ".join(problems), failed)
 
 
 def _clear_leftovers(slot: slots.Slot, backend: str) -> None:
@@ -322,9 +325,9 @@ def _kill_all(proc: subprocess.Popen, cgroup, slot: isolation.Slot, backend: str
 
     bwrap: first the sandbox's pid 1, whose death tears down the pid namespace and everything in
     it. The outer bwrap exits on the program's status, often before pid 1 is gone, and a worker
-    (a child subreaper) inherits it: it is reaped here, once dead (isolation.reap_pidfd). Then the cgroup (where there is one), which holds everything, even
-    processes that left the session; then the process group. rlimits: every process of the
-    run's own uid (root), else of its session."""
+    (a child subreaper) inherits it: it is reaped here, once dead (isolation.reap_pidfd). Then the
+    cgroup (where there is one), which holds everything, even processes that left the session;
+    then the process group. rlimits: every process of the run's own uid (root), else of its session."""
     problems = []
     if proc.pid1_fd is not None:
         try:
@@ -362,7 +365,7 @@ def _finish(proc: subprocess.Popen) -> None:
     isolation.forget(proc)
     for f in (proc.stdout, proc.stderr):
         f.close()
-    for name in ("info_fd", "pid1_fd"):
+    for name in ("info_fd", "pid1_fd", "started_fd"):
         if getattr(proc, name) is not None:
             os.close(getattr(proc, name))
             setattr(proc, name, None)
