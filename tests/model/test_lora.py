@@ -67,3 +67,28 @@ def test_lora_sigkill_then_resume_is_exact(tmp_path):
 
 def test_is_lora(tiny):
     assert not lora.is_lora(tiny.model)
+
+
+def test_an_adapter_names_the_hub_id_of_its_base_not_a_cache_folder(tmp_path):
+    # peft writes the folder the base was loaded from: for the embedded model, this machine's rlpost cache, which
+    # no other machine has. The hub id goes there where one is known; a folder of the user's stays its path.
+    from dataclasses import replace
+
+    from rlpost.model.load import load_policy
+
+    snapshot = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-360M" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    mine = tmp_path / "my-model"
+    mine.mkdir()
+    mcfg = replace(tiny_cfg("model.lora_r=4").model)
+    for name, expected in [("embedded", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+                           (str(snapshot), "HuggingFaceTB/SmolLM2-360M"), ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B")]:
+        loaded = load_policy("tiny")
+        loaded.model.name_or_path = str(tmp_path / "cache" / "models" / "smollm2-135m-instruct")  # as it was loaded
+        out = lora.save_adapter(lora.wrap(loaded.model, replace(mcfg, name=name), 0), loaded.tokenizer,
+                                tmp_path / name.replace("/", "_")[-20:])
+        assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == expected, name
+    loaded = load_policy("tiny")
+    loaded.model.name_or_path = str(mine)
+    out = lora.save_adapter(lora.wrap(loaded.model, replace(mcfg, name=str(mine)), 0), loaded.tokenizer, tmp_path / "o")
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(mine)

@@ -12,6 +12,7 @@ base; everything outside the trainer still sees a plain transformers model.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -33,7 +34,30 @@ def wrap(model: torch.nn.Module, mcfg, seed: int) -> torch.nn.Module:
                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return get_peft_model(model, cfg)
+        peft_model = get_peft_model(model, cfg)
+    named = hub_id(mcfg.name)
+    if named:  # adapter_config.json names what others can load, not this machine's cache folder
+        for adapter in peft_model.peft_config.values():
+            adapter.base_model_name_or_path = named
+    return peft_model
+
+
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the embedded GGUF (model/load.py) was made from
+SNAPSHOT = re.compile(r"models--([^/]+)--([^/]+)/snapshots/")  # a folder in the Hugging Face cache
+
+
+def hub_id(spec: str) -> str | None:
+    """The hub id behind model.name where one is known: the embedded model's (a Q4_1 copy of it), a
+    folder in the Hugging Face cache (its models--org--name), a hub id itself; None for a local
+    folder of the user's, whose path is the base."""
+    from rlpost.model.load import EMBEDDED_NAMES, HUB_ID
+
+    if spec in EMBEDDED_NAMES:
+        return EMBEDDED_HUB_ID
+    found = SNAPSHOT.search(str(Path(spec).expanduser().resolve()) + "/") if Path(spec).exists() else None
+    if found:
+        return f"{found[1]}/{found[2]}"
+    return spec if spec != "tiny" and not Path(spec).exists() and HUB_ID.fullmatch(spec) else None
 
 
 def is_lora(model: torch.nn.Module) -> bool:
@@ -67,6 +91,8 @@ def save_adapter(model: torch.nn.Module, tokenizer, folder: Path) -> Path:
     """peft's adapter folder (adapter_config.json naming the base, adapter_model.safetensors) plus
     the tokenizer: what ``peft.AutoPeftModelForCausalLM.from_pretrained`` and vLLM's LoRA load."""
     with writing(folder):  # a full disk: one line naming the folder
-        model.save_pretrained(folder)
+        # the base's embeddings are never trained here (no vocabulary is added): peft's "auto" would ask the hub
+        # for the base's config.json to compare vocabularies, a network call at the end of every LoRA run
+        model.save_pretrained(folder, save_embedding_layers=False)
         tokenizer.save_pretrained(folder)
     return Path(folder)
