@@ -96,3 +96,25 @@ def test_eval_keeps_a_source_name_with_eval_in_it(tmp_path):
     assert n == 4
     assert {k for k in summary if k.startswith("heldout_accuracy/")} == {"heldout_accuracy/lighteval/MATH",
                                                                           "heldout_accuracy/openai/gsm8k"}
+
+
+def test_paired_delta_by_hand():
+    from rlpost.recipes.evaluate import paired_delta
+
+    def dumps(before, after):
+        return ([{"prompt": str(i), "completion": str(c), "correct": c} for i, c in enumerate(before)],
+                [{"prompt": str(i), "completion": str(c), "correct": c} for i, c in enumerate(after)])
+
+    # d = (0, 1, 0, -1): mean 0, sum of squares 2, s.e. sqrt(2 / (4 * 3)) = sqrt(1/6) = 0.4082...
+    out = paired_delta(*dumps([1, 0, 0, 1], [1, 1, 0, 0]))
+    assert out["heldout_delta"] == 0 and abs(out["heldout_delta_se"] - 0.408248) < 1e-6
+    assert out["heldout_answers_changed"] == 2
+    # d = (1, 1, 0, 0, 0): mean 0.4, sum of squares 2 * 0.36 + 3 * 0.16 = 1.2, s.e. sqrt(1.2 / 20) = 0.2449...
+    # (unpaired it would be sqrt(0.2 * 0.8 / 5 + 0.6 * 0.4 / 5) = 0.2828...)
+    out = paired_delta(*dumps([0, 0, 0, 0, 1], [1, 1, 0, 0, 1]))
+    assert abs(out["heldout_delta"] - 0.4) < 1e-12 and abs(out["heldout_delta_se"] - 0.244949) < 1e-6
+    # nothing moved: no error; one problem: none; other prompts: not a pair
+    assert paired_delta(*dumps([1, 0, 1], [1, 0, 1]))["heldout_delta_se"] == 0
+    assert paired_delta(*dumps([1], [0]))["heldout_delta_se"] is None
+    b, a = dumps([1, 0], [1, 0])
+    assert paired_delta(b, a[::-1]) == {} and paired_delta(b, a[:1]) == {}

@@ -136,3 +136,88 @@ def test_batch_metrics_count_groups_without_signal_for_any_reward_scale():
     batch = rl_batch(torch.ones(6, 2, dtype=torch.bool), reward=torch.tensor([0.3, 0.7, 0.5, 0.5, 1.0, 1.0]))
     m = batch_metrics(batch, 2)
     assert m["reward/zero_std_frac"] == pytest.approx(2 / 3) and m["reward/outside_band_frac"] == 1.0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_run_that_changes_no_weight_gives_every_held_out_answer_again(tmp_path, monkeypatch, dtype):
+    # Issue 51: "after" was measured on the training sampler, whose copy of the weights need not be the
+    # saved model's, on whatever thread count model/cores.py had moved to by then (a bf16 matmul rounds
+    # by how the threads split it: 3 of 40 of the demo's answers moved with no update). Here the
+    # sampler's synced copy is pushed off the trainer's weights, and a busy neighbour takes a core
+    # once the loop runs: "after" must still be RUN/model's, on the thread count of "before", answer
+    # by answer. The tiny model earns no reward on this task, so no step updates the weights.
+    import rlpost.recipes.evaluate as ev
+    import rlpost.recipes.rl as rl
+    from rlpost.observe.runlog import closing_table
+
+    threads, scores = [], ev.heldout_scores
+    monkeypatch.setattr(ev, "heldout_scores",
+                        lambda *a, **k: threads.append(torch.get_num_threads()) or scores(*a, **k))
+
+    class Busy(rl.Cores):
+        def adjust(self) -> int:
+            self.threads = 1
+            torch.set_num_threads(1)
+            return 1
+
+    monkeypatch.setattr(rl, "Cores", Busy)
+
+    def drifting(*args, **kw):  # the training sampler's copy, off by noise after every sync
+        roles = build.build_roles(*args, **kw)
+        load, noise = roles.rollout.load_weights, torch.Generator().manual_seed(0)
+        roles.rollout.load_weights = lambda state, version=None: load(
+            {k: v + 0.1 * torch.randn(v.shape, generator=noise) for k, v in state.items()}, version)
+        return roles
+
+    run = tmp_path / "run"
+    summary = train(tiny_cfg("run.steps=1", "run.threads=2", f"rollout.dtype={dtype}", "task.n_heldout=16"), run,
+                    make_roles=drifting)
+    answers = [[json.loads(x)["completion"] for x in (run / "samples" / f"eval_{when}.jsonl").read_text().splitlines()]
+               for when in ("before", "after")]
+    assert len(answers[0]) == 16 and answers[0] == answers[1]
+    assert threads == [2, 2]  # before, after
+    assert summary["weights_changed"] is False and summary["heldout_answers_changed"] == 0
+    assert summary["heldout_accuracy_after"] == summary["heldout_accuracy_before"]
+    assert "+0.0 points: RUN/model holds the starting weights, unchanged" in closing_table(summary)
+
+
+def test_a_model_with_the_starting_weights_never_reports_a_gain(tmp_path, tiny, monkeypatch):
+    # A measurement of RUN/model that differs from "before" although RUN/model is the starting model
+    # (an evaluation that does not reproduce itself on this machine) reports no change; once one weight
+    # differs, what was measured is reported, with its paired standard error.
+    import rlpost.recipes.rl as rl
+    from safetensors.torch import load_file, save_file
+
+    from rlpost.model.load import save_model
+    from rlpost.observe.runlog import closing_table
+
+    run, rows = tmp_path / "run", [{"messages": [{"role": "user", "content": q}]} for q in ("a", "b")]
+    model = save_model(tiny.model, tiny.tokenizer, run / "model")
+    (run / "samples").mkdir()
+    (run / "samples" / "eval_before.jsonl").write_text(
+        "".join(json.dumps({"prompt": q, "completion": "x", "correct": False}) + "\n" for q in "ab"))
+
+    def measured_half(cfg, folder, task, heldout, dump, *_):
+        dump.write_text("".join(json.dumps({"prompt": q, "completion": c, "correct": c == "1"}) + "\n"
+                                for q, c in (("a", "1"), ("b", "x"))))
+        return 0.5, {}
+
+    monkeypatch.setattr(rl, "saved_model_scores", measured_half)
+    measured = rl.Measured(rows, (0.0, {}), None, torch.get_num_threads())
+    before, after, compared, _ = rl.after_training(run, tiny_cfg(), model, None, measured)
+    assert (before, after) == (0.0, 0.0) and compared["weights_changed"] is False
+    assert compared["heldout_accuracy_after_measured"] == 0.5 and compared["heldout_delta"] == 0.0
+    summary = {"heldout_accuracy_before": before, "heldout_accuracy_after": after, "heldout_n": 2, "steps": 1,
+               "wall_minutes": 0.1, **compared}
+    assert "(+0.0 points: RUN/model holds the starting weights, unchanged)" in closing_table(summary)
+
+    weights = load_file(model / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] += 1e-3
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    before, after, compared, _ = rl.after_training(run, tiny_cfg(), model, None, measured)
+    # d = (1, 0): mean 0.5, paired s.e. sqrt((0.25 + 0.25) / (2 * 1)) = 0.5
+    assert (after, compared["weights_changed"], compared["heldout_delta_se"]) == (0.5, True, 0.5)
+    summary.update(heldout_accuracy_after=after, **compared)
+    assert "(+50.0 ± 50.0 points, paired s.e.; 1 of 2 answers changed)" in closing_table(summary)

@@ -177,10 +177,8 @@ def closing_table(summary: dict) -> str:
     """The table printed when a run ends: held-out accuracy before/after (a mix's also per family),
     the reward's first/last mean, steps and wall time."""
     b, a = summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]
-    lines = [
-        f"{'':24s}{'before':>10s}{'after':>10s}",
-        f"{'held-out accuracy':24s}{b:>10.3f}{a:>10.3f}   ({100 * (a - b):+.1f} points)",
-    ]
+    lines = [f"{'':24s}{'before':>10s}{'after':>10s}",
+             f"{'held-out accuracy':24s}{b:>10.3f}{a:>10.3f}   ({delta(summary)})"]
     for task in [k.partition("/")[2] for k in summary if k.startswith("heldout_accuracy_before/")]:  # a mix's families
         tb, ta = summary[f"heldout_accuracy_before/{task}"], summary.get(f"heldout_accuracy_after/{task}", float("nan"))
         lines.append(f"{'  ' + task:24s}{tb:>10.3f}{ta:>10.3f}   ({100 * (ta - tb):+.1f} points, "
@@ -194,6 +192,19 @@ def closing_table(summary: dict) -> str:
                      f"{summary['reward_mean_last']:>10.3f}")
     lines.append(f"{'steps / wall time':24s}{summary['steps']:>10d}{summary['wall_minutes']:>9.1f}m")
     return "\n".join(lines)
+
+
+def delta(summary: dict) -> str:
+    """The held-out accuracy's change in points, with its paired standard error and how many greedy
+    answers changed (recipes/evaluate.paired_delta), or that RUN/model holds the starting weights."""
+    b, a = summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]
+    if summary.get("weights_changed") is False:  # the same model: no gain, whatever a measurement said
+        return "+0.0 points: RUN/model holds the starting weights, unchanged"
+    se, n = summary.get("heldout_delta_se"), summary.get("heldout_n")
+    if se is None:
+        return f"{100 * (a - b):+.1f} points"
+    moved = summary.get("heldout_answers_changed")
+    return f"{100 * (a - b):+.1f} ± {100 * se:.1f} points, paired s.e.; {moved} of {n} answers changed"
 
 
 def _spans(steps: list[int]) -> str:

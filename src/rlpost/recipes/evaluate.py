@@ -21,8 +21,10 @@ then takes the next free number (``publish``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import math
 import os
 from pathlib import Path
 
@@ -70,6 +72,56 @@ def heldout_scores(roles: Roles, rows: list[dict], cfg: config.Config, dump: Pat
             dump.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
     per_task = {f"{ACCURACY}/{t}": acc for t, (acc, _) in by_task(records).items()}
     return {ACCURACY: sum(r["correct"] for r in records) / max(1, len(records)), **per_task}
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    """torch computes on ``n`` threads inside, as before outside. A held-out measurement's count:
+    a bf16 matmul's rounding depends on how the work is split between threads (the demo's 135M
+    model gave 3 of 40 other greedy answers on 1 thread than on 2, the same weights, AMX Xeon), and
+    model/cores.py moves the count during a run, so the loop measures before and after on one."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def saved_model_scores(cfg: config.Config, folder: Path, task, rows: list[dict], dump: Path, passk_rows: int,
+                       run_dir: Path | None = None, make_roles=build.build_roles) -> tuple[float, dict]:
+    """(greedy held-out accuracy, pass@k curve) of the model folder a run saved (RUN/model), on a
+    sampler built as the run's first one was (build_roles for evaluation: the folder loaded, moved
+    to run.device, copied, cast to rollout.dtype), never used before, over the same rows in the same
+    batches: the way the loop measured "before" on its fresh sampler. ``dump`` receives the greedy
+    records (eval_after.jsonl); ``make_roles``: the run's builder of roles (train's)."""
+    cfg = config.with_overrides(cfg, [f"model.name={folder}"])
+    roles = make_roles(cfg, task, None, for_eval=True, run_dir=run_dir)
+    try:
+        return evaluate(roles, rows, cfg, dump), passk_curve(roles, rows[:passk_rows], cfg)
+    finally:
+        roles.close()
+
+
+def paired_delta(before: list[dict], after: list[dict]) -> dict:
+    """How greedy held-out answers moved between two dumps of the same problems in the same order
+    (eval_before.jsonl, eval_after.jsonl): the accuracy's change, its standard error, and how many
+    answers (completions) changed; {} when the dumps are not of the same prompts.
+
+    The standard error is the paired one, of the per-problem differences d_i = after_i - before_i
+    (each -1, 0 or 1): sqrt(sum (d_i - mean d)^2 / (n (n - 1))). Both accuracies are measured on
+    the same problems, so they are correlated (a problem the model solved before it mostly solves
+    after); the unpaired sqrt(p_b (1 - p_b) / n + p_a (1 - p_a) / n) ignores that and overstates
+    the error, most where few answers moved (no answer moved: paired 0, unpaired up to 0.07 at
+    n = 100). None below 2 problems."""
+    if len(before) != len(after) or any(b.get("prompt") != a.get("prompt") for b, a in zip(before, after)):
+        return {}
+    n = len(before)
+    d = [int(bool(a["correct"])) - int(bool(b["correct"])) for b, a in zip(before, after)]
+    mean = sum(d) / n if n else 0.0
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n * (n - 1))) if n >= 2 else None
+    changed = sum(b.get("completion") != a.get("completion") for b, a in zip(before, after))
+    return {"heldout_delta": mean, "heldout_delta_se": se, "heldout_answers_changed": changed}
 
 
 def by_task(records: list[dict]) -> dict[str, tuple[float, int]]:
@@ -189,12 +241,15 @@ def passk_curve(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path |
     averaged over the rows, keyed by str(k). pass@1 rising while pass@64 stays is RL sharpening the
     policy on what it could already solve; pass@64 rising is it solving problems it could not.
 
-    The torch RNG is put back afterwards, so a run samples the same training batches with the curve
-    on or off (run.passk_eval=0). ``dump`` receives every sample."""
+    It draws from the RNG seeded with run.seed, so the curves before and after training sample the
+    same way, and puts the RNG back afterwards, so a run samples the same training batches with the
+    curve on or off (run.passk_eval=0). ``dump`` receives every sample."""
     if not rows:
         return {}
     rollout = cfg.rollout
     with torch.random.fork_rng():
+        # the same draws before and after training: the loop's RNG has moved by then (the rollouts)
+        torch.manual_seed(cfg.run.seed)
         records = sample_records(roles, rows, PASSK_SAMPLES, rollout.temperature, rollout.top_p, rollout.max_new_tokens,
                                  max(cfg.run.eval_batch_size, 2 * PASSK_SAMPLES))
     if dump is not None:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from safetensors.torch import load_file
 
 from rlpost import algorithms, build, config
 from rlpost.algorithms import core, dapo
@@ -22,13 +24,15 @@ from rlpost.console import say
 from rlpost.envs import Task, build_task, mix
 from rlpost.envs.data import PromptStream
 from rlpost.envs.mix import MixedStream, make_stream
-from rlpost.model import checkpoint, device, export, heap
+from rlpost.model import checkpoint, device, export, heap, load
 from rlpost.model.cores import Cores
+from rlpost.observe import jsonl
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table, timed
 from rlpost.recipes import idle
-from rlpost.recipes.evaluate import PASSK_SAMPLES, by_task_summary, evaluate, heldout_scores, passk_curve
+from rlpost.recipes.evaluate import (PASSK_SAMPLES, by_task_summary, evaluate, heldout_scores, paired_delta,
+                                     passk_curve, saved_model_scores, threads)
 from rlpost.recipes.guard import RunGuard
 from rlpost.rewards import stack
 from rlpost.types.batch import Rollouts
@@ -64,7 +68,10 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         weights = trainer_state = None
         sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before step 1
         log = RunLog(run_dir, cfg.run.steps, start, cfg.run.progress, sinks, ckpt)
-        before, before_k = baseline(roles, heldout, cfg, run_dir, task, state)  # a resumed run's: from its checkpoint
+        # one thread count for every held-out measurement, a resumed run's from its checkpoint (evaluate.threads)
+        eval_threads = state.get("eval_threads") or torch.get_num_threads()
+        # a resumed run's: from its checkpoint
+        before, before_k = baseline(roles, heldout, cfg, run_dir, task, state, eval_threads, make_roles)
         log.begin()
         _call(callbacks, "on_train_begin", cfg, run_dir)
         with RunGuard(cfg, state.get("early_stop")) as guard:
@@ -97,28 +104,87 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                     with timed("sync", timings):  # remote trainer: the time to publish the weights to the object store
                         roles.rollout.load_weights(roles.trainer.weights(), version=step)
                 if evaluating:
-                    with timed("eval", timings):
+                    with timed("eval", timings), threads(eval_threads):
                         u_metrics.update(heldout_scores(roles, heldout, cfg))  # and a mix's per family
                 timings["timing_s/step"] = sum(timings.values())
                 log.step(step, metrics := {**c_metrics, **adv_metrics, **u_metrics, **timings,
                                            **perf(batch, timings, cores), "training/epoch": stream.epoch}, batch)
                 every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
                 if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
-                    save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k), elapsed(), guard,
-                                    log.history)
+                    save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k, eval_threads), elapsed(),
+                                    guard, log.history)
                 if on_step_end is not None:
                     on_step_end(step)
                 _call(callbacks, "on_step_end", step, metrics, roles)
         log.close()
-        say(f"held-out accuracy after training ({len(heldout)} problems, greedy) ...")
-        after = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_after.jsonl")
-        passk = {"passk_before": before_k, "passk_after": passk_curve(roles, heldout[: cfg.run.passk_eval], cfg)}
+        last = last_accuracy(roles, heldout, cfg, eval_threads)
     finally:
         roles.close()  # verifier workers, Ray actors and the sandboxes they run: stopped however we leave
         if log is not None:
             log.close()
     roles = batch = None  # their memory goes before the export loads a model and a checkpoint (finish)
-    return finish(run_dir, cfg, log, guard, before, after, len(heldout), task, elapsed(), passk, callbacks)
+    measured = Measured(heldout, (before, before_k), last, eval_threads, make_roles)
+    return finish(run_dir, cfg, log, guard, measured, task, elapsed(), callbacks)
+
+
+def last_accuracy(roles: Roles, heldout: list[dict], cfg: config.Config, eval_threads: int) -> float | None:
+    """The last step's held-out accuracy on the training sampler, which early stopping weighs against
+    its best evaluation to pick RUN/model's step (RunGuard.select); None without early stopping."""
+    if not cfg.run.early_stop_patience:
+        return None
+    with threads(eval_threads):
+        return evaluate(roles, heldout, cfg)
+
+
+@dataclass
+class Measured:
+    """What finish needs of the held-out measurements: the rows, (accuracy, pass@k curve) before
+    training, the last step's accuracy on the training sampler (early stopping only, else None), the
+    thread count every measurement runs on, and the run's builder of roles (train's make_roles)."""
+
+    heldout: list[dict]
+    before: tuple[float, dict]
+    last: float | None
+    threads: int
+    make_roles: Callable = build.build_roles
+
+
+def after_training(run_dir: Path, cfg: config.Config, model_dir: Path, task: Task,
+                   measured: Measured) -> tuple[float, float, dict, dict]:
+    """(accuracy before, after, how they compare, pass@k curves) with "after" the saved model's:
+    RUN/model on a fresh sampler, as "before" was measured on the run's (evaluate.saved_model_scores),
+    on the same thread count and rows, so a run that changed no weight gives every answer again.
+
+    Whether the weights changed is read, not inferred: RUN/model against the starting model. When
+    they did not, "after" is "before" (it is the same model); a measurement that still differs is
+    this machine's evaluation not reproducing itself, said in one line and kept as
+    heldout_accuracy_after_measured."""
+    (before, before_k), samples = measured.before, run_dir / "samples"
+    say(f"held-out accuracy after training, of {model_dir} ({len(measured.heldout)} problems, greedy) ...")
+    with threads(measured.threads):
+        after, after_k = saved_model_scores(cfg, model_dir, task, measured.heldout, samples / "eval_after.jsonl",
+                                            cfg.run.passk_eval, run_dir, measured.make_roles)
+    records = [jsonl.read_lines(samples / f"eval_{when}.jsonl", {"correct": bool, "completion": str})
+               for when in ("before", "after")]
+    compared = {"weights_changed": not matches_start(cfg, model_dir), **paired_delta(*records)}
+    if not compared["weights_changed"] and (after, after_k) != (before, before_k):
+        say(f"RUN/model holds the starting weights, yet its held-out accuracy measured {after:.3f} against "
+            f"{before:.3f} before ({compared.get('heldout_answers_changed', '?')} answers differ): this machine's "
+            "evaluation did not reproduce itself; the table reports no change")
+        compared.update(heldout_accuracy_after_measured=after, heldout_delta=0.0, heldout_delta_se=0.0)
+        after, after_k = before, before_k
+    return before, after, compared, {"passk_before": before_k, "passk_after": after_k}
+
+
+def matches_start(cfg: config.Config, model_dir: Path) -> bool:
+    """Whether the model folder holds exactly the run's starting weights (model.name, run.seed):
+    every tensor of its safetensors files equal, bit for bit, to the starting model's of that name."""
+    start = load.load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed).model.state_dict()
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        for name, saved in load_file(file).items():
+            if name not in start or not torch.equal(start[name], saved):
+                return False
+    return True
 
 
 def _call(callbacks: Sequence, hook: str, *args) -> None:
@@ -131,9 +197,10 @@ def _call(callbacks: Sequence, hook: str, *args) -> None:
             method(*args)
 
 
-def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, before: float, after: float,
-           heldout_n: int, task: Task, minutes: float, passk: dict, callbacks: Sequence = ()) -> dict:
-    """RUN/model, summary.json, the closing table and the report, after the training roles are gone:
+def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, measured: Measured, task: Task,
+           minutes: float, callbacks: Sequence = ()) -> dict:
+    """RUN/model, its held-out accuracy (``after_training``), summary.json, the closing table and
+    the report, after the training roles are gone:
     with their weights, gradients and optimizer moments still held, the export (a model and a
     checkpoint loaded) made the run's memory peak (tests/recipes/test_run_memory.py). Their memory
     is freed into glibc's heap, where it stays resident while the export's large tensors come from
@@ -141,9 +208,11 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, befo
     without it, Zen 4, 2026-11-26; a no-op off glibc and on a GPU's memory)."""
     heap.trim()
     # a checkpoint as a transformers folder: RUN/model
-    model_dir, selected = write_selected_model(run_dir, cfg, guard.select(after))
+    model_dir, selected = write_selected_model(run_dir, cfg, guard.select(measured.last or 0.0))
+    before, after, compared, passk = after_training(run_dir, cfg, model_dir, task, measured)
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
-    summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": heldout_n,
+    summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": len(measured.heldout),
+                                                   **compared,
                                                    "model": str(model_dir), "peak_rss_gb": round(peak_rss_gb, 2),
                                                    **device.max_memory_allocated_gb(),
                                                    "skipped_rows": task.skipped_rows, **selected,
@@ -165,16 +234,22 @@ def curriculum(cfg: config.Config) -> tuple[int, float, float]:
 
 
 def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task,
-             state: dict) -> tuple[float, dict]:
-    """Held-out accuracy before training, and the pass@k curve; a resumed run has both in its checkpoint's ``state``."""
+             state: dict, eval_threads: int, make_roles: Callable = build.build_roles) -> tuple[float, dict]:
+    """Held-out accuracy before training, and the pass@k curve, on ``eval_threads`` threads; a
+    resumed run has both in its checkpoint's ``state``. ``make_roles``: the run's builder of roles."""
     if state.get("heldout_before") is not None:
         return state["heldout_before"], state.get("passk_before", {})
     if task.skipped_rows:
         say(f"skipped {task.skipped_rows} malformed data rows (task.on_bad_row=skip); counted in summary.json")
     say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
-    before = evaluate(roles, heldout, cfg, run_dir / "samples" / "eval_before.jsonl")
+    dump = run_dir / "samples" / "eval_before.jsonl"
+    with threads(eval_threads):
+        if cfg.dist.topology == "colocated":  # the run's sampler, fresh: built as the one "after" is measured on
+            before, curve = evaluate(roles, heldout, cfg, dump), passk_curve(roles, heldout[: cfg.run.passk_eval], cfg)
+        else:  # the run's sampler is another process's: a local one, as "after" will be
+            before, curve = saved_model_scores(cfg, cfg.model.name, task, heldout, dump, cfg.run.passk_eval, run_dir,
+                                               make_roles)
     say(f"held-out accuracy before training: {before:.3f}")
-    curve = passk_curve(roles, heldout[: cfg.run.passk_eval], cfg)
     if curve:
         say(f"pass@k before training ({min(cfg.run.passk_eval, len(heldout))} problems x {PASSK_SAMPLES} samples): "
             + ", ".join(f"@{k} {v:.3f}" for k, v in curve.items()))
@@ -334,10 +409,12 @@ def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state
 
 def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream | MixedStream,
                     before: tuple, minutes: float, guard: RunGuard, metrics: list[dict]) -> None:
-    """``before``: (held-out accuracy, pass@k curve) before training, which a resumed run reports as its own."""
+    """``before``: (held-out accuracy, pass@k curve, the thread count held-out measurements run on)
+    before training, which a resumed run reports and keeps as its own."""
     state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
-             "algo_name": cfg.algo.name, "heldout_before": before[0], "passk_before": before[1], "minutes": minutes,
-             "early_stop": guard.early_stop_state(), **roles.algo.state_dict()}
+             "algo_name": cfg.algo.name, "heldout_before": before[0], "passk_before": before[1],
+             "eval_threads": before[2], "minutes": minutes, "early_stop": guard.early_stop_state(),
+             **roles.algo.state_dict()}
     checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
                     cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None, metrics=metrics)
 
