@@ -295,8 +295,9 @@ def from_dict(tree: dict) -> Config:
         section = sorted(unknown)[0]
         key, value = names.first_leaf(tree[section], section)
         hint = names.hint(key, value)  # another framework's key: the rlpost one, and no list of sections after it
+        ours = ", ".join(f.name for f in fields(Config))
         raise ConfigError(f"{key}: unknown section {section}{hint}" if hint else
-                          f"{key}: unknown section {section} (rlpost's are {', '.join(f.name for f in fields(Config))})")
+                          f"{key}: unknown section {section} (rlpost's are {ours})")
     sections = {}
     for f in fields(Config):
         sections[f.name] = _build_section(_section_cls(f.name), tree.get(f.name) or {}, f.name)

@@ -85,3 +85,18 @@ def test_a_textarena_game_trains_end_to_end_on_the_tiny_model(tmp_path):
     # a random model writes no '[number]': the game ends itself after its second invalid move, with reward 0
     assert metrics["env/turns_mean"] == 2 and metrics["env/done_frac"] == 1 and metrics["reward/mean"] == 0
     assert summary["heldout_accuracy_after"] == 0
+
+
+@pytest.mark.parametrize("env, expected", [
+    ("textarena:GuessTheNumbr-v0", "no TextArena game 'GuessTheNumbr-v0'; did you mean GuessTheNumber-v0"),
+    ("textarena:TicTacToe-v0", "rlpost plays single-player TextArena games"),
+])
+def test_a_textarena_id_is_checked_at_start_with_no_run_folder_left(tmp_path, env, expected):
+    # as a verifiers id is: one line and exit 2 before the run folder exists, not a failure at step 1 after the
+    # first evaluation, with a folder left behind
+    from helpers import TINY, cli
+
+    r = cli("train", *TINY, "task.name=env", f"task.env={env}", "task.n_heldout=2", f"run.out_dir={tmp_path}")
+    assert r.returncode == 2 and expected in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("rlpost: error: task.env: ") and "Traceback" not in r.stderr
+    assert not any(tmp_path.iterdir())

@@ -18,6 +18,8 @@ reward. Only single-player games: rlpost plays one side.
 
 from __future__ import annotations
 
+import difflib
+
 import textarena as ta
 
 
@@ -37,8 +39,22 @@ class TextArenaEnv:
         self.game = None
 
     def rows(self, split: str, n: int, seed: int) -> list[dict]:
+        if split == "train":  # asked first, at start: a game that cannot run stops here, before any run folder
+            self.check()
         base = seed * 1_000_003 + (0 if split == "train" else 500_000)
         return [{"seed": base + i, "game": self.env_id} for i in range(n)]
+
+    def check(self) -> None:
+        """ValueError, in one line, unless the game is registered and plays with one player."""
+        from textarena.envs.registration import ENV_REGISTRY
+
+        if self.env_id not in ENV_REGISTRY:
+            raw = sorted(name.removesuffix("-raw") for name in ENV_REGISTRY if name.endswith("-raw"))
+            close = difflib.get_close_matches(self.env_id.removesuffix("-raw"), raw, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else f" (its games: {', '.join(raw[:8])}, ...)"
+            raise ValueError(f"no TextArena game {self.env_id.removesuffix('-raw')!r}{hint}")
+        self.reset({"seed": 0})
+        self.game = None
 
     def reset(self, row: dict) -> list[dict]:
         self.game = ta.make(self.env_id, **self.kwargs)
