@@ -210,3 +210,22 @@ def test_a_summary_is_read_through_its_schema_and_a_sampled_rounds_run_gets_a_re
         r = cli("report", str(tmp_path))
         assert (r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("rlpost: error: ")
                 and said in r.stderr), r.stderr
+
+
+@pytest.mark.plots  # reads the plots' text: drawn, not conftest.py's stand-in
+def test_each_reward_function_is_plotted_and_an_all_false_flag_is_named_not_dropped(tmp_path):
+    from rlpost.observe.report import build_html, reward_parts, reward_parts_plot
+
+    # task.reward_funcs=...:format_reward,...:accuracy_reward: reward/<fn> each, beside the loop's own reward/ stats
+    h = history(3, **{"reward/mean": 0.2, "reward/std": 0.1, "reward/format_reward": 0.5, "reward/accuracy_reward": 0.1,
+                      "reward/mean/arithmetic": 0.2, "reward_extra/parsed": 0.0, "reward_extra/correct": 0.1})
+    assert reward_parts(h) == ["reward/format_reward", "reward/accuracy_reward"]
+    svg = reward_parts_plot(h)
+    assert "Reward per function" in svg and "format_reward" in svg and "accuracy_reward" in svg
+    assert reward_parts_plot(history(3, **{"reward/mean": 0.2, "reward/max": 1.0})) is None  # one scorer: no plot
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in h))
+    page = build_html(tmp_path)
+    assert page.count("Reward per function") == 1
+    # 'parsed' false for every completion: not a line of the verifier's plot, and named under the plots
+    assert ("<li><code>reward_extra/parsed</code>: the verifier&#x27;s flag (or number) was false or 0 for every "
+            "completion</li>") in page

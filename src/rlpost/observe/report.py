@@ -2,7 +2,8 @@
 scripts) from what a run folder already holds: metrics.jsonl, summary.json, config.yaml and
 samples/. It can be written while the run is going (it reads only complete lines).
 
-Plots: reward and held-out accuracy (and, for a task.mix run, both per family); pass@k for k = 1..64 before
+Plots: reward and held-out accuracy (and, for a task.mix run, both per family); each reward function's
+mean (reward/<fn>, with task.reward_funcs); pass@k for k = 1..64 before
 and after training (run.passk_eval); KL to the reference (only when the run has one); the policy's
 change per update (PPO's old -> new KL); entropy; response length and truncation; clip fractions;
 the sampler/trainer importance-ratio histogram; group reward std and the all-pass / all-fail
@@ -12,7 +13,8 @@ audit. An ``rlpost sft|rm|dpo`` run gets its training loss and held-out metrics 
 instead of the RL plots. Steps are integer ticks, legends sit below the plot (never over the
 data) in a readable size, and summary numbers are rounded to 3 significant digits. A series that
 is 0 at every step is not drawn: a line under the plots names it and why (the policy change and
-the PPO clip fraction of one epoch over one mini-batch, where the ratio is 1 by construction).
+the PPO clip fraction of one epoch over one mini-batch, where the ratio is 1 by construction; a
+verifier's flag that was false for every completion; a reward function that gave 0 throughout).
 The config section lists what the run set away from the defaults; the whole file is one click
 away.
 """
@@ -129,6 +131,28 @@ def verifier_plot(history) -> str | None:
     keys = sorted({k for h in history for k in h if k.startswith("reward_extra/")})
     return line_plot(history, "What the verifier found (per completion)",
                      [(k, k.partition("/")[2]) for k in keys], "share or mean") if keys else None
+
+
+# reward/<key> metrics of the loop itself (recipes/rl.py, rewards/stack.py's shaping, the PRM's): any other
+# reward/<name> with no further slash is a part of task.reward_funcs (rewards/stack.py), the user's own signal
+REWARD_STATS = {"mean", "std", "max", "min", "all_pass_frac", "all_fail_frac", "outside_band_frac", "zero_std_frac",
+                "group_std", "mean_before_filter", "nan_or_inf", "overlong_penalty_mean", "length_shaping_mean",
+                "implicit_prm_mean", "process_per_seq", "steps_per_seq"}
+
+
+def reward_parts(history) -> list[str]:
+    """The reward/<fn> keys of the run's reward functions (task.reward_funcs), in their first step's order."""
+    keys = dict.fromkeys(k for h in history for k in h if k.startswith("reward/") and "/" not in k[7:]
+                         and k[7:] not in REWARD_STATS)
+    return list(keys)
+
+
+def reward_parts_plot(history) -> str | None:
+    """Each reward function's mean per step (reward/<fn>): which part moved a rising total. None with one
+    scorer and no task.reward_funcs."""
+    keys = reward_parts(history)
+    return line_plot(history, "Reward per function (task.reward_funcs)", [(k, k[7:]) for k in keys],
+                     "mean reward") if keys else None
 
 
 def reward_plot(history, summary) -> str:
@@ -275,7 +299,7 @@ def plots_for(history, summary) -> list[str | None]:
         loss = (f"{summary['kind']} training loss ({summary.get('loss')})", [("actor/loss", "loss per step")], "loss")
         return [line_plot(history, *loss),
                 line_plot(history, "Gradient norm (pre-clip)", [("actor/grad_norm", "policy")], "")]
-    return [reward_plot(history, summary), passk_plot(summary), task_plot(history, summary),
+    return [reward_plot(history, summary), reward_parts_plot(history), passk_plot(summary), task_plot(history, summary),
             verifier_plot(history), *(line_plot(history, *p) for p in LINE_PLOTS), ratio_plot(history),
             timing_plot(history)]
 
@@ -334,13 +358,20 @@ def health_section(history: list[dict]) -> str:
 
 def always_zero(history: list[dict]) -> str:
     """The plotted metrics that were 0 at every step (left out of their plots), each with why when known."""
-    keys = [key for _, series, _ in LINE_PLOTS for key, _ in series]
+    found = sorted({k for h in history for k in h if k.startswith("reward_extra/")})  # the verifier's flags
+    keys = [key for _, series, _ in LINE_PLOTS for key, _ in series] + reward_parts(history) + found
     zero = [k for k in keys if _series(history, k)[0] and not any(_series(history, k)[1])]
     if not zero:
         return ""
-    items = "".join(f"<li><code>{k}</code>{': ' + html.escape(ZERO_WHY[k]) if k in ZERO_WHY else ''}</li>"
+    items = "".join(f"<li><code>{html.escape(k)}</code>{': ' + html.escape(zero_why(k)) if zero_why(k) else ''}</li>"
                     for k in zero)
     return f"<p>0 at every step, so not drawn:</p><ul>{items}</ul>"
+
+
+def zero_why(key: str) -> str:
+    if key.startswith("reward_extra/"):
+        return "the verifier's flag (or number) was false or 0 for every completion"
+    return ZERO_WHY.get(key, "")
 
 
 def config_section(run_dir: Path) -> str:
