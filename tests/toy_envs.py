@@ -62,3 +62,19 @@ class EmptyReset(Counter):
 
     def reset(self, row):
         return []
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+class WithTools(Counter):
+    """Counter with a tool for the chat template to render (or not)."""
+
+    tools = [add]

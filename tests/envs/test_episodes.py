@@ -163,3 +163,24 @@ def test_episode_scoring_counts_and_credits_by_hand():
     assert (m["env/errors"], m["env/timeouts"], m["env/episodes"]) == (1, 1, 3)
     assert m["env/turn_reward/mean"] == pytest.approx(1.5 / 3) and m["env/turns_mean"] == 1.0
     assert m["env/turn_reward/first"] == pytest.approx(0.25) and m["env/turn_reward/last"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("renders_tools", [False, True])
+def test_a_chat_template_that_ignores_the_tools_is_said_once(capsys, renders_tools):
+    # the tiny model's template, like SmolLM2's, renders nothing for tools=: the model never sees them
+    tok = copy.deepcopy(load_tokenizer("tiny"))
+    if renders_tools:
+        tok.chat_template = "{% if tools %}{{ tools | tojson }}{% endif %}" + tok.chat_template
+    env = rollout(Scripted(tok, [(encode(tok, "ab") + [tok.eos_token_id], "eos")] * 3), env="toy_envs:WithTools",
+                  turns=1)
+    try:
+        env.generate([{"i": 0}, {"i": 1}], n=2, temperature=1.0, top_p=1.0, max_new_tokens=8)
+        env.generate([{"i": 2}], n=1, temperature=1.0, top_p=1.0, max_new_tokens=8)
+    finally:
+        env.close()
+    said = [line for line in capsys.readouterr().err.splitlines() if "renders nothing of the environment" in line]
+    assert said == ([] if renders_tools else [
+        "rlpost: task.env: the chat template of this model renders nothing of the environment's 1 tool, so the model "
+        "is never shown it and will make no tool calls; use a model whose template renders tools (Qwen2.5-Instruct, "
+        "Llama-3.1-Instruct, ...), or an environment in the inline style (style='inline' with its stop strings: "
+        "docs/environments.md)"])

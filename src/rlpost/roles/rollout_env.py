@@ -30,9 +30,10 @@ import time
 
 import torch
 
-from rlpost.envs.transcript import (TemplateError, assistant_message, chat_delta, encode, for_template, inline_delta,
-                                    opening_ids)
+from rlpost.console import say
 from rlpost.envs.pool import EnvPool, warn_once
+from rlpost.envs.transcript import (TemplateError, assistant_message, chat_delta, encode, for_template, inline_delta,
+                                    opening_ids, render)
 from rlpost.types.batch import Rollouts
 from rlpost.types.errors import ConfigError
 
@@ -148,6 +149,10 @@ class EnvRollout:
         e.env, e.tools, e.style, e.stop, e.history = p["env"], p["tools"], p["style"], p["stop"], p["messages"]
         e.opening = list(p["messages"])
         e.prompt = opening_ids(self.tok, e.history, e.tools)
+        if e.style == "chat" and e.tools and "template ignores tools" not in self.reported:
+            self.reported.add("template ignores tools")  # asked of the first opening with tools, told once
+            if tools_ignored(self.tok, e.history, e.tools):
+                say(template_ignores_tools(self.tok, len(e.tools)))
         if self.context and len(e.prompt) + turn > self.context:
             chars = sum(len(str(m.get("content", ""))) for m in e.opening)
             raise ConfigError(f"{self.pool.key} {self.pool.path}: reset() returned an opening longer than the model's "
@@ -200,6 +205,20 @@ class EnvRollout:
         text = (f"timed out after {self.pool.timeout_s:g} s (task.env_timeout_s); the call was killed" if e.timeout
                 else e.error)
         warn_once(self.reported, kind, self.pool.path, f"{text}; the episode ended with reward 0")
+
+
+def tools_ignored(tok, messages: list[dict], tools: list[dict]) -> bool:
+    """Whether the chat template renders the opening the same with and without its tools: then the
+    model is never shown them."""
+    return render(tok, messages, tools, True) == render(tok, messages, None, True)
+
+
+def template_ignores_tools(tok, n: int) -> str:
+    return (f"task.env: the chat template of {tok.name_or_path or 'this model'} renders nothing of the environment's "
+            f"{n} tool{'s' if n > 1 else ''}, so the model is never shown {'them' if n > 1 else 'it'} and will make no "
+            "tool calls; use a "
+            "model whose template renders tools (Qwen2.5-Instruct, Llama-3.1-Instruct, ...), or an environment in "
+            "the inline style (style='inline' with its stop strings: docs/environments.md)")
 
 
 def assemble(episodes: list[Episode], rows: list[dict], n: int, tok, version: int) -> Rollouts:
