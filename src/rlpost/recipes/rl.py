@@ -47,7 +47,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
 
     ``task`` replaces the config's task family (library use: your own rows and verifier); ``callbacks``
     are TRL's (``_call``). ``on_step_end(step)`` runs after each step's checkpoint; ``make_roles``
-    builds the roles (build.build_roles; tests wrap both to inject faults). What stops a run early is
+    builds the roles (build.build_roles; tests wrap both to inject faults), and with for_eval=True
+    those that measure RUN/model's held-out accuracy at the end (after_training). What stops a run early is
     recipes/guard.py; the roles' processes stop however the loop ends. A resume checks the checkpoint
     and puts its state back before it writes; then ``on_resumed()`` runs (config.resume-N.yaml)."""
     task, run_dir = task or build_task(cfg.task), Path(run_dir)
