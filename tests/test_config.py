@@ -189,10 +189,10 @@ def test_verls_reward_function_keys_get_one_readable_hint(tmp_path):
     for source, expected in [
         (recipe, "custom_reward_function.path: unknown section custom_reward_function; did you mean "
                  "task.verifier=compute_score.py:compute_score? (verl's custom_reward_function.path: with .name, "
-                 "one setting here: file.py:function; docs/coming-from.md)"),
+                 "one setting here: the file, a colon, the function; docs/coming-from.md)"),
         (["custom_reward_function.name=my_fn"], "custom_reward_function.name: unknown section custom_reward_function; "
          "did you mean task.verifier=my_reward.py:my_fn? (verl's custom_reward_function.name: with .path, one setting "
-         "here: file.py:function; docs/coming-from.md)"),
+         "here: the file, a colon, the function; docs/coming-from.md)"),
     ]:
         with pytest.raises(config.ConfigError) as e:
             config.load(recipe) if source == recipe else config.load(None, source)

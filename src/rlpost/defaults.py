@@ -17,6 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from rlpost.console import say
 from rlpost.sections import Config, ConfigError
 
 # rollout.max_new_tokens=0: the cap follows the task. The generated tasks' answers are a few tokens
@@ -54,8 +55,6 @@ def fitted_max_new_tokens(user_data: bool, model: str) -> int:
     saying so in one line."""
     tokens, context = default_max_new_tokens(user_data), known_context(model)
     if context and tokens > context // 2:
-        from rlpost.console import say
-
         say(f"rollout.max_new_tokens: {context // 2}, half of model {model}'s {context}-token context (the default "
             f"{tokens} would leave no room for the prompt); set it to choose another")
         return context // 2

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from rlpost.model.load import EMBEDDED_NAMES, HUB_ID
 from rlpost.types.errors import writing
 
 
@@ -50,8 +51,6 @@ def hub_id(spec: str) -> str | None:
     """The hub id behind model.name where one is known: the embedded model's (a Q4_1 copy of it), a
     folder in the Hugging Face cache (its models--org--name), a hub id itself; None for a local
     folder of the user's, whose path is the base."""
-    from rlpost.model.load import EMBEDDED_NAMES, HUB_ID
-
     if spec in EMBEDDED_NAMES:
         return EMBEDDED_HUB_ID
     found = SNAPSHOT.search(str(Path(spec).expanduser().resolve()) + "/") if Path(spec).exists() else None

@@ -7,9 +7,10 @@ slow path: 1.1 GFLOP/s against 59 in float32 on one core of a 2-core AMD EPYC (t
 ``rollout.dtype=auto`` and ``trainer.precision=auto`` (the defaults) ask ``choose()``, which
 times a small matmul in each dtype (well under a second, on one thread, the best of three timings
 after a warm-up, so that neither a cold start nor another busy process decides it) and picks bf16
-only where it is measurably faster. The result is cached per machine in the rlpost cache, keyed by the CPU, the torch build and the instruction-set
-caps (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``), so capping the ISA, another CPU or another
-torch probes afresh. Explicit settings (``bfloat16``/``float32``, ``bf16``/``fp32``) always win.
+only where it is measurably faster. The result is cached per machine in the rlpost cache, keyed by
+the CPU, the torch build and the instruction-set caps (``ONEDNN_MAX_CPU_ISA``,
+``ATEN_CPU_CAPABILITY``), so capping the ISA, another CPU or another torch probes afresh. Explicit
+settings (``bfloat16``/``float32``, ``bf16``/``fp32``) always win.
 
 ``build.py`` resolves the config once (``resolve``) and every role that computes follows
 it: the sampler's weights, the trainer's autocast, the reference, the critic (inside the trainer),
