@@ -28,19 +28,20 @@ def test_tiny_model_learns_to_copy_a_digit(tmp_path):
 @pytest.mark.slow
 def test_ppo_with_a_critic_learns_the_same_task(tmp_path):
     # Same task, PPO: a separate critic (zero-initialised head) learns V while GAE advantages train
-    # the policy. This run is seed-sensitive: once sampling stopped silently truncating to the top
-    # 50 tokens (HFRollout) the 80-step setting it used reached 0.44-0.84 across seeds. At T = 1.0
-    # and 120 steps: 0.76-0.84 (seed 0, this test, as float summation order changed), 1.0 (seed 1).
-    # Chance is 1/76; the bar is "learned most of it", not a tuned number.
+    # the policy. Without an entropy bonus the policy could collapse onto a wrong digit before it found
+    # the right one, and once the critic had learnt that policy's value every advantage was 0: held-out
+    # 0.18 (seed 7, Intel AMX), and 0.66 for this seed there. entropy_coef=0.01 keeps it sampling.
+    # Held-out after, seeds 0-7 (tests/README.md, "Learning bars"): AMX 0.68-1.0, mean 0.86, sd 0.11;
+    # AVX2 play 0.68-1.0, mean 0.87, sd 0.10. Bar 0.5 = mean - 3 sd, rounded down; chance is 1/76.
     task = Task(digit_rows(200, 0), digit_rows(50, 1), "toy_verifiers:first_char_digit")
     cfg = tiny_cfg("algo.name=ppo", "algo.critic_lr=3e-3", "run.steps=120", "rollout.prompts_per_step=16",
                    "rollout.group_size=8", "rollout.max_new_tokens=2", "trainer.lr=3e-3", "run.eval_every=0",
-                   "rollout.temperature=1.0")
+                   "rollout.temperature=1.0", "algo.entropy_coef=0.01")
     summary = train(cfg, tmp_path / "run", task=task)
-    assert summary["heldout_accuracy_after"] >= 0.7, summary
+    assert summary["heldout_accuracy_after"] >= 0.5, summary
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    # V starts at 0 and must follow the success rate up (returns near 1 by the end)
-    assert rows[0]["critic/values/mean"] == 0.0 and rows[-1]["critic/values/mean"] > 0.5, rows[-1]
+    # V starts at 0 and must follow the success rate up: 0.41-1.0 at the last step over the same seeds
+    assert rows[0]["critic/values/mean"] == 0.0 and rows[-1]["critic/values/mean"] > 0.25, rows[-1]
 
 
 def test_dapo_refills_and_never_trains_on_a_zero_variance_group(tmp_path, monkeypatch):
