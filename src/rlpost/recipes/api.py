@@ -288,11 +288,14 @@ class Registry:
         if not self.funcs:
             return
         pkl = self.run_dir / f"{self.module}.pkl"
-        pkl.write_bytes(dumps_by_value(self.funcs))
-        (self.run_dir / f"{self.module}.py").write_text(
-            '"""Functions passed to rlpost.Trainer as Python objects, pickled by value next to this file."""\n'
-            "import pickle\nfrom pathlib import Path\n\n"
-            f"globals().update(pickle.loads(Path(__file__).with_name({pkl.name!r}).read_bytes()))\n")
+        with writing(pkl):
+            pkl.write_bytes(dumps_by_value(self.funcs))
+        with writing(self.run_dir / f"{self.module}.py"):
+            (self.run_dir / f"{self.module}.py").write_text(
+                '"""Functions passed to rlpost.Trainer as Python objects, pickled by value next to this file."""\n'
+                "import pickle\nfrom pathlib import Path\n\n"
+                f"globals().update(pickle.loads(Path(__file__).with_name({pkl.name!r}).read_bytes()))\n")
+
 
 def _code_by_marshal(code: types.CodeType):
     return marshal.loads, (marshal.dumps(code),)
