@@ -216,7 +216,7 @@ def resolve_precision(cfg: config.Config) -> config.Config:
     cfg = resolve_engine(resolve_device(cfg))
     dtype, prec, line = precision.resolve(cfg.rollout.dtype, cfg.trainer.precision, cfg.run.device)
     cfg = replace(cfg, rollout=replace(cfg.rollout, dtype=dtype), trainer=replace(cfg.trainer, precision=prec))
-    say_once(line)
+    say_once(line, key=f"precision: {dtype} sampler, {prec} trainer")  # the choice, not its figures
     if cfg.trainer.param_dtype == "bfloat16":  # explicit, so said only where the probe finds bf16 slow
         choice = precision.choose(cfg.run.device)
         if not choice.bf16:

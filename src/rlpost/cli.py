@@ -371,7 +371,8 @@ def cmd_eval(args) -> int:
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
     # written under a name of its own, then published under `out` (or the next free number when another eval took
     # it meanwhile: recipes/evaluate.py)
-    tmp = numbered(out, first).with_name(f".{numbered(out, first).name}.{os.getpid()}.tmp")
+    # (the thread in the name too: two evals in one process, through the Python API, must not share it)
+    tmp = numbered(out, first).with_name(f".{numbered(out, first).name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         acc, n, summary = heldout_accuracy(cfg, weights, args.n, samples=args.samples, ks=ks, dump=tmp)
         out = publish(tmp, out, replace=args.overwrite, first=first)

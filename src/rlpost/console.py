@@ -13,9 +13,11 @@ def say(message: str) -> None:
 _said: set[str] = set()  # the lines say_once has printed in this process
 
 
-def say_once(message: str) -> None:
+def say_once(message: str, key: str | None = None) -> None:
     """``say``, the first time this process says ``message`` (a choice made per run, repeated
-    every time roles are built, is told once)."""
-    if message not in _said:
-        _said.add(message)
+    every time roles are built, is told once). ``key``, when given, is what must be new instead of
+    the whole text: a line that carries measured figures (the precision probe's, measured again
+    when the machine got quieter) is still the same choice."""
+    if (key or message) not in _said:
+        _said.add(key or message)
         say(message)

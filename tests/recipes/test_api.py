@@ -90,10 +90,11 @@ def test_config_as_a_dict_or_recipe_with_dotted_overrides(tmp_path):
 
 
 def test_your_rows_get_a_length_cap_for_real_answers(tmp_path):
-    # The demo's 16 tokens cut off 87.5% of a verl user's answers; rows of your own get TRL's 256
+    # The demo's 16 tokens cut off 87.5% of a verl user's answers; rows of your own get TRL's 256, cut to
+    # half the context of a model whose context is smaller (tiny's 256: 128, said in one line by defaults.py)
     rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
     t = rlpost.Trainer(model="tiny", train_dataset=rows, output_dir=tmp_path / "r")
-    assert t.config.rollout.max_new_tokens == 256 and t.config.task.name == "dataset"
+    assert t.config.rollout.max_new_tokens == 128 and t.config.task.name == "dataset"
     t = rlpost.Trainer(model="tiny", train_dataset=rows, overrides=["rollout.max_new_tokens=32"],
                        output_dir=tmp_path / "s")
     assert t.config.rollout.max_new_tokens == 32

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from rlpost.console import say
+from rlpost.console import say, say_once
 from rlpost.envs.pool import EnvPool, warn_once
 from rlpost.envs.transcript import (TemplateError, assistant_message, chat_delta, encode, for_template, inline_delta,
                                     opening_ids, render)
@@ -80,6 +80,10 @@ class Episode:
         if self.correct is not None:
             out["correct"] = self.correct
         return out
+
+
+# An opening past this many times the model's context stops the run (_open).
+OPENING_PAST_CONTEXT = 4
 
 
 class EnvRollout:
@@ -138,9 +142,10 @@ class EnvRollout:
         return assemble(episodes, rows, n, self.tok, self.version)
 
     def _open(self, e: Episode, outcome: tuple, turn: int) -> None:
-        """The episode's prompt from reset's outcome; ConfigError when it leaves no room for a ``turn``
-        of tokens in the model's context (a 900 KB opening would otherwise be sampled from, and end
-        as an allocation the machine cannot make, reported as out of memory)."""
+        """The episode's prompt from reset's outcome. An opening that leaves no room for a ``turn`` of
+        tokens in the model's context is said once, and past OPENING_PAST_CONTEXT times it is a
+        ConfigError (a 900 KB opening would otherwise be sampled from, and end as an allocation the
+        machine cannot make, reported as out of memory)."""
         if outcome[0] != "ok":
             self._failed(e, outcome)
             e.prompt = [self.tok.pad_token_id]  # no turn: an empty completion, scored 0
@@ -155,10 +160,19 @@ class EnvRollout:
                 say(template_ignores_tools(self.tok, len(e.tools)))
         if self.context and len(e.prompt) + turn > self.context:
             chars = sum(len(str(m.get("content", ""))) for m in e.opening)
-            raise ConfigError(f"{self.pool.key} {self.pool.path}: reset() returned an opening longer than the model's "
-                              f"context: {len(e.prompt)} tokens ({chars} characters), and the model takes "
-                              f"{self.context} tokens, {turn} of them for the first turn (rollout.max_new_tokens, at "
-                              "most task.max_episode_tokens); shorten what reset() returns")
+            sizes = (f"{len(e.prompt)} tokens ({chars} characters), and the model takes {self.context} tokens, {turn} "
+                     "of them for the first turn (rollout.max_new_tokens, at most task.max_episode_tokens)")
+            # A rotary model runs past its nominal context (a game's rules of 510 tokens on the 256-token tiny
+            # model train), so a little past it is said once; far past it is a reset() bug whose one sequence
+            # would end as an allocation the machine cannot make, so it stops the run in one line.
+            if len(e.prompt) + turn > OPENING_PAST_CONTEXT * self.context:
+                raise ConfigError(f"{self.pool.key} {self.pool.path}: reset() returned an opening longer than the "
+                                  f"model's context: {sizes}; shorten what reset() returns")
+            # once a run (the held-out passes build rollouts of their own)
+            say_once(key=f"opening past context: {self.pool.path}", message=(
+                f"{self.pool.key} {self.pool.path}: reset() returned an opening past the model's context: {sizes}; "
+                "the model samples at positions it was not trained on (said once; more than "
+                f"{OPENING_PAST_CONTEXT}x the context stops the run)"))
 
     def _turn(self, ready: list[Episode], temperature: float, top_p: float, max_new_tokens: int, waiting: dict) -> None:
         """One assistant turn for every ready episode, in one sampler call; each goes to its environment."""
