@@ -166,7 +166,10 @@ def test_episode_scoring_counts_and_credits_by_hand():
 
 
 @pytest.mark.parametrize("renders_tools", [False, True])
-def test_a_chat_template_that_ignores_the_tools_is_said_once(capsys, renders_tools):
+def test_a_chat_template_that_ignores_the_tools_is_said_once(capsys, renders_tools, monkeypatch):
+    from rlpost import console
+
+    monkeypatch.setattr(console, "_said", set())  # said once a process: as if this were the first run
     # the tiny model's template, like SmolLM2's, renders nothing for tools=: the model never sees them
     tok = copy.deepcopy(load_tokenizer("tiny"))
     if renders_tools:

@@ -50,8 +50,6 @@ def test_a_verifiers_tool_environment_trains_end_to_end_on_the_tiny_model(tmp_pa
     cfg = tiny_cfg("task.name=env", "task.env=verifiers:vf_toy", "task.env_args={kind: tool}", "task.env_workers=1",
                    "task.n_train=8", "task.n_heldout=4", "run.steps=1", "task.max_turns=2")
     summary = train(cfg, tmp_path / "run")
-    said = [line for line in capsys.readouterr().err.splitlines() if "opening past the model's context" in line]
-    assert len(said) == 1 and "the model takes 256 tokens" in said[0], said
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["env/episodes"] == 16 and metrics["env/errors"] == 0 and metrics["env/timeouts"] == 0
     assert 1 <= metrics["env/turns_mean"] <= 2 and 0 <= summary["heldout_accuracy_after"] <= 1

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from rlpost.console import say, say_once
+from rlpost.console import say_once
 from rlpost.envs.pool import EnvPool, warn_once
 from rlpost.envs.transcript import (TemplateError, assistant_message, chat_delta, encode, for_template, inline_delta,
                                     opening_ids, render)
@@ -156,8 +156,9 @@ class EnvRollout:
         e.prompt = opening_ids(self.tok, e.history, e.tools)
         if e.style == "chat" and e.tools and "template ignores tools" not in self.reported:
             self.reported.add("template ignores tools")  # asked of the first opening with tools, told once
-            if tools_ignored(self.tok, e.history, e.tools):
-                say(template_ignores_tools(self.tok, len(e.tools)))
+            if tools_ignored(self.tok, e.history, e.tools):  # once a run: the held-out passes build rollouts too
+                say_once(template_ignores_tools(self.tok, len(e.tools)),
+                         key=f"template ignores tools: {self.pool.path}")
         if self.context and len(e.prompt) + turn > self.context:
             chars = sum(len(str(m.get("content", ""))) for m in e.opening)
             sizes = (f"{len(e.prompt)} tokens ({chars} characters), and the model takes {self.context} tokens, {turn} "
