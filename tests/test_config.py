@@ -271,3 +271,45 @@ def test_a_datasetdict_is_told_to_pass_a_split(tmp_path):
     with pytest.raises(config.ConfigError, match=re.escape("a DatasetDict of splits (train, test); pass one split, "
                                                            "e.g. train_dataset=ds['train'], eval_dataset=ds['test']")):
         rlpost.Trainer(model="tiny", train_dataset=ds, output_dir=tmp_path / "r")
+
+
+# Every problem of a start at once, before torch loads: the CLI in a process of its own, where sys.modules tells
+_ALL_AT_ONCE = """
+import sys
+from rlpost.cli import main
+rc = main(sys.argv[1:])
+print("torch" in sys.modules, rc)
+"""
+
+
+def test_every_bad_key_is_named_at_once_before_torch_loads():
+    import subprocess
+    import sys
+
+    args = ["train", "task.bad=1", "algo.x=2", "rollout.group_size=zz", "algo.baseline=none",
+            "task.reward_funcs=no_such_module_here:f", "trainer.lr=abc"]
+    r = subprocess.run([sys.executable, "-c", _ALL_AT_ONCE, *args], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.stdout.split() == ["False", "2"], r.stderr  # torch never imported; exit 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 6 and all(line.startswith("rlpost: error: ") for line in lines), lines
+    for named in ("task.bad: unknown key", "algo.x: unknown key", "rollout.group_size: expected an integer",
+                  "trainer.lr: expected a finite number", "algo.baseline: algo.name=grpo does not read it (read by "
+                  "reinforce)", "task.reward_funcs: no_such_module_here:f: no module 'no_such_module_here'"):
+        assert sum(named in line for line in lines) == 1, (named, lines)
+
+
+def test_the_table_of_algo_keys_read_before_torch_is_the_algorithms_own():
+    from rlpost import algorithms, config_check
+
+    algo = config.AlgoConfig()
+    assert {name: algorithms.knobs_read(cls, algo, 8, 256) for name, cls in algorithms.ALGORITHMS.items()} == \
+        config_check.ALGO_KNOBS
+
+
+def test_the_python_trainer_names_every_bad_key_at_once():
+    import rlpost
+
+    with pytest.raises(config.ConfigError) as e:
+        rlpost.Trainer(model="tiny", overrides={"task.bad": 1, "algo.x": 2, "run.steps": 0})
+    assert [line.split(":")[0] for line in str(e.value).splitlines()] == ["task.bad", "algo.x", "run.steps"]

@@ -26,6 +26,7 @@ LAYERS = [
     ("observe",),  # metrics, report, health checks, planner
     ("distributed",),  # Ray actors, the rollout pool
     ("build",),  # the one place roles are assembled from a config
+    ("config_check",),  # the whole config checked at once before torch loads, for the CLI and rlpost.Trainer
     ("recipes",),  # entry points: the RL loop, evaluation, offline/online preference, pipeline, PRM, search
     ("cli", "__main__", "__init__"),
 ]

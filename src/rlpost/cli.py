@@ -37,7 +37,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from rlpost import config, machine, names, runconfig
+from rlpost import config, config_check, machine, names, runconfig
 from rlpost.console import say
 from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
@@ -268,7 +268,8 @@ def foreign_flag(unknown: list[str], argv: list[str]) -> None:
 
 
 def _fail(message: str, code: int, prefix: str = "rlpost: error: ") -> int:
-    print(f"{prefix}{message}", file=sys.stderr, flush=True)
+    # several problems found at once (config_check.py): each its own line, each with the prefix
+    print("\n".join(f"{prefix}{line}" for line in message.split("\n")), file=sys.stderr, flush=True)
     return code
 
 
@@ -288,7 +289,7 @@ def cmd_train(args) -> int:
     if args.start_over:
         raise config.ConfigError("--start-over: only with --resume RUN_DIR")
     refuse_ignored("train", recipe_keys(recipe, overrides))
-    cfg = machine.check(config.load(recipe, overrides))  # before torch loads: a mistake shows in a fraction of a second
+    cfg = config_check.load(recipe, overrides)  # before torch loads: every mistake, in a fraction of a second
     name = (cfg.run.name
             or f"{'mix' if cfg.task.mix else cfg.task.name}-{cfg.algo.name.rpartition(':')[2]}-"
                f"{time.strftime('%Y%m%d-%H%M%S')}")

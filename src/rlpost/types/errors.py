@@ -42,6 +42,15 @@ class ConfigError(_OneLine, ValueError):
     """A bad config value; str(error) is one line naming the key."""
 
 
+class ConfigProblems(ConfigError):
+    """Several bad config values found at once (config_check.py): str(error) is one line each,
+    every line clipped as a one-line message is."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = [clip_message(p) for p in problems]
+        ValueError.__init__(self, "\n".join(self.problems))
+
+
 class DataError(ConfigError):
     """A bad data file or row; str(error) names the file and line."""
 

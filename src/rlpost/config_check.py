@@ -1,0 +1,154 @@
+"""The whole configuration checked at once, before torch loads: ``load`` reports every problem it
+finds, one line each, where ``config.load`` stops at the first.
+
+What it finds without torch (a fraction of a second, where torch alone takes seconds to import):
+
+- each override that is not ``section.key=value``;
+- each unknown section or key (another framework's name gets the rlpost one: names.py), and each
+  value of the wrong type or out of its range;
+- then, on the keys that were right, the first cross-field rule broken (config.check_consistency)
+  and what this machine refuses (machine.py);
+- each algo key that algo.name does not read and another algorithm does (``ALGO_KNOBS``, the
+  table algorithms.knobs_read gives, kept equal to it by a test);
+- each function, environment or algorithm named by import path ('module:name') whose module is
+  nowhere to be found: a file path that does not exist, a module on neither Python's path nor the
+  working directory (looked up, never imported: the verifier and environment workers import them).
+
+What needs the model or the algorithm's code (build.check, build.preflight) is checked after, as
+before, one line at a time.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+from dataclasses import fields
+from pathlib import Path
+
+from rlpost import config, machine
+from rlpost.observe.runfolder import FUNCS_PREFIX  # rlpost.Trainer's functions: their module is written by train()
+from rlpost.types.errors import ConfigError, ConfigProblems
+
+# The algo keys each algorithm reads (algorithms.knobs_read, on the defaults); tests/test_config.py holds it to them.
+_PPO_CLIP = ("clip_eps_high", "clip_eps_low", "dual_clip_c")
+_KL = ("kl_coef", "kl_estimator")
+_GROUP = ("scale_by_std", "std_scope")
+ALGO_KNOBS = {
+    "reinforce": {"baseline", "baseline_decay", "loss_agg"},
+    "ppo": {*_PPO_CLIP, *_KL, "critic", "critic_lr", "gamma", "lam", "loss_agg", "value_clip", "vf_coef",
+            "whiten_advantages"},
+    "reinforce_pp": {*_PPO_CLIP, *_KL, "loss_agg"},
+    "grpo": {*_PPO_CLIP, *_KL, *_GROUP, "loss_agg"},
+    "rloo": {*_PPO_CLIP, *_KL, "loss_agg"},
+    "dapo": {*_PPO_CLIP, *_KL, *_GROUP, "dapo_clip_eps_high"},
+    "dr_grpo": {*_PPO_CLIP, *_KL},
+    "gspo": {*_KL, *_GROUP, "seq_clip_eps_high", "seq_clip_eps_low"},
+    "cispo": {*_KL, *_GROUP, "cispo_eps_low", "clip_eps_high", "loss_agg"},
+    "distill": {*_PPO_CLIP, "loss_agg"},
+}
+
+
+def load(recipe: str | Path | None = None, overrides: list[str] = (), tree: dict | None = None,
+         on_this_machine: bool = True) -> config.Config:
+    """``config.load`` (defaults <- recipe <- overrides, or ``tree`` <- overrides), with every problem
+    found raised at once: ConfigProblems, one line each; one problem is a plain ConfigError's line.
+    ``on_this_machine``: with machine.check (rlpost.Trainer leaves it to build.check: its task.data
+    names the files its train() writes)."""
+    problems: list[str] = []
+    tree = {**(tree or {})} if recipe is None else config.read_yaml(recipe)  # a broken file: its one line
+    for item in overrides:
+        try:
+            key, value = config.parse_override(item)
+            config.set_dotted(tree, key, value)
+        except ConfigError as e:
+            problems.append(str(e))
+    good = keys_that_load(tree, problems)
+    cfg = None
+    try:
+        cfg = config.from_dict(good)
+        if on_this_machine:
+            machine.check(cfg)
+    except ConfigError as e:
+        problems.append(str(e))
+    if cfg is not None:
+        problems += ignored_algo_keys(cfg) + missing_modules(cfg)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigProblems(problems)
+    return cfg
+
+
+def keys_that_load(tree: dict, problems: list[str]) -> dict:
+    """``tree`` less each section and key that config.from_dict refuses on its own (unknown, wrong
+    type, out of range), whose lines are added to ``problems``."""
+    sections = {f.name for f in fields(config.Config)}
+    good: dict = {}
+    for section, values in tree.items():
+        if section not in sections or not isinstance(values, dict):
+            try:
+                config.from_dict({section: values})
+            except ConfigError as e:
+                problems.append(str(e))
+            continue
+        cls = config._section_cls(section)
+        for key, value in values.items():
+            try:
+                config._build_section(cls, {key: value}, section)
+            except ConfigError as e:
+                problems.append(str(e))
+            else:
+                good.setdefault(section, {})[key] = value
+    return good
+
+
+def ignored_algo_keys(cfg: config.Config) -> list[str]:
+    """A line for each algo key set away from its default that algo.name does not read and another
+    algorithm does (build.check_algorithm says the same, once torch is loaded); none for your own algorithm."""
+    algo = cfg.algo
+    mine = ALGO_KNOBS.get(algo.name)
+    if mine is None:
+        return []
+    default, out = type(algo)(), []
+    for key in sorted(set().union(*ALGO_KNOBS.values()) - mine):
+        if getattr(algo, key) != getattr(default, key):
+            readers = [name for name, keys in ALGO_KNOBS.items() if key in keys]
+            out.append(f"algo.{key}: algo.name={algo.name} does not read it (read by {', '.join(readers)}); remove it"
+                       + (f", or set algo.name={readers[0]}" if len(readers) == 1 else ""))
+    return out
+
+
+SHIPPED_ENV_LIBRARIES = ("verifiers", "textarena")  # task.env=verifiers:ID, textarena:ID: checked by env_config.py
+
+
+def missing_modules(cfg: config.Config) -> list[str]:
+    """A line for each 'module:name' of the config whose module cannot be found (found, not imported)."""
+    task = cfg.task
+    named = [("task.verifier", task.verifier), ("algo.name", cfg.algo.name if ":" in cfg.algo.name else "")]
+    named += [("task.reward_funcs", f.strip()) for f in task.reward_funcs.split(",")]
+    if task.env.partition(":")[0] not in SHIPPED_ENV_LIBRARIES:
+        named.append(("task.env", task.env if ":" in task.env else ""))
+    out = []
+    for key, path in named:
+        module = path.rpartition(":")[0]
+        if not module or module.startswith(FUNCS_PREFIX):
+            continue  # empty, a shipped name, no colon (the loader's own line names it), or rlpost.Trainer's own
+        if module.endswith(".py"):
+            if not Path(module).is_file():
+                out.append(f"{key}: {path}: no file {module}")
+        elif not findable(module.split(".")[0]):
+            out.append(f"{key}: {path}: no module {module.split('.')[0]!r} in the working directory or on Python's "
+                       "path (is it installed, or run from the folder that holds it?)")
+    return out
+
+
+def findable(top: str) -> bool:
+    """Whether a top-level module can be imported, where the workers look: Python's path and the
+    working directory. Looked up only: nothing of it runs."""
+    try:
+        if importlib.util.find_spec(top) is not None:
+            return True
+    except (ImportError, ValueError):
+        return False
+    return importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is not None
