@@ -145,3 +145,45 @@ def test_resume_repairs_a_torn_metrics_file(tmp_path):
     log = RunLog(tmp_path, steps=5, start_step=2, progress=False)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
     assert [h["step"] for h in log.history] == [1, 2]
+
+
+def test_a_failed_start_keeps_only_its_log_and_the_next_start_clears_what_an_earlier_one_left(tmp_path, capsys):
+    # a start that failed in its reward function (first rollout, held-out rows) kept the whole folder: config,
+    # rows, samples and pickles, which the next start then wrote beside (a config naming the new pickles, the
+    # old ones still there) and appended its own traceback to
+    run = tmp_path / "x"
+    with pytest.raises(RunError), runfolder.claim(run, "new") as rf:
+        rf.write_config(tiny_cfg())
+        for folder in ("data", "samples"):
+            (run / folder).mkdir()
+        (run / "rlpost_funcs_old.pkl").write_bytes(b"")
+        (run / "verifier.log").write_text("Traceback ... ValueError: boom\n")
+        raise RunError("reward function bad failed on 16 of 16 completions at step 1")
+    assert sorted(p.name for p in run.iterdir()) == [".rlpost", "verifier.log"]
+    # a start killed by SIGKILL leaves whatever it wrote; a file of the user's beside it is not the run's
+    (run / "config.yaml").write_text("run: {}\n")
+    (run / "rlpost_funcs_killed.py").write_text("")
+    (run / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    with runfolder.claim(run, "new") as rf:
+        assert sorted(p.name for p in run.iterdir()) == [".lock", ".rlpost", "notes.txt"]
+        rf.write_config(tiny_cfg())
+    assert "removing what an earlier start that got nowhere left there (config.yaml, rlpost_funcs_killed.py, " \
+           "verifier.log)" in capsys.readouterr().err
+    # a folder holding nothing but an earlier failed start's leftovers is removed whole when this start fails too
+    (run / "notes.txt").unlink()
+    with pytest.raises(KeyboardInterrupt), runfolder.claim(run, "new") as rf:
+        rf.write_config(tiny_cfg())
+        raise KeyboardInterrupt
+    assert not run.exists()
+    # an empty log is no reason to keep anything, and a log of the run's (after step 1) keeps the whole run
+    with pytest.raises(RuntimeError), runfolder.claim(run, "new") as rf:
+        (run / "env.log").write_text("")
+        raise RuntimeError
+    assert not run.exists()
+    with pytest.raises(RuntimeError), runfolder.claim(run, "new") as rf:
+        rf.write_config(tiny_cfg())
+        (run / "env.log").write_text("Traceback ...\n")
+        (run / "metrics.jsonl").write_text('{"step": 1}\n')
+        raise RuntimeError
+    assert sorted(p.name for p in run.iterdir()) == [".lock", ".rlpost", "config.yaml", "env.log", "metrics.jsonl"]

@@ -17,11 +17,16 @@ Every command that writes a run folder (train, train --resume, sft, rsft, rm, dp
 - every path a run writes that is already there must be of the kind the run writes (a file where
   it writes a file, a folder where it writes one): a ``checkpoints/.latest.tmp`` folder is refused
   before anything is written, not found at the first checkpoint.
-- a start that fails (bad input, a missing model, Ctrl-C) before the run produced anything removes
-  exactly what it added: the folder it created, or the entries that were not there before (the
-  marker, config.yaml, data/, pickled functions; for a resume, its ``config.resume-N.yaml``). One
-  exception, kept on purpose: a start that failed in its reward function keeps the folder when
-  ``verifier.log`` holds that function's output, so the traceback can be read.
+- a start that fails (bad input, a missing model, Ctrl-C, its first rollout or held-out evaluation)
+  before the run produced anything removes exactly what it added: the folder it created, or the
+  entries that were not there before (the marker, config.yaml, data/, samples/, pickled functions;
+  for a resume, its ``config.resume-N.yaml``). One exception, kept on purpose: the log its error
+  line names (``verifier.log`` for a reward function or verifier, ``env.log`` for an environment)
+  stays, with the marker, when it holds that code's output, so the traceback can be read.
+- a new start in a folder such a start left (a failed one's log, or whatever a start killed by
+  SIGKILL wrote) first removes those leftovers, said in one line: no stale config, rows, pickled
+  functions or log of the earlier start mixes with this one's. Only names a run writes go; a
+  folder left holding nothing else is this start's to remove if it fails too.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rlpost import config
+from rlpost.console import say
 from rlpost.model.layout import candidates
 from rlpost.types import folders
 from rlpost.types.errors import ConfigError
@@ -63,8 +69,20 @@ WRITES = {
     "config.yaml": "file", "metrics.jsonl": "file", ".metrics.jsonl.tmp": "file", "summary.json": "file",
     ".summary.json.tmp": "file", "report.html": "file", ".report.html.tmp": "file", "verifier.log": "file",
     "samples": "folder", "model": "folder", "checkpoints": "folder", "checkpoints/latest": "file",
-    "checkpoints/.latest.tmp": "file", "data": "folder", "pipeline.json": "file",
+    "checkpoints/.latest.tmp": "file", "data": "folder", "pipeline.json": "file", "env.log": "file",
 }
+# The logs a failed start keeps when they hold its code's output: its error line names them (recipes/guard.py)
+LOGS = ("verifier.log", "env.log")
+# What else a start writes at the top of its folder: rlpost.Trainer's pickled functions and their loader
+# modules (recipes/api.py: Registry), the loggers' folders (observe/loggers.py)
+FUNCS_PREFIX = "rlpost_funcs_"
+LOGGER_FOLDERS = ("tensorboard", "mlruns", "wandb")
+
+
+def leftover(name: str) -> bool:
+    """Whether a top-level entry of a run folder is one a start writes (what a start that got nowhere left)."""
+    return (name in {rel.partition("/")[0] for rel in WRITES} or name in LOGGER_FOLDERS
+            or name.startswith(FUNCS_PREFIX) or (name.startswith("config.resume-") and name.endswith(".yaml")))
 
 
 def check_writes(run_dir: Path) -> None:
@@ -175,6 +193,8 @@ def claim(path: str | Path, mode: str, refuse_hint: str = "pick another run.name
         if mode == "new" and has_run_data(rf.path):
             raise ConfigError(f"{key}: {rf.path} already holds a run; {refuse_hint}")
         check_writes(rf.path)
+        if mode == "new":
+            _clear_leftovers(rf)
         if mode != "resume":
             folders.mark(rf.path, kind)
     except BaseException:
@@ -191,29 +211,48 @@ def claim(path: str | Path, mode: str, refuse_hint: str = "pick another run.name
         _release(rf)
 
 
+def _clear_leftovers(rf: RunFolder) -> None:
+    """A new run in its own folder holding no run (checked under the lock): remove what an earlier start
+    left there. A folder then holding nothing but rlpost's marker and lock is treated as made by this
+    start, so that a failure removes it whole."""
+    stale = sorted(n for n in rf.before if leftover(n))
+    if not stale:
+        return
+    say(f"run folder {rf.path}: removing what an earlier start that got nowhere left there ({folders.listing(stale)})")
+    _remove(rf.path, stale)
+    rf.before -= set(stale)
+    rf.created = folders.MARKER in rf.before and rf.before <= {folders.MARKER, LOCK}
+
+
 def _undo_failed_start(rf: RunFolder, before: tuple) -> None:
     """After a failure: remove what this command added if the run got nowhere (no step's metrics,
-    no checkpoint, no summary); a run that did get somewhere keeps everything."""
+    no checkpoint, no summary), but a log holding the failing code's output (LOGS) and the marker that
+    makes the folder rlpost's; a run that did get somewhere keeps everything."""
     if rf.mode == "resume":
         if progress(rf.path) == before:
             for path in rf.written:
                 path.unlink(missing_ok=True)
         return
-    log = rf.path / "verifier.log"
-    kept_log = "verifier.log" not in rf.before and log.is_file() and log.stat().st_size > 0
-    if not has_run_data(rf.path) and not kept_log:
-        _remove_new(rf)
+    if has_run_data(rf.path):
+        return
+    logs = {name for name in LOGS if name not in rf.before and (rf.path / name).is_file()
+            and (rf.path / name).stat().st_size > 0}
+    _remove_new(rf, logs | {folders.MARKER} if logs else set())
 
 
-def _remove_new(rf: RunFolder) -> None:
-    """Remove every entry this command added (the whole folder when it made it)."""
+def _remove_new(rf: RunFolder, keep: set[str] = frozenset()) -> None:
+    """Remove every entry this command added (the whole folder when it made it and keeps nothing)."""
     if not rf.path.is_dir():
         return
-    if rf.created:
+    if rf.created and not keep:
         shutil.rmtree(rf.path, ignore_errors=True)
         return
-    for name in set(os.listdir(rf.path)) - rf.before:
-        entry = rf.path / name
+    _remove(rf.path, set(os.listdir(rf.path)) - (set() if rf.created else rf.before) - keep)
+
+
+def _remove(folder: Path, names) -> None:
+    for name in names:
+        entry = folder / name
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
