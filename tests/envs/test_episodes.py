@@ -187,3 +187,17 @@ def test_a_chat_template_that_ignores_the_tools_is_said_once(capsys, renders_too
         "is never shown it and will make no tool calls; use a model whose template renders tools (Qwen2.5-Instruct, "
         "Llama-3.1-Instruct, ...), or an environment in the inline style (style='inline' with its stop strings: "
         "docs/environments.md)"])
+
+
+def test_each_row_logs_its_episodes_whole_opening_and_tools():
+    tok = load_tokenizer("tiny")
+    env = rollout(Scripted(tok, [(encode(tok, "ab") + [tok.eos_token_id], "eos")]), env="toy_envs:WithTools", turns=1)
+    try:
+        batch = env.generate([{"i": 0, "messages": [{"role": "user", "content": "from the data"}]}], n=1,
+                             temperature=1.0, top_p=1.0, max_new_tokens=8)
+    finally:
+        env.close()
+    row = batch.rows[0]
+    assert row["messages"] == [{"role": "user", "content": "from the data"}]  # the row's own, as it was
+    assert row["_opening"] == [{"role": "user", "content": "count"}]  # what reset gave the model
+    assert [t["function"]["name"] for t in row["_tools"]] == ["add"]

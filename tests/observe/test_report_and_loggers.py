@@ -229,3 +229,29 @@ def test_each_reward_function_is_plotted_and_an_all_false_flag_is_named_not_drop
     # 'parsed' false for every completion: not a line of the verifier's plot, and named under the plots
     assert ("<li><code>reward_extra/parsed</code>: the verifier&#x27;s flag (or number) was false or 0 for every "
             "completion</li>") in page
+
+
+def test_samples_show_an_episodes_whole_first_turn_and_a_gold_column_under_its_own_name(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from rlpost.observe.report import sample_section
+    from rlpost.observe.runlog import RunLog
+
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+    opening = [{"role": "system", "content": "You are a careful agent."}, {"role": "user", "content": "Play."}]
+    rows = [{"messages": opening[-1:], "_opening": opening, "_tools": [tool]},  # an environment episode
+            {"messages": [{"role": "user", "content": "2+2?"}], "prompt": "2+2?", "solution": "4", "_line": 3},
+            {"messages": [{"role": "user", "content": "1+1?"}], "answer": "2", "solution": "2"}]
+    batch = SimpleNamespace(rows=rows, completions=["a", "b", "c"], reward=torch.tensor([1.0, 0.5, 0.0]), infos=[])
+    log = RunLog(tmp_path, 1, 0, False)
+    log.write_samples(1, batch)
+    lines = [json.loads(line) for line in (tmp_path / "samples" / "step_000001.jsonl").read_text().splitlines()]
+    assert lines[0]["opening"] == {"messages": opening, "tools": [tool]}
+    assert lines[1]["columns"] == {"solution": "4"}  # no answer column: the gold under the data's own name
+    assert "columns" not in lines[2] and "opening" not in lines[1]
+    page = sample_section(tmp_path, [{"step": 1}], n=3)
+    assert "<b>system</b><pre>You are a careful agent.</pre><b>user</b><pre>Play.</pre>" in page
+    assert "<summary>tools: calculator</summary>" in page
+    assert "<b>solution</b>: 4" in page and "<td>2</td>" in page

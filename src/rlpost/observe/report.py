@@ -266,11 +266,37 @@ def sample_section(run_dir: Path, history, steps: list[int] | None = None, n: in
 
 
 def _sample_table(title: str, rows: list[dict]) -> str:
-    body = "".join(f"<tr><td>{html.escape(str(r['prompt']))}</td>"
+    body = "".join(f"<tr><td>{_prompt_cell(r)}</td>"
                    f"<td><pre>{html.escape(str(r['completion']))}</pre></td>"
-                   f"<td>{html.escape(str(r.get('answer')))}</td><td>{r['reward']:.3f}</td></tr>" for r in rows)
+                   f"<td>{_gold_cell(r)}</td><td>{r['reward']:.3f}</td></tr>" for r in rows)
     return (f"<h4>{title}</h4><table><tr><th>prompt</th><th>completion</th><th>answer</th><th>reward</th></tr>"
             f"{body}</table>")
+
+
+def _prompt_cell(sample: dict) -> str:
+    """The last prompt message, or an environment episode's whole first turn: each message of its
+    opening by role (the system prompt too) and the tools offered, by name, each schema one click away."""
+    opening = sample.get("opening")
+    if not isinstance(opening, dict) or not isinstance(opening.get("messages"), list):
+        return html.escape(str(sample["prompt"]))
+    turns = "".join(f"<b>{html.escape(str(m.get('role')))}</b><pre>{html.escape(str(m.get('content')))}</pre>"
+                    for m in opening["messages"] if isinstance(m, dict))
+    tools = [t for t in opening.get("tools") or [] if isinstance(t, dict)]
+    if tools:
+        names = ", ".join(str((t["function"] if isinstance(t.get("function"), dict) else t).get("name", "?"))
+                          for t in tools)  # OpenAI's {"type": "function", "function": {...}}, or the function itself
+        turns += (f"<details><summary>tools: {html.escape(names)}</summary>"
+                  f"<pre>{html.escape(json.dumps(tools, indent=1))}</pre></details>")
+    return turns
+
+
+def _gold_cell(sample: dict) -> str:
+    """The row's answer, or, for rows without one, its other columns by name (observe/runlog.py: sample_extras):
+    the gold a reward function reads, under whatever name the data gives it."""
+    columns = sample.get("columns")
+    if sample.get("answer") is None and isinstance(columns, dict) and columns:
+        return "<br>".join(f"<b>{html.escape(str(k))}</b>: {html.escape(str(v))}" for k, v in columns.items())
+    return html.escape(str(sample.get("answer")))
 
 
 CSS = """body{font-family:sans-serif;max-width:1150px;margin:auto;padding:1em}

@@ -50,6 +50,27 @@ def rl_postfix(metrics: dict, history: list[dict]) -> dict:
     return post
 
 
+# The row's columns that are its prompt, not data a reward function reads for its gold (envs/dataset.py: to_row)
+PROMPT_COLUMNS = ("messages", "prompt", "answer")
+
+
+def sample_extras(row: dict) -> dict:
+    """What a sample's line keeps beside its last prompt message: an environment episode's whole
+    first turn (``opening``: the messages its reset gave, system prompt included, and ``tools``:
+    the tools offered, as roles/rollout_env.py logs them in the row), and, for a row with no
+    ``answer`` (task.answer_column=''), its other short columns by name (``columns``), where the
+    gold a reward function reads sits under whatever name the data gives it."""
+    out: dict = {}
+    if "_opening" in row:
+        out["opening"] = {"messages": row["_opening"], **({"tools": row["_tools"]} if row.get("_tools") else {})}
+    if row.get("answer") is None:
+        columns = {k: v for k, v in row.items() if k not in PROMPT_COLUMNS and not k.startswith("_")
+                   and isinstance(v, (str, int, float, bool)) and len(str(v)) <= 500}
+        if columns:
+            out["columns"] = columns
+    return out
+
+
 class RunLog:
     def __init__(self, run_dir: Path, steps: int, start_step: int, progress: bool, sinks: Loggers | None = None,
                  ckpt: Path | None = None, *, desc: str = "train",
@@ -138,7 +159,7 @@ class RunLog:
                 for i, (row, completion) in enumerate(zip(batch.rows, batch.completions) if batch else ()):
                     info = batch.infos[i] if batch.infos else {}  # the verifier's own: verl's extras, a parsed answer
                     f.write(json.dumps({"prompt": row["messages"][-1]["content"], "completion": completion,
-                                        "reward": rewards[i], "answer": row.get("answer"),
+                                        "reward": rewards[i], "answer": row.get("answer"), **sample_extras(row),
                                         **({"info": info} if info else {})}, default=str) + "\n")
         except OSError as e:
             path.unlink(missing_ok=True)

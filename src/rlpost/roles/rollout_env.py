@@ -238,7 +238,8 @@ def template_ignores_tools(tok, n: int) -> str:
 
 def assemble(episodes: list[Episode], rows: list[dict], n: int, tok, version: int) -> Rollouts:
     """One Rollouts from episodes: prompts left-padded, trajectories right-padded; the turn marks.
-    A row without chat messages of its own carries its episode's opening messages."""
+    A row without chat messages of its own carries its episode's opening messages; every row carries
+    the opening and its tools as ``_opening`` and ``_tools``, which the samples files keep."""
     pad = tok.pad_token_id
     P, T = max(len(e.prompt) for e in episodes), max(1, max(len(e.ids) for e in episodes))
     ends = torch.zeros(len(episodes), T, dtype=torch.bool)
@@ -255,8 +256,9 @@ def assemble(episodes: list[Episode], rows: list[dict], n: int, tok, version: in
         sampler_logp=torch.tensor([e.logp + [0.0] * (T - len(e.ids)) for e in episodes]) * mask,
         truncated=torch.tensor([e.stopped != "done" for e in episodes]),
         group_ids=torch.arange(len(rows)).repeat_interleave(n),
-        rows=[e.row if "messages" in e.row else {**e.row, "messages": e.opening}
-              for e in episodes],  # the prompt, as logged
+        # the prompt, as logged; with the whole opening and its tools for the samples (observe/runlog.py: sample_extras)
+        rows=[{**e.row, **({} if "messages" in e.row else {"messages": e.opening}), "_opening": e.opening,
+               **({"_tools": e.tools} if e.tools else {})} for e in episodes],
         completions=[tok.decode(e.ids, skip_special_tokens=e.style == "inline") for e in episodes],
         policy_version=version,
         turn_end=ends, turn_reward=rewards, episodes=[e.record() for e in episodes],
