@@ -294,7 +294,11 @@ class RunConfig:
     eval_batch_size: int = knob(100, ge=1)
     """prompts per generate call during evaluation"""
     passk_eval: int = knob(32, ge=0)
-    """held-out problems for the pass@k curve (k = 1..64) at the start and end of the run; 0 = off (docs/options.md)"""
+    """held-out problems for the pass@k curve (k = 1..64) at the start and end of the run, fewer in a short run (unless
+    run.full_eval); 0 = off (docs/options.md)"""
+    full_eval: bool = False
+    """evaluate as run.passk_eval and run.eval_n ask however short the run; false = sized to the run's own sampling,
+    saying what was cut (docs/options.md)"""
     early_stop_patience: int = knob(0, ge=0)
     """stop after this many held-out evaluations in a row without a new best, RUN/model from the best step; 0 = off
     (docs/options.md)"""

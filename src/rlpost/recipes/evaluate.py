@@ -26,9 +26,11 @@ import errno
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from rlpost import build, config
 from rlpost.envs import build_task, is_correct
@@ -55,7 +57,7 @@ def heldout_scores(roles: Roles, rows: list[dict], cfg: config.Config, dump: Pat
     records, scored = [], {}
     bs = cfg.run.eval_batch_size
     grouped = len({source_of(r) for r in rows} - {None}) > 1  # one data_source is the whole: no group of its own
-    for i in range(0, len(rows), bs):
+    for i in progress(range(0, len(rows), bs), len(rows), bs, "held-out", cfg.run.progress):
         batch = roles.rollout.generate(rows[i : i + bs], n=1, temperature=0.0, top_p=1.0,
                                        max_new_tokens=cfg.rollout.max_new_tokens)
         rewards, infos, m = roles.grader.score(batch)
@@ -72,6 +74,45 @@ def heldout_scores(roles: Roles, rows: list[dict], cfg: config.Config, dump: Pat
             dump.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
     per_task = {f"{ACCURACY}/{t}": acc for t, (acc, _) in by_task(records).items()}
     return {ACCURACY: sum(r["correct"] for r in records) / max(1, len(records)), **per_task}
+
+
+def progress(starts, total: int, step: int, desc: str, shown: bool):
+    """The batch starts of an evaluation pass, with a bar of the ``total`` problems and an ETA on
+    stderr (run.progress), as training's bar is drawn (observe/runlog.py); it leaves no line behind,
+    so the training bar it may run under stays where it was."""
+    with tqdm(total=total, desc=desc, unit="problem", disable=not shown, file=sys.stderr, dynamic_ncols=True,
+              leave=False) as bar:
+        for start in starts:
+            yield start
+            bar.update(min(step, total - start))
+
+
+def eval_sizes(cfg: config.Config, n_heldout: int, env: bool) -> tuple[int, int, str | None]:
+    """(held-out problems, pass@k problems, the line that says what was sized down or None) of a
+    run, sized to it unless run.full_eval: the pass@k curve (PASSK_SAMPLES samples a problem, at
+    the start and again at the end) draws at most the completions the run samples to train on,
+    run.steps x rollout.prompts_per_step x rollout.group_size (fewer problems; off when that is
+    under PASSK_SAMPLES); an environment run holds out at most one episode per prompt it trains on, run.steps x
+    rollout.prompts_per_step (its episodes are many turns each). ``n_heldout``: the task's held-out
+    rows."""
+    run, rollout = cfg.run, cfg.rollout
+    heldout = min(run.eval_n or n_heldout, n_heldout)
+    passk = min(run.passk_eval, heldout)
+    if run.full_eval:
+        return heldout, passk, None
+    budget = run.steps * rollout.prompts_per_step * rollout.group_size
+    sized_heldout = min(heldout, run.steps * rollout.prompts_per_step) if env else heldout
+    sized_passk = min(passk, budget // PASSK_SAMPLES, sized_heldout)
+    said = []
+    if sized_passk < passk:
+        said.append(f"the pass@k curve {'off' if not sized_passk else f'on {sized_passk} problems'} "
+                    f"({passk} x {PASSK_SAMPLES} samples = {passk * PASSK_SAMPLES:,}, at the start and the end, "
+                    f"against the {budget:,} the run trains on)")
+    if sized_heldout < heldout:
+        said.append(f"{sized_heldout} held-out episodes of {heldout} (one per training prompt)")
+    line = (f"evaluation sized to this {run.steps}-step run: {'; '.join(said)}; run.full_eval=true evaluates in "
+            "full") if said else None
+    return sized_heldout, sized_passk, line
 
 
 @contextlib.contextmanager
@@ -171,7 +212,7 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
             return acc, len(rows), {**per_task, **found}
         rollout = cfg.rollout
         records = sample_records(roles, rows, samples, rollout.temperature, rollout.top_p, rollout.max_new_tokens,
-                                 cfg.run.eval_batch_size)
+                                 cfg.run.eval_batch_size, f"{samples} samples", cfg.run.progress)
         if dump is not None:
             write_records(records, dump)
         return acc, len(rows), {"samples": samples, "temperature": rollout.temperature, **summarise(records, list(ks)),
@@ -194,11 +235,12 @@ def model_accuracy(cfg: config.Config, model: str) -> float:
 
 
 def sample_records(roles, rows: list[dict], samples: int, temperature: float, top_p: float, max_new_tokens: int,
-                   batch_size: int) -> list[dict]:
-    """One record per (problem, sample): problem index, sample index, completion, answer, correct."""
+                   batch_size: int, desc: str = "sampled", shown: bool = False) -> list[dict]:
+    """One record per (problem, sample): problem index, sample index, completion, answer, correct;
+    ``shown``: with a progress bar named ``desc``."""
     records = []
     per_call = max(1, batch_size // samples)
-    for i in range(0, len(rows), per_call):
+    for i in progress(range(0, len(rows), per_call), len(rows), per_call, desc, shown):
         batch = roles.rollout.generate(rows[i : i + per_call], n=samples, temperature=temperature, top_p=top_p,
                                        max_new_tokens=max_new_tokens)
         rewards, infos, _ = roles.grader.score(batch)
@@ -251,7 +293,7 @@ def passk_curve(roles: Roles, rows: list[dict], cfg: config.Config, dump: Path |
         # the same draws before and after training: the loop's RNG has moved by then (the rollouts)
         torch.manual_seed(cfg.run.seed)
         records = sample_records(roles, rows, PASSK_SAMPLES, rollout.temperature, rollout.top_p, rollout.max_new_tokens,
-                                 max(cfg.run.eval_batch_size, 2 * PASSK_SAMPLES))
+                                 max(cfg.run.eval_batch_size, 2 * PASSK_SAMPLES), "pass@k", cfg.run.progress)
     if dump is not None:
         write_records(records, dump)
     right = [0] * len(rows)

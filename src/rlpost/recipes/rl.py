@@ -31,8 +31,8 @@ from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
 from rlpost.observe.runlog import RunLog, closing_table, timed
 from rlpost.recipes import idle
-from rlpost.recipes.evaluate import (PASSK_SAMPLES, by_task_summary, evaluate, heldout_scores, paired_delta,
-                                     passk_curve, saved_model_scores, threads)
+from rlpost.recipes.evaluate import (PASSK_SAMPLES, by_task_summary, eval_sizes, evaluate, heldout_scores,
+                                     paired_delta, passk_curve, saved_model_scores, threads)
 from rlpost.recipes.guard import RunGuard
 from rlpost.rewards import stack
 from rlpost.types.batch import Rollouts
@@ -62,7 +62,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     roles = make_roles(cfg, task, weights, stream=stream, run_dir=run_dir)
     log = None
     try:
-        heldout = task.heldout[: cfg.run.eval_n or None]
+        heldout, passk_n = held_out(cfg, task, state)
         torch.manual_seed(cfg.run.seed)  # after building: loading a model may draw from the RNG
         start = resume_state(roles, stream, trainer_state, state, on_resumed) if resume else 0
         # copied into the roles: a resumed run would carry a second set of weights to its end
@@ -72,7 +72,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         # one thread count for every held-out measurement, a resumed run's from its checkpoint (evaluate.threads)
         eval_threads = state.get("eval_threads") or torch.get_num_threads()
         # a resumed run's: from its checkpoint
-        before, before_k = baseline(roles, heldout, cfg, run_dir, task, state, eval_threads, make_roles)
+        before, before_k = baseline(roles, (heldout, passk_n), cfg, run_dir, task, state, eval_threads, make_roles)
         log.begin()
         _call(callbacks, "on_train_begin", cfg, run_dir)
         with RunGuard(cfg, state.get("early_stop")) as guard:
@@ -112,8 +112,8 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                                            **perf(batch, timings, cores), "training/epoch": stream.epoch}, batch)
                 every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
                 if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
-                    save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k, eval_threads), elapsed(),
-                                    guard, log.history)
+                    save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k, eval_threads, passk_n),
+                                    elapsed(), guard, log.history)
                 if on_step_end is not None:
                     on_step_end(step)
                 _call(callbacks, "on_step_end", step, metrics, roles)
@@ -124,8 +124,19 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         if log is not None:
             log.close()
     roles = batch = None  # their memory goes before the export loads a model and a checkpoint (finish)
-    measured = Measured(heldout, (before, before_k), last, eval_threads, make_roles)
+    measured = Measured(heldout, (before, before_k), last, eval_threads, make_roles, passk_n)
     return finish(run_dir, cfg, log, guard, measured, task, elapsed(), callbacks)
+
+
+def held_out(cfg: config.Config, task: Task, state: dict) -> tuple[list[dict], int]:
+    """(the held-out rows, the pass@k curve's problems) of a run, sized to it (evaluate.eval_sizes),
+    which a new run says in one line; a resumed run keeps its first curve's problems (``state``)."""
+    n_heldout, passk_n, sized = eval_sizes(cfg, len(task.heldout), build.is_env(cfg))
+    if "step" in state:
+        return task.heldout[:n_heldout], state.get("passk_problems", passk_n)
+    if sized:
+        say(sized)  # a trial run's evaluation, cut to its size: what was cut and how to have it all
+    return task.heldout[:n_heldout], passk_n
 
 
 def last_accuracy(roles: Roles, heldout: list[dict], cfg: config.Config, eval_threads: int) -> float | None:
@@ -141,13 +152,15 @@ def last_accuracy(roles: Roles, heldout: list[dict], cfg: config.Config, eval_th
 class Measured:
     """What finish needs of the held-out measurements: the rows, (accuracy, pass@k curve) before
     training, the last step's accuracy on the training sampler (early stopping only, else None), the
-    thread count every measurement runs on, and the run's builder of roles (train's make_roles)."""
+    thread count every measurement runs on, the run's builder of roles (train's make_roles), and the
+    pass@k curve's problems (evaluate.eval_sizes; 0 = off)."""
 
     heldout: list[dict]
     before: tuple[float, dict]
     last: float | None
     threads: int
     make_roles: Callable = build.build_roles
+    passk: int = 0
 
 
 def after_training(run_dir: Path, cfg: config.Config, model_dir: Path, task: Task,
@@ -164,7 +177,7 @@ def after_training(run_dir: Path, cfg: config.Config, model_dir: Path, task: Tas
     say(f"held-out accuracy after training, of {model_dir} ({len(measured.heldout)} problems, greedy) ...")
     with threads(measured.threads):
         after, after_k = saved_model_scores(cfg, model_dir, task, measured.heldout, samples / "eval_after.jsonl",
-                                            cfg.run.passk_eval, run_dir, measured.make_roles)
+                                            measured.passk, run_dir, measured.make_roles)
     records = [jsonl.read_lines(samples / f"eval_{when}.jsonl", {"correct": bool, "completion": str})
                for when in ("before", "after")]
     compared = {"weights_changed": not matches_start(cfg, model_dir), **paired_delta(*records)}
@@ -217,7 +230,8 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, meas
                                                    "model": str(model_dir), "peak_rss_gb": round(peak_rss_gb, 2),
                                                    **device.max_memory_allocated_gb(),
                                                    "skipped_rows": task.skipped_rows, **selected,
-                                                   **by_task_summary(run_dir / "samples"), **passk_summary(passk, cfg),
+                                                   **by_task_summary(run_dir / "samples"),
+                                                   **passk_summary(passk, cfg, measured.passk),
                                                    **idle_summary(log.history)})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
@@ -234,10 +248,12 @@ def curriculum(cfg: config.Config) -> tuple[int, float, float]:
     return rollout.curriculum_window, rollout.filter_min_pass_rate, rollout.filter_max_pass_rate
 
 
-def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Path, task: Task,
+def baseline(roles: Roles, rows: tuple[list[dict], int], cfg: config.Config, run_dir: Path, task: Task,
              state: dict, eval_threads: int, make_roles: Callable = build.build_roles) -> tuple[float, dict]:
     """Held-out accuracy before training, and the pass@k curve, on ``eval_threads`` threads; a
-    resumed run has both in its checkpoint's ``state``. ``make_roles``: the run's builder of roles."""
+    resumed run has both in its checkpoint's ``state``. ``rows``: the held-out rows and how many of
+    them the curve draws from (evaluate.eval_sizes). ``make_roles``: the run's builder of roles."""
+    heldout, passk_n = rows
     if state.get("heldout_before") is not None:
         return state["heldout_before"], state.get("passk_before", {})
     if task.skipped_rows:
@@ -246,22 +262,21 @@ def baseline(roles: Roles, heldout: list[dict], cfg: config.Config, run_dir: Pat
     dump = run_dir / "samples" / "eval_before.jsonl"
     with threads(eval_threads):
         if cfg.dist.topology == "colocated":  # the run's sampler, fresh: built as the one "after" is measured on
-            before, curve = evaluate(roles, heldout, cfg, dump), passk_curve(roles, heldout[: cfg.run.passk_eval], cfg)
+            before, curve = evaluate(roles, heldout, cfg, dump), passk_curve(roles, heldout[:passk_n], cfg)
         else:  # the run's sampler is another process's: a local one, as "after" will be
-            before, curve = saved_model_scores(cfg, cfg.model.name, task, heldout, dump, cfg.run.passk_eval, run_dir,
-                                               make_roles)
+            before, curve = saved_model_scores(cfg, cfg.model.name, task, heldout, dump, passk_n, run_dir, make_roles)
     say(f"held-out accuracy before training: {before:.3f}")
     if curve:
-        say(f"pass@k before training ({min(cfg.run.passk_eval, len(heldout))} problems x {PASSK_SAMPLES} samples): "
+        say(f"pass@k before training ({passk_n} problems x {PASSK_SAMPLES} samples): "
             + ", ".join(f"@{k} {v:.3f}" for k, v in curve.items()))
     return before, curve
 
 
-def passk_summary(passk: dict, cfg: config.Config) -> dict:
-    """summary.json's pass@k curves (run.passk_eval; {} when off)."""
+def passk_summary(passk: dict, cfg: config.Config, problems: int) -> dict:
+    """summary.json's pass@k curves, of ``problems`` held-out problems (evaluate.eval_sizes; {} when off)."""
     if not passk.get("passk_before") or not passk.get("passk_after"):
         return {}
-    return {**passk, "passk_problems": cfg.run.passk_eval, "passk_samples": PASSK_SAMPLES,
+    return {**passk, "passk_problems": problems, "passk_samples": PASSK_SAMPLES,
             "passk_temperature": cfg.rollout.temperature}
 
 
@@ -410,11 +425,12 @@ def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state
 
 def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, stream: PromptStream | MixedStream,
                     before: tuple, minutes: float, guard: RunGuard, metrics: list[dict]) -> None:
-    """``before``: (held-out accuracy, pass@k curve, the thread count held-out measurements run on)
-    before training, which a resumed run reports and keeps as its own."""
+    """``before``: (held-out accuracy, pass@k curve, the thread count held-out measurements run on,
+    the curve's problems) before training, which a resumed run reports and keeps as its own."""
     state = {"step": step, "stream": stream.state_dict(), "torch_rng": torch.get_rng_state(),
              "algo_name": cfg.algo.name, "heldout_before": before[0], "passk_before": before[1],
-             "eval_threads": before[2], "minutes": minutes, "early_stop": guard.early_stop_state(),
+             "eval_threads": before[2], "passk_problems": before[3], "minutes": minutes,
+             "early_stop": guard.early_stop_state(),
              **roles.algo.state_dict()}
     checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
                     cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None, metrics=metrics)
