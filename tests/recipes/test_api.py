@@ -12,6 +12,7 @@ from helpers import ROOT, TINY, run_cli
 
 import rlpost
 from rlpost.config import ConfigError
+from rlpost.types.errors import RunError
 
 
 def readme_demo() -> str:
@@ -218,3 +219,130 @@ def test_resume_keeps_the_callbacks_and_refuses_what_a_resume_cannot_change(tmp_
     with pytest.raises(ConfigError, match=refused):
         trainer("run.steps=3", "algo.name=rloo").train(resume=True)
     assert len((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+# TRL's GRPOConfig fields docs/coming-from.md maps, each set off TRL's default, and the rlpost overrides they are
+TRL_FIELDS = {"learning_rate": 3e-6, "num_generations": 2, "max_completion_length": 8, "num_iterations": 2,
+              "beta": 0.04, "epsilon": 0.1, "epsilon_high": 0.3, "temperature": 0.9, "top_p": 0.95,
+              "loss_type": "dr_grpo", "scale_rewards": "none", "mask_truncated_completions": True, "max_steps": 3,
+              "seed": 7, "save_steps": 2, "save_total_limit": 2, "warmup_steps": 1, "lr_scheduler_type": "cosine",
+              "max_grad_norm": 0.5, "weight_decay": 0.01, "gradient_checkpointing": False, "reward_weights": [1.0]}
+THE_SAME_IN_RLPOST = ["trainer.lr=3e-6", "rollout.group_size=2", "rollout.max_new_tokens=8", "trainer.epochs=2",
+                      "algo.kl_coef=0.04", "algo.clip_eps_low=0.1", "algo.clip_eps_high=0.3",
+                      "rollout.temperature=0.9", "rollout.top_p=0.95", "algo.loss_agg=const_norm",
+                      "algo.scale_by_std=false", "algo.overlong_filter=true", "run.steps=3", "run.seed=7",
+                      "run.checkpoint_every=2", "run.keep_checkpoints=2", "trainer.warmup_steps=1",
+                      "trainer.schedule=cosine", "trainer.max_grad_norm=0.5", "trainer.weight_decay=0.01",
+                      "model.gradient_checkpointing=false"]  # and reward_weights=[1.0]
+
+
+def test_trls_grpo_config_and_lora_config_give_the_config_of_the_rlpost_overrides(tmp_path):
+    # Trainer(args=GRPOConfig(...), peft_config=LoraConfig(...)) was a bare TypeError: each field the name
+    # table maps is taken as that table says (a GRPOConfig's unset fields, TRL's defaults, are not)
+    from peft import LoraConfig
+    from trl import GRPOConfig
+
+    from rlpost.config import to_dict
+
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)]
+
+    def make(**kw):
+        return to_dict(rlpost.Trainer(model="tiny", reward_funcs=["toy_verifiers:odd_length"], train_dataset=rows,
+                                      output_dir=tmp_path / "r", **kw).config)
+
+    lora = ["model.lora_r=4", "model.lora_alpha=8", "model.lora_dropout=0.1", "model.lora_targets=q_proj,v_proj"]
+    ours = make(overrides=[*THE_SAME_IN_RLPOST, *lora], reward_weights=[1.0])
+    peft = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["v_proj", "q_proj"], task_type="CAUSAL_LM")
+    assert make(args=GRPOConfig(use_cpu=True, **TRL_FIELDS), peft_config=peft) == ours
+    assert make(args=TRL_FIELDS, peft_config=peft) == ours  # a dict of the same fields
+    assert ours != make(), "the fields change the config"
+    # a GRPOConfig left at TRL's defaults changes nothing (TRL's lr 1e-6 is not taken for one the user set);
+    # a flag set False (bf16=False, as a machine without a bf16 GPU needs) leaves rlpost's default
+    assert make(args=GRPOConfig(use_cpu=True)) == make() == make(args=GRPOConfig(bf16=False))
+    # overrides= wins over args= for a key set in both
+    assert make(args={"learning_rate": 3e-6}, overrides={"trainer.lr": 5e-6})["trainer"]["lr"] == 5e-6
+
+
+def test_each_trl_shape_rlpost_does_not_take_is_one_line_naming_the_docs_page(tmp_path):
+    from peft import LoraConfig, PromptTuningConfig
+    from trl import GRPOConfig
+
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)]
+
+    def refused(*lines, train=None, **kw):
+        with pytest.raises(ConfigError) as e:
+            t = rlpost.Trainer(model="tiny", train_dataset=rows, output_dir=tmp_path / "r", **kw)
+            (train or (lambda t: t.train()))(t)
+        said = str(e.value).splitlines()
+        assert len(said) == len(lines) and all(re.search(want, got) for want, got in zip(lines, said)), said
+        assert all(re.search(r"docs/\w[\w-]*\.md\)?$", got) for got in said), said
+        assert not (tmp_path / "r").exists()
+
+    # every set field the table cannot map, at once: counted otherwise, not in the table, a value it has no word for
+    refused(r"^args.per_device_train_batch_size=16: counted otherwise .* set rollout.prompts_per_step in overrides=",
+            r"^args.logging_steps=5: not a TRL field docs/coming-from.md maps; rlpost's own keys go in overrides=",
+            r"^args.loss_type=sapo: no rlpost value for it \(TRL's grpo, bnpo, dapo, dr_grpo map to algo.loss_agg",
+            args=GRPOConfig(use_cpu=True, per_device_train_batch_size=16, logging_steps=5, loss_type="sapo"))
+    refused(r"^args: expected a TRL config \(GRPOConfig\) or a dict of its fields, got str", args="grpo.yaml")
+    refused(r"^peft_config.task_type=SEQ_CLS: rlpost trains a causal LM's adapters \(task_type CAUSAL_LM or None",
+            r"^peft_config.use_rslora=true: not a LoRA setting rlpost takes",
+            peft_config=LoraConfig(task_type="SEQ_CLS", use_rslora=True))
+    refused(r"^peft_config: a PromptTuningConfig \(PROMPT_TUNING\); rlpost trains LoRA adapters",
+            peft_config=PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    refused(r"^rlpost.Trainer: optimizers= is not taken here; rlpost builds the optimizer",
+            r"^rlpost.Trainer: tools= is not taken here; tools reach the model through an environment",
+            optimizers=(None, None), tools=[len])
+    refused(r"^Trainer.train: trial= is not taken here", train=lambda t: t.train(trial=None))
+    refused(r"^resume_from_checkpoint: .*elsewhere is not this Trainer's output_dir .*; rlpost resumes the run in "
+            r"output_dir: pass output_dir='.*elsewhere' and resume_from_checkpoint=True",
+            train=lambda t: t.train(resume_from_checkpoint=str(tmp_path / "elsewhere")))
+    refused(r"^save_model: no model in .*r yet: train\(\) writes RUN/model at its end", train=lambda t: t.save_model())
+    # TRL's processing_class: a tokenizer that is not the model's own (here: tiny's, with a template of its own)
+    from rlpost.model.load import load_tokenizer
+
+    other = load_tokenizer("tiny")
+    other.chat_template = "{{ messages[0]['content'] }}"
+    refused(r"^processing_class: not tiny's own tokenizer \(its chat template differs\); rlpost tokenizes with the "
+            "model folder's tokenizer", processing_class=other)
+
+
+def test_trls_train_and_save_model_shapes_run_resume_and_copy_the_model(tmp_path):
+    from trl import GRPOConfig
+
+    from rlpost.model.load import load_tokenizer
+
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(30)]
+    tiny = [o for o in TINY if not o.startswith("run.steps=")]
+
+    def trainer(steps):
+        return rlpost.Trainer(model="tiny", reward_funcs=["toy_verifiers:odd_length"], train_dataset=rows,
+                              args=GRPOConfig(use_cpu=True, max_steps=steps), processing_class=load_tokenizer("tiny"),
+                              overrides=[*tiny, "task.max_contamination=1"], output_dir=tmp_path / "r")
+
+    assert trainer(1).train()["steps"] == 1
+    (newest,) = (tmp_path / "r" / "checkpoints").glob("step_*")
+    assert trainer(2).train(resume_from_checkpoint=str(newest))["steps"] == 2  # TRL's checkpoint path: the newest
+    t = trainer(3)
+    assert t.train(resume_from_checkpoint=True)["steps"] == 3
+    assert t.save_model() == tmp_path / "r" / "model"
+    out = t.save_model(tmp_path / "saved")
+    assert out == tmp_path / "saved" and (out / "config.json").read_bytes() == (
+        tmp_path / "r" / "model" / "config.json").read_bytes()
+    with pytest.raises(ConfigError, match=r"^save_model: .*r/out is inside the run folder"):
+        t.save_model(tmp_path / "r" / "out")
+
+
+def test_a_start_failing_at_its_first_rollout_leaves_only_its_log_and_a_rerun_starts_clean(tmp_path):
+    # it left config.yaml, data/, samples/ and the pickled functions; a rerun wrote its own beside them (its
+    # config naming pickles it then removed, the first start's still there) and appended to the first one's log
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(30)]
+
+    def bad(completion, row):
+        raise ValueError("boom")
+
+    for attempt in (1, 2):
+        with pytest.raises(RunError, match="reward function bad failed on 16 of 16 completions"):
+            rlpost.Trainer(model="tiny", reward_funcs=[bad], train_dataset=rows,
+                           overrides=[*TINY, "task.max_contamination=1"], output_dir=tmp_path / "r").train()
+        assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".rlpost", "verifier.log"], attempt
+        assert (tmp_path / "r" / "verifier.log").read_text().count("ValueError: boom") == 16, attempt

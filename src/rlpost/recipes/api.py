@@ -29,6 +29,10 @@ What it does is what the command line does, so the folder it writes works with e
   types/roles.py: Environment) trains multi-turn episodes instead (``task.name=env``): it is
   registered as the functions are and runs in environment worker processes; the rows, when given,
   go to its ``reset`` as they are, else it gives its own (its ``rows(split, n, seed)``).
+* TRL's shape (recipes/trl_shape.py): ``args=GRPOConfig(...)`` or a dict of its fields (through the
+  name table of docs/coming-from.md, under ``overrides``), ``peft_config=LoraConfig(...)``
+  (model.lora_*), ``processing_class=`` (the model's own tokenizer), ``train(resume_from_checkpoint=)``
+  and ``save_model(dir)`` (a copy of RUN/model). What rlpost does not take is one line with its way.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 import io
 import json
 import marshal
+import shutil
 import sys
 import time
 import types
@@ -46,17 +51,21 @@ from typing import Any, Callable, Iterable
 
 import cloudpickle
 
-from rlpost import build
-from rlpost.config import Config, ConfigError, load, to_dict, with_overrides
+from rlpost import build, config_check
+from rlpost.config import Config, ConfigError, to_dict
 from rlpost.console import say
 from rlpost.envs.data import check_rows
 from rlpost.envs.dataset import VERL_ANSWER, column, to_row
-from rlpost.model import fit
+from rlpost.model import checkpoint, fit
+from rlpost.model.export import publish
+from rlpost.model.load import load_tokenizer
 from rlpost.observe import runfolder
+from rlpost.recipes import trl_shape
 from rlpost.recipes.resume import resume_run
 from rlpost.recipes.rl import train as train_loop
 from rlpost.runconfig import load_run
-from rlpost.types.errors import writing
+from rlpost.types import folders
+from rlpost.types.errors import ConfigProblems, writing
 from rlpost.types.folders import run_path
 
 FuncSpec = str | Callable
@@ -68,15 +77,24 @@ class Trainer:
     Nothing is written until ``train()``: the constructor checks the config and the rows; ``train()``
     claims ``output_dir`` as the CLI claims a run folder (new, empty, or a start of its own that got
     nowhere; observe/runfolder.py), checks what the model can take, then writes the rows, the pickled
-    functions and config.yaml there. A start that fails leaves nothing it wrote behind."""
+    functions and config.yaml there. A start that fails leaves nothing it wrote behind but the log
+    (RUN/verifier.log, RUN/env.log) holding the traceback its error names; the next start there
+    clears that."""
 
     def __init__(self, model: str | None = None, reward_funcs: FuncSpec | list[FuncSpec] = (),
                  train_dataset: Iterable[dict] | None = None, eval_dataset: Iterable[dict] | None = None, *,
                  verifier: FuncSpec | None = None, reward_weights: list[float] | None = None,
                  environment: str | type | None = None,
                  config: Any = None, overrides: list[str] | dict = (), output_dir: str | Path | None = None,
-                 callbacks: list | tuple = ()):
-        items = _as_overrides(overrides)
+                 callbacks: list | tuple = (), args: Any = None, peft_config: Any = None, processing_class: Any = None,
+                 **trl_only):
+        not_taken(trl_only, "rlpost.Trainer")
+        # TRL's args and peft_config under the overrides: an rlpost key set in both is the override's. Their
+        # reward_weights goes with the task's keys, as reward_weights= does (they count its reward functions)
+        trl = [*trl_shape.args_overrides(args), *trl_shape.peft_overrides(peft_config)]
+        weights = [o for o in trl if o.startswith("task.reward_weights=")]
+        items = [*(o for o in trl if o not in weights), *_as_overrides(overrides)]
+        self.processing_class = processing_class
         if model is not None:
             if not isinstance(model, (str, Path)):
                 raise ConfigError("model: expected a name or a folder ('embedded', a transformers folder, a hub id, "
@@ -116,6 +134,8 @@ class Trainer:
             task.append(f"task.reward_funcs={','.join(paths)}")
         if reward_weights is not None:
             task.append(f"task.reward_weights={','.join(str(float(w)) for w in reward_weights)}")
+        else:
+            task += weights
         where = [f"run.out_dir={self.run_dir.parent}", f"run.name={self.run_dir.name}"]
         # Loaded again from the same source with the task's keys, not on top of cfg: the defaults that
         # follow the data (rollout.max_new_tokens for rows of your own) are filled in at load. Its
@@ -132,13 +152,18 @@ class Trainer:
             out.append(f"task.eval_data={data / 'eval.jsonl'}")
         return out
 
-    def train(self, resume: bool = False) -> dict:
+    def train(self, resume: bool = False, resume_from_checkpoint: bool | str | Path | None = None, **trl_only) -> dict:
         """Train; returns the summary (also RUN/summary.json). resume=True continues the run in
         output_dir from its last checkpoint, like ``rlpost train --resume RUN``: with the config,
         rows and reward functions saved there, and this Trainer's values of what a resume may
         change (run.steps, trainer.lr, ...: config.RESUMABLE) and its callbacks. A value of this
         Trainer that a resume may not change (a key outside RESUMABLE, another reward function) is
-        refused in one line, as ``rlpost train --resume`` refuses it, rather than left out."""
+        refused in one line, as ``rlpost train --resume`` refuses it, rather than left out.
+        TRL's resume_from_checkpoint: True, output_dir or its newest checkpoint is resume=True."""
+        not_taken(trl_only, "Trainer.train")
+        if resume_from_checkpoint not in (None, False):
+            newest = checkpoint.candidates(self.run_dir, quiet=True)[:1]
+            resume = trl_shape.resume_target(resume_from_checkpoint, self.run_dir, newest[0] if newest else None)
         if resume:
             return resume_run(self.run_dir, self._resume_overrides(), callbacks=self.callbacks)
         hint = "pass resume=True to continue it, or another output_dir"
@@ -160,11 +185,31 @@ class Trainer:
     def _preflight(self) -> None:
         """The model's limits, on the rows in memory: before output_dir is claimed."""
         cfg = self.config
+        if self.processing_class is not None:
+            trl_shape.check_processing_class(self.processing_class, load_tokenizer(cfg.model.name), cfg.model.name)
         if cfg.model.lora_r > 0:
             fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
         if self.rows is not None and cfg.task.name != "env":
             fit.check_prompts(cfg.model.name, self.prompts, cfg.rollout.max_new_tokens, "rollout.max_new_tokens",
                               "train_dataset")
+
+    def save_model(self, output_dir: str | Path | None = None) -> Path:
+        """TRL's save_model: RUN/model (what train() ends with), or a copy of it in ``output_dir``, a new
+        or empty folder outside the run (an rlpost export folder, as ``rlpost export`` writes). For
+        another step, adapters alone or another dtype: ``rlpost.export_run`` (docs/python.md)."""
+        model = self.run_dir / "model"
+        if not (model / "config.json").is_file():
+            raise ConfigError(f"save_model: no model in {self.run_dir} yet: train() writes RUN/model at its end "
+                              "(docs/python.md)")
+        if output_dir is None:
+            return model
+        out = Path(output_dir).resolve()
+        if folders.inside(out, self.run_dir) or folders.inside(self.run_dir, out):
+            raise ConfigError(f"save_model: {out} is {'inside' if folders.inside(out, self.run_dir) else 'around'} the "
+                              f"run folder ({self.run_dir}), which already holds the model in model/: pick a folder "
+                              "outside it")
+        folders.check_folder(out, "export", "save_model")
+        return publish(out, lambda tmp: shutil.copytree(model, tmp))
 
     def _resume_overrides(self) -> list[str]:
         """Every value of this Trainer that differs from the run's, as overrides (config.resume_changes
@@ -187,6 +232,28 @@ WHERE_THE_RUN_IS = ("run.out_dir", "run.name", "task.data", "task.eval_data")
 FUNCTION_KEYS = ("task.reward_funcs", "task.verifier", "task.env")
 
 
+# TRL's GRPOTrainer arguments that rlpost.Trainer does not take, each with the rlpost way
+TRL_ONLY = {
+    "reward_processing_classes": "a reward model is scored with its own folder's tokenizer: "
+                                 "overrides={'task.reward_model': folder} (docs/python.md)",
+    "optimizers": "rlpost builds the optimizer and its schedule: trainer.lr, trainer.weight_decay, trainer.schedule "
+                  "in overrides= (docs/options.md)",
+    "quantization_config": "rlpost loads the model in rollout.dtype and trains float32 weights or LoRA adapters: "
+                           "peft_config= or model.lora_r (docs/options.md)",
+    "tools": "tools reach the model through an environment: environment= (docs/environments.md)",
+    "rollout_func": "a multi-turn rollout is an environment: environment= (docs/environments.md)",
+    "environment_factory": "environment= takes the class itself, with reset(row) and step(message) "
+                           "(docs/environments.md)",
+}
+
+
+def not_taken(given: dict, where: str) -> None:
+    """One line per keyword argument ``where`` does not take (TRL's, or a misspelling), never a TypeError."""
+    if given:
+        raise ConfigProblems([f"{where}: {name}= is not taken here; " + TRL_ONLY.get(
+            name, "its arguments and TRL's names it takes are in docs/python.md") for name in given])
+
+
 def _registered(paths) -> str:
     """A function-key value with each registered module's name dropped: 'rlpost_funcs_<id>:f' -> ':f'."""
     return ",".join(":" + p.rpartition(":")[2] if p.startswith(Registry.PREFIX) else p
@@ -200,13 +267,14 @@ def _task_rows(rows: list[dict], tcfg, source: str) -> list[dict]:
 
 
 def _load(base: Any, items: list[str]) -> Config:
-    """The defaults, or a recipe path / Config / mapping, with dotted overrides on top."""
+    """The defaults, or a recipe path / Config / mapping, with dotted overrides on top; every
+    mistake at once, one line each (config_check.py); what this machine accepts is build.check's."""
     if base is None or isinstance(base, (str, Path)):
-        return load(base, items)
+        return config_check.load(base, items, on_this_machine=False)
     if isinstance(base, Config):
-        return with_overrides(base, items)
+        return config_check.load(None, items, tree=to_dict(base), on_this_machine=False)
     if isinstance(base, dict):
-        return load(None, [*_as_overrides(base), *items])
+        return config_check.load(None, [*_as_overrides(base), *items], on_this_machine=False)
     raise ConfigError(f"config: expected a recipe path, an rlpost Config or a dict, got {type(base).__name__}")
 
 
@@ -236,6 +304,8 @@ def _rows(dataset: Iterable[dict]) -> list[dict]:
             f" of splits ({', '.join(map(str, splits))}); pass one split, e.g. train_dataset=ds[{splits[0]!r}]"
             + (f", eval_dataset=ds[{splits[1]!r}]" if len(splits) > 1 else "") if splits else
             "; pass rows (a list of dicts or a datasets.Dataset), or a file as overrides={'task.data': path}"))
+    if hasattr(dataset, "learning_rate") and not hasattr(dataset, "__iter__"):  # TRL's third argument is args
+        raise ConfigError(f"dataset: a {type(dataset).__name__}; a TRL config goes in args=")
     rows = []
     for r in dataset:
         r = dict(r)
@@ -263,7 +333,7 @@ class Registry:
     into RUN/<module>.pkl, exposed by a generated RUN/<module>.py. The module name is unique per run,
     so two runs in one process (or on one PYTHONPATH) never see each other's functions."""
 
-    PREFIX = "rlpost_funcs_"
+    PREFIX = runfolder.FUNCS_PREFIX  # a new start in a failed one's folder removes the old ones (runfolder.leftover)
 
     def __init__(self, run_dir: Path):
         self.run_dir, self.funcs = run_dir, {}
