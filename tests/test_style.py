@@ -34,6 +34,8 @@ LAYERS = [
 LAZY_OK = {
     "rlpost.cli": "commands load their recipe after the config is checked (errors before torch loads)",
     "rlpost.build": "distributed/ needs the optional ray extra",
+    "rlpost.recipes.api": "rlpost.Trainer checks the whole config before torch loads: the modules that import torch "
+                          "load once it passed",
     "rlpost": "the package exports its API lazily (PEP 562): `import rlpost` loads no torch, so config errors come "
               "first",
 }

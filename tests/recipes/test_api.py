@@ -28,6 +28,30 @@ def test_import_rlpost_loads_no_torch_and_exports_the_api():
     assert {"Trainer", "train", "Task", "load_config", "export_run"} <= set(dir(rlpost))
 
 
+def test_trainer_names_every_config_mistake_before_torch_loads(tmp_path):
+    # a misspelt key and a wrong type, one line each, with torch not yet imported (it takes seconds; the
+    # check a fraction of one)
+    code = ("import sys, rlpost\n"
+            "try:\n"
+            "    rlpost.Trainer(model='embedded', reward_funcs='no_such_file.py:f',\n"
+            "                   overrides={'trainer.lrr': 1, 'rollout.group_size': 'a'})\n"
+            "except ValueError as e:\n"
+            "    print(e)\n"
+            "print('torch loaded:', 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PYTHONPATH": ":".join(sys.path), "PATH": "/usr/bin:/bin"})
+    lines = r.stdout.strip().splitlines()
+    assert lines[-1] == "torch loaded: False", r.stdout + r.stderr[-2000:]
+    assert [line.split(":")[0] for line in lines[:-1]] == ["trainer.lrr", "rollout.group_size"], lines
+    # the file is named once the keys are right (the functions' paths are checked with the task's keys)
+    code = code.replace("overrides={'trainer.lrr': 1, 'rollout.group_size': 'a'}", "overrides={}")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PYTHONPATH": ":".join(sys.path), "PATH": "/usr/bin:/bin"})
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("task.reward_funcs: no file no_such_file.py"), r.stdout + r.stderr
+    assert lines[1] == "torch loaded: False"
+
+
 def test_the_readme_demo_runs_through_the_api_in_10_lines(tmp_path, monkeypatch):
     snippet = readme_demo()
     assert len([line for line in snippet.splitlines() if line.strip()]) <= 10

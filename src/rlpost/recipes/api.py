@@ -51,18 +51,13 @@ from typing import Any, Callable, Iterable
 
 import cloudpickle
 
-from rlpost import build, config_check
+from rlpost import config_check
 from rlpost.config import Config, ConfigError, to_dict
 from rlpost.console import say
 from rlpost.envs.data import check_rows
 from rlpost.envs.dataset import VERL_ANSWER, column, to_row
-from rlpost.model import checkpoint, fit
-from rlpost.model.export import publish
-from rlpost.model.load import load_tokenizer
 from rlpost.observe import runfolder
 from rlpost.recipes import trl_shape
-from rlpost.recipes.resume import resume_run
-from rlpost.recipes.rl import train as train_loop
 from rlpost.runconfig import load_run
 from rlpost.types import folders
 from rlpost.types.errors import ConfigProblems, writing
@@ -100,7 +95,7 @@ class Trainer:
                 raise ConfigError("model: expected a name or a folder ('embedded', a transformers folder, a hub id, "
                                   "a run folder); save a model object with save_pretrained first")
             items.append(f"model.name={model}")
-        cfg = build.check(_load(config, items))  # a mistake in the config stops here, before any folder exists
+        cfg = _load(config, items)  # every mistake in the config at once, before torch loads (build.check: below)
         self.rows = _rows(train_dataset) if train_dataset is not None else None
         self.eval_rows = _rows(eval_dataset) if eval_dataset is not None else None
         family = "env" if environment is not None else "dataset" if self.rows is not None else cfg.task.name
@@ -141,6 +136,8 @@ class Trainer:
         # follow the data (rollout.max_new_tokens for rows of your own) are filled in at load. Its
         # task.data names files train() writes: build.check (which reads them) runs there.
         self.config = _load(config, [*items, *task, *where])
+        from rlpost import build  # torch, from here on
+        build.check(cfg)  # what the algorithm and this machine accept, before any folder exists
         if self.rows is not None and environment is None:
             self.prompts = _task_rows(self.rows, self.config.task, "train_dataset")
             self.prompts += _task_rows(self.eval_rows or [], self.config.task, "eval_dataset")
@@ -161,6 +158,10 @@ class Trainer:
         refused in one line, as ``rlpost train --resume`` refuses it, rather than left out.
         TRL's resume_from_checkpoint: True, output_dir or its newest checkpoint is resume=True."""
         not_taken(trl_only, "Trainer.train")
+        from rlpost import build
+        from rlpost.model import checkpoint
+        from rlpost.recipes.resume import resume_run
+        from rlpost.recipes.rl import train as train_loop
         if resume_from_checkpoint not in (None, False):
             newest = checkpoint.candidates(self.run_dir, quiet=True)[:1]
             resume = trl_shape.resume_target(resume_from_checkpoint, self.run_dir, newest[0] if newest else None)
@@ -184,6 +185,8 @@ class Trainer:
 
     def _preflight(self) -> None:
         """The model's limits, on the rows in memory: before output_dir is claimed."""
+        from rlpost.model import fit
+        from rlpost.model.load import load_tokenizer
         cfg = self.config
         if self.processing_class is not None:
             trl_shape.check_processing_class(self.processing_class, load_tokenizer(cfg.model.name), cfg.model.name)
@@ -209,6 +212,7 @@ class Trainer:
                               f"run folder ({self.run_dir}), which already holds the model in model/: pick a folder "
                               "outside it")
         folders.check_folder(out, "export", "save_model")
+        from rlpost.model.export import publish
         return publish(out, lambda tmp: shutil.copytree(model, tmp))
 
     def _resume_overrides(self) -> list[str]:
