@@ -176,3 +176,36 @@ def test_grading_errors_rising_mid_run_are_said_in_one_line():
     for i in range(len(h)):
         m = health.metrics(h[: i + 1])
     assert m["health/grading_errors"] == 1.0 and len(warnings) == 1 and "not wrong answers" in warnings[0]
+
+
+def test_a_critic_is_not_told_about_group_baselines():
+    # PPO (one completion a prompt: every "group" has one reward) learns from its critic: the band check is
+    # for group baselines, and a stalled PPO run is not told to filter groups
+    h = healthy()
+    for r in h:
+        r.update({"reward/zero_std_frac": 1.0, "algo/group_baseline": 0.0})
+    assert dg.diagnose(h) == []
+    for r in h:
+        r["actor/grad_norm"] = 0.0
+    (stuck,) = dg.diagnose(h)
+    assert stuck.name == "no_update" and "filter_groups" not in stuck.knob and "group" not in stuck.knob
+    for r in h:  # the same history from a group method says both, with the group knobs
+        r["algo/group_baseline"] = 1.0
+    found = {f.name: f for f in dg.diagnose(h)}
+    assert set(found) == {"outside_learnable_band", "no_update"}
+    assert "rollout.filter_groups=true" in found["no_update"].knob
+
+
+def test_an_environment_run_gets_the_environments_advice_not_the_datasets():
+    h = [{"step": s, "reward/mean": 0.0, "reward/min": 0.0, "reward/max": 0.0, "reward/zero_std_frac": 1.0,
+          "actor/grad_norm": 0.0, "env/episodes": 8} for s in (1, 2)]
+    found = {f.name: f for f in dg.diagnose(h)}
+    assert set(found) == {"constant_reward", "no_update"}
+    assert "every episode of steps 1-2 got reward 0" in found["constant_reward"].what
+    for f in found.values():
+        assert "task.verifier" not in f.knob and "answer_column" not in f.knob and "a task this model" not in f.knob
+        assert "environment" in f.knob
+    assert "task.max_turns" in found["constant_reward"].knob
+    for r in h:  # the same steps from a dataset run: its verifier's advice
+        del r["env/episodes"]
+    assert "task.answer_column" in dg.constant_reward(h).knob

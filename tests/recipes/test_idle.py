@@ -86,3 +86,14 @@ def test_cause_reads_each_signal_and_a_gradient_anywhere_means_trained():
     assert (idle.cause({"actor/optimizer_steps": 1, "actor/grad_norm": 0.0, **failed, "verifier/f/timeouts": 2})
             == "no_signal")
     assert idle.cause({"rollout/groups_trained": 2, "actor/optimizer_steps": 1, "actor/grad_norm": 0.5}) is None
+
+
+def test_the_zero_gradient_advice_follows_the_algorithm_and_the_task():
+    grpo = config.load(None, ["rollout.group_size=4"])
+    assert "raise rollout.group_size (now 4)" in idle.explain("no_signal", 2, grpo)
+    ppo = config.load(None, ["algo.name=ppo", "rollout.group_size=1"])  # a critic, no group: no group knob
+    text = idle.explain("no_signal", 2, ppo)
+    assert "group_size" not in text and "group's rewards" not in text and "rollout.temperature" in text
+    env = config.load(None, ["task.name=env", "task.env=textarena:TicTacToe-v0"])
+    assert "an environment this model wins sometimes" in idle.explain("no_signal", 1, env)
+    assert "rlpost eval" not in idle.explain("no_signal", 1, env)

@@ -146,6 +146,19 @@ def proxy_overfit(history: list[dict]) -> Finding | None:
     return None
 
 
+def environment_run(history: list[dict]) -> bool:
+    """Whether the rewards came from an environment's episodes (rewards/episodes.py logs env/episodes):
+    its advice names the environment's knobs, not a dataset's verifier and answer column."""
+    return any("env/episodes" in h for h in history)
+
+
+def group_baseline(history: list[dict]) -> bool:
+    """Whether the algorithm's advantage comes from its group (GRPO's family; recipes/rl.py logs
+    algo/group_baseline each step): a critic (PPO) or a running baseline learns from a group of equal
+    rewards. A run logged before the key existed is taken as a group method, as most runs are."""
+    return all(h.get("algo/group_baseline", 1.0) != 0 for h in history)
+
+
 def constant_reward(history: list[dict]) -> Finding | None:
     """Every completion of every step so far got the same reward (all 0, typically): nothing to
     learn from, and usually a verifier that never reads the model's answer. Seen from step 1; a
@@ -155,6 +168,12 @@ def constant_reward(history: list[dict]) -> Finding | None:
     if not pts or any(lo != hi for _, lo, hi in pts) or len({lo for _, lo, _ in pts}) > 1:
         return None
     steps = f"step {pts[0][0]}" if len(pts) == 1 else f"steps {pts[0][0]}-{pts[-1][0]}"
+    if environment_run(history):
+        return Finding("constant_reward", pts[0][0],
+                       f"every episode of {steps} got reward {pts[0][1]:g}: no signal at all",
+                       "a look at RUN_DIR/samples/step_*.jsonl (does the model answer in the form the environment's "
+                       "step() reads? do its tools reach the model?), a higher task.max_turns or "
+                       "task.max_episode_tokens if episodes are cut off, or an environment this model wins sometimes")
     return Finding("constant_reward", pts[0][0],
                    f"every completion of {steps} got reward {pts[0][1]:g}: no signal at all",
                    "a look at RUN_DIR/samples/step_*.jsonl (does the verifier find the answer in the model's format? "
@@ -167,13 +186,15 @@ def outside_learnable_band(history: list[dict]) -> Finding | None:
     family) learns nothing from them. reward/zero_std_frac counts it for any reward (a reward
     model's too: its scores are never exactly 1); runs logged before it have the pass-rate share."""
     key = "reward/zero_std_frac" if any("reward/zero_std_frac" in h for h in history) else "reward/outside_band_frac"
-    pts = _series(history, key)
+    pts = _series(history, key) if group_baseline(history) else []  # a critic learns from equal rewards
     for i, (step, v) in enumerate(pts):
         recent = [x for _, x in pts[max(0, i + 1 - EARLY):i + 1]]  # this step and up to EARLY - 1 before
         if sum(recent) / len(recent) > OUTSIDE_BAND and constant_reward(history) is None:
             return Finding("outside_learnable_band", step, f"{v:.0%} of groups gave every completion the same "
                            "reward: a group baseline gets no signal from them",
-                           "algo.name=dapo or rollout.filter_groups=true; an easier or harder task mix")
+                           "algo.name=dapo or rollout.filter_groups=true; "
+                           + ("an environment the model wins sometimes, not always" if environment_run(history)
+                              else "an easier or harder task mix"))
     return None
 
 
@@ -184,9 +205,12 @@ def no_update(history: list[dict]) -> Finding | None:
     if not history or not all(idle):
         return None
     steps = "step 1" if len(history) == 1 else f"any of the {len(history)} steps"
+    task = ("an environment this model wins sometimes" if environment_run(history)
+            else "a task this model solves sometimes")
     return Finding("no_update", history[0]["step"], f"the policy did not change in {steps}: gradient norm 0 (every "
-                   "advantage 0) or no update (every group filtered out)", "rollout.filter_groups=true (train only "
-                   "on groups with signal), a task this model solves sometimes, or the findings above")
+                   "advantage 0) or no update (every group filtered out)",
+                   (f"rollout.filter_groups=true (train only on groups with signal), {task}" if group_baseline(history)
+                    else f"{task}, a higher trainer.lr") + ", or the findings above")
 
 
 def reward_errors(history: list[dict]) -> Finding | None:

@@ -17,7 +17,7 @@ is one of these.
 
 from __future__ import annotations
 
-from rlpost import config
+from rlpost import algorithms, config
 
 
 def cause(metrics: dict) -> str | None:
@@ -58,11 +58,23 @@ def explain(why: str, n: int, cfg: config.Config) -> str:
                      f"(trainer.max_nonfinite_steps={cfg.trainer.max_nonfinite_steps} in a row stop a run)",
         "reward_failed": "scored every completion 0 because every reward call failed, which task.max_reward_error_frac="
                          f"{cfg.task.max_reward_error_frac:g} let through; fix the function (RUN/verifier.log)",
-        "no_signal": "had every group's rewards equal (every advantage 0); pick a task this model solves sometimes "
-                     f"(rlpost eval --samples 8), or raise rollout.group_size (now {rollout.group_size}) or "
-                     f"rollout.temperature (now {rollout.temperature:g})",
+        "no_signal": no_signal(cfg),
     }[why]
     return f"{n} step{'s' if n != 1 else ''} {text}"
+
+
+def no_signal(cfg: config.Config) -> str:
+    """A zero gradient's advice: a group of one reward is no signal for a group baseline, whose knob is the
+    group's size; a critic or running baseline (PPO, REINFORCE) gets none from rewards all equal to what it
+    expected. An environment is played, not solved."""
+    rollout = cfg.rollout
+    task = ("pick an environment this model wins sometimes" if cfg.task.name == "env"
+            else "pick a task this model solves sometimes (rlpost eval --samples 8)")
+    if algorithms.traits(cfg.algo.name).group_baseline:
+        return (f"had every group's rewards equal (every advantage 0); {task}, or raise rollout.group_size (now "
+                f"{rollout.group_size}) or rollout.temperature (now {rollout.temperature:g})")
+    return (f"had every advantage 0 (the rewards equal to the baseline's value); {task}, or raise rollout.temperature "
+            f"(now {rollout.temperature:g})")
 
 
 def closing_line(history: list[dict], cfg: config.Config) -> str | None:

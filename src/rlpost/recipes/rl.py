@@ -296,7 +296,9 @@ def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config
     groups it has (an empty batch skips the update)."""
     rollout, K = cfg.rollout, cfg.rollout.group_size
     filtering = rollout.filter_groups or roles.algo.traits.filters_groups
-    kept, n_kept, rounds, metrics, first = [], 0, 0, {}, None
+    # whether a group of equal rewards gives this algorithm nothing: the health checks' advice follows it
+    metrics = {"algo/group_baseline": float(roles.algo.traits.group_baseline)}
+    kept, n_kept, rounds, first = [], 0, 0, None
     while True:
         with timed("gen", timings):
             if cores is not None:
