@@ -60,14 +60,19 @@ GGUF_PARTS = (GPU_DIR / "gguf.part1", GPU_DIR / "gguf.part2")
 TOKENIZER = GPU_DIR / "tokenizer"  # SmolLM2's tokenizer as a transformers folder (--split-gguf writes it): the
 # random-init shapes need only it, so a device call that carries one half of the GGUF can run their rows
 TEMPERATURE, LR = 0.7, 1e-5
-SHAPES = {  # public configs (Qwen2.5-0.5B / 1.5B config.json), the vocabulary aside; 'tiny' for --dry-run
-    "0.5b": dict(num_hidden_layers=24, hidden_size=896, intermediate_size=4864, num_attention_heads=14,
-                 num_key_value_heads=2),
-    "1.5b": dict(num_hidden_layers=28, hidden_size=1536, intermediate_size=8960, num_attention_heads=12,
-                 num_key_value_heads=2),
-    "tiny": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2),
-}
+if str(HERE.parent / "src") not in sys.path:  # the public shapes are the planner's table, rlpost installed or not
+    sys.path.insert(0, str(HERE.parent / "src"))
+from rlpost.observe.workload import HUB_SHAPES, TINY  # noqa: E402
+
+
+def hf_shape(shape) -> dict:
+    """A planner Shape as Qwen2Config's keyword arguments, the vocabulary aside (the rows use SmolLM2's)."""
+    return dict(num_hidden_layers=shape.layers, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads)
+
+
+SHAPES = {"0.5b": hf_shape(HUB_SHAPES["Qwen/Qwen2.5-0.5B"]), "1.5b": hf_shape(HUB_SHAPES["Qwen/Qwen2.5-1.5B"]),
+          "tiny": hf_shape(TINY)}  # public configs (observe/workload.py: HUB_SHAPES); 'tiny' for --dry-run
 
 
 @dataclass(frozen=True)

@@ -486,3 +486,128 @@ def test_micro_batches_by_tokens_plan_as_many_rows_as_fit(tmp_path):
     assert one["workload"]["micro_tokens"] == 38784
     assert one["time_s"]["update"] < 0.75 * four["time_s"]["update"]
     assert one["memory_bytes"]["activations"] > 3 * four["memory_bytes"]["activations"]
+
+
+# --- hub ids, and what would fit ---------------------------------------------------------------
+
+
+def fake_hub_cache(root, hub_id: str, config: dict, ref: bool = True):
+    """A Hugging Face cache as huggingface_hub lays it out: models--ORG--NAME/snapshots/<commit>/config.json, and
+    refs/main naming the commit (a download by revision has no ref)."""
+    repo = root / f"models--{hub_id.replace('/', '--')}"
+    (repo / "snapshots" / "0123abc").mkdir(parents=True)
+    (repo / "snapshots" / "0123abc" / "config.json").write_text(json.dumps(config))
+    if ref:
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("0123abc")
+
+
+def test_a_hub_id_reads_its_config_json_from_the_hugging_face_cache(tmp_path, monkeypatch):
+    from helpers import cli
+
+    tiny = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 76, "tie_word_embeddings": True}
+    fake_hub_cache(tmp_path / "hub", "acme/Small-1B", tiny)
+    fake_hub_cache(tmp_path / "hub", "acme/By-Revision", tiny, ref=False)
+    # the cache wins over the table: a Qwen2.5-0.5B of a vocabulary of 76
+    fake_hub_cache(tmp_path / "hub", "Qwen/Qwen2.5-0.5B", {**QWEN_05B, "vocab_size": 76})
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert planner.resolve_model("acme/Small-1B") == planner.TINY
+    assert planner.resolve_model("acme/By-Revision") == planner.TINY
+    assert planner.resolve_model("Qwen/Qwen2.5-0.5B").vocab == 76
+    r = cli("plan", "--model", "acme/Small-1B", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["params"] == planner.TINY.params and "Hugging Face cache" in out["model_source"]
+    r = cli("plan", "--model", "acme/Small-1B")
+    assert r.stdout.startswith("rlpost plan: acme/Small-1B, shape from its config.json in the Hugging Face cache")
+    # HF_HOME without HF_HUB_CACHE: its hub/ folder, as huggingface_hub reads it
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    assert planner.resolve_model("acme/Small-1B") == planner.TINY
+
+
+def test_a_hub_id_not_in_the_cache_takes_the_public_shape_from_the_table(tmp_path, monkeypatch):
+    from helpers import cli
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    # Each shape's parameter count against the model's published total (its safetensors' count): Qwen2.5's
+    # q/k/v biases, L x (d + 2 kv_dim), are the only weights the planner does not count
+    published = {"Qwen/Qwen2.5-7B-Instruct": 7_615_616_512, "Qwen/Qwen2.5-0.5B": 494_032_768,
+                 "meta-llama/Llama-3.1-8B": 8_030_261_248, "meta-llama/Meta-Llama-3.1-8B-Instruct": 8_030_261_248,
+                 "meta-llama/Llama-3.2-1B": 1_235_814_400, "HuggingFaceTB/SmolLM2-360M-Instruct": 361_821_120,
+                 "mistralai/Mistral-7B-Instruct-v0.3": 7_248_023_552}
+    for hub_id, total in published.items():
+        s = planner.resolve_model(hub_id)
+        biases = s.layers * (s.hidden + 2 * s.kv_dim) if hub_id.startswith("Qwen/") else 0
+        assert s.params + biases == total, hub_id
+    assert planner.resolve_model("huggingfacetb/smollm2-135m") == EMBEDDED  # case aside
+    r = cli("plan", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "h100", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model_source"] == "rlpost's table of public config.json values"
+
+
+def test_an_unknown_hub_id_says_the_one_file_to_fetch_and_exits_2(tmp_path, monkeypatch):
+    from helpers import cli
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    r = cli("plan", "--model", "acme/Never-Heard-Of-7B", "--gpu", "h100")
+    assert r.returncode == 2 and r.stdout == ""
+    err = r.stderr.strip().splitlines()[-1]  # after the GPU defaults' line
+    assert err.startswith("rlpost: error: --model: 'acme/Never-Heard-Of-7B' is not in the Hugging Face cache")
+    assert str(tmp_path / "empty") in err and "`hf download acme/Never-Heard-Of-7B config.json`" in err
+    assert "--model DIR with DIR/config.json" in err and "--params" in err and "Traceback" not in r.stderr
+    bad = cli("plan", "--model", "no such folder")  # neither a folder nor an org/name
+    assert bad.returncode == 2 and "a hub id (org/name)" in bad.stderr
+
+
+def plan_json(capsys, argv: list[str]) -> dict:
+    assert planner.main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_plan_that_does_not_fit_says_what_would_and_each_suggestion_fits(capsys):
+    from rlpost import config
+
+    # Qwen2.5-1.5B, prompt 256 + 1024 tokens in micro-batches of 64 on one H100: the activations and logits
+    # of 64 x 1280 tokens do not fit; fewer rows, checkpointing or a second GPU do
+    argv = ["--model", "Qwen/Qwen2.5-1.5B", "--gpu", "h100", "--prompt-len", "256", "--new-tokens", "1024",
+            "--micro-batch", "64"]
+    before = plan_json(capsys, argv)
+    assert before["fits"] is False
+    options = before["would_fit"]["options"]
+    assert 1 <= len(options) <= planner.FIT_SHOWN and before["would_fit"]["closest"] is None
+    assert options[0]["gpus"] == 1 and any(o["gpus"] > 1 for o in options)  # fewest GPUs first
+    for o in options:
+        after = plan_json(capsys, [*argv, *o["flags"]])  # re-planned with the suggestion's own flags
+        assert after["fits"] is True and after["memory_bytes"]["total"] / GiB == pytest.approx(o["total_gib"])
+        cfg = config.load(None, o["keys"])  # the config keys of the same meaning are real keys
+        flags = dict(zip(o["flags"], o["flags"][1:]))
+        assert cfg.trainer.micro_batch_size == int(flags.get("--micro-batch", 32))
+        assert cfg.model.gradient_checkpointing == ("--grad-ckpt" in o["flags"])
+        assert cfg.dist.trainer_ranks == int(flags.get("--gpus", 1))
+    assert planner.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "what would fit" in text and f"1. {' '.join(options[0]['flags'])}:" in text and options[0]["keys"][0] in text
+    # fp32 asked for: bf16 is a knob too, after the others on as many GPUs
+    fp32 = plan_json(capsys, [*argv, "--precision", "fp32", "--sampler-dtype", "fp32", "--gpus", "2"])
+    assert any("trainer.precision=bf16" in o["keys"] for o in fp32["would_fit"]["options"])
+    for o in fp32["would_fit"]["options"]:
+        assert plan_json(capsys, [*argv, "--precision", "fp32", "--sampler-dtype", "fp32", "--gpus", "2",
+                                  *o["flags"]])["fits"] is True
+
+
+def test_when_nothing_fits_up_to_8_gpus_the_largest_part_is_named(capsys):
+    # Llama-3.1-70B: FSDP shards the 16 bytes a parameter of weights, grads and AdamW over 8 GPUs, but every GPU
+    # keeps a whole bf16 sampler copy, 2 x 70.55e9 bytes = 131.4 GiB, more than an H100 holds by itself
+    argv = ["--model", "meta-llama/Llama-3.1-70B", "--gpu", "h100", "--prompt-len", "128", "--new-tokens", "256"]
+    fit = plan_json(capsys, argv)["would_fit"]
+    assert fit["options"] == [] and fit["closest"]["gpus"] == 8 and fit["closest"]["largest"] == "sampler"
+    assert fit["closest"]["largest_gib"] == pytest.approx(2 * 70_553_706_496 / GiB)
+    assert planner.main(argv) == 0
+    assert "nothing fits up to 8 x H100" in capsys.readouterr().out
+    # PPO: a critic refuses dist.trainer_ranks > 1, so no more GPUs are offered, and the line says why
+    ppo = plan_json(capsys, ["--model", "Qwen/Qwen2.5-3B", "--gpu", "h100", "--prompt-len", "128", "--new-tokens",
+                             "512", "--algo", "ppo"])["would_fit"]
+    assert ppo["options"] == [] and ppo["closest"]["gpus"] == 1 and "critic" in ppo["closest"]["note"]
+    assert "would_fit" not in plan_json(capsys, ["--model", "Qwen/Qwen2.5-0.5B", "--gpu", "h100"])  # it fits

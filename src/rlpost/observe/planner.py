@@ -29,8 +29,8 @@ from rlpost.observe.cost import (  # noqa: F401 - re-exported: planner.memory et
 from rlpost.observe.devices import (  # noqa: F401 - re-exported: planner.GPUS etc.
     CPU_AVX512, EFFICIENCY, GPU_LATENCY, GPUS, Device, bf16_on, decode_overhead, efficiency, probed_cpu, resolve_device)
 from rlpost.observe.workload import (  # noqa: F401 - re-exported: planner.Shape etc.
-    EMBEDDED, EMBEDDED_NAMES, TINY, Shape, Workload, parse_size, resolve_model, shape_from_config_json,
-    shape_from_size)
+    EMBEDDED, EMBEDDED_NAMES, HUB_SHAPES, TINY, Shape, Workload, find_model, parse_size, resolve_model,
+    shape_from_config_json, shape_from_size)
 
 
 # What a GPU plan rests on that no GPU run has measured ("fits" is the memory check alone).
@@ -53,9 +53,74 @@ LABELS = {"weights": "policy weights (fp32 master)", "sampler": "sampler copy", 
 def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict:
     mem = memory(s, w, dev, gpus)
     fits = mem["total"] <= dev.memory_gib * GiB if dev.memory_gib else None
-    return {"params": s.params, "shape": asdict(s), "workload": asdict(w), "device": dev.name,
-            "gpus": gpus, "memory_bytes": mem, "time_s": step_time(s, w, dev, gpus, eff), "fits": fits,
-            "caveats": [] if dev.cpu else [*GPU_CAVEATS, *([MULTI_GPU] if gpus > 1 else [])]}
+    out = {"params": s.params, "shape": asdict(s), "workload": asdict(w), "device": dev.name,
+           "gpus": gpus, "memory_bytes": mem, "time_s": step_time(s, w, dev, gpus, eff), "fits": fits,
+           "caveats": [] if dev.cpu else [*GPU_CAVEATS, *([MULTI_GPU] if gpus > 1 else [])]}
+    if fits is False:
+        out["would_fit"] = would_fit(s, w, dev, gpus, eff)
+    return out
+
+
+# --- What would fit, where a plan does not ---
+FIT_GPUS = (2, 4, 8)  # FSDP over the GPUs of one node
+FIT_SHOWN = 3
+
+
+def fit_knobs(w: Workload, dev: Device, gpus: int) -> list[tuple[int, bool, bool, int]]:
+    """Every (GPUs, bf16, checkpointing, rows per micro-batch) to try: the user's own knobs, each only where it
+    changes something. More GPUs not with a critic (dist.trainer_ranks > 1 refuses one), nor on a CPU."""
+    counts = [gpus] + ([g for g in FIT_GPUS if g > gpus] if not dev.cpu and not w.critic else [])
+    bf16 = [False] + ([True] if bf16_on("auto", dev) and not (w.trainer_bf16 and w.sampler_bf16) else [])
+    ckpt = [False] + ([] if w.grad_ckpt else [True])
+    rows = [w.micro() >> i for i in range(w.micro().bit_length())]  # the plan's own, halved down to 1
+    return [(g, b, c, r) for g in counts for b in bf16 for c in ckpt for r in rows]
+
+
+def with_knobs(w: Workload, gpus: int, knobs: tuple[int, bool, bool, int]) -> tuple[Workload, list[str], list[str]]:
+    """(the workload with ``knobs`` (``fit_knobs``), the flags that say so, the config keys that say so)."""
+    g, bf16, ckpt, rows = knobs
+    flags, keys, new = [], [], replace(w, grad_ckpt=w.grad_ckpt or ckpt)
+    if bf16 and not w.trainer_bf16:
+        flags, keys = [*flags, "--precision", "bf16"], [*keys, "trainer.precision=bf16"]
+    if bf16 and not w.sampler_bf16:
+        flags, keys = [*flags, "--sampler-dtype", "bf16"], [*keys, "rollout.dtype=bfloat16"]
+    if bf16:
+        new = replace(new, trainer_bf16=True, sampler_bf16=True)
+    if ckpt:
+        flags, keys = [*flags, "--grad-ckpt"], [*keys, "model.gradient_checkpointing=true"]
+    if rows != w.micro() and w.micro_tokens:  # micro-batches by tokens: as many tokens as `rows` padded rows
+        tokens = rows * (w.prompt_len + w.T)
+        new = replace(new, micro_tokens=tokens)
+        flags, keys = [*flags, "--micro-batch-tokens", str(tokens)], [*keys, f"trainer.micro_batch_tokens={tokens}"]
+    elif rows != w.micro():
+        new = replace(new, micro_batch=rows)
+        flags, keys = [*flags, "--micro-batch", str(rows)], [*keys, f"trainer.micro_batch_size={rows}"]
+    if g != gpus:  # the plan's G GPUs each hold a trainer shard; rlpost's rollout workers take GPUs of their own
+        flags, keys = [*flags, "--gpus", str(g)], [*keys, "dist.topology=disaggregated", f"dist.trainer_ranks={g}"]
+    return new, flags, keys
+
+
+def would_fit(s: Shape, w: Workload, dev: Device, gpus: int = 1, eff: dict | None = None) -> dict:
+    """What fits a plan that does not, by the same memory model: the first FIT_SHOWN combinations of the user's
+    knobs that fit and that no other fitting one beats on every knob (fewer GPUs, no bf16 change, no checkpointing,
+    more rows per micro-batch), in that order; and, when none fits, the most relieved one and its largest term."""
+    limit, tried = dev.memory_gib * GiB, fit_knobs(w, dev, gpus)
+    mems = {k: memory(s, with_knobs(w, gpus, k)[0], dev, k[0]) for k in tried}
+    fitting = [k for k in tried if mems[k]["total"] <= limit]
+    beats = lambda a, b: a != b and a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2] and a[3] >= b[3]
+    best = [k for k in fitting if not any(beats(o, k) for o in fitting)]
+    best.sort(key=lambda k: (k[0], k[1], k[2], -k[3]))
+    options = []
+    for k in best[:FIT_SHOWN]:
+        new, flags, keys = with_knobs(w, gpus, k)
+        options.append({"gpus": k[0], "flags": flags, "keys": keys, "total_gib": mems[k]["total"] / GiB,
+                        "step_s": step_time(s, new, dev, k[0], eff)["step"]})
+    last = mems[tried[-1]]  # the most relieved: the most GPUs, bf16, checkpointing, one row a micro-batch
+    part = max((k for k in last if k != "total"), key=last.get)
+    closest = None if options else {"gpus": tried[-1][0], "flags": with_knobs(w, gpus, tried[-1])[1],
+                                    "total_gib": last["total"] / GiB, "largest": part, "largest_gib": last[part] / GiB,
+                                    "note": "a critic: dist.trainer_ranks > 1 refuses one" if w.critic else ""}
+    return {"options": options, "closest": closest}
 
 
 # --- Calibration against a finished run ---
@@ -158,7 +223,8 @@ def parse_eff(items: list[str] | None) -> dict[str, float]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model (one of; default --model embedded)")
     g.add_argument("--model", metavar="NAME_OR_DIR",
-                   help="'embedded', 'tiny', or a folder with a LLaMA-style config.json")
+                   help="'embedded', 'tiny', a folder with a LLaMA-style config.json, or a hub id (Qwen/Qwen2.5-7B): "
+                   "its config.json from the Hugging Face cache, else rlpost's table of public shapes")
     g.add_argument("--params", metavar="SIZE", help="a size like 135M, 1.5B, 7B: a LLaMA-2-like shape is derived")
     g.add_argument("--from", dest="run_dir", metavar="RUN_DIR",
                    help="calibrate: predict RUN_DIR's workload, print it against its metrics")
@@ -234,9 +300,28 @@ def format_plan(p: dict, label: str) -> str:
         lines.append(f"  {'within device memory' + (' (estimate only)' if p['caveats'] else ''):<42}"
                      f"{'yes' if p['fits'] else 'NO':>9}")
     lines += ["", f"{'time per step':<44}{'s':>9}"] + [f"  {LABELS[k]:<42}{v:>9.3f}" for k, v in t.items()]
+    lines += format_would_fit(p["would_fit"], p["device"]) if "would_fit" in p else []
     lines += (["", "what this GPU plan rests on; read it as an estimate:", *(f"  - {x}" for x in p["caveats"])]
               if p["caveats"] else [])
     return "\n".join(lines)
+
+
+def format_would_fit(fit: dict, device: str) -> list[str]:
+    """The lines under a plan that does not fit: each option's flags, then the config keys of the same meaning."""
+    if not fit["options"]:
+        c = fit["closest"]
+        note = f" ({c['note']})" if c["note"] else ""
+        return ["", f"nothing fits up to {c['gpus']} x {device}{note}: even with {' '.join(c['flags'])} a step needs "
+                    f"{c['total_gib']:.1f} GiB per device; its largest part is the {LABELS[c['largest']]}, "
+                    f"{c['largest_gib']:.1f} GiB"]
+    lines = ["", "what would fit (the same memory model; the flags for this command, then the keys for the run):"]
+    for i, o in enumerate(fit["options"], 1):
+        lines += [f"  {i}. {' '.join(o['flags'])}: {o['total_gib']:.1f} GiB per device, step {o['step_s']:.3g} s",
+                  f"     {' '.join(o['keys'])}"]
+    if any(o["gpus"] > 1 for o in fit["options"]):
+        lines.append("  (--gpus N: each GPU holds a trainer shard and a sampler; rlpost's rollout workers, "
+                     "dist.rollout_workers, take GPUs of their own: docs/gpu.md)")
+    return lines
 
 
 def format_calibration(c: dict) -> str:
@@ -260,9 +345,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.model and args.params:
             raise ConfigError("--params: give either --model or --params, not both")
+        shape, source = (shape_from_size(parse_size(args.params)), "") if args.params else find_model(
+            args.model or "embedded")
         label = f"LLaMA-like ~{args.params}" if args.params else args.model or "embedded"
-        shape = shape_from_size(parse_size(args.params)) if args.params else resolve_model(args.model or "embedded")
+        label += f", shape from {source}" if source else ""
         out = plan(shape, workload_from_args(args, dev), dev, args.gpus, eff)
+        out["model_source"] = source or None
         text = format_plan(out, label)
     print(json.dumps(out, indent=2) if args.json else text)
     return 0

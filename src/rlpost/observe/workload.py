@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -60,6 +61,57 @@ EMBEDDED = Shape(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, 
 TINY = Shape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab=76, tied=True)
 EMBEDDED_NAMES = ("embedded", "smollm2-135m", "smollm2-135m-instruct")  # as rlpost.model.load
 
+# Well-known hub models, from each one's config.json on the Hugging Face hub (layers, hidden, intermediate, heads,
+# KV heads, vocab, tied). Qwen2.5's q/k/v biases are left out, as the planner counts no biases (24 x 1152 of the
+# 0.5B's 494,032,768). An -Instruct id (and Meta-Llama-3.1-...) shares its base's shape: ``hub_key``.
+HUB_SHAPES = {
+    "Qwen/Qwen2.5-0.5B": Shape(24, 896, 4864, 14, 2, 151936, True),
+    "Qwen/Qwen2.5-1.5B": Shape(28, 1536, 8960, 12, 2, 151936, True),
+    "Qwen/Qwen2.5-3B": Shape(36, 2048, 11008, 16, 2, 151936, True),
+    "Qwen/Qwen2.5-7B": Shape(28, 3584, 18944, 28, 4, 152064, False),
+    "Qwen/Qwen2.5-14B": Shape(48, 5120, 13824, 40, 8, 152064, False),
+    "Qwen/Qwen2.5-32B": Shape(64, 5120, 27648, 40, 8, 152064, False),
+    "meta-llama/Llama-3.2-1B": Shape(16, 2048, 8192, 32, 8, 128256, True),
+    "meta-llama/Llama-3.2-3B": Shape(28, 3072, 8192, 24, 8, 128256, True),
+    "meta-llama/Llama-3.1-8B": Shape(32, 4096, 14336, 32, 8, 128256, False),
+    "meta-llama/Llama-3.1-70B": Shape(80, 8192, 28672, 64, 8, 128256, False),
+    "HuggingFaceTB/SmolLM2-135M": EMBEDDED,
+    "HuggingFaceTB/SmolLM2-360M": Shape(32, 960, 2560, 15, 5, 49152, True),
+    "HuggingFaceTB/SmolLM2-1.7B": Shape(24, 2048, 8192, 32, 32, 49152, True),
+    "mistralai/Mistral-7B-v0.1": Shape(32, 4096, 14336, 32, 8, 32000, False),
+    "mistralai/Mistral-7B-v0.2": Shape(32, 4096, 14336, 32, 8, 32000, False),  # as Mistral-7B-Instruct-v0.2
+    "mistralai/Mistral-7B-v0.3": Shape(32, 4096, 14336, 32, 8, 32768, False),
+}
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name
+
+
+def hub_key(hub_id: str) -> str:
+    """The table's spelling of a hub id: case aside, without -Instruct, Meta-Llama-3.1-8B as Llama-3.1-8B."""
+    org, _, name = hub_id.lower().replace("-instruct", "").partition("/")
+    return f"{org}/{name.removeprefix('meta-')}"
+
+
+def hub_cache() -> Path:
+    """The Hugging Face cache folder as huggingface_hub finds it, read from the environment now (its own
+    constants are read once, at import)."""
+    if os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(os.environ.get("HF_HUB_CACHE") or os.environ["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def cached_config(hub_id: str) -> Path | None:
+    """The folder holding ``hub_id``'s config.json in the Hugging Face cache: its main snapshot, else the newest
+    one that has it; None when it was never downloaded. Offline: reads folders only."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(hub_id, "config.json", cache_dir=hub_cache())
+    if isinstance(found, str):
+        return Path(found).parent
+    snapshots = hub_cache() / f"models--{hub_id.replace('/', '--')}" / "snapshots"
+    configs = sorted(snapshots.glob("*/config.json"), key=lambda f: f.stat().st_mtime) if snapshots.is_dir() else []
+    return configs[-1].parent if configs else None
+
 
 def parse_size(text: str, arg: str = "--params") -> float:
     """'135M' -> 1.35e8, '1.5B' -> 1.5e9, '7e9' -> 7e9."""
@@ -94,12 +146,30 @@ def shape_from_config_json(folder: Path, arg: str) -> Shape:
 
 
 def resolve_model(name: str, arg: str = "--model") -> Shape:
+    return find_model(name, arg)[0]
+
+
+def find_model(name: str, arg: str = "--model") -> tuple[Shape, str]:
+    """(the shape, where it came from: '' for a name or folder given, else the Hugging Face cache or the table)."""
     if name in EMBEDDED_NAMES or name == "tiny":
-        return TINY if name == "tiny" else EMBEDDED
+        return (TINY if name == "tiny" else EMBEDDED), ""
     folder = Path(name) / "model" if (Path(name) / "config.yaml").is_file() else Path(name)  # a run folder: its model/
-    if not folder.is_dir():
-        raise ConfigError(f"{arg}: {name!r} is not 'embedded', 'tiny', a run folder or a folder with config.json")
-    return shape_from_config_json(folder, arg)
+    if folder.is_dir():
+        return shape_from_config_json(folder, arg), ""
+    if not HUB_ID.fullmatch(name):
+        raise ConfigError(f"{arg}: {name!r} is not 'embedded', 'tiny', a run folder, a folder with config.json or a "
+                          "hub id (org/name)")
+    cached = cached_config(name)
+    if cached is not None:
+        return shape_from_config_json(cached, arg), f"its config.json in the Hugging Face cache, {cached}"
+    table = {hub_key(k): v for k, v in HUB_SHAPES.items()}
+    if hub_key(name) in table:
+        return table[hub_key(name)], "rlpost's table of public config.json values"
+    raise ConfigError(f"{arg}: {name!r} is not in the Hugging Face cache ({hub_cache()}) nor in rlpost's table of "
+                      f"public shapes (observe/workload.py: HUB_SHAPES), and no folder of that name is here; the one "
+                      f"file needed is its config.json: `hf download {name} config.json` (huggingface-cli on older "
+                      f"huggingface_hub) puts it in the cache, or pass --model DIR with DIR/config.json, or --params "
+                      f"SIZE (e.g. 7B)")
 
 
 # --- Workload ---
