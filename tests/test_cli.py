@@ -137,13 +137,26 @@ def test_plan_answers_a_gpu_question_without_the_cpu_demos_defaults():
     assert plan_arguments(["--params", "7B", "--gpus", "8"]) == ["--params", "7B", "--gpus", "8", "--gpu", "h100",
                                                                  "--prompt-len", "128", "--new-tokens", "256"]
     assert plan_arguments(["--gpu", "a100"]) == ["--gpu", "a100", "--prompt-len", "128", "--new-tokens", "256"]
-    assert plan_arguments(["--gpu=a100", "--new-tokens", "64"]) == ["--gpu=a100", "--new-tokens", "64"]  # as given
+    assert plan_arguments(["--gpu=a100", "--new-tokens", "64", "--prompt-len", "40"]) == [
+        "--gpu=a100", "--new-tokens", "64", "--prompt-len", "40"]  # as given
     assert plan_arguments(["--model", "embedded"]) == ["--model", "embedded"]  # this CPU: the demo's workload
     r = cli("plan", "--params", "7B", "--gpus", "8", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["gpus"] == 8 and "H100" in out["device"] and out["workload"]["new_tokens"] == 256
     assert "planning for h100" in r.stderr
+
+
+def test_plan_keeps_the_gpu_default_of_the_length_not_given():
+    # --new-tokens alone used to drop the GPU's prompt of 128 too, planning the CPU demo's 47-token prompt
+    r = cli("plan", "--new-tokens", "512", "--gpu", "h100", "--json")
+    assert r.returncode == 0, r.stderr
+    workload = json.loads(r.stdout)["workload"]
+    assert (workload["prompt_len"], workload["new_tokens"]) == (128, 512)
+    assert "prompt 128 by default (--prompt-len to change), --new-tokens as given" in r.stderr
+    r = cli("plan", "--prompt-len=300", "--gpu", "h100", "--json")
+    workload = json.loads(r.stdout)["workload"]
+    assert (workload["prompt_len"], workload["new_tokens"]) == (300, 256)
 
 
 def test_eval_prints_a_table_on_a_terminal_and_json_when_asked():

@@ -231,9 +231,9 @@ def _dispatch(argv: list[str]) -> int:
 
 # `rlpost plan` asked a GPU question: the GPU it names when only --gpus N > 1 is given, and the
 # workload of rows of your own (rollout.max_new_tokens' 256 new tokens, a GSM8K-sized prompt)
-# rather than the CPU demo's 47 + 16 tokens, unless the lengths are given.
+# rather than the CPU demo's 47 + 16 tokens, each length unless it is given.
 PLAN_GPU = "h100"
-PLAN_GPU_LENGTHS = ("--prompt-len", "128", "--new-tokens", "256")
+PLAN_GPU_LENGTHS = {"--prompt-len": "128", "--new-tokens": "256"}
 
 
 def plan_arguments(args: list[str]) -> list[str]:
@@ -248,10 +248,13 @@ def plan_arguments(args: list[str]) -> list[str]:
     if not ({"--gpu", "--device"} & given) and gpus.isdigit() and int(gpus) > 1:
         say(f"plan: --gpus {gpus} without --gpu: planning for {PLAN_GPU} (--gpu names another)")
         args, device = [*args, "--gpu", PLAN_GPU], PLAN_GPU
-    if not device.startswith("cpu") and not ({"--prompt-len", "--new-tokens"} & given):
-        say(f"plan: a GPU workload of your own rows, prompt {PLAN_GPU_LENGTHS[1]} + {PLAN_GPU_LENGTHS[3]} new tokens "
-            "(rollout.max_new_tokens for task.data; --prompt-len and --new-tokens set them)")
-        args = [*args, *PLAN_GPU_LENGTHS]
+    missing = {flag: n for flag, n in PLAN_GPU_LENGTHS.items() if flag not in given}  # each default on its own
+    if not device.startswith("cpu") and missing:
+        words = {"--prompt-len": "prompt {}", "--new-tokens": "{} new tokens (rollout.max_new_tokens for task.data)"}
+        kept = "".join(f", {flag} as given" for flag in PLAN_GPU_LENGTHS if flag not in missing)
+        say(f"plan: a GPU workload of your own rows: {' + '.join(words[f].format(n) for f, n in missing.items())} "
+            f"by default ({' and '.join(missing)} to change){kept}")
+        args = [*args, *(x for item in missing.items() for x in item)]
     return args
 
 
