@@ -357,7 +357,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlpost plan", description="Estimate memory and step time of an RL step.")
+    parser = argparse.ArgumentParser(
+        prog="rlpost plan", description="Estimate memory and step time of an RL step.",
+        epilog="A GPU question (--gpu, or --gpus N > 1: an H100) plans prompt 128 + 256 new tokens, each unless "
+        "given, where the defaults above are the CPU demo's. A plan over the device's memory lists what would fit "
+        "(checkpointing, micro-batch, GPUs, bf16), as flags and config keys. docs/planner.md")
     add_arguments(parser)
     try:
         return run(parser.parse_args(argv))
