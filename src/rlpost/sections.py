@@ -362,7 +362,13 @@ class DistConfig:
     """disaggregated/async: how weights reach the rollout workers: object_store (Ray's store, a dead worker restarts) or
     broadcast (a collective) (docs/options.md)"""
     ray_address: str = ""
-    """Ray cluster to join ('auto', 'ray://host:port'); empty = start a local one"""
+    """Ray cluster to join ('auto', 'host:port' of the head); empty = start a local one (docs/distributed.md)"""
+    trainer_placement: Literal["pack", "spread"] = "pack"
+    """the trainer ranks' Ray placement group: pack = all on one node, spread = on different nodes where they fit
+    (docs/options.md)"""
+    rendezvous_timeout_s: float = knob(300.0, gt=0)
+    """seconds the actors may take to be placed, and a process group's members to meet at its rank 0's address,
+    before the run stops naming that address (docs/options.md)"""
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ actor handle.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Callable
 
 import ray
@@ -19,6 +19,7 @@ import torch
 
 from rlpost.distributed import sync
 from rlpost.model import device, heap, precision
+from rlpost.types.errors import RunError
 
 
 @dataclass
@@ -44,9 +45,11 @@ class RolloutWorker:
         heap.trim()
         self.sync_s += time.perf_counter() - t0
 
-    def join_sync(self, addr: str, rank: int, world: int, sp: sync.Spec, on_gpu: bool) -> None:
-        """Join the weight-sync group (dist.weight_sync=broadcast) as member ``rank``."""
-        self.sync, self.spec = sync.Broadcast(addr, rank, world, on_gpu), sp
+    def join_sync(self, addr: str, rank: int, world: int, sp: sync.Spec, on_gpu: bool, meet_s: float) -> None:
+        """Join the weight-sync group (dist.weight_sync=broadcast) as member ``rank``, meeting the
+        others at ``addr`` within ``meet_s`` seconds."""
+        sync.pin_interface(sync.node_ip())
+        self.sync, self.spec = sync.Broadcast(addr, rank, world, on_gpu, meet_s=meet_s), sp
 
     def receive_weights(self, version: int) -> None:
         """Take part in the trainer's broadcast of version ``version`` and load what arrives."""
@@ -67,21 +70,43 @@ class RolloutWorker:
 class TrainerWorker:
     """The trainer role in its own process; returns its busy seconds with each result. With
     world > 1 it is one rank of an FSDP2 data-parallel trainer (model/fsdp.py): every rank
-    gets every call, and rank 0's answer is the one used."""
+    gets every call, and rank 0's answer is the one used. Made in two steps (topology.place):
+    the actor, then ``start`` once rank 0 has said where the ranks meet (``rendezvous``)."""
 
-    def __init__(self, make_trainer: Callable, weights: dict | None, threads: int, sampler_dtype: str, rank: int = 0,
-                 world: int = 1, master: str = ""):
-        """make_trainer(weights, data_parallel): the trainer role over the starting policy (``weights``
-        loaded when given), one rank of ``world`` when data_parallel; sampler_dtype: rollout.dtype."""
+    def __init__(self, threads: int):
         torch.set_num_threads(threads)
-        if world > 1:  # gloo on CPU, NCCL when the actor has a GPU
-            host, port = master.rsplit(":", 1)
-            os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
-            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank,
-                                                 world_size=world)
+        self.rank = 0
+
+    def rendezvous(self) -> str:
+        """Rank 0: host:port where the ranks' process group meets: this node's address, a port free on it."""
+        return sync.address()
+
+    def start(self, make_trainer: Callable, weights: dict | None, sampler_dtype: str, rank: int = 0, world: int = 1,
+              master: str = "", meet_s: float = 300.0) -> str:
+        """make_trainer(weights, data_parallel): the trainer role over the starting policy (``weights``
+        loaded when given), one rank of ``world`` meeting at ``master`` (rank 0's ``rendezvous``)
+        within ``meet_s`` seconds when data_parallel; sampler_dtype: rollout.dtype. Returns this node's address."""
+        if world > 1:
+            self._join(master, rank, world, meet_s)
         self.rank = rank
         self.trainer = make_trainer(weights, data_parallel=world > 1)
         self.sampler_dtype = precision.sampler_dtype(sampler_dtype)
+        return sync.node_ip()
+
+    @staticmethod
+    def _join(master: str, rank: int, world: int, meet_s: float) -> None:
+        """torch's default process group over a TCP store at rank 0's ``master``: gloo on CPU, NCCL when
+        the actor has a GPU. The store's timeout bounds the meeting; the collectives keep torch's own
+        (a rank may wait on another behind a broadcast to a busy worker)."""
+        host, port = master.rsplit(":", 1)
+        sync.pin_interface(sync.node_ip())
+        try:
+            store = torch.distributed.TCPStore(host, int(port), world, is_master=rank == 0,
+                                               timeout=timedelta(seconds=meet_s))
+            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store,
+                                                 rank=rank, world_size=world)
+        except (RuntimeError, OSError) as e:  # torch's DistNetworkError / DistStoreError are RuntimeErrors
+            raise sync.unreachable(f"trainer rank {rank} of {world}", master, meet_s, e) from None
 
     def recompute(self, batch):
         t0 = time.perf_counter()
@@ -109,10 +134,11 @@ class TrainerWorker:
         w = self.weights()
         return sync.spec(w) if w is not None else None
 
-    def join_sync(self, addr: str, world: int) -> None:
+    def join_sync(self, addr: str, world: int, meet_s: float) -> None:
         """Rank 0 is member 0 of the weight-sync group (it sends); the other ranks only gather."""
         if self.rank == 0:
-            self.sync = sync.Broadcast(addr, 0, world, device.is_cuda(device.of(self.trainer.model)))
+            sync.pin_interface(sync.node_ip())
+            self.sync = sync.Broadcast(addr, 0, world, device.is_cuda(device.of(self.trainer.model)), meet_s=meet_s)
 
     def broadcast_weights(self) -> None:
         """Every rank gathers (a collective); rank 0 casts to the sampler's dtype where the weights
@@ -134,8 +160,9 @@ class RemoteTrainer:
     of them, rank 0 answers). ``weights()`` returns an object reference: the workers fetch the
     weights from the object store, never through the driver."""
 
-    def __init__(self, handles: list):
-        self.handles = handles
+    def __init__(self, handles: list, groups: tuple = ()):
+        """groups: the run's Ray placement groups, removed with the trainer (topology.place)."""
+        self.handles, self.groups = handles, groups
         self.busy_s, self.t_last = 0.0, None
         self.broadcast = False  # dist.weight_sync=broadcast: weights() starts a broadcast (topology.place sets it)
 
@@ -143,7 +170,12 @@ class RemoteTrainer:
         """Call `verb` on every rank; rank 0's result (the ranks hold the same numbers)."""
         if len(self.handles) > 1:  # the batch goes into the object store once, not once per rank
             args = [ray.put(a) for a in args]
-        return ray.get([getattr(h, verb).remote(*args) for h in self.handles])[0]
+        try:
+            return gather([getattr(h, verb).remote(*args) for h in self.handles])[0]
+        except ray.exceptions.RayActorError as e:  # its process or its node is gone
+            raise RunError(f"a trainer rank's actor died during {verb} ({lost(e)}): its node may be lost; the "
+                           "run's checkpoints are whole, and `rlpost train --resume RUN` continues from the last one "
+                           "on the nodes left") from None
 
     def recompute(self, batch):
         out, busy = self._all("recompute", batch)
@@ -177,3 +209,21 @@ class RemoteTrainer:
     def close(self) -> None:
         for h in self.handles:
             ray.kill(h)
+        for g in self.groups:  # after the actors: removing a group kills what still runs in it
+            ray.util.remove_placement_group(g)
+
+
+def gather(refs: list) -> list:
+    """ray.get of every ref, where the first error raises at once: a rank that died leaves the
+    others waiting in a collective, so waiting for them in order could take torch's whole timeout."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done)
+    return ray.get(refs)
+
+
+def lost(error: BaseException) -> str:
+    """An actor error's cause in a few words (Ray's own message runs to many lines)."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first[:160]}" if first else type(error).__name__

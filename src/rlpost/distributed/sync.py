@@ -16,6 +16,7 @@ ends the run (pool.py says so), and the run resumes from its last checkpoint.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections import defaultdict
 from datetime import timedelta
@@ -33,29 +34,73 @@ def spec(state: dict[str, Tensor]) -> Spec:
     return [(name, tuple(t.shape), t.dtype) for name, t in sorted(state.items())]
 
 
-def address() -> str:
-    """host:port for the group's TCP store, on this machine (the trainer's rank 0 calls it, inside
-    its actor): the node's address as Ray knows it, which the workers on other nodes can reach."""
+class Unreachable(RuntimeError):
+    """A process group's members did not meet at its rank 0's address in time: one line naming the
+    address and what to change (raised inside an actor; the driver stops the run with its message)."""
+
+
+def node_ip() -> str:
+    """This node's address as Ray knows it (``ray start --node-ip-address``), which the other nodes reach."""
     import ray
 
+    return ray.util.get_node_ip_address()
+
+
+def address(host: str = "") -> str:
+    """host:port for a process group's TCP store on this node (its rank 0 calls it, inside its actor):
+    the node's address, and a port free on it. The port is let go before the store binds it again, a
+    race that only another program grabbing the same port in that instant can lose."""
+    host = host or node_ip()
     with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return f"{ray.util.get_node_ip_address()}:{port}"
+        s.bind((host, 0))
+        return f"{host}:{s.getsockname()[1]}"
+
+
+def interface_of(ip: str, interfaces: dict[str, list[str]]) -> str | None:
+    """The name of the interface that carries ``ip`` ({name: its addresses}), or None."""
+    return next((name for name, addrs in interfaces.items() if ip in addrs), None)
+
+
+def pin_interface(ip: str) -> None:
+    """Make gloo and NCCL talk through the interface that carries this node's address. Left alone,
+    gloo binds the address this machine's hostname resolves to, often 127.0.0.1 (/etc/hosts), which
+    the other nodes cannot reach; a user's GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME win."""
+    import psutil
+
+    name = interface_of(ip, {n: [a.address for a in addrs] for n, addrs in psutil.net_if_addrs().items()})
+    if name is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+
+
+def unreachable(what: str, addr: str, timeout_s: float, error: BaseException) -> Unreachable:
+    """The one line a member that could not meet the others stops the run with."""
+    cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return Unreachable(f"{what} could not meet at {addr} within dist.rendezvous_timeout_s={timeout_s:g} s from "
+                       f"{node_ip()} ({cause}): let the nodes reach each other on that address's ports (a firewall), "
+                       "start each node with an address the others reach (ray start --node-ip-address), or name the "
+                       "interface with GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME")
 
 
 class Broadcast:
     """One member of the weight-sync group: rank 0 sends, the others receive."""
 
-    def __init__(self, addr: str, rank: int, world: int, on_gpu: bool, timeout_s: float = 1800):
+    def __init__(self, addr: str, rank: int, world: int, on_gpu: bool, timeout_s: float = 1800,
+                 meet_s: float | None = None):
+        """timeout_s: how long a broadcast may wait for a member (busy with its chunk); meet_s: how long
+        the members may take to meet at ``addr`` (dist.rendezvous_timeout_s; default timeout_s)."""
         host, port = addr.rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), world, is_master=rank == 0, timeout=timedelta(seconds=timeout_s))
-        if on_gpu:
-            self.pg = dist.ProcessGroupNCCL(store, rank, world)
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            self.pg = dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s))
-            self.device = device.CPU
+        meet = meet_s or timeout_s
+        try:
+            store = dist.TCPStore(host, int(port), world, is_master=rank == 0, timeout=timedelta(seconds=meet))
+            if on_gpu:
+                self.pg = dist.ProcessGroupNCCL(store, rank, world)
+                self.device = torch.device("cuda", torch.cuda.current_device())
+            else:
+                self.pg = dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s))
+                self.device = device.CPU
+        except (RuntimeError, OSError) as e:  # torch's DistNetworkError / DistStoreError are RuntimeErrors
+            raise unreachable(f"the weight-sync group (member {rank} of {world})", addr, meet, e) from None
         self.rank = rank
 
     def _bcast(self, flat: Tensor) -> None:
