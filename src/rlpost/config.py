@@ -421,7 +421,7 @@ RESUMABLE = {
     "algo": ("critic_lr",),
     "task": ("verifier_timeout_s", "verifier_workers", "verifier_memory_mb", "max_reward_error_frac", "sandboxes",
              "sandbox_allow_root"),
-    "dist": ("rollout_threads", "trainer_threads", "ray_address"),
+    "dist": ("rollout_threads", "trainer_threads", "ray_address", "trainer_placement", "rendezvous_timeout_s"),
     "offload": ("reference", "critic", "reward_model"),  # where weights wait between uses, not what they are
 }
 
