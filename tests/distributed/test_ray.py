@@ -216,3 +216,11 @@ def test_a_dead_worker_under_broadcast_ends_the_run_saying_how_to_go_on(tmp_path
         train(tiny_cfg(*SYNC, "dist.weight_sync=broadcast"), tmp_path / "run", task=DIGITS,
               make_roles=failing(STEP2_CHUNK, str(tmp_path / "killed")))
     assert (tmp_path / "killed").exists()
+
+
+def test_a_resumed_run_samples_on_from_where_it_stopped(tmp_path, sync_run):
+    # Chunks are seeded by their number: a resumed pool that numbered from 0 again sampled step 2 with
+    # step 1's seeds (a different run from the uninterrupted one).
+    train(tiny_cfg(*SYNC, "run.steps=1", "run.checkpoint_every=1"), tmp_path / "run", task=DIGITS)
+    train(tiny_cfg(*SYNC, "run.checkpoint_every=1"), tmp_path / "run", resume=True, task=DIGITS)
+    assert learning(lines(tmp_path / "run")) == learning(sync_run[0])

@@ -9,6 +9,7 @@ actor handle.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -172,10 +173,13 @@ class RemoteTrainer:
             args = [ray.put(a) for a in args]
         try:
             return gather([getattr(h, verb).remote(*args) for h in self.handles])[0]
-        except ray.exceptions.RayActorError as e:  # its process or its node is gone
-            raise RunError(f"a trainer rank's actor died during {verb} ({lost(e)}): its node may be lost; the "
-                           "run's checkpoints are whole, and `rlpost train --resume RUN` continues from the last one "
-                           "on the nodes left") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as e:
+            if isinstance(e, ray.exceptions.RayTaskError) and not peer_lost(e):
+                raise  # the trainer's own error, with its traceback
+            # Its process or node is gone, or a rank's collective lost its peer (which often says so first).
+            raise RunError(f"a trainer rank died during {verb} ({lost(e)}): its process or node is gone; the run's "
+                           "checkpoints are whole, and `rlpost train --resume RUN` continues from the last one on the "
+                           "nodes left") from None
 
     def recompute(self, batch):
         out, busy = self._all("recompute", batch)
@@ -223,7 +227,20 @@ def gather(refs: list) -> list:
     return ray.get(refs)
 
 
+# How gloo and NCCL say that the other end of a collective went away (its process died, its node was lost).
+PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|remote process exited|NCCL communicator was "
+                       r"aborted|DistNetworkError")
+
+
+def peer_lost(error: BaseException) -> bool:
+    return bool(PEER_LOST.search(str(error)))
+
+
 def lost(error: BaseException) -> str:
     """An actor error's cause in a few words (Ray's own message runs to many lines)."""
-    first = (str(error).strip().splitlines() or [""])[0]
+    text = str(error)
+    m = PEER_LOST.search(text)
+    if m:
+        return f"a collective's peer: {m[0]}"
+    first = (text.strip().splitlines() or [""])[0]
     return f"{type(error).__name__}: {first[:160]}" if first else type(error).__name__
