@@ -49,3 +49,39 @@ def test_broadcast_needs_a_distributed_topology():
 
     with pytest.raises(ConfigError, match="dist.weight_sync=broadcast .* dist.topology=disaggregated or async"):
         tiny_cfg("dist.weight_sync=broadcast")
+
+
+def test_the_interface_is_the_one_that_carries_the_node_address():
+    nics = {"lo": ["127.0.0.1", "::1"], "eth0": ["192.0.2.7", "fe80::1"], "veth1": ["10.78.0.2"]}
+    assert sync.interface_of("10.78.0.2", nics) == "veth1"
+    assert sync.interface_of("192.0.2.7", nics) == "eth0"
+    assert sync.interface_of("10.78.0.9", nics) is None
+
+
+def test_a_rank_that_cannot_reach_rank_0_stops_in_bounded_time_naming_the_address(monkeypatch):
+    import time
+
+    from rlpost.distributed.actors import TrainerWorker
+
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # _join pins them: not for the tests after this one
+        monkeypatch.setenv(var, "lo")
+
+    addr = f"127.0.0.1:{free_port()}"  # nobody listens there
+    t0 = time.perf_counter()
+    with pytest.raises(sync.Unreachable) as e:
+        TrainerWorker._join(addr, rank=1, world=2, meet_s=2)
+    assert time.perf_counter() - t0 < 30
+    msg = str(e.value)
+    assert "\n" not in msg and addr in msg and "dist.rendezvous_timeout_s=2" in msg and "trainer rank 1 of 2" in msg
+
+
+def test_each_actor_asks_ray_for_its_threads_scaled_to_fit_the_smallest_node():
+    from rlpost.distributed.topology import cpu_share, cpus
+
+    assert cpu_share([2, 2], [8, 4]) == 1.0  # fits: each asks for what it uses
+    # 2 cores hosting a trainer and two workers, 1 thread each: two thirds of a CPU each
+    assert cpu_share([1, 1, 1], [2.0]) == pytest.approx(2 / 3)
+    assert cpu_share([4, 2, 2], [16, 4]) == 0.5  # the smallest node sets it
+    assert cpus(1, 2 / 3) == 0.6666 and cpus(1, 1e-9) == 1e-4  # rounded down to Ray's step, never 0
+    share = cpu_share([1, 2, 2], [2.0])
+    assert cpus(1, share) + 2 * cpus(2, share) <= 2.0
