@@ -1,6 +1,6 @@
 """Two hosts made of one machine: two Linux network namespaces joined by a veth pair, each with its
 own address (10.78.0.1, 10.78.0.2) and its own Ray node, for the multi-node tests
-(tests/distributed/test_multinode.py) and benchmarks/multinode.py.
+(tests/distributed/test_multinode.py), and for a benchmark of the link between them.
 
 Each namespace sees only its loopback and its end of the pair, so what crosses from one node to the
 other crosses the veth, as between two machines; ``rate_mbit`` caps it with ``tc``. Names carry this

@@ -150,7 +150,8 @@ def start_trainer(trainer: RemoteTrainer, make_trainer: Callable, initial, sampl
     h, world = trainer.handles, len(trainer.handles)
     try:
         master = ray.get(h[0].rendezvous.remote(), timeout=wait_s) if world > 1 else ""
-        gather([x.start.remote(make_trainer, initial, sampler_dtype, r, world, master, wait_s) for r, x in enumerate(h)])
+        gather([x.start.remote(make_trainer, initial, sampler_dtype, r, world, master, wait_s)
+                for r, x in enumerate(h)])
     except ray.exceptions.GetTimeoutError:
         raise RunError(f"trainer rank 0 did not start within dist.rendezvous_timeout_s={wait_s:g} s") from None
     except sync.Unreachable as e:

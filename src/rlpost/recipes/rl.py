@@ -412,8 +412,7 @@ def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state
         stream.load_state_dict(state["stream"])
         torch.set_rng_state(state["torch_rng"])
         roles.algo.load_state_dict(state)
-        if "rollout_chunks" in state and hasattr(roles.rollout, "next_id"):  # a Ray pool: its chunk seeds go on
-            roles.rollout.next_id = state["rollout_chunks"]
+        roles.load_sampling_state(state)  # a Ray pool's chunk seeds go on from there
     except ConfigError:  # a field its schema refused (the stream's position): named already
         raise
     except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
@@ -435,8 +434,7 @@ def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, 
              "algo_name": cfg.algo.name, "heldout_before": before[0], "passk_before": before[1],
              "eval_threads": before[2], "passk_problems": before[3], "minutes": minutes,
              "early_stop": guard.early_stop_state(),
-             # A Ray pool seeds each chunk by its number (distributed/pool.py): a resume numbers on from here.
-             **({"rollout_chunks": roles.rollout.next_id} if hasattr(roles.rollout, "next_id") else {}),
+             **roles.sampling_state(),
              **roles.algo.state_dict()}
     checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
                     cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None, metrics=metrics)

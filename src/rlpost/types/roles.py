@@ -183,6 +183,16 @@ class Roles:
     grader: Verifier  # held-out accuracy: always the task's own verifier
     process_reward: ProcessReward | None = None  # dense step rewards (task.process_reward_model), else None
 
+    def sampling_state(self) -> dict:
+        """What a checkpoint keeps of the sampler besides its weights: a Ray pool's chunk count, as each
+        chunk is seeded by its number (distributed/pool.py); nothing for a sampler in the process."""
+        return {"rollout_chunks": self.rollout.next_id} if hasattr(self.rollout, "next_id") else {}
+
+    def load_sampling_state(self, state: dict) -> None:
+        """A resume: the pool numbers its chunks on from the checkpoint's count."""
+        if "rollout_chunks" in state and hasattr(self.rollout, "next_id"):
+            self.rollout.next_id = state["rollout_chunks"]
+
     def close(self) -> None:
         for role in (self.verifier, self.grader, self.rollout, self.trainer, self.process_reward):
             if role is not None:
