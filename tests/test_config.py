@@ -313,3 +313,18 @@ def test_the_python_trainer_names_every_bad_key_at_once():
     with pytest.raises(config.ConfigError) as e:
         rlpost.Trainer(model="tiny", overrides={"task.bad": 1, "algo.x": 2, "run.steps": 0})
     assert [line.split(":")[0] for line in str(e.value).splitlines()] == ["task.bad", "algo.x", "run.steps"]
+
+
+def test_every_cross_field_rule_broken_is_named_at_once():
+    # three rules of the sizes, the KL schedule and the topology, each broken: three lines, not the first alone
+    from rlpost import config_check
+    from rlpost.types.errors import ConfigProblems
+
+    with pytest.raises(ConfigProblems) as e:
+        config_check.load(None, ["trainer.micro_batch_size=3", "algo.kl_target=0.1", "dist.trainer_ranks=2"],
+                          on_this_machine=False)
+    assert [p.split(":")[0] for p in e.value.problems] == ["trainer.micro_batch_size", "algo.kl_target",
+                                                            "dist.topology"], e.value.problems
+    with pytest.raises(config.ConfigError) as one:  # one rule broken: its plain one line, as before
+        config.load(None, ["algo.kl_target=0.1"])
+    assert not isinstance(one.value, ConfigProblems) and str(one.value).startswith("algo.kl_target: adaptive KL")

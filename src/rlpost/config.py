@@ -30,7 +30,7 @@ import yaml
 from rlpost import defaults, names
 from rlpost.defaults import default_max_new_tokens  # noqa: F401 - re-exported (the report reads it)
 from rlpost.env_config import ENV_FAMILIES, check_env
-from rlpost.types.errors import writing
+from rlpost.types.errors import ConfigProblems, writing
 from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc.
     AlgoConfig,
     Config,
@@ -52,35 +52,48 @@ from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc
 
 
 def check_consistency(cfg: Config) -> None:
-    """Cross-field rules that hold for every algorithm. What one algorithm cannot run is refused by
-    ``build.check`` (its traits), when the roles are built or by the CLI right after loading."""
-    sizes = cfg.derived
-    if sizes.batch_size % sizes.mini_batch_size:
-        raise ConfigError(f"trainer.mini_batch_size: expected a divisor of the rollout batch ({sizes.batch_size}), "
-                          f"got {sizes.mini_batch_size}")
-    if sizes.mini_batch_size % sizes.micro_batch_size:
-        raise ConfigError(f"trainer.micro_batch_size: expected a divisor of the mini-batch ({sizes.mini_batch_size}), "
-                          f"got {sizes.micro_batch_size}")
-    rollout, algo = cfg.rollout, cfg.algo
-    if rollout.filter_min_pass_rate > rollout.filter_max_pass_rate:
-        raise ConfigError("rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate "
-                          f"({rollout.filter_max_pass_rate}), got {rollout.filter_min_pass_rate}")
-    if algo.overlong_buffer > rollout.max_new_tokens:
-        raise ConfigError(f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({rollout.max_new_tokens}), got "
-                          f"{algo.overlong_buffer}")
-    if rollout.curriculum_window > 0 and cfg.dist.topology == "async":
-        raise ConfigError("rollout.curriculum_window: async workers draw prompts steps ahead of their scores; "
-                          "expected 0 with dist.topology=async")
-    if cfg.run.early_stop_patience > 0 and cfg.run.eval_every == 0:
-        raise ConfigError("run.early_stop_patience: needs held-out evaluations during the run; "
-                          "expected run.eval_every > 0")
-    if cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo":
-        raise ConfigError("pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with "
-                          "pref.loss=orpo")
-    if algo.kl_target > 0 and algo.kl_coef == 0:
-        raise ConfigError("algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0")
-    check_dist(cfg)
+    """Cross-field rules that hold for every algorithm: every rule broken at once (ConfigProblems, one
+    line each), then the task's. What one algorithm cannot run is refused by ``build.check`` (its
+    traits), when the roles are built or by the CLI right after loading."""
+    problems = consistency_problems(cfg)
+    try:
+        check_dist(cfg)
+    except ConfigError as e:
+        problems.append(str(e))
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigProblems(problems)
     check_task(cfg)
+
+
+def consistency_problems(cfg: Config) -> list[str]:
+    """A line for each cross-field rule of the sizes, filters, shaping and schedule the config breaks."""
+    sizes, rollout, algo = cfg.derived, cfg.rollout, cfg.algo
+    rules = [
+        (sizes.batch_size % sizes.mini_batch_size,
+         f"trainer.mini_batch_size: expected a divisor of the rollout batch ({sizes.batch_size}), got "
+         f"{sizes.mini_batch_size}"),
+        (sizes.mini_batch_size % sizes.micro_batch_size,
+         f"trainer.micro_batch_size: expected a divisor of the mini-batch ({sizes.mini_batch_size}), got "
+         f"{sizes.micro_batch_size}"),
+        (rollout.filter_min_pass_rate > rollout.filter_max_pass_rate,
+         f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({rollout.filter_max_pass_rate}), "
+         f"got {rollout.filter_min_pass_rate}"),
+        (algo.overlong_buffer > rollout.max_new_tokens,
+         f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({rollout.max_new_tokens}), got "
+         f"{algo.overlong_buffer}"),
+        (rollout.curriculum_window > 0 and cfg.dist.topology == "async",
+         "rollout.curriculum_window: async workers draw prompts steps ahead of their scores; expected 0 with "
+         "dist.topology=async"),
+        (cfg.run.early_stop_patience > 0 and cfg.run.eval_every == 0,
+         "run.early_stop_patience: needs held-out evaluations during the run; expected run.eval_every > 0"),
+        (cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo",
+         "pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo"),
+        (algo.kl_target > 0 and algo.kl_coef == 0,
+         "algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0"),
+    ]
+    return [message for broken, message in rules if broken]
 
 
 def check_dist(cfg: Config) -> None:

@@ -6,8 +6,8 @@ What it finds without torch (a fraction of a second, where torch alone takes sec
 - each override that is not ``section.key=value``;
 - each unknown section or key (another framework's name gets the rlpost one: names.py), and each
   value of the wrong type or out of its range;
-- then, on the keys that were right, the first cross-field rule broken (config.check_consistency)
-  and what this machine refuses (machine.py);
+- then, on the keys that were right, each cross-field rule broken (config.check_consistency; the
+  task's own rules, which read its files, after those pass) and what this machine refuses (machine.py);
 - each algo key that algo.name does not read and another algorithm does (``ALGO_KNOBS``, the
   table algorithms.knobs_read gives, kept equal to it by a test);
 - each function, environment or algorithm named by import path ('module:name') whose module is
@@ -69,6 +69,8 @@ def load(recipe: str | Path | None = None, overrides: list[str] = (), tree: dict
         cfg = config.from_dict(good)
         if on_this_machine:
             machine.check(cfg)
+    except ConfigProblems as e:  # the cross-field rules, each broken one
+        problems += e.problems
     except ConfigError as e:
         problems.append(str(e))
     if cfg is not None:
