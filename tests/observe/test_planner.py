@@ -611,3 +611,58 @@ def test_when_nothing_fits_up_to_8_gpus_the_largest_part_is_named(capsys):
                              "512", "--algo", "ppo"])["would_fit"]
     assert ppo["options"] == [] and ppo["closest"]["gpus"] == 1 and "critic" in ppo["closest"]["note"]
     assert "would_fit" not in plan_json(capsys, ["--model", "Qwen/Qwen2.5-0.5B", "--gpu", "h100"])  # it fits
+
+
+# --- across nodes -----------------------------------------------------------------------------
+
+
+def test_weight_sync_over_a_1_gbit_link_is_the_sampler_bytes_at_125_mb_per_s():
+    # 134,515,008 params x 2 bytes (bf16 sampler) = 269,030,016 bytes; 1 Gbit/s = 125,000,000 bytes/s -> 2.152 s
+    net = planner.Net(nodes=2, gbps=1.0, topology="disaggregated")
+    t = planner.plan(EMBEDDED, Workload(), CPU, 1, net=net)["time_s"]
+    assert t["sync_link"] == pytest.approx(269_030_016 / 125e6)
+    assert "fsdp_link" not in t  # one trainer rank: nothing of FSDP crosses the link
+    assert t["step"] == pytest.approx(t["gen"] + t["update"] + t["sync"] + t["sync_link"])
+    # fp32 sampler: twice the bytes; 10 Gbit/s: a tenth of the time
+    fp32 = planner.plan(EMBEDDED, Workload(sampler_bf16=False), CPU, 1, net=net)["time_s"]["sync_link"]
+    assert fp32 == pytest.approx(2 * t["sync_link"])
+    ten = planner.plan(EMBEDDED, Workload(), CPU, 1, net=replace(net, gbps=10.0))["time_s"]["sync_link"]
+    assert ten == pytest.approx(t["sync_link"] / 10)
+    assert set(planner.plan(EMBEDDED, Workload(), CPU, 1, net=planner.Net())["time_s"]) == {"gen", "update", "sync",
+                                                                                            "step"}  # one node
+
+
+def test_fsdp_across_nodes_is_three_gathers_per_micro_batch_at_g_minus_1_over_g():
+    # 16 x 8 = 128 rows over 4 ranks = 32 each, micro-batch 8: 4 micro-batches, each gathers 4P bytes (fp32) for
+    # the forward and again for the backward and reduce-scatters 4P: 4 x 3 x 4P = 48P bytes; a ring of 4 moves 3/4
+    # of them through each link. P = 134,515,008 -> 48 x 134,515,008 x 0.75 / 12.5e9 (100 Gbit/s) = 0.3874 s
+    w = Workload(micro_batch=8)
+    t = planner.plan(EMBEDDED, w, GPUS["h100"], 4, net=planner.Net(2, 100.0, "disaggregated"))["time_s"]
+    assert t["fsdp_link"] == pytest.approx(48 * 134_515_008 * 0.75 / 12.5e9)
+    # a reference adds one forward pass: 4 more gathers of 4P
+    ref = planner.plan(EMBEDDED, replace(w, reference=True), GPUS["h100"], 4, net=planner.Net(2, 100.0, "async"))
+    assert ref["time_s"]["fsdp_link"] == pytest.approx(64 * 134_515_008 * 0.75 / 12.5e9)
+
+
+def test_async_step_is_the_longer_of_generation_and_the_rest():
+    net = planner.Net(nodes=2, gbps=1.0, topology="async")
+    t = planner.plan(EMBEDDED, Workload(), CPU, 1, net=net)["time_s"]
+    rest = t["update"] + t["sync"] + t["sync_link"]
+    assert rest > t["gen"]  # 2.15 s of sync alone: the rest is the longer
+    assert t["step"] == pytest.approx(rest)
+    fast = planner.plan(EMBEDDED, Workload(), CPU, 1, net=replace(net, gbps=1000.0))["time_s"]
+    assert fast["step"] == pytest.approx(max(fast["gen"], fast["update"] + fast["sync"] + fast["sync_link"]))
+
+
+def test_nodes_flags_in_json_and_bad_input_one_line(capsys):
+    assert planner.main(["--nodes", "2", "--net-gbps", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["nodes"], out["net_gbps"], out["topology"]) == (2, 1.0, "disaggregated")
+    assert out["time_s"]["sync_link"] == pytest.approx(269_030_016 / 125e6)
+    for argv, word in ((["--nodes", "0"], "--nodes"), (["--net-gbps", "-1", "--nodes", "2"], "--net-gbps"),
+                       (["--net-gbps", "0"], "--net-gbps"),
+                       (["--gpu", "h100", "--gpus", "2", "--nodes", "4"], "--nodes"),
+                       (["--nodes", "2", "--topology", "colocated"], "--topology")):
+        assert planner.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"rlpost: error: {word}") and "\n" not in err, (argv, err)

@@ -16,7 +16,7 @@ import math
 import re
 import statistics
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -47,18 +47,64 @@ LABELS = {"weights": "policy weights (fp32 master)", "sampler": "sampler copy", 
           "logits": "logits (B, T, V) for log-softmax", "step": "step", "kv_cache": "sampler KV cache",
           "runtime": "runtime overhead", "total": "total (peak)", "sync": "weight sync",
           "gen": "rollout (prefill + decode)", "ref": "reference forward", "old": "old log-probs (+values)",
-          "update": "update (fwd+bwd+AdamW)"}
+          "update": "update (fwd+bwd+AdamW)", "sync_link": "weight sync over the network",
+          "fsdp_link": "FSDP traffic over the network"}
 
 
-def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None) -> dict:
-    mem = memory(s, w, dev, gpus)
+def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None,
+         net: Net | None = None) -> dict:
+    mem, net = memory(s, w, dev, gpus), net or Net()
     fits = mem["total"] <= dev.memory_gib * GiB if dev.memory_gib else None
     out = {"params": s.params, "shape": asdict(s), "workload": asdict(w), "device": dev.name,
-           "gpus": gpus, "memory_bytes": mem, "time_s": step_time(s, w, dev, gpus, eff), "fits": fits,
+           "gpus": gpus, "memory_bytes": mem, "time_s": across_nodes(s, w, step_time(s, w, dev, gpus, eff), gpus, net),
+           "fits": fits, "nodes": net.nodes, "net_gbps": net.gbps, "topology": net.topology,
            "caveats": [] if dev.cpu else [*GPU_CAVEATS, *([MULTI_GPU] if gpus > 1 else [])]}
     if fits is False:
         out["would_fit"] = would_fit(s, w, dev, gpus, eff)
     return out
+
+
+# --- Across nodes: what crosses the network link ---
+NET_GBPS = 100.0  # the default inter-node link: a GPU cluster's 100 Gbit/s Ethernet or InfiniBand port
+
+
+@dataclass(frozen=True)
+class Net:
+    nodes: int = 1  # machines the run spans; the trainer's ranks spread over them, rollout workers on another
+    gbps: float = NET_GBPS  # the link between two nodes, Gbit/s per direction
+    topology: str = "colocated"  # dist.topology: colocated and disaggregated run phases in turn, async overlaps
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.gbps * 1e9 / 8
+
+
+def link_terms(s: Shape, w: Workload, gpus: int, net: Net) -> dict[str, float]:
+    """Seconds on the inter-node link per step. The weight sync sends the sampler's weights (P x its dtype's bytes)
+    from the trainer to rollout workers on another node. FSDP (no mixed-precision policy: fp32 shards) all-gathers
+    4P bytes for each micro-batch's forward and again for its backward, and reduce-scatters 4P bytes of gradients;
+    each forward-only pass (reference, old log-probs) gathers once per micro-batch. A ring over G ranks moves
+    (G - 1) / G of those bytes through each node's link; only when the ranks span nodes."""
+    if net.nodes == 1:
+        return {}
+    P, w = s.params, w.on(CPU_AVX512)  # only the workload's own fields matter here, not the device
+    out = {"sync_link": P * (2 if w.sampler_bf16 else 4) / net.bytes_per_s}
+    if min(net.nodes, gpus) > 1:
+        per_pass = math.ceil(max(1, w.batch // gpus) / w.micro(gpus))
+        n_mini = max(1, w.batch // (w.mini_batch or w.batch))
+        forwards = int(w.reference) + int(w.early_old or w.epochs > 1 or n_mini > 1)
+        gathers = 3 * w.epochs * per_pass + forwards * per_pass
+        out["fsdp_link"] = gathers * 4 * P * (gpus - 1) / gpus / net.bytes_per_s
+    return out
+
+
+def across_nodes(s: Shape, w: Workload, t: dict[str, float], gpus: int, net: Net) -> dict[str, float]:
+    """``t`` (step_time's phases) with the link's terms as rows of their own, and the step as the topology draws
+    it: the phases in turn (colocated, disaggregated), or generation alongside the rest (async: max of the two)."""
+    phases = {k: v for k, v in t.items() if k != "step"} | link_terms(s, w, gpus, net)
+    rest = sum(v for k, v in phases.items() if k != "gen")
+    step = max(phases["gen"], rest) if net.topology == "async" else phases["gen"] + rest
+    return {**phases, "step": step}
 
 
 # --- What would fit, where a plan does not ---
@@ -179,14 +225,14 @@ def engine_of(setting: str) -> str:
 
 
 def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict | None = None,
-              path: dict | None = None) -> dict:
+              path: dict | None = None, net: Net | None = None) -> dict:
     """Predict a finished run's step against its medians over steps. Rows: name, unit, predicted, measured (None if
     not logged), ratio = measured / predicted (divide that phase's efficiency by it, via --eff, to match the run).
     ``path``: Workload fields of the code path the run took where its config does not say (``path_from_args``)."""
     cfg, med, steps, summary = read_run(run_dir)
     shape = resolve_model(cfg.model.name, "model.name (in the run's config.yaml)")
     dev = resolve_device(device, "--device")
-    p = plan(shape, replace(workload_from_run(cfg, med, dev), **(path or {})), dev, gpus, eff)
+    p = plan(shape, replace(workload_from_run(cfg, med, dev), **(path or {})), dev, gpus, eff, net)
     rows = [(f"timing_s/{k}", "s", v, med.get(f"timing_s/{k}")) for k, v in p["time_s"].items()]
     # peak_rss_gb is ru_maxrss KiB / 2**20, so GiB; it includes everything the process held. On a
     # GPU the device's own peak: the caching allocator's (perf/max_memory_allocated_gb, GiB too).
@@ -256,6 +302,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"2-core AVX-512 bf16 machine) or a GPU: {', '.join(GPUS)}")
     c.add_argument("--gpu", metavar="NAME", help="same as --device NAME")
     c.add_argument("--gpus", type=int, default=1, help="GPUs; FSDP shards weights, grads, AdamW over them")
+    c.add_argument("--nodes", type=int, default=1, help="machines the run spans (default 1): the weight sync to "
+                   "rollout workers, and FSDP's traffic where the --gpus ranks span nodes, go over --net-gbps")
+    c.add_argument("--net-gbps", type=float, default=NET_GBPS, metavar="B",
+                   help=f"the link between nodes, Gbit/s (default {NET_GBPS:g}: a GPU cluster's Ethernet or "
+                   "InfiniBand port)")
+    c.add_argument("--topology", choices=("colocated", "disaggregated", "async"),
+                   help="dist.topology: the phases in turn, or (async) generation alongside the rest; "
+                   "default colocated on one node, disaggregated on several")
     c.add_argument("--eff", action="append", metavar="PHASE=X",
                    help=f"override an efficiency ({', '.join(EFFICIENCY['cpu'])})")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -277,6 +331,18 @@ def workload_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Workl
                     logp_chunk=a.logp_chunk, micro_tokens=a.micro_batch_tokens)
 
 
+def net_from_args(a: argparse.Namespace) -> Net:
+    """--nodes, --net-gbps, --topology as a Net; each node holds a trainer rank, or the rollout workers."""
+    if a.nodes < 1 or a.nodes > a.gpus + 1:
+        raise ConfigError(f"--nodes: expected an integer from 1 to --gpus + 1 = {a.gpus + 1} (a node for each "
+                          f"trainer rank at most, and one for rollout workers), got {a.nodes}")
+    if not (a.net_gbps > 0 and math.isfinite(a.net_gbps)):
+        raise ConfigError(f"--net-gbps: expected a number > 0 (Gbit/s), got {a.net_gbps}")
+    if a.nodes > 1 and a.topology == "colocated":
+        raise ConfigError(f"--topology: colocated runs on one node; --nodes {a.nodes} needs disaggregated or async")
+    return Net(a.nodes, a.net_gbps, a.topology or ("disaggregated" if a.nodes > 1 else "colocated"))
+
+
 def path_from_args(a: argparse.Namespace) -> dict:
     """The code path given on the command line for --from (a run before 2026-11-27 on a GPU took
     `generate` and transformers' forward where its config says auto: --engine hf --forward hf)."""
@@ -294,7 +360,10 @@ def format_plan(p: dict, label: str) -> str:
     w, m, t = p["workload"], p["memory_bytes"], p["time_s"]
     lines = [f"rlpost plan: {label} ({p['params'] / 1e6:.1f}M params) on {p['gpus']} x {p['device']}; "
              f"{w['prompts']} prompts x {w['group']} = {w['prompts'] * w['group']} sequences, "
-             f"prompt {w['prompt_len']} + {w['new_tokens']} new tokens", "", f"{'memory per device':<44}{'GiB':>9}"]
+             f"prompt {w['prompt_len']} + {w['new_tokens']} new tokens"
+             + (f"; {p['nodes']} nodes, {p['net_gbps']:g} Gbit/s between them" if p.get("nodes", 1) > 1 else "")
+             + (f"; {p['topology']}" if p.get("topology", "colocated") != "colocated" else ""),
+             "", f"{'memory per device':<44}{'GiB':>9}"]
     lines += [f"  {LABELS[k]:<42}{v / GiB:>9.3f}" for k, v in m.items()]
     if p["fits"] is not None:
         lines.append(f"  {'within device memory' + (' (estimate only)' if p['caveats'] else ''):<42}"
@@ -338,9 +407,9 @@ def run(args: argparse.Namespace) -> int:
     dev = resolve_device(args.gpu, "--gpu") if args.gpu else resolve_device(args.device, "--device")
     if args.gpus < 1 or (dev.cpu and args.gpus != 1):
         raise ConfigError(f"--gpus: expected an integer >= 1 (exactly 1 on cpu), got {args.gpus}")
-    eff = parse_eff(args.eff)
+    eff, net = parse_eff(args.eff), net_from_args(args)
     if args.run_dir:
-        out = calibrate(args.run_dir, args.gpu or args.device, args.gpus, eff, path_from_args(args))
+        out = calibrate(args.run_dir, args.gpu or args.device, args.gpus, eff, path_from_args(args), net)
         text = format_calibration(out)
     else:
         if args.model and args.params:
@@ -349,7 +418,7 @@ def run(args: argparse.Namespace) -> int:
             args.model or "embedded")
         label = f"LLaMA-like ~{args.params}" if args.params else args.model or "embedded"
         label += f", shape from {source}" if source else ""
-        out = plan(shape, workload_from_args(args, dev), dev, args.gpus, eff)
+        out = plan(shape, workload_from_args(args, dev), dev, args.gpus, eff, net)
         out["model_source"] = source or None
         text = format_plan(out, label)
     print(json.dumps(out, indent=2) if args.json else text)
