@@ -1,0 +1,76 @@
+"""The planner across nodes against a run over a capped link: sync time and step, predicted and measured.
+
+    sudo .venv/bin/python benchmarks/multinode.py                 # 1 and 10 Gbit/s, 2 steps each
+    sudo .venv/bin/python benchmarks/multinode.py --gbps 1 --steps 3
+
+Two hosts made of one machine (tests/netns_cluster.py: two network namespaces joined by a veth pair,
+a Ray node in each), the veth capped by `tc` at each rate. On it a disaggregated run of the embedded
+SmolLM2-135M-Instruct: one trainer rank, two rollout workers (Ray spreads them, one on each host),
+weights by broadcast from the trainer's rank 0, so `timing_s/sync` is the broadcast, the bf16
+weights (269 MB) crossing the link to the remote worker. The planner (`rlpost plan --from RUN --nodes 2
+--net-gbps B`) predicts the run's own workload; its sync is `sync` + `sync_link`. Measured: the last
+step's `timing_s/sync` and `timing_s/step` (step 1 carries the warm-up). Needs root (CAP_NET_ADMIN).
+Writes benchmarks/results/multinode.{json} (the rows it prints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # netns_cluster.py
+import netns_cluster  # noqa: E402
+
+from rlpost.observe import planner  # noqa: E402
+
+ARGS = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16", "run.progress=false",
+        "run.checkpoint_every=0", "run.eval_every=0", "run.passk_eval=0", "dist.topology=disaggregated",
+        "dist.rollout_workers=2", "dist.trainer_ranks=1", "dist.weight_sync=broadcast",
+        f"dist.ray_address={netns_cluster.IPS[0]}:{netns_cluster.PORT}"]
+
+
+def measure(gbps: float, steps: int, out: Path) -> dict:
+    """One run over a link capped at ``gbps``: the planner's prediction of it and its last step's figures."""
+    run = out / f"g{gbps:g}"
+    with netns_cluster.two_hosts(cpus=2, store_mb=600, rate_mbit=gbps * 1000) as hosts:
+        r = hosts.run(0, sys.executable, "-m", "rlpost.cli", "train", *ARGS, f"run.steps={steps}",
+                      f"run.out_dir={out}", f"run.name={run.name}", timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"the run at {gbps:g} Gbit/s failed:\n{r.stderr[-3000:]}")
+    placement = next((x for x in r.stderr.splitlines() if x.startswith("placement:")), "")
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    t = planner.calibrate(run, "cpu", 1, net=planner.Net(2, gbps, "disaggregated"))["plan"]["time_s"]
+    pred_sync = t["sync"] + t.get("sync_link", 0.0)
+    return {"gbps": gbps, "placement": placement, "sync_pred_s": pred_sync, "sync_s": last["timing_s/sync"],
+            "worker_weight_load_s": last.get("timing_s/worker_weight_load"),
+            "step_pred_s": t["step"], "step_s": last["timing_s/step"],
+            "sync_ratio": last["timing_s/sync"] / pred_sync, "step_ratio": last["timing_s/step"] / t["step"]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gbps", type=float, action="append", help="link rates, Gbit/s (default 1 and 10)")
+    p.add_argument("--steps", type=int, default=2)
+    a = p.parse_args()
+    if why := netns_cluster.refused():
+        print(f"multinode: cannot make network namespaces here: {why}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="rlpmn") as tmp:
+        rows = [measure(g, a.steps, Path(tmp)) for g in a.gbps or (1.0, 10.0)]
+    print(f"{'Gbit/s':>7}{'sync pred':>11}{'sync meas':>11}{'ratio':>7}{'step pred':>11}{'step meas':>11}{'ratio':>7}")
+    for r in rows:
+        print(f"{r['gbps']:>7g}{r['sync_pred_s']:>11.3f}{r['sync_s']:>11.3f}{r['sync_ratio']:>7.2f}"
+              f"{r['step_pred_s']:>11.3f}{r['step_s']:>11.3f}{r['step_ratio']:>7.2f}")
+    for r in rows:
+        print(f"{r['gbps']:g} Gbit/s: {r['placement']}")
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "multinode.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
