@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from rlpost.distributed import sync
-from rlpost.distributed.topology import free_port
 
 
 def state():
@@ -28,7 +27,7 @@ def test_every_worker_receives_exactly_what_rank_0_sent():
     sent = state()
     sp = sync.spec(sent)
     assert [n for n, _, _ in sp] == sorted(sent)  # one order on every member
-    addr, world = f"127.0.0.1:{free_port()}", 3
+    addr, world = sync.address("127.0.0.1"), 3
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     procs = [ctx.Process(target=member, args=(addr, r, world, sp, out)) for r in (1, 2)]
@@ -66,7 +65,7 @@ def test_a_rank_that_cannot_reach_rank_0_stops_in_bounded_time_naming_the_addres
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # _join pins them: not for the tests after this one
         monkeypatch.setenv(var, "lo")
 
-    addr = f"127.0.0.1:{free_port()}"  # nobody listens there
+    addr = sync.address("127.0.0.1")  # nobody listens there
     t0 = time.perf_counter()
     with pytest.raises(sync.Unreachable) as e:
         TrainerWorker._join(addr, rank=1, world=2, meet_s=2)

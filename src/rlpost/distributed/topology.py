@@ -17,7 +17,6 @@ Every process group meets at an address on its rank 0's node (``sync.address``),
 from __future__ import annotations
 
 import math
-import socket
 from typing import Callable
 
 import ray
@@ -38,13 +37,6 @@ def threads(dist: DistConfig, cores: int) -> tuple[int, int]:
         return trainer, dist.rollout_threads or max(1, (cores - trainer * dist.trainer_ranks) // dist.rollout_workers)
     return (dist.trainer_threads or max(1, cores // dist.trainer_ranks),
             dist.rollout_threads or max(1, cores // dist.rollout_workers))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A free TCP port on ``host`` (tests' process groups on this machine)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def cpu_share(actor_threads: list[int], node_cpus: list[float]) -> float:
