@@ -16,7 +16,7 @@ LAYERS = [
     ("types", "console", "wire"),  # the batch, the role contracts, the errors; one line to the user; worker pipes
     # typed config, loading and checks; other frameworks' names for its keys; what this machine accepts; a run's config
     # files; what loading fills in (defaults that follow the task, reward functions' file paths)
-    ("config", "sections", "task_section", "names", "machine", "runconfig", "defaults", "env_config"),
+    ("config", "config_rules", "sections", "task_section", "names", "machine", "runconfig", "defaults", "env_config"),
     ("sandbox",),  # runs model-written programs under limits and isolation; nothing else of rlpost, no torch
     ("envs",),  # task families, verifier functions, data rows; no torch
     ("algorithms", "search"),  # pure maths: advantages, losses, knobs as wrappers; pass@k, votes

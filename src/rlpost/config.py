@@ -29,6 +29,7 @@ import yaml
 
 from rlpost import defaults, names
 from rlpost.defaults import default_max_new_tokens  # noqa: F401 - re-exported (the report reads it)
+from rlpost.config_rules import check_dist, consistency_problems
 from rlpost.env_config import ENV_FAMILIES, check_env
 from rlpost.types.errors import ConfigProblems, writing
 from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc.
@@ -65,54 +66,6 @@ def check_consistency(cfg: Config) -> None:
     if problems:
         raise ConfigProblems(problems)
     check_task(cfg)
-
-
-def consistency_problems(cfg: Config) -> list[str]:
-    """A line for each cross-field rule of the sizes, filters, shaping and schedule the config breaks."""
-    sizes, rollout, algo = cfg.derived, cfg.rollout, cfg.algo
-    rules = [
-        (sizes.batch_size % sizes.mini_batch_size,
-         f"trainer.mini_batch_size: expected a divisor of the rollout batch ({sizes.batch_size}), got "
-         f"{sizes.mini_batch_size}"),
-        (sizes.mini_batch_size % sizes.micro_batch_size,
-         f"trainer.micro_batch_size: expected a divisor of the mini-batch ({sizes.mini_batch_size}), got "
-         f"{sizes.micro_batch_size}"),
-        (rollout.filter_min_pass_rate > rollout.filter_max_pass_rate,
-         f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({rollout.filter_max_pass_rate}), "
-         f"got {rollout.filter_min_pass_rate}"),
-        (algo.overlong_buffer > rollout.max_new_tokens,
-         f"algo.overlong_buffer: expected <= rollout.max_new_tokens ({rollout.max_new_tokens}), got "
-         f"{algo.overlong_buffer}"),
-        (rollout.curriculum_window > 0 and cfg.dist.topology == "async",
-         "rollout.curriculum_window: async workers draw prompts steps ahead of their scores; expected 0 with "
-         "dist.topology=async"),
-        (cfg.run.early_stop_patience > 0 and cfg.run.eval_every == 0,
-         "run.early_stop_patience: needs held-out evaluations during the run; expected run.eval_every > 0"),
-        (cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo",
-         "pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo"),
-        (algo.kl_target > 0 and algo.kl_coef == 0,
-         "algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0"),
-    ]
-    return [message for broken, message in rules if broken]
-
-
-def check_dist(cfg: Config) -> None:
-    dist = cfg.dist
-    if dist.topology == "colocated" and (dist.rollout_workers > 1 or dist.trainer_ranks > 1):
-        raise ConfigError("dist.topology: rollout_workers/trainer_ranks > 1 need dist.topology=disaggregated or "
-                          f"async, got {dist.topology}")
-    if dist.trainer_ranks > 1 and cfg.model.lora_r > 0:
-        raise ConfigError("dist.trainer_ranks: the FSDP2 trainer shards the policy alone; expected 1 with LoRA")
-    if dist.trainer_ranks > 1 and cfg.trainer.param_dtype != "float32":
-        raise ConfigError("trainer.param_dtype=bfloat16 keeps its float32 master copy beside one unsharded model; "
-                          "expected float32 with dist.trainer_ranks > 1 (FSDP2 shards float32 weights, bf16 compute by "
-                          "trainer.precision)")
-    if dist.trainer_ranks > 1 and cfg.trainer.micro_batch_tokens:
-        raise ConfigError("trainer.micro_batch_tokens: each FSDP rank must run as many micro-batches as the others; "
-                          "expected 0 (micro-batches by rows) with dist.trainer_ranks > 1")
-    if dist.weight_sync == "broadcast" and dist.topology == "colocated":
-        raise ConfigError("dist.weight_sync=broadcast moves weights from the trainer's actor to the rollout workers' "
-                          "actors: it needs dist.topology=disaggregated or async (colocated syncs in process)")
 
 
 FAMILIES = typing.get_args(typing.get_type_hints(TaskConfig)["name"])  # task.name's choices
