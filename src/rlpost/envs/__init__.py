@@ -30,7 +30,7 @@ import yaml
 
 from rlpost import config
 from rlpost.config import TaskConfig
-from rlpost.envs import arithmetic, code, dataset, decontam, gym, mathgen, tools
+from rlpost.envs import arithmetic, code, code_formats, dataset, decontam, gym, mathgen, tools
 from rlpost.envs.pool import EnvPool
 from rlpost.types.errors import ConfigError
 
@@ -119,7 +119,9 @@ def family_splits(t, family: str) -> tuple[list[dict], list[dict], int]:
     """(train rows, held-out rows, malformed rows skipped) of one family, built from the task section."""
     skipped = 0
     if t.data and family in config.DATA_FAMILIES:
-        train, heldout, skipped = dataset.build_splits(t, raw=family == "env")  # an environment's reset reads its rows
+        # an environment's reset reads its rows as they are; code rows may come in HumanEval's or APPS's format
+        train, heldout, skipped = dataset.build_splits(t, raw=family == "env",
+                                                       convert=code_formats.convert if family == "code" else None)
     elif family == "dataset":
         raise ValueError("task.data is required for task.name=dataset")  # config.check_task says so first
     elif family == "env":

@@ -4,7 +4,8 @@ built-in task family.
 ``score(completion, row)`` takes the program from the last ```python block (or the whole
 completion when it has no fence), grades it against ``row["tests"]`` (envs/grading.py: the
 grading contract; tests are parsed here, only their inputs enter the sandbox, results come back as
-plain JSON and are compared here) and returns the fraction that pass.
+plain JSON and are compared here) and returns the fraction that pass. ``row["program_prefix"]``
+(HumanEval's prompt, envs/code_formats.py) goes before the program, as HumanEval's harness runs it.
 
 Per-run limits come from ``row["limits"]`` (fields of ``sandbox.Limits``); the backend and the
 parallelism from ``row["sandbox"]`` (``{"backend": "bwrap" | "rlimits", "parallel": N, "allow_root": bool}``), which
@@ -62,7 +63,10 @@ def score(completion: str, row: dict) -> tuple[float, dict]:
     if backend not in BACKENDS:
         raise ValueError(f"row['sandbox']['backend'] = {backend!r}: expected one of {BACKENDS}")
     limits = Limits(**row.get("limits", {}))
-    return grade(extract_program(completion), list(row["tests"]), limits, backend, int(box.get("parallel", 0)),
+    # HumanEval's harness runs prompt + completion: its imports and helpers come before the program
+    # (a whole function written again after it replaces the prompt's stub)
+    program = str(row.get("program_prefix", "")) + extract_program(completion)
+    return grade(program, list(row["tests"]), limits, backend, int(box.get("parallel", 0)),
                  allow_root=box.get("allow_root") is True)
 
 

@@ -86,20 +86,22 @@ def column(raw: dict, name: str):
     return value
 
 
-def load_rows(path: str, tcfg, raw: bool = False) -> tuple[list[dict], int]:
+def load_rows(path: str, tcfg, raw: bool = False, convert=None) -> tuple[list[dict], int]:
     """(task rows, rows skipped as malformed) of one data file; raw: the rows as they are (an
-    environment's rows, which its reset reads: they need no prompt)."""
+    environment's rows, which its reset reads: they need no prompt); convert(row, source): a data
+    row in another format -> one in this (the code sets' formats, envs/code_formats.py)."""
     if raw:
         return read_rows(path), 0
-    rows, skipped = check_rows(read_rows(path), lambda r, src: to_row(r, tcfg, src), path, tcfg.on_bad_row)
-    return [to_row(r, tcfg, path) for r in rows], skipped
+    parse = (lambda r, src: to_row(convert(r, src), tcfg, src)) if convert else (lambda r, src: to_row(r, tcfg, src))
+    rows, skipped = check_rows(read_rows(path), parse, path, tcfg.on_bad_row)
+    return [parse(r, path) for r in rows], skipped
 
 
-def build_splits(tcfg, raw: bool = False) -> tuple[list[dict], list[dict], int]:
-    """(train rows, held-out rows, rows skipped); raw: the rows as they are (load_rows)."""
-    rows, skipped = load_rows(tcfg.data, tcfg, raw)
+def build_splits(tcfg, raw: bool = False, convert=None) -> tuple[list[dict], list[dict], int]:
+    """(train rows, held-out rows, rows skipped); raw, convert: as load_rows."""
+    rows, skipped = load_rows(tcfg.data, tcfg, raw, convert)
     if tcfg.eval_data:
-        heldout, bad = load_rows(tcfg.eval_data, tcfg, raw)
+        heldout, bad = load_rows(tcfg.eval_data, tcfg, raw, convert)
         skipped += bad
     else:
         random.Random(tcfg.seed).shuffle(rows)

@@ -15,9 +15,10 @@ object it returns, every byte it writes. So nothing that decides the reward is d
      literals (numbers, strings, bytes, None, True/False, and tuples, lists, dicts and sets of
      those; ``ast.literal_eval``);
    * ``{"call": "f(ARGS)", "expected": VALUE}`` with optional ``"rel_tol"`` / ``"abs_tol"``:
-     the same, with the expected value as data (JSON, so a list is a list);
+     the same, with the expected value as data (JSON, so a list is a list), and APPS's options
+     ``also_expected``, ``tuple_is_list`` and ``method_of`` (``_call_extras``);
    * ``{"stdin": "...", "stdout": "..."}``: the program reads stdin and must exit 0 printing
-     stdout (compared after stripping the ends and trailing spaces per line).
+     stdout (compared after stripping the ends and trailing spaces per line; ``"compare": "tokens"``: APPS's tokens).
 
 2. Only inputs enter the sandbox: the function name and the *source* of the literal arguments
    (which the harness reads with ``ast.literal_eval``), or the stdin text. No expected value is
@@ -62,7 +63,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from rlpost.envs.claims import Flag, is_number, same, truth, well_formed, within
+from rlpost.envs.claims import Flag, is_number, same, truth, tuples_as_lists, well_formed, within
 from rlpost.sandbox import Limits, Result, run_python
 
 ISCLOSE_REL_TOL = 1e-9  # math.isclose's own defaults: what a test that states no tolerance gets for floats
@@ -113,9 +114,11 @@ def main():
         return
     for i, (name, args, kwargs) in enumerate(calls):
         try:
-            if not callable(ns.get(name)):
+            owner, _, name = name.rpartition(".")
+            fn = getattr(ns[owner](), name, None) if owner else ns.get(name)
+            if not callable(fn):
                 raise NameError(name)
-            value = ns[name](*ast.literal_eval(args), **ast.literal_eval(kwargs))
+            value = fn(*ast.literal_eval(args), **ast.literal_eval(kwargs))
         except BaseException as e:
             report({"i": i, "raised": type(e).__name__})
             continue
@@ -140,12 +143,15 @@ class CallTest:
     check: str = "eq"  # "eq" | "truthy" | "falsy" | "abs" (abs(f(x) - expected) against `bound`)
     tol: tuple[float, float] | None = None  # (rel_tol, abs_tol) for math.isclose; None: `==`, exact
     bound: tuple[str, int | float, bool] | None = None  # check "abs": ("<" or "<=", t, written abs(v - f(x)))
+    also: tuple = ()  # further expected values, any of which passes (APPS: outputs[i] or outputs[i][0])
+    tuple_is_list: bool = False  # a claimed tuple reads as a list (APPS's harness converts a returned tuple)
 
 
 @dataclass(frozen=True)
 class IoTest:
     stdin: str
     stdout: str
+    tokens: bool = False  # compare whitespace-separated tokens (APPS), not lines
 
 
 # --- parsing (trusted side) -----------------------------------------------------------------
@@ -163,12 +169,32 @@ def parse_test(test) -> CallTest | IoTest:
         except SyntaxError:
             raise Refused(f"call {test['call']!r} is not valid Python") from None
         stated = {k: _tolerance(test[k], k) for k in ("rel_tol", "abs_tol") if k in test}
-        return _call_test(node, canon(test["expected"]), tol=_isclose_tol(**stated) if stated else None)
+        parsed = _call_test(node, canon(test["expected"]), tol=_isclose_tol(**stated) if stated else None)
+        return _call_extras(parsed, test)
     if isinstance(test, dict) and {"stdin", "stdout"} <= set(test):
         if not all(isinstance(test[k], str) for k in ("stdin", "stdout")):
             raise Refused("stdin and stdout must be strings")
-        return IoTest(test["stdin"], test["stdout"])
+        if test.get("compare", "lines") not in ("lines", "tokens"):
+            raise Refused(f"compare = {test['compare']!r}: expected 'lines' (the default) or 'tokens'")
+        return IoTest(test["stdin"], test["stdout"], test.get("compare") == "tokens")
     raise Refused('a test is an assert string, {"call": ..., "expected": ...} or {"stdin": ..., "stdout": ...}')
+
+
+def _call_extras(parsed: CallTest, test: dict) -> CallTest:
+    """A structured call test's APPS/TACO options (envs/code_formats.py): ``also_expected`` (values any of which
+    passes, as APPS takes outputs[i] or outputs[i][0]), ``tuple_is_list`` (a returned tuple reads as a list, as
+    APPS's harness converts it), ``method_of`` (a class name: ``Solution().f(ARGS)``, LeetCode-style)."""
+    also = test.get("also_expected", [])
+    if not isinstance(also, list):
+        raise Refused("also_expected must be a list of values")
+    owner = test.get("method_of", "")
+    if not isinstance(owner, str) or (owner and not owner.isidentifier()):
+        raise Refused(f"method_of = {owner!r}: expected a class name, e.g. 'Solution'")
+    if not isinstance(test.get("tuple_is_list", False), bool):
+        raise Refused("tuple_is_list must be true or false")
+    fn = f"{owner}.{parsed.fn}" if owner else parsed.fn
+    return CallTest(fn, parsed.args, parsed.kwargs, parsed.expected, parsed.check, parsed.tol, parsed.bound,
+                    tuple(canon(v) for v in also), test.get("tuple_is_list", False))
 
 
 def _parse_assert(src: str) -> CallTest:
@@ -353,7 +379,8 @@ def judge(test: CallTest, report: dict) -> tuple[str, str]:
         elif test.check == "abs":
             ok = within(claim, test.expected, test.bound)
         else:
-            ok = same(claim, test.expected, test.tol)
+            claim = tuples_as_lists(claim) if test.tuple_is_list else claim
+            ok = any(same(claim, e, test.tol) for e in (test.expected, *test.also))
     except (ValueError, TypeError, RecursionError, OverflowError):
         return "bad_report", ""
     return ("pass" if ok else "fail"), ""
@@ -399,7 +426,9 @@ def run_io(program: str, test: IoTest, limits: Limits, backend: str, parallel: i
                      allow_root=allow_root)
     if res.status != "ok":
         return res.status, res
-    return ("pass" if _normalise(res.stdout) == _normalise(test.stdout) else "fail"), res
+    same_text = (res.stdout.split() == test.stdout.split() if test.tokens
+                 else _normalise(res.stdout) == _normalise(test.stdout))
+    return ("pass" if same_text else "fail"), res
 
 
 def grade(program: str, tests: list, limits: Limits, backend: str, parallel: int,

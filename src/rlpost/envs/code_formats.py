@@ -1,0 +1,209 @@
+"""The public code sets' row formats, turned into code-task rows graded by the grading contract.
+
+The code task grades ``row["tests"]`` (envs/grading.py) and decides every pass/fail outside the
+sandbox from values. The public sets ship their tests in other shapes:
+
+* **HumanEval** (``prompt``, ``test`` with ``def check(candidate)``, ``entry_point``,
+  ``canonical_solution``): each statement of ``check`` must be an assert the grader accepts once
+  ``candidate`` is read as the entry point (``assert candidate(1, 2) == 3`` becomes
+  ``assert add(1, 2) == 3``); an assert's message is dropped, ``assert True`` and imports are
+  no-ops, and arithmetic on number literals is folded here (``2.0/3.0``), as Python would. Anything
+  else (a loop, a helper call, a random input) would have to run in the program's interpreter,
+  where the program decides what it sees, so the row is refused in one line naming it and the
+  statement. HumanEval's harness runs ``prompt + completion``, so the prompt (its imports and
+  helper functions) becomes ``program_prefix``, put before the model's program (envs/code.py).
+* **APPS / TACO** (``question``, ``input_output`` as JSON ``{"inputs": [...], "outputs": [...],
+  "fn_name": optional}``, ``starter_code``, ``solutions``): without ``fn_name`` each pair is a
+  stdin/stdout test compared as whitespace tokens (APPS's comparison; a list of lines is joined
+  by newlines, as its harness does); with it each pair is a call of ``fn_name`` with the listed
+  arguments, passing when the value equals ``outputs[i]`` or, when that is a list, its one element
+  (APPS accepts both), a returned tuple read as a list, and a method of ``Solution`` when the
+  starter code defines that class (APPS's rule). An argument or output that is no literal value is
+  refused, naming the row.
+
+Any other row is left as it is (rlpost's own ``tests``). ``convert`` raises ``DataError`` naming
+the row (``file:line``), which the data loader turns into a refusal or a skip (task.on_bad_row).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import operator
+
+from rlpost.envs.data import DataError, where
+from rlpost.envs.grading import Refused, parse_test
+
+HUMANEVAL_ASK = "Complete the Python function `{}` below. Reply with the code in a ```python block.\n\n```python\n{}```"
+APPS_ASK = "{}\n\nWrite a Python program that solves this{}. Reply with the code in a ```python block."
+FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+MAX_TEXT = 1 << 16  # a folded 'a' + 'b' longer than this is left unfolded (refused)
+MAX_POWER = 64  # a folded ** beyond this exponent is left unfolded (refused): the test text must not cost a hang
+
+
+def kind(raw: dict) -> str:
+    """'humaneval', 'apps' or '' (rlpost's own rows)."""
+    if isinstance(raw.get("test"), str) and "entry_point" in raw and "tests" not in raw:
+        return "humaneval"
+    if "input_output" in raw and "tests" not in raw:
+        return "apps"
+    return ""
+
+
+def convert(raw: dict, source: str) -> dict:
+    """A data row in HumanEval's or APPS's format -> the code task's (prompt, tests, answer, and for
+    HumanEval program_prefix); other rows unchanged. DataError naming the row for a test that
+    cannot be graded outside the sandbox."""
+    found = kind(raw)
+    try:
+        if found == "humaneval":
+            return from_humaneval(raw)
+        if found == "apps":
+            return from_apps(raw)
+    except Refused as e:
+        name = raw.get("task_id") or raw.get("problem_id") or raw.get("id")
+        label = f" ({name})" if name is not None else ""
+        raise DataError(f"{where(raw, source)}{label}: {found} test refused: {e} (docs/environments.md, "
+                        "the public code formats)") from None
+    return raw
+
+
+def from_humaneval(raw: dict) -> dict:
+    entry, prompt = raw["entry_point"], raw.get("prompt")
+    if not isinstance(entry, str) or not entry.isidentifier():
+        raise Refused(f"entry_point {entry!r} is not a function name")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise Refused("'prompt' must be the function's signature and docstring")
+    try:
+        module = ast.parse(raw["test"])
+    except SyntaxError:
+        raise Refused("'test' is not valid Python") from None
+    checks = [n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if len(checks) != 1 or [a.arg for a in checks[0].args.args] != ["candidate"]:
+        raise Refused("'test' must define one check(candidate)")
+    tests = []
+    for stmt in checks[0].body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)) or _no_op(stmt):
+            continue  # an import serves only statements that would be refused; `assert True` tests nothing
+        text = ast.unparse(stmt).splitlines()[0][:70]
+        if not isinstance(stmt, ast.Assert):
+            raise Refused(f"check line {stmt.lineno - checks[0].lineno} ({text!r}) is not an assert on "
+                          "candidate(...): only those are graded outside the sandbox")
+        test = ast.unparse(ast.Assert(_Rewrite(entry).visit(stmt.test)))
+        try:
+            parse_test(test)
+        except Refused as e:
+            raise Refused(f"check line {stmt.lineno - checks[0].lineno} ({text!r}): {e}") from None
+        tests.append(test)
+    if not tests:
+        raise Refused("check(candidate) has no assert to grade")
+    row = {k: v for k, v in raw.items() if k not in ("prompt", "test")}
+    solution = raw.get("canonical_solution")
+    answer = prompt + solution if isinstance(solution, str) else ""
+    return {**row, "prompt": HUMANEVAL_ASK.format(entry, prompt), "tests": tests, "answer": answer,
+            "program_prefix": prompt}
+
+
+def _no_op(stmt) -> bool:
+    """`assert True` (HumanEval's debugging lines) and a bare name or constant (`print` without a call)."""
+    if isinstance(stmt, ast.Assert):
+        return isinstance(stmt.test, ast.Constant) and stmt.test.value is True
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, (ast.Constant, ast.Name))
+
+
+class _Rewrite(ast.NodeTransformer):
+    """candidate -> the entry point's name; arithmetic on number literals folded as Python computes it."""
+
+    def __init__(self, entry: str):
+        self.entry = entry
+
+    def visit_Name(self, node):
+        return ast.copy_location(ast.Name(self.entry, node.ctx), node) if node.id == "candidate" else node
+
+    def visit_BinOp(self, node):
+        node = self.generic_visit(node)
+        left, right = (_number(n) for n in (node.left, node.right))
+        strings = [_string(n) for n in (node.left, node.right)]
+        if isinstance(node.op, ast.Add) and None not in strings and sum(map(len, strings)) <= MAX_TEXT:
+            return ast.copy_location(ast.Constant(strings[0] + strings[1]), node)
+        if left is None or right is None or type(node.op) not in FOLD:
+            return node
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_POWER:
+            return node
+        try:
+            value = FOLD[type(node.op)](left, right)
+        except (ArithmeticError, ValueError):
+            return node  # 1/0 stays unfolded, so the test is refused as not a literal
+        if isinstance(value, complex) or (isinstance(value, float) and not math.isfinite(value)):
+            return node
+        return ast.copy_location(ast.Constant(value) if value >= 0 else
+                                 ast.UnaryOp(ast.USub(), ast.Constant(-value)), node)
+
+
+def _string(node):
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _number(node):
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def from_apps(raw: dict) -> dict:
+    spec = raw["input_output"]
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            raise Refused("'input_output' is not valid JSON") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("inputs"), list) or not isinstance(
+            spec.get("outputs"), list) or len(spec["inputs"]) != len(spec["outputs"]) or not spec["inputs"]:
+        raise Refused("'input_output' must hold equal, non-empty 'inputs' and 'outputs' lists")
+    fn, starter = spec.get("fn_name"), raw.get("starter_code") or ""
+    if fn is not None and not (isinstance(fn, str) and fn.isidentifier()):
+        raise Refused(f"fn_name {fn!r} is not a function name")
+    pairs = zip(spec["inputs"], spec["outputs"])
+    tests = [_call(fn, args, out, "class Solution" in starter) for args, out in pairs] if fn else [
+        _io(stdin, out) for stdin, out in pairs]
+    for test in tests:
+        parse_test(test)
+    question = raw.get("question") or raw.get("prompt") or ""
+    if not isinstance(question, str) or not question.strip():
+        raise Refused("no 'question' text to prompt with")
+    how = f", completing this starter code:\n```python\n{starter}```" if starter.strip() else (
+        f" as a function `{fn}`" if fn else ", reading standard input and printing the answer")
+    row = {k: v for k, v in raw.items() if k not in ("input_output", "question", "prompt")}
+    return {**row, "prompt": APPS_ASK.format(question.strip(), how), "tests": tests, "answer": _first(raw)}
+
+
+def _io(stdin, out) -> dict:
+    join = lambda v: "\n".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731 - APPS's harness joins lines
+    stdin, out = join(stdin), join(out)
+    if not isinstance(stdin, str) or not isinstance(out, str):
+        raise Refused("a stdin/stdout pair must be strings (or lists of lines)")
+    return {"stdin": stdin, "stdout": out, "compare": "tokens"}
+
+
+def _call(fn: str, args, out, method: bool) -> dict:
+    if not isinstance(args, list):
+        raise Refused(f"the inputs of a call test are the list of its arguments, got {str(args)[:40]!r}")
+    test = {"call": f"{fn}({', '.join(map(repr, args))})", "expected": out, "tuple_is_list": True}
+    if isinstance(out, list) and len(out) == 1:
+        test["also_expected"] = [out[0]]
+    return {**test, "method_of": "Solution"} if method else test
+
+
+def _first(raw: dict) -> str:
+    """The first reference solution (APPS keeps them as a JSON list in a string), or ''."""
+    found = raw.get("solutions")
+    if isinstance(found, str):
+        try:
+            found = json.loads(found)
+        except ValueError:
+            return found
+    return found[0] if isinstance(found, list) and found and isinstance(found[0], str) else ""

