@@ -93,8 +93,8 @@ def test_under_top_p_sampler_trainer_and_reference_score_the_truncated_distribut
     from helpers import tcfg
 
     from rlpost.roles.reference import Reference
-    from rlpost.roles.trainer import Trainer
-    trainer = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=12, micro_batch_size=4,
+    from rlpost.build import trainer_over
+    trainer = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=12, micro_batch_size=4,
                       total_optimizer_steps=1)
     old_logp = trainer.recompute(b)[0]  # the trainer's pi_old, micro-batched and trimmed
     ref_logp = Reference(copy.deepcopy(tiny.model), 1.0, 4, autocast_bf16=False).logprobs(b)
@@ -115,14 +115,14 @@ def test_truncated_log_probs_and_gradients_by_hand():
     # For target 2 (outside the set: kept anyway, so never -inf): p'' = [4/7, 2/7, 1/7, 0], log p''(2) = ln 1/7.
     import math
 
-    from rlpost.model.logprobs import ChunkedLogp
+    from rlpost.model.logprobs import ChunkedLogp, HeadSpec
     z = torch.tensor([[math.log(4), math.log(2), 0.0, 0.0]] * 2)
     lp_sampler, floor = top_p_truncate(z.log_softmax(-1), 0.7)
     assert torch.allclose(floor, torch.full((2,), (math.log(0.25) + math.log(0.125)) / 2))
     assert torch.allclose(lp_sampler[0], torch.tensor([math.log(2 / 3), math.log(1 / 3), -math.inf, -math.inf]))
     h = torch.ones(2, 1, requires_grad=True)
     w = z[0][:, None].clone().requires_grad_(True)  # (V, H=1): h W^T = z
-    lp, ent = ChunkedLogp.apply(h, w, torch.tensor([1, 2]), 1.0, torch.float32, True, floor)
+    lp, ent = ChunkedLogp.apply(h, w, torch.tensor([1, 2]), HeadSpec(1.0, torch.float32, True), floor)
     assert torch.allclose(lp, torch.tensor([math.log(1 / 3), math.log(1 / 7)]), atol=1e-6)
     p1 = torch.tensor([2 / 3, 1 / 3])
     assert math.isclose(ent[0].item(), -(p1 * p1.log()).sum().item(), rel_tol=1e-5)  # entropy of p'
@@ -188,3 +188,77 @@ def test_engine_table_on_each_device():
     for gpu in (False, True):
         with pytest.raises(ConfigError, match="rollout.engine=fast supports"):
             pick("fast", gpu, False)
+
+
+def shaken(tiny, scale: float = 0.1):
+    """The tiny model with its matrices shaken, so greedy completions vary and rows end at different steps."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in tiny.model.parameters():
+            if p.dim() > 1:
+                p.add_(torch.randn(p.shape, generator=g) * scale)
+    return tiny
+
+
+def long_tailed(tiny, slots: int) -> FastRollout:
+    """A fast engine on ``slots`` slots where a quarter of the vocabulary counts as EOS: most rows stop
+    within a few tokens, a few run to the cap."""
+    fast = FastRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32, slots=slots)
+    fast.hf.eos_ids = torch.arange(5, len(tiny.tokenizer), 4)
+    return fast
+
+
+def test_continuous_batching_long_tail_greedy_equals_generate_row_by_row_in_fewer_steps(tiny):
+    # 12 rows on 3 slots: each finished row's slot goes to the next row. The tokens are generate's row
+    # by row, and the decode steps are about the tokens over the slots plus the longest row, where
+    # waves of 3 rows, each run to its longest, take many more.
+    shaken(tiny)
+    hf = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    hf.eos_ids = torch.arange(5, len(tiny.tokenizer), 4)
+    want = hf.generate(rows(12), n=1, temperature=0.0, top_p=1.0, max_new_tokens=20)
+    fast = long_tailed(tiny, 3)
+    got = fast.generate(rows(12), n=1, temperature=0.0, top_p=1.0, max_new_tokens=20)
+    lengths = want.completion_mask.sum(1)
+    assert (lengths == 20).sum() >= 2 and (lengths <= 5).sum() >= 6  # long-tailed: a few long, most short
+    assert got.completions == want.completions
+    assert torch.equal(got.completion_ids * got.completion_mask, want.completion_ids * want.completion_mask)
+    # A row's first token comes from the prefill; each decode step draws one token in each busy slot.
+    steps, tokens = fast.last_metrics["rollout/decode_steps"], int(lengths.sum())
+    assert steps <= (tokens - 12) / 3 + 20
+    waves = sum(int(lengths[i : i + 3].max()) - 1 for i in range(0, 12, 3))
+    assert steps < 0.7 * waves, (steps, waves)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_a_rows_samples_do_not_depend_on_its_slot_or_the_slot_count(tiny, top_p):
+    # Each draw's uniform is a hash of (the call's key, row, token index): the same seed gives each
+    # row the same tokens and log-probs on 3 slots, 5 slots or one slot per row, whichever slot
+    # it ran in and whenever it entered; and the trainer scores them as the sampler recorded.
+    shaken(tiny)
+    out = []
+    for slots in (0, 3, 5):
+        torch.manual_seed(7)
+        out.append(long_tailed(tiny, slots).generate(rows(4), n=4, temperature=0.9, top_p=top_p, max_new_tokens=16))
+    lengths = out[0].completion_mask.sum(1)
+    assert len(set(lengths.tolist())) > 3 and out[0].group_ids.tolist() == sorted([0, 1, 2, 3] * 4)
+    for b in out[1:]:
+        assert torch.equal(b.completion_ids, out[0].completion_ids)
+        assert torch.allclose(b.sampler_logp, out[0].sampler_logp, atol=1e-5)
+    m = out[1].completion_mask
+    with torch.no_grad():
+        logp, _ = completion_logprobs(tiny.model, out[1], temperature=0.9)
+    assert (logp[m] - out[1].sampler_logp[m]).abs().max() < 1e-5
+    torch.manual_seed(8)  # another seed, other samples
+    other = long_tailed(tiny, 3).generate(rows(4), n=4, temperature=0.9, top_p=top_p, max_new_tokens=16)
+    assert not torch.equal(other.completion_ids, out[0].completion_ids)
+
+
+def test_the_ring_wraps_without_a_row_reading_another_rows_keys(tiny, monkeypatch):
+    # One slot, 6 rows: the cache's ring of P + 8 columns wraps several times, each row's prompt placed
+    # across the wrap at some point; greedy tokens are still generate's.
+    shaken(tiny)
+    hf = HFRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    fast = FastRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32, slots=1)
+    want = hf.generate(rows(6), n=1, temperature=0.0, top_p=1.0, max_new_tokens=8)
+    got = fast.generate(rows(6), n=1, temperature=0.0, top_p=1.0, max_new_tokens=8)
+    assert got.completions == want.completions and fast.last_metrics["rollout/decode_steps"] > 2 * 8

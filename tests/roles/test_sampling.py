@@ -36,3 +36,27 @@ def test_the_uniform_maps_to_the_same_token_as_the_whole_row_cdf():
     u = torch.rand(64, 1) * e.sum(-1, keepdim=True)
     full = torch.searchsorted(e.cumsum(-1), u, right=True)[:, 0]
     assert (tok == full).float().mean() >= 0.98
+
+
+def test_uniforms_are_lowbias32_by_hand_and_follow_row_and_token_not_position():
+    # _mul32 and _mix against Python's unbounded integers (lowbias32: xor-shift 16, * 0x7feb352d,
+    # xor-shift 15, * 0x846ca68b, xor-shift 16, all mod 2^32), on values near 2^32 where int64 would overflow.
+    def lowbias32(v):
+        v ^= v >> 16
+        v = v * 0x7FEB352D % 2**32
+        v ^= v >> 15
+        v = v * 0x846CA68B % 2**32
+        return v ^ (v >> 16)
+
+    x = torch.tensor([0, 1, 12345, 2**31 - 1, 2**31, 2**32 - 1])
+    assert sampling._mix(x).tolist() == [lowbias32(v) for v in x.tolist()]
+    assert sampling._mul32(x, 0x9E3779B9).tolist() == [v * 0x9E3779B9 % 2**32 for v in x.tolist()]
+    key = torch.tensor([3, 4])
+    rows, t = torch.arange(2000) % 50, torch.arange(2000) // 50
+    u = sampling.uniforms(key, rows, t)
+    assert u.min() >= 0 and u.max() < 1 and len(u.unique()) == 2000
+    perm = torch.randperm(2000, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampling.uniforms(key, rows[perm], t[perm]), u[perm])  # a function of (row, t), not of where
+    assert not torch.equal(sampling.uniforms(torch.tensor([3, 5]), rows, t), u)  # another key, other uniforms
+    counts = torch.histc(u, 10, 0, 1)  # 200 expected in each tenth; sd 13.4
+    assert (counts - 200).abs().max() < 60

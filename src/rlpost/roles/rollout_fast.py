@@ -17,6 +17,10 @@ same maths with fewer, larger ops (benchmarks/README.md measures each lever):
   K rows (the group shares the prompt, so its K first-token distributions are the same row).
 * **finished rows leave the batch**: when enough rows have hit EOS the cache is compacted, so the
   tail of long completions does not pay for the short ones.
+* **continuous batching** (``slots``, roles/slots.py): with fewer decode slots than rows (a budget
+  of KV cache), a finished row's slot goes to the next waiting row between two steps, its prompt's
+  KV copied from its group's prefill into a ring of cache columns; a row draws with uniforms of its
+  own (row, token index), so its samples do not depend on its slot or the slot count.
 * **logits only where sampled**: the lm_head (576 x 49152, a fifth of the model's FLOPs per token)
   runs on the last position only.
 
@@ -34,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlpost.model.logprobs import position_ids
 from rlpost.roles import sampling
+from rlpost.roles.slots import Batch, Prefixes
 from rlpost.roles.rollout_hf import HFRollout, continue_ids, top_p_truncate
 from rlpost.types.batch import Rollouts
 
@@ -108,7 +112,7 @@ class FastRollout:
     composition): that one owns the sampler's copy of the weights, its sync and its sleep, turns
     rows into prompts and samples into a batch, and samples with stop strings (tool episodes)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype | None = None):
+    def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype | None = None, slots: int = 0):
         self.hf = HFRollout(model, tokenizer, dtype)  # None: the dtype the precision probe chose
         self.model, self.tok, self.dtype = self.hf.model, tokenizer, self.hf.dtype
         self.last_metrics: dict = {}
@@ -122,6 +126,9 @@ class FastRollout:
         self.lm_head = _Linear(self.model.get_output_embeddings().weight)  # the embedding itself when tied
         self.rotary = core.rotary_emb
         self.packed = False  # the matmul weights are in oneDNN's layout (_Linear) until the next sync or sleep
+        # Decode slots: rows decoded at once, each freed slot refilled by a waiting row (roles/slots.py);
+        # 0: one slot per row of the call (every row at once, the fastest on a CPU while memory allows)
+        self.slots = slots
 
     @property
     def version(self) -> int:
@@ -189,16 +196,17 @@ class FastRollout:
               kmask: Tensor) -> Tensor:
         """One decode step through all layers, in few ops (a step is ~2,100 small ops at a few rows,
         each ~5 us of dispatch): x (b, 1, H) one new token per row at cache column ``at``; ``views``:
-        each layer's cache for the live rows, keys (b, nkv, hd, L) and values (b, nkv, L, hd); cos, sin
-        (b, 1, hd); kmask (b, 1, 1, at+1) additive (``_attend_step``)."""
-        b, nh, nkv, hd = x.shape[0], self.nh, self.nkv, self.hd
+        each layer's cache for the live rows, keys (b, nkv, hd, C) and values (b, nkv, C, hd); cos, sin
+        (b, 1, hd); kmask (b, 1, 1, L) additive (``_attend_step``) over the first L columns, the
+        columns written so far (the whole ring once it has wrapped, roles/slots.py)."""
+        b, nh, nkv, hd, cols = x.shape[0], self.nh, self.nkv, self.hd, kmask.shape[-1]
         nq, nk = nh * hd, nkv * hd
         for L, (kl, vl) in zip(self.layers, views):
             qkv = L.qkv(self._rms(x, L.norm_in))  # (b, 1, nq + 2 nk)
             qk = self._rope(qkv[:, 0, : nq + nk].view(b, nh + nkv, hd), cos, sin)  # (b, nh + nkv, hd)
             kl[..., at] = qk[:, nh:]  # this token's keys, column at of (b, nkv, hd, L)
             vl[:, :, at] = qkv[:, 0, nq + nk :].view(b, nkv, hd)
-            o = self._attend_step(qk[:, :nh], kl[..., : at + 1], vl[:, :, : at + 1], kmask)
+            o = self._attend_step(qk[:, :nh], kl[..., :cols], vl[:, :, :cols], kmask)
             x = self._mlp(x + L.o(o.view(b, 1, nq)), L)
         return x
 
@@ -245,67 +253,64 @@ class FastRollout:
     def _decode(self, ids: Tensor, mask: Tensor, n: int, temperature: float, top_p: float,
                 max_new: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """(completion (G*n, T) int64 padded after EOS, sampler log-probs (G*n, T) float32, top-p
-        thresholds (G*n, T) float32 or None: HFRollout._sample's contract)."""
+        thresholds (G*n, T) float32 or None: HFRollout._sample's contract), on ``self.slots`` decode
+        slots (0: one per row), each freed slot refilled by the next waiting row (roles/slots.py)."""
         G, P = ids.shape
         B = G * n
-        layers = len(self.layers)
-        cache = (torch.empty(layers, B, self.nkv, self.hd, P + max_new, dtype=self.dtype),
-                 torch.empty(layers, B, self.nkv, P + max_new, self.hd, dtype=self.dtype))
-        # 1. Prefill each distinct prompt once (rows of a group share it).
-        pos = position_ids(mask)  # (G, P)
-        causal = torch.ones(P, P, dtype=torch.bool).tril()
-        kmask = causal & mask[:, None, None, :]  # (G, 1, P, P)
-        kmask |= torch.eye(P, dtype=torch.bool)  # a left pad attends itself (never read; avoids NaN)
-        x = self._layers(self.embed[ids], *self._cos_sin(pos), cache, kmask)  # (G, P, H)
-        if n > 1:
-            # group g's KV -> its n rows
-            cache[0][:, :B, :, :, :P] = cache[0][:, :G, :, :, :P].repeat_interleave(n, dim=1)
-            cache[1][:, :B, :, :P] = cache[1][:, :G, :, :P].repeat_interleave(n, dim=1)
-        logits = self._logits(x[:, -1]).repeat_interleave(n, dim=0)  # (B, V)
-        # 2. Decode. `rows` maps the live decode rows to output rows; a row that has drawn EOS
-        # writes nothing more and leaves the batch at the next compaction.
-        out = torch.full((B, max_new), self.tok.pad_token_id, dtype=torch.long)
-        logp_out = torch.zeros(B, max_new)
-        floor_out = torch.zeros(B, max_new) if 0 < top_p < 1.0 and temperature > 0 else None
-        rows = torch.arange(B)
-        kmask = torch.zeros(B, P + max_new)  # additive: 0 where a row attends, -inf on its left pads
-        kmask[:, :P].masked_fill_(~mask.repeat_interleave(n, dim=0), float("-inf"))
-        next_pos = pos[:, -1].repeat_interleave(n) + 1  # (B,) position of the first new token
-        finished = torch.zeros(B, dtype=torch.bool)
-        T, views = 0, None
-        for t in range(max_new):
-            tok, lp, floor = self._draw(logits, temperature, top_p)
-            live = ~finished
-            out[rows[live], t], logp_out[rows[live], t] = tok[live], lp[live]
-            if floor_out is not None:
-                floor_out[rows[live], t] = floor[live]
-            finished |= torch.isin(tok, self.eos_ids)
-            T = t + 1
-            if bool(finished.all()) or t == max_new - 1:
+        S = min(B, self.slots) if self.slots else B
+        st = _State(self, S, P + max_new, B, max_new)
+        st.floor = torch.zeros(B, max_new) if 0 < top_p < 1.0 and temperature > 0 else None
+        st.key = sampling.new_key(ids.device) if temperature > 0 else torch.zeros(2, dtype=torch.long)
+        batch = Batch(self, Prefixes(self, ids, mask, -(-S // n)), n,
+                            (temperature, top_p, max_new, self.eos_ids))
+        b = len(batch.enter(st, list(range(S)), P))  # the live slots are the first b
+        col, steps, views = P, 0, None  # col: the step's cache column, before the ring's mod
+        while True:
+            while batch.waiting:  # freed slots to the next rows (a first token may be EOS: look again)
+                free = st.finished[:b].nonzero().squeeze(1).tolist()
+                if not free:
+                    break
+                batch.enter(st, free, col)
+            live = ~st.finished[:b]
+            if not bool(live.any()):
                 break
-            if finished.float().mean() >= COMPACT_FRACTION:  # drop finished rows from the batch
-                keep = (~finished).nonzero().squeeze(1)
-                for c in cache:
-                    c[:, : len(keep)] = c[:, keep]
-                kmask[: len(keep)], next_pos, rows, tok, finished = (kmask[keep], next_pos[keep], rows[keep], tok[keep],
-                                                                     finished[keep])
-            # each layer's cache, live rows only: made once per batch size
-            if views is None or len(views[0][0]) != len(rows):
-                views = [(k[: len(rows)], v[: len(rows)]) for k, v in zip(*cache)]
-            cos, sin = self._cos_sin((next_pos + t)[:, None])
-            x = self._step(self.embed[tok][:, None], cos[:, 0], sin[:, 0], views, P + t,
-                           kmask[: len(rows), None, None, : P + t + 1])
-            logits = self._logits(x[:, 0])
-        return out[:, :T], logp_out[:, :T], floor_out[:, :T] if floor_out is not None else None
+            if not batch.waiting and 1 - live.float().mean() >= COMPACT_FRACTION:  # drop finished rows
+                b = st.compact(live.nonzero().squeeze(1))
+            if views is None or len(views[0][0]) != b:  # each layer's cache, live rows only
+                views = [(k[:b], v[:b]) for k, v in zip(st.k, st.v)]
+            at, C = col % st.C, st.C
+            st.mask[:b, at] = 0.0  # the column this step writes is each row's from now on
+            cos, sin = self._cos_sin(st.pos[:b, None])
+            x = self._step(self.embed[st.tok[:b]][:, None], cos[:, 0], sin[:, 0], views, at,
+                           st.mask[:b, None, None, : min(col + 1, C)])
+            self._record(st, b, self._logits(x[:, 0]), (temperature, top_p, max_new))
+            col, steps = col + 1, steps + 1
+        self.last_metrics = {"rollout/decode_steps": steps, "rollout/slots": S}
+        return st.collect(self.eos_ids)
 
-    def _draw(self, logits: Tensor, temperature: float, top_p: float) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _record(self, st: "_State", b: int, logits: Tensor, sample: tuple[float, float, int]) -> None:
+        """Draw the next token of the first ``b`` slots' rows, each with its own (row, token index)
+        uniform, and record it for the rows still running."""
+        temperature, top_p, max_new = sample
+        rows, t = st.slot[:b], st.t[:b]
+        tok, lp, floor = self._draw(logits, temperature, top_p, sampling.uniforms(st.key, rows, t))
+        live = ~st.finished[:b]
+        r, c = rows[live], t[live]
+        st.out[r, c], st.logp[r, c] = tok[live], lp[live]
+        if st.floor is not None:
+            st.floor[r, c] = floor[live]
+        st.tok[:b], st.pos[:b], st.t[:b] = tok, st.pos[:b] + 1, t + live
+        st.finished[:b] |= torch.isin(tok, self.eos_ids) | (st.t[:b] >= max_new)
+
+    def _draw(self, logits: Tensor, temperature: float, top_p: float,
+              u: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(token (b,), its log-prob under the distribution drawn from: softmax(logits / T),
         truncated to top-p and renormalised when top_p < 1; the top-p threshold (b,) or None);
-        greedy when temperature is 0."""
+        greedy when temperature is 0. ``u`` (b,): each row's uniform (sampling.uniforms), torch.rand's when None."""
         if temperature == 0:
             return logits.argmax(-1), logits.new_zeros(len(logits)), None
         if top_p >= 1.0:  # the full softmax: a two-level inverse CDF, a few passes over the logits (roles/sampling.py)
-            tok, lp = sampling.draw(logits / temperature)
+            tok, lp = sampling.draw(logits / temperature, u)
             return tok, lp, None
         logp = (logits / temperature).log_softmax(-1)  # (b, V) the policy the trainer optimises
         # the trainer truncates at the same threshold (Rollouts.sampler_floor)
@@ -314,7 +319,7 @@ class FastRollout:
         # the profiler charged torch.multinomial 25 ms per step, but end to end the two measured
         # the same (benchmarks/rollout_levers.py: 1.02x).
         cdf = logp.exp().cumsum(-1)  # (b, V)
-        u = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
+        u = (torch.rand(len(cdf), device=cdf.device) if u is None else u)[:, None] * cdf[:, -1:]
         tok = torch.searchsorted(cdf, u, side="right").squeeze(1).clamp(max=cdf.shape[1] - 1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(1), floor
 
@@ -338,3 +343,38 @@ class FastRollout:
     def linears(self) -> list[_Linear]:
         """Every packed matmul weight: each layer's four, then the lm_head."""
         return [*(lin for L in self.layers for lin in L.linears), self.lm_head]
+
+
+class _State:
+    """The CPU loop's decode state (what roles/slots.py reads and writes by name): the ring KV cache of
+    ``S`` slots x ``C`` columns, each slot's additive mask, next token, position, tokens drawn, output
+    row and finished flag, and the B output rows."""
+
+    def __init__(self, engine: FastRollout, S: int, C: int, B: int, max_new: int):
+        layers, nkv, hd = len(engine.layers), engine.nkv, engine.hd
+        self.C = C
+        self.k = torch.empty(layers, S, nkv, hd, C, dtype=engine.dtype)  # keys, transposed
+        self.v = torch.empty(layers, S, nkv, C, hd, dtype=engine.dtype)
+        self.mask = torch.full((S, C), float("-inf"))
+        self.tok, self.pos, self.t, self.slot = (torch.zeros(S, dtype=torch.long) for _ in range(4))
+        self.finished = torch.ones(S, dtype=torch.bool)
+        self.out = torch.full((B, max_new), engine.tok.pad_token_id, dtype=torch.long)
+        self.logp = torch.zeros(B, max_new)
+        self.floor: Tensor | None = None
+        self.key: Tensor | None = None
+
+    def compact(self, keep: Tensor) -> int:
+        """Move the ``keep`` slots to the front; returns how many there are."""
+        m = len(keep)
+        for c in (self.k, self.v):
+            c[:, :m] = c[:, keep]  # the right side is a gathered copy, so overlapping rows are safe
+        for t in (self.mask, self.tok, self.pos, self.t, self.slot, self.finished):
+            t[:m] = t[keep]
+        return m
+
+    def collect(self, eos: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The output rows cut to the longest completion (up to its EOS), as `generate` returns them."""
+        max_new = self.out.shape[1]
+        is_eos = torch.isin(self.out, eos)
+        T = int(torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, max_new).max())
+        return self.out[:, :T], self.logp[:, :T], self.floor[:, :T] if self.floor is not None else None
