@@ -174,3 +174,9 @@ def correct_as_text(completion, row):
     if completion == "numpy":
         return 0.0, {"correct": numpy.bool_(False)}
     return 0.0, {"correct": "no" if completion == "no" else False}
+
+
+def says_pass(completion, row):
+    """Correct exactly when the row's answer is 'pass', whatever the model wrote: a prompt every sample solves, or
+    none (rlpost curate's band, by hand)."""
+    return float(row["answer"] == "pass"), {}

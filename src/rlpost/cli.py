@@ -3,6 +3,7 @@
   rlpost train [RECIPE.yaml] [section.key=value ...]   train (no recipe = the demo defaults)
   rlpost train --resume RUN_DIR [section.key=value ...] continue a run from its last checkpoint
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
+  rlpost curate DATA [--k K] [--keep LO-HI] [--out DIR] [key=value ...]   rows in the pass-rate band, deduplicated
   rlpost sft | rsft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, rejection-sampling, preference,
                                                                        RM training
   rlpost pipeline PIPELINE.yaml [section.key=value ...] SFT -> (RM) -> DPO -> RL, one table at the end
@@ -41,6 +42,7 @@ from rlpost import config, config_check, machine, names, runconfig
 from rlpost.console import say
 from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
+from rlpost.recipes import curate
 from rlpost.recipes.guard import SIGNALS, startup_signals
 from rlpost.types import folders
 from rlpost.types.errors import Interrupted, ModelLoadError, RunError, interrupt_in
@@ -103,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     e.add_argument("--json", action="store_true",
                    help="print the result as one JSON line (the default when stdout is not a terminal)")
+    curate.add_parser(sub, options)
     for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
                        ("rsft", "rejection-sampling SFT: SFT on the policy's own samples the verifier accepts"),
                        ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
@@ -225,7 +228,8 @@ def _dispatch(argv: list[str]) -> int:
         args.args = [*args.args, *extra]
     commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
                 "sft": cmd_offline, "rsft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline,
-                "pipeline": cmd_pipeline, "export": cmd_export}
+                "pipeline": cmd_pipeline, "export": cmd_export,
+                "curate": lambda a: curate.main(a, pass_rates, refuse_ignored)}
     return commands[args.command](args)
 
 
@@ -389,11 +393,17 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def pass_rates(cfg, rows: list[dict], k: int) -> list[float]:  # rlpost curate's sampler: torch loads only now
+    from rlpost.recipes.evaluate import pass_rates
+
+    return pass_rates(cfg, rows, k)
+
+
 def eval_table(result: dict) -> str:
     """`rlpost eval` on a terminal: one row per number, 3 decimals (--json, or a pipe, gets the JSON)."""
     width = max(map(len, result))
-    rows = [f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}" for k, v in result.items()]
-    return "\n".join(rows)
+    return "\n".join(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}"
+                     for k, v in result.items())
 
 
 def samples_file(args, folder: Path) -> tuple[Path, int]:

@@ -62,3 +62,24 @@ def contamination(train: list[dict], heldout: list[dict], threshold: float = 0.5
     return {"contamination_checked": checked, "contamination_contaminated": len(hits),
             "contamination_contaminated_frac": len(hits) / checked if checked else 0.0,
             "contamination_examples": hits[:3]}
+
+
+def overlapping(train: list[dict], heldout: list[dict], threshold: float = 0.5, n: int = N) -> dict[int, int]:
+    """The training rows that contain a held-out prompt, by the rule of ``contamination`` seen from the
+    other side: training row -> the first held-out row at least ``threshold`` of whose own (non-template)
+    grams it contains. ``rlpost curate`` drops these from the training data (recipes/curate.py)."""
+    held = [ngrams(prompt_text(r), n) for r in heldout]
+    trained = [ngrams(prompt_text(r), n) for r in train]
+    template = _frequent(held) | _frequent(trained)
+    own = [grams - template for grams in held]
+    rows_with: dict[tuple[str, ...], list[int]] = {}  # gram -> the held-out prompts that have it as their own
+    for j, grams in enumerate(own):
+        for g in grams:
+            rows_with.setdefault(g, []).append(j)
+    found: dict[int, int] = {}
+    for i, grams in enumerate(trained):
+        shared = Counter(j for g in grams for j in rows_with.get(g, ()))  # held-out prompt -> grams in common
+        hits = [j for j, c in shared.items() if c >= threshold * len(own[j])]
+        if hits:
+            found[i] = min(hits)
+    return found

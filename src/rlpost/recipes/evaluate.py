@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from rlpost import build, config
-from rlpost.envs import build_task, is_correct
+from rlpost.envs import DEFAULT_VERIFIER, Task, build_task, is_correct
 from rlpost.envs.mix import source_of
 from rlpost.observe import jsonl
 from rlpost.recipes.guard import check_reward_failures
@@ -250,6 +250,25 @@ def sample_records(roles, rows: list[dict], samples: int, temperature: float, to
                             "gold": row.get("answer"), "answer": answer_key(info, completion), "reward": r,
                             "correct": is_correct(info, r)})
     return records
+
+
+def pass_rates(cfg: config.Config, rows: list[dict], k: int) -> list[float]:
+    """Each row's share of k samples (rollout.temperature, run.seed) its verifier marks correct: rlpost curate's band
+    (recipes/curate.py)."""
+    build.check(cfg)
+    task = Task(rows, rows, cfg.task.verifier or DEFAULT_VERIFIER.get(cfg.task.name, ""))
+    torch.manual_seed(cfg.run.seed)
+    roles = build.build_roles(cfg, task, for_eval=True)
+    try:
+        records = sample_records(roles, rows, k, cfg.rollout.temperature, cfg.rollout.top_p,
+                                 cfg.rollout.max_new_tokens, max(cfg.run.eval_batch_size, k), f"{k} samples",
+                                 cfg.run.progress)
+    finally:
+        roles.close()
+    right = [0] * len(rows)
+    for rec in records:
+        right[rec["problem"]] += bool(rec["correct"])
+    return [c / k for c in right]
 
 
 def summarise(records: list[dict], ks: list[int]) -> dict:

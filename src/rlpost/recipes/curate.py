@@ -1,0 +1,240 @@
+"""``rlpost curate DATA``: the data a run should train on, chosen before it starts.
+
+In order, each row dropped at the first rule it breaks (``OUT/rows.jsonl`` says which):
+
+1. **Rows the task cannot read** stop it in one line naming ``file:line`` (``task.on_bad_row=skip``
+   drops and counts them), as training would.
+2. **Duplicates**: an exact one (the same prompt text once lower-cased and its whitespace collapsed)
+   and a near one (MinHash over the normalised text's word 3-grams, ``datasketch``'s LSH for the
+   candidates, then the grams' true Jaccard similarity at least ``--near``) are dropped in favour
+   of the first row of their kind. A templated task's prompts that differ by one number are far
+   apart at the default 0.8 when short (a few words: 3 of 7 grams differ) and close when long.
+3. **Overlap with the held-out rows** (``--heldout FILE``, else ``task.eval_data``): a training row
+   holding at least ``task.contamination_overlap`` of a held-out prompt's own word 8-grams
+   (envs/decontam.py: the check training runs on the other side) is dropped.
+4. **The learnable band**: every row left is sampled ``--k`` times by the model (``--model``, the
+   base model by default) at ``rollout.temperature`` and scored by the task's verifier; a row whose
+   pass rate lies outside ``--keep LO-HI`` (0.1-0.9 by default) is dropped. A prompt every sample
+   solves, or none does, gives a group algorithm no signal (all advantages 0: DAPO's dynamic
+   sampling filters such groups out at training time, paying for their samples every step).
+
+The kept rows are written as they were read (the same columns, in the input's format: JSONL,
+parquet or a ``datasets`` folder), so ``task.data=OUT/NAME`` takes them; beside them ``OUT/rows.jsonl``
+(every input row: its pass rate, kept or why dropped), ``OUT/report.json`` (the counts, the band, the
+pass-rate histogram) and ``OUT/pass_rate.svg`` (the histogram, the band marked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+from rlpost import config, machine
+from rlpost.console import say
+from rlpost.envs import code, code_formats, decontam, dataset
+from rlpost.envs.data import DataError, check_rows, read_rows
+from rlpost.types import folders
+from rlpost.types.errors import ConfigError, writing
+
+BAND = (0.1, 0.9)
+NEAR = 0.8  # Jaccard similarity of word 3-grams from which two prompts are near duplicates
+SHINGLE = 3  # words per MinHash shingle
+PERMUTATIONS = 128  # MinHash permutations: a Jaccard estimate within ~0.09 (one s.d. at J = 0.5)
+FOLDER_KIND = "curate"
+
+
+def parse_band(text: str) -> tuple[float, float]:
+    """'0.1-0.9' -> (0.1, 0.9); one line naming --keep otherwise."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*-\s*([0-9.]+)\s*", text)
+    try:
+        lo, hi = (float(m[1]), float(m[2])) if m else (math.nan, math.nan)
+    except ValueError:
+        lo = hi = math.nan
+    if not (0 <= lo <= hi <= 1):
+        raise ConfigError(f"--keep: expected a band of pass rates LO-HI with 0 <= LO <= HI <= 1, e.g. 0.1-0.9, "
+                          f"got {text!r}")
+    return lo, hi
+
+
+def normalise(text: str) -> str:
+    """What makes two prompts the same: case and runs of whitespace do not count; punctuation does
+    ('2 + 3' and '2 * 3' are different problems)."""
+    return " ".join(text.lower().split())
+
+
+def shingles(text: str, n: int = SHINGLE) -> set[str]:
+    words = text.split()
+    return {" ".join(words[i : i + n]) for i in range(max(1, len(words) - n + 1))} if words else {""}
+
+
+def duplicates(texts: list[str], near: float = NEAR, seed: int = 0) -> dict[int, tuple[int, str, float]]:
+    """Row -> (the earlier row it repeats, 'exact' | 'near', Jaccard similarity) for every row that
+    repeats a kept one; near = 1 finds exact duplicates only. LSH proposes candidates, the exact
+    Jaccard of the grams decides, so a pair is never called near on an estimate alone."""
+    from datasketch import MinHash, MinHashLSH  # numpy and scipy: loaded by the one command that needs them
+
+    found: dict[int, tuple[int, str, float]] = {}
+    first: dict[str, int] = {}
+    lsh = MinHashLSH(threshold=near, num_perm=PERMUTATIONS) if near < 1 else None
+    grams: dict[int, set[str]] = {}
+    for i, text in enumerate(map(normalise, texts)):
+        if text in first:
+            found[i] = (first[text], "exact", 1.0)
+            continue
+        first[text] = i
+        if lsh is None:
+            continue
+        grams[i] = shingles(text)
+        sketch = MinHash(num_perm=PERMUTATIONS, seed=seed)
+        sketch.update_batch([g.encode() for g in grams[i]])
+        close = [(len(grams[i] & grams[j]) / len(grams[i] | grams[j]), j) for j in map(int, lsh.query(sketch))]
+        close = [(sim, j) for sim, j in close if sim >= near]
+        if close:
+            sim, j = max(close, key=lambda c: (c[0], -c[1]))
+            found[i] = (j, "near", sim)
+            continue
+        lsh.insert(str(i), sketch)
+    return {i: (int(j), how, sim) for i, (j, how, sim) in found.items()}
+
+
+def in_band(rate: float, band: tuple[float, float]) -> str:
+    """'' when the pass rate is in the band, else why not."""
+    return "below the band" if rate < band[0] else "above the band" if rate > band[1] else ""
+
+
+def load(path: str, tcfg) -> tuple[list[dict], list[dict], int]:
+    """(the raw rows as read, their task rows, rows skipped as unreadable): each row read as training reads it."""
+    convert = code_formats.convert if tcfg.name == "code" else (lambda r, src: r)
+    parse = lambda r, src: dataset.to_row(convert(r, src), tcfg, src)  # noqa: E731
+    raw, skipped = check_rows(read_rows(path), parse, path, tcfg.on_bad_row)
+    rows = [parse(r, path) for r in raw]
+    if tcfg.name == "code":  # the sandbox settings every code row carries, and the grader's refusals, row by row
+        pairs = [(r, code.prepare([t], [], tcfg)[0]) for r, t in zip(raw, rows)]
+        skipped += sum(not t for _, t in pairs)
+        raw, rows = [r for r, t in pairs if t], [t[0] for _, t in pairs if t]
+    return raw, rows, skipped
+
+
+def write_rows(raw: list[dict], source: Path, out: Path) -> None:
+    """The kept rows as they were read, in the input's format (JSONL, parquet, a `datasets` folder)."""
+    clean = [{k: v for k, v in r.items() if k != "_line"} for r in raw]
+    with writing(out):
+        if source.suffix == ".parquet" or source.is_dir():
+            import datasets
+
+            table = datasets.Dataset.from_list(clean)
+            table.to_parquet(str(out)) if source.suffix == ".parquet" else table.save_to_disk(str(out))
+        else:
+            out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in clean))
+
+
+def histogram(rates: list[float], k: int, band: tuple[float, float], path: Path) -> dict[str, int]:
+    """Prompts per pass rate (0/k .. k/k) as {"i/k": count}, and the plot of it with the band marked."""
+    counts = Counter(round(p * k) for p in rates)
+    table = {f"{i}/{k}": counts.get(i, 0) for i in range(k + 1)}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar([i / k for i in range(k + 1)], list(table.values()), width=0.8 / k, color="#4477aa")
+    ax.axvspan(band[0], band[1], color="#88cc88", alpha=0.25, label=f"kept: {band[0]:g}-{band[1]:g}")
+    ax.set_xlabel(f"pass rate ({k} samples a prompt)")
+    ax.set_ylabel("prompts")
+    ax.legend()
+    fig.tight_layout()
+    with writing(path):
+        fig.savefig(path, format="svg")
+    plt.close(fig)
+    return table
+
+
+def curate(cfg: config.Config, data: str, out: Path, k: int, band: tuple[float, float], near: float,
+           heldout: str, pass_rates) -> dict:
+    """Curate `data` into `out` (a new or empty folder, or one curate wrote); returns the report.
+    pass_rates(cfg, rows, k): each row's share of k samples its verifier marks correct (recipes/evaluate.py)."""
+    folders.check_folder(out, FOLDER_KIND, "--out")
+    raw, rows, unreadable = load(data, cfg.task)
+    if not rows:
+        raise DataError(f"{data}: no rows to curate")
+    held = load(heldout, cfg.task)[1] if heldout else []
+    status: list[dict] = [{"row": i, **({"line": r["_line"]} if "_line" in r else {})} for i, r in enumerate(raw)]
+    for i, (j, how, sim) in duplicates([decontam.prompt_text(r) for r in rows], near, cfg.run.seed).items():
+        status[i].update(dropped=f"{how} duplicate", duplicate_of=j, similarity=round(sim, 3))
+    live = [i for i, s in enumerate(status) if "dropped" not in s]
+    for pos, j in decontam.overlapping([rows[i] for i in live], held, cfg.task.contamination_overlap).items():
+        status[live[pos]].update(dropped="overlaps a held-out row", heldout_row=j)
+    live = [i for i, s in enumerate(status) if "dropped" not in s]
+    say(f"curate: sampling {len(live)} prompts x {k} with {cfg.model.name} (of {len(rows)} read)")
+    rates = pass_rates(cfg, [rows[i] for i in live], k) if live else []
+    for i, p in zip(live, rates):
+        status[i]["pass_rate"] = p
+        if why := in_band(p, band):
+            status[i]["dropped"] = why
+    kept = [r for r, s in zip(raw, status) if "dropped" not in s]
+    out.mkdir(parents=True, exist_ok=True)
+    folders.mark(out, FOLDER_KIND)
+    name = Path(data).name
+    write_rows(kept, Path(data), out / name)
+    with writing(out / "rows.jsonl"):
+        (out / "rows.jsonl").write_text("".join(json.dumps({**s, "kept": "dropped" not in s}) + "\n" for s in status))
+    report = {"data": str(data), "out": str(out / name), "model": cfg.model.name, "k": k, "keep": list(band),
+              "near": near, "heldout": heldout, "read": len(raw) + unreadable, "unreadable": unreadable,
+              "sampled": len(live), "kept": len(kept),
+              "dropped": dict(Counter(s["dropped"] for s in status if "dropped" in s)),
+              "pass_rate_histogram": histogram(rates, k, band, out / "pass_rate.svg")}
+    with writing(out / "report.json"):
+        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def add_parser(sub, options: str) -> None:
+    """`rlpost curate`'s arguments (cli.py keeps its own commands; this one's are here)."""
+    c = sub.add_parser("curate", help="keep the data rows worth training on (pass-rate band, dedup, overlap)",
+                       epilog=options, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Sample K completions of every row of DATA with the model, keep the rows whose pass "
+                                   "rate is in the band, drop exact and near duplicates and rows that overlap the "
+                                   "held-out rows; writes OUT/<DATA's name> (the same format) and a report.")
+    c.add_argument("data", metavar="DATA", help="a .jsonl or .parquet file or a `datasets` folder, as task.data reads")
+    c.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides (task.name, task.verifier, ...)")
+    c.add_argument("--model", default="embedded", help="the model that samples (default: the base model, embedded)")
+    c.add_argument("--k", type=int, default=8, help="samples per prompt (default 8)")
+    c.add_argument("--keep", default="0.1-0.9", help="the pass-rate band kept, LO-HI (default 0.1-0.9)")
+    c.add_argument("--near", type=float, default=NEAR, help="Jaccard similarity of word 3-grams from which two "
+                   "prompts are near duplicates (default 0.8; 1 = exact duplicates only)")
+    c.add_argument("--heldout", default="", help="held-out rows to keep out of the training data (default "
+                   "task.eval_data)")
+    c.add_argument("--out", default="", help="a new or empty folder (default DATA's name + .curated, here)")
+
+
+def main(args, pass_rates, refuse) -> int:
+    """`rlpost curate`: the config and the band checked (refuse: cli.py's check of keys a command ignores), then the
+    curation, whose pass_rates (recipes/evaluate.py's, through cli.py) loads torch."""
+    refuse("eval", [a.split("=", 1)[0] for a in args.args])  # curate trains nothing, as eval
+    if args.k < 1 or not 0 < args.near <= 1:
+        raise ConfigError(f"--k {args.k} --near {args.near}: expected k >= 1 and 0 < near <= 1")
+    band = parse_band(args.keep)
+    named = any(a.startswith("task.name=") for a in args.args)
+    cfg = machine.check(config.load(None, [f"model.name={args.model}", *([] if named else ["task.name=dataset"]),
+                                           f"task.data={args.data}", *args.args]))
+    out = Path(args.out or f"{Path(args.data).name}.curated")
+    report = curate(cfg, args.data, out, args.k, band, args.near, args.heldout or cfg.task.eval_data, pass_rates)
+    print(json.dumps(report) if not sys.stdout.isatty() else table(report))
+    return 0
+
+
+def table(report: dict) -> str:
+    """The console's summary: what was read, dropped and why, kept, and where it went."""
+    lines = [f"read            {report['read']}"]
+    if report["unreadable"]:
+        lines.append(f"unreadable      {report['unreadable']}  (task.on_bad_row=skip)")
+    lines += [f"{why:<15} {n}" for why, n in sorted(report["dropped"].items())]
+    lines += [f"kept            {report['kept']}  (pass rate {report['keep'][0]:g}-{report['keep'][1]:g} of "
+              f"{report['k']} samples) -> {report['out']}"]
+    return "\n".join(lines)

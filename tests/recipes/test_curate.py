@@ -1,0 +1,121 @@
+"""rlpost curate (recipes/curate.py): the pass-rate band, exact and near duplicates and held-out overlap,
+by hand, then end to end on the tiny model with a verifier whose verdict is fixed per row."""
+
+import json
+
+import datasets
+import pytest
+from helpers import cli
+
+from rlpost import config
+from rlpost.envs import dataset
+from rlpost.envs.decontam import overlapping
+from rlpost.recipes.curate import duplicates, in_band, normalise, parse_band, shingles
+
+LONG = "Write the full name of the capital city of the country that lies directly north of the one named here: {}"
+PRIME = "Name a prime number larger than one hundred and give its two nearest primes"
+ROWS = [
+    {"prompt": "What is 2 + 3?", "answer": "pass"},
+    {"prompt": "what   is 2 + 3?", "answer": "pass"},  # row 0 again: case and spaces do not count
+    {"prompt": "What is 2 * 3?", "answer": "fail"},  # one character from row 0, and another problem
+    {"prompt": LONG.format("Spain"), "answer": "pass"},
+    {"prompt": LONG.format("Spain") + " please", "answer": "fail"},  # row 3 and a word: 19 of 20 grams shared
+    {"prompt": PRIME, "answer": "pass"},  # the held-out row itself
+]
+TINY_CURATE = ["--model", "tiny", "--k", "4", "task.verifier=toy_verifiers:says_pass", "rollout.max_new_tokens=4",
+               "run.threads=1", "run.progress=false"]
+
+
+def test_the_band_is_parsed_inclusive_and_refused_in_one_line():
+    assert parse_band("0.1-0.9") == (0.1, 0.9) and parse_band(" 0 - 1 ") == (0.0, 1.0)
+    for bad in ("0.9-0.1", "0.1", "a-b", "0.1-1.5", "-0.1-0.5"):
+        with pytest.raises(config.ConfigError, match="--keep: expected a band"):
+            parse_band(bad)
+    band = (0.1, 0.9)
+    # k = 8: 1/8 = 0.125 and 7/8 = 0.875 are in; 0 and 1 (all fail, all pass: no signal for a group) are out
+    assert [in_band(c / 8, band) for c in range(9)] == ["below the band", *[""] * 7, "above the band"]
+    assert in_band(0.1, band) == in_band(0.9, band) == ""  # the ends belong to the band
+
+
+def test_duplicates_by_hand():
+    texts = [r["prompt"] for r in ROWS]
+    assert normalise(texts[1]) == normalise(texts[0]) != normalise(texts[2])
+    assert len(shingles(normalise(texts[3]))) == 19 and len(shingles("one two")) == 1  # 21 words; short: one gram
+    assert duplicates(texts) == {1: (0, "exact", 1.0), 4: (3, "near", 19 / 20)}
+    assert duplicates(texts, near=0.96) == {1: (0, "exact", 1.0)}  # 0.95 < 0.96
+    assert duplicates(texts, near=1) == {1: (0, "exact", 1.0)}
+    # short templated prompts one number apart: 10 words, 3 of the 8 grams hold the number, J = 5 / 11
+    a, b = "What is 17 * 6? Reply with only the number.", "What is 17 * 7? Reply with only the number."
+    assert duplicates([a, b]) == {} and duplicates([a, b], near=0.3) == {1: (0, "near", 5 / 11)}
+    # the first of a kind is kept, and a third copy points to it, not to the second
+    assert duplicates(["x y z", "X  y z", "x y z"]) == {1: (0, "exact", 1.0), 2: (0, "exact", 1.0)}
+
+
+def test_training_rows_overlapping_a_held_out_prompt_are_found():
+    row = lambda text: {"messages": [{"role": "user", "content": text}]}  # noqa: E731
+    words = [f"w{i}" for i in range(20)]  # 13 grams of 8 words
+    held = [row(" ".join(words))]
+    train = [row(" ".join(words[:14])), row(" ".join(words[:10])), row("unrelated text " * 5), row(" ".join(words))]
+    # words[:14] holds grams 0..6 of the 13: 7 >= 0.5 * 13; words[:10] holds 3, fewer than half
+    assert overlapping(train, held, 0.5) == {0: 0, 3: 0}
+    assert overlapping(train, held, 0.6) == {3: 0}  # 7 / 13 = 0.54
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_curate_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "d.jsonl", ROWS)
+    write(tmp_path / "h.jsonl", [{"prompt": PRIME, "answer": "x"}])
+    r = cli("curate", "d.jsonl", "--heldout", "h.jsonl", "--keep", "0-1", *TINY_CURATE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["dropped"] == {"exact duplicate": 1, "near duplicate": 1, "overlaps a held-out row": 1}
+    assert (report["read"], report["sampled"], report["kept"]) == (6, 3, 3)
+    assert report["pass_rate_histogram"] == {"0/4": 1, "1/4": 0, "2/4": 0, "3/4": 0, "4/4": 2}
+    out = tmp_path / "d.jsonl.curated"
+    status = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [s.get("pass_rate") for s in status] == [1.0, None, 0.0, 1.0, None, None]
+    assert [s["line"] for s in status] == [1, 2, 3, 4, 5, 6] and status[4]["duplicate_of"] == 3
+    # the kept rows as they were read, nothing added; task.data takes them
+    kept = [json.loads(line) for line in (out / "d.jsonl").read_text().splitlines()]
+    assert kept == [ROWS[0], ROWS[2], ROWS[3]]
+    cfg = config.load(None, ["task.name=dataset", f"task.data={out / 'd.jsonl'}"])
+    assert [r["prompt"] for r in dataset.load_rows(str(out / "d.jsonl"), cfg.task)[0]] == [ROWS[i]["prompt"]
+                                                                                          for i in (0, 2, 3)]
+    assert (out / "pass_rate.svg").read_text().lstrip().startswith("<?xml")
+    # the default band drops the all-pass and the all-fail rows: nothing is left, and the folder is curate's own
+    r = cli("curate", "d.jsonl", "--heldout", "h.jsonl", *TINY_CURATE)
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and report["kept"] == 0
+    assert report["dropped"]["above the band"] == 2 and report["dropped"]["below the band"] == 1
+    assert (out / "d.jsonl").read_text() == ""
+
+
+def test_curate_writes_parquet_for_parquet(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    datasets.Dataset.from_list(ROWS[:3]).to_parquet(str(tmp_path / "d.parquet"))
+    r = cli("curate", "d.parquet", "--keep", "0-1", "--out", "c", *TINY_CURATE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [dict(x) for x in datasets.Dataset.from_parquet(str(tmp_path / "c" / "d.parquet"))] == [ROWS[0], ROWS[2]]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["d.jsonl", "--keep", "0.9-0.1"], "--keep: expected a band"),
+    (["bad.jsonl"], "bad.jsonl:2: not valid JSON"),
+    (["nothere.jsonl"], "data: file not found: nothere.jsonl"),
+    (["d.jsonl", "--out", "theirs"], "--out: theirs holds files rlpost did not write (notes.txt)"),
+    (["d.jsonl", "--k", "0"], "expected k >= 1"),
+    (["d.jsonl", "trainer.lr=1e-5"], "trainer.lr: rlpost eval would ignore it"),
+])
+def test_bad_input_is_one_line_naming_it(tmp_path, monkeypatch, args, line):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "d.jsonl", ROWS)
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "answer": "b"}\n{oops\n')
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "notes.txt").write_text("mine")
+    rest = [a for i, a in enumerate(TINY_CURATE) if "--k" not in args or i not in (2, 3)]  # the case's own --k
+    r = cli("curate", *args, *rest)
+    assert r.returncode == 2 and line in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
