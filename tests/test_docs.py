@@ -45,6 +45,7 @@ import yaml
 
 from rlpost import cli, config, names
 from rlpost.sections import Config
+from rlpost.recipes import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "rlpost"
@@ -564,6 +565,8 @@ def command_checks(text: str) -> list[str]:
 def command_args(cmd: str, parser, args: list[str], expect_error: bool) -> list[str]:
     if cmd == "plan":
         options = planner_options()
+    elif cmd == "eval" and suite.is_suite(args):  # `rlpost eval SUITE.yaml` parses its own options
+        options = {s: a.nargs != 0 for s, a in suite.parser()._option_string_actions.items()}
     else:
         options = {s: a.nargs != 0 for s, a in parser._option_string_actions.items()}
     problems, positional, overrides, i = [], [], [], 0

@@ -3,6 +3,7 @@
   rlpost train [RECIPE.yaml] [section.key=value ...]   train (no recipe = the demo defaults)
   rlpost train --resume RUN_DIR [section.key=value ...] continue a run from its last checkpoint
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
+  rlpost eval SUITE.yaml [--model M] [--against RESULTS.json|MODEL] [--out FILE]   several sets, regressions
   rlpost curate DATA [--k K] [--keep LO-HI] [--out DIR] [key=value ...]   rows in the pass-rate band, deduplicated
   rlpost sft | rsft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, rejection-sampling, preference,
                                                                        RM training
@@ -42,8 +43,9 @@ from rlpost import config, config_check, machine, names, runconfig
 from rlpost.console import say
 from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
-from rlpost.recipes import curate
+from rlpost.recipes import curate, suite
 from rlpost.recipes.guard import SIGNALS, startup_signals
+from rlpost.recipes.suite import eval_table
 from rlpost.types import folders
 from rlpost.types.errors import Interrupted, ModelLoadError, RunError, interrupt_in
 
@@ -217,6 +219,8 @@ def _dispatch(argv: list[str]) -> int:
         from rlpost.observe import planner
 
         return planner.main(plan_arguments(argv[1:]))
+    if argv[:1] == ["eval"] and suite.is_suite(argv[1:]):  # rlpost eval SUITE.yaml: its own options
+        return suite.main(argv[1:], evaluation)
     parser = _parser()
     # Overrides may come after options too (`rlpost eval RUN --n 50 run.threads=1`): argparse gives
     # the key=value words it did not place back, and they join the command's overrides.
@@ -229,7 +233,7 @@ def _dispatch(argv: list[str]) -> int:
     commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
                 "sft": cmd_offline, "rsft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline,
                 "pipeline": cmd_pipeline, "export": cmd_export,
-                "curate": lambda a: curate.main(a, pass_rates, refuse_ignored)}
+                "curate": lambda a: curate.main(a, evaluation, refuse_ignored)}
     return commands[args.command](args)
 
 
@@ -393,17 +397,11 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def pass_rates(cfg, rows: list[dict], k: int) -> list[float]:  # rlpost curate's sampler: torch loads only now
-    from rlpost.recipes.evaluate import pass_rates
+def evaluation(name: str):
+    """recipes/evaluate.py's function `name`, for curate and eval SUITE: torch loads once their configs passed."""
+    from rlpost.recipes import evaluate
 
-    return pass_rates(cfg, rows, k)
-
-
-def eval_table(result: dict) -> str:
-    """`rlpost eval` on a terminal: one row per number, 3 decimals (--json, or a pipe, gets the JSON)."""
-    width = max(map(len, result))
-    return "\n".join(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}"
-                     for k, v in result.items())
+    return getattr(evaluate, name)
 
 
 def samples_file(args, folder: Path) -> tuple[Path, int]:

@@ -213,9 +213,9 @@ def add_parser(sub, options: str) -> None:
     c.add_argument("--out", default="", help="a new or empty folder (default DATA's name + .curated, here)")
 
 
-def main(args, pass_rates, refuse) -> int:
+def main(args, evaluation, refuse) -> int:
     """`rlpost curate`: the config and the band checked (refuse: cli.py's check of keys a command ignores), then the
-    curation, whose pass_rates (recipes/evaluate.py's, through cli.py) loads torch."""
+    curation with evaluation("pass_rates") (recipes/evaluate.py's, through cli.py: it loads torch)."""
     refuse("eval", [a.split("=", 1)[0] for a in args.args])  # curate trains nothing, as eval
     if args.k < 1 or not 0 < args.near <= 1:
         raise ConfigError(f"--k {args.k} --near {args.near}: expected k >= 1 and 0 < near <= 1")
@@ -224,7 +224,8 @@ def main(args, pass_rates, refuse) -> int:
     cfg = machine.check(config.load(None, [f"model.name={args.model}", *([] if named else ["task.name=dataset"]),
                                            f"task.data={args.data}", *args.args]))
     out = Path(args.out or f"{Path(args.data).name}.curated")
-    report = curate(cfg, args.data, out, args.k, band, args.near, args.heldout or cfg.task.eval_data, pass_rates)
+    report = curate(cfg, args.data, out, args.k, band, args.near, args.heldout or cfg.task.eval_data,
+                    evaluation("pass_rates"))
     print(json.dumps(report) if not sys.stdout.isatty() else table(report))
     return 0
 

@@ -1,0 +1,165 @@
+"""``rlpost eval SUITE.yaml``: several held-out sets in one command, per set and per source, and
+which problems flipped against an earlier model or result (a regression table).
+
+A suite is a YAML file:
+
+    model: embedded                      # what is evaluated (--model wins); a model folder, hub id or run/model
+    overrides: [run.threads=2]           # optional, joined to every set's
+    sets:
+      arithmetic: [task.name=arithmetic]
+      gsm8k: [task.name=math, task.data=gsm8k.jsonl, task.answer_column=solution]
+
+Each set is the held-out split its overrides make (``rlpost eval``'s config, ``key=value`` words
+after the suite join every set), checked all before torch loads, then evaluated greedily as ``rlpost
+eval`` does (recipes/evaluate.py: heldout_accuracy). Per set: accuracy, problems, and per source (a
+mix's family or a row's ``data_source``). ``--against`` names the baseline: an earlier suite's
+results JSON, or a model (folder, hub id, ``RUN/model``) the same suite is evaluated on first. Then
+per set the problems (by prompt) that went from wrong to right (fixed) and right to wrong (broken).
+Everything goes to ``--out`` (default ``SUITE.results.json``, next to the suite) and, on a terminal,
+as tables (JSON through a pipe or with ``--json``). This module loads no torch: ``evaluation(name)``
+hands it evaluate's functions once every set's config has passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from rlpost import config, machine
+from rlpost.types.errors import ConfigError, writing
+
+SUFFIXES = (".yaml", ".yml")
+
+
+def is_suite(argv: list[str]) -> bool:
+    """`rlpost eval X ...` where X is a suite file (a YAML file, not a run or model folder)."""
+    return bool(argv) and argv[0].endswith(SUFFIXES) and not Path(argv[0]).is_dir()
+
+
+def eval_table(result: dict) -> str:
+    """`rlpost eval` on a terminal: one row per number, 3 decimals (--json, or a pipe, gets the JSON)."""
+    width = max(map(len, result))
+    return "\n".join(f"{k:<{width}}  {v:.3f}" if isinstance(v, float) else f"{k:<{width}}  {v}"
+                     for k, v in result.items())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlpost eval", description="Evaluate a suite of held-out sets (a YAML file).")
+    p.add_argument("suite", metavar="SUITE.yaml")
+    p.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides joined to every set's")
+    p.add_argument("--model", default="", help="the model evaluated (default: the suite's model, else embedded)")
+    p.add_argument("--n", type=int, default=0, help="held-out problems per set (0 = all)")
+    p.add_argument("--against", default="", help="baseline: an earlier suite results JSON, or a model evaluated first")
+    p.add_argument("--out", default="", help="results JSON (default SUITE.results.json)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON (the default through a pipe)")
+    return p
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if any("=" not in a or a.startswith("-") for a in extra):
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.args += extra
+    if args.n < 0:
+        raise ConfigError(f"--n: expected a whole number >= 0, got {args.n}")
+    return args
+
+
+def read_suite(path: str) -> tuple[str, list[str], dict[str, list[str]]]:
+    """(model, overrides for every set, set -> its overrides); one ConfigError naming the file and key."""
+    tree = config.read_yaml(path)
+    if not isinstance(tree, dict) or set(tree) - {"model", "overrides", "sets"}:
+        raise ConfigError(f"{path}: a suite has 'model', 'overrides' and 'sets', got {sorted(tree or {})}")
+    sets = tree.get("sets")
+    if not isinstance(sets, dict) or not sets:
+        raise ConfigError(f"{path}: sets: expected a mapping of set names to lists of key=value overrides")
+    for name, words in {"overrides": tree.get("overrides", []), **{f"sets.{k}": v for k, v in sets.items()}}.items():
+        if not isinstance(words, list) or not all(isinstance(w, str) and "=" in w for w in words):
+            raise ConfigError(f"{path}: {name}: expected a list of key=value overrides, got {words!r}")
+    model = tree.get("model", "")
+    if not isinstance(model, str):
+        raise ConfigError(f"{path}: model: expected a model name, folder or hub id, got {model!r}")
+    return model, tree.get("overrides", []), {str(k): v for k, v in sets.items()}
+
+
+def evaluate_suite(configs: dict, model: str, n: int, heldout_accuracy) -> dict:
+    """Per set: accuracy, n, per-source accuracies and each problem's greedy verdict (by prompt)."""
+    out = {}
+    for name, cfg in configs.items():
+        cfg = config.with_overrides(cfg, [f"model.name={model}"])
+        handle, dump = tempfile.mkstemp(suffix=".jsonl", prefix="rlpost-suite-")
+        os.close(handle)
+        dump = Path(dump)
+        try:
+            acc, used, summary = heldout_accuracy(cfg, n=n, dump=dump)
+            records = [json.loads(line) for line in dump.read_text().splitlines()]
+        finally:
+            dump.unlink(missing_ok=True)
+        sources = {k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("heldout_accuracy/")}
+        out[name] = {"heldout_accuracy": acc, "n": used, "by_source": sources,
+                     "problems": {r["prompt"]: bool(r["correct"]) for r in records}}
+    return out
+
+
+def flips(now: dict, before: dict) -> dict:
+    """Per set in both: the prompts fixed (wrong before, right now) and broken (right before, wrong now)."""
+    table = {}
+    for name in now.keys() & before.keys():
+        a, b = before[name]["problems"], now[name]["problems"]
+        common = a.keys() & b.keys()
+        table[name] = {"compared": len(common), "before": before[name]["heldout_accuracy"],
+                       "now": now[name]["heldout_accuracy"],
+                       "fixed": sorted(p for p in common if b[p] and not a[p]),
+                       "broken": sorted(p for p in common if a[p] and not b[p])}
+    return table
+
+
+def tables(result: dict) -> str:
+    """The terminal's view: one row per set (and source), then the regression table when there is one."""
+    lines = [f"{'set':<24} {'accuracy':>8} {'n':>5}"]
+    for name, r in result["sets"].items():
+        lines.append(f"{name:<24} {r['heldout_accuracy']:>8.3f} {r['n']:>5}")
+        lines += [f"  {src:<22} {acc:>8.3f}" for src, acc in r["by_source"].items()]
+    if "against" in result:
+        lines += ["", f"against {result['against']}",
+                  f"{'set':<24} {'before':>7} {'now':>7} {'fixed':>6} {'broken':>7}"]
+        for name, f in result["flips"].items():
+            lines.append(f"{name:<24} {f['before']:>7.3f} {f['now']:>7.3f} {len(f['fixed']):>6} {len(f['broken']):>7}")
+            lines += [f"  broken: {p[:90]!r}" for p in f["broken"][:5]]  # the first few of each, by prompt
+            lines += [f"  fixed:  {p[:90]!r}" for p in f["fixed"][:5]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str], evaluation) -> int:
+    """`rlpost eval SUITE.yaml ...`; evaluation(name): recipes/evaluate.py's function of that name (loads torch)."""
+    args = parse(argv)
+    model, common, sets = read_suite(args.suite)
+    model = args.model or model or "embedded"
+    configs = {}
+    for name, words in sets.items():
+        try:
+            configs[name] = machine.check(config.load(None, [f"model.name={model}", *common, *words, *args.args]))
+        except ConfigError as e:
+            raise ConfigError(f"{args.suite}: sets.{name}: {e}") from None
+    against = args.against
+    if against.endswith(".json"):
+        try:
+            before = json.loads(Path(against).read_text())["sets"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"--against: {against} is not a suite's results JSON ({type(e).__name__}: {e})") from None
+    out = Path(args.out or Path(args.suite).with_suffix(".results.json"))
+    heldout_accuracy = evaluation("heldout_accuracy")
+    if against and not against.endswith(".json"):
+        before = evaluate_suite(configs, against, args.n, heldout_accuracy)
+    result = {"suite": args.suite, "model": model, "sets": evaluate_suite(configs, model, args.n, heldout_accuracy)}
+    if against:
+        result.update(against=against, flips=flips(result["sets"], before))
+    with writing(out):
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result) if args.json or not sys.stdout.isatty() else tables(result))
+    return 0

@@ -1,0 +1,73 @@
+"""rlpost eval SUITE.yaml (recipes/suite.py): several sets in one command, per source, and the regression
+table against an earlier result or model, on the tiny model with a verifier whose verdict is fixed per row."""
+
+import json
+
+import pytest
+from helpers import TINY_EVAL, cli
+
+from rlpost.recipes.suite import flips
+
+EVAL = [o for o in TINY_EVAL if not o.startswith(("task.n_train", "task.n_heldout"))]
+HELD = [{"prompt": "first", "answer": "pass", "data_source": "a"}, {"prompt": "second", "answer": "fail",
+                                                                     "data_source": "b"},
+        {"prompt": "third", "answer": "pass", "data_source": "b"}]
+
+
+def write_suite(tmp_path, sets: dict, **extra):
+    (tmp_path / "suite.yaml").write_text(json.dumps({"model": "tiny", "overrides": EVAL, "sets": sets, **extra}))
+
+
+def test_a_suite_per_set_and_source_then_what_flipped(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = "".join(json.dumps(r) + "\n" for r in HELD)
+    (tmp_path / "train.jsonl").write_text(rows)
+    (tmp_path / "held.jsonl").write_text(rows)
+    data = ["task.name=dataset", "task.data=train.jsonl", "task.eval_data=held.jsonl",
+            "task.verifier=toy_verifiers:says_pass"]
+    write_suite(tmp_path, {"mine": data, "arith": ["task.name=arithmetic", "task.n_heldout=4"]})
+    r = cli("eval", "suite.yaml")
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result == json.loads((tmp_path / "suite.results.json").read_text())
+    mine = result["sets"]["mine"]
+    # says_pass: right exactly on the rows whose answer is "pass", whatever the model wrote
+    assert mine["heldout_accuracy"] == pytest.approx(2 / 3) and mine["n"] == 3
+    assert mine["problems"] == {"first": True, "second": False, "third": True}
+    assert mine["by_source"] == {"a": 1.0, "b": 0.5}
+    assert result["sets"]["arith"]["n"] == 4 and len(result["sets"]["arith"]["problems"]) == 4
+    # against an earlier result: "first" was wrong then (fixed now), "second" right (broken now)
+    before = {"sets": {"mine": {**mine, "heldout_accuracy": 1 / 3,
+                                "problems": {"first": False, "second": True, "third": True}}}}
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    r = cli("eval", "suite.yaml", "--against", "before.json", "--out", "now.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = json.loads((tmp_path / "now.json").read_text())["flips"]
+    assert table == {"mine": {"compared": 3, "before": 1 / 3, "now": pytest.approx(2 / 3), "fixed": ["first"],
+                              "broken": ["second"]}}  # arith is not in the earlier result: not compared
+    # against a model: the same tiny model, greedy, flips nothing
+    r = cli("eval", "suite.yaml", "--against", "tiny", "--out", "same.json", "--n", "2")
+    flipped = json.loads((tmp_path / "same.json").read_text())["flips"]
+    assert r.returncode == 0 and {k: (len(v["fixed"]), len(v["broken"])) for k, v in flipped.items()} == {
+        "mine": (0, 0), "arith": (0, 0)}
+
+
+def test_flips_by_hand():
+    now = {"s": {"heldout_accuracy": 0.5, "problems": {"a": True, "b": False, "c": True, "new": True}}}
+    before = {"s": {"heldout_accuracy": 0.5, "problems": {"a": False, "b": True, "c": True, "gone": False}}}
+    assert flips(now, before) == {"s": {"compared": 3, "before": 0.5, "now": 0.5, "fixed": ["a"], "broken": ["b"]}}
+
+
+@pytest.mark.parametrize("suite, args, line", [
+    ({"sets": {}}, [], "sets: expected a mapping"),
+    ({"sets": {"x": "task.name=math"}}, [], "sets.x: expected a list of key=value overrides"),
+    ({"sets": {"x": ["task.bogus=1"]}}, [], "suite.yaml: sets.x: task.bogus"),
+    ({"sets": {"x": []}, "extra": 1}, [], "a suite has 'model', 'overrides' and 'sets'"),
+    ({"sets": {"x": []}}, ["--against", "missing.json"], "--against: missing.json is not a suite's results JSON"),
+    ({"sets": {"x": []}}, ["--n", "-1"], "--n: expected a whole number >= 0"),
+])
+def test_bad_suites_are_one_line(tmp_path, monkeypatch, suite, args, line):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "suite.yaml").write_text(json.dumps(suite))
+    r = cli("eval", "suite.yaml", *args)
+    assert r.returncode == 2 and line in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
