@@ -138,8 +138,8 @@ HOST_SYNC_OPS = {"_local_scalar_dense", "nonzero", "is_nonzero", "masked_select"
                  "_unique2", "unique_consecutive", "equal", "bincount", "argwhere", "multinomial", "allclose"}
 
 
-def ops_in_the_step(tiny, monkeypatch, temperature: float, top_p: float) -> set[str]:
-    """The aten ops _advance (what a CUDA graph captures) dispatches during a generate."""
+def ops_in_the_step(tiny, monkeypatch, temperature: float, top_p: float, slots: int = 0) -> set[str]:
+    """The aten ops _advance (what a CUDA graph captures) dispatches during a generate on ``slots`` slots."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     seen: set[str] = set()
@@ -158,6 +158,7 @@ def ops_in_the_step(tiny, monkeypatch, temperature: float, top_p: float) -> set[
     monkeypatch.setattr(StaticRollout, "_advance", watched)
     shake(tiny.model, 0.1)
     _, static = engines(tiny)
+    static.slots = slots
     static.generate(rows(5), n=2, temperature=temperature, top_p=top_p, max_new_tokens=6)
     return seen
 
@@ -181,3 +182,74 @@ def test_the_host_sync_check_catches_a_sync(tiny, monkeypatch):
 
     monkeypatch.setattr(StaticRollout, "_advance", syncing)
     assert ops_in_the_step(tiny, monkeypatch, 0.7, 1.0) & HOST_SYNC_OPS == {"_local_scalar_dense"}
+
+
+@pytest.mark.parametrize("check_every", [1, 3])
+def test_continuous_batching_long_tail_greedy_equals_generate_row_by_row_in_fewer_steps(tiny, monkeypatch,
+                                                                                        check_every):
+    # 12 rows, 3 slots: when the host looks, finished slots take the next rows (prompt KV from the
+    # group's prefill, placed in the ring before the step's column). Greedy tokens are generate's row
+    # by row; with the host looking every step, the decode steps are about the tokens over the slots
+    # plus the longest row, where waves of 3 rows each run to its longest take many more.
+    monkeypatch.setattr(rollout_static, "CHECK_EVERY", check_every)
+    monkeypatch.setattr(rollout_static, "MIN_BUCKET", 1)
+    shake(tiny.model, 0.1)
+    hf, static = engines(tiny, eos=torch.arange(5, len(tiny.tokenizer), 4))
+    static.slots = 3
+    want = hf.generate(rows(12), n=1, temperature=0.0, top_p=1.0, max_new_tokens=20)
+    got = static.generate(rows(12), n=1, temperature=0.0, top_p=1.0, max_new_tokens=20)
+    lengths = want.completion_mask.sum(1)
+    assert (lengths == 20).sum() >= 2 and (lengths <= 5).sum() >= 6  # long-tailed: a few long, most short
+    assert got.completions == want.completions
+    assert torch.equal(got.completion_ids * got.completion_mask, want.completion_ids * want.completion_mask)
+    assert static.arena.rows == 3 and static.buckets_used[0] == 3 and len(static.buckets_used) >= 2
+    steps = static.last_metrics["rollout/decode_steps"]
+    waves = sum(int(lengths[i : i + 3].max()) - 1 for i in range(0, 12, 3))
+    if check_every == 1:
+        assert steps <= (int(lengths.sum()) - 12) / 3 + 20 and steps < 0.7 * waves, (steps, waves)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_the_static_engine_samples_what_the_cpu_loop_samples_on_any_slot_count(tiny, monkeypatch, top_p):
+    # Both engines draw each token with the uniform of its (row, token index) under the call's key:
+    # the same seed gives the same rows on 16 slots or 3, in the static engine or the CPU loop, and
+    # the trainer scores them as the sampler recorded.
+    from rlpost.roles.rollout_fast import FastRollout
+
+    monkeypatch.setattr(rollout_static, "CHECK_EVERY", 2)
+    monkeypatch.setattr(rollout_static, "MIN_BUCKET", 2)
+    eos = torch.arange(5, len(tiny.tokenizer), 3)
+    out = []
+    for slots in (0, 3):
+        _, static = engines(tiny, eos=eos)
+        static.slots = slots
+        torch.manual_seed(0)
+        out.append(static.generate(rows(4), n=4, temperature=0.9, top_p=top_p, max_new_tokens=16))
+    fast = FastRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32, slots=5)
+    fast.hf.eos_ids = eos
+    torch.manual_seed(0)
+    out.append(fast.generate(rows(4), n=4, temperature=0.9, top_p=top_p, max_new_tokens=16))
+    assert len(set(out[0].completion_mask.sum(1).tolist())) > 3
+    for b in out[1:]:
+        assert torch.equal(b.completion_ids, out[0].completion_ids)
+        assert torch.allclose(b.sampler_logp, out[0].sampler_logp, atol=1e-5)
+    m = out[1].completion_mask
+    with torch.no_grad():
+        logp, _ = completion_logprobs(tiny.model, out[1], temperature=0.9)
+    assert (logp[m] - out[1].sampler_logp[m]).abs().max() < 1e-5
+    assert (out[1].sampler_logp[~m] == 0).all() and (out[1].completion_ids[~m] == tiny.tokenizer.pad_token_id).all()
+    assert (out[1].sampler_floor is None) == (top_p == 1.0)
+
+
+def test_one_slot_wraps_the_ring_and_the_step_still_never_waits_for_the_host(tiny, monkeypatch):
+    # One slot, 5 rows of up to 8 tokens: the ring of 64 columns wraps; greedy tokens are generate's,
+    # and the step that refills run between dispatches no op that reads back to the host.
+    monkeypatch.setattr(rollout_static, "COLUMNS", 8)
+    shake(tiny.model, 0.1)
+    hf, static = engines(tiny)
+    static.slots = 1
+    want = hf.generate(rows(5), n=1, temperature=0.0, top_p=1.0, max_new_tokens=8)
+    got = static.generate(rows(5), n=1, temperature=0.0, top_p=1.0, max_new_tokens=8)
+    assert got.completions == want.completions and static.last_metrics["rollout/decode_steps"] > static.arena.columns
+    seen = ops_in_the_step(tiny, monkeypatch, 0.7, 0.8, slots=2)
+    assert {"index_copy_", "bmm"} <= seen and not seen & HOST_SYNC_OPS

@@ -6,24 +6,30 @@ HBM's pace; transformers' `generate` took ~28 ms a step there, the time to launc
 small kernels one by one from Python. A CUDA graph launches them all at once. Capturing needs
 every tensor a step touches to keep its address and shape from one step to the next, so:
 
-* **the arena** (``_Arena``): the KV cache for the batch's rows and a fixed number of columns
-  (prompt + completion, rounded up to ``COLUMNS``), the token each row feeds next, its position,
-  the cache column and output column (device scalars the step advances itself), the additive
-  attention mask, the finished flags and the output buffers. Allocated once and reused by every
+* **the arena** (``_Arena``): the KV cache for the decode slots and a fixed number of columns
+  (prompt + completion, rounded up to ``COLUMNS``), used as a ring (roles/slots.py), the token each
+  slot feeds next, its position, its tokens drawn (its output column) and output row, the ring
+  column (a device scalar the step advances itself), the additive attention mask, the finished
+  flags, the call's sampling key and the output buffers. Allocated once and reused by every
   ``generate`` it fits (a larger one replaces it, ``GROW``). A small model's arena, graphs and
   sampler weights stay through the trainer's update (``KEEP_FRACTION`` of the GPU's memory): a
   larger one's go in ``sleep``, and the next ``generate`` captures again;
-* **one step function** (``_advance``): feed each row's token, write its keys and values at the
-  current column, attend over every column (the mask hides those not yet written), draw the next
-  token (roles/sampling.py, on the device), record it and its log-prob at the output column, flag
-  rows that drew EOS. The captured graph and the eager path (the CPU, where the tests run it
-  against `generate`) call this same function; capture is the thin wrapper ``_runner``;
+* **one step function** (``_advance``): feed each slot's token, write its keys and values at the
+  ring column, attend over every column (the mask hides those not its row's), draw the next token
+  (roles/sampling.py, on the device, with the uniform of the row and token index), record it and its
+  log-prob at its row's output column, flag slots that drew EOS or max_new tokens. The captured
+  graph and the eager path (the CPU, where the tests run it against `generate`) call this same
+  function; capture is the thin wrapper ``_runner``;
 * **EOS checked every few steps** (``CHECK_EVERY``): the host looks at the finished flags once per
-  that many steps, the only synchronisation of the loop. A finished row writes padding until then;
-* **rows that finish free their slot**: the batch runs at a size from a short ladder of buckets
-  (the batch, then powers of two down to ``MIN_BUCKET``); once the live rows fit a smaller bucket
-  they are moved to the front of the arena and that bucket's graph takes over. Every bucket is
-  captured before the prompts are prefilled, since capturing runs (warms up) the step.
+  that many steps, the only synchronisation of the loop. A finished slot writes to a scratch row until then;
+* **continuous batching** (``slots``, 0: one per row): with fewer slots than rows, a finished slot
+  takes the next waiting row when the host looks, its prompt's KV copied from its group's prefill
+  (roles/slots.py). The slot table (which row, which position, which output column) is data the
+  captured step reads, not a shape, so refilling captures nothing new;
+* **rows that finish free their slot**: once no row waits, the batch runs at a size from a short
+  ladder of buckets (the slots, then powers of two down to ``MIN_BUCKET``); once the live rows fit a
+  smaller bucket they are moved to the front of the arena and that bucket's graph takes over. Every
+  bucket is captured before the prompts are prefilled, since capturing runs (warms up) the step.
 
 The prefill (each distinct prompt once, its KV copied to its group's rows) and the maths of a
 layer are ``FastRollout``'s (roles/rollout_fast.py), without its oneDNN weight packing. What is
@@ -42,8 +48,9 @@ from torch import Tensor
 from rlpost.console import say
 from rlpost.model import device
 from rlpost.model.budgets import KEEP_FRACTION
-from rlpost.model.logprobs import position_ids
+from rlpost.roles import sampling
 from rlpost.roles.rollout_fast import FastRollout
+from rlpost.roles.slots import Batch, Prefixes
 
 CHECK_EVERY = 8  # decode steps between the host's looks at the finished flags (its one synchronisation)
 MIN_BUCKET = 8  # the smallest batch a graph is captured for: below it a GPU step costs the same
@@ -68,25 +75,29 @@ def fitting(ladder: list[int], live: int) -> int:
 
 
 class _Arena:
-    """Every tensor a decode step reads or writes, at fixed addresses: ``rows`` rows (and one
-    scratch output row, where empty slots write) x ``columns`` cache columns."""
+    """Every tensor a decode step reads or writes, at fixed addresses: ``rows`` decode slots x
+    ``columns`` cache columns (a ring, roles/slots.py), and ``outputs`` output rows plus one scratch
+    row, where finished slots write."""
 
-    def __init__(self, engine: "StaticRollout", rows: int, columns: int, dev: torch.device):
-        layers, nkv, hd, dtype = len(engine.layers), engine.nkv, engine.hd, engine.dtype
-        self.rows, self.columns = rows, columns
+    def __init__(self, engine: "StaticRollout", rows: int, outputs: int, columns: int):
+        layers, nkv, hd, dtype, dev = len(engine.layers), engine.nkv, engine.hd, engine.dtype, engine.dev
+        self.rows, self.outputs, self.columns = rows, outputs, columns
         # zeros, not empty: a warm-up step reads the cache and the mask before anything is written
         self.k = torch.zeros(layers, rows, nkv, hd, columns, dtype=dtype, device=dev)  # keys, transposed
         self.v = torch.zeros(layers, rows, nkv, columns, hd, dtype=dtype, device=dev)
-        self.tok = torch.zeros(rows, dtype=torch.long, device=dev)  # the token each row feeds next
+        self.tok = torch.zeros(rows, dtype=torch.long, device=dev)  # the token each slot feeds next
         self.pos = torch.zeros(rows, dtype=torch.long, device=dev)  # its position id
-        self.col = torch.zeros(1, dtype=torch.long, device=dev)  # the cache column it goes to (every row's)
-        self.t = torch.zeros(1, dtype=torch.long, device=dev)  # the output column the next draw goes to
-        self.mask = torch.zeros(rows, columns, device=dev)  # additive: 0 where a row attends, -inf elsewhere
+        self.col = torch.zeros(1, dtype=torch.long, device=dev)  # the ring column it goes to (every slot's)
+        self.t = torch.zeros(rows, dtype=torch.long, device=dev)  # each slot's tokens drawn: its next output column
+        self.mask = torch.zeros(rows, columns, device=dev)  # additive: 0 where a slot attends, -inf elsewhere
         self.finished = torch.zeros(rows, dtype=torch.bool, device=dev)
-        self.slot = torch.arange(rows, device=dev)  # decode row -> output row (``rows``: the scratch row)
-        self.out = torch.zeros(rows + 1, columns, dtype=torch.long, device=dev)
-        self.logp = torch.zeros(rows + 1, columns, device=dev)
-        self.floor = torch.zeros(rows + 1, columns, device=dev)
+        self.slot = torch.arange(rows, device=dev)  # decode slot -> output row
+        self.key = torch.zeros(2, dtype=torch.long, device=dev)  # the call's sampling key (sampling.uniforms)
+        self.limit = torch.zeros(1, dtype=torch.long, device=dev)  # max_new: a slot that drew this many is done
+        self.scratch_row = outputs
+        self.out = torch.zeros(outputs + 1, columns, dtype=torch.long, device=dev)
+        self.logp = torch.zeros(outputs + 1, columns, device=dev)
+        self.floor = torch.zeros(outputs + 1, columns, device=dev)
         positions = torch.arange(columns, device=dev)[None]
         cos, sin = engine._cos_sin(positions)  # (1, columns, 1, hd): the rotary table, once
         self.cos, self.sin = cos[0, :, 0], sin[0, :, 0]  # (columns, hd)
@@ -97,7 +108,8 @@ class _Arena:
         """A state any step may run on (warm-up and capture run real steps): nothing finished,
         every column attended, counters at 0."""
         self.tok.zero_(), self.pos.zero_(), self.col.zero_(), self.t.zero_(), self.mask.zero_()
-        self.finished.zero_()
+        self.finished.zero_(), self.key.zero_()
+        self.limit.fill_(self.columns)
         self.slot.copy_(torch.arange(self.rows, device=self.slot.device))
 
 
@@ -105,8 +117,8 @@ class StaticRollout(FastRollout):
     """``FastRollout`` on a static arena, its decode step a CUDA graph where the model is on CUDA
     (``capture``), run eagerly elsewhere: the same function either way (module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype | None = None):
-        super().__init__(model, tokenizer, dtype)
+    def __init__(self, model: torch.nn.Module, tokenizer, dtype: torch.dtype | None = None, slots: int = 0):
+        super().__init__(model, tokenizer, dtype, slots)
         self.dev = device.of(self.model)
         self.capture = device.is_cuda(self.dev)
         self.eos_dev = self.eos_ids.to(self.dev)
@@ -135,20 +147,22 @@ class StaticRollout(FastRollout):
             x = self._mlp(x + L.o(o.view(b, 1, nq)), L)
         self._emit(a, b, self._logits(x[:, 0]), temperature, top_p)
         a.pos[:b] += 1
-        a.col += 1
+        a.col.add_(1).remainder_(a.columns)  # the ring's next column (roles/slots.py)
 
     def _emit(self, a: _Arena, b: int, logits: Tensor, temperature: float, top_p: float) -> None:
-        """Draw each of the first ``b`` rows' next token from ``logits`` (b, V) and record it, its
-        log-prob and top-p threshold at output column a.t (padding for rows already finished)."""
-        tok, lp, floor = self._draw(logits, temperature, top_p)
-        done, where = a.finished[:b], (a.slot[:b], a.t.expand(b))
-        a.out.index_put_(where, tok.masked_fill(done, self.tok.pad_token_id))
-        a.logp.index_put_(where, lp.masked_fill(done, 0.0))
+        """Draw each of the first ``b`` slots' next token from ``logits`` (b, V), with the uniform of
+        its (row, token index), and record it, its log-prob and top-p threshold at its row's output
+        column; a slot already finished writes to the scratch row. A slot that has drawn max_new is done."""
+        done, t = a.finished[:b], a.t[:b]
+        tok, lp, floor = self._draw(logits, temperature, top_p, sampling.uniforms(a.key, a.slot[:b], t))
+        where = (a.slot[:b].masked_fill(done, a.scratch_row), t.clamp(max=a.columns - 1))
+        a.out.index_put_(where, tok)
+        a.logp.index_put_(where, lp)
         if floor is not None:
-            a.floor.index_put_(where, floor.masked_fill(done, 0.0))
-        done |= (tok[:, None] == self.eos_dev).any(1)  # torch.isin may sort, and sync, on a GPU
+            a.floor.index_put_(where, floor)
+        a.t[:b] = t + (~done).long()
+        done |= (tok[:, None] == self.eos_dev).any(1) | (a.t[:b] >= a.limit)  # torch.isin may sort, and sync
         a.tok[:b] = tok
-        a.t += 1
 
     def _runner(self, a: _Arena, b: int, temperature: float, top_p: float):
         """The step for batch size ``b`` as a callable: ``_advance`` itself, or on CUDA its graph's
@@ -195,15 +209,17 @@ class StaticRollout(FastRollout):
                                max_new_tokens)
         return tuple(x.to(home) if x is not None else None for x in out)
 
-    def _arena_for(self, rows: int, columns: int) -> _Arena:
-        """The arena, replaced by a larger one (its graphs dropped) when this call needs more rows or columns."""
+    def _arena_for(self, rows: int, outputs: int, columns: int) -> _Arena:
+        """The arena, replaced by a larger one (its graphs dropped) when this call needs more slots,
+        output rows or columns."""
         a = self.arena
-        if a is None or a.rows < rows or a.columns < columns:
+        if a is None or a.rows < rows or a.outputs < outputs or a.columns < columns:
             if a is not None and a.columns < columns:  # lengths vary: leave room for the next few
                 columns = max(columns, int(a.columns * GROW))
-            rows = max(rows, a.rows if a is not None else 0)
+            if a is not None:
+                rows, outputs, columns = max(rows, a.rows), max(outputs, a.outputs), max(columns, a.columns)
             self.arena = None  # the old one's memory first
-            self.arena = _Arena(self, rows, -(-columns // COLUMNS) * COLUMNS, self.dev)
+            self.arena = _Arena(self, rows, outputs, -(-columns // COLUMNS) * COLUMNS)
         return self.arena
 
     def _prepare(self, a: _Arena, ladder: list[int], temperature: float, top_p: float) -> dict:
@@ -226,64 +242,62 @@ class StaticRollout(FastRollout):
     def _decode(self, ids: Tensor, mask: Tensor, n: int, temperature: float, top_p: float,
                 max_new: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """HFRollout._sample's contract, on the device: (completion (G*n, T), sampler log-probs (G*n, T),
-        top-p thresholds (G*n, T) or None)."""
+        top-p thresholds (G*n, T) or None), on ``self.slots`` decode slots (0: one per row), each
+        freed slot refilled by the next waiting row between rounds of steps (roles/slots.py)."""
         G, P = ids.shape
-        B, dev = G * n, ids.device
-        ladder = buckets(B)
-        a = self._arena_for(ladder[0], P + max_new)
+        B = G * n
+        S = min(B, self.slots) if self.slots else B
+        ladder = buckets(S)
+        a = self._arena_for(S, B, P + max_new)
         metrics = self._prepare(a, ladder, temperature, top_p)
-        # 1. Prefill each distinct prompt once, then copy its KV to its group's n rows.
-        pos = position_ids(mask)  # (G, P)
-        kmask = torch.ones(P, P, dtype=torch.bool, device=dev).tril() & mask[:, None, None, :]  # (G, 1, P, P)
-        kmask |= torch.eye(P, dtype=torch.bool, device=dev)  # a left pad attends itself (never read; avoids NaN)
-        x = self._layers(self.embed[ids], *self._cos_sin(pos), (a.k, a.v), kmask)  # (G, P, H)
-        if n > 1:
-            a.k[:, :B, ..., :P] = a.k[:, :G, ..., :P].repeat_interleave(n, dim=1)
-            a.v[:, :B, :, :P] = a.v[:, :G, :, :P].repeat_interleave(n, dim=1)
-        # 2. The decode's own state: rows past B (up to the bucket) are empty slots, finished from the start.
-        a.mask[:B, :P] = torch.zeros(B, P, device=dev).masked_fill_(~mask.repeat_interleave(n, 0), float("-inf"))
-        a.mask[:B, P:] = float("-inf")  # each column is opened by the step that writes it
-        a.pos[:B] = pos[:, -1].repeat_interleave(n) + 1
-        a.col.fill_(P)
-        a.finished[B:] = True
-        a.slot[B:] = a.rows
+        # The decode's own state: every slot empty (finished, writing to the scratch row) until a row enters.
         a.out.fill_(self.tok.pad_token_id), a.logp.zero_(), a.floor.zero_()
-        self._emit(a, B, self._logits(x[:, -1]).repeat_interleave(n, dim=0), temperature, top_p)  # token 0
-        metrics["rollout/decode_steps"] = self._run(a, ladder, temperature, top_p, max_new)
+        a.finished.fill_(True), a.slot.fill_(a.scratch_row), a.limit.fill_(max_new), a.col.fill_(P)
+        a.key.copy_(sampling.new_key(self.dev) if temperature > 0 else torch.zeros(2, dtype=torch.long))
+        batch = Batch(self, Prefixes(self, ids, mask, -(-S // n)), n, (temperature, top_p, max_new, self.eos_dev))
+        batch.enter(a, list(range(S)), P)  # each prompt prefilled once, its KV copied to its rows' slots
+        metrics["rollout/decode_steps"] = self._run(a, batch, ladder, (temperature, top_p, max_new))
+        metrics["rollout/slots"] = S
         self.last_metrics = metrics
         return self._collect(a, B, max_new, temperature > 0 and top_p < 1.0)
 
-    def _run(self, a: _Arena, ladder: list[int], temperature: float, top_p: float, max_new: int) -> int:
-        """Decode steps until every row has finished or max_new tokens are drawn; the host looks
-        every CHECK_EVERY steps and moves the live rows into a smaller bucket when they fit one."""
-        b, drawn, steps = ladder[0], 1, 0
+    def _run(self, a: _Arena, batch: Batch, ladder: list[int], sample: tuple[float, float, int]) -> int:
+        """Rounds of decode steps until every row has entered and finished. Between rounds the host
+        looks at the slots (the loop's one synchronisation, every CHECK_EVERY steps): finished slots
+        take the next waiting rows; once none waits, the live slots move into a smaller bucket when
+        they fit one. A round ends early when its least advanced row must be done by then."""
+        temperature, top_p, max_new = sample
+        b, col, steps = ladder[0], batch.prefixes.ids.shape[1], 0
         self.buckets_used = [b]
-        while drawn < max_new:
-            run = min(CHECK_EVERY, max_new - drawn)
+        while True:
+            finished, t = a.finished[:b].tolist(), a.t[:b].tolist()
+            while batch.waiting and any(finished):  # a row's first token may be EOS: look again
+                batch.enter(a, [s for s, f in enumerate(finished) if f], col)
+                finished, t = a.finished[:b].tolist(), a.t[:b].tolist()
+            live = [s for s, f in enumerate(finished) if not f]
+            if not live:
+                return steps
+            smaller = fitting(ladder, len(live)) if not batch.waiting else b
+            if smaller < b:
+                self._compact(a, torch.tensor(live, device=a.tok.device), smaller)
+                b = smaller
+                self.buckets_used.append(b)
+            run = min(CHECK_EVERY, max_new - min(t[s] for s in live))
             step = self._runner(a, b, temperature, top_p)
             for _ in range(run):
                 step()
-            drawn, steps = drawn + run, steps + run
-            live = (~a.finished[:b]).nonzero().squeeze(1)  # the loop's one host synchronisation
-            if len(live) == 0:
-                break
-            smaller = fitting(ladder, len(live))
-            if smaller < b:
-                self._compact(a, live, smaller)
-                b = smaller
-                self.buckets_used.append(b)
-        return steps
+            col, steps = col + run, steps + run
 
     @staticmethod
     def _compact(a: _Arena, live: Tensor, b: int) -> None:
-        """Move the ``live`` rows to the front of the arena; rows from there up to ``b`` are empty slots."""
+        """Move the ``live`` slots to the front of the arena; slots from there up to ``b`` are empty."""
         m = len(live)
         for c in (a.k, a.v):
             c[:, :m] = c[:, live]  # the right side is a gathered copy, so overlapping rows are safe
-        for t in (a.tok, a.pos, a.mask, a.slot):
+        for t in (a.tok, a.pos, a.mask, a.slot, a.t):
             t[:m] = t[live]
         a.finished[:m], a.finished[m:b] = False, True
-        a.slot[m:b] = a.rows
+        a.slot[m:b] = a.scratch_row
 
     def _collect(self, a: _Arena, B: int, max_new: int, truncated: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         """The output rows cut to the longest completion (up to its EOS), as `generate` returns them."""
