@@ -21,9 +21,8 @@ import torch
 
 from rlpost import build, config
 from rlpost.envs import build_task
-from rlpost.envs.data import PromptStream
 from rlpost.model import heap
-from rlpost.recipes import rl
+from rlpost.recipes.sampling_stage import SamplingStage
 
 OVERRIDES = ["rollout.prompts_per_step=8", "rollout.group_size=4", "rollout.max_new_tokens=64",
              "rollout.temperature=0.7", "trainer.lr=1e-5", "trainer.micro_batch_size=8", "task.n_heldout=16"]
@@ -37,12 +36,12 @@ def main() -> None:
     cfg = config.load(None, OVERRIDES)
     task = build_task(cfg.task)
     roles = build.build_roles(cfg, task)
-    stream = PromptStream(task.train, cfg.rollout.prompts_per_step, cfg.run.seed)
+    stage = SamplingStage.from_config(cfg, task, roles.algo.traits)
     torch.manual_seed(0)
     loss_fn = roles.algo.loss
     per_token: dict[str, list[float]] = {"trim": [], "warm": []}
     for step in range(args.steps):
-        batch, _ = rl.collect(roles, stream, cfg, {})
+        batch, _ = stage.collect(roles, {})
         roles.rollout.sleep(discard_weights=True)
         batch.advantages = roles.algo.advantages(batch).tokens
         for mode in (["trim", "warm"] if step % 2 == 0 else ["warm", "trim"]):

@@ -137,8 +137,10 @@ def functions(tree):
 def test_the_loop_names_every_role_and_fits_a_screen():
     src = (SRC / "recipes" / "rl.py").read_text()
     fns = {fn.name: fn for fn in functions(ast.parse(src))}
-    # The loop is train(); collect() is its first stage (generate + score, refilled for DAPO).
-    body = "".join(ast.get_source_segment(src, fns[name]) for name in ("train", "collect"))
+    # The loop is train(); its first stage is the sampling stage's (generate + score, then shaping and DAPO's
+    # group filter with refills): recipes/sampling_stage.py, whose rollout.generate and verifier.score count here.
+    stage = (SRC / "recipes" / "sampling_stage.py").read_text()
+    body = ast.get_source_segment(src, fns["train"]) + stage
     for verb in ("rollout.generate", "verifier.score", "reference.logprobs", "algo.advantages", "trainer.update",
                  "rollout.load_weights", "trainer.recompute", "rollout.sleep"):
         assert verb in body, verb

@@ -8,7 +8,8 @@ from helpers import rl_batch, tiny_cfg
 
 from rlpost import build
 from rlpost.envs import TASK_KEY, build_task
-from rlpost.recipes.rl import batch_metrics, train
+from rlpost.recipes.rl import train
+from rlpost.recipes.sampling_stage import batch_metrics
 
 
 def test_prime_runs_in_the_loop_and_logs_the_implicit_reward(tmp_path):
@@ -78,7 +79,7 @@ def test_distill_pulls_the_student_towards_a_teacher_through_the_loop(tiny, tmp_
 
 
 def test_the_online_curriculum_hears_every_prompts_pass_rate_in_the_loop(tmp_path):
-    # collect() reports each generated prompt's pass rate to the stream: 4 prompts a step, 2 steps
+    # the sampling stage reports each generated prompt's pass rate to the stream: 4 prompts a step, 2 steps
     train(tiny_cfg("rollout.curriculum_window=2", "algo.kl_coef=0"), tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["curriculum/tracked_prompts"] for r in rows] == [4, 8] and rows[-1]["curriculum/skipped"] == 0

@@ -80,22 +80,6 @@ def test_ratio_length_reward_by_hand():
     assert torch.allclose(out, torch.tensor([0.5, 0.0, 0.0, -0.5, 0, 0, 0, 0]))
 
 
-def test_shape_adds_overlong_and_length_and_logs_them():
-    cfg = config.load(None, ["task.length_penalty=linear", "task.length_coef=1", "rollout.max_new_tokens=10",
-                             "algo.overlong_buffer=4", "algo.overlong_penalty=1", "rollout.group_size=2"])
-
-    class B:
-        completion_mask = torch.tensor([[1] * 3 + [0] * 7, [1] * 10]).bool()
-        reward = torch.tensor([1.0, 1.0])
-        infos = [{"correct": True}, {"correct": True}]
-
-    reward, m = stack.shape(B, cfg.task, cfg.algo, cfg.rollout)
-    # length 3: no penalty; length 10: overlong -1 (the whole buffer) and linear -1
-    assert torch.allclose(reward, torch.tensor([1.0 - 0.3, -1.0]))
-    assert m["reward/overlong_penalty_mean"] == pytest.approx(-0.5)
-    assert m["reward/length_shaping_mean"] == pytest.approx(-0.65)
-
-
 def write_jsonl(path, rows):
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return str(path)

@@ -7,7 +7,7 @@ Patches over GRPO (Sec. 3 of the paper), each its own switch here:
 2. Dynamic sampling: a group whose rewards are all equal (all right or all wrong) has advantage 0
    on every token: it costs compute and shrinks the effective batch. Such groups are dropped and
    more prompts are sampled until the batch is full again, with a cap on extra rounds.
-   ``keep_groups`` below decides; the loop's ``collect`` (recipes/rl.py) refills. Any group algorithm
+   ``keep_groups`` below decides; the sampling stage (recipes/sampling_stage.py) refills. Any group algorithm
    can use it with ``rollout.filter_groups=true``; for DAPO it is always on.
 3. Token-level loss: every token of the mini-batch weighs the same (core.token_mean), so long
    answers are not down-weighted per token. For DAPO ``loss_agg`` is not read.
@@ -52,7 +52,8 @@ def overlong_penalty(length: Tensor, max_len: int, buffer: int, factor: float = 
 @dataclass
 class DAPO(GRPO):
     """GRPO's advantages and clipped loss with clip-higher (algo.dapo_clip_eps_high) and the token
-    mean fixed; dynamic sampling and overlong shaping happen before the advantages (recipes/rl.py: collect)."""
+    mean fixed; dynamic sampling and overlong shaping happen before the advantages, in the sampling stage
+    (recipes/sampling_stage.py)."""
 
     name: ClassVar[str] = "dapo"
     traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", filters_groups=True,

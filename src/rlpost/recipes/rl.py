@@ -1,7 +1,8 @@
 """The RL loop: one visible function that calls every role in order and logs what each cost.
 
-``train`` is the same for every algorithm and every topology: ``collect`` (rollout -> verifier,
-with DAPO's group filtering and refill) -> reference -> the trainer's old log-probs and values
+``train`` is the same for every algorithm and every topology: the sampling stage's ``collect``
+(recipes/sampling_stage.py: rollout -> verifier, then the curriculum, the reward's shapers and DAPO's
+group filtering with refills) -> reference -> the trainer's old log-probs and values
 (when the advantages need them) -> algorithm (advantages) -> trainer (update with the algorithm's
 loss) -> weight sync. Roles return values and only this loop writes them into the batch, so every
 field of ``Rollouts`` is set in view here. Wall-clock per role goes into ``timing_s/<role>``.
@@ -19,11 +20,10 @@ import torch
 from safetensors.torch import load_file
 
 from rlpost import algorithms, build, config
-from rlpost.algorithms import core, dapo
 from rlpost.console import say
-from rlpost.envs import Task, build_task, mix
+from rlpost.envs import Task, build_task
 from rlpost.envs.data import PromptStream
-from rlpost.envs.mix import MixedStream, make_stream
+from rlpost.envs.mix import MixedStream
 from rlpost.model import checkpoint, device, export, heap, load
 from rlpost.model.cores import Cores
 from rlpost.observe import jsonl
@@ -34,7 +34,7 @@ from rlpost.recipes import idle
 from rlpost.recipes.evaluate import (PASSK_SAMPLES, by_task_summary, eval_sizes, evaluate, heldout_scores,
                                      paired_delta, passk_curve, saved_model_scores, threads)
 from rlpost.recipes.guard import RunGuard
-from rlpost.rewards import stack
+from rlpost.recipes.sampling_stage import SamplingStage
 from rlpost.types.batch import Rollouts
 from rlpost.types.errors import ConfigError
 from rlpost.types.roles import Roles
@@ -58,13 +58,14 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     t_start = time.perf_counter()
     weights, trainer_state, state, ckpt = resume_point(run_dir, cfg) if resume else (None, None, {}, None)
     elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
-    stream = make_stream(task, cfg.rollout.prompts_per_step, cfg.run.seed, curriculum(cfg))  # task.mix: by weight
-    roles = make_roles(cfg, task, weights, stream=stream, run_dir=run_dir)
+    # between rollout and advantages: the prompt stream, its curriculum, the reward's shapers, DAPO's group filter
+    stage = SamplingStage.from_config(cfg, task, algorithms.traits(cfg.algo.name))
+    roles = make_roles(cfg, task, weights, stream=stage.stream, run_dir=run_dir)
     log = None
     try:
         heldout, passk_n = held_out(cfg, task, state)
         torch.manual_seed(cfg.run.seed)  # after building: loading a model may draw from the RNG
-        start = resume_state(roles, stream, trainer_state, state, on_resumed) if resume else 0
+        start = resume_state(roles, stage.stream, trainer_state, state, on_resumed) if resume else 0
         # copied into the roles: a resumed run would carry a second set of weights to its end
         weights = trainer_state = None
         sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us here, before step 1
@@ -78,7 +79,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         with RunGuard(cfg, state.get("early_stop")) as guard:
             for step in guard.steps(start + 1, cfg.run.steps):
                 timings: dict = {}
-                batch, c_metrics = collect(roles, stream, cfg, timings, cores)
+                batch, c_metrics = stage.collect(roles, timings, cores)
                 guard.check_rewards(c_metrics, step)  # a reward function that keeps failing stops the run here
                 evaluating, syncing = schedule(cfg, step)
                 # frees memory for the update, the peak (rollout_hf.py: sleep)
@@ -109,10 +110,10 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
                         u_metrics.update(heldout_scores(roles, heldout, cfg))  # and a mix's per family
                 timings["timing_s/step"] = sum(timings.values())
                 log.step(step, metrics := {**c_metrics, **adv_metrics, **u_metrics, **timings,
-                                           **perf(batch, timings, cores), "training/epoch": stream.epoch}, batch)
+                                           **perf(batch, timings, cores), "training/epoch": stage.stream.epoch}, batch)
                 every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
                 if guard.finish_step(u_metrics) or step == cfg.run.steps or every:  # a stop, a new best, the end
-                    save_checkpoint(run_dir, cfg, step, roles, stream, (before, before_k, eval_threads, passk_n),
+                    save_checkpoint(run_dir, cfg, step, roles, stage.stream, (before, before_k, eval_threads, passk_n),
                                     elapsed(), guard, log.history)
                 if on_step_end is not None:
                     on_step_end(step)
@@ -242,12 +243,6 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, meas
     return summary
 
 
-def curriculum(cfg: config.Config) -> tuple[int, float, float]:
-    """The online curriculum's (window, lowest, highest pass rate) for PromptStream (0: off)."""
-    rollout = cfg.rollout
-    return rollout.curriculum_window, rollout.filter_min_pass_rate, rollout.filter_max_pass_rate
-
-
 def baseline(roles: Roles, rows: tuple[list[dict], int], cfg: config.Config, run_dir: Path, task: Task,
              state: dict, eval_threads: int, make_roles: Callable = build.build_roles) -> tuple[float, dict]:
     """Held-out accuracy before training, and the pass@k curve, on ``eval_threads`` threads; a
@@ -284,86 +279,6 @@ def idle_summary(history: list[dict]) -> dict:
     """summary.json's count of steps that changed the policy, and of the others by cause (recipes/idle.py)."""
     found = idle.counts(history)
     return {"steps_trained": len(history) - sum(found.values()), **({"steps_idle": found} if found else {})}
-
-
-def collect(roles: Roles, stream: PromptStream | MixedStream, cfg: config.Config, timings: dict,
-            cores: Cores | None = None) -> tuple[Rollouts, dict]:
-    """Generate and score one rollout batch, with the reward shaping and group filtering asked for.
-
-    With group filtering (DAPO's dynamic sampling) groups that carry no signal are dropped and more
-    prompts are generated, at most ``max_refill_rounds`` extra times, until ``prompts_per_step``
-    groups are kept; the surplus of the last round is cut. If still short, the step trains on the
-    groups it has (an empty batch skips the update)."""
-    rollout, K = cfg.rollout, cfg.rollout.group_size
-    filtering = rollout.filter_groups or roles.algo.traits.filters_groups
-    # whether a group of equal rewards gives this algorithm nothing: the health checks' advice follows it
-    metrics = {"algo/group_baseline": float(roles.algo.traits.group_baseline)}
-    kept, n_kept, rounds, first = [], 0, 0, None
-    while True:
-        with timed("gen", timings):
-            if cores is not None:
-                cores.adjust()
-            b = roles.rollout.generate(stream.next(), n=K, temperature=rollout.temperature, top_p=rollout.top_p,
-                                       max_new_tokens=rollout.max_new_tokens)
-            metrics.update(roles.rollout.last_metrics)
-        with timed("reward", timings):
-            b.reward, b.infos, v_metrics = roles.verifier.score(b)
-        b.reward, v_metrics["reward/nan_or_inf"] = stack.finite(b.reward)  # scored 0: never into the advantages
-        for k, v in v_metrics.items():  # counts add up over refill rounds; means (reward_extra/, stack parts) do not
-            metrics[k] = metrics.get(k, 0) + v if k.startswith(("verifier/", "reward/nan_or_inf")) else v
-        score = b.reward  # the verifier's own score: groups are filtered on it, as DAPO/verl filter on accuracy
-        metrics.update(stream.observe(b.rows[::K], core.pass_rate(score, K).tolist()))  # the online curriculum
-        # overlong penalty and length shaping, part of the reward from here on
-        b.reward, shaping = stack.shape(b, cfg.task, cfg.algo, cfg.rollout)
-        metrics.update(shaping)
-        first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
-        if not filtering:
-            return score_steps(roles, b, timings), {**metrics, **first}
-        keep = dapo.keep_groups(score, K, rollout.filter_min_pass_rate, rollout.filter_max_pass_rate)  # (n_prompts,)
-        kept.append(b.select(keep.repeat_interleave(K).nonzero().squeeze(1)))
-        n_kept += int(keep.sum())
-        if rounds == 0:
-            metrics["rollout/kept_groups_frac"] = keep.float().mean().item()
-        if n_kept >= rollout.prompts_per_step or rounds >= rollout.max_refill_rounds:
-            break
-        rounds += 1
-    batch = Rollouts.cat(kept)
-    batch = batch.select(slice(0, rollout.prompts_per_step * K))  # whole groups: every part holds whole groups
-    metrics.update({"rollout/refill_rounds": rounds, "rollout/groups_trained": len(batch) // K,
-                    "reward/mean_before_filter": first["reward/mean"]})
-    return score_steps(roles, batch, timings), {**metrics, **(batch_metrics(batch, K) if len(batch) else first)}
-
-
-def score_steps(roles: Roles, batch: Rollouts, timings: dict) -> Rollouts:
-    """The process reward model's step rewards written in (task.process_reward_model), once the
-    groups are chosen: filtered-out groups cost no PRM forward."""
-    if roles.process_reward is not None and len(batch):
-        with timed("prm", timings):
-            batch.step_reward, batch.step_end = roles.process_reward.dense(batch)
-    return batch
-
-
-def batch_metrics(batch: Rollouts, group_size: int) -> dict:
-    length = batch.completion_mask.sum(1).float()  # (B,)
-    p = core.pass_rate(batch.reward, group_size)  # (n_prompts,) share of each group with reward >= 1
-    grouped = batch.reward.view(-1, group_size)  # (n_prompts, K)
-    return {
-        "reward/all_pass_frac": (p == 1).float().mean().item(),
-        "reward/all_fail_frac": (p == 0).float().mean().item(),
-        "reward/outside_band_frac": ((p == 0) | (p == 1)).float().mean().item(),  # p(1 - p) = 0
-        # groups whose completions all got one reward: no signal for a group baseline, whatever the reward's scale
-        "reward/zero_std_frac": (grouped.max(1).values == grouped.min(1).values).float().mean().item(),
-        "reward/mean": batch.reward.mean().item(),
-        "reward/std": batch.reward.std().item() if len(batch) > 1 else 0.0,
-        "reward/max": batch.reward.max().item(),
-        "reward/min": batch.reward.min().item(),
-        "response_length/mean": length.mean().item(),
-        "response_length/max": length.max().item(),
-        "response_length/min": length.min().item(),
-        "response_length/clip_ratio": batch.truncated.float().mean().item(),
-        "prompt_length/mean": batch.prompt_mask.sum(1).float().mean().item(),
-        **mix.batch_metrics(batch.rows, batch.reward.tolist()),  # task.mix: reward, pass rate, share per family
-    }
 
 
 def perf(batch: Rollouts, timings: dict, cores: Cores) -> dict:

@@ -9,8 +9,8 @@ deadline), the LLM judge (rewards/judge.py) or a learned reward model (rewards/r
 own as ``reward/<name>``, so a rising total can be traced to the part that moved. A part that
 returns NaN (a TRL function's None, 'does not apply') is left out of that row's sum, as TRL does.
 
-Length shaping needs token counts, so it is applied by the loop after scoring, next to
-DAPO's overlong penalty (``shape``), and never enters group filtering, which judges correctness.
+Length shaping needs token counts, so the sampling stage adds it after scoring, next to DAPO's
+overlong penalty (recipes/sampling_stage.py), and it never enters group filtering, which judges correctness.
 
   linear  -coef * max(0, L - target) / (max_new_tokens - target): 0 up to the target, -coef at the cap
   ratio   Kimi k1.5's group-relative length reward: lam = 0.5 - (L - L_min) / (L_max - L_min) within
@@ -23,9 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlpost.algorithms import dapo
-from rlpost.envs import is_correct
-from rlpost.sections import AlgoConfig, RolloutConfig, TaskConfig
+from rlpost.sections import TaskConfig
 
 
 class RewardStack:
@@ -76,21 +74,3 @@ def length_shaping(lengths: Tensor, correct: Tensor, group_size: int, task: Task
         lam = torch.where(hi > lo, 0.5 - (g - lo) / (hi - lo).clamp(min=1e-9), torch.zeros_like(g)).view(-1)
         return task.length_coef * torch.where(correct, lam, lam.clamp(max=0))
     return torch.zeros_like(L)
-
-
-def shape(batch, task: TaskConfig, algo: AlgoConfig, rollout: RolloutConfig) -> tuple[Tensor, dict]:
-    """(batch.reward with DAPO's overlong penalty (algo.overlong_*) and the length shaping (task.length_*)
-    added (B,), their metrics)."""
-    reward, metrics = batch.reward, {}
-    lengths = batch.completion_mask.sum(1)
-    if task.length_penalty != "none":  # judged on the unshaped reward, before the overlong penalty
-        correct = torch.tensor([is_correct(i, s) for i, s in zip(batch.infos, batch.reward.tolist())])
-    if algo.overlong_buffer > 0:  # DAPO's soft overlong penalty
-        penalty = dapo.overlong_penalty(lengths, rollout.max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
-        reward = reward + penalty
-        metrics["reward/overlong_penalty_mean"] = penalty.mean().item()
-    if task.length_penalty != "none":
-        shaping = length_shaping(lengths, correct, rollout.group_size, task, rollout.max_new_tokens)
-        reward = reward + shaping
-        metrics["reward/length_shaping_mean"] = shaping.mean().item()
-    return reward, metrics
