@@ -112,7 +112,7 @@ def check_algorithm(cfg: config.Config, refuse_ignored: bool = True) -> None:
     why = algorithms.turns.check(traits, cfg.task.turn_credit)
     if why:
         raise ConfigError(f"task.turn_credit: turn with {algo.name.upper()}: {why}")
-    if refuse_ignored and (ignored := algorithms.ignored_knobs(algo, rollout.group_size, rollout.max_new_tokens)):
+    if refuse_ignored and (ignored := algorithms.ignored_knobs(algo)):
         key, readers = ignored[0]
         raise ConfigError(f"algo.{key}: algo.name={algo.name} does not read it (read by {', '.join(readers)}); "
                           "remove it"

@@ -8,8 +8,8 @@ What it finds without torch (a fraction of a second, where torch alone takes sec
   value of the wrong type or out of its range;
 - then, on the keys that were right, each cross-field rule broken (config.check_consistency; the
   task's own rules, which read its files, after those pass) and what this machine refuses (machine.py);
-- each algo key that algo.name does not read and another algorithm does (``ALGO_KNOBS``, the
-  table algorithms.knobs_read gives, kept equal to it by a test);
+- each algo key that algo.name does not read and another algorithm does (``algo_knobs``: each
+  algorithm's own declaration, ``reads`` beside its traits, read from its file);
 - each function, environment or algorithm named by import path ('module:name') whose module is
   nowhere to be found: a file path that does not exist, a module on neither Python's path nor the
   working directory (looked up, never imported: the verifier and environment workers import them).
@@ -20,6 +20,8 @@ before, one line at a time.
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.machinery
 import importlib.util
 import os
@@ -30,23 +32,22 @@ from rlpost import config, machine
 from rlpost.observe.runfolder import FUNCS_PREFIX  # rlpost.Trainer's functions: their module is written by train()
 from rlpost.types.errors import ConfigError, ConfigProblems
 
-# The algo keys each algorithm reads (algorithms.knobs_read, on the defaults); tests/test_config.py holds it to them.
-_PPO_CLIP = ("clip_eps_high", "clip_eps_low", "dual_clip_c")
-_KL = ("kl_coef", "kl_estimator")
-_GROUP = ("scale_by_std", "std_scope")
-ALGO_KNOBS = {
-    "reinforce": {"baseline", "baseline_decay", "loss_agg"},
-    "ppo": {*_PPO_CLIP, *_KL, "critic", "critic_lr", "gamma", "lam", "loss_agg", "value_clip", "vf_coef",
-            "whiten_advantages"},
-    "reinforce_pp": {*_PPO_CLIP, *_KL, "loss_agg"},
-    "grpo": {*_PPO_CLIP, *_KL, *_GROUP, "loss_agg"},
-    "rloo": {*_PPO_CLIP, *_KL, "loss_agg"},
-    "dapo": {*_PPO_CLIP, *_KL, *_GROUP, "dapo_clip_eps_high"},
-    "dr_grpo": {*_PPO_CLIP, *_KL},
-    "gspo": {*_KL, *_GROUP, "seq_clip_eps_high", "seq_clip_eps_low"},
-    "cispo": {*_KL, *_GROUP, "cispo_eps_low", "clip_eps_high", "loss_agg"},
-    "distill": {*_PPO_CLIP, "loss_agg"},
-}
+ALGORITHMS_DIR = Path(__file__).resolve().parent / "algorithms"
+
+
+@functools.cache
+def algo_knobs() -> dict[str, frozenset[str]]:
+    """{algo.name: the algo keys it reads} for the shipped algorithms, from each class's declaration beside
+    its traits (``name = "..."`` and ``reads = (...)``, literals), read from algorithms/*.py without
+    importing them: importing an algorithm imports torch, which this check runs before."""
+    found = {}
+    for f in sorted(ALGORITHMS_DIR.glob("*.py")):
+        for cls in (n for n in ast.parse(f.read_text()).body if isinstance(n, ast.ClassDef)):
+            values = {s.target.id: s.value for s in cls.body if isinstance(s, ast.AnnAssign)
+                      and isinstance(s.target, ast.Name) and s.value is not None}
+            if "name" in values and "reads" in values:
+                found[ast.literal_eval(values["name"])] = frozenset(ast.literal_eval(values["reads"]))
+    return found
 
 
 def load(recipe: str | Path | None = None, overrides: list[str] = (), tree: dict | None = None,
@@ -109,13 +110,14 @@ def ignored_algo_keys(cfg: config.Config) -> list[str]:
     """A line for each algo key set away from its default that algo.name does not read and another
     algorithm does (build.check_algorithm says the same, once torch is loaded); none for your own algorithm."""
     algo = cfg.algo
-    mine = ALGO_KNOBS.get(algo.name)
+    table = algo_knobs()
+    mine = table.get(algo.name)
     if mine is None:
         return []
     default, out = type(algo)(), []
-    for key in sorted(set().union(*ALGO_KNOBS.values()) - mine):
+    for key in sorted(set().union(*table.values()) - mine):
         if getattr(algo, key) != getattr(default, key):
-            readers = [name for name, keys in ALGO_KNOBS.items() if key in keys]
+            readers = [name for name, keys in table.items() if key in keys]
             out.append(f"algo.{key}: algo.name={algo.name} does not read it (read by {', '.join(readers)}); remove it"
                        + (f", or set algo.name={readers[0]}" if len(readers) == 1 else ""))
     return out

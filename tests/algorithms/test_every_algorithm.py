@@ -74,7 +74,7 @@ def cfg_for(name: str, agg: str = "token_mean", *extra: str):
              f"algo.seq_clip_eps_low={SEQ_EPS_LOW}",
              f"algo.seq_clip_eps_high={SEQ_EPS_HIGH}", f"algo.gamma={GAMMA}", f"algo.lam={LAM}",
              f"algo.value_clip={VALUE_CLIP}", f"algo.vf_coef={VF_COEF}", f"algo.baseline_decay={DECAY}", *extra]
-    reads = {n: algorithms.knobs_read(cls, tiny_cfg().algo, K, MAX_NEW) for n, cls in ALGORITHMS.items()}
+    reads = {n: algorithms.knobs_read(cls) for n, cls in ALGORITHMS.items()}
     others = set().union(*reads.values()) - reads[name]  # what train refuses: another algorithm's keys
     knobs = [k for k in knobs if k[5:].partition("=")[0] not in others]
     return tiny_cfg(f"algo.name={name}", f"rollout.group_size={K}", f"rollout.max_new_tokens={MAX_NEW}", *kl, *knobs)

@@ -369,7 +369,7 @@ def test_every_algorithm_accumulates_exactly_through_the_trainer(tiny, name):
     traits = ALGORITHMS[name].traits
     kl = [] if traits.kl == "none" else ["algo.kl_coef=0.1"]
     kl += ["algo.teacher=tiny"] if traits.teacher else []  # distill: its advantages read ref_logp (set below)
-    reads = algorithms.knobs_read(ALGORITHMS[name], tiny_cfg().algo, 4, 8)  # train refuses a key its algorithm ignores
+    reads = algorithms.knobs_read(ALGORITHMS[name])  # train refuses a key its algorithm ignores
     knobs = [k for k in ("algo.loss_agg=seq_mean_token_mean", "algo.clip_eps_low=0.1", "algo.clip_eps_high=0.3")
              if k[len("algo."):k.index("=")] in reads]
     role = objective(tiny_cfg(f"algo.name={name}", "algo.entropy_coef=0.01", *knobs, *kl))

@@ -2,6 +2,7 @@
 predecessor (docs/algorithms.md has the table). Every algorithm class has
 
   name, traits         its config name and what it needs from the loop (types/roles.py: Traits)
+  reads                the algo keys it reads (config_check.py and build.check refuse the others' keys)
   from_config(algo, group_size, max_new_tokens)   itself, its knobs read from the algo section
   advantages(batch)    -> Advantages: (B, T) token advantages and metrics
   loss(logp, batch)    -> (loss, metrics), normalised by mini-batch totals
@@ -211,32 +212,18 @@ def needs_old_logp_first(algo: AlgoConfig) -> bool:
     return old_logp_first(traits(algo.name), algo.kl_coef, algo.kl_target > 0)
 
 
-class _Reads:
-    """Stands for the algo section while an algorithm's from_config runs: records the keys it reads."""
-
-    def __init__(self, algo: AlgoConfig):
-        self._algo, self.keys = algo, set()
-
-    def __getattr__(self, key):
-        self.keys.add(key)
-        return getattr(self._algo, key)
+def knobs_read(cls) -> set[str]:
+    """The algo keys algorithm ``cls`` reads: what it declares beside its traits (``reads``); none for an
+    algorithm of your own that declares nothing."""
+    return set(getattr(cls, "reads", ()))
 
 
-def knobs_read(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> set[str]:
-    """The algo keys algorithm `cls` reads: what its from_config asks for (found by running it),
-    less algo.loss_agg where its aggregation is fixed, plus the critic's keys where it has one."""
-    reads = _Reads(algo)
-    cls.from_config(reads, group_size, max_new_tokens)
-    keys = reads.keys - ({"loss_agg"} if cls.traits.fixed_aggregator else set())
-    return keys | ({"critic", "critic_lr"} if cls.traits.needs_values else set())
-
-
-def ignored_knobs(algo: AlgoConfig, group_size: int, max_new_tokens: int) -> list[tuple[str, list[str]]]:
+def ignored_knobs(algo: AlgoConfig) -> list[tuple[str, list[str]]]:
     """(key, the algorithms that read it) for every algo key set away from its default that another
     algorithm reads and algo.name does not: `rlpost train` refuses those, as sft, rm and dpo
     refuse keys they do not read, instead of running without them."""
     default = type(algo)()
-    reads = {name: knobs_read(cls, algo, group_size, max_new_tokens) for name, cls in ALGORITHMS.items()}
+    reads = {name: knobs_read(cls) for name, cls in ALGORITHMS.items()}
     mine = reads.get(algo.name)
     if mine is None:  # your own algorithm: what it reads is its business
         return []

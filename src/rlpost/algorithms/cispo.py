@@ -42,6 +42,10 @@ def cispo_per_token(logp: Tensor, old_logp: Tensor, adv_tok: Tensor, eps_low: fl
 class CISPO:
     name: ClassVar[str] = "cispo"
     traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss")
+    # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
+    # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
+    reads: ClassVar[tuple[str, ...]] = ("scale_by_std", "std_scope", "cispo_eps_low", "clip_eps_high", "kl_coef",
+                                        "kl_estimator", "loss_agg")
     group_size: int
     clip_eps_low: float | None = None  # no lower bound on the IS weight (the paper)
     clip_eps_high: float = 0.2

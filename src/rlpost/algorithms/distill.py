@@ -38,6 +38,9 @@ def reverse_kl_advantages(old_logp: Tensor, teacher_logp: Tensor, mask: Tensor) 
 class Distill:
     name: ClassVar[str] = "distill"
     traits: ClassVar[Traits] = Traits(kl="none", token_clip=True, teacher=True)
+    # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
+    # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
+    reads: ClassVar[tuple[str, ...]] = ("clip_eps_low", "clip_eps_high", "dual_clip_c", "loss_agg")
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     aggregate: core.Aggregator = core.token_mean

@@ -28,6 +28,10 @@ from rlpost.types.roles import Advantages, Traits
 class DrGRPO:
     name: ClassVar[str] = "dr_grpo"
     traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", fixed_aggregator="const_norm", token_clip=True)
+    # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
+    # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
+    # loss_agg: the constant normaliser, fixed
+    reads: ClassVar[tuple[str, ...]] = ("clip_eps_low", "clip_eps_high", "dual_clip_c", "kl_coef", "kl_estimator")
     group_size: int
     max_new_tokens: int
     clip_eps_low: float = 0.2

@@ -64,6 +64,10 @@ def group_advantages(reward: Tensor, adv_seq: Tensor, mask: Tensor, group_size: 
 class GRPO:
     name: ClassVar[str] = "grpo"
     traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", token_clip=True)
+    # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
+    # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
+    reads: ClassVar[tuple[str, ...]] = ("scale_by_std", "std_scope", "clip_eps_low", "clip_eps_high",
+                                        "dual_clip_c", "kl_coef", "kl_estimator", "loss_agg")
     group_size: int
     scale_by_std: bool = True
     batch_std: bool = False

@@ -36,6 +36,11 @@ def sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 class GSPO:
     name: ClassVar[str] = "gspo"
     traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", fixed_aggregator="sequence")
+    # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
+    # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
+    # loss_agg: the sequence mean, fixed
+    reads: ClassVar[tuple[str, ...]] = ("scale_by_std", "std_scope", "seq_clip_eps_low", "seq_clip_eps_high",
+                                        "kl_coef", "kl_estimator")
     group_size: int
     clip_eps_low: float = 3e-4
     clip_eps_high: float = 4e-4

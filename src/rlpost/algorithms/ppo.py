@@ -98,6 +98,12 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip
 class PPO:
     name: ClassVar[str] = "ppo"
     traits: ClassVar[Traits] = Traits(kl="reward", needs_values=True, token_clip=True, token_rewards=True)
+    # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
+    # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
+    # critic, critic_lr: its critic's (roles/critic.py)
+    reads: ClassVar[tuple[str, ...]] = ("clip_eps_low", "clip_eps_high", "dual_clip_c", "kl_coef", "kl_estimator",
+                                        "gamma", "lam", "vf_coef", "value_clip", "whiten_advantages", "loss_agg",
+                                        "critic", "critic_lr")
     gamma: float = 1.0
     lam: float = 1.0
     clip_eps_low: float = 0.2

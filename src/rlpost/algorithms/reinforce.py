@@ -29,6 +29,9 @@ def reinforce_advantages(reward: Tensor, baseline: float) -> Tensor:
 class Reinforce:
     name: ClassVar[str] = "reinforce"
     traits: ClassVar[Traits] = Traits(kl="none", on_policy_only=True, state=("b",))
+    # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
+    # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
+    reads: ClassVar[tuple[str, ...]] = ("baseline", "baseline_decay", "loss_agg")
     baseline: str = "moving_average"  # 'none' | 'moving_average'
     baseline_decay: float = 0.9
     aggregate: core.Aggregator = core.token_mean

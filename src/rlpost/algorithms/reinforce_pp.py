@@ -34,6 +34,10 @@ def global_token_whitened(reward: Tensor, mask: Tensor, eps: float = 1e-6) -> Te
 class ReinforcePP:
     name: ClassVar[str] = "reinforce_pp"
     traits: ClassVar[Traits] = Traits(kl="reward", token_clip=True, token_rewards=True)
+    # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
+    # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
+    reads: ClassVar[tuple[str, ...]] = ("clip_eps_low", "clip_eps_high", "dual_clip_c", "kl_coef", "kl_estimator",
+                                        "loss_agg")
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     kl_coef: float = 0.0

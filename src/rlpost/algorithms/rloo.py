@@ -34,6 +34,10 @@ def rloo_advantages(reward: Tensor, group_size: int) -> Tensor:
 class RLOO:
     name: ClassVar[str] = "rloo"
     traits: ClassVar[Traits] = Traits(group_baseline=True, kl="loss", token_clip=True)
+    # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
+    # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
+    reads: ClassVar[tuple[str, ...]] = ("clip_eps_low", "clip_eps_high", "dual_clip_c", "kl_coef", "kl_estimator",
+                                        "loss_agg")
     group_size: int
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
