@@ -21,7 +21,7 @@ import math
 import textwrap
 import types
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 

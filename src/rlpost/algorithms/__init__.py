@@ -44,7 +44,7 @@ from rlpost.wire import import_object
 ALGORITHMS = {cls.name: cls for cls in (Reinforce, PPO, ReinforcePP, GRPO, RLOO, DAPO, DrGRPO, GSPO, CISPO, Distill)}
 
 __all__ = ["ALGORITHMS", "Objective", "build", "resolve", "traits", "needs_old_logp_first", "loss_takes_entropy",
-           "STALE_TIS_CAP"]
+           "STALE_TIS_CAP", "turns"]  # turns: build.check asks it which credit rules an algorithm takes
 # what an algorithm of your own must have (docs/algorithms.md)
 CONTRACT = ("traits", "from_config", "advantages", "loss")
 

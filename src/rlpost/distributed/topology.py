@@ -116,7 +116,8 @@ def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: 
         start_trainer(trainer, make_trainer, initial, sampler_dtype, wait_s)
         worker_cls = ray.remote(num_cpus=r_cpus, num_gpus=gpus, max_restarts=0)(rollout_worker or RolloutWorker)
         # A restarted worker goes back into its own bundle, which Ray moves to a node left if its own is lost.
-        spawn = lambda i, w: in_group(worker_cls, w_pg, i).remote(make_sampler, w, r_threads, seed)
+        def spawn(i, w):
+            return in_group(worker_cls, w_pg, i).remote(make_sampler, w, r_threads, seed)
         pool = RolloutPool(spawn, workers, dist.chunk_prompts, dist.max_staleness if is_async else 0,
                            initial_weights=initial, say=say, stream=stream if is_async else None)
         if dist.weight_sync == "broadcast":

@@ -152,14 +152,17 @@ def build_splits(tcfg) -> tuple[list[dict], list[dict]]:
     measured on the longest chain."""
     rng = random.Random(tcfg.seed)
     ranges = (tcfg.min_a, tcfg.max_a), (tcfg.min_b, tcfg.max_b)
-    draw = lambda: make_problem(rng, tcfg.ops, *ranges, tcfg.n_terms)
+    def draw():
+        return make_problem(rng, tcfg.ops, *ranges, tcfg.n_terms)
     mixed = None
     if tcfg.min_terms:
         counts = range(tcfg.min_terms, tcfg.n_terms + 1)
         weights = [1 / (i + 1) for i in range(len(counts))]
-        mixed = lambda: make_problem(rng, tcfg.ops, *ranges, rng.choices(counts, weights)[0])
+        def mixed():
+            return make_problem(rng, tcfg.ops, *ranges, rng.choices(counts, weights)[0])
     train, heldout = disjoint_splits(draw, tcfg.n_train, tcfg.n_heldout, mixed)
-    to_row = lambda e, v: {"messages": _messages(tcfg, e), "answer": str(v), "expr": e}
+    def to_row(e, v):
+        return {"messages": _messages(tcfg, e), "answer": str(v), "expr": e}
     return [to_row(e, v) for e, v in train], [to_row(e, v) for e, v in heldout]
 
 

@@ -29,5 +29,6 @@ def adamw(groups: list[dict], tcfg,
     # step against 1.34 s for the default per-tensor loop on CPU (benchmarks/README.md). It
     # takes FSDP's DTensor shards too (torch 2.13 CPU; tests/model/test_fsdp.py).
     opt = torch.optim.AdamW(groups, betas=(tcfg.beta1, tcfg.beta2), weight_decay=tcfg.weight_decay, fused=True)
-    sched = lambda s: lr_lambda(s, tcfg.warmup_steps, total_optimizer_steps, tcfg.schedule, tcfg.min_lr_ratio)
+    def sched(s):
+        return lr_lambda(s, tcfg.warmup_steps, total_optimizer_steps, tcfg.schedule, tcfg.min_lr_ratio)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, sched)

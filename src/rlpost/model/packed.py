@@ -219,12 +219,13 @@ class PackedTrunk:
         grad mode too: copies made under no_grad (old log-probs, the reference) carry no graph."""
         key = (dtype, torch.is_grad_enabled())
         if key not in self._fused:
-            cast = lambda ts: None if ts[0] is None else torch.cat(ts).to(dtype) if len(ts) > 1 else ts[0].to(dtype)
+            def cast(ts):
+                return None if ts[0] is None else torch.cat(ts).to(dtype) if len(ts) > 1 else ts[0].to(dtype)
             out = []
             for layer in self.decoder.layers:
                 a, m = layer.self_attn, layer.mlp
                 qkv = [a.q_proj, a.k_proj, a.v_proj]
-                out.append((cast([l.weight for l in qkv]), cast([l.bias for l in qkv]), cast([a.o_proj.weight]),
+                out.append((cast([p.weight for p in qkv]), cast([p.bias for p in qkv]), cast([a.o_proj.weight]),
                             cast([a.o_proj.bias]), cast([m.gate_proj.weight, m.up_proj.weight]),
                             cast([m.down_proj.weight])))
             self._fused[key] = out

@@ -97,7 +97,7 @@ def _cpu_identity() -> str:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor()
-    lines = [l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith(("model name", "flags"))]
+    lines = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(("model name", "flags"))]
     return "|".join(dict.fromkeys(lines))  # one model name and one flag set, not one per core
 
 

@@ -197,8 +197,8 @@ def step_time(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1,
     """Seconds per phase, named as the loop's timing_s/<phase>. Data parallel over `gpus`."""
     bf16, w = w.trainer_bf16, w.on(dev)
     rate = (dev.bf16_flops if bf16 else dev.fp32_flops) * gpus
-    fwd = lambda wl, head=True: (forward_flops(s, wl, w.batch, head, gpus)
-                                 / (rate * efficiency(dev, "forward", bf16, eff)))
+    def fwd(wl, head=True):
+        return forward_flops(s, wl, w.batch, head, gpus) / (rate * efficiency(dev, "forward", bf16, eff))
     t, wt = {"gen": rollout_time(s, w, dev, gpus, eff)}, w.trainer()
     if w.reference:  # the reference is copied before checkpointing is switched on: it shares the prefix
         t["ref"] = fwd(w)

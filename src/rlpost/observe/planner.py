@@ -153,7 +153,8 @@ def would_fit(s: Shape, w: Workload, dev: Device, gpus: int = 1, eff: dict | Non
     limit, tried = dev.memory_gib * GiB, fit_knobs(w, dev, gpus)
     mems = {k: memory(s, with_knobs(w, gpus, k)[0], dev, k[0]) for k in tried}
     fitting = [k for k in tried if mems[k]["total"] <= limit]
-    beats = lambda a, b: a != b and a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2] and a[3] >= b[3]
+    def beats(a, b):
+        return a != b and a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2] and a[3] >= b[3]
     best = [k for k in fitting if not any(beats(o, k) for o in fitting)]
     best.sort(key=lambda k: (k[0], k[1], k[2], -k[3]))
     options = []
@@ -186,7 +187,7 @@ def read_run(run_dir: str | Path) -> tuple[Config, dict, int, dict]:
         raise ConfigError(f"--from: no config.yaml in {d}; is it a run folder?")
     try:
         tree = yaml.safe_load((d / "config.yaml").read_text()) or {}
-        lines = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines() if l.strip()]
+        lines = [json.loads(text) for text in (d / "metrics.jsonl").read_text().splitlines() if text.strip()]
         summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
         # Keys a newer or older rlpost does not know are dropped; missing ones take today's defaults.
         known = to_dict(Config())
@@ -195,8 +196,8 @@ def read_run(run_dir: str | Path) -> tuple[Config, dict, int, dict]:
         raise ConfigError(f"--from: cannot read {d}: {str(e).splitlines()[0]}") from None
     if not lines:
         raise ConfigError(f"--from: {d}/metrics.jsonl has no steps")
-    keys = {k for l in lines for k, v in l.items() if isinstance(v, (int, float))}
-    med = {k: statistics.median(l[k] for l in lines if isinstance(l.get(k), (int, float))) for k in keys}
+    keys = {k for line in lines for k, v in line.items() if isinstance(v, (int, float))}
+    med = {k: statistics.median(line[k] for line in lines if isinstance(line.get(k), (int, float))) for k in keys}
     return cfg, med, len(lines), summary
 
 
@@ -394,7 +395,8 @@ def format_would_fit(fit: dict, device: str) -> list[str]:
 
 
 def format_calibration(c: dict) -> str:
-    fmt = lambda x: f"{x:>10.3f}" if x is not None else f"{'-':>10}"
+    def fmt(x):
+        return f"{x:>10.3f}" if x is not None else f"{'-':>10}"
     lines = [f"rlpost plan --from {c['run_dir']}: {c['model']}, {c['steps']} steps (medians over steps)", "",
              f"{'':<22}{'unit':>5}{'predicted':>10}{'measured':>10}{'meas/pred':>10}"]
     lines += [f"{r['name']:<22}{r['unit']:>5}{fmt(r['predicted'])}{fmt(r['measured'])}{fmt(r['ratio'])}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -57,7 +58,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     run_dir.mkdir(parents=True, exist_ok=True)  # library use: the CLI has claimed it already (observe/runfolder.py)
     t_start = time.perf_counter()
     weights, trainer_state, state, ckpt = resume_point(run_dir, cfg) if resume else (None, None, {}, None)
-    elapsed = lambda: (time.perf_counter() - t_start) / 60 + state.get("minutes", 0.0)  # across resumes
+    elapsed = partial(minutes_since, t_start, state.get("minutes", 0.0))  # across resumes
     # between rollout and advantages: the prompt stream, its curriculum, the reward's shapers, DAPO's group filter
     stage = SamplingStage.from_config(cfg, task, algorithms.traits(cfg.algo.name))
     roles = make_roles(cfg, task, weights, stream=stage.stream, run_dir=run_dir)
@@ -127,6 +128,11 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
     roles = batch = None  # their memory goes before the export loads a model and a checkpoint (finish)
     measured = Measured(heldout, (before, before_k), last, eval_threads, make_roles, passk_n)
     return finish(run_dir, cfg, log, guard, measured, task, elapsed(), callbacks)
+
+
+def minutes_since(t_start: float, before: float) -> float:
+    """The run's minutes: since ``t_start`` (time.perf_counter) in this process, plus ``before`` (earlier starts)."""
+    return (time.perf_counter() - t_start) / 60 + before
 
 
 def held_out(cfg: config.Config, task: Task, state: dict) -> tuple[list[dict], int]:

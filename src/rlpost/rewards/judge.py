@@ -108,7 +108,8 @@ def resolve_labels(tok, prefix: str, labels: tuple[str, ...]) -> tuple[str, list
     """(prefix as it must be appended, label token ids). Each label must be exactly one token
     after the prefix. Try "prefix" + " label", then "prefix " + "label" (see the docstring, 4)."""
     ctx = tok.apply_chat_template([{"role": "user", "content": "Question"}], add_generation_prompt=True, tokenize=False)
-    enc = lambda s: tok.encode(s, add_special_tokens=False)
+    def enc(s):
+        return tok.encode(s, add_special_tokens=False)
     for head, sep in ((prefix, " "), (prefix + " ", "")):
         base = enc(ctx + head)
         ids = []

@@ -170,7 +170,8 @@ class StaticRollout(FastRollout):
         a side stream, as capturing asks): that moves the arena, which the caller resets (``_prepare``)."""
         key = (b, temperature, top_p)
         if key not in a.graphs:
-            step = lambda: self._advance(a, b, temperature, top_p)
+            def step():
+                return self._advance(a, b, temperature, top_p)
             if key not in self.warm:
                 self._warm_up(step)
                 self.warm.add(key)

@@ -161,7 +161,10 @@ class Trainer:
         """(old_logp (B, T), old_values (B, T) or None) under the current weights, before any step."""
         home, batch = batch.device, batch.to(self.device)  # results go back where the batch came from
         T = batch.completion_ids.shape[1]
-        pad = lambda x: torch.nn.functional.pad(x, (0, T - x.shape[1]))  # trimmed columns back, as zeros
+
+        def pad(x: Tensor) -> Tensor:  # trimmed columns back, as zeros
+            return torch.nn.functional.pad(x, (0, T - x.shape[1]))
+
         with self._autocast():  # one bf16 cast of the weights for all micro-batches
             parts = self._planned(batch, "rows")
             outs = [(self._forward(mb), idx) for mb, idx in parts]
