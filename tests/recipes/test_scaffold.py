@@ -8,7 +8,7 @@ import signal
 import pytest
 from helpers import TINY, cli, tiny_cfg
 
-from rlpost.recipes import offline, rl
+from rlpost.recipes import offline, online, rl
 from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rsft import run_rsft
 from rlpost.roles.trainer import Trainer
@@ -86,7 +86,26 @@ def test_run_loggers_reach_every_sink_from_the_rounds(tmp_path):
     trained = lines(tmp_path / "round_1" / "metrics.jsonl")
     assert (tensorboard_scalars(tmp_path / "round_1" / "tensorboard")["actor/loss"]
             == pytest.approx([m["actor/loss"] for m in trained]))
-    assert [m["step"] for m in lines(tmp_path / "metrics.jsonl")] == [1]  # one line per round, as it ends
+    rounds = lines(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in rounds] == [1]  # one line per round, as it ends
+    # ... and that line reaches the run's own sinks too (run.loggers), not metrics.jsonl alone
+    outer = tensorboard_scalars(tmp_path / "tensorboard")
+    assert outer and all(v == pytest.approx([rounds[0][k]]) for k, v in outer.items()), outer
+
+
+def test_ctrl_c_while_a_round_samples_stops_before_it_trains(tmp_path, monkeypatch):
+    real = online.onpolicy_pairs
+
+    def sample_then_signal(*args):
+        out = real(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # arrives while the round samples, in the run guard
+        return out
+
+    monkeypatch.setattr(online, "onpolicy_pairs", sample_then_signal)
+    with pytest.raises(Interrupted) as e:
+        run_online_dpo(tiny_cfg(*ROUNDS, "task.n_train=32", "pref.online_rounds=2"), tmp_path)
+    assert e.value.saved == 0 and "while round 1 sampled" in e.value.message
+    assert not (tmp_path / "round_1").exists()  # no training began on the round's pairs
 
 
 @pytest.mark.slow  # W&B and MLflow start-up: ~10 s

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 from pathlib import Path
 
 import torch
@@ -21,10 +22,12 @@ from rlpost import build, config
 from rlpost.envs import build_task
 from rlpost.model.checkpoint import write_atomic
 from rlpost.model.cores import Cores
+from rlpost.observe.loggers import Loggers
 from rlpost.observe.runlog import RunLog
 from rlpost.recipes.evaluate import model_accuracy
-from rlpost.recipes.guard import check_reward_failures
+from rlpost.recipes.guard import RunGuard, check_reward_failures
 from rlpost.recipes.offline import train_offline
+from rlpost.types.errors import Interrupted
 
 
 def onpolicy_pairs(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[list[dict], dict]:
@@ -53,47 +56,76 @@ def run_online_dpo(cfg: config.Config, run_dir: Path) -> dict:
                           ("pair_accuracy_after", "rewards/accuracy"))
 
 
+class RoundSinks:
+    """run.loggers for the rounds' lines, every sink opened for its line and closed after it: a round's
+    training opens the same sinks for its own folder meanwhile, and MLflow and W&B keep one open run a process."""
+
+    def __init__(self, names: str, run_dir: Path, config: dict):
+        self.args = (names, run_dir, config)
+        Loggers(*self.args).close()  # a sink whose package is missing: one line now, before round 1
+
+    def log(self, step: int, metrics: dict) -> None:
+        sinks = Loggers(*self.args)
+        try:
+            sinks.log(step, metrics)
+        finally:
+            sinks.close()
+
+    def close(self) -> None:
+        """Nothing stays open between lines."""
+
+
 def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, kind: str, summary_kind: str,
                    data_name: str, skip_reason: str, after: tuple[str, str]) -> dict:
     """``n_rounds`` rounds of: K samples of ``pref.online_prompts`` training prompts from the current
     policy -> rows (``collect(roles, prompts, K, cfg) -> (rows, metrics)``) -> one ``kind`` pass of
     train_offline on them; the next round samples from the result (online DPO here, rejection-
     sampling SFT in rsft.py). ``after`` = (round key, held-out metric of the pass) to report.
-    Each round's training runs in train_offline's scaffold (its own folder, signals, sinks); its line
-    goes to run_dir/metrics.jsonl when it ends. Returns the summary, also written to run_dir/summary.json."""
+    The rounds run in the scaffold every recipe runs in: each round's line goes to every run.loggers
+    sink, and the sampling runs inside the run guard (a stop signal while a round samples stops the run
+    before that round trains, the rounds before it saved); each round's training has train_offline's own
+    (its folder, signals, sinks). Returns the summary, also written to run_dir/summary.json."""
     pref = cfg.pref
     cores = Cores(cfg.run.threads)  # torch's threads while sampling, as the RL loop's (model/cores.py)
     task = build_task(cfg.task)
     rng = random.Random(cfg.run.seed)
     model = cfg.model.name
     rounds = [{"round": 0, "heldout_accuracy": model_accuracy(cfg, model)}]
-    log = RunLog(run_dir, n_rounds, 0, False, desc=summary_kind, rollouts=False, postfix=lambda m, history: {})
+    sinks = RoundSinks(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us before round 1
+    log = RunLog(run_dir, n_rounds, 0, False, sinks, desc=summary_kind, rollouts=False, postfix=lambda m, history: {})
     log.begin()
-    for i in range(1, n_rounds + 1):
-        sample_cfg = config.with_overrides(cfg, [f"model.name={model}", "algo.kl_coef=0", "algo.name=grpo"])
-        roles = build.build_roles(sample_cfg, task)
-        torch.manual_seed(cfg.run.seed + i)
-        try:
-            cores.adjust()
-            rows, metrics = collect(roles, rng.sample(task.train, min(pref.online_prompts, len(task.train))),
-                                    cfg.rollout.group_size, cfg)
-        finally:
-            roles.close()
-        if len(rows) < 2:  # a training row and a held-out one at least
-            rounds.append({"round": i, "skipped": skip_reason, **metrics})
-            log.step(i, metrics)
-            continue
-        rdir = run_dir / f"round_{i}"
-        rdir.mkdir(parents=True, exist_ok=True)
-        data = rdir / data_name
-        write_atomic(data, "".join(json.dumps(x) + "\n" for x in rows))
-        round_cfg = config.with_overrides(cfg, [f"model.name={model}", f"pref.data={data}", "pref.online_rounds=0"])
-        summary = train_offline(round_cfg, rdir, kind)
-        model = summary["model"]
-        rounds.append({"round": i, **metrics, "heldout_accuracy": model_accuracy(cfg, model),
-                       after[0]: summary["heldout_after"].get(after[1])})
-        log.step(i, {k: v for k, v in rounds[-1].items() if isinstance(v, (int, float)) and k != "round"})
-    log.close()
+    try:
+        with RunGuard(cfg, saved="round's model") as guard:
+            for i in guard.steps(1, n_rounds):
+                sample_cfg = config.with_overrides(cfg, [f"model.name={model}", "algo.kl_coef=0", "algo.name=grpo"])
+                roles = build.build_roles(sample_cfg, task)
+                torch.manual_seed(cfg.run.seed + i)
+                try:
+                    cores.adjust()
+                    rows, metrics = collect(roles, rng.sample(task.train, min(pref.online_prompts, len(task.train))),
+                                            cfg.rollout.group_size, cfg)
+                finally:
+                    roles.close()
+                if guard.finish_step():  # a stop signal while sampling: this round does not train
+                    raise Interrupted(guard.signum, f"stopped by {signal.Signals(guard.signum).name} while round {i} "
+                                      f"sampled; the rounds before it are saved", saved=i - 1)
+                if len(rows) < 2:  # a training row and a held-out one at least
+                    rounds.append({"round": i, "skipped": skip_reason, **metrics})
+                    log.step(i, metrics)
+                    continue
+                rdir = run_dir / f"round_{i}"
+                rdir.mkdir(parents=True, exist_ok=True)
+                data = rdir / data_name
+                write_atomic(data, "".join(json.dumps(x) + "\n" for x in rows))
+                round_cfg = config.with_overrides(cfg, [f"model.name={model}", f"pref.data={data}",
+                                                        "pref.online_rounds=0"])
+                summary = train_offline(round_cfg, rdir, kind)
+                model = summary["model"]
+                rounds.append({"round": i, **metrics, "heldout_accuracy": model_accuracy(cfg, model),
+                               after[0]: summary["heldout_after"].get(after[1])})
+                log.step(i, {k: v for k, v in rounds[-1].items() if isinstance(v, (int, float)) and k != "round"})
+    finally:
+        log.close()
     return log.write_summary({"kind": summary_kind, "rounds": rounds, "model": model,
                               "heldout_before": rounds[0]["heldout_accuracy"],
                               "heldout_after": rounds[-1].get("heldout_accuracy")})
