@@ -26,7 +26,7 @@ from rlpost.envs.arithmetic import build_splits
 from rlpost.model.load import load_policy
 from rlpost.model.logprobs import completion_logprobs
 from rlpost.roles.rollout_hf import HFRollout
-from rlpost.roles.trainer import Trainer
+from rlpost.build import trainer_over
 
 
 def main() -> None:
@@ -64,7 +64,7 @@ def main() -> None:
         if micro > B or B % micro:
             continue
         tcfg = replace(config.TrainerConfig(), precision="bf16" if autocast else "fp32", share_prompt_prefix=share)
-        tr = Trainer(loaded.model, tcfg, 0.7, B, micro, 10)
+        tr = trainer_over(loaded.model, tcfg, 0.7, B, micro, 10)
 
         def fwd_bwd():
             tr._accumulate(copy.deepcopy(batch), algo.loss)

@@ -32,8 +32,9 @@ import torch
 from rlpost import algorithms, config, machine
 from rlpost.console import say, say_once
 from rlpost.envs import Task, env_pool, verifier_timeout
-from rlpost.model import checkpoint, device, fit, lora, precision
+from rlpost.model import checkpoint, device, fit, lora, packed, precision
 from rlpost.model.load import load_policy, load_policy_for, load_tokenizer, resolve
+from rlpost.model.logprobs import Scoring
 from rlpost.rewards.episodes import EpisodeReward
 from rlpost.rewards.judge import Judge
 from rlpost.rewards.prm import ProcessRewardModel, StepRewards
@@ -44,6 +45,7 @@ from rlpost.roles.critic import Critic
 from rlpost.roles.reference import Reference
 from rlpost.roles import rollout_vllm
 from rlpost.roles.engine import auto_picks_vllm, build_rollout
+from rlpost.roles.forward_plan import ForwardPlan, Sizes
 from rlpost.roles.rollout_env import EnvRollout
 from rlpost.roles.row_plan import LocalPlan, ShardedPlan
 from rlpost.roles.trainer import Trainer
@@ -302,13 +304,45 @@ def make_trainer(cfg: config.Config, model: torch.nn.Module, use_lora: bool, dat
     dist.trainer_ranks (distributed/actors.py), so its row plan is this rank's share (roles/row_plan.py)."""
     sizes = cfg.derived
     model = on_device(cfg, model)  # before the critic: its head is made beside the trunk
-    critic = Critic(model, cfg.algo.critic) if algorithms.traits(cfg.algo.name).needs_values else None
-    return Trainer(
-        lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer, cfg.rollout.temperature,
-        sizes.mini_batch_size, sizes.micro_batch_size, sizes.optimizer_steps, cfg.model.gradient_checkpointing,
-        critic=critic, critic_lr=cfg.algo.critic_lr, entropy_grad=algorithms.loss_takes_entropy(cfg.algo),
-        offload_critic=cfg.offload.critic, plan=ShardedPlan() if data_parallel else LocalPlan(),
-    )
+    critic = (Critic(model, cfg.algo.critic, cfg.algo.critic_lr, cfg.offload.critic)
+              if algorithms.traits(cfg.algo.name).needs_values else None)
+    return trainer_over(lora.wrap(model, cfg.model, cfg.run.seed) if use_lora else model, cfg.trainer,
+                        cfg.rollout.temperature, sizes.mini_batch_size, sizes.micro_batch_size, sizes.optimizer_steps,
+                        cfg.model.gradient_checkpointing, critic=critic,
+                        entropy_grad=algorithms.loss_takes_entropy(cfg.algo),
+                        plan=ShardedPlan() if data_parallel else LocalPlan())
+
+
+def forward_plan(tcfg: TrainerConfig, model: torch.nn.Module, temperature: float, checkpointing: bool,
+                 rows: LocalPlan | ShardedPlan, critic: Critic | None, loss_entropy: bool) -> ForwardPlan:
+    """The trainer's forward, chosen once beside its row plan (roles/forward_plan.py): the packed trunk
+    where trainer.forward allows it (not under activation checkpointing or data parallelism), the
+    chunked body, each prompt once per micro-batch (trainer.share_prompt_prefix) and once per
+    mini-batch (trainer.prompts_once: not where each rank's rows are its own, nor for a critic with
+    its own trunk, which runs its own prompts), a shared critic's head on the policy's trunk, and the
+    entropy with grad where the loss reads it."""
+    shared_head = critic.head if critic is not None and critic.shared else None
+    separate_critic = critic is not None and not critic.shared
+    route = packed.resolve(tcfg.forward, model, checkpointing=checkpointing, data_parallel=rows.sharded)
+    once = tcfg.prompts_once and tcfg.share_prompt_prefix and not rows.sharded and not separate_critic
+    return ForwardPlan(Scoring(temperature, tcfg.share_prompt_prefix, True, shared_head), packed=route,
+                       prompts_once=once, loss_entropy=loss_entropy, checkpointing=checkpointing)
+
+
+def trainer_over(model: torch.nn.Module, tcfg: TrainerConfig, temperature: float, mini_batch_size: int,
+                 micro_batch_size: int, total_optimizer_steps: int, gradient_checkpointing: bool = False,
+                 critic: Critic | None = None, critic_lr: float | None = None, entropy_grad: bool = False,
+                 plan: LocalPlan | ShardedPlan | None = None, offload_critic: bool | None = None) -> Trainer:
+    """A trainer over ``model`` from plain arguments, its forward plan chosen here (``forward_plan``):
+    what every trainer of a run is made with, and the tests' and benchmarks' way to make one.
+    critic_lr, offload_critic: the critic's own (roles/critic.py), where given."""
+    rows = plan or LocalPlan()
+    if critic is not None and critic_lr is not None:
+        critic.lr = critic_lr
+    if critic is not None and offload_critic is not None:
+        critic.offload = offload_critic
+    forward = forward_plan(tcfg, model, temperature, gradient_checkpointing, rows, critic, entropy_grad)
+    return Trainer(model, tcfg, Sizes(mini_batch_size, micro_batch_size, total_optimizer_steps), forward, rows, critic)
 
 
 def make_pref_reference(cfg: config.Config, model: torch.nn.Module, micro_batch_size: int) -> Reference:
@@ -325,16 +359,17 @@ def make_pref_trainer(cfg: config.Config, model: torch.nn.Module, mini_batch_siz
     when model.lora_r > 0, and for a reward model (value_head) a scalar head on its trunk, trained
     as the critic is (algo.critic_lr)."""
     policy = lora.wrap(model, cfg.model, cfg.run.seed) if cfg.model.lora_r > 0 else model
-    head = Critic(model, "shared") if value_head else None
-    return Trainer(policy, cfg.trainer, 1.0, mini_batch_size, micro_batch_size, optimizer_steps,
-                   cfg.model.gradient_checkpointing, critic=head, critic_lr=cfg.algo.critic_lr)
+    head = Critic(model, "shared", cfg.algo.critic_lr) if value_head else None
+    return trainer_over(policy, cfg.trainer, 1.0, mini_batch_size, micro_batch_size, optimizer_steps,
+                        cfg.model.gradient_checkpointing, critic=head)
 
 
 def make_head_trainer(lm: torch.nn.Module, head: Critic, trainer: TrainerConfig, mini_batch_size: int,
                       micro_batch_size: int, optimizer_steps: int, head_lr: float) -> Trainer:
-    """A trunk with a value head trained on fixed targets, the head at its own rate: the process reward
-    model's trainer (recipes/prm.py), from plain arguments (it trains outside a run's config)."""
-    return Trainer(lm, trainer, 1.0, mini_batch_size, micro_batch_size, optimizer_steps, critic=head, critic_lr=head_lr)
+    """A trainer over a trunk with a value head trained on fixed targets, the head at its own rate: the
+    process reward model's trainer (recipes/prm.py), from plain arguments (it trains outside a run's config)."""
+    return trainer_over(lm, trainer, 1.0, mini_batch_size, micro_batch_size, optimizer_steps, critic=head,
+                        critic_lr=head_lr)
 
 
 def build_reward(cfg: config.Config, verifier: Verifier, run_dir: Path | None = None) -> Verifier:

@@ -206,8 +206,8 @@ def _cov_batch(old=None):
     return logp, rl_batch(COV_MASK, advantages=adv, old_logp=logp.detach() if old is None else old)
 
 
-def _kw_loss(logp, batch, scale):
-    return (logp * batch.advantages).sum() * scale, {}
+def _kw_loss(logp, batch, *, values=None, entropy=None):  # the wrappers hand the named inputs on
+    return (logp * batch.advantages).sum() * values, {}
 
 
 def test_clip_cov_takes_candidates_strictly_inside_and_max_1_ratio_tokens():
@@ -216,12 +216,12 @@ def test_clip_cov_takes_candidates_strictly_inside_and_max_1_ratio_tokens():
     # (lb, ub) = (-3, 1): tokens 1 (cov -2) and 2 (-1) lie inside; token 3's cov 1 = ub does not.
     # ratio 1: up to 1 * 4 = 4 tokens, so both candidates lose their gradient: d/d logp = 2 A on the others
     logp, b = _cov_batch()
-    loss, m = with_clip_cov(_kw_loss, ratio=1.0, lb=-3.0, ub=1.0)(logp, b, scale=2.0)
+    loss, m = with_clip_cov(_kw_loss, ratio=1.0, lb=-3.0, ub=1.0)(logp, b, values=2.0)
     loss.backward()
     assert logp.grad.tolist() == [[2.0, 0.0, 0.0, -2.0, 0.0]] and m["actor/clip_cov_frac"] == 0.5
     # ratio 1e-4: max(1, int(1e-4 * 4)) = 1 of the 2 candidates (either one, at random): 1 / 4 tokens
     logp, b = _cov_batch()
-    loss, m = with_clip_cov(_kw_loss, ratio=1e-4, lb=-3.0, ub=1.0)(logp, b, scale=2.0)
+    loss, m = with_clip_cov(_kw_loss, ratio=1e-4, lb=-3.0, ub=1.0)(logp, b, values=2.0)
     loss.backward()
     assert m["actor/clip_cov_frac"] == 0.25 and (logp.grad == 0).sum() == 2  # the pad's and one token's
 
@@ -235,7 +235,7 @@ def test_kl_cov_penalises_ratio_tokens_aggregated_with_both_totals():
     # 1 sequence: 0.9; coef 0.1 -> + 0.09. Base: sum(A log pi) * 2 = (0 - 4 + 1 + 3) * 2 = 0.
     old = t([[-0.5, -4.2, -1.3, -3.4, 0.0]])
     logp, b = _cov_batch(old)
-    loss, m = with_kl_cov(_kw_loss, ratio=0.5, coef=0.1, aggregate=core.seq_mean_token_sum)(logp, b, scale=2.0)
+    loss, m = with_kl_cov(_kw_loss, ratio=0.5, coef=0.1, aggregate=core.seq_mean_token_sum)(logp, b, values=2.0)
     assert math.isclose(loss.item(), 0.09, rel_tol=1e-5) and m["actor/kl_cov_frac"] == 0.5
 
 
@@ -244,11 +244,13 @@ def test_entropy_advantage_leaves_padding_alone_and_passes_keywords():
 
     # A = [1, -1 | pad 0.5], H = [.4, 3 | 2], alpha .5, kappa 2: shaping min(.5 H, |A| / 2) on the mask
     # = min([.2, 1.5], [.5, .5]) = [.2, .5], 0 on the pad -> A' = [1.2, -.5, .5]; the loss below is
-    # sum(A') * scale = 1.2 * 2 = 2.4, and the mean shaping over the 2 loss tokens is .35
+    # sum(A') * values = 1.2 * 2 = 2.4, and the mean shaping over the 2 loss tokens is .35; both named inputs
+    # are handed on to the loss inside (an entropy bonus there reads the same entropy)
     b = rl_batch(t([[True, True, False]]), advantages=t([[1.0, -1.0, 0.5]]))
-    wrapped = with_entropy_advantage(lambda logp, batch, scale: (batch.advantages.sum() * scale, {}), 0.5, 2.0, False)
-    loss, m = wrapped(None, b, entropy=t([[0.4, 3.0, 2.0]]), scale=2.0)
-    assert (math.isclose(loss.item(), 2.4, rel_tol=1e-6)
+    inner = lambda logp, batch, *, values=None, entropy=None: (batch.advantages.sum() * values, {"inner": entropy})
+    ent = t([[0.4, 3.0, 2.0]])
+    loss, m = with_entropy_advantage(inner, 0.5, 2.0)(None, b, values=2.0, entropy=ent)
+    assert (math.isclose(loss.item(), 2.4, rel_tol=1e-6) and m["inner"] is ent
             and math.isclose(m["actor/entropy_adv_mean"], 0.35, rel_tol=1e-6))
 
 

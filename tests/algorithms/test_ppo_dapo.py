@@ -115,7 +115,8 @@ def test_overlong_penalty_edges():
 
 
 def test_entropy_bonus_subtracts_aggregated_entropy():
-    loss_fn = with_entropy_bonus(lambda logp, batch: (torch.tensor(0.0), {}), coef=0.1, aggregate=core.token_mean)
+    loss_fn = with_entropy_bonus(lambda logp, batch, **named: (torch.tensor(0.0), {}), coef=0.1,
+                                 aggregate=core.token_mean)
     b = _batch(t([[True, True, False]]))
     loss, _ = loss_fn(None, b, entropy=t([[1.0, 3.0, 100.0]]))
     assert math.isclose(loss.item(), -0.2, rel_tol=1e-6)  # -0.1 * (1 + 3) / 2; the pad's 100 is ignored
@@ -124,7 +125,7 @@ def test_entropy_bonus_subtracts_aggregated_entropy():
 def test_truncated_importance_weight_scales_advantages():
     seen = {}
 
-    def inner(logp, batch):  # records the advantages the wrapped loss is given
+    def inner(logp, batch, **named):  # records the advantages the wrapped loss is given
         seen["adv"] = batch.advantages
         return torch.tensor(0.0), {}
 
@@ -141,5 +142,5 @@ def test_truncated_importance_weight_scales_advantages():
 def test_tis_counts_only_weights_strictly_past_the_cap():
     # pi_old / pi_sampler = e^0 = 1 = cap: min(1, 1) = 1, the cap changes nothing, so nothing is "capped"
     b = _batch(t([[True]]), old_logp=t([[0.0]]), advantages=t([[1.0]]))
-    _, m = with_tis(lambda logp, batch: (torch.tensor(0.0), {}), cap=1.0, level="token")(None, b)
+    _, m = with_tis(lambda logp, batch, **named: (torch.tensor(0.0), {}), cap=1.0, level="token")(None, b)
     assert m["actor/tis_capped_frac"] == 0.0 and m["actor/tis_weight_mean"] == 1.0

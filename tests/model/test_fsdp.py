@@ -19,6 +19,7 @@ from rlpost.model import fsdp
 from rlpost.model.load import load_policy
 from rlpost.model.logprobs import completion_logprobs
 from rlpost.roles.row_plan import LocalPlan, ShardedPlan
+from rlpost.build import trainer_over
 from rlpost.roles.trainer import Trainer
 from rlpost.types.batch import Rollouts
 
@@ -54,9 +55,9 @@ def synthetic_batch(model, n_prompts: int = 4, P: int = 6, T: int = 8, seed: int
 def make_trainer(data_parallel: bool, micro: int = MICRO, bf16: bool = False) -> Trainer:
     model = load_policy("tiny", dtype=torch.float32, seed=SEED).model
     # transformers' forward on both sides (the ranks cannot run packed): this compares the parallelism alone
-    return Trainer(model, tcfg(lr=LR, precision="bf16" if bf16 else "fp32", forward="hf"), 1.0, mini_batch_size=MINI,
-                   micro_batch_size=micro, total_optimizer_steps=4,
-                   plan=ShardedPlan() if data_parallel else LocalPlan())
+    return trainer_over(model, tcfg(lr=LR, precision="bf16" if bf16 else "fp32", forward="hf"), 1.0,
+                        mini_batch_size=MINI, micro_batch_size=micro, total_optimizer_steps=4,
+                        plan=ShardedPlan() if data_parallel else LocalPlan())
 
 
 def full_grads(tr: Trainer) -> dict:
@@ -79,7 +80,9 @@ def scenario(data_parallel: bool, batch: Rollouts) -> dict:
     for bf16 in (False, True):
         tr = make_trainer(data_parallel, bf16=bf16)
         out[f"recompute_{bf16}"] = tr.recompute(batch)[0]
-        tr._accumulate(copy.deepcopy(batch.select(slice(0, MINI))), algo.loss)
+        # the mini-batch pass alone (private): the raw sum over the ranks' micro-batches, before the step
+        # clips it and folds the lookup in, each gradient gathered whole (full_grads)
+        tr._mini_batch(copy.deepcopy(batch.select(slice(0, MINI))), algo.loss)
         out[f"grads_{bf16}"] = full_grads(tr)
     # 2. Whole updates: old log-probs recomputed, two mini-batches (two optimizer steps); then a
     # short batch of 5 rows at micro 1, where the ranks hold 2 and 3 rows (one pads with a blank).

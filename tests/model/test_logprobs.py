@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from rlpost.model.logprobs import completion_logprobs, prompt_groups
+from rlpost.model.logprobs import Scoring, completion_logprobs, prompt_groups
 
 
 def grads_of(model, batch, share):
@@ -57,14 +57,15 @@ def test_rows_with_different_prompts_in_one_group_fall_back(batch):
 
 
 def _chunked_vs_plain(model, batch, entropy_weight, monkeypatch, chunk):
+    import rlpost.model.chunked as chunked_mod
     import rlpost.model.logprobs as lp_mod
 
-    monkeypatch.setattr(lp_mod, "CHUNK_TOKENS", chunk)  # several chunks even on a small batch
+    monkeypatch.setattr(chunked_mod, "CHUNK_TOKENS", chunk)  # several chunks even on a small batch
     m = batch.completion_mask
     out = []
     for chunked in (False, True):
         model.zero_grad()
-        f = lp_mod.policy_forward(model, batch, 0.9, entropy="grad", chunked=chunked)
+        f = lp_mod.policy_forward(model, batch, Scoring(0.9, chunked=chunked), entropy="grad")
         # weights that differ per token, so a misplaced token changes the gradient
         w = torch.linspace(0.5, 1.5, m.numel()).view(m.shape) * m
         ((f.logp * w).sum() + entropy_weight * (f.entropy * w).sum()).backward()
@@ -92,8 +93,8 @@ def test_chunked_logp_under_bf16_autocast_tracks_the_plain_path(tiny, batch, mon
 def test_cached_head_cast_is_dropped_when_weights_change(tiny, batch):
     from helpers import tcfg
 
-    from rlpost.model import logprobs
-    from rlpost.roles.trainer import Trainer
+    from rlpost.build import trainer_over
+    from rlpost.model import chunked as logprobs
 
     w = tiny.model.get_output_embeddings().weight
     first = logprobs._cast(w, torch.bfloat16)
@@ -102,7 +103,7 @@ def test_cached_head_cast_is_dropped_when_weights_change(tiny, batch):
         w.copy_(w + 1)  # an in-place write bumps _version
     assert torch.equal(logprobs._cast(w, torch.bfloat16), (w + 0).to(torch.bfloat16))
     # fused AdamW does not bump _version: the trainer must drop the cache after its step
-    tr = Trainer(tiny.model, tcfg(), 1.0, 8, 8, 10)
+    tr = trainer_over(tiny.model, tcfg(), 1.0, 8, 8, 10)
     logprobs._cast(w, torch.bfloat16)
     w.grad = torch.ones_like(w)
     tr._step()
@@ -122,7 +123,7 @@ def test_head_gradient_formed_once_per_mini_batch_equals_the_backwards_own(tiny,
         acc = HeadGrad() if defer else None
         for idx in parts:
             mb = batch.select(idx)
-            out = policy_forward(tiny.model, mb, 0.9, head_grad=acc)
+            out = policy_forward(tiny.model, mb, Scoring(0.9), head_grad=acc)
             (out.logp * mb.completion_mask * torch.linspace(0.5, 1.5, mb.completion_mask.shape[1])).sum().backward()
         if defer:  # (the head is tied to the embedding here, whose lookup's gradient is already in .grad)
             before = head.grad.clone()

@@ -11,8 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-import rlpost.model.logprobs as lp_mod
-from rlpost.model.logprobs import (ChunkedLogp, completion_logprobs, completion_values, plain_head, policy_forward,
+import rlpost.model.chunked as chunked_mod
+import rlpost.model.routes as routes
+from rlpost.model.logprobs import (ChunkedLogp, HeadSpec, Scoring, completion_logprobs, completion_values, plain_head,
+                                   policy_forward,
                                    truncated)
 
 T = 0.9  # a temperature other than 1, so a missing division shows
@@ -99,16 +101,16 @@ def test_a_head_with_a_bias_is_scored_with_its_bias(tiny, batch):
 def test_entropy_modes(tiny, batch, chunked):
     _, want = reference(tiny.model, batch)
     m = batch.completion_mask
-    assert policy_forward(tiny.model, batch, T, chunked=chunked).entropy is None  # the default: not computed
-    assert policy_forward(tiny.model, batch, T, entropy="none", chunked=chunked).entropy is None
-    det = policy_forward(tiny.model, batch, T, entropy="detached", chunked=chunked).entropy
+    assert policy_forward(tiny.model, batch, Scoring(T, chunked=chunked)).entropy is None  # the default: not computed
+    assert policy_forward(tiny.model, batch, Scoring(T, chunked=chunked), entropy="none").entropy is None
+    det = policy_forward(tiny.model, batch, Scoring(T, chunked=chunked), entropy="detached").entropy
     assert not det.requires_grad and det.dtype == torch.float32 and torch.allclose(det * m, want, atol=1e-5)
-    grad = policy_forward(tiny.model, batch, T, entropy="grad", chunked=chunked)
+    grad = policy_forward(tiny.model, batch, Scoring(T, chunked=chunked), entropy="grad")
     assert grad.entropy.requires_grad and grad.logp.requires_grad
     with torch.no_grad():
-        assert not policy_forward(tiny.model, batch, T, entropy="grad", chunked=chunked).entropy.requires_grad
+        assert not policy_forward(tiny.model, batch, Scoring(T, chunked=chunked), entropy="grad").entropy.requires_grad
     with pytest.raises(ValueError, match="entropy='detach'"):
-        policy_forward(tiny.model, batch, T, entropy="detach", chunked=chunked)
+        policy_forward(tiny.model, batch, Scoring(T, chunked=chunked), entropy="detach")
 
 
 def test_completion_logprobs_gives_entropy_only_when_asked(tiny, batch):
@@ -120,7 +122,7 @@ def test_completion_logprobs_gives_entropy_only_when_asked(tiny, batch):
 
 
 def reached(monkeypatch):
-    """A spy on the routes model/logprobs.py can take. The returned function gives what the calls since
+    """A spy on the routes model/routes.py can take. The returned function gives what the calls since
     its last call reached, in order: ("shared", run) or ("full", run) for completion_states' two
     forwards, run being "decoder" (final hidden states) or "lm" (the *ForCausalLM's logits), then
     "chunked" where ChunkedLogp scored the tokens. The route is read, not inferred from rounding: the
@@ -130,12 +132,12 @@ def reached(monkeypatch):
     def spy(name, real):
         def wrapped(module, batch, *rest):  # run is the last positional argument of both
             run = rest[-1]
-            seen.append((name, "decoder" if run is lp_mod._backbone else "lm" if run is lp_mod._causal_lm else run))
+            seen.append((name, "decoder" if run is routes.backbone else "lm" if run is routes.causal_lm else run))
             return real(module, batch, *rest)
         return wrapped
 
-    monkeypatch.setattr(lp_mod, "_shared_prefix", spy("shared", lp_mod._shared_prefix))
-    monkeypatch.setattr(lp_mod, "_full", spy("full", lp_mod._full))
+    monkeypatch.setattr(routes, "shared_prefix", spy("shared", routes.shared_prefix))
+    monkeypatch.setattr(routes, "full", spy("full", routes.full))
     apply = ChunkedLogp.apply
     monkeypatch.setattr(ChunkedLogp, "apply", lambda *a: seen.append("chunked") or apply(*a))
 
@@ -151,13 +153,13 @@ def test_the_defaults_are_the_shared_prefix_chunked_path(tiny, batch, monkeypatc
     assert len(batch.group_ids.unique()) < len(batch) and not batch.prompt_mask.all()
     took = reached(monkeypatch)
     shared_chunked = [("shared", "decoder"), "chunked"]
-    explicit = policy_forward(tiny.model, batch, T, share_prefix=True, chunked=True).logp
+    explicit = policy_forward(tiny.model, batch, Scoring(T, share_prefix=True, chunked=True)).logp
     assert took() == shared_chunked
-    assert torch.equal(policy_forward(tiny.model, batch, T).logp, explicit) and took() == shared_chunked
+    assert torch.equal(policy_forward(tiny.model, batch, Scoring(T)).logp, explicit) and took() == shared_chunked
     assert torch.equal(completion_logprobs(tiny.model, batch, T)[0], explicit) and took() == shared_chunked
     # each other path is reached by its flag, and scores the same distribution
     for s, c, route in ((False, True, [("full", "decoder"), "chunked"]), (True, False, [("shared", "lm")])):
-        other = policy_forward(tiny.model, batch, T, share_prefix=s, chunked=c).logp
+        other = policy_forward(tiny.model, batch, Scoring(T, share_prefix=s, chunked=c)).logp
         assert took() == route, (s, c)
         assert torch.allclose(other * batch.completion_mask, explicit, atol=1e-5), (s, c)
 
@@ -177,13 +179,13 @@ def test_a_shared_value_head_reads_the_policys_final_states_on_both_paths(tiny, 
     torch.manual_seed(1)
     head = nn.Linear(64, 1)
     want = head(decoder_states(tiny.model, batch)).squeeze(-1)
-    out = policy_forward(tiny.model, batch, T, value_head=head, chunked=chunked)
+    out = policy_forward(tiny.model, batch, Scoring(T, chunked=chunked, value_head=head))
     m = batch.completion_mask
     assert out.values.shape == m.shape and out.values.dtype == torch.float32
     assert torch.allclose(out.values * m, want * m, atol=1e-5)
-    plain = policy_forward(tiny.model, batch, T, chunked=chunked).logp  # the head changes no log-prob
+    plain = policy_forward(tiny.model, batch, Scoring(T, chunked=chunked)).logp  # the head changes no log-prob
     assert torch.allclose(out.logp, plain, atol=1e-6)
-    assert policy_forward(tiny.model, batch, T, chunked=chunked).values is None
+    assert policy_forward(tiny.model, batch, Scoring(T, chunked=chunked)).values is None
 
 
 def test_a_separate_critics_values_are_its_trunks_states_through_its_head(tiny, batch):
@@ -218,11 +220,11 @@ def test_a_top_p_floor_scores_the_truncated_distribution_on_both_paths(tiny, bat
     full_lp, _ = reference(tiny.model, b)
     m = b.completion_mask
     assert (want_lp[m] > full_lp[m] + 1e-3).float().mean() > 0.9  # the truncation matters on nearly every token
-    monkeypatch.setattr(lp_mod, "CHUNK_TOKENS", 7)  # several chunks
+    monkeypatch.setattr(chunked_mod, "CHUNK_TOKENS", 7)  # several chunks
     grads = []
     for chunked in (True, False):
         model = copy.deepcopy(tiny.model)
-        out = policy_forward(model, b, T, entropy="grad", chunked=chunked)
+        out = policy_forward(model, b, Scoring(T, chunked=chunked), entropy="grad")
         assert torch.allclose(out.logp * m, want_lp, atol=1e-5) and torch.allclose(out.entropy * m, want_ent, atol=1e-5)
         w = torch.linspace(0.5, 1.5, m.numel()).view(m.shape) * m
         ((out.logp * w).sum() + 0.3 * (out.entropy * w).sum()).backward()
@@ -241,11 +243,11 @@ def rows(n=20, h=8, v=11, seed=0):
 
 def test_each_token_runs_through_the_head_once_in_chunks(monkeypatch):
     h, w, y = rows()
-    monkeypatch.setattr(lp_mod, "CHUNK_TOKENS", 7)
+    monkeypatch.setattr(chunked_mod, "CHUNK_TOKENS", 7)
     seen = []
     real = ChunkedLogp._logits
     monkeypatch.setattr(ChunkedLogp, "_logits", staticmethod(lambda hh, ww: seen.append(len(hh)) or real(hh, ww)))
-    logp, ent = ChunkedLogp.apply(h, w, y, T, torch.float32, True, None)
+    logp, ent = ChunkedLogp.apply(h, w, y, HeadSpec(T, torch.float32, True), None)
     assert seen == [7, 7, 6]  # forward: 20 tokens in chunks of 7
     (logp.sum() + ent.sum()).backward()
     assert seen == [7, 7, 6]  # the backward reads the logits the forward kept: no second pass through the head
@@ -260,10 +262,10 @@ def manual(h, w, y, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_values_and_gradients_match_autograd_in_the_head_dtype(dtype, monkeypatch):
     # bf16: the lm_head matmul runs in bf16 (as autocast would run it), the softmax in float32
-    monkeypatch.setattr(lp_mod, "CHUNK_TOKENS", 7)
+    monkeypatch.setattr(chunked_mod, "CHUNK_TOKENS", 7)
     h, w, y = rows()
     gl, ge = torch.linspace(0.5, 1.5, len(y)), torch.linspace(-1, 1, len(y))
-    out = ChunkedLogp.apply(h, w, y, T, dtype, True, None)
+    out = ChunkedLogp.apply(h, w, y, HeadSpec(T, dtype, True), None)
     assert out[0].dtype == out[1].dtype == torch.float32
     (out[0] @ gl + out[1] @ ge).backward()
     got = (out[0].detach(), out[1].detach(), h.grad.clone(), w.grad.clone())
@@ -282,7 +284,7 @@ def test_chunked_values_and_gradients_match_autograd_in_the_head_dtype(dtype, mo
 def test_a_frozen_head_gets_no_gradient_and_the_states_still_do():
     h, w, y = rows()
     w = w.detach()  # LoRA: the base model's head is frozen
-    logp, _ = ChunkedLogp.apply(h, w, y, T, torch.float32, False, None)
+    logp, _ = ChunkedLogp.apply(h, w, y, HeadSpec(T, torch.float32, False), None)
     logp.sum().backward()
     got = h.grad.clone()
     h.grad = None
@@ -292,7 +294,7 @@ def test_a_frozen_head_gets_no_gradient_and_the_states_still_do():
 
 def test_no_tokens_give_a_zero_head_gradient():
     h, w, y = rows(n=0)
-    logp, ent = ChunkedLogp.apply(h, w, y, T, torch.float32, True, None)
+    logp, ent = ChunkedLogp.apply(h, w, y, HeadSpec(T, torch.float32, True), None)
     (logp.sum() + ent.sum()).backward()
     assert logp.shape == (0,) and torch.equal(w.grad, torch.zeros_like(w))
 
@@ -312,9 +314,10 @@ def test_share_prefix_and_chunked_reach_the_forward_they_name(tiny, batch, monke
         for chunked in (True, False):
             route = [(forward, "decoder"), "chunked"] if chunked else [(forward, "lm")]
             with_head = [(forward, "decoder")] + (["chunked"] if chunked else [])  # the head reads hidden states
-            out = policy_forward(tiny.model, batch, T, share_prefix=share_prefix, chunked=chunked, value_head=head)
+            scoring = Scoring(T, share_prefix=share_prefix, chunked=chunked, value_head=head)
+            out = policy_forward(tiny.model, batch, scoring)
             assert took() == with_head and out.values is not None, (share_prefix, chunked)
-            want = policy_forward(tiny.model, batch, T, share_prefix=share_prefix, chunked=chunked).logp
+            want = policy_forward(tiny.model, batch, Scoring(T, share_prefix=share_prefix, chunked=chunked)).logp
             assert took() == route, (share_prefix, chunked)
             got = completion_logprobs(tiny.model, batch, T, share_prefix=share_prefix, chunked=chunked)[0]
             assert took() == route and torch.equal(got, want), (share_prefix, chunked)
@@ -372,12 +375,12 @@ def test_the_head_runs_in_autocasts_dtype_or_the_weights(tiny, batch, monkeypatc
     from rlpost.model.precision import cast_params
 
     seen, apply = [], ChunkedLogp.apply
-    monkeypatch.setattr(ChunkedLogp, "apply", lambda *a: seen.append(a[4:6]) or apply(*a))
+    monkeypatch.setattr(ChunkedLogp, "apply", lambda *a: seen.append((a[3].dtype, a[3].entropy)) or apply(*a))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = policy_forward(tiny.model, batch, T, entropy="detached")
+        got = policy_forward(tiny.model, batch, Scoring(T), entropy="detached")
     assert got.logp.dtype == got.entropy.dtype == torch.float32
-    policy_forward(tiny.model, batch, T)
-    policy_forward(cast_params(copy.deepcopy(tiny.model), torch.bfloat16), batch, T, entropy="grad")
+    policy_forward(tiny.model, batch, Scoring(T))
+    policy_forward(cast_params(copy.deepcopy(tiny.model), torch.bfloat16), batch, Scoring(T), entropy="grad")
     # (dtype, whether the entropy is computed at all: not for entropy="none")
     assert seen == [(torch.bfloat16, True), (torch.float32, False), (torch.bfloat16, True)]
 
@@ -387,8 +390,9 @@ def test_a_bf16_model_still_gives_float32_log_probs_and_entropies(tiny, batch):
 
     model = cast_params(copy.deepcopy(tiny.model), torch.bfloat16)  # trainer.param_dtype=bfloat16
     for chunked in (True, False):
-        out = policy_forward(model, batch, T, entropy="detached", chunked=chunked)
+        out = policy_forward(model, batch, Scoring(T, chunked=chunked), entropy="detached")
         assert out.logp.dtype == out.entropy.dtype == torch.float32, chunked
     h, w, y = rows()
-    logp, ent = ChunkedLogp.apply(h.detach().bfloat16(), w.detach().bfloat16(), y, T, torch.bfloat16, True, None)
+    logp, ent = ChunkedLogp.apply(h.detach().bfloat16(), w.detach().bfloat16(), y, HeadSpec(T, torch.bfloat16, True),
+                                  None)
     assert logp.dtype == ent.dtype == torch.float32

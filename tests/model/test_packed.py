@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlpost.model import packed
-from rlpost.model.logprobs import completion_logprobs, policy_forward, prompt_prefix
+from rlpost.model.logprobs import Scoring, completion_logprobs, policy_forward, prompt_prefix
 from rlpost.model.packed import Attention
 from rlpost.types.errors import ConfigError
 
@@ -81,7 +81,7 @@ def test_prompts_once_as_leaves_give_the_same_gradient(tiny, batch):
         prefix = prompt_prefix(tiny.model, batch)
         for idx in (torch.tensor([0, 5, 9, 2]), torch.tensor([1, 3, 4, 6, 7, 8, 10, 11])):
             mb = batch.select(idx)
-            out = policy_forward(tiny.model, mb, 0.9, prefix=prefix.take(idx, mb.prompt_ids.shape[1]))
+            out = policy_forward(tiny.model, mb, Scoring(0.9), prefix=prefix.take(idx, mb.prompt_ids.shape[1]))
             (out.logp * mb.completion_mask).sum().backward()
         prefix.backward()
         packed.disable(tiny.model)

@@ -7,9 +7,9 @@ import torch
 from helpers import make_batch, tcfg
 
 from rlpost.algorithms.ppo import PPO
-from rlpost.model.logprobs import completion_logprobs, completion_values, policy_forward
+from rlpost.model.logprobs import Scoring, completion_logprobs, completion_values, policy_forward
 from rlpost.roles.critic import Critic
-from rlpost.roles.trainer import Trainer
+from rlpost.build import trainer_over
 from rlpost.types.batch import Rollouts
 
 
@@ -19,7 +19,7 @@ def test_trunk_plus_lm_head_equals_the_causal_lm_forward(tiny):
     torch.nn.init.normal_(critic.head.weight)
     for share in (True, False):
         plain, _ = completion_logprobs(tiny.model, batch, 0.9, share_prefix=share)
-        out = policy_forward(tiny.model, batch, 0.9, share_prefix=share, value_head=critic.head)
+        out = policy_forward(tiny.model, batch, Scoring(0.9, share_prefix=share, value_head=critic.head))
         m = batch.completion_mask
         assert torch.allclose(plain[m], out.logp[m], atol=1e-5)
         # the shared head reads the same hidden states a separate critic with this trunk would
@@ -46,7 +46,7 @@ def test_ppo_update_trains_policy_and_critic(tiny):
     for kind in ("separate", "shared"):
         model = copy.deepcopy(tiny.model)
         critic = Critic(model, kind)
-        tr = Trainer(model, tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4,
+        tr = trainer_over(model, tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4,
                      critic=critic, critic_lr=1e-3)
         batch = _ppo_batch(tiny)
         algo = PPO(whiten_advantages=True)
@@ -68,7 +68,7 @@ def test_ppo_update_trains_policy_and_critic(tiny):
         # its weights travel in the trainer's checkpoint state
         state = tr.state_dict()
         fresh = Critic(copy.deepcopy(tiny.model), kind)
-        tr2 = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, 8, 4, 4, critic=fresh)
+        tr2 = trainer_over(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, 8, 4, 4, critic=fresh)
         tr2.load_state_dict(state)
         assert torch.equal(fresh.head.weight, critic.head.weight)
 

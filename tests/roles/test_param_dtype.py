@@ -18,7 +18,7 @@ from rlpost.algorithms.grpo import GRPO
 from rlpost.model import device
 from rlpost.model.load import load_policy
 from rlpost.roles.critic import Critic
-from rlpost.roles.trainer import Trainer
+from rlpost.build import trainer_over
 from rlpost.types.errors import ConfigError
 
 
@@ -30,7 +30,7 @@ def grpo_batch(tiny):
 
 
 def trainer(model, lr=1e-3, critic=None, **kw):
-    return Trainer(model, tcfg(param_dtype="bfloat16", lr=lr, **kw), 1.0, mini_batch_size=16, micro_batch_size=4,
+    return trainer_over(model, tcfg(param_dtype="bfloat16", lr=lr, **kw), 1.0, mini_batch_size=16, micro_batch_size=4,
                    total_optimizer_steps=10, critic=critic)
 
 
@@ -51,7 +51,7 @@ def test_bf16_weights_start_from_float32_masters_and_buffers_stay_float32(tiny):
 def test_a_step_moves_the_masters_where_bf16_alone_would_round_the_update_away(tiny):
     batch, algo = grpo_batch(tiny)
     lr = 1e-6  # Adam's first step is ~lr per weight: far below half of bf16's spacing at |w| ~ 0.02 (~6e-5)
-    ref = Trainer(copy.deepcopy(tiny.model), tcfg(lr=lr), 1.0, 16, 4, 10)  # float32 weights, same batch
+    ref = trainer_over(copy.deepcopy(tiny.model), tcfg(lr=lr), 1.0, 16, 4, 10)  # float32 weights, same batch
     start = {n: v.clone() for n, v in tiny.model.state_dict().items()}  # tied weights under both names
     tr = trainer(tiny.model, lr=lr)
     m = tr.update(copy.deepcopy(batch), algo.loss)
@@ -101,7 +101,7 @@ def test_critic_is_bf16_with_masters_and_trains(tiny):
     assert len(tr.opt.param_groups[1]["params"]) == len(tr.critic_params)
     returns = torch.randn(batch.completion_mask.shape) * batch.completion_mask
 
-    def value_loss(logp, mb, values):  # values are float32 even from a bf16 head
+    def value_loss(logp, mb, *, values, entropy=None):  # values are float32 even from a bf16 head
         assert values.dtype == torch.float32
         return ((values - returns[: len(mb), : values.shape[1]]) ** 2 * mb.completion_mask).sum() / mb.norm_tokens, {}
 

@@ -2,6 +2,7 @@
 
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,12 +14,27 @@ from rlpost import algorithms
 from rlpost.algorithms import ALGORITHMS, core
 from rlpost.algorithms.grpo import GRPO
 from rlpost.model import packed
-from rlpost.model.logprobs import CACHE_KW, completion_logprobs
+from rlpost.model.logprobs import CACHE_KW, Scoring, completion_logprobs
 from rlpost.model.lora import wrap as lora_wrap
 from rlpost.roles.critic import Critic
 from rlpost.model.optim import lr_lambda
 from rlpost.roles.row_plan import ShardedPlan
-from rlpost.roles.trainer import Trainer
+from rlpost.build import trainer_over
+from rlpost.roles.forward_plan import SamplerDiffs
+
+
+def stepped(tr, batch, loss_fn, params=None) -> tuple[list[torch.Tensor], dict]:
+    """(the gradients ``update``'s optimizer step read, ``update``'s metrics) for one mini-batch: the
+    trainer's public verb, the gradients copied by the optimizer's own step pre-hook. They are the
+    summed gradient of the mini-batch, the tied lookup's rows folded into the head's (as the step reads
+    them), clipped at trainer.max_grad_norm (set out of reach here where a test compares values)."""
+    seen = []
+    params = tr.params if params is None else params
+    hook = tr.opt.register_step_pre_hook(lambda opt, a, k: seen.append([p.grad.clone() for p in params
+                                                                          if p.grad is not None]))
+    metrics = tr.update(batch, loss_fn)
+    hook.remove()
+    return seen[0], metrics
 
 
 @pytest.mark.parametrize("agg", [core.token_mean, core.seq_mean_token_mean, core.seq_mean_token_sum])
@@ -28,11 +44,9 @@ def test_micro_batch_times_accumulation_equals_full_batch(tiny, agg):
     batch.advantages = algo.advantages(batch).tokens
     grads = []
     for micro in (16, 4, 1):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
                      total_optimizer_steps=1)
-        b = copy.deepcopy(batch)
-        tr._accumulate(b, algo.loss)
-        grads.append([p.grad.clone() for p in tr.params])
+        grads.append(stepped(tr, copy.deepcopy(batch), algo.loss)[0])
     for g in grads[1:]:
         assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(grads[0], g))
     assert any(g.abs().sum() > 0 for g in grads[0])
@@ -54,10 +68,9 @@ def test_head_gradient_held_within_its_budget(tiny, share, monkeypatch):
     for limit in (None, share):  # no budget, then `share` micro-batches' worth
         monkeypatch.setattr(budgets, "head_grad_bytes", lambda gpu, n=limit: 2**40 if n is None else int(n * one))
         held.clear(), flushes.clear()
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
                      total_optimizer_steps=1)
-        tr._accumulate(copy.deepcopy(batch), algo.loss)
-        grads.append([p.grad.clone() for p in tr.params])
+        grads.append(stepped(tr, copy.deepcopy(batch), algo.loss)[0])
         if limit is None:  # one flush at the end, of all four micro-batches
             assert len([h for h in held if h]) == 1
             one = max(held) / 4
@@ -70,16 +83,18 @@ def test_head_gradient_held_within_its_budget(tiny, share, monkeypatch):
 def test_micro_batches_read_nothing_back_to_the_host(tiny, monkeypatch):
     # On a GPU a value read back to the host (.item(), a nonzero, a max turned into an int) waits for
     # the device. Between one micro-batch's backward and the next one's forward that wait leaves the
-    # GPU idle while the host queues the next forward: so _micro reads nothing back (its sums stay on
-    # the device) and the cuts and the fed tokens' layout are planned before the first micro-batch.
-    # Read here on the trunk's CUDA branch, by a dispatch mode; the algorithm's own metrics (after the
-    # forward, before the backward is queued) are left out.
+    # GPU idle while the host queues the next forward: so nothing there reads back (the metric sums stay
+    # on the device: DeviceSums) and the cuts and the fed tokens' layout are planned before the first
+    # micro-batch. Read here on the trunk's CUDA branch, by a dispatch mode, through ``update``: from the
+    # end of each micro-batch's loss (before its backward) to the start of the next one's, and after the
+    # last until the mini-batch picks its sampler differences (SamplerDiffs.pick, which reads back, as the
+    # end of the mini-batch may). The algorithm's own metrics (inside the loss) are left out.
     from torch.utils._python_dispatch import TorchDispatchMode
 
     batch = make_batch(tiny)
     algo = GRPO(group_size=4)
     batch.advantages = algo.advantages(batch).tokens
-    reads, watching = [], [False]
+    reads, watching, losses = [], [False], []
 
     class Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -88,33 +103,25 @@ def test_micro_batches_read_nothing_back_to_the_host(tiny, monkeypatch):
                 reads.append(func.overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
 
-    def loss(logp, mb, **kw):
+    def loss(logp, mb, *, values=None, entropy=None):
         watching[0] = False
+        losses.append(len(mb))
         try:
-            return algo.loss(logp, mb, **kw)
+            return algo.loss(logp, mb)
         finally:
             watching[0] = True
 
-    real = Trainer._micro
-
-    def micro(self, *a, **k):
-        watching[0] = True
-        try:
-            return real(self, *a, **k)
-        finally:
-            watching[0] = False
-
-    monkeypatch.setattr(Trainer, "_micro", micro)
+    pick = SamplerDiffs.pick
+    monkeypatch.setattr(SamplerDiffs, "pick", lambda self: watching.__setitem__(0, False) or pick(self))
     monkeypatch.setattr(packed, "on_gpu", lambda x: True)
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
-                 total_optimizer_steps=1)
+    tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
+                      total_optimizer_steps=1)
     assert packed.trunk_of(tr.model) is not None  # the packed trunk's forward, whose layout is planned
-    diffs = []
     with Watch():
-        metrics = tr._accumulate(copy.deepcopy(batch), loss, diffs=diffs)
-    assert reads == []
-    assert all(isinstance(v, float) for v in metrics.values())  # read back once, at the mini-batch's end
-    assert sum(len(d) for d in diffs) == int(batch.completion_mask.sum())  # the loss tokens' differences
+        metrics = tr.update(copy.deepcopy(batch), loss)
+    assert len(losses) == 4 and reads == []  # three micro-batches' forwards, four backwards watched
+    assert all(isinstance(metrics[k], float) for k in ("actor/loss", "actor/pg_loss", "actor/entropy"))
+    assert sum(metrics["hist/sampler_ratio"]) == int(batch.completion_mask.sum())  # every loss token's difference
 
 
 def test_token_bounds_by_hand():
@@ -191,18 +198,17 @@ def test_micro_batches_by_tokens_accumulate_the_full_batch_gradient(tiny, rows_o
     tokens = rows_of_longest * (P + T)  # room for this many rows of the longest completion
     grads = []
     for kw in ({}, {"micro_batch_tokens": tokens}, {"micro_batch_tokens": tokens, "prompts_once": False}):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(**kw), 1.0, mini_batch_size=16, micro_batch_size=16,
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(**kw), 1.0, mini_batch_size=16, micro_batch_size=16,
                      total_optimizer_steps=1)
         if kw:
             for order in ("own_length", "groups", "rows"):
-                cuts = tr.plan.micro_batches(batch, 16, order, *tr._tokens())
+                cuts = tr.plan.micro_batches(batch, 16, order, tokens)
                 assert sorted(torch.cat([i for _, i in cuts]).tolist()) == list(range(16))  # every row once
                 assert all(len(mb) * (P + mb.trimmed().completion_ids.shape[1]) <= tokens for mb, _ in cuts)
                 # at least as many rows a cut as the longest rows allow, fewer cuts where rows are shorter
                 assert len(cuts) <= math.ceil(16 / rows_of_longest)
             assert (len(cuts) == 1) == (rows_of_longest == 16)
-        tr._accumulate(copy.deepcopy(batch), algo.loss)
-        grads.append([p.grad.clone() for p in tr.params])
+        grads.append(stepped(tr, copy.deepcopy(batch), algo.loss)[0])
     for g in grads[1:]:
         assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(grads[0], g))
 
@@ -246,10 +252,10 @@ def test_changing_pad_contents_changes_nothing(tiny):
     other.completion_ids[~other.completion_mask] = 23  # garbage after EOS
     losses = []
     for b in (batch, other):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16,
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16,
                      total_optimizer_steps=1)
-        m = tr._accumulate(copy.deepcopy(b), algo.loss)
-        losses.append((m["actor/pg_loss"], [p.grad.clone() for p in tr.params]))
+        g, m = stepped(tr, copy.deepcopy(b), algo.loss)
+        losses.append((m["actor/pg_loss"], g))
     assert losses[0][0] == losses[1][0]
     assert all(torch.allclose(a, c, atol=1e-7) for a, c in zip(losses[0][1], losses[1][1]))
 
@@ -258,7 +264,7 @@ def test_update_changes_weights_and_reports_metrics(tiny):
     batch = make_batch(tiny)
     algo = GRPO(group_size=4)
     batch.advantages = algo.advantages(batch).tokens
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(lr=1e-2), 1.0, mini_batch_size=8, micro_batch_size=4,
+    tr = trainer_over(copy.deepcopy(tiny.model), tcfg(lr=1e-2), 1.0, mini_batch_size=8, micro_batch_size=4,
                  total_optimizer_steps=4)
     before = [p.detach().clone() for p in tr.params]
     m = tr.update(batch, algo.loss)
@@ -289,10 +295,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny):
     batch.advantages = algo.advantages(batch).tokens
     grads = []
     for gc in (False, True):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=8,
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=8,
                      total_optimizer_steps=1, gradient_checkpointing=gc)
-        tr._accumulate(copy.deepcopy(batch), algo.loss)
-        grads.append([p.grad.clone() for p in tr.params])
+        grads.append(stepped(tr, copy.deepcopy(batch), algo.loss)[0])
     assert all(torch.allclose(a, c, atol=1e-6) for a, c in zip(*grads))
 
 
@@ -305,7 +310,7 @@ def test_reported_metrics_do_not_depend_on_micro_batching(tiny):
     batch.ref_logp = torch.zeros_like(batch.sampler_logp)
     reports = []
     for micro in (16, 4):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
                      total_optimizer_steps=1)
         reports.append(tr.update(copy.deepcopy(batch), algo.loss))
     for key in ("actor/loss", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/pg_clipfrac"):
@@ -335,20 +340,21 @@ def test_tis_inside_the_loss_needs_no_old_logprob_pass(tiny):
     loss_fn = with_tis(algo.loss, cap=1.2, level="token")
     grads, metrics = [], []
     for precompute in (False, True):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
                      total_optimizer_steps=1)
         b = copy.deepcopy(batch)
         if precompute:
             b.old_logp = tr.recompute(b)[0]
-        metrics.append(tr._accumulate(b, loss_fn))
-        grads.append([p.grad.clone() for p in tr.params])
+        g, m = stepped(tr, b, loss_fn)
+        grads.append(g)
+        metrics.append(m)
     assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(*grads))
     assert 0 < metrics[0]["actor/tis_capped_frac"] < 1
     assert metrics[0]["actor/tis_weight_mean"] == pytest.approx(metrics[1]["actor/tis_weight_mean"], rel=1e-5)
-    plain = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
+    plain = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=4,
                     total_optimizer_steps=1)
-    plain._accumulate(copy.deepcopy(batch), algo.loss)  # without TIS the gradient differs: the weights did something
-    assert not all(torch.allclose(a.grad, c, atol=1e-6) for a, c in zip(plain.params, grads[0]))
+    without = stepped(plain, copy.deepcopy(batch), algo.loss)[0]  # without TIS the gradient differs: the weights did
+    assert not all(torch.allclose(a, c, atol=1e-6) for a, c in zip(without, grads[0]))  # something
 
 
 def with_holes(batch):
@@ -381,70 +387,73 @@ def test_every_algorithm_accumulates_exactly_through_the_trainer(tiny, name):
     for micro in (16, 4, 1):
         model = copy.deepcopy(tiny.model)
         critic = Critic(model, "separate") if traits.needs_values else None
-        tr = Trainer(model, tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1,
+        tr = trainer_over(model, tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro, total_optimizer_steps=1,
                      critic=critic, entropy_grad=True)
         if micro == 16:  # the advantages once (REINFORCE's baseline moves with every call)
             batch.old_logp, batch.old_values = tr.recompute(batch)
             batch.old_logp = batch.old_logp - 0.2 * batch.completion_mask  # ratios e^0.2: some tokens clip
             adv = role.advantages(batch)
             batch.advantages, batch.returns = adv.tokens, adv.returns
-        tr._accumulate(copy.deepcopy(batch), role.loss)
-        grads.append([p.grad.clone() for p in [*tr.params, *tr.critic_params] if p.grad is not None])
+        grads.append(stepped(tr, copy.deepcopy(batch), role.loss, [*tr.params, *tr.critic_params])[0])
     assert len(grads[0]) == len(grads[1]) == len(grads[2]) and any(g.abs().sum() > 0 for g in grads[0])
     for g in grads[1:]:
         assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(grads[0], g))
 
 
 def test_update_averages_metrics_over_epochs_and_mini_batches(tiny):
-    # update() = epochs x mini-batches of _accumulate + _step. Replayed by hand on a second trainer
-    # with the same weights: the metrics are the mean over the 2 x 2 optimizer steps, the entropy the
-    # mean over the first epoch's 2 steps, grad_norm the mean of the 4 pre-clip norms, lr the first step's.
+    # update() = epochs x mini-batches, an optimizer step each. Replayed by hand on a second trainer with
+    # the same weights and lr schedule, one update (one step) per mini-batch: the metrics are the mean
+    # over the 2 x 2 optimizer steps, the entropy the mean over the first epoch's 2 steps, grad_norm the
+    # mean of the 4 pre-clip norms, lr the first step's, the sampler differences the first epoch's tokens.
     batch = make_batch(tiny)
     algo = GRPO(group_size=4, kl_coef=0.1)
     batch.advantages = algo.advantages(batch).tokens
     batch.ref_logp = batch.sampler_logp - 0.05
     cfg = tcfg(epochs=2, lr=1e-2, warmup_steps=2)
-    make = lambda: Trainer(copy.deepcopy(tiny.model), cfg, 1.0, mini_batch_size=8, micro_batch_size=4,
+    make = lambda: trainer_over(copy.deepcopy(tiny.model), cfg, 1.0, mini_batch_size=8, micro_batch_size=4,
                            total_optimizer_steps=4)
     got = make().update(copy.deepcopy(batch), algo.loss)
-    tr = make()
+    tr = trainer_over(copy.deepcopy(tiny.model), replace(cfg, epochs=1), 1.0, mini_batch_size=8, micro_batch_size=4,
+                      total_optimizer_steps=4)
     b = copy.deepcopy(batch)
     b.old_logp = tr.recompute(b)[0]
-    steps, norms, diffs = [], [], []
+    steps, norms = [], []
     for epoch in range(2):
         for lo in (0, 8):
-            steps.append((epoch,
-                          tr._accumulate(b.select(slice(lo, lo + 8)), algo.loss, first_epoch=epoch == 0, diffs=diffs)))
-            norms.append(tr._step()[0][0])  # the policy's pre-clip norm
+            steps.append((epoch, tr.update(b.select(slice(lo, lo + 8)), algo.loss)))
+            norms.append(steps[-1][1]["actor/grad_norm"])  # the policy's pre-clip norm
     for k in ("actor/loss", "actor/pg_loss", "actor/pg_clipfrac", "actor/kl", "actor/ppo_kl", "actor/ratio_max"):
         assert got[k] == pytest.approx(sum(m[k] for _, m in steps) / 4, rel=1e-5, abs=1e-8), k
     assert got["actor/entropy"] == pytest.approx(sum(m["actor/entropy"] for e, m in steps if e == 0) / 2, rel=1e-5)
     assert got["actor/grad_norm"] == pytest.approx(sum(norms) / 4, rel=1e-5)
     assert got["actor/lr"] == 1e-2 * 0.5  # warm-up step 0 of 2
-    d = torch.cat(diffs)  # the first epoch's tokens, each once
-    assert len(d) == int(batch.completion_mask.sum())
-    assert got["actor/logp_diff_sampler_mean"] == pytest.approx(d.abs().mean().item(), rel=1e-5, abs=1e-9)
-    assert got["actor/logp_diff_sampler_max"] == pytest.approx(d.abs().max().item(), rel=1e-5, abs=1e-9)
-    assert sum(got["hist/sampler_ratio"]) == len(d)
+    first = [(m, int(b.completion_mask[lo : lo + 8].sum())) for (e, m), lo in zip(steps, (0, 8, 0, 8)) if e == 0]
+    n = sum(t for _, t in first)  # the first epoch's tokens, each once
+    assert n == int(batch.completion_mask.sum()) and sum(got["hist/sampler_ratio"]) == n
+    mean = sum(m["actor/logp_diff_sampler_mean"] * t for m, t in first) / n
+    assert got["actor/logp_diff_sampler_mean"] == pytest.approx(mean, rel=1e-5, abs=1e-9)
+    assert got["actor/logp_diff_sampler_max"] == max(m["actor/logp_diff_sampler_max"] for m, _ in first)
+    assert got["hist/sampler_ratio"] == [x + y for x, y in zip(*(m["hist/sampler_ratio"] for m, _ in first))]
     assert got["actor/ppo_kl"] != 0.0  # the second mini-batch's ratio is not 1: the first step moved the weights
 
 
 def test_train_step_is_one_accumulated_step(tiny):
-    # train_step (the offline recipes' verb) = _accumulate over the micro-batches + one optimizer step
+    # train_step (the offline recipes' verb) = update's one optimizer step on one mini-batch, without the
+    # rollout diagnostics (the first pass's entropy, the sampler differences)
     batch = make_batch(tiny)
     algo = GRPO(group_size=4)
     batch.advantages = algo.advantages(batch).tokens
     batch.old_logp = batch.sampler_logp
-    make = lambda: Trainer(copy.deepcopy(tiny.model), tcfg(lr=1e-2), 1.0, mini_batch_size=16, micro_batch_size=4,
+    make = lambda: trainer_over(copy.deepcopy(tiny.model), tcfg(lr=1e-2), 1.0, mini_batch_size=16, micro_batch_size=4,
                            total_optimizer_steps=2)
     a, b = make(), make()
     got = a.train_step(copy.deepcopy(batch), algo.loss)
-    want = b._accumulate(copy.deepcopy(batch), algo.loss, first_epoch=False)
-    norm = b._step()[0][0]  # the policy's pre-clip norm
-    assert set(got) == {*want, "actor/grad_norm", "actor/lr", "actor/nonfinite_steps"} and "actor/entropy" not in got
-    assert got["actor/nonfinite_steps"] == 0
-    assert all(got[k] == pytest.approx(v, rel=1e-6) for k, v in want.items())
-    assert got["actor/grad_norm"] == pytest.approx(norm, rel=1e-6) and got["actor/lr"] == 1e-2
+    want = b.update(copy.deepcopy(batch), algo.loss)
+    diagnostics = {"actor/entropy", "actor/logp_diff_sampler_mean", "actor/logp_diff_sampler_max", "hist/sampler_ratio",
+                   "actor/optimizer_steps"}
+    assert set(got) == set(want) - diagnostics and "actor/entropy" not in got
+    assert got["actor/nonfinite_steps"] == 0 and got["actor/lr"] == 1e-2
+    assert all(got[k] == pytest.approx(want[k], rel=1e-6) for k in got)
     assert all(torch.equal(p, q) for p, q in zip(a.params, b.params))
 
 
@@ -485,7 +494,8 @@ def test_non_finite_steps_are_counted_and_skipped(tiny):
         calls.append(1)
         return (loss * float("nan") if len(calls) in (1, 3) else loss), m
 
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=8, micro_batch_size=8, total_optimizer_steps=3)
+    tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=8, micro_batch_size=8,
+                      total_optimizer_steps=3)
     m = tr.update(batch, poisoned)
     assert len(calls) == 3 and m["actor/nonfinite_steps"] == 2 and m["actor/optimizer_steps"] == 1
     assert tr.sched.last_epoch == 1  # the schedule moved for the one step taken
@@ -499,11 +509,12 @@ def test_a_step_whose_critic_loss_alone_is_non_finite_is_skipped_whole(tiny):
     batch, _ = grpo_batch(tiny)
     model = copy.deepcopy(tiny.model)
     critic = Critic(model, "separate")
-    tr = Trainer(model, tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=2, critic=critic)
+    tr = trainer_over(model, tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16, total_optimizer_steps=2,
+                      critic=critic)
     policy_before = [p.detach().clone() for p in tr.params]
     critic_before = [p.detach().clone() for p in critic.parameters()]
 
-    def nan_critic(logp, mb, values):
+    def nan_critic(logp, mb, *, values, entropy=None):
         return (logp * mb.completion_mask).sum() / mb.norm_tokens + (values * float("nan")).sum(), {}
 
     m = tr.update(copy.deepcopy(batch), nan_critic)
@@ -514,7 +525,7 @@ def test_a_step_whose_critic_loss_alone_is_non_finite_is_skipped_whole(tiny):
     assert tr.sched.last_epoch == 0  # the schedule did not move either
 
 
-def value_loss(logp, mb, values):
+def value_loss(logp, mb, *, values, entropy=None):
     """Squared error of the values against a fixed target, plus the policy's mean log-prob: both
     the policy and a critic get a gradient."""
     err = (values - 0.5) ** 2 + logp
@@ -524,7 +535,7 @@ def value_loss(logp, mb, values):
 def test_critic_grad_norm_is_the_mean_over_the_steps_on_both_verbs(tiny):
     batch, _ = grpo_batch(tiny)
     model = copy.deepcopy(tiny.model)
-    tr = Trainer(model, tcfg(), 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4,
+    tr = trainer_over(model, tcfg(), 1.0, mini_batch_size=8, micro_batch_size=4, total_optimizer_steps=4,
                  critic=Critic(model, "separate"))
     norms, step = [], tr._step
     tr._step = lambda: norms.append(step()) or norms[-1]
@@ -543,7 +554,7 @@ def test_the_heap_is_trimmed_every_trim_every_updates_on_the_host(tiny, monkeypa
     trims = []
     monkeypatch.setattr(heap, "trim", lambda: trims.append(1))
     batch, algo = grpo_batch(tiny, n_prompts=1)
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=4,
+    tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=4,
                  total_optimizer_steps=30)
     for i in range(2 * heap.TRIM_EVERY + 1):
         tr.update(copy.deepcopy(batch), algo.loss)
@@ -555,7 +566,7 @@ def test_the_heap_is_trimmed_every_trim_every_updates_on_the_host(tiny, monkeypa
 def test_old_logprobs_are_recomputed_only_when_the_batch_takes_more_than_one_step(tiny, epochs, mini, recomputes,
                                                                                   steps):
     batch, algo = grpo_batch(tiny)
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=epochs), 1.0, mini_batch_size=mini, micro_batch_size=4,
+    tr = trainer_over(copy.deepcopy(tiny.model), tcfg(epochs=epochs), 1.0, mini_batch_size=mini, micro_batch_size=4,
                  total_optimizer_steps=4)
     calls, recompute = [], tr.recompute
     tr.recompute = lambda b: calls.append(1) or recompute(b)
@@ -567,7 +578,7 @@ def test_actor_loss_is_the_mini_batch_loss_whatever_the_micro_batches(tiny):
     batch, algo = grpo_batch(tiny)
     losses = []
     for micro in (16, 4):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
                      total_optimizer_steps=1)
         losses.append(tr.update(copy.deepcopy(batch), algo.loss)["actor/loss"])
     b = copy.deepcopy(batch)
@@ -586,7 +597,8 @@ def test_a_metric_of_a_one_token_mini_batch_is_its_value(tiny):
     def loss(logp, mb, **kw):
         return (logp * mb.completion_mask).sum() / mb.norm_tokens, {"m": 5.0}
 
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=2, total_optimizer_steps=1)
+    tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=2,
+                      total_optimizer_steps=1)
     assert tr.update(batch, loss)["m"] == 5.0  # token share 1/1; the empty micro-batch adds 0
 
 
@@ -597,21 +609,24 @@ def test_an_entropy_bonus_gets_the_entropys_gradient(tiny):
 
     batch, _ = grpo_batch(tiny)
 
-    def bonus(logp, mb, entropy):
+    def bonus(logp, mb, *, values=None, entropy=None):
         return -(entropy * mb.completion_mask).sum() / mb.norm_tokens, {}
 
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=16,
-                 total_optimizer_steps=1, entropy_grad=True)
+    tr = trainer_over(copy.deepcopy(tiny.model), tcfg(max_grad_norm=1e9), 1.0, mini_batch_size=16,
+                      micro_batch_size=16, total_optimizer_steps=1, entropy_grad=True)
+    got = {}  # the gradients the optimizer step reads, by name (the tied lookup's rows folded into the head's)
+    named = list(tr.model.named_parameters())
+    tr.opt.register_step_pre_hook(lambda opt, a, k: got.update({n: p.grad.clone() for n, p in named
+                                                                 if p.grad is not None}))
     b = copy.deepcopy(batch)
+    tr.update(copy.deepcopy(b), bonus)
     b.norm_tokens, b.norm_seqs = float(b.completion_mask.sum()), len(b)
-    tr._accumulate(b, bonus)
     model = copy.deepcopy(tiny.model)
-    ent = policy_forward(model, b, 1.0, entropy="grad").entropy
-    bonus(None, b, ent)[0].backward()
+    ent = policy_forward(model, b, Scoring(1.0), entropy="grad").entropy
+    bonus(None, b, entropy=ent)[0].backward()
     want = dict(model.named_parameters())  # tied: one embedding/head leaf with both uses' gradient
-    got = {n: p.grad for n, p in tr.model.named_parameters() if p.grad is not None and n in want}
-    tied = tr.model.get_output_embeddings().weight.grad + tr.lookup.grad.to_dense()  # the trainer's split leaves
-    got["model.embed_tokens.weight"] = tied
+    got["model.embed_tokens.weight"] = got.pop("lm_head.weight", None)  # the trainer's split leaves, summed
+    got = {n: g for n, g in got.items() if n in want}
     assert len(got) == len(want) and all(torch.allclose(g, want[n].grad, atol=1e-6) for n, g in got.items())
 
 
@@ -628,12 +643,11 @@ def test_micro_batches_are_cut_from_the_length_order(tiny, prefix_once):
     assert batch.length_order().tolist() != list(range(16))
     seen = []
     for micro in (4, 16):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=16, micro_batch_size=micro,
-                     total_optimizer_steps=1)
-        tr.prefix_once = prefix_once
-        micro_fn, rows = tr._micro, []
-        tr._micro = lambda mb, *a: rows.append(mb.completion_ids[:, 0].tolist()) or micro_fn(mb, *a)
-        tr.update(copy.deepcopy(batch), algo.loss)
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(prompts_once=prefix_once), 1.0, mini_batch_size=16,
+                          micro_batch_size=micro, total_optimizer_steps=1)
+        rows = []  # each micro-batch's rows, as the loss sees them
+        tr.update(copy.deepcopy(batch), lambda lp, mb, **named: rows.append(mb.completion_ids[:, 0].tolist())
+                  or algo.loss(lp, mb))
         seen.append(rows)
     order = batch.length_order()
     if prefix_once:
@@ -645,19 +659,20 @@ def test_micro_batches_are_cut_from_the_length_order(tiny, prefix_once):
 
 
 def accumulated(tiny, batch, loss, micro, prefix_once, critic=None, bf16=False, lora=False, entropy_grad=False):
-    """(every gradient by name, metrics) after one mini-batch of ``batch`` through a fresh trainer."""
+    """(every gradient by name, metrics) of one mini-batch of ``batch`` through a fresh trainer's ``update``, the
+    gradients as its optimizer step reads them (the tied lookup's rows folded into the head's), unclipped."""
     model = copy.deepcopy(tiny.model)
     if lora:
         model = lora_wrap(model, tiny_cfg("model.lora_r=4", "model.lora_dropout=0").model, seed=0)
-    tr = Trainer(model, tcfg(precision="bf16" if bf16 else "fp32"), 1.0, mini_batch_size=len(batch),
-                 micro_batch_size=micro, total_optimizer_steps=1, critic=Critic(model, critic) if critic else None,
-                 entropy_grad=entropy_grad)
-    tr.prefix_once = prefix_once
-    metrics = tr._accumulate(copy.deepcopy(batch), loss)
-    grads = {n: p.grad.to_dense().clone()
-             for n, p in [*tr.model.named_parameters(), *((tr.critic.named_parameters()) if critic else [])]
-             if p.grad is not None}
-    return grads, metrics
+    cfg = tcfg(precision="bf16" if bf16 else "fp32", prompts_once=prefix_once, max_grad_norm=1e9)
+    tr = trainer_over(model, cfg, 1.0, mini_batch_size=len(batch), micro_batch_size=micro, total_optimizer_steps=1,
+                      critic=Critic(model, critic) if critic else None, entropy_grad=entropy_grad)
+    grads = {}
+    named = [*tr.model.named_parameters(), *((tr.critic.named_parameters()) if critic else [])]
+    tr.opt.register_step_pre_hook(lambda opt, a, k: grads.update({n: p.grad.to_dense().clone() for n, p in named
+                                                                   if p.grad is not None}))
+    metrics = tr.update(copy.deepcopy(batch), loss)
+    return grads, {k: v for k, v in metrics.items() if not k.startswith("hist/")}
 
 
 @pytest.mark.parametrize("case", ["plain", "shared_critic", "lora", "entropy"])
@@ -669,10 +684,10 @@ def test_prompts_once_per_mini_batch_give_the_same_gradient(tiny, case):
     loss, critic = algo.loss, None
     if case == "shared_critic":
         critic = "shared"
-        loss = lambda logp, mb, values: (
+        loss = lambda logp, mb, values=None, entropy=None: (
             lambda l, m: (l + (values * mb.completion_mask).pow(2).sum() / mb.norm_tokens, m))(*algo.loss(logp, mb))
     if case == "entropy":  # an entropy bonus: the entropy with its gradient, through the prefix too
-        loss = lambda logp, mb, entropy: (
+        loss = lambda logp, mb, values=None, entropy=None: (
             lambda l, m: (l - 0.1 * (entropy * mb.completion_mask).sum() / mb.norm_tokens, m))(*algo.loss(logp, mb))
     kw = dict(critic=critic, lora=case == "lora", entropy_grad=case == "entropy")
     once, m_once = accumulated(tiny, batch, loss, 4, True, **kw)
@@ -708,13 +723,14 @@ def test_prompts_run_once_per_mini_batch_only_where_they_fit(tiny, forward, monk
                                 calls.append((*ids.shape, _c)) or _f(self, ids, *a, **k))
     for micro, once in ((4, True), (1, False)):
         assert (4 * P <= micro * (P + T)) == once
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(forward=forward), 1.0, mini_batch_size=16, micro_batch_size=micro,
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(forward=forward), 1.0, mini_batch_size=16,
+                          micro_batch_size=micro,
                      total_optimizer_steps=1)
         calls.clear()
         if forward == "hf":
             hook = lambda m, a, kw, out: calls.append((*kw["input_ids"].shape, kw.get(CACHE_KW) is not None))
             tr.model.get_decoder().register_forward_hook(hook, with_kwargs=True)
-        tr._accumulate(copy.deepcopy(batch), algo.loss)
+        tr.update(copy.deepcopy(batch), algo.loss)  # one mini-batch, one step: no forward before it
         fresh = [c for c in calls if not c[2]]  # forwards that start from the prompt
         if once:  # the 4 distinct prompts, then 4 micro-batches of completions on their cache
             assert fresh == [(4, P, False)] and len(calls) == 5, calls
@@ -724,10 +740,12 @@ def test_prompts_run_once_per_mini_batch_only_where_they_fit(tiny, forward, monk
             assert len(fresh) == 16 and len(calls) == 32 and all(c[0] == 1 for c in calls), calls
 
 
-def test_accumulate_reports_the_entropy_by_default(tiny):
+def test_update_reports_the_entropy_and_train_step_does_not(tiny):
     batch, algo = grpo_batch(tiny, n_prompts=1)
-    tr = Trainer(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=4, total_optimizer_steps=1)
-    assert "actor/entropy" in tr._accumulate(batch, algo.loss)  # the first epoch's diagnostic, unless told otherwise
+    tr = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=4, micro_batch_size=4,
+                      total_optimizer_steps=2)
+    assert "actor/entropy" in tr.update(copy.deepcopy(batch), algo.loss)  # the first epoch's diagnostic
+    assert "actor/entropy" not in tr.train_step(batch, algo.loss)  # the offline recipes' verb: no rollout diagnostics
 
 
 def test_one_rank_data_parallel_equals_the_plain_trainer(tiny):
@@ -737,15 +755,14 @@ def test_one_rank_data_parallel_equals_the_plain_trainer(tiny):
     import torch.distributed as dist
 
     batch, algo = grpo_batch(tiny)
-    plain = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=2,
-                    total_optimizer_steps=4)
     # as the data-parallel path cuts its micro-batches (whole groups, each running its prompts):
     # metrics such as actor/ratio_max are per-micro-batch maxima, so they follow the cut
-    plain.prefix_once = False
+    plain = trainer_over(copy.deepcopy(tiny.model), tcfg(epochs=2, prompts_once=False), 1.0, mini_batch_size=8,
+                         micro_batch_size=2, total_optimizer_steps=4)
     want = plain.update(copy.deepcopy(batch), algo.loss)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        dp = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=2,
+        dp = trainer_over(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=8, micro_batch_size=2,
                      total_optimizer_steps=4, plan=ShardedPlan())
         got = dp.update(copy.deepcopy(batch), algo.loss)
         weights = dp.weights()
@@ -757,18 +774,19 @@ def test_one_rank_data_parallel_equals_the_plain_trainer(tiny):
     assert all(torch.allclose(weights[n], p, atol=1e-5) for n, p in plain.model.state_dict().items())
 
 
-def test_the_forward_computes_the_entropy_only_where_it_is_used(tiny):
+def test_the_forward_computes_the_entropy_only_where_it_is_used(tiny, monkeypatch):
     # the first epoch's forwards report it (detached), later epochs' skip it, a bonus needs its graph
+    from rlpost.roles import row_plan
+
     batch, algo = grpo_batch(tiny, n_prompts=1)
-    modes = {}
+    modes, forward = {}, row_plan.policy_forward
     for entropy_grad in (False, True):
-        tr = Trainer(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=4, micro_batch_size=4,
-                     total_optimizer_steps=2, entropy_grad=entropy_grad)
-        forward, modes[entropy_grad] = tr._forward, []
-        tr._forward = lambda mb, entropy="none", prefix=None, head_grad=None, seen=modes[entropy_grad], f=forward: \
-            seen.append(entropy) or f(mb, entropy, prefix, head_grad)
-        loss = (lambda lp, mb, entropy: algo.loss(lp, mb)) if entropy_grad else algo.loss
-        tr.update(copy.deepcopy(batch), loss)
+        seen = modes[entropy_grad] = []  # the entropy each forward of the policy was asked for
+        monkeypatch.setattr(row_plan, "policy_forward", lambda model, batch, scoring, entropy="none", *a, _s=seen:
+                            _s.append(entropy) or forward(model, batch, scoring, entropy, *a))
+        tr = trainer_over(copy.deepcopy(tiny.model), tcfg(epochs=2), 1.0, mini_batch_size=4, micro_batch_size=4,
+                          total_optimizer_steps=2, entropy_grad=entropy_grad)
+        tr.update(copy.deepcopy(batch), algo.loss)
     assert modes[False][-2:] == ["detached", "none"]  # (the recompute's forward comes first)
     assert modes[True][-2:] == ["grad", "grad"]
 

@@ -34,7 +34,14 @@ from rlpost.algorithms.ppo import PPO
 from rlpost.algorithms.reinforce import Reinforce
 from rlpost.algorithms.reinforce_pp import ReinforcePP
 from rlpost.algorithms.rloo import RLOO
-from rlpost.algorithms.wrappers import with_clip_cov, with_entropy_advantage, with_entropy_bonus, with_kl_cov, with_tis
+from rlpost.algorithms.wrappers import (
+    with_clip_cov,
+    with_entropy_advantage,
+    with_entropy_bonus,
+    with_kl_cov,
+    with_named_inputs,
+    with_tis,
+)
 from rlpost.sections import AlgoConfig
 from rlpost.types.errors import ConfigError, Interrupted, RunError
 from rlpost.types.roles import Traits
@@ -172,7 +179,8 @@ def build(algo: AlgoConfig, group_size: int, max_new_tokens: int, stale_samples:
     cls = resolve(algo.name)
     own = algo.name not in ALGORITHMS  # the user's: their exceptions are one line (OwnCode)
     policy = (OwnCode(cls.from_config, algo.name) if own else cls.from_config)(algo, group_size, max_new_tokens)
-    loss = OwnCode(policy.loss, algo.name) if own else policy.loss
+    # yours may name fewer inputs than rlpost's losses (with_named_inputs)
+    loss = with_named_inputs(OwnCode(policy.loss, algo.name), cls.traits.needs_values) if own else policy.loss
     if own:
         policy.advantages = OwnCode(policy.advantages, algo.name)
     if algo.cov_control == "clip_cov":
@@ -182,8 +190,7 @@ def build(algo: AlgoConfig, group_size: int, max_new_tokens: int, stale_samples:
     if algo.entropy_coef > 0:
         loss = with_entropy_bonus(loss, algo.entropy_coef, loss_aggregator(algo, max_new_tokens))
     if algo.entropy_adv_coef > 0:  # outside the bonus: it hands the bonus the entropy
-        loss = with_entropy_advantage(loss, algo.entropy_adv_coef, algo.entropy_adv_kappa,
-                                      forward_entropy=algo.entropy_coef > 0)
+        loss = with_entropy_advantage(loss, algo.entropy_adv_coef, algo.entropy_adv_kappa)
     cap = algo.tis_cap or (STALE_TIS_CAP if stale_samples else 0.0)
     if cap > 0:
         loss = with_tis(loss, cap, algo.tis_level)

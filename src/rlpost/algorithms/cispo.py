@@ -70,7 +70,8 @@ class CISPO:
         adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std, batch_std=self.batch_std)  # (B,)
         return group_advantages(batch.reward, adv_seq, batch.completion_mask, self.group_size)
 
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         per_tok = cispo_per_token(logp, batch.old_logp, batch.advantages, self.clip_eps_low, self.clip_eps_high)
         loss = self.aggregate(per_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()

@@ -62,5 +62,6 @@ class Distill:
         return Advantages(adv_tok, {"distill/reverse_kl": core.masked_mean(-adv_tok, mask).item(),
                                     "critic/advantages/mean": core.masked_mean(adv_tok, mask).item()})
 
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         return clipped_policy_loss(logp, batch, self.clip_eps_low, self.clip_eps_high, self.aggregate, self.dual_clip_c)

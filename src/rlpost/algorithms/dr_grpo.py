@@ -54,7 +54,8 @@ class DrGRPO:
         adv_seq = grpo_advantages(batch.reward, self.group_size, scale_by_std=False)  # (B,)
         return group_advantages(batch.reward, adv_seq, batch.completion_mask, self.group_size)
 
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         const = partial(core.const_norm, max_len=self.max_new_tokens)  # sum / (B * max_new_tokens)
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, const,
                                     self.kl_estimator, self.dual_clip_c)

@@ -93,7 +93,8 @@ class GRPO:
         adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std, batch_std=self.batch_std)  # (B,)
         return group_advantages(batch.reward, adv_seq, batch.completion_mask, self.group_size)
 
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         """Scalar loss for this (micro-)batch, already normalised by mini-batch totals."""
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate,
                                     self.kl_estimator, self.dual_clip_c)

@@ -63,7 +63,8 @@ class GSPO:
         adv_seq = grpo_advantages(batch.reward, self.group_size, self.scale_by_std, batch_std=self.batch_std)  # (B,)
         return group_advantages(batch.reward, adv_seq, batch.completion_mask, self.group_size)
 
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         adv_seq = batch.advantages.sum(-1) / mask.sum(-1).clamp(min=1)  # (B,) back from the token broadcast
         s = sequence_ratio(logp, batch.old_logp, mask)  # (B,)

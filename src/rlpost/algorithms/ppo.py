@@ -148,7 +148,8 @@ class PPO:
             metrics["critic/kl_coef"] = self.kl_coef
         return Advantages(adv, metrics, returns=returns)
 
-    def loss(self, logp: Tensor, batch: Rollouts, values: Tensor) -> tuple[Tensor, dict]:
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         agg = partial(self.aggregate, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)
         pg_tok, was_clipped, ratio = clipped_pg_loss(logp, batch.old_logp, batch.advantages, mask,

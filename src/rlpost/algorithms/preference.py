@@ -231,7 +231,7 @@ def bradley_terry_loss(chosen_scores: Tensor, rejected_scores: Tensor,
 # --- micro-batch losses over a Rollouts batch (the offline recipes) ------------------------------
 
 
-def sft_loss(logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+def sft_loss(logp: Tensor, batch: Rollouts, *, values: None = None, entropy: None = None) -> tuple[Tensor, dict]:
     nll = core.token_mean(-logp, batch.completion_mask, batch.loss_tokens, batch.loss_seqs)  # ()
     return nll, {"sft/nll": core.masked_mean(-logp.detach(), batch.completion_mask).item()}
 
@@ -242,7 +242,7 @@ def rm_scores(values: Tensor, mask: Tensor) -> Tensor:
 
 
 def make_rm_loss(pref: PrefConfig):
-    def loss_fn(logp: Tensor, batch: Rollouts, values: Tensor) -> tuple[Tensor, dict]:
+    def loss_fn(logp: Tensor, batch: Rollouts, *, values: Tensor, entropy: None = None) -> tuple[Tensor, dict]:
         s = rm_scores(values, batch.completion_mask).view(-1, 2)  # (pairs, 2)
         margin = torch.full((len(s),), pref.rm_margin, device=s.device) if pref.rm_margin > 0 else None
         loss, m = bradley_terry_loss(s[:, 0], s[:, 1], margin=margin)
@@ -260,7 +260,7 @@ def pair_sums(token_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 def make_dpo_loss(pref: PrefConfig):
     """The micro-batch loss for pref.loss; scaled by this micro-batch's share of the mini-batch's pairs."""
 
-    def loss_fn(logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+    def loss_fn(logp: Tensor, batch: Rollouts, *, values: None = None, entropy: None = None) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         s, n = pair_sums(logp, mask)  # (pairs, 2) each
         r, _ = pair_sums(batch.ref_logp, mask) if batch.ref_logp is not None else (None, None)

@@ -52,7 +52,8 @@ class Reinforce:
             self.b = mean if self.b is None else self.baseline_decay * self.b + (1 - self.baseline_decay) * mean
         return Advantages(core.to_tokens(adv_seq, batch.completion_mask), {"critic/baseline": b})
 
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         per_tok = -batch.advantages * logp  # (B, T): the score-function estimator, nothing else
         loss = self.aggregate(per_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()

@@ -69,6 +69,7 @@ class ReinforcePP:
                             "critic/kl_bound_frac": core.kl_bound_frac(kl_tok, mask), "critic/kl_coef": self.kl_coef})
         return Advantages(adv_tok, metrics)
 
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         # No KL term: the KL is already in the advantages.
         return clipped_policy_loss(logp, batch, self.clip_eps_low, self.clip_eps_high, self.aggregate, self.dual_clip_c)

@@ -60,6 +60,7 @@ class RLOO:
         adv_seq = rloo_advantages(batch.reward, self.group_size)  # (B,)
         return group_advantages(batch.reward, adv_seq, batch.completion_mask, self.group_size)
 
-    def loss(self, logp: Tensor, batch: Rollouts) -> tuple[Tensor, dict]:
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate,
                                     self.kl_estimator, self.dual_clip_c)

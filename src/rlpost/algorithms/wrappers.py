@@ -1,6 +1,10 @@
 """The shared knobs, as wrappers any algorithm can wear. Each patches one thing and says which.
 
-Loss side, ``loss_fn -> loss_fn`` (the trainer calls the outer one):
+Loss side, ``loss_fn -> loss_fn`` (the trainer calls the outer one; the algorithm's own loss is the
+inner one, under ``with_named_inputs``). Each takes the trainer's named
+inputs (types/roles.py: LossFn) and hands them all on, so a wrapper names in its signature the one
+it reads and the order they are worn in does not matter:
+  with_named_inputs    the algorithm's loss, given values= only where it reads them (Traits.needs_values)
   with_entropy_bonus   loss - coef * aggregated entropy                        (algo.entropy_coef)
   with_tis             advantages scaled by min(pi_old / pi_sampler, cap)      (algo.tis_cap)
   with_clip_cov        no gradient on a few high-covariance tokens              (algo.cov_control=clip_cov)
@@ -29,11 +33,24 @@ from rlpost.types.batch import Rollouts
 from rlpost.types.roles import Advantages, LossFn
 
 
+def with_named_inputs(algo_loss, reads_values: bool) -> LossFn:
+    """An algorithm's own loss under the trainer's convention (types/roles.py: LossFn). rlpost's own
+    take both named inputs already; an algorithm of yours may name only ``values``, where its traits
+    say it needs them, or neither (``loss(self, logp, batch)``): what it does not name stops here."""
+
+    def loss(logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
+        return algo_loss(logp, batch, values=values) if reads_values else algo_loss(logp, batch)
+
+    return loss
+
+
 def with_entropy_bonus(loss_fn: LossFn, coef: float, aggregate: core.Aggregator) -> LossFn:
     """loss - coef * aggregated entropy: the trainer passes ``entropy`` (B, T) with grad."""
 
-    def loss(logp: Tensor, batch: Rollouts, entropy: Tensor, **kw) -> tuple[Tensor, dict]:
-        base, metrics = loss_fn(logp, batch, **kw)
+    def loss(logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
+        base, metrics = loss_fn(logp, batch, values=values, entropy=entropy)
         ent = aggregate(entropy, batch.completion_mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
         return base - coef * ent, metrics
 
@@ -51,10 +68,11 @@ def with_tis(loss_fn: LossFn, cap: float, level: str) -> LossFn:
     step the trainer takes it from its first forward (``old_logp = logp.detach()``), so TIS costs
     no extra pass over the batch (it used to cost a full no-grad forward)."""
 
-    def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
+    def loss(logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         w = core.truncated_is_weight(batch.old_logp, batch.sampler_logp, mask, cap, level)  # (B, T)
-        base, metrics = loss_fn(logp, replace(batch, advantages=batch.advantages * w), **kw)
+        base, metrics = loss_fn(logp, replace(batch, advantages=batch.advantages * w), values=values, entropy=entropy)
         raw = (batch.old_logp - batch.sampler_logp).exp()
         return base, {**metrics, "actor/tis_weight_mean": core.masked_mean(w, mask).item(),
                       "actor/tis_capped_frac": core.masked_mean((raw > cap).float(), mask).item()}
@@ -85,7 +103,8 @@ def with_clip_cov(loss_fn: LossFn, ratio: float, lb: float, ub: float) -> LossFn
     policy change), so with one optimizer step per batch too. Deviation: verl skips tokens the PPO
     clip already zeroed; here the choice may fall on one (none are, in the first step on a batch)."""
 
-    def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
+    def loss(logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         cov = token_covariance(batch.advantages, logp, mask)  # (B, T)
         candidates = (mask & (cov > lb) & (cov < ub)).flatten().nonzero().squeeze(1)  # (n,)
@@ -94,7 +113,7 @@ def with_clip_cov(loss_fn: LossFn, ratio: float, lb: float, ub: float) -> LossFn
         # (B, T)
         detach = (torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device).index_fill_(0, chosen, True)
                   .view_as(mask))
-        base, metrics = loss_fn(torch.where(detach, logp.detach(), logp), batch, **kw)
+        base, metrics = loss_fn(torch.where(detach, logp.detach(), logp), batch, values=values, entropy=entropy)
         return base, {**metrics, "actor/clip_cov_frac": core.masked_mean(detach.float(), mask).item()}
 
     return loss
@@ -112,33 +131,35 @@ def with_kl_cov(loss_fn: LossFn, ratio: float, coef: float, aggregate: core.Aggr
     so the penalty and its gradient are 0. With one optimizer step per batch it would never act,
     so ``build.check_algorithm`` refuses that combination in one line (verl does nothing there, silently)."""
 
-    def loss(logp: Tensor, batch: Rollouts, **kw) -> tuple[Tensor, dict]:
+    def loss(logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         cov = token_covariance(batch.advantages, logp, mask).masked_fill(~mask, float("-inf"))  # (B, T)
         k = min(max(int(ratio * int(mask.sum())), 1), int(mask.sum()))
         top = (torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
                .index_fill_(0, cov.flatten().topk(k).indices, True).view_as(mask))
         penalty = (logp - batch.old_logp).abs() * top  # (B, T), 0 off the chosen tokens
-        base, metrics = loss_fn(logp, batch, **kw)
+        base, metrics = loss_fn(logp, batch, values=values, entropy=entropy)
         extra = aggregate(penalty, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
         return base + coef * extra, {**metrics, "actor/kl_cov_frac": core.masked_mean(top.float(), mask).item()}
 
     return loss
 
 
-def with_entropy_advantage(loss_fn: LossFn, alpha: float, kappa: float, forward_entropy: bool) -> LossFn:
+def with_entropy_advantage(loss_fn: LossFn, alpha: float, kappa: float) -> LossFn:
     """Entropy-shaped advantage (Cheng et al. 2025, "Reasoning with Exploration: An Entropy
     Perspective", arXiv:2506.14758): A_t + min(alpha * H_t, |A_t| / kappa), H_t the policy's entropy
     at token t without gradient. Unlike the entropy bonus it pushes no token towards uncertainty; it
     raises the advantage of tokens chosen where the policy was uncertain (pivotal, reflective ones),
     and the clip at |A| / kappa keeps the sign of every advantage. The trainer passes ``entropy``;
-    it is handed on to the entropy bonus inside when there is one (forward_entropy)."""
+    it is handed on, as every input is, to the entropy bonus inside when there is one."""
 
-    def loss(logp: Tensor, batch: Rollouts, entropy: Tensor, **kw) -> tuple[Tensor, dict]:
+    def loss(logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         mask = batch.completion_mask
         shaping = torch.minimum(alpha * entropy.detach(), batch.advantages.abs() / kappa) * mask  # (B, T), >= 0
-        inner = {"entropy": entropy} if forward_entropy else {}
-        base, metrics = loss_fn(logp, replace(batch, advantages=batch.advantages + shaping), **inner, **kw)
+        base, metrics = loss_fn(logp, replace(batch, advantages=batch.advantages + shaping), values=values,
+                                entropy=entropy)
         return base, {**metrics, "actor/entropy_adv_mean": core.masked_mean(shaping, mask).item()}
 
     return loss

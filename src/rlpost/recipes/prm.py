@@ -121,7 +121,7 @@ def train_value_head(lm: torch.nn.Module, examples: list[Example], pad_id: int, 
                          share_prompt_prefix=True)
     trainer = build.make_head_trainer(lm, head, tcfg, batch_size, micro_batch_size, steps, head_lr)
 
-    def loss_fn(logp: Tensor, batch: Rollouts, values: Tensor) -> tuple[Tensor, dict]:
+    def loss_fn(logp: Tensor, batch: Rollouts, *, values: Tensor, entropy: None = None) -> tuple[Tensor, dict]:
         return bce_at_positions(values, batch, aggregate)  # the LM's log-probs play no part
 
     # Shuffle problems, not solutions: a problem's solutions stay together in a mini-batch, so the

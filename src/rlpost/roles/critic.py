@@ -22,9 +22,11 @@ from rlpost.types.batch import Rollouts
 
 
 class Critic(nn.Module):
-    def __init__(self, policy: nn.Module, kind: str):
+    def __init__(self, policy: nn.Module, kind: str, lr: float = 1e-5, offload: bool = False):
+        """lr: its own AdamW group's (algo.critic_lr); offload: on the host between the trainer's verbs
+        that use it (offload.critic)."""
         super().__init__()
-        self.shared = kind == "shared"
+        self.shared, self.lr, self.offload = kind == "shared", lr, offload
         # A shared trunk is not registered here, so critic.parameters() and state_dict() hold
         # only what the critic adds to the policy.
         self.trunk = None if self.shared else copy.deepcopy(policy.get_decoder())
@@ -35,6 +37,6 @@ class Critic(nn.Module):
     def values(self, batch: Rollouts, share_prefix: bool = True) -> Tensor:  # (B, T) float32
         """Separate critic only: a shared one gets its values from the policy's forward."""
         assert not self.shared, ("a shared critic's values come out of the policy forward "
-                                 "(policy_forward(value_head=...))")
+                                 "(policy_forward's Scoring.value_head)")
         return completion_values(self.trunk, self.head, batch, share_prefix)
 

@@ -28,10 +28,11 @@ import torch
 from torch import Tensor
 
 from rlpost.algorithms.core import masked_mean
-from rlpost.model import budgets, device, fsdp, heap, lora, optim, packed, precision
+from rlpost.model import device, fsdp, heap, lora, optim, packed, precision
 from rlpost.model.load import enable_checkpointing
-from rlpost.model.logprobs import HeadGrad, Prefix, PolicyForward, clear_cast_cache, prompt_prefix
+from rlpost.model.logprobs import HeadGrad, PolicyForward, Prefix, clear_cast_cache
 from rlpost.roles.critic import Critic
+from rlpost.roles.forward_plan import DeferredHead, DeviceSums, ForwardPlan, PromptsOnce, SamplerDiffs, Sizes
 from rlpost.roles.row_plan import LocalPlan, ShardedPlan, sampler_diff_metrics
 from rlpost.types.batch import Rollouts
 from rlpost.types.roles import LossFn
@@ -60,28 +61,24 @@ def on_host(sums: dict) -> dict:
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, tcfg, temperature: float, mini_batch_size: int,
-                 micro_batch_size: int, total_optimizer_steps: int, gradient_checkpointing: bool = False,
-                 critic: Critic | None = None, critic_lr: float = 1e-5, entropy_grad: bool = False,
-                 plan: LocalPlan | ShardedPlan | None = None, offload_critic: bool = False):
-        """plan: which rows this process trains (roles/row_plan.py; every row by default). A
-        ShardedPlan shards the model over the ranks of the already initialised process group; every
-        rank must construct it with the same model and arguments.
-        offload_critic: keep the critic on the host between the verbs that use it (offload.critic)."""
+    def __init__(self, model: torch.nn.Module, tcfg, sizes: Sizes, forward: ForwardPlan,
+                 rows: LocalPlan | ShardedPlan | None = None, critic: Critic | None = None):
+        """sizes: mini-batch, micro-batch and optimizer steps; forward: the forward plan (its route,
+        body and levers, build.forward_plan); rows: which rows this process trains (roles/row_plan.py;
+        every row by default). A ShardedPlan shards the model over the ranks of the already
+        initialised process group; every rank must construct it with the same model and arguments.
+        critic: PPO's (its own lr and offload.critic: roles/critic.py)."""
         self.model = model.float().train()  # on its device already (build.py); batches follow it
         self.device = device.of(self.model)
         self.critic = critic.float().train() if critic is not None else None
-        self.cfg, self.temperature = tcfg, temperature
+        self.cfg, self.forward_plan, self.sizes = tcfg, forward, sizes
         self.bf16 = precision.trainer_bf16(tcfg.precision)  # build.py resolved 'auto'; direct callers probe here
-        self.mini, self.micro = mini_batch_size, micro_batch_size
-        self.entropy_grad = entropy_grad  # the loss has an entropy bonus: pass it entropy with grad
-        self.plan = plan or LocalPlan()
-        if gradient_checkpointing:
+        self.mini, self.micro = sizes.mini_batch_size, sizes.micro_batch_size
+        self.plan = rows or LocalPlan()
+        if forward.checkpointing:
             enable_checkpointing([self.model,
                                   *([critic.trunk] if critic is not None and critic.trunk is not None else [])])
-        # trainer.prompts_once: each mini-batch's prompts once, ahead of its micro-batches (_prefix).
-        # A sharded plan runs them per micro-batch: each rank's rows are its own.
-        self.prefix_once = tcfg.prompts_once and not self.plan.sharded
+        self.prompts = PromptsOnce(forward.prompts_once, tcfg.micro_batch_tokens)
         self.updates = 0  # update() calls in this process, for the heap trims
         if not device.is_cuda(self.device):  # CPU-only lever: an update's memory comes back without page faults
             heap.keep_freed()
@@ -89,23 +86,20 @@ class Trainer:
         modules = [self.model, *([self.critic] if self.critic is not None else [])]
         keep = precision.cast_keeping_float32(modules) if tcfg.param_dtype == "bfloat16" else None
         self._policy_forward, self.lookup = self.plan.prepare(self.model, self.critic)
-        # trainer.forward: the policy's forward on the packed trunk where it applies (model/packed.py)
-        self.packed = packed.resolve(tcfg.forward, self.model, checkpointing=gradient_checkpointing,
-                                     data_parallel=self.plan.sharded)
-        (packed.enable if self.packed else packed.disable)(self.model)
+        (packed.enable if forward.packed else packed.disable)(self.model)  # the route the plan chose
         self.params = [p for p in self.model.parameters() if p.requires_grad and p is not self.lookup]
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad] if critic is not None else []
-        self.critic_lr = critic_lr
+        self.critic_lr = critic.lr if critic is not None else 0.0
         # trainer.param_dtype=bfloat16: AdamW steps float32 masters of the bf16 parameters (model/precision.py)
         self.master = precision.MasterWeights(self.params + self.critic_params, keep) if keep is not None else None
         stepped = (lambda ps: [self.master.of(p) for p in ps]) if self.master is not None else list
         groups = [{"params": stepped(self.params), "lr": tcfg.lr}]
         if self.critic_params:  # its own learning rate and its own gradient clipping
-            groups.append({"params": stepped(self.critic_params), "lr": critic_lr})
-        self.opt, self.sched = optim.adamw(groups, tcfg, total_optimizer_steps)
+            groups.append({"params": stepped(self.critic_params), "lr": self.critic_lr})
+        self.opt, self.sched = optim.adamw(groups, tcfg, sizes.optimizer_steps)
         # offload.critic: the critic and its optimizer's tensors wait on the host while the rollout
         # samples, and come onto the device for each verb that uses them (model/device.py)
-        self.critic_home = (device.Offloaded(self.critic, self.device, offload_critic, self.opt, groups[1]["params"])
+        self.critic_home = (device.Offloaded(self.critic, self.device, critic.offload, self.opt, groups[1]["params"])
                             if self.critic_params else nullcontext())
 
     def _autocast(self):
@@ -114,42 +108,20 @@ class Trainer:
     def _forward(self, batch: Rollouts, entropy: str = "none", prefix: Prefix | None = None,
                  head_grad: HeadGrad | None = None) -> PolicyForward:
         """Policy log-probs (and the critic's values when there is one) for a micro-batch; prefix:
-        its rows' prompts, already run (``_prefix``); head_grad: the mini-batch's lm_head gradient."""
-        shared_head = self._shared_head()
+        its rows' prompts, already run (``PromptsOnce``); head_grad: the mini-batch's lm_head gradient."""
         with self._autocast():
-            out = self._policy_forward(batch, self.temperature, entropy=entropy,
-                                       share_prefix=self.cfg.share_prompt_prefix, value_head=shared_head, prefix=prefix,
-                                       head_grad=head_grad)
+            out = self._policy_forward(batch, self.forward_plan.scoring, entropy, prefix, head_grad)
             if self.critic is not None and not self.critic.shared:
-                out.values = self.critic.values(batch, self.cfg.share_prompt_prefix)
+                out.values = self.critic.values(batch, self.forward_plan.scoring.share_prefix)
         return out
 
-    def _tokens(self) -> tuple[int, ...]:  # trainer.micro_batch_tokens for the plan's micro_batches, when set
-        return (self.cfg.micro_batch_tokens,) if self.cfg.micro_batch_tokens else ()
-
-    def _shared_head(self) -> torch.nn.Module | None:
-        return self.critic.head if self.critic is not None and self.critic.shared else None
-
-    def _prefix(self, mini: Rollouts) -> Prefix | None:
-        """The mini-batch's prompts run once ahead of its micro-batches (model/logprobs.py), or None
-        to run them per micro-batch as before: with one micro-batch there is nothing to share
-        across; a critic with its own trunk runs its own prompts; and the prompts' activations,
-        held until the last micro-batch, must not outgrow one micro-batch's (P + T) tokens, which
-        is what micro_batch_size (or micro_batch_tokens) bounds. Called inside the mini-batch's autocast."""
-        P, T = mini.prompt_ids.shape[1], mini.completion_ids.shape[1]
-        budget = self.cfg.micro_batch_tokens or self.micro * (P + T)  # one micro-batch's tokens, at most
-        if (not self.prefix_once or not self.cfg.share_prompt_prefix or len(mini) * (P + T) <= budget
-                or (self.critic is not None and not self.critic.shared)):
-            return None
-        if len(torch.unique_consecutive(mini.group_ids)) * P > budget:
-            return None
-        return prompt_prefix(self.model, mini, value_head=self._shared_head())
-
     def _planned(self, rows: Rollouts, order: str) -> list[tuple[Rollouts, Tensor | None]]:
-        """``rows`` cut into micro-batches (``plan.micro_batches``), each trimmed to its own columns,
-        with the packed trunk's layout of its fed tokens read now (``packed.plan_fed``): everything
-        that reads the masks back to the host, before the first forward is queued (``_micro``)."""
-        parts = [(mb.trimmed(), idx) for mb, idx in self.plan.micro_batches(rows, self.micro, order, *self._tokens())]
+        """``rows`` cut into micro-batches (``plan.micro_batches``; by tokens with trainer.micro_batch_tokens),
+        each trimmed to its own columns, with the packed trunk's layout of its fed tokens read now
+        (``packed.plan_fed``): everything that reads the masks back to the host, before the first
+        forward is queued (``DeviceSums`` says why)."""
+        tokens = (self.cfg.micro_batch_tokens,) if self.cfg.micro_batch_tokens else ()
+        parts = [(mb.trimmed(), idx) for mb, idx in self.plan.micro_batches(rows, self.micro, order, *tokens)]
         if packed.trunk_of(self.model) is not None:
             for mb, _ in parts:
                 packed.plan_fed(mb.completion_mask)
@@ -183,105 +155,82 @@ class Trainer:
         n_mini = max(1, len(batch) // self.mini)
         bounds = torch.linspace(0, len(batch), n_mini + 1).round().long().tolist()
         lr = self.opt.param_groups[0]["lr"]  # the lr these steps use (the scheduler moves it after)
-        single_step = self.cfg.epochs == 1 and n_mini == 1
-        if batch.old_logp is None and not single_step:  # the ratio's denominator, before any step
+        if batch.old_logp is None and not (self.cfg.epochs == 1 and n_mini == 1):  # the ratio's denominator
             batch = replace(batch, old_logp=self.recompute(batch)[0])
         sums: dict[str, float] = {}
-        grad_norms, critic_norms, diffs, skipped = [], [], [], 0
+        steps, diffs = [], SamplerDiffs()
         for epoch in range(self.cfg.epochs):
             for m in range(n_mini):
                 mini = batch.select(slice(bounds[m], bounds[m + 1]))
-                metrics = self._accumulate(mini, loss_fn, first_epoch=epoch == 0, diffs=diffs)
+                metrics = self._mini_batch(mini, loss_fn, first_epoch=epoch == 0, diffs=diffs)
                 for k, v in metrics.items():  # average over the epochs x mini-batches
                     runs = 1 if k == "actor/entropy" else self.cfg.epochs
                     sums[k] = sums.get(k, 0.0) + v / (n_mini * runs)
-                norms, stepped = self._step()
-                skipped += not stepped
-                grad_norms.append(norms[0])
-                if len(norms) > 1:
-                    critic_norms.append(norms[1])
-        # How far the sampler's recorded log-probs are from the trainer's under the same weights
-        # (bf16 sampler vs float32 trainer): the silent mismatch the importance ratio would absorb.
-        sums.update(sampler_diff_metrics(torch.cat(diffs), self.plan))  # diffs: (n_tokens,) each
+                steps.append(self._step())
+        return self._update_metrics(sums, steps, diffs, lr)
+
+    def _mini_batch(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool = True,
+                    diffs: SamplerDiffs | None = None) -> dict:
+        """The algorithm's pass over one mini-batch: per micro-batch, forward, loss, backward; the
+        gradients add up in .grad for the optimizer step after it.
+
+        The mini-batch totals go on each micro-batch (a copy: the caller's batch is not touched), so the
+        loss aggregators normalise by them and the accumulated gradient is the whole mini-batch's; under
+        a sharded plan they are the whole mini-batch's over every rank, so each rank's metrics are
+        shares whose sum over the ranks is the 1-rank value. One autocast context stays open across the
+        micro-batches: autocast keeps its bf16 copy of each weight until the outermost context exits, so
+        one cast serves them all (the weights do not change before the step); loss and backward run
+        with it off. Micro-batches are of similar length, each cut to its own longest completion: rows by
+        their own length when the prompts ran once ahead, else whole groups (each runs its groups'
+        prompts) by their longest row."""
+        mini = replace(mini, norm_tokens=float(mini.completion_mask.sum()), norm_seqs=len(mini))
+        head, sums = DeferredHead(self.plan.head_grad(self.model), self.model), DeviceSums(mini)
+        entropy = self.forward_plan.entropy(first_epoch)
+        with self._autocast():
+            prompts = self.prompts.run(self.model, mini, self.forward_plan.scoring, self.micro)  # lever: prompts once
+            parts = self._planned(mini, "own_length" if prompts is not None else "groups")
+            for i, (mb, idx) in enumerate(parts):
+                self.plan.sync_gradients(self.model, last=i == len(parts) - 1)  # FSDP: the last one reduces
+                given = prompts.take(idx, mb.prompt_ids.shape[1]) if prompts is not None else None
+                out = self._forward(mb, entropy, given, head.grad)
+                with torch.autocast(out.logp.device.type, enabled=False):  # the forward's device, not a fixed one
+                    if mb.old_logp is None:  # single optimizer step: this forward runs under the sampling weights
+                        mb = replace(mb, old_logp=out.logp.detach())
+                    loss, metrics = loss_fn(out.logp, mb, values=out.values,
+                                            entropy=out.entropy if self.forward_plan.loss_entropy else None)
+                    loss.backward()
+                if first_epoch:
+                    metrics["actor/entropy"] = masked_mean(out.entropy.detach(), mb.completion_mask).double()
+                    if diffs is not None:
+                        diffs.add(mb)
+                sums.add(loss, metrics, mb)
+                head.flush(only_past_budget=True)
+            if prompts is not None:
+                prompts.backward()  # the prompts' share of the gradient, summed over the micro-batches
+        head.flush()
+        if diffs is not None:
+            diffs.pick()
+        return self.plan.reduce(on_host(sums.sums), self.device)
+
+    def _update_metrics(self, sums: dict, steps: list[tuple[list[float], bool]], diffs: SamplerDiffs,
+                        lr: float) -> dict:
+        """``update``'s metrics: the mini-batches' means, the gradient norms and steps taken, and how far
+        the sampler's recorded log-probs are from the trainer's under the same weights (bf16 sampler vs
+        float32 trainer: the silent mismatch the importance ratio would absorb)."""
+        sums.update(sampler_diff_metrics(torch.cat(diffs.picked), self.plan))
+        grad_norms = [norms[0] for norms, _ in steps]
+        critic_norms = [norms[1] for norms, _ in steps if len(norms) > 1]
+        skipped = sum(not stepped for _, stepped in steps)
         sums["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         sums["actor/lr"] = lr
         sums["actor/nonfinite_steps"] = skipped  # optimizer steps skipped: a NaN/inf loss or gradient
-        sums["actor/optimizer_steps"] = self.cfg.epochs * n_mini - skipped  # taken (0: the update changed nothing)
+        sums["actor/optimizer_steps"] = len(steps) - skipped  # taken (0: the update changed nothing)
         if critic_norms:
             sums["critic/grad_norm"] = sum(critic_norms) / len(critic_norms)
         self.updates += 1
         # CPU-only lever: glibc's heap (heap.py); CUDA memory is the caching allocator's to manage.
         if self.updates % heap.TRIM_EVERY == 0 and not device.is_cuda(self.device):
             heap.trim()
-        return sums
-
-    def _accumulate(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool = True, diffs: list | None = None) -> dict:
-        """Forward/backward over the micro-batches of one mini-batch; gradients add up in .grad.
-
-        Writes the mini-batch totals on each micro-batch (a copy of the batch: the caller's is not
-        touched) so the aggregator normalises by them; under a sharded plan they are the whole
-        mini-batch's, so each rank's metrics are shares whose sum over the ranks is the 1-rank value."""
-        mini = replace(mini, norm_tokens=float(mini.completion_mask.sum()), norm_seqs=len(mini))
-        sums: dict[str, float | Tensor] = {}
-        head_grad = self.plan.head_grad(self.model)
-        pending = [] if diffs is not None else None  # (differences, loss mask) per micro-batch (``_micro``)
-        with self._autocast():  # open across the micro-batches: the weights' bf16 casts are made once
-            prefix = self._prefix(mini)
-            # Micro-batches of similar length, each cut to its own longest completion: rows sorted by
-            # their own length when the prompts ran once above, else whole groups (each micro-batch
-            # runs its groups' prompts) sorted by their longest row. All planned before the first
-            # micro-batch: what reads the masks back to the host (the cuts, the fed tokens' layout)
-            # waits here once, not between one micro-batch's backward and the next one's forward
-            # (``_micro`` says why).
-            parts = self._planned(mini, "own_length" if prefix is not None else "groups")
-            for i, (mb, idx) in enumerate(parts):
-                self.plan.sync_gradients(self.model, last=i == len(parts) - 1)
-                part = prefix.take(idx, mb.prompt_ids.shape[1]) if prefix is not None else None
-                sums = self._micro(mb, mini, loss_fn, first_epoch, pending, sums, part, head_grad)
-                if head_grad is not None and head_grad.held() > budgets.head_grad_bytes(device.is_cuda(self.device)):
-                    head_grad.flush(self.model.get_output_embeddings().weight)  # (budgets.py says why)
-            if prefix is not None:
-                prefix.backward()  # the prompts' share of the gradient, summed over the micro-batches
-        if head_grad is not None:
-            head_grad.flush(self.model.get_output_embeddings().weight)
-        if diffs is not None:  # the loss tokens' differences, picked now (a boolean index reads back a count)
-            diffs.extend(d[m] for d, m in pending)
-        return self.plan.reduce(on_host(sums), self.device)
-
-    def _micro(self, mb: Rollouts, mini: Rollouts, loss_fn: LossFn, first_epoch: bool, pending: list | None,
-               sums: dict, prefix: Prefix | None = None, head_grad: HeadGrad | None = None) -> dict:
-        """Forward and backward of one micro-batch; adds its metrics into ``sums``.
-
-        Called inside the mini-batch's autocast context; everything but the forward runs with
-        autocast off. Autocast caches its bf16 copy of each weight until the *outermost* context
-        exits, so one cast serves every micro-batch of the mini-batch (the weights do not change
-        before the optimizer step), where a context per forward re-cast all 135M weights each time."""
-        out = self._forward(mb, "grad" if self.entropy_grad else "detached" if first_epoch else "none", prefix,
-                            head_grad)
-        with torch.autocast(out.logp.device.type, enabled=False):  # the forward's device, not a fixed one
-            logp, entropy = out.logp, out.entropy  # (b, T) each
-            if mb.old_logp is None:  # single optimizer step: this forward runs under the sampling weights
-                mb = replace(mb, old_logp=logp.detach())
-            extra = {}
-            if self.critic is not None:
-                extra["values"] = out.values
-            if self.entropy_grad:
-                extra["entropy"] = entropy
-            loss, metrics = loss_fn(logp, mb, **extra)
-            loss.backward()
-        # Nothing here reads a value back to the host: on a GPU that would wait for this backward to
-        # finish before the next micro-batch's forward is queued, and the forward, launch-bound, would
-        # then run with the GPU idle where it could run beside this backward. The sums stay on the
-        # device in float64 until the mini-batch ends (``on_host``).
-        sums["actor/loss"] = sums.get("actor/loss", 0.0) + loss.detach().double()  # micro-batch losses add up
-        if first_epoch:
-            metrics["actor/entropy"] = masked_mean(entropy.detach(), mb.completion_mask).double()
-            if pending is not None:  # trainer vs sampler log-probs, and the tokens to pick them on (_accumulate)
-                pending.append((mb.old_logp - mb.sampler_logp, mb.completion_mask))
-        # The algorithm's metrics are per-token means: weight each by its micro-batch's token share.
-        share = mb.completion_mask.sum().double() / max(mini.norm_tokens, 1.0)
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + share * v
         return sums
 
     def _step(self) -> tuple[list[float], bool]:
@@ -314,7 +263,7 @@ class Trainer:
         """One optimizer step on ``batch`` (one mini-batch, cut into micro-batches), without the
         rollout diagnostics of ``update``: the offline recipes' verb (SFT, reward models, DPO, PRM)."""
         lr = self.opt.param_groups[0]["lr"]  # the lr this step uses (the scheduler moves it after)
-        metrics = self._accumulate(batch.to(self.device), loss_fn, first_epoch=False)
+        metrics = self._mini_batch(batch.to(self.device), loss_fn, first_epoch=False)
         norms, stepped = self._step()
         metrics.update({"actor/grad_norm": norms[0], "actor/lr": lr, "actor/nonfinite_steps": int(not stepped)})
         if len(norms) > 1:
@@ -332,7 +281,7 @@ class Trainer:
         for i in range(0, n, self.micro):
             mb = batch.select(slice(i, i + self.micro))
             out = self._forward(mb)
-            loss, m = loss_fn(out.logp, mb, **({"values": out.values} if self.critic is not None else {}))
+            loss, m = loss_fn(out.logp, mb, values=out.values, entropy=None)
             sums["loss"] = sums.get("loss", 0.0) + loss.item()
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v * len(mb) / n

@@ -13,15 +13,24 @@ field of ``Rollouts`` being set, and no role changes another role's data behind 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from torch import Tensor
 
 from rlpost.types.batch import Rollouts
 
-# loss_fn(logp (B, T), batch, **extra) -> (scalar loss, metrics). extra: values= (B, T) when the
-# trainer has a critic, entropy= (B, T) with grad when the loss has an entropy bonus.
-LossFn = Callable[..., tuple[Tensor, dict]]
+
+class LossFn(Protocol):
+    """What the trainer calls: ``loss_fn(logp (B, T), batch, values=, entropy=) -> (scalar loss, metrics)``.
+
+    Named keyword inputs, not a bag of extras: ``values`` (B, T) is the critic's, None without one;
+    ``entropy`` (B, T), with grad, where the loss reads it (the entropy bonus, the entropy-shaped
+    advantage: ``ForwardPlan.loss_entropy``), else None. The trainer always passes both, so a loss says
+    in its signature which it reads, a wrapper hands both on, and no input reaches a loss unnamed. An
+    algorithm's own ``loss`` has the same signature (``Algorithm``)."""
+
+    def __call__(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+                 entropy: Tensor | None = None) -> tuple[Tensor, dict]: ...
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,10 @@ class Algorithm(Protocol):
 
     def advantages(self, batch: Rollouts) -> Advantages: ...
 
-    def loss(self, logp: Tensor, batch: Rollouts, **extra) -> tuple[Tensor, dict]: ...
+    # a LossFn: (B, T) per-token log-probs -> (loss, metrics), values= and entropy= named (an algorithm of
+    # yours may leave out what it does not read: algorithms.wrappers.with_named_inputs)
+    def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
+             entropy: Tensor | None = None) -> tuple[Tensor, dict]: ...
 
 
 class Objective(Protocol):
