@@ -171,7 +171,7 @@ def make_batch(tiny, n_prompts=4, k=4, seed=0) -> Rollouts:
 
 
 def verifier_workers() -> list[int]:
-    """Verifier and environment worker processes (rewards/worker.py, envs/worker.py) whose parent is this process: none
+    """Worker processes of the pool (workers.py: verifiers, environments, toys) whose parent is this process: none
     may be left once a command or a test ends. conftest.py asks twice per test, so this reads each
     /proc/PID/stat with one os.read (a third of pathlib's cost: ~2 ms a call here, ~90 processes)."""
     me, found = os.getpid(), []
@@ -186,7 +186,7 @@ def verifier_workers() -> list[int]:
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read()
-                if b"rlpost.rewards.worker" in cmdline or b"rlpost.envs.worker" in cmdline:
+                if b" import serve; serve()" in cmdline:  # the pool's command (workers.py: MAIN)
                     found.append(int(pid))
         except (OSError, ValueError, IndexError):
             continue

@@ -17,7 +17,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rlpost"
 # Lowest first. A module may import from its own layer (without cycles) or from lower ones, never
 # from a higher one: counting imports made inside functions, which would otherwise hide a cycle.
 LAYERS = [
-    ("types", "console", "wire"),  # the batch, the role contracts, the errors; one line to the user; worker pipes
+    # the batch, the role contracts, the errors; one line to the user; worker pipes; the one worker pool
+    ("types", "console", "wire", "workers"),
     # typed config, loading and checks; other frameworks' names for its keys; what this machine accepts; a run's config
     # files; what loading fills in (defaults that follow the task, reward functions' file paths)
     ("config", "config_rules", "sections", "task_section", "names", "machine", "runconfig", "defaults", "env_config"),

@@ -1,6 +1,8 @@
-"""What a worker process and its parent share, whatever the worker runs (a reward function in
-rewards/worker.py, an environment in envs/worker.py): frames on private pipes, dying with the
-parent, resource limits, and finding the user's object by import path.
+"""What a worker process and its parent share, whatever the worker runs (a reward function,
+rewards/worker.py; an environment, envs/worker.py): frames on private pipes, dying with the
+parent, resource limits, finding the user's object by import path, and the worker's loop
+(``serve``). The parent's side, the one pool that starts, times, kills and restarts workers of
+either kind, is workers.py.
 
 Kept free of torch and of the rest of rlpost, so that starting (or restarting) a worker takes tens
 of milliseconds. Frames are ``b"RLPV"`` + a 4-byte little-endian length + a pickle; a frame with
@@ -31,6 +33,7 @@ import struct
 import sys
 import threading
 import time
+import traceback
 
 MAGIC = b"RLPV"
 HEADER = struct.Struct("<4sI")
@@ -152,10 +155,10 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> set[int]:
     """SIGKILL every descendant of ``pid`` (not ``pid`` itself), and wait until they are gone: each
     is stopped first (SIGSTOP), and the tree looked at again until no new one appears, so none
-    forks past the kill."""
+    forks past the kill. Returns their pids (whoever becomes their parent reaps them: workers.py)."""
     stopped: set[int] = set()
     for _ in range(20):
         new = descendants(pid) - stopped
@@ -169,6 +172,7 @@ def kill_tree(pid: int) -> None:
     deadline = time.monotonic() + 2.0  # SIGKILL is delivered asynchronously
     while any(_running(p) for p in stopped) and time.monotonic() < deadline:
         time.sleep(0.005)
+    return stopped
 
 
 def _running(pid: int) -> bool:
@@ -246,3 +250,30 @@ def start_worker(argv: list[str]) -> tuple[int, int, str]:
     die_with(parent, watchdog, bool(main_thread))
     set_memory_limit(memory_mb)
     return req, rep, argv[7]
+
+
+def serve(load, handle) -> None:
+    """A worker's whole life, after ``python -c '...; serve()' REQ REP WATCHDOG PARENT MAIN_THREAD
+    MEMORY_MB PATH [ARG...]`` (workers.py starts it so): ``load(path, args)`` imports the user's
+    object and returns (what ``handle`` is given, the hello the pool keeps), then each request is
+    answered by ``handle(loaded, request)`` under its CPU budget, until the parent closes the pipe.
+    Any failure of the load is one ``import_error`` reply, the dry start's line in the parent."""
+    req, rep, path = start_worker(sys.argv)
+    try:
+        loaded, hello = load(path, sys.argv[8:])
+    except BaseException as e:  # noqa: BLE001 - the user's module: any failure is reported, in one line
+        write_all(rep, frame(("import_error", f"{type(e).__name__}: {e}", traceback.format_exc())))
+        return
+    write_all(rep, frame(("ready", hello)))
+    while True:
+        try:
+            request = read_frame(req)
+        except EOFError:
+            return
+        set_cpu_limit(request["cpu_s"])
+        reply = handle(loaded, request)
+        try:
+            data = frame(reply)
+        except Exception as e:  # noqa: BLE001 - an info dict that does not pickle
+            data = frame(("error", f"the reply could not be pickled ({type(e).__name__}: {e})", ""))
+        write_all(rep, data)

@@ -12,11 +12,12 @@ classes defined in a notebook or a script) and returns it changed, so the worker
 between calls, any worker serves any episode, and killing a worker for a hang loses only the call
 it was running.
 
-Like the verifier workers (rewards/worker.py) it talks over two private pipes (rlpost/wire.py),
-with fd 1 and 2 going to the run's log. Replies are ``("ok", payload)`` or ``("error", message,
-traceback)``; what the environment returned is checked here, so a reply that is not one of the
-shapes below is an error of that call, not of the run. The step's info is made plain data here (an
-object becomes its repr); the pool reads replies with no class allowed (wire.py), so an object of
+It is started, timed, killed and restarted by the one worker pool (workers.py), as the verifier
+workers are (rewards/worker.py), and talks over two private pipes, with fd 1 and 2 going to the
+run's log. Replies are ``("ok", payload)`` or ``("error", message, traceback)``; what the
+environment returned is checked here, so a reply that is not one of the shapes below is an error
+of that call, not of the run. The step's info is made plain data here (an object becomes its
+repr); the pool reads replies with no class allowed (wire.py), so an object of
 the environment's module left anywhere else in a reply ends that call instead of importing the
 module into the trainer.
 """
@@ -30,8 +31,9 @@ import traceback
 
 import cloudpickle
 
+from rlpost import wire
 from rlpost.types.values import NotAFlag, NotAReward, checked_flags, reward_value
-from rlpost.wire import frame, import_object, plain, read_frame, set_cpu_limit, start_worker, write_all
+from rlpost.wire import import_object, plain
 
 ROLES = ("system", "user", "assistant", "tool")
 STYLES = ("chat", "inline")
@@ -149,28 +151,14 @@ def handle(cls, kwargs: dict, request: dict):
         return ("error", f"{type(e).__name__}: {e}", text)
 
 
+def load(path: str, args: list[str]) -> tuple[tuple, str]:
+    """The environment class and its keyword arguments (task.env_args, JSON on the command line)."""
+    cls = import_object(path, "Class")
+    if not callable(cls):
+        raise TypeError(f"{path!r} is a {type(cls).__name__}, not a class")
+    return (cls, json.loads(args[0])), "env"
+
+
 def serve() -> None:
-    """Entry point: ``python -c 'from rlpost.envs.worker import serve; serve()' REQ REP WATCHDOG
-    PARENT MAIN_THREAD MEMORY_MB PATH ARGS_JSON``."""
-    req, rep, path = start_worker(sys.argv)
-    try:
-        cls = import_object(path, "Class")
-        if not callable(cls):
-            raise TypeError(f"{path!r} is a {type(cls).__name__}, not a class")
-        kwargs = json.loads(sys.argv[8])
-    except BaseException as e:  # noqa: BLE001 - the user's module: any failure is reported, in one line
-        write_all(rep, frame(("import_error", f"{type(e).__name__}: {e}", traceback.format_exc())))
-        return
-    write_all(rep, frame(("ready", "env")))
-    while True:
-        try:
-            request = read_frame(req)
-        except EOFError:
-            return
-        set_cpu_limit(request["cpu_s"])
-        reply = handle(cls, kwargs, request)
-        try:
-            data = frame(reply)
-        except Exception as e:  # noqa: BLE001 - an info dict that does not pickle
-            data = frame(("error", f"the reply could not be pickled ({type(e).__name__}: {e})", ""))
-        write_all(rep, data)
+    """Entry point (workers.py starts it): the environment loaded, then its calls answered."""
+    wire.serve(load, lambda loaded, request: handle(*loaded, request))

@@ -2,37 +2,31 @@
 
 A reward function (verifier style, verl's ``compute_score`` or TRL style: rewards/worker.py) is
 named by import path and runs in worker processes, never in the trainer's: the trainer never
-imports the user's module. ``VerifierRunner`` keeps up to ``workers`` of them and scores a batch's
+imports the user's module. ``VerifierRunner`` keeps up to ``workers`` of them (the one worker pool,
+workers.py, which owns every rule of starting, timing, killing and restarting) and scores a batch's
 completions in parallel, each call with a deadline; a TRL-style function gets the whole batch in
 one call (its deadline: the per-call one times the batch size).
 
 Failures are loud but never fatal to the step. A call that raises, kills its worker, returns a
 non-number, NaN/inf or a number float32 holds as inf scores 0 and counts in ``verifier/errors`` (and
 ``verifier/<name>/errors``); one that runs past its deadline is killed with everything it started
-(worker.py: kill_tree), scores 0 and counts in ``verifier/timeouts``; a fresh worker takes over. The
+(workers.py), scores 0 and counts in ``verifier/timeouts``; a fresh worker takes over. The
 first failure of each function is printed once: with its traceback where the function raised (every
 traceback goes to the worker log), as one line where rlpost's checks refused what it returned.
 Whether a run may go on with that many failures is the loop's call (recipes/guard.py,
 ``task.max_reward_error_frac``).
 
-Deadlines cover the whole reply (frames are read without blocking until complete). A worker's
-start-up (importing, say, reasoning-gym) gets IMPORT_GRACE_S once, when the worker starts; a
-call never does. The first worker starts when the runner is built: that is the dry call that finds
-an import error before training and turns it into one ConfigError line.
+A worker's start-up (importing, say, reasoning-gym) gets IMPORT_GRACE_S once, when the worker
+starts; a call never does. The first worker starts when the runner is built: that is the dry call
+that finds an import error before training and turns it into one ConfigError line.
 """
 
 from __future__ import annotations
 
 import os
-import select
-import signal
 import stat
-import subprocess
 import sys
-import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,13 +35,7 @@ from rlpost.console import say, say_once
 from rlpost.rewards import worker as w
 from rlpost.sandbox.slots import SLOT_UID_BASE
 from rlpost.types.batch import Rollouts
-from rlpost.types.errors import ConfigError
-
-
-# The worker's command. `python -c` puts '' (the current directory) first on sys.path; it is dropped
-# before anything is imported from there, so a module left in the directory the run starts in is
-# never imported (safe_import_paths keeps the directory itself only where no other uid can write).
-WORKER_MAIN = "import sys; sys.path[:] = [p for p in sys.path if p]; from rlpost.rewards.worker import serve; serve()"
+from rlpost.workers import WorkerPool
 
 
 def safe_import_paths(paths: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -137,30 +125,8 @@ def default_workers(n: int) -> int:
     return n or min(8, os.cpu_count() or 1)
 
 
-def default_memory_mb(n: int, workers: int) -> int:
-    """task.verifier_memory_mb: 0 = the machine's memory shared by the workers and the trainer."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
-    return n or max(2048, total // (workers + 1))
-
-
-@dataclass
-class _Proc:
-    """One worker process and the runner's end of its pipes."""
-
-    popen: subprocess.Popen
-    req: int  # requests, runner -> worker
-    rep: int  # replies, worker -> runner (non-blocking here)
-    watchdog: int  # held open; the worker exits when it reads EOF
-    deadline: float  # monotonic time by which the next frame must be complete
-    state: str = "starting"  # starting -> idle <-> busy; "dead" once reaped
-    job: int | None = None  # the index being scored (-1: a whole batch)
-    style: str = ""  # the calling convention it reported (worker.py)
-    failure: str = ""  # why it could not start, when it could not
-    reader: w.FrameReader = field(default_factory=lambda: w.FrameReader(plain=True))  # replies: plain values only
-
-
 class VerifierRunner:
-    """Scores a batch through worker processes, each call with a deadline."""
+    """Scores a batch through worker processes (the one worker pool, workers.py), each call with a deadline."""
 
     # Importing a verifier's module can take seconds (reasoning-gym ~1 s, math-verify ~0.5 s, more
     # on a loaded machine); that is start-up, not the verifier hanging. Each worker gets it once.
@@ -171,147 +137,18 @@ class VerifierRunner:
         """``key``: the config key that named it (error messages). ``log_path``: where the workers'
         stdout/stderr go (default: nowhere). ``import_paths``: folders put first on the workers'
         sys.path (the run folder and the current directory, from build.py)."""
-        self.fn_path, self.timeout_s, self.key = fn_path, timeout_s, key
+        self.fn_path, self.timeout_s, self.max_steps = fn_path, timeout_s, max_steps
         self.name = fn_path.rpartition(":")[2] or fn_path
-        self.workers = max(1, workers)
-        self.memory_mb = default_memory_mb(memory_mb, self.workers)
-        self.log_path, self.max_steps = str(log_path or os.devnull), max_steps
         paths, refused = safe_import_paths([*map(str, import_paths), *(p for p in sys.path if p)])
         for path, why in refused.items():
             say_once(f"verifier workers will not import from {path}: {why}, so a sandboxed program could plant a "
                      "module there (sitecustomize.py, pickle.py)")
-        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-        self.procs: list[_Proc] = []
+        self.pool = WorkerPool("rlpost.rewards.worker", fn_path, timeout_s, what="verifier process", key=key,
+                               workers=workers, memory_mb=memory_mb,
+                               log_path=log_path, import_paths=tuple(paths), grace_s=self.IMPORT_GRACE_S)
+        self.log_path = self.pool.log_path
+        self.style = self.pool.hello  # the calling convention the first worker found (worker.py)
         self.reported: set[str] = set()  # kinds of failure already printed (each once)
-        self.failed_starts = 0  # workers in a row that could not start (the module broke mid-run?)
-        first = self._spawn()
-        self._wait_ready(first)
-        self.style = first.style
-
-    # --- processes ---------------------------------------------------------------------------
-
-    def _spawn(self) -> _Proc:
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        wd_r, wd_w = os.pipe()
-        main = threading.current_thread() is threading.main_thread()
-        args = [req_r, rep_w, wd_r, os.getpid(), int(main), self.memory_mb, self.fn_path]
-        with open(self.log_path, "ab") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-c", WORKER_MAIN, *map(str, args)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(req_r, rep_w, wd_r), env=self.env,
-                start_new_session=True,  # its own process group: a timeout kills whatever it started too
-            )
-        for fd in (req_r, rep_w, wd_r):
-            os.close(fd)
-        os.set_blocking(rep_r, False)
-        proc = _Proc(popen, req_w, rep_r, wd_w, time.monotonic() + self.IMPORT_GRACE_S)
-        self.procs.append(proc)
-        return proc
-
-    def _wait_ready(self, proc: _Proc) -> None:
-        """The dry start: wait for the first worker's import; its failure is a config error."""
-        while proc.state == "starting":
-            self._poll([proc])
-            if proc.state == "dead":
-                raise ConfigError(f"{self.key}: cannot import {self.fn_path!r} ({proc.failure})")
-        if proc.state != "idle":  # pragma: no cover - a started worker is idle until sent work
-            raise ConfigError(f"{self.key}: the worker for {self.fn_path!r} did not start")
-
-    def _kill(self, proc: _Proc, failure: str = "") -> None:
-        """Stop the worker and everything it started, and drop it: its descendants first (it is
-        their subreaper, so a setsid() daemon is one of them), then its own process group."""
-        w.kill_tree(proc.popen.pid)
-        try:
-            os.killpg(proc.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.popen.wait()
-        for fd in (proc.req, proc.rep, proc.watchdog):
-            os.close(fd)
-        if proc.state == "starting":
-            proc.failure = failure
-            self.failed_starts += 1
-        proc.state = "dead"
-        self.procs.remove(proc)
-
-    def _why_dead(self, proc: _Proc) -> str:
-        """What ended a worker whose reply pipe closed (it exits right after, or is made to)."""
-        try:
-            code = proc.popen.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            return f"the verifier process closed its reply pipe; it was killed (its output is in {self.log_path})"
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        hint = " (over its CPU limit)" if code == -signal.SIGXCPU else ""
-        return f"the verifier process {how}{hint} (its output is in {self.log_path})"
-
-    # --- the event loop: every worker's reply pipe, one select() -------------------------------
-
-    def _poll(self, watched: list[_Proc]) -> list[tuple[_Proc, tuple]]:
-        """Wait until a watched worker replies or passes its deadline; (worker, outcome) pairs,
-        outcome one of ('reply', frame), ('timeout',), ('died', why). A worker that is ready
-        becomes idle here; one that dies or times out is killed and dropped."""
-        now = time.monotonic()
-        wait = max(0.0, min(p.deadline for p in watched) - now)
-        ready, _, _ = select.select([p.rep for p in watched], [], [], wait)
-        out = []
-        for proc in watched:
-            if proc.rep in ready:
-                try:
-                    data = os.read(proc.rep, 1 << 20)
-                    frames = proc.reader.feed(data) if data else None
-                    why = None if data else self._why_dead(proc)
-                except Exception as e:  # noqa: BLE001 - garbage on the pipe: a protocol error
-                    frames, why = None, f"the verifier process sent garbage ({type(e).__name__}: {e})"
-                if frames is None:
-                    self._kill(proc, why)
-                    out.append((proc, ("died", why)))
-                    continue
-                for f in frames:
-                    out.append((proc, self._on_frame(proc, f)))
-            elif time.monotonic() >= proc.deadline:
-                self._kill(proc, f"importing it took more than {self.IMPORT_GRACE_S:.0f} s")
-                out.append((proc, ("timeout",)))
-        return out
-
-    def _on_frame(self, proc: _Proc, f: tuple) -> tuple:
-        if f[0] == "ready":
-            proc.state, proc.style, self.failed_starts = "idle", f[1], 0
-            return ("started",)
-        if f[0] == "import_error":
-            self._kill(proc, f[1])
-            return ("died", f[1])
-        proc.state = "idle"
-        return ("reply", f)
-
-    def _send(self, proc: _Proc, job: int, request: dict, seconds: float) -> None:
-        request["cpu_s"] = seconds + 1.0
-        try:
-            w.write_all(proc.req, w.frame(request))
-        except OSError:  # it died while idle: the reply pipe shows EOF at the next poll
-            pass
-        proc.state, proc.job, proc.deadline = "busy", job, time.monotonic() + seconds
-
-    def _run(self, requests: list[dict], seconds: float) -> list[tuple]:
-        """Each request scored by some worker: per request ('reply', frame) | ('timeout',) | ('died', why)."""
-        pending, results = deque(range(len(requests))), [None] * len(requests)
-        while pending or any(p.state == "busy" for p in self.procs):
-            busy = sum(p.state == "busy" for p in self.procs)
-            while pending and len(self.procs) < min(self.workers, len(pending) + busy) and self.failed_starts < 3:
-                self._spawn()
-            for proc in [p for p in self.procs if p.state == "idle"]:
-                if pending:
-                    i = pending.popleft()
-                    self._send(proc, i, requests[i], seconds)
-            watched = [p for p in self.procs if p.state in ("starting", "busy")]
-            if not watched:  # three workers in a row could not start: nothing can score the rest
-                for i in pending:
-                    results[i] = ("died", f"no verifier process could start ({self.failed_starts} tries)")
-                break
-            for proc, outcome in self._poll(watched):
-                if proc.job is not None and outcome[0] != "started":
-                    results[proc.job], proc.job = outcome, None
-        return results
 
     # --- the role ------------------------------------------------------------------------------
 
@@ -323,7 +160,7 @@ class VerifierRunner:
             outcomes = self._score_batch(batch)
         else:
             requests = [{"kind": "one", "completion": c, "row": r} for c, r in zip(batch.completions, batch.rows)]
-            outcomes = self._run(requests, self.timeout_s)
+            outcomes = self.pool.run(requests)
         rewards, infos, errors, timeouts = [], [], 0, 0
         for outcome in outcomes:
             reward, info, status = self._result(outcome)
@@ -348,10 +185,10 @@ class VerifierRunner:
         request = {"kind": "batch", "completions": list(batch.completions), "rows": list(batch.rows),
                    "completion_ids": [r[m].tolist() for r, m in zip(ids, mask)] if ids is not None else None,
                    "trainer_state": w.TrainerState(getattr(batch, "policy_version", 0), self.max_steps)}
-        (outcome,) = self._run([request], self.timeout_s * max(1, len(batch.completions)))
-        if outcome[0] != "reply" or outcome[1][0] != "ok":
+        (outcome,) = self.pool.run([request], self.timeout_s * max(1, len(batch.completions)))
+        if outcome[0] != "ok":
             return [outcome] * len(batch.completions)
-        return [("reply", ("ok", v, {})) if not isinstance(v, tuple) else ("reply", (*v, "")) for v in outcome[1][1]]
+        return [("ok", v, {}) if not isinstance(v, tuple) else (*v, "") for v in outcome[1]]
 
     def _result(self, outcome: tuple) -> tuple[float, dict, str]:
         if outcome[0] == "timeout":
@@ -361,12 +198,11 @@ class VerifierRunner:
         if outcome[0] == "died":
             self._report("error", outcome[1])
             return 0.0, {"error": outcome[1]}, "error"
-        reply = outcome[1]
-        if reply[0] == "error":
-            self._report("error", f"raised {reply[1]}\n{reply[2].rstrip()}" if reply[2] else reply[1])
-            return 0.0, {"error": reply[1]}, "error"
-        reward = float("nan") if reply[1] == w.NOT_APPLICABLE else reply[1]
-        return reward, reply[2], "ok"
+        if outcome[0] == "error":
+            self._report("error", f"raised {outcome[1]}\n{outcome[2].rstrip()}" if outcome[2] else outcome[1])
+            return 0.0, {"error": outcome[1]}, "error"
+        reward = float("nan") if outcome[1] == w.NOT_APPLICABLE else outcome[1]
+        return reward, outcome[2], "ok"
 
     def _report(self, kind: str, text: str) -> None:
         """The first failure of each kind, printed once; the rest are counted."""
@@ -376,8 +212,7 @@ class VerifierRunner:
                 f"in verifier/{self.name}/{kind}s): {text}")
 
     def pids(self) -> list[int]:
-        return [p.popen.pid for p in self.procs]
+        return self.pool.pids()
 
     def close(self) -> None:
-        for proc in list(self.procs):
-            self._kill(proc)
+        self.pool.close()

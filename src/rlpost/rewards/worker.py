@@ -1,18 +1,19 @@
 """The verifier worker process: imports the user's reward function, then scores what it is sent.
 
 Kept free of torch and of the rest of rlpost so that starting (or restarting) a worker takes tens
-of milliseconds. It talks to the runner (runner.py) over two private pipes, never over fd 0/1/2:
+of milliseconds. The one worker pool (workers.py) starts, times, kills and restarts it, as it
+does the environment workers (envs/worker.py). It talks over two private pipes, never over fd 0/1/2:
 fd 0 is /dev/null and fd 1 and fd 2 go to a log file, so a verifier that prints, or runs
 ``os.system("echo x")``, writes into the log and cannot corrupt a reply.
 
 Frames, limits, dying with the parent (and with it, whatever the reward function started, a
-double-forked ``setsid()`` daemon included: the worker is their subreaper) and the import by path
-are rlpost/wire.py's, shared with the environment workers (envs/worker.py).
+double-forked ``setsid()`` daemon included: the worker is their subreaper), the import by path and
+the request loop are wire.py's, shared with the environment workers.
 
 Replies hold plain values only: an info dict is made of numbers, strings, lists and dicts here
-(``plain``: anything else becomes its repr), and the runner unpickles replies with no class allowed
-(``FrameReader(plain=True)``), so an object of the reward function's module never makes the
-trainer import that module.
+(``plain``: anything else becomes its repr), and the pool unpickles replies with no class allowed
+(workers.py), so an object of the reward function's module never makes the trainer import that
+module.
 
 Start-up: the worker sets its limits (address space, RLIMIT_AS; the CPU limit is set per call),
 arranges to die with its parent (PR_SET_PDEATHSIG when started from the parent's main thread, and
@@ -43,20 +44,9 @@ import sys
 import traceback
 from dataclasses import dataclass
 
+from rlpost import wire
 from rlpost.types.values import NotAFlag, NotAReward, checked_flags, reward_value
-from rlpost.wire import (  # noqa: F401 - the framing, re-exported for the runner
-    MAX_FRAME,
-    FrameReader,
-    ProtocolError,
-    frame,
-    import_object,
-    kill_tree,
-    plain,
-    read_frame,
-    set_cpu_limit,
-    start_worker,
-    write_all,
-)
+from rlpost.wire import import_object, plain
 
 NOT_APPLICABLE = "n/a"  # a TRL function's None: this function does not score this row
 
@@ -195,26 +185,13 @@ def _handle(fn, style: str, request: dict):
         return ("error", f"{type(e).__name__}: {e}", text)
 
 
+def load(path: str, args: list[str]) -> tuple[tuple, str]:
+    """The reward function and its calling convention, which the pool hears as the worker's hello."""
+    fn = import_function(path)
+    style = style_of(fn)
+    return (fn, style), style
+
+
 def serve() -> None:
-    """Entry point: ``python -c 'from rlpost.rewards.worker import serve; serve()' REQ REP WATCHDOG
-    PARENT MAIN_THREAD MEMORY_MB PATH``."""
-    req, rep, path = start_worker(sys.argv)
-    try:
-        fn = import_function(path)
-        style = style_of(fn)
-    except BaseException as e:  # noqa: BLE001 - the user's module: any failure is reported, in one line
-        write_all(rep, frame(("import_error", f"{type(e).__name__}: {e}", traceback.format_exc())))
-        return
-    write_all(rep, frame(("ready", style)))
-    while True:
-        try:
-            request = read_frame(req)
-        except EOFError:
-            return
-        set_cpu_limit(request["cpu_s"])
-        reply = _handle(fn, style, request)
-        try:
-            data = frame(reply)
-        except Exception as e:  # noqa: BLE001 - an info dict that does not pickle
-            data = frame(("error", f"the reply could not be pickled ({type(e).__name__}: {e})", ""))
-        write_all(rep, data)
+    """Entry point (workers.py starts it): the function loaded, then completions scored."""
+    wire.serve(load, lambda loaded, request: _handle(*loaded, request))
