@@ -337,6 +337,30 @@ def test_a_line_of_121_columns_is_reported_and_one_of_120_is_not():
 WHOLE_CONFIG_OK = {"observe/planner.py", "observe/runfolder.py"}
 
 
+# Below build.py, the modules that load a whole config (a run folder's, a file's), each with its reason: a config
+# file is its subject. Everything else is handed its section or its values by a recipe (rlpost export's
+# reading of the run's config is recipes/export.py's, not model/export.py's).
+LOADS_CONFIG_OK = {
+    "observe/planner.py": "rlpost plan --from RUN: plans from a finished run's config",
+    "observe/diagnostics.py": "rlpost doctor: whether a run folder's config still loads is one of its findings",
+}
+CONFIG_LOADERS = {"runconfig.load_run", "load_run", "config.load", "config.from_dict", "from_dict", "config_check.load"}
+
+
+def test_below_build_py_no_module_loads_a_whole_config():
+    below = {name for names in LAYERS[LAYERS.index(("sandbox",)):LAYERS.index(("build",))] for name in names}
+    found, used = [], set()
+    for _, f, tree in sources():
+        rel = f.relative_to(SRC).as_posix()
+        if rel.split("/")[0] not in below:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in CONFIG_LOADERS:
+                (used.add(rel) if rel in LOADS_CONFIG_OK else found.append(f"{rel}:{node.lineno}"))
+    assert not found, f"a recipe loads the config and hands this module its section: {found}"
+    assert used == set(LOADS_CONFIG_OK), f"entries that load no config any more: {set(LOADS_CONFIG_OK) - used}"
+
+
 def test_below_build_py_no_function_takes_the_whole_config():
     below = {name for names in LAYERS[LAYERS.index(("sandbox",)):LAYERS.index(("build",))] for name in names}
     found, used = [], set()

@@ -7,7 +7,7 @@ config mistake is reported before torch loads:
   rlpost.train          the RL loop itself: train(cfg, run_dir, resume=False, task=None) (recipes/rl.py)
   rlpost.load_config    defaults <- recipe YAML <- dotted overrides, validated (config.py)
   rlpost.Task           your own rows and verifier for ``train`` (envs/__init__.py)
-  rlpost.export_run     a run's checkpoint as a transformers folder (model/export.py)
+  rlpost.export_run     a run's checkpoint as a transformers folder (recipes/export.py)
 
 OpenMP's wait policy is left as the user has it (GNU OpenMP's default: threads spin a few ms at
 every barrier before they sleep). On a quiet machine that spin is what keeps a decode step's ~180
@@ -33,7 +33,7 @@ def __getattr__(name: str):
     elif name == "Task":
         from rlpost.envs import Task as value
     elif name == "export_run":
-        from rlpost.model.export import export_run as value
+        from rlpost.recipes.export import export_run as value
     else:
         raise AttributeError(f"module 'rlpost' has no attribute {name!r}")
     globals()[name] = value  # later look-ups do not come here again

@@ -511,7 +511,7 @@ def cmd_pipeline(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from rlpost.model.export import export_run
+    from rlpost.recipes.export import export_run
 
     out = export_run(args.run_dir, args.step, args.out, args.merge_lora, args.dtype)
     print(f"rlpost: wrote {out}; load it with model.name={out} or transformers' from_pretrained", file=sys.stderr)

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlpost import cli, config
 from rlpost.envs import Task, build_task
 from rlpost.model import checkpoint
-from rlpost.model.export import export_run
+from rlpost.recipes.export import export_run
 from rlpost.model.load import load_policy
 from rlpost.recipes.rl import train
 

@@ -2,7 +2,8 @@
 
 Every run ends by writing ``RUN/model`` from its last checkpoint (recipes/rl.py; ``rlpost sft|rm|dpo``
 write theirs directly), and ``rlpost export RUN [--step N] [--out DIR] [--merge-lora]`` writes one
-from any checkpoint that is still on disk.
+from any checkpoint that is still on disk (recipes/export.py: export_run, which reads the run's config; this
+module takes its model section and seed).
 
 ``rlpost export`` never writes into the run it reads from: its default output is a folder beside
 the run (``RUN-model``, ``RUN-model_step_N``, ``RUN-adapter``), and ``--out`` must be a new or
@@ -32,7 +33,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlpost import config, runconfig
+from rlpost import config
 from rlpost.model import checkpoint, lora
 from rlpost.model.load import load_policy, save_model
 from rlpost.types import folders
@@ -64,7 +65,7 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
         raise ConfigError(f"{run_dir}: no intact checkpoint to export (each was passed over above); RUN/model, when "
                           "there is one, holds the run's final model as it is")
     if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model (and LoRA adapter) folder is final
-        return _copy_final(run_dir, out, "model" if merge_lora else "adapter")
+        return copy_final(run_dir, out, "model" if merge_lora else "adapter")
     out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter")
                                            + ("" if step is None else f"_step_{step}"))
     loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
@@ -82,7 +83,7 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
     return lora.save_adapter(peft_model, loaded.tokenizer, out)
 
 
-def _copy_final(run_dir: Path, out: Path | None, name: str) -> Path:
+def copy_final(run_dir: Path, out: Path | None, name: str) -> Path:
     src = run_dir / name
     if not (src / "config.json").exists() and not (src / "adapter_config.json").exists():
         what = "LoRA adapters (model.lora_r was 0)" if name == "adapter" else "checkpoint or model/ folder"
@@ -91,30 +92,6 @@ def _copy_final(run_dir: Path, out: Path | None, name: str) -> Path:
         return src
     shutil.copytree(src, out, dirs_exist_ok=True)
     return Path(out)
-
-
-def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | None = None,
-               merge_lora: bool = False, dtype: str = "float32") -> Path:
-    """`rlpost export`: the run's own config says how it was trained. Nothing in ``run_dir`` is
-    written; the output goes to ``out`` or a folder beside the run (``default_out``), its weights
-    in ``dtype`` (``cast_folder``: bfloat16 halves the folder for serving)."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"RUN_DIR {run_dir}: no config.yaml there; is it a run folder?")
-    cfg = runconfig.load_run(run_dir)[0]
-    if merge_lora and cfg.model.lora_r == 0:
-        raise ConfigError(f"--merge-lora: {run_dir} is a full fine-tune (model.lora_r=0); there are no adapters to "
-                          "merge")
-    merge = merge_lora or cfg.model.lora_r == 0
-    if out is None and step is None and dtype == "float32" and not checkpoint.candidates(run_dir, quiet=True):
-        return _copy_final(run_dir, None, "model" if merge else "adapter")  # sft|rm|dpo: their final folder, as it is
-    out = Path(out) if out is not None else default_out(run_dir, step, merge)
-    if folders.inside(out, run_dir) or folders.inside(run_dir, out):
-        raise ConfigError(f"--out {out}: {'inside' if folders.inside(out, run_dir) else 'holds'} the run folder it "
-                          f"exports from ({run_dir}); rlpost export never writes there: pick a folder outside it")
-    folders.check_folder(out, "export", "--out")
-    return publish(out, lambda tmp: cast_folder(write_model(run_dir, cfg.model, cfg.run.seed, step, tmp,
-                                                            merge_lora=merge), dtype))
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
