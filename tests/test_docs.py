@@ -968,3 +968,36 @@ def test_option_help_is_short_and_the_rest_is_in_docs_options():
                 unexplained.append(f"{section}.{key}")
     assert not long, long
     assert not unexplained, unexplained
+
+
+def test_the_readme_command_list_names_every_subcommand():
+    # README's list of commands (its lines `rlpost CMD ...`; `rlpost sft | rm | dpo` names three): every
+    # subcommand the CLI has, so a new one is not left out of the one place a newcomer reads them (export was)
+    listed = set()
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("rlpost "):
+            words = re.split(r"[\[#]", line[len("rlpost "):])[0].split()
+            listed |= {words[0], *(w for before, w in zip(words, words[1:]) if before == "|")} if words else set()
+    assert not set(subcommands()) - listed, f"README's command list lacks: {sorted(set(subcommands()) - listed)}"
+
+
+def test_tests_mirror_the_packages_of_src():
+    # tests/README.md: tests/P/ holds the tests of src/rlpost/P/, each file importing from it or driving the
+    # `rlpost` command (helpers.cli, run_cli) for it; everything else sits at the top
+    tests, packages = ROOT / "tests", {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    assert folders <= packages, f"test folders with no package of that name: {sorted(folders - packages)}"
+    strays = []
+    for folder in sorted(folders):
+        for f in sorted((tests / folder).glob("test_*.py")):
+            imports = [n for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, (ast.Import, ast.ImportFrom))]
+            modules = {a.name for n in imports if isinstance(n, ast.Import) for a in n.names}
+            modules |= {n.module or "" for n in imports if isinstance(n, ast.ImportFrom)}
+            modules |= {f"rlpost.{a.name}" for n in imports if isinstance(n, ast.ImportFrom) and n.module == "rlpost"
+                        for a in n.names}
+            named = {a.name for n in imports if isinstance(n, ast.ImportFrom) and n.module == "helpers"
+                     for a in n.names}
+            if not any(m.split(".")[:2] == ["rlpost", folder] for m in modules) and not named & {"cli", "run_cli"}:
+                strays.append(f.relative_to(tests).as_posix())
+    assert not strays, f"test files that neither import their folder's package nor drive the CLI: {strays}"
+
