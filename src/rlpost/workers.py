@@ -115,8 +115,9 @@ class WorkerPool:
 
     def _kill(self, proc: _Proc) -> None:
         """Stop the worker and everything it started, reap it, and drop it: its descendants first (it
-        is their subreaper, so a setsid() daemon is one of them), then its process group."""
-        killed = kill_tree(proc.popen.pid)
+        is their subreaper, so a setsid() daemon is one of them), then its process group. Once it
+        has been reaped (its end was read) its pid may be another's: what it left is in its group."""
+        killed = kill_tree(proc.popen.pid) if proc.popen.returncode is None else set()
         try:
             os.killpg(proc.popen.pid, signal.SIGKILL)
         except ProcessLookupError:
