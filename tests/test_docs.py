@@ -1000,4 +1000,3 @@ def test_tests_mirror_the_packages_of_src():
             if not any(m.split(".")[:2] == ["rlpost", folder] for m in modules) and not named & {"cli", "run_cli"}:
                 strays.append(f.relative_to(tests).as_posix())
     assert not strays, f"test files that neither import their folder's package nor drive the CLI: {strays}"
-

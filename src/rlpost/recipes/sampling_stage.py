@@ -120,7 +120,7 @@ class SamplingStage:
         kept, n_kept, rounds, first = [], 0, 0, None
         while True:
             b, score = self.scored(roles, timings, cores, metrics)
-            first = first or self.batch_metrics(b)  # what the policy produced, before any filtering
+            first = first or batch_metrics(b, K)  # what the policy produced, before any filtering
             if keep is None:
                 return score_steps(roles, b, timings), {**metrics, **first}
             groups = dapo.keep_groups(score, K, keep.min_pass, keep.max_pass)  # (n_prompts,)
@@ -135,7 +135,7 @@ class SamplingStage:
         batch = batch.select(slice(0, self.prompts_per_step * K))  # whole groups: every part holds whole groups
         metrics.update({"rollout/refill_rounds": rounds, "rollout/groups_trained": len(batch) // K,
                         "reward/mean_before_filter": first["reward/mean"]})
-        return score_steps(roles, batch, timings), {**metrics, **(self.batch_metrics(batch) if len(batch) else first)}
+        return score_steps(roles, batch, timings), {**metrics, **(batch_metrics(batch, K) if len(batch) else first)}
 
     def scored(self, roles: Roles, timings: dict, cores: Cores | None, metrics: dict) -> tuple[Rollouts, Tensor]:
         """(one round of prompts generated and scored, with the shapers' additions in its reward; the
@@ -159,10 +159,6 @@ class SamplingStage:
             metrics.update(shaper_metrics)
         return b, score
 
-    def batch_metrics(self, batch: Rollouts) -> dict:
-        """The batch's reward and length statistics, and each group's pass rate's (``batch_metrics``)."""
-        return batch_metrics(batch, self.group_size)
-
 
 def score_steps(roles: Roles, batch: Rollouts, timings: dict) -> Rollouts:
     """The process reward model's step rewards written in (task.process_reward_model), once the
@@ -174,6 +170,7 @@ def score_steps(roles: Roles, batch: Rollouts, timings: dict) -> Rollouts:
 
 
 def batch_metrics(batch: Rollouts, group_size: int) -> dict:
+    """The batch's reward and length statistics, and how many of its groups carry no signal."""
     length = batch.completion_mask.sum(1).float()  # (B,)
     p = core.pass_rate(batch.reward, group_size)  # (n_prompts,) share of each group with reward >= 1
     grouped = batch.reward.view(-1, group_size)  # (n_prompts, K)
