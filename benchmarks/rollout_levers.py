@@ -48,10 +48,10 @@ def main() -> None:
     enc = loaded.tokenizer(fast.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
     real_draw, real_fraction = FastRollout._draw, rollout_fast.COMPACT_FRACTION
 
-    def multinomial_draw(self, logits, temperature, top_p):
+    def multinomial_draw(self, logits, temperature, top_p, u=None):  # u: the per-row uniforms, unused here
         logp = (logits / temperature).log_softmax(-1)
         tok = torch.multinomial(logp.exp(), 1).squeeze(1)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(1), None
 
     def run(engine, rows_, n):
         return engine.generate(rows_, n, TEMPERATURE, 1.0, MAX_NEW).completion_mask.sum().item()
