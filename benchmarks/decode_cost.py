@@ -50,7 +50,7 @@ GROUP = 8
 
 def timed(fast: FastRollout, enc, n: int, new: int) -> float:
     t = time.perf_counter()
-    fast._sample(enc.input_ids, enc.attention_mask, n, 0.7, 1.0, new)
+    fast._sample((enc.input_ids, enc.attention_mask), n, 0.7, 1.0, new)
     return time.perf_counter() - t
 
 

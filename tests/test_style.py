@@ -374,3 +374,36 @@ def test_below_build_py_no_function_takes_the_whole_config():
                 (used.add(rel) if rel in WHOLE_CONFIG_OK else found.append(f"{rel}:{node.lineno} {node.arg}"))
     assert not found, f"pass the section or the values instead: {found}"
     assert used == WHOLE_CONFIG_OK, f"WHOLE_CONFIG_OK entries with no whole config left: {WHOLE_CONFIG_OK - used}"
+
+
+# The engine room (roles/, model/) is where the speed lives; a function there that takes more than
+# six things is one whose callers must thread flags through it (issue 55: policy_forward took 9, the
+# trainer's micro-batch step 8). What belongs together goes in one object (a Scoring, a Sizes, a
+# plan). self, cls and an autograd Function's ctx are not counted.
+MAX_PARAMETERS = 6
+
+
+def parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    a = fn.args
+    names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    names += [f"*{a.vararg.arg}"] if a.vararg else []
+    names += [f"**{a.kwarg.arg}"] if a.kwarg else []
+    return [n for n in names if n not in ("self", "cls", "ctx")]
+
+
+def test_no_function_in_roles_or_model_takes_more_than_six_parameters():
+    over = []
+    for folder in ("roles", "model"):
+        for path in sorted((SRC / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and len(parameters(node)) > MAX_PARAMETERS):
+                    over.append(f"{folder}/{path.name}:{node.lineno} {node.name}({', '.join(parameters(node))})")
+    assert not over, over
+
+
+def test_parameters_count_what_a_caller_passes():
+    seven = ast.parse("def f(self, a, b, /, c, *d, e, f=1, **g): pass").body[0]
+    assert parameters(seven) == ["a", "b", "c", "e", "f", "*d", "**g"]  # 7: over the limit, self aside
+    six = ast.parse("def forward(ctx, h, w, y, spec, floor=None, head_grad=None): pass").body[0]
+    assert len(parameters(six)) == MAX_PARAMETERS

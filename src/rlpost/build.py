@@ -42,7 +42,7 @@ from rlpost.rewards.reward_model import load_reward_model
 from rlpost.rewards.runner import VerifierRunner, default_workers
 from rlpost.rewards.stack import RewardStack, part_name
 from rlpost.roles.critic import Critic
-from rlpost.roles.reference import Reference
+from rlpost.roles.reference import Placement, Reference
 from rlpost.roles import rollout_vllm
 from rlpost.roles.engine import auto_picks_vllm, build_rollout
 from rlpost.roles.forward_plan import ForwardPlan, Sizes
@@ -238,10 +238,11 @@ def make_reference(cfg: config.Config, model: torch.nn.Module) -> Reference:
         frozen = load_teacher(cfg) if cfg.algo.teacher else load_policy_for(cfg.model, cfg.run.seed).model
     else:
         frozen = on_device(cfg, load_teacher(cfg)) if cfg.algo.teacher else copy.deepcopy(on_device(cfg, model))
-    return Reference(frozen, cfg.rollout.temperature, cfg.derived.micro_batch_size,
-                     precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.share_prompt_prefix,
-                     dtype=precision.DTYPES[cfg.trainer.param_dtype], offload=cfg.offload.reference,
-                     on=device.resolve(cfg.run.device), forward=cfg.trainer.forward)
+    placement = Placement(precision.DTYPES[cfg.trainer.param_dtype], cfg.offload.reference,
+                          device.resolve(cfg.run.device))
+    return Reference(frozen, Scoring(cfg.rollout.temperature, cfg.trainer.share_prompt_prefix),
+                     cfg.derived.micro_batch_size, precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.forward,
+                     placement)
 
 
 def make_process_reward(cfg: config.Config) -> StepRewards:
@@ -284,9 +285,9 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer, run_dir:
     wrapped in environment episodes for task.name=env or tools (their workers log to RUN/env.log)."""
     dtype = precision.sampler_dtype(cfg.rollout.dtype, cfg.run.device)
     if cfg.rollout.engine == "vllm":
-        rollout = rollout_vllm.VLLMRollout(on_device(cfg, model), tokenizer, resolve(cfg.model.name), dtype,
-                                           seed=cfg.run.seed, kv_cache_gb=cfg.rollout.vllm_kv_cache_gb,
-                                           gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization)
+        settings = rollout_vllm.VLLMSettings(cfg.run.seed, cfg.rollout.vllm_kv_cache_gb,
+                                             cfg.rollout.vllm_gpu_memory_utilization)
+        rollout = rollout_vllm.VLLMRollout(on_device(cfg, model), tokenizer, resolve(cfg.model.name), dtype, settings)
     else:
         rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype)
     if is_env(cfg):  # multi-turn episodes: the same generate() contract, the environment's turns inside
@@ -349,8 +350,8 @@ def make_pref_reference(cfg: config.Config, model: torch.nn.Module, micro_batch_
     """The offline recipes' reference (DPO and its family): ``model`` itself, not a copy, scored once
     over the whole data before training starts (the reference is frozen), at temperature 1, in
     micro-batches of the trainer's size, in the trainer's precision."""
-    return Reference(model, 1.0, micro_batch_size, precision.trainer_bf16(cfg.trainer.precision),
-                     cfg.trainer.share_prompt_prefix, forward=cfg.trainer.forward)
+    return Reference(model, Scoring(1.0, cfg.trainer.share_prompt_prefix), micro_batch_size,
+                     precision.trainer_bf16(cfg.trainer.precision), cfg.trainer.forward)
 
 
 def make_pref_trainer(cfg: config.Config, model: torch.nn.Module, mini_batch_size: int, micro_batch_size: int,

@@ -23,7 +23,7 @@ def write(run, step, value=1.0, keep=3):
     model = {"w": torch.full((64, 64), value), "b": torch.zeros(3)}
     trainer = {"optimizer": {"state": {0: torch.ones(64)}, "param_groups": [{"lr": 1e-3}]},
                "scheduler": {"last_epoch": step}}
-    return checkpoint.save(run, step, model, trainer, state(step), keep,
+    return checkpoint.save(run, step, checkpoint.Saved(model, trainer, state(step)), keep,
                            metrics=[{"step": s} for s in range(1, step + 1)])
 
 
@@ -174,7 +174,8 @@ def test_disk_full_names_the_path_and_the_cause_and_keeps_the_old_checkpoint(tmp
     with tmpfs(tmp_path / "disk", "64k") as run:
         write(run, 1)  # about 17 kB of weights and state
         with pytest.raises(RunError) as e:
-            checkpoint.save(run, 2, {"w": torch.ones(64, 1024)}, {}, state(2), 3)  # 256 kB: does not fit
+            saved = checkpoint.Saved({"w": torch.ones(64, 1024)}, {}, state(2))  # 256 kB: does not fit
+            checkpoint.save(run, 2, saved, 3)
         assert "cannot write checkpoint step 2: No space left on device" in str(e.value)
         assert str(run / "checkpoints") in str(e.value) and "\n" not in str(e.value)
         assert not list((run / "checkpoints").glob(".tmp*")) and loaded_step(run) == 1  # room freed, old one intact
@@ -192,9 +193,9 @@ def test_a_read_only_folder_names_the_path_and_the_cause(tmp_path):
 def test_the_protected_step_survives_the_rotation(tmp_path):
     # keep=1 keeps only the newest, except the step early stopping selected (run.early_stop_patience)
     for step in (1, 2, 3):
-        checkpoint.save(tmp_path, step, {"w": torch.ones(2)}, {}, {"step": step}, 1, protect=1)
+        checkpoint.save(tmp_path, step, checkpoint.Saved({"w": torch.ones(2)}, {}, {"step": step}), 1, protect=1)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000001", "step_000003"]
-    checkpoint.save(tmp_path, 4, {"w": torch.ones(2)}, {}, {"step": 4}, 1)  # no longer protected: it goes
+    checkpoint.save(tmp_path, 4, checkpoint.Saved({"w": torch.ones(2)}, {}, {"step": 4}), 1)  # unprotected: gone
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000004"]
 
 

@@ -181,13 +181,14 @@ def test_run_with_bf16_params_and_every_offload_trains_and_resumes(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a second place to offload from)")
 def test_offloaded_reference_holds_no_device_memory_between_uses():
-    from rlpost.roles.reference import Reference
+    from rlpost.model.logprobs import Scoring
+    from rlpost.roles.reference import Placement, Reference
 
     tiny = load_policy("tiny")
     batch = make_batch(tiny)
-    near = Reference(copy.deepcopy(tiny.model), 1.0, 8, False, on="cuda")
+    near = Reference(copy.deepcopy(tiny.model), Scoring(1.0), 8, False, placement=Placement(on="cuda"))
     before = torch.cuda.memory_allocated()
-    far = Reference(copy.deepcopy(tiny.model), 1.0, 8, False, offload=True, on="cuda")
+    far = Reference(copy.deepcopy(tiny.model), Scoring(1.0), 8, False, placement=Placement(offload=True, on="cuda"))
     assert torch.cuda.memory_allocated() == before  # constructed on the host
     assert torch.equal(far.logprobs(batch), near.logprobs(batch))
     assert torch.cuda.memory_allocated() == before and device.of(far.model) == device.CPU

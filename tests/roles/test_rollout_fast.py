@@ -92,12 +92,13 @@ def test_under_top_p_sampler_trainer_and_reference_score_the_truncated_distribut
     assert b.sampler_floor is not None and (b.sampler_floor[m] <= b.sampler_logp[m]).all()
     from helpers import tcfg
 
+    from rlpost.model.logprobs import Scoring
     from rlpost.roles.reference import Reference
     from rlpost.build import trainer_over
     trainer = trainer_over(copy.deepcopy(tiny.model), tcfg(), 1.0, mini_batch_size=12, micro_batch_size=4,
                       total_optimizer_steps=1)
     old_logp = trainer.recompute(b)[0]  # the trainer's pi_old, micro-batched and trimmed
-    ref_logp = Reference(copy.deepcopy(tiny.model), 1.0, 4, autocast_bf16=False).logprobs(b)
+    ref_logp = Reference(copy.deepcopy(tiny.model), Scoring(1.0), 4, autocast_bf16=False).logprobs(b)
     with torch.no_grad():
         kept, _ = completion_logprobs(tiny.model, b, temperature=1.0)
         b.sampler_floor = None

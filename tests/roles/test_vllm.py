@@ -55,14 +55,14 @@ def engines():
         if probe.returncode < 0 or any(w in probe.stderr.lower() for w in ("illegal instruction", "avx", "isa ")):
             pytest.skip(f"vLLM cannot run on this CPU kind {why}")
         pytest.fail(f"vLLM did not start {why}")
-    from rlpost.roles.rollout_vllm import VLLMRollout
+    from rlpost.roles.rollout_vllm import VLLMRollout, VLLMSettings
 
     policy = load_policy("embedded", dtype=torch.float32)
     if torch.cuda.is_available():  # vLLM on the GPU (sleep mode); the comparisons run on the host copy
         policy.model.cuda()
     ours = HFRollout(copy.deepcopy(policy.model).cpu(), policy.tokenizer, dtype=torch.float32)
-    theirs = VLLMRollout(policy.model, policy.tokenizer, str(embedded_model_dir()), torch.float32, seed=0,
-                         kv_cache_gb=0.5)
+    theirs = VLLMRollout(policy.model, policy.tokenizer, str(embedded_model_dir()), torch.float32,
+                         VLLMSettings(seed=0, kv_cache_gb=0.5))
     policy.model.cpu()
     yield theirs, ours, policy
     theirs.close()
@@ -189,12 +189,13 @@ def test_grpo_through_the_cli_learns(tmp_path):
 
 
 def test_a_kv_cache_too_small_for_one_sequence_names_the_key(engines):
-    from rlpost.roles.rollout_vllm import VLLMRollout
+    from rlpost.roles.rollout_vllm import VLLMRollout, VLLMSettings
     from rlpost.types.errors import ConfigError
 
     policy = engines[2]
     with pytest.raises(ConfigError, match=r"rollout.vllm_kv_cache_gb=0.01: .*KV cache"):
-        VLLMRollout(policy.model, policy.tokenizer, str(embedded_model_dir()), torch.float32, kv_cache_gb=0.01)
+        VLLMRollout(policy.model, policy.tokenizer, str(embedded_model_dir()), torch.float32,
+                    VLLMSettings(kv_cache_gb=0.01))
 
 
 def test_a_ray_rollout_worker_runs_vllm_synced_by_broadcast(tmp_path):

@@ -35,6 +35,7 @@ import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -83,11 +84,20 @@ def nonfinite(state: dict) -> list[str]:
     return [k for k, v in state.items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
 
 
-def save(run_dir: Path, step: int, model_state: dict, trainer_state: dict, state: dict, keep: int,
-         protect: int | None = None, metrics: list[dict] = ()) -> Path:
+class Saved(NamedTuple):
+    """What one checkpoint holds: the weights, the trainer's state (optimizer, schedule, critic,
+    masters) and the loop's (step, sampler, algorithm, early stopping)."""
+    model_state: dict
+    trainer_state: dict
+    state: dict
+
+
+def save(run_dir: Path, step: int, saved: Saved, keep: int, protect: int | None = None,
+         metrics: list[dict] = ()) -> Path:
     """Write checkpoints/step_N atomically (with ``metrics``, the run's metric lines up to it),
     then delete all but the ``keep`` newest, except step ``protect`` (early stopping's best, which
     the run's model may come from)."""
+    model_state, trainer_state, state = saved
     bad = nonfinite(model_state)
     if bad:
         raise RunError(f"step {step}: the weights are not finite "

@@ -237,13 +237,14 @@ class PackedTrunk:
 
     # --- the layers -----------------------------------------------------------------------------
 
-    def _layers(self, x: Tensor, pos: Tensor, grid: Tensor | None, b: int, T: int, prefix_kv: list | None,
+    def _layers(self, x: Tensor, pos: Tensor, cells: tuple[Tensor | None, int, int], prefix_kv: list | None,
                 mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """Every decoder layer over packed tokens x (N, H) at positions pos (N,). ``grid``: each
-        token's cell in the padded (b, T) grid attention works on (None: the tokens fill it);
+        """Every decoder layer over packed tokens x (N, H) at positions pos (N,). ``cells``: (grid, b, T),
+        each token's cell in the padded (b, T) grid attention works on (grid None: the tokens fill it);
         ``prefix_kv``: per layer the rows' prompt keys and values (b, nkv, P, hd) placed before
         their own; mask (b, 1, 1, T, P+T) additive. Returns x and per layer the tokens' own keys
         and values on the grid (b, nkv, T, hd)."""
+        grid, b, T = cells
         nh, nkv, hd, N = self.nh, self.nkv, self.hd, x.shape[0]
         g = nh // nkv
         gpu = on_gpu(x)
@@ -290,7 +291,7 @@ class PackedTrunk:
         allow = torch.ones(P, P, dtype=torch.bool, device=ids.device).tril() & mask[:, None, :]  # (G, P, P)
         allow |= torch.eye(P, dtype=torch.bool, device=ids.device)  # a left pad looks at itself (never read; no NaN)
         x = self.decoder.embed_tokens(ids).reshape(G * P, -1)  # (G P, H)
-        x, kv = self._layers(x, pos.reshape(-1), None, G, P, None, additive(allow), dtype)
+        x, kv = self._layers(x, pos.reshape(-1), (None, G, P), None, additive(allow), dtype)
         states = rms_norm(x.view(G, P, -1)[:, -1:], self.decoder.norm, on_gpu(x))  # (G, 1, H): P-1 predicts token 0
         if not leaves:
             return PackedPrefix(states, kv, torch.arange(G, device=ids.device))
@@ -316,7 +317,7 @@ class PackedTrunk:
         allow = torch.cat([prompt_mask[:, None, :].expand(b, Tf, P),
                            torch.ones(Tf, Tf, dtype=torch.bool, device=ids.device).tril().expand(b, Tf, Tf)], -1)
         x = self.decoder.embed_tokens(ids[:, :Tf].reshape(-1)[grid])  # (N, H)
-        x, _ = self._layers(x, pos, grid, b, Tf, prefix.kv, additive(allow), dtype)
+        x, _ = self._layers(x, pos, (grid, b, Tf), prefix.kv, additive(allow), dtype)
         x = rms_norm(x, self.decoder.norm, on_gpu(x))  # (N, H)
         fed_states = x.new_zeros(b * Tf, x.shape[-1]).index_copy(0, grid, x).view(b, Tf, -1)
         return F.pad(torch.cat([prefix.states.to(x.dtype), fed_states], 1), (0, 0, 0, T - 1 - Tf))  # (b, T, H)

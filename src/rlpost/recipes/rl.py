@@ -357,8 +357,9 @@ def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, 
              "early_stop": guard.early_stop_state(),
              **roles.sampling_state(),
              **roles.algo.state_dict()}
-    checkpoint.save(run_dir, step, roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state,
-                    cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None, metrics=metrics)
+    saved = checkpoint.Saved(roles.trainer.checkpoint_weights(), roles.trainer.state_dict(), state)
+    checkpoint.save(run_dir, step, saved, cfg.run.keep_checkpoints, protect=guard.best[0] if guard.best else None,
+                    metrics=metrics)
 
 
 def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int, float] | None) -> tuple[Path, dict]:

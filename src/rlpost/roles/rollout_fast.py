@@ -149,7 +149,7 @@ class FastRollout:
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
         enc = self.hf.encode(rows)
-        completion, sampler_logp, floor = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p,
+        completion, sampler_logp, floor = self._sample((enc.input_ids, enc.attention_mask), n, temperature, top_p,
                                                        max_new_tokens)
         return self.hf.assemble(enc, rows, n, completion, sampler_logp, floor)
 
@@ -238,10 +238,11 @@ class FastRollout:
 
     # --- sampling -----------------------------------------------------------------------------
 
-    def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
-                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _sample(self, prompt: tuple[Tensor, Tensor], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        input_ids, attention_mask = prompt  # (B, P) each: the left-padded prompts, their mask
         if stop_strings:
-            return self.hf._sample(input_ids, attention_mask, n, temperature, top_p, max_new_tokens, stop_strings)
+            return self.hf._sample(prompt, n, temperature, top_p, max_new_tokens, stop_strings)
         self.hf._check_awake()
         if not self.packed:
             for lin in self.linears():

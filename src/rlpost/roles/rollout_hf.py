@@ -119,7 +119,7 @@ class HFRollout:
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
         enc = self.encode(rows)
-        completion, sampler_logp, floor = self._sample(enc.input_ids, enc.attention_mask, n, temperature, top_p,
+        completion, sampler_logp, floor = self._sample((enc.input_ids, enc.attention_mask), n, temperature, top_p,
                                                        max_new_tokens)
         return self.assemble(enc, rows, n, completion, sampler_logp, floor)
 
@@ -146,10 +146,11 @@ class HFRollout:
             sampler_floor=sampler_floor.where(mask, 0.0) if sampler_floor is not None else None,  # -inf * 0 is nan
         )
 
-    def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
-                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _sample(self, prompt: tuple[Tensor, Tensor], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(completion (B*n, T) int64, sampler log-probs (B*n, T) float32, zeros when greedy;
         top-p thresholds (B*n, T) float32, None without truncation)."""
+        input_ids, attention_mask = prompt  # (B, P) each: the left-padded prompts, their mask
         self._check_awake()
         # Sample on the model's device; the batch is assembled where the prompts came from (the host).
         home, dev = input_ids.device, device.of(self.model)
@@ -255,7 +256,7 @@ def continue_ids(rollout, seqs: list[list[int]], temperature: float, top_p: floa
     pad = tok.pad_token_id
     ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs])  # left-padded
     attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
-    completion, logp, _ = rollout._sample(ids, attn, 1, temperature, top_p, max_new_tokens, stop_strings)
+    completion, logp, _ = rollout._sample((ids, attn), 1, temperature, top_p, max_new_tokens, stop_strings)
     out = []
     for toks, lps in zip(completion.tolist(), logp.tolist()):
         end, how = len(toks), "length"

@@ -199,10 +199,11 @@ class StaticRollout(FastRollout):
 
     # --- a whole decode -----------------------------------------------------------------------------
 
-    def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
-                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _sample(self, prompt: tuple[Tensor, Tensor], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        input_ids, attention_mask = prompt  # (B, P) each: the left-padded prompts, their mask
         if stop_strings:
-            return self.hf._sample(input_ids, attention_mask, n, temperature, top_p, max_new_tokens, stop_strings)
+            return self.hf._sample(prompt, n, temperature, top_p, max_new_tokens, stop_strings)
         self.hf._check_awake()
         home = input_ids.device
         with torch.no_grad():

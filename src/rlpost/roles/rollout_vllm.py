@@ -34,6 +34,7 @@ import gc
 import importlib.util
 import os
 import tempfile
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -56,11 +57,21 @@ def check(top_p: float) -> None:
         raise ConfigError(f"{INSTALL} (No module named 'vllm')")
 
 
+@dataclass(frozen=True)
+class VLLMSettings:
+    """The engine's own settings: its sampling seed (run.seed), the KV cache it preallocates
+    (rollout.vllm_kv_cache_gb) and its share of the GPU (rollout.vllm_gpu_memory_utilization)."""
+    seed: int = 0
+    kv_cache_gb: float = 1.0
+    gpu_memory_utilization: float = 0.3
+
+
 class VLLMRollout(HFRollout):
-    def __init__(self, model: torch.nn.Module, tokenizer, source: str, dtype: torch.dtype, *, seed: int = 0,
-                 kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.3):
+    def __init__(self, model: torch.nn.Module, tokenizer, source: str, dtype: torch.dtype,
+                 settings: VLLMSettings = VLLMSettings()):
         """``model``: the policy whose weights vLLM samples with (read once, not kept); ``source``:
         a folder or hub id with its architecture ('tiny' is written to a temporary folder)."""
+        seed, kv_cache_gb, gpu_memory_utilization = settings.seed, settings.kv_cache_gb, settings.gpu_memory_utilization
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: in-place weight sync
         # share the cores with the trainer, as the other engines do
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -102,10 +113,11 @@ class VLLMRollout(HFRollout):
             gpu_memory_utilization=share if self.on_gpu else 0.05,
         )
 
-    def _sample(self, input_ids: Tensor, attention_mask: Tensor, n: int, temperature: float, top_p: float,
-                max_new_tokens: int, stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _sample(self, prompt: tuple[Tensor, Tensor], n: int, temperature: float, top_p: float, max_new_tokens: int,
+                stop_strings: list[str] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """HFRollout._sample's contract: (completion (B*n, T), sampler log-probs (B*n, T), None),
         completions padded with pad_token_id after they end, log-probs 0 there and when greedy."""
+        input_ids, attention_mask = prompt  # (B, P) each: the left-padded prompts, their mask
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
