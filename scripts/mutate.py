@@ -1,9 +1,9 @@
 """`make mutate`: mutation testing of rlpost's maths with mutmut 3 (issue 22).
 
 Which code: everything in ``algorithms/`` (the algorithms, core.py, wrappers.py, objective.py, the
-preference losses), ``search/metrics.py``, ``model/logprobs.py``, and the batch aggregation of
-``roles/trainer.py`` (``update``/``_update``, ``_accumulate``, ``_micro``, ``train_step``/``_train_step``,
-``sampler_diff_metrics``).
+preference losses), ``search/metrics.py``, ``model/logprobs.py`` and ``model/chunked.py``, and the batch aggregation of
+``roles/trainer.py`` (``update``/``_update``, ``_mini_batch``, ``_update_metrics``, ``train_step``/``_train_step``,
+``sampler_diff_metrics``) with ``roles/forward_plan.py``'s ``DeviceSums``.
 Which tests: the fast files listed in pyproject.toml's ``[tool.mutmut]``; mutmut runs, for each
 mutant, only those of their tests that reach the mutated function. Lines that raise an error are
 not mutated (``do_not_mutate_patterns``): their messages are not maths.
@@ -30,10 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER = "rlpost.roles.trainer."
 SCOPE = [
-    "rlpost.algorithms.*", "rlpost.search.metrics.*", "rlpost.model.logprobs.*",
+    "rlpost.algorithms.*", "rlpost.search.metrics.*", "rlpost.model.logprobs.*", "rlpost.model.chunked.*",
+    "rlpost.roles.forward_plan.xǁDeviceSumsǁ*",
     TRAINER + "x_sampler_diff_metrics__mutmut_*", TRAINER + "xǁTrainerǁupdate__mutmut_*",
-    TRAINER + "xǁTrainerǁ_update__mutmut_*", TRAINER + "xǁTrainerǁ_accumulate__mutmut_*",
-    TRAINER + "xǁTrainerǁ_micro__mutmut_*", TRAINER + "xǁTrainerǁtrain_step__mutmut_*",
+    TRAINER + "xǁTrainerǁ_update__mutmut_*", TRAINER + "xǁTrainerǁ_mini_batch__mutmut_*",
+    TRAINER + "xǁTrainerǁ_update_metrics__mutmut_*", TRAINER + "xǁTrainerǁtrain_step__mutmut_*",
     TRAINER + "xǁTrainerǁ_train_step__mutmut_*",
 ]
 # mutmut's exit codes (mutmut/stats.py): 1 and 3 killed, 0 survived, 33 and 5 no tests reached it,
