@@ -41,14 +41,16 @@ def measure(gbps: float, steps: int, out: Path) -> dict:
                       f"run.out_dir={out}", f"run.name={run.name}", timeout=900)
     if r.returncode != 0:
         raise SystemExit(f"the run at {gbps:g} Gbit/s failed:\n{r.stderr[-3000:]}")
-    placement = next((x for x in r.stderr.splitlines() if x.startswith("placement:")), "")
+    placement = next((x.split("placement: ", 1)[1] for x in r.stderr.splitlines() if "placement: " in x), "")
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     t = planner.calibrate(run, "cpu", 1, net=planner.Net(2, gbps, "disaggregated"))["plan"]["time_s"]
     pred_sync = t["sync"] + t.get("sync_link", 0.0)
     return {"gbps": gbps, "placement": placement, "sync_pred_s": pred_sync, "sync_s": last["timing_s/sync"],
             "worker_weight_load_s": last.get("timing_s/worker_weight_load"),
             "step_pred_s": t["step"], "step_s": last["timing_s/step"],
-            "sync_ratio": last["timing_s/sync"] / pred_sync, "step_ratio": last["timing_s/step"] / t["step"]}
+            "sync_ratio": last["timing_s/sync"] / pred_sync, "step_ratio": last["timing_s/step"] / t["step"],
+            "measured_s": {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("timing_s/")},
+            "predicted_s": t}
 
 
 def main() -> int:
