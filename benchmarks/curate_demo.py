@@ -7,7 +7,7 @@ held-out rows, as `prompt` / `answer` JSONL, scored by the demo's verifier `rlpo
 then `rlpost curate` on the training rows with the base model (8 samples a prompt, band 0.1-0.9, the
 held-out rows kept out), then for each seed one GRPO run of the demo's settings on each file, held-out
 accuracy every 5 steps. Per seed: the uncurated run's final accuracy, and the first evaluated step at
-which each run reached it. Writes results/curate_demo.json and .md. Each training run takes the demo's ~7 min
+which each run reached it. Writes results/curate_demo.{json,md}. Each training run takes the demo's ~7 min
 on 2 idle cores of the AVX-512 kind; curate's 710 distinct prompts x 8 samples did not finish in 25 min on 2
 cores shared with other jobs (benchmarks/README.md), so give it an idle machine.
 """

