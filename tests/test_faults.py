@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from rlpost import cli, config
 from rlpost.model import checkpoint
 from rlpost.observe import jsonl
-from rlpost.recipes import resume, rl
+from rlpost.recipes import resume, rl, sampling_stage
 from rlpost.types import folders
 
 ARGS = [*TINY, "task.verifier=toy_verifiers:odd_length", "task.verifier_workers=1"]
@@ -59,7 +59,7 @@ def test_a_stop_signal_during_start_up_is_one_line_and_leaves_no_folder(tmp_path
         # main thread could run on past this function before Python handles it
         signal.pthread_kill(threading.main_thread().ident, sig)
         time.sleep(5)  # the handler's exception ends the sleep
-    monkeypatch.setattr(rl, "make_stream", interrupted)
+    monkeypatch.setattr(sampling_stage, "make_stream", interrupted)  # the stream is made as train() builds its stage
     code, err = main("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=c", capsys=capsys)
     last = err.strip().splitlines()[-1]
     assert code == 128 + sig and "Traceback" not in err and last.startswith(f"rlpost: stopped by {sig.name}")
@@ -500,7 +500,7 @@ def test_sigint_during_start_up_even_inside_a_lazy_import_is_one_line_with_no_re
             if wrapped == "RuntimeError":  # raised while handling it: the interrupt is the __context__ only
                 raise RuntimeError("Failed to import transformers.models.auto")
             raise
-    monkeypatch.setattr(rl, "make_stream", interrupted)
+    monkeypatch.setattr(sampling_stage, "make_stream", interrupted)  # the stream is made as train() builds its stage
     code, err = main("train", *ARGS, f"run.out_dir={tmp_path}", "run.name=c", capsys=capsys)
     last = err.strip().splitlines()[-1]
     assert code == 130 and "Traceback" not in err and wrapped not in err.replace("plain", ""), err[-2000:]
