@@ -14,18 +14,20 @@ from rlpost.roles.trainer import Trainer
 @pytest.mark.slow
 def test_tiny_model_learns_to_copy_a_digit(tmp_path):
     # Reward 1 when the completion starts with the prompt's digit. A random 76-token model hits it
-    # 1 time in 76; GRPO must take it past 0.8 held-out (greedy) accuracy. lr 3e-3: at 3e-2 the
+    # 1 time in 76; GRPO must take it past 0.6 held-out (greedy) accuracy. lr 3e-3: at 3e-2 the
     # policy's entropy collapses within 20 steps and every group loses its reward variance. Even at
     # 3e-3 some seeds collapsed onto a wrong digit without an entropy bonus (Intel AMX, seeds 0-7:
     # held-out 0.24-1.0, mean 0.67, last reward 0.30-1.0; this seed 0.88 and 0.81, at the bar); with
-    # entropy_coef=0.01: 0.88-1.0, mean 0.97, sd 0.05, last reward 0.89-1.0 (tests/README.md).
+    # entropy_coef=0.01: 0.88-1.0, mean 0.97, sd 0.05, last reward 0.89-1.0. Since each sampled token's uniform is
+    # a hash of (call, row, token index) (roles/sampling.py), the same seeds give 0.72-1.0, mean 0.94, sd 0.11, last
+    # reward 0.76-1.0 (this seed 0.72 and 0.86): bars 0.6, about mean - 3 sd (tests/README.md).
     task = Task(digit_rows(200, 0), digit_rows(50, 1), "toy_verifiers:first_char_digit")
     cfg = tiny_cfg("run.steps=150", "rollout.prompts_per_step=16", "rollout.group_size=8",
                    "rollout.max_new_tokens=2", "trainer.lr=3e-3", "run.eval_every=50", "algo.entropy_coef=0.01")
     summary = train(cfg, tmp_path / "run", task=task)
     assert summary["heldout_accuracy_before"] < 0.2
-    assert summary["heldout_accuracy_after"] >= 0.8, summary
-    assert summary["reward_mean_last"] >= 0.8 > summary["reward_mean_first"] + 0.5
+    assert summary["heldout_accuracy_after"] >= 0.6, summary
+    assert summary["reward_mean_last"] >= 0.6 > summary["reward_mean_first"] + 0.5
 
 
 @pytest.mark.slow
