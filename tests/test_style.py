@@ -347,13 +347,16 @@ LOADS_CONFIG_OK = {
 CONFIG_LOADERS = {"runconfig.load_run", "load_run", "config.load", "config.from_dict", "from_dict", "config_check.load"}
 
 
-def test_below_build_py_no_module_loads_a_whole_config():
+def below_build() -> list[tuple[str, ast.AST]]:
+    """(path under src/rlpost, tree) of every module in a layer below build.py's."""
     below = {name for names in LAYERS[LAYERS.index(("sandbox",)):LAYERS.index(("build",))] for name in names}
+    rels = ((f.relative_to(SRC).as_posix(), tree) for _, f, tree in sources())
+    return [(rel, tree) for rel, tree in rels if rel.split("/")[0] in below]
+
+
+def test_below_build_py_no_module_loads_a_whole_config():
     found, used = [], set()
-    for _, f, tree in sources():
-        rel = f.relative_to(SRC).as_posix()
-        if rel.split("/")[0] not in below:
-            continue
+    for rel, tree in below_build():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and ast.unparse(node.func) in CONFIG_LOADERS:
                 (used.add(rel) if rel in LOADS_CONFIG_OK else found.append(f"{rel}:{node.lineno}"))
@@ -362,12 +365,8 @@ def test_below_build_py_no_module_loads_a_whole_config():
 
 
 def test_below_build_py_no_function_takes_the_whole_config():
-    below = {name for names in LAYERS[LAYERS.index(("sandbox",)):LAYERS.index(("build",))] for name in names}
     found, used = [], set()
-    for _, f, tree in sources():
-        rel = f.relative_to(SRC).as_posix()
-        if rel.split("/")[0] not in below:
-            continue
+    for rel, tree in below_build():
         for node in ast.walk(tree):
             if isinstance(node, ast.arg) and (node.arg == "cfg" or node.annotation is not None
                                               and ast.unparse(node.annotation) in ("Config", "config.Config")):
