@@ -40,10 +40,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rlpost import config, config_check, machine, names, runconfig
+from rlpost.config_check import refuse_ignored
 from rlpost.console import say
 from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
-from rlpost.recipes import curate, suite
+from rlpost.recipes import curate, eval_args, suite
 from rlpost.recipes.guard import SIGNALS, startup_signals
 from rlpost.recipes.suite import eval_table
 from rlpost.types import folders
@@ -91,22 +92,7 @@ def _parser() -> argparse.ArgumentParser:
                    "may change only what a resume can (trainer.lr, run.steps, ...: an error lists them)")
     t.add_argument("--start-over", action="store_true", help="with --resume: a run folder with no intact checkpoint "
                    "trains again from step 0 (its metrics and samples are replaced) instead of refusing")
-    e = sub.add_parser("eval", help="held-out accuracy of a model or a run", epilog=options,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Greedy held-out accuracy on the task of the config (a run's own, or the defaults).")
-    e.add_argument("target", metavar="MODEL_OR_RUN_DIR",
-                   help="'embedded', 'tiny', a model folder, a hub id, or a run folder")
-    e.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides")
-    e.add_argument("--n", type=int, default=0, help="held-out problems to use (0 = all)")
-    e.add_argument("--samples", type=int, default=0,
-                   help="also draw S samples per problem at rollout.temperature: pass@k, maj@k")
-    e.add_argument("--k", default="", help="comma-separated k for pass@k and maj@k (default: 1 and S)")
-    e.add_argument("--out", default="",
-                   help="per-sample results (JSONL); default RUN_DIR/eval_samples.jsonl or ./eval_samples.jsonl, "
-                        "numbered when it exists")
-    e.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    e.add_argument("--json", action="store_true",
-                   help="print the result as one JSON line (the default when stdout is not a terminal)")
+    eval_args.add_parser(sub, options)
     curate.add_parser(sub, options)
     for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
                        ("rsft", "rejection-sampling SFT: SFT on the policy's own samples the verifier accepts"),
@@ -340,31 +326,14 @@ def _resume(args, recipe: str | None, overrides: list[str]) -> int:
     return 0
 
 
-def eval_ks(args) -> list[int]:
-    """--k as numbers (default: 1 and --samples), each checked; --n and --samples too."""
-    for flag, value in (("--n", args.n), ("--samples", args.samples)):
-        if value < 0:
-            raise config.ConfigError(f"{flag}: expected a whole number >= 0, got {value}")
-    if args.k and not args.samples:
-        raise config.ConfigError("--k: pass@k and maj@k need --samples S (S samples per problem); without it only "
-                                 "greedy accuracy is measured")
-    try:
-        ks = sorted({int(k) for k in args.k.split(",") if k.strip()} or {1, max(1, args.samples)})
-    except ValueError:
-        raise config.ConfigError(f"--k: expected comma-separated whole numbers >= 1, got {args.k!r}") from None
-    if ks[0] < 1 or (args.samples and ks[-1] > args.samples):
-        raise config.ConfigError(f"--k: every k must be >= 1 and <= --samples ({args.samples}), got {args.k}")
-    return ks
-
-
 def cmd_eval(args) -> int:
     refuse_ignored("eval", [a.split("=", 1)[0] for a in args.args])
-    ks = eval_ks(args)
+    ks = eval_args.eval_ks(args)
     target = Path(args.target)  # the config first: its mistakes show before torch loads
     run = (target / "config.yaml").exists()
     cfg = machine.check(runconfig.load_run(target, args.args)[1] if run else
                         config.load(None, [f"model.name={args.target}", *args.args]))
-    out, first = samples_file(args, target if run else Path("."))
+    out, first = eval_args.samples_file(args, target if run else Path("."))
     import torch
 
     from rlpost import build
@@ -402,49 +371,6 @@ def evaluation(name: str):
     from rlpost.recipes import evaluate
 
     return getattr(evaluate, name)
-
-
-def samples_file(args, folder: Path) -> tuple[Path, int]:
-    """Where eval writes its per-sample records, as (name, first number: evaluate.numbered); an
-    existing file is never replaced silently: an explicit --out needs --overwrite, the default name
-    gets the next free number (and the next again if another eval takes it first: evaluate.publish)."""
-    if args.out:
-        out = Path(args.out)
-        if folders.check_file(out, "eval", "--out") and not args.overwrite:  # one rlpost eval wrote, else refused
-            raise config.ConfigError(f"--out: {out} exists; pass --overwrite to replace it, or another --out")
-        return out, 1
-    out, i = folder / "eval_samples.jsonl", 1
-    while out.exists() and not args.overwrite:
-        i += 1
-        out = folder / f"eval_samples.{i}.jsonl"
-    return folder / "eval_samples.jsonl", i
-
-
-# Sections (or keys) a command reads; a key typed for a command that does not read it is refused,
-# so nothing the user asked for is silently dropped. Shared override sets (a pipeline's `base`)
-# are not checked here: each stage reads its own part of them.
-IGNORED = {
-    "train": ("pref.",),
-    "eval": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
-    "sft": ("dist.", "algo.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
-            "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef", "pref.rsft_"),
-    "rsft": ("dist.", "algo.", "pref.data", "pref.eval_data", "pref.loss", "pref.beta", "pref.label_smoothing",
-             "pref.simpo_gamma", "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef"),
-    "rm": ("dist.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
-           "pref.orpo_lambda", "pref.nll_coef", "pref.rsft_"),
-    "dpo": ("dist.", "pref.rm_margin", "pref.rsft_"),
-}
-WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",
-       "sft": "supervised fine-tuning runs in one process, on fixed rows, with the NLL loss",
-       "rsft": "rejection-sampling SFT samples its own rows and trains them with the NLL loss",
-       "rm": "the reward model trains in one process with the Bradley-Terry loss",
-       "dpo": "preference optimisation runs in one process"}
-
-
-def refuse_ignored(command: str, keys: list[str]) -> None:
-    for key in keys:
-        if any(key == p or key.startswith(p) for p in IGNORED.get(command, ())):
-            raise config.ConfigError(f"{key}: rlpost {command} would ignore it ({WHY[command]}); drop it")
 
 
 def _run_folder(path: str) -> Path:

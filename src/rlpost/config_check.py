@@ -14,6 +14,9 @@ What it finds without torch (a fraction of a second, where torch alone takes sec
   nowhere to be found: a file path that does not exist, a module on neither Python's path nor the
   working directory (looked up, never imported: the verifier and environment workers import them).
 
+``refuse_ignored`` refuses a key the command it was typed for does not read (``rlpost eval
+trainer.lr=...``), so nothing asked for is dropped silently.
+
 What needs the model or the algorithm's code (build.check, build.preflight) is checked after, as
 before, one line at a time.
 """
@@ -156,3 +159,31 @@ def findable(top: str) -> bool:
     except (ImportError, ValueError):
         return False
     return importlib.machinery.PathFinder.find_spec(top, [os.getcwd()]) is not None
+
+
+# Sections (or keys) a command reads; a key typed for a command that does not read it is refused,
+# so nothing the user asked for is silently dropped. Shared override sets (a pipeline's `base`)
+# are not checked here: each stage reads its own part of them.
+IGNORED = {
+    "train": ("pref.",),
+    "eval": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
+    "sft": ("dist.", "algo.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
+            "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef", "pref.rsft_"),
+    "rsft": ("dist.", "algo.", "pref.data", "pref.eval_data", "pref.loss", "pref.beta", "pref.label_smoothing",
+             "pref.simpo_gamma", "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef"),
+    "rm": ("dist.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
+           "pref.orpo_lambda", "pref.nll_coef", "pref.rsft_"),
+    "dpo": ("dist.", "pref.rm_margin", "pref.rsft_"),
+}
+WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",
+       "sft": "supervised fine-tuning runs in one process, on fixed rows, with the NLL loss",
+       "rsft": "rejection-sampling SFT samples its own rows and trains them with the NLL loss",
+       "rm": "the reward model trains in one process with the Bradley-Terry loss",
+       "dpo": "preference optimisation runs in one process"}
+
+
+def refuse_ignored(command: str, keys: list[str]) -> None:
+    """One ConfigError for the first key `rlpost command` would not read (the CLI's check, before torch loads)."""
+    for key in keys:
+        if any(key == p or key.startswith(p) for p in IGNORED.get(command, ())):
+            raise config.ConfigError(f"{key}: rlpost {command} would ignore it ({WHY[command]}); drop it")
