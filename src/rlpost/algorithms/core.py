@@ -157,13 +157,13 @@ def process_advantages(step_reward: Tensor, step_end: Tensor, mask: Tensor, grou
     it. A group with a single step, or with equal step rewards, gives 0."""
     B, T = step_reward.shape
     ends = step_end & mask  # (B, T)
-    r = step_reward.reshape(-1, group_size * T)  # (n_prompts, K*T): a group's rows are contiguous
+    r = step_reward.double().reshape(-1, group_size * T)  # (n_prompts, K*T): contiguous groups; float64 as grpo's
     m = ends.reshape(-1, group_size * T).to(r.dtype)  # (n_prompts, K*T)
     n = m.sum(1, keepdim=True)  # (n_prompts, 1) steps in the group
     mean = (r * m).sum(1, keepdim=True) / n.clamp(min=1)
     var = (((r - mean) * m) ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)
     normed = ((r - mean) / (var.sqrt() + eps) * m).view(B, T)  # (B, T), 0 off the step ends
-    return returns_to_go(normed, mask)  # sum over the steps ending at or after t
+    return returns_to_go(normed, mask).to(step_reward.dtype)  # sum over the steps ending at or after t
 
 
 # --- group baselines (sequence level: one value per completion) ------------------------------
@@ -191,9 +191,10 @@ def to_tokens(adv_seq: Tensor, mask: Tensor) -> Tensor:
 
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
     """(x - mean) / std over the loss tokens only (B, T); 0 off the mask. PPO's advantage whitening."""
-    mean = masked_mean(x, mask)  # ()
-    var = masked_mean((x - mean) ** 2, mask)  # ()
-    return (x - mean) / (var.sqrt() + eps) * mask.to(x.dtype)  # (B, T)
+    wide = x.double()  # float64 inside: a large finite value's square must not overflow float32
+    mean = masked_mean(wide, mask)  # ()
+    var = masked_mean((wide - mean) ** 2, mask)  # ()
+    return ((wide - mean) / (var.sqrt() + eps) * mask.to(wide.dtype)).to(x.dtype)  # (B, T)
 
 
 def group_mean_batch_std(reward: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:

@@ -37,19 +37,20 @@ def grpo_advantages(reward: Tensor, group_size: int, scale_by_std: bool, eps: fl
     batch_std: divide by the std of every reward in the batch instead (group mean, batch std: the
     normalisation Liu et al. 2025, 'Tricks or Traps?' arXiv:2508.08221, find the most robust; a
     near-unanimous group is not blown up by its own tiny std)."""
+    wide = reward.double()  # a finite float32 reward near its max (3e38) squares to inf in float32's std
     if scale_by_std and batch_std:
-        return core.group_mean_batch_std(reward, group_size, eps)  # (B,)
-    adv_seq = core.group_centred(reward, group_size)  # (B,)
+        return core.group_mean_batch_std(wide, group_size, eps).to(reward.dtype)  # (B,)
+    adv_seq = core.group_centred(wide, group_size)  # (B,)
     if scale_by_std:
-        adv_seq = adv_seq / (core.group_std(reward, group_size) + eps)  # (B,)
-    return adv_seq
+        adv_seq = adv_seq / (core.group_std(wide, group_size) + eps)  # (B,)
+    return adv_seq.to(reward.dtype)
 
 
 def group_advantages(reward: Tensor, adv_seq: Tensor, mask: Tensor, group_size: int) -> Advantages:
     """What every group method's advantages() returns: its sequence advantage adv_seq (B,) on each
     completion token (B, T), and one metric set, so the report's group reward spread is drawn for
     every one of them. reward (B,): the rewards the advantage came from, K = group_size rows a group."""
-    std = core.group_std(reward, group_size).view(-1, group_size)[:, 0]  # (n_prompts,)
+    std = core.group_std(reward.double(), group_size).view(-1, group_size)[:, 0]  # (n_prompts,)
     metrics = {
         "critic/advantages/mean": adv_seq.mean().item(),
         "critic/advantages/max": adv_seq.max().item(),

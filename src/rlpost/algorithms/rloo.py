@@ -27,7 +27,7 @@ from rlpost.types.roles import Advantages, Traits
 def rloo_advantages(reward: Tensor, group_size: int) -> Tensor:
     """Sequence-level leave-one-out advantage (B,)."""
     K = group_size
-    return core.group_centred(reward, K) * K / (K - 1)  # (B,)
+    return (core.group_centred(reward.double(), K) * K / (K - 1)).to(reward.dtype)  # (B,); float64 as grpo's
 
 
 @dataclass
