@@ -24,6 +24,8 @@ from rlpost import build, config, defaults
      "run.early_stop_patience: needs held-out evaluations during the run"),
     ("rollout.curriculum_window=3 dist.topology=async",
      "rollout.curriculum_window: async workers draw prompts steps ahead"),
+    ("rollout.slots=4 rollout.engine=hf", "rollout.slots: decode slots are the own engine's"),
+    ("rollout.slots=-1", "rollout.slots: expected an integer >= 0"),
     ("algo.cispo_eps_low=-1", "algo.cispo_eps_low: expected a number >= 0, got -1.0 (or none)"),
     ("nosuch.key=1", "nosuch.key: unknown section nosuch"),
     ("task.prompt_format=raw",

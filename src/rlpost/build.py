@@ -289,7 +289,7 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer, run_dir:
                                              cfg.rollout.vllm_gpu_memory_utilization)
         rollout = rollout_vllm.VLLMRollout(on_device(cfg, model), tokenizer, resolve(cfg.model.name), dtype, settings)
     else:
-        rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype)
+        rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype, cfg.rollout.slots)
     if is_env(cfg):  # multi-turn episodes: the same generate() contract, the environment's turns inside
         task = cfg.task
         log = Path(run_dir) / "env.log" if run_dir else None

@@ -33,6 +33,9 @@ def consistency_problems(cfg: Config) -> list[str]:
          "pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo"),
         (algo.kl_target > 0 and algo.kl_coef == 0,
          "algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0"),
+        (rollout.slots > 0 and rollout.engine in ("hf", "vllm"),
+         f"rollout.slots: decode slots are the own engine's (rollout.engine=fast or auto); rollout.engine="
+         f"{rollout.engine} batches on its own, so expected 0, got {rollout.slots}"),
     ]
     return [message for broken, message in rules if broken]
 

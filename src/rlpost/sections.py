@@ -82,6 +82,9 @@ class RolloutConfig:
     curriculum_window: int = knob(0, ge=0)
     """online curriculum: a prompt whose mean pass rate over its last N visits is outside the filter band is passed
     over; 0 = off (docs/options.md)"""
+    slots: int = knob(0, ge=0, le=65536)
+    """the own engine's decode slots (continuous batching): a finished row's slot goes to the next waiting row, so its
+    KV cache holds this many rows; 0 = every row of a call at once (docs/options.md)"""
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,20 @@ def test_build_rollout_picks_an_engine(tiny):
         build_rollout("fast", gpt2, tiny.tokenizer, torch.float32)
 
 
+def test_rollout_slots_reach_the_own_engine_and_generate_says_it_has_none(tiny, capsys):
+    from rlpost import build, config  # build imports the whole run's roles: only this test needs it
+
+    cfg = config.load(None, ["rollout.slots=3", "rollout.dtype=float32"])
+    fast = build.make_rollout(cfg, copy.deepcopy(tiny.model), tiny.tokenizer)
+    assert type(fast) is FastRollout and fast.slots == 3
+    fast.generate(rows(5), n=1, temperature=0.0, top_p=1.0, max_new_tokens=4)
+    assert fast.last_metrics["rollout/slots"] == 3  # 5 rows through 3 slots
+    assert FastRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32).slots == 0  # the default
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(tiny.tokenizer)))
+    assert type(build_rollout("auto", gpt2, tiny.tokenizer, torch.float32, slots=3)) is HFRollout
+    assert "rollout.slots=3 unused" in capsys.readouterr().err
+
+
 def test_engine_table_on_each_device():
     # (rollout.engine, on a GPU, a model the own engine runs) -> the engine (roles/engine.py's table)
     assert [pick(e, False, True) for e in ("auto", "fast", "hf")] == ["fast", "fast", "hf"]

@@ -53,8 +53,11 @@ def pick(engine: str, on_gpu: bool, own_engine_runs: bool) -> str:
     return "static" if on_gpu else "fast"
 
 
-def build_rollout(engine: str, model: torch.nn.Module, tokenizer, dtype: torch.dtype) -> HFRollout | FastRollout:
-    """The rollout role for rollout.engine in (auto, fast, hf) over ``model``, on the model's device."""
+def build_rollout(engine: str, model: torch.nn.Module, tokenizer, dtype: torch.dtype,
+                  slots: int = 0) -> HFRollout | FastRollout:
+    """The rollout role for rollout.engine in (auto, fast, hf) over ``model``, on the model's device;
+    ``slots``: rollout.slots, the own engine's decode slots (0: every row at once). `generate` has
+    none: where auto picks it for a model the own engine does not run, it says the slots go unused."""
     on_gpu = device.is_cuda(device.of(model))
     rope = (getattr(model.config, "rope_scaling", None) or {}).get("rope_type", "default")
     chosen = pick(engine, on_gpu, supported(model) and not (on_gpu and rope in DYNAMIC_ROPE))
@@ -63,4 +66,9 @@ def build_rollout(engine: str, model: torch.nn.Module, tokenizer, dtype: torch.d
                          "pip install 'rlpost[vllm]' for vLLM",
                "hf": f"transformers' generate: the own engine does not run model type {model.config.model_type!r}"}
         say_once(f"rollout.engine=auto on cuda: {why[chosen]}")
-    return {"static": StaticRollout, "fast": FastRollout, "hf": HFRollout}[chosen](model, tokenizer, dtype=dtype)
+    if chosen == "hf":
+        if slots:
+            say_once(f"rollout.slots={slots} unused: transformers' generate batches every row at once (model type "
+                     f"{model.config.model_type!r} is not one the own engine runs)")
+        return HFRollout(model, tokenizer, dtype=dtype)
+    return {"static": StaticRollout, "fast": FastRollout}[chosen](model, tokenizer, dtype=dtype, slots=slots)
