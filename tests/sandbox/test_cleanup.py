@@ -333,3 +333,56 @@ def test_a_squatted_old_work_root_name_costs_no_reward(monkeypatch, tmp_path, re
     assert hostdir.work_root() not in (root, str(squat))
     assert grade(program, tests, FAST, "rlimits", 1, allow_root=True)[0] == 1.0
     os.chmod(root, 0o700)
+
+
+def as_uid(uid: int, env: dict, fn) -> tuple[int, str]:
+    """fn() run in a forked child as `uid` with `env` as its environment: (exit status, what it printed
+    or the error's text). A fork, not a new interpreter: that one could not be read by another uid."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            os.close(r)
+            os.environ.clear()
+            os.environ.update(env)
+            tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+            os.setgid(uid)
+            os.setuid(uid)
+            text = str(fn())
+        except BaseException as e:  # noqa: BLE001 - the parent reads what went wrong
+            code, text = 1, str(e)
+        os.write(w, text.encode())
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        text = f.read()
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), text
+
+
+@needs_root
+def test_a_user_whose_tmp_slot_directory_was_taken_first_uses_its_runtime_directory():
+    """Not root, the slot directory had a fixed name in /tmp, so any other user could make it first and
+    this uid could never sandbox anything. A user with a runtime directory (XDG_RUNTIME_DIR, its own)
+    keeps the slot directory there; without one, the taken name is refused in one line naming it."""
+    nobody = 65534
+    base = Path(tempfile.mkdtemp(prefix="rlpost-test-"))  # pytest's tmp_path is not reachable by another uid
+    try:
+        check_runtime_directory(base, nobody)
+    finally:
+        subprocess.run(["rm", "-rf", str(base)])
+
+
+def check_runtime_directory(base: Path, nobody: int):
+    tmp, runtime = base / "tmp", base / "run-user"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, nobody, nobody)
+    base.chmod(0o755)
+    (tmp / f"rlpost-sandbox-{nobody}").mkdir(mode=0o755)  # made first by root: not nobody's
+    code, out = as_uid(nobody, {"TMPDIR": str(tmp), "XDG_RUNTIME_DIR": str(runtime)}, slots.slot_dir)
+    assert (code, out) == (0, str(runtime / "rlpost-sandbox"))
+    assert os.stat(runtime / "rlpost-sandbox").st_uid == nobody
+    code, out = as_uid(nobody, {"TMPDIR": str(tmp)}, slots.slot_dir)
+    assert code == 1 and out == f"{tmp}/rlpost-sandbox-{nobody}: not a private directory of uid {nobody}; remove it"

@@ -50,10 +50,26 @@ def private_dir(path: str, mode: int = 0o700) -> str:
 
 def slot_dir() -> str:
     """A directory only we can write, for the lock files (programs must not be able to hold one),
-    the registries and the record of the working directories' root (hostdir.py)."""
-    root = os.geteuid() == 0
-    return private_dir("/run/rlpost-sandbox" if root and os.access("/run", os.W_OK) else
-                       os.path.join(tempfile.gettempdir(), f"rlpost-sandbox-{os.geteuid()}"))
+    the registries and the record of the working directories' root (hostdir.py). Every process of one
+    uid must find the same one, so its name is fixed: root's under /run; another user's under the
+    per-user runtime directory the login manager made for it (XDG_RUNTIME_DIR, which no other uid
+    can write) where there is one, because a fixed name in a shared /tmp can be made first by any
+    other user, and then this uid could never sandbox anything there."""
+    if os.geteuid() == 0 and os.access("/run", os.W_OK):
+        return private_dir("/run/rlpost-sandbox")
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and _ours(runtime):
+        return private_dir(os.path.join(runtime, "rlpost-sandbox"))
+    return private_dir(os.path.join(tempfile.gettempdir(), f"rlpost-sandbox-{os.geteuid()}"))
+
+
+def _ours(path: str) -> bool:
+    """A directory of this uid that no other uid can write."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
 def acquire_slot(n: int, uid_block: int = 0, poll_s: float = 0.005) -> Slot:
