@@ -33,6 +33,15 @@ def consistency_problems(cfg: Config) -> list[str]:
          "pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo"),
         (algo.kl_target > 0 and algo.kl_coef == 0,
          "algo.kl_target: adaptive KL starts from kl_coef, so expected algo.kl_coef > 0"),
+        (algo.icepop_c is not None and algo.tis_cap > 0,
+         f"algo.icepop_c: ICEPOP weights by pi_old / pi_sampler inside [1/c, c] in TIS's place; expected "
+         f"algo.tis_cap=0 with it, got {algo.tis_cap}"),
+        (algo.kl_importance_ratio and algo.kl_coef == 0,
+         "algo.kl_importance_ratio: corrects the KL term in the loss, which algo.kl_coef=0 turns off; expected "
+         "algo.kl_coef > 0"),
+        (algo.kl_importance_ratio and algo.kl_estimator == "k2",
+         "algo.kl_importance_ratio: the ratio makes k3's and k1's gradient unbiased, not k2's; expected "
+         "algo.kl_estimator=auto, k3 or k1"),
         (rollout.slots > 0 and rollout.engine in ("hf", "vllm"),
          f"rollout.slots: decode slots are the own engine's (rollout.engine=fast or auto); rollout.engine="
          f"{rollout.engine} batches on its own, so expected 0, got {rollout.slots}"),

@@ -139,6 +139,15 @@ class AlgoConfig:
     pi_sampler, tis_cap); 0 = off"""
     tis_level: Literal["token", "sequence"] = "token"
     """TIS weight per token, or one per sequence (exp of the summed log-ratio)"""
+    offpolicy_mask_delta: float | None = knob(None, ge=0)
+    """off-policy sequence masking (DeepSeek-V3.2): a token with a negative advantage gets no policy loss when its
+    sequence's mean log(pi_sampler / pi) exceeds this; none = off (docs/options.md)"""
+    icepop_c: float | None = knob(None, gt=1)
+    """ICEPOP token masking: advantages x k where k = pi_old / pi_sampler lies in [1/c, c], 0 outside; none = off, in
+    TIS's place (docs/options.md)"""
+    kl_importance_ratio: bool = False
+    """the KL term in the loss as DeepSeek-V3.2's unbiased estimate: each token's k3 (or k1) times pi / pi_sampler,
+    the ratio with its gradient (docs/options.md)"""
     gamma: float = knob(1.0, ge=0, le=1)
     """PPO: discount per token in GAE"""
     lam: float = knob(1.0, ge=0, le=1)

@@ -30,6 +30,7 @@ from rlpost.algorithms.dr_grpo import DrGRPO
 from rlpost.algorithms.grpo import GRPO
 from rlpost.algorithms.gspo import GSPO
 from rlpost.algorithms.objective import Objective, old_logp_first
+from rlpost.algorithms.offpolicy import with_icepop, with_offpolicy_mask
 from rlpost.algorithms.ppo import PPO
 from rlpost.algorithms.reinforce import Reinforce
 from rlpost.algorithms.reinforce_pp import ReinforcePP
@@ -171,7 +172,7 @@ def build(algo: AlgoConfig, group_size: int, max_new_tokens: int, stale_samples:
           turn_credit: str = "episode", turn_discount: float = 1.0) -> Objective:
     """The algorithm algo.name with its knobs from the algo section and the rollout's group size and
     length cap, with the shared knobs on. stale_samples: the sampler may run ahead of the trainer
-    (dist.topology=async), so TIS is on at STALE_TIS_CAP unless algo.tis_cap says otherwise.
+    (dist.topology=async), so TIS is on at STALE_TIS_CAP unless algo.tis_cap or algo.icepop_c says otherwise.
     turn_credit, turn_discount: task.turn_credit and task.turn_discount, for environment episodes."""
     # KL-Cov's surrogate is unclipped: its penalty is the trust region (wrappers.with_kl_cov)
     if algo.cov_control == "kl_cov":
@@ -191,9 +192,14 @@ def build(algo: AlgoConfig, group_size: int, max_new_tokens: int, stale_samples:
         loss = with_entropy_bonus(loss, algo.entropy_coef, loss_aggregator(algo, max_new_tokens))
     if algo.entropy_adv_coef > 0:  # outside the bonus: it hands the bonus the entropy
         loss = with_entropy_advantage(loss, algo.entropy_adv_coef, algo.entropy_adv_kappa)
-    cap = algo.tis_cap or (STALE_TIS_CAP if stale_samples else 0.0)
+    # ICEPOP is TIS with a mask for a cap (offpolicy.py): it takes TIS's place, stale samples included
+    cap = 0.0 if algo.icepop_c else algo.tis_cap or (STALE_TIS_CAP if stale_samples else 0.0)
     if cap > 0:
         loss = with_tis(loss, cap, algo.tis_level)
+    if algo.icepop_c:
+        loss = with_icepop(loss, algo.icepop_c)
+    if algo.offpolicy_mask_delta is not None:
+        loss = with_offpolicy_mask(loss, algo.offpolicy_mask_delta)
     kl_control = (core.AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon) if algo.kl_target > 0
                   else None)
     return Objective(policy, loss, algo.prime_coef, group_size, algo.overlong_filter, kl_control, turn_credit,

@@ -45,7 +45,7 @@ class CISPO:
     # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
     # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
     reads: ClassVar[tuple[str, ...]] = ("scale_by_std", "std_scope", "cispo_eps_low", "clip_eps_high", "kl_coef",
-                                        "kl_estimator", "loss_agg")
+                                        "kl_estimator", "kl_importance_ratio", "loss_agg")
     group_size: int
     clip_eps_low: float | None = None  # no lower bound on the IS weight (the paper)
     clip_eps_high: float = 0.2
@@ -54,13 +54,14 @@ class CISPO:
     scale_by_std: bool = True
     batch_std: bool = False
     aggregate: core.Aggregator = core.token_mean
+    kl_importance: bool = False  # the KL term times pi / pi_sampler (algorithms/offpolicy.py)
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "CISPO":
         return cls(group_size=group_size, clip_eps_low=algo.cispo_eps_low, clip_eps_high=algo.clip_eps_high,
                    kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
                    scale_by_std=algo.scale_by_std, batch_std=algo.std_scope == "batch",
-                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens))
+                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens), kl_importance=algo.kl_importance_ratio)
 
     @property
     def needs_reference(self) -> bool:
@@ -81,7 +82,7 @@ class CISPO:
         metrics = {"actor/pg_loss": core.masked_mean(per_tok.detach(), mask).item(),
                    "actor/is_weight_clipfrac": core.masked_mean(out_of_range, mask).item()}
         if self.kl_coef > 0:
-            kl_loss, kl_metrics = kl_in_loss(logp, batch, self.aggregate, self.kl_estimator)
+            kl_loss, kl_metrics = kl_in_loss(logp, batch, self.aggregate, self.kl_estimator, self.kl_importance)
             metrics.update(kl_metrics)
             loss = loss + self.kl_coef * kl_loss
         return loss, metrics

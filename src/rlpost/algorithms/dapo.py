@@ -62,7 +62,8 @@ class DAPO(GRPO):
     # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
     # clip_eps_high: read by GRPO's from_config, then dapo_clip_eps_high's; loss_agg: token mean, fixed
     reads: ClassVar[tuple[str, ...]] = ("scale_by_std", "std_scope", "clip_eps_low", "clip_eps_high",
-                                        "dual_clip_c", "dapo_clip_eps_high", "kl_coef", "kl_estimator")
+                                        "dual_clip_c", "dapo_clip_eps_high", "kl_coef", "kl_estimator",
+                                        "kl_importance_ratio")
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "DAPO":

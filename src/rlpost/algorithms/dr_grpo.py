@@ -31,7 +31,8 @@ class DrGRPO:
     # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
     # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
     # loss_agg: the constant normaliser, fixed
-    reads: ClassVar[tuple[str, ...]] = ("clip_eps_low", "clip_eps_high", "dual_clip_c", "kl_coef", "kl_estimator")
+    reads: ClassVar[tuple[str, ...]] = ("clip_eps_low", "clip_eps_high", "dual_clip_c", "kl_coef", "kl_estimator",
+                                        "kl_importance_ratio")
     group_size: int
     max_new_tokens: int
     clip_eps_low: float = 0.2
@@ -39,12 +40,14 @@ class DrGRPO:
     kl_coef: float = 0.0
     kl_estimator: core.KLEstimator = core.kl_k3
     dual_clip_c: float | None = None
+    kl_importance: bool = False  # the KL term times pi / pi_sampler (algorithms/offpolicy.py)
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "DrGRPO":
         return cls(group_size=group_size, max_new_tokens=max_new_tokens, clip_eps_low=algo.clip_eps_low,
                    clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
-                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), dual_clip_c=algo.dual_clip_c)
+                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), dual_clip_c=algo.dual_clip_c,
+                   kl_importance=algo.kl_importance_ratio)
 
     @property
     def needs_reference(self) -> bool:
@@ -58,4 +61,4 @@ class DrGRPO:
              entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         const = partial(core.const_norm, max_len=self.max_new_tokens)  # sum / (B * max_new_tokens)
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, const,
-                                    self.kl_estimator, self.dual_clip_c)
+                                    self.kl_estimator, self.dual_clip_c, self.kl_importance)

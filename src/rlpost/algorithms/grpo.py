@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from rlpost.algorithms import core
+from rlpost.algorithms import core, offpolicy
 from rlpost.algorithms.ppo import clipped_policy_loss
 from rlpost.sections import AlgoConfig
 from rlpost.types.batch import Rollouts
@@ -68,7 +68,7 @@ class GRPO:
     # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
     # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
     reads: ClassVar[tuple[str, ...]] = ("scale_by_std", "std_scope", "clip_eps_low", "clip_eps_high",
-                                        "dual_clip_c", "kl_coef", "kl_estimator", "loss_agg")
+                                        "dual_clip_c", "kl_coef", "kl_estimator", "kl_importance_ratio", "loss_agg")
     group_size: int
     scale_by_std: bool = True
     batch_std: bool = False
@@ -78,13 +78,15 @@ class GRPO:
     aggregate: core.Aggregator = core.token_mean
     kl_estimator: core.KLEstimator = core.kl_k3
     dual_clip_c: float | None = None
+    kl_importance: bool = False  # the KL term times pi / pi_sampler (algorithms/offpolicy.py)
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "GRPO":
         return cls(group_size=group_size, scale_by_std=algo.scale_by_std, batch_std=algo.std_scope == "batch",
                    clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high, kl_coef=algo.kl_coef,
                    aggregate=core.aggregator(algo.loss_agg, max_new_tokens),
-                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), dual_clip_c=algo.dual_clip_c)
+                   kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl), dual_clip_c=algo.dual_clip_c,
+                   kl_importance=algo.kl_importance_ratio)
 
     @property
     def needs_reference(self) -> bool:
@@ -98,29 +100,33 @@ class GRPO:
              entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         """Scalar loss for this (micro-)batch, already normalised by mini-batch totals."""
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate,
-                                    self.kl_estimator, self.dual_clip_c)
+                                    self.kl_estimator, self.dual_clip_c, self.kl_importance)
 
 
 def clipped_loss_with_kl(
     logp: Tensor, batch: Rollouts, eps_low: float, eps_high: float, kl_coef: float, aggregate: core.Aggregator,
-    kl_estimator: core.KLEstimator = core.kl_k3, dual_clip: float | None = None,
+    kl_estimator: core.KLEstimator = core.kl_k3, dual_clip: float | None = None, kl_importance: bool = False,
 ) -> tuple[Tensor, dict]:
     """GRPO's loss: PPO's clipped surrogate on batch.advantages, plus kl_coef * KL to the reference
-    (k3 by default). RLOO and the other group-baseline methods reuse it with their own advantages."""
+    (k3 by default; kl_importance: times pi / pi_sampler, offpolicy.kl_importance). RLOO and the other
+    group-baseline methods reuse it with their own advantages."""
     loss, metrics = clipped_policy_loss(logp, batch, eps_low, eps_high, aggregate, dual_clip)
     if kl_coef > 0:
-        kl_loss, kl_metrics = kl_in_loss(logp, batch, aggregate, kl_estimator)
+        kl_loss, kl_metrics = kl_in_loss(logp, batch, aggregate, kl_estimator, kl_importance)
         loss, metrics = loss + kl_coef * kl_loss, {**metrics, **kl_metrics}  # ()
     return loss, metrics
 
 
 def kl_in_loss(logp: Tensor, batch: Rollouts, aggregate: core.Aggregator,
-               estimator: core.KLEstimator = core.kl_k3) -> tuple[Tensor, dict]:
-    """GRPO's KL anchor: KL(pi || pi_ref) per token (k3 in the paper), aggregated like the policy loss.
-    Returns (the term to scale by kl_coef, metrics: its token mean actor/kl and actor/kl_bound_frac,
-    the share of tokens held at core.KL_BOUND)."""
+               estimator: core.KLEstimator = core.kl_k3, importance: bool = False) -> tuple[Tensor, dict]:
+    """GRPO's KL anchor: KL(pi || pi_ref) per token (k3 in the paper), aggregated like the policy loss;
+    importance: each token's estimate times pi / pi_sampler (DeepSeek-V3.2's unbiased KL,
+    offpolicy.kl_importance). Returns (the term to scale by kl_coef, metrics: its token mean actor/kl
+    and actor/kl_bound_frac, the share of tokens held at core.KL_BOUND)."""
     mask = batch.completion_mask
     kl_tok = estimator(logp, batch.ref_logp)  # (B, T)
+    if importance:
+        kl_tok = offpolicy.kl_importance(kl_tok, logp, batch.sampler_logp)  # (B, T)
     term = aggregate(kl_tok, mask, n_tokens=batch.loss_tokens, n_seqs=batch.loss_seqs)  # ()
     return term, {"actor/kl": core.masked_mean(kl_tok.detach(), mask).item(),
                   "actor/kl_bound_frac": core.kl_bound_frac(kl_tok, mask)}

@@ -40,7 +40,7 @@ class GSPO:
     # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
     # loss_agg: the sequence mean, fixed
     reads: ClassVar[tuple[str, ...]] = ("scale_by_std", "std_scope", "seq_clip_eps_low", "seq_clip_eps_high",
-                                        "kl_coef", "kl_estimator")
+                                        "kl_coef", "kl_estimator", "kl_importance_ratio")
     group_size: int
     clip_eps_low: float = 3e-4
     clip_eps_high: float = 4e-4
@@ -48,12 +48,14 @@ class GSPO:
     kl_estimator: core.KLEstimator = core.kl_k3
     scale_by_std: bool = True
     batch_std: bool = False
+    kl_importance: bool = False  # the KL term times pi / pi_sampler (algorithms/offpolicy.py)
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "GSPO":
         return cls(group_size=group_size, clip_eps_low=algo.seq_clip_eps_low, clip_eps_high=algo.seq_clip_eps_high,
                    kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
-                   scale_by_std=algo.scale_by_std, batch_std=algo.std_scope == "batch")
+                   scale_by_std=algo.scale_by_std, batch_std=algo.std_scope == "batch",
+                   kl_importance=algo.kl_importance_ratio)
 
     @property
     def needs_reference(self) -> bool:
@@ -75,7 +77,8 @@ class GSPO:
                    "actor/pg_clipfrac": (clipped < s * adv_seq).float().mean().item(),
                    "actor/seq_ratio_max": s.detach().max().item()}
         if self.kl_coef > 0:  # per sequence, like its policy loss
-            kl_loss, kl_metrics = kl_in_loss(logp, batch, core.seq_mean_token_mean, self.kl_estimator)
+            kl_loss, kl_metrics = kl_in_loss(logp, batch, core.seq_mean_token_mean, self.kl_estimator,
+                                               self.kl_importance)
             metrics.update(kl_metrics)
             loss = loss + self.kl_coef * kl_loss
         return loss, metrics

@@ -37,7 +37,7 @@ class RLOO:
     # the algo keys it reads, and no other: config_check.py refuses a key another algorithm reads and this one
     # does not (tests/algorithms/test_declared_keys.py holds this to what from_config reads)
     reads: ClassVar[tuple[str, ...]] = ("clip_eps_low", "clip_eps_high", "dual_clip_c", "kl_coef", "kl_estimator",
-                                        "loss_agg")
+                                        "kl_importance_ratio", "loss_agg")
     group_size: int
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
@@ -45,12 +45,14 @@ class RLOO:
     kl_estimator: core.KLEstimator = core.kl_k3
     aggregate: core.Aggregator = core.token_mean
     dual_clip_c: float | None = None
+    kl_importance: bool = False  # the KL term times pi / pi_sampler (algorithms/offpolicy.py)
 
     @classmethod
     def from_config(cls, algo: AlgoConfig, group_size: int, max_new_tokens: int) -> "RLOO":
         return cls(group_size=group_size, clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
                    kl_coef=algo.kl_coef, kl_estimator=core.kl_estimator(algo.kl_estimator, cls.traits.kl),
-                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens), dual_clip_c=algo.dual_clip_c)
+                   aggregate=core.aggregator(algo.loss_agg, max_new_tokens), dual_clip_c=algo.dual_clip_c,
+                   kl_importance=algo.kl_importance_ratio)
 
     @property
     def needs_reference(self) -> bool:
@@ -63,4 +65,4 @@ class RLOO:
     def loss(self, logp: Tensor, batch: Rollouts, *, values: Tensor | None = None,
              entropy: Tensor | None = None) -> tuple[Tensor, dict]:
         return clipped_loss_with_kl(logp, batch, self.clip_eps_low, self.clip_eps_high, self.kl_coef, self.aggregate,
-                                    self.kl_estimator, self.dual_clip_c)
+                                    self.kl_estimator, self.dual_clip_c, self.kl_importance)

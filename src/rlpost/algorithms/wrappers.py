@@ -10,6 +10,7 @@ it reads and the order they are worn in does not matter:
   with_clip_cov        no gradient on a few high-covariance tokens              (algo.cov_control=clip_cov)
   with_kl_cov          + coef |log pi - log pi_old| on the top-covariance tokens (algo.cov_control=kl_cov)
   with_entropy_advantage  A + min(alpha H, |A| / kappa), H detached             (algo.entropy_adv_coef)
+  (offpolicy.py: with_offpolicy_mask and with_icepop, the off-policy stabilisers, are worn the same way)
 
 Advantage side, ``Advantages -> Advantages`` (after the algorithm's own advantages):
   with_prime           + PRIME's implicit process reward, RLOO-centred         (algo.prime_coef)
