@@ -226,7 +226,7 @@ CPU_LITERAL_OK = {
     "observe/planner.py:add_arguments": "`rlpost plan --device` default and help: a hardware name for the planner",
     "cli.py:plan_arguments": "`rlpost plan --device cpu|cpu-avx512` (the default): hardware names for the planner",
     "model/cores.py:sample": "the /proc/stat lines of this process's cores ('cpu0', 'cpu1', ...), not a torch device",
-    "sandbox/isolation.py:_own_cgroup_dirs": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
+    "sandbox/isolation.py:own_cgroup_dirs": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
     "sandbox/isolation.py:cgroup_host": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
 }
 

@@ -1,7 +1,7 @@
 import pytest
 
 from rlpost import config
-from rlpost.envs.arithmetic import _evaluate, build_splits, numbered_steps, score, score_steps, score_worked
+from rlpost.envs.arithmetic import evaluate, build_splits, numbered_steps, score, score_steps, score_worked
 
 
 def test_score_last_integer():
@@ -38,7 +38,7 @@ def test_score_worked_pays_the_answer_only_after_the_chain():
 
 
 def test_precedence_without_eval():
-    assert _evaluate("2 + 3 * 4") == 14 and _evaluate("10 - 2 - 3") == 5 and _evaluate("7") == 7
+    assert evaluate("2 + 3 * 4") == 14 and evaluate("10 - 2 - 3") == 5 and evaluate("7") == 7
 
 
 def test_splits_are_fixed_disjoint_and_sized():
@@ -70,7 +70,7 @@ def test_min_terms_mixes_chain_lengths_in_training_and_holds_out_the_longest():
     counts = [sum(operands(r) == n for r in train) for n in range(3, 7)]
     assert sum(counts) == 2000 and counts == sorted(counts, reverse=True) and counts[-1] > 200  # 1 : 1/2 : 1/3 : 1/4
     assert not {r["expr"] for r in train} & {r["expr"] for r in heldout}
-    assert all(_evaluate(r["expr"]) == int(r["answer"]) >= 0 for r in train + heldout)
+    assert all(evaluate(r["expr"]) == int(r["answer"]) >= 0 for r in train + heldout)
     off = build_splits(config.load(None, ["task.n_terms=4", "task.n_train=50"]).task)[0]
     assert {operands(r) for r in off} == {4}  # 0 (the default): every problem has task.n_terms
 

@@ -21,7 +21,7 @@ def test_out_of_band_prompts_are_passed_over_then_re_measured():
     first_two_epochs = [q for _ in range(4) for q in visit(s)]
     assert sorted(first_two_epochs) == sorted(["q0", "q1", "q2", "q3"] * 2) and s.skipped == 0
     assert [s.learnable(r) for r in ROWS] == [False, False, True, True]
-    order = [ROWS[i]["messages"][0]["content"] for i in s._permutation(2)]
+    order = [ROWS[i]["messages"][0]["content"] for i in s.permutation(2)]
     before = order[: max(order.index("q2"), order.index("q3"))]
     assert sorted(visit(s)) == ["q2", "q3"] and s.skipped == len({"q0", "q1"} & set(before)) > 0
     passed = [r for r in ROWS[:2] if r["messages"][0]["content"] in before]

@@ -138,7 +138,7 @@ def marked_files(mark: str) -> list[str]:
 def slot_uid_processes() -> list[int]:
     """Processes still running under a sandbox slot's uid (root only: otherwise uids are shared)."""
     lo = slots.SLOT_UID_BASE
-    return [pid for pid, state, _, uid in isolation._processes() if lo <= uid < lo + 2048 and state not in "ZX"]
+    return [pid for pid, state, _, uid in isolation.list_processes() if lo <= uid < lo + 2048 and state not in "ZX"]
 
 
 def left_in_registries() -> list[dict]:

@@ -20,7 +20,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(heap._libc() is None or not hasattr(heap._libc(), "mallopt"), reason="not glibc")
+@pytest.mark.skipif(heap.find_libc() is None or not hasattr(heap.find_libc(), "mallopt"), reason="not glibc")
 def test_kept_memory_is_reused_without_page_faults():
     faults = {arm: int(subprocess.run([sys.executable, "-c", CODE, arm], capture_output=True, text=True, check=True)
                        .stdout)

@@ -39,7 +39,7 @@ def test_the_uniform_maps_to_the_same_token_as_the_whole_row_cdf():
 
 
 def test_uniforms_are_lowbias32_by_hand_and_follow_row_and_token_not_position():
-    # _mul32 and _mix against Python's unbounded integers (lowbias32: xor-shift 16, * 0x7feb352d,
+    # mul32 and mix against Python's unbounded integers (lowbias32: xor-shift 16, * 0x7feb352d,
     # xor-shift 15, * 0x846ca68b, xor-shift 16, all mod 2^32), on values near 2^32 where int64 would overflow.
     def lowbias32(v):
         v ^= v >> 16
@@ -49,8 +49,8 @@ def test_uniforms_are_lowbias32_by_hand_and_follow_row_and_token_not_position():
         return v ^ (v >> 16)
 
     x = torch.tensor([0, 1, 12345, 2**31 - 1, 2**31, 2**32 - 1])
-    assert sampling._mix(x).tolist() == [lowbias32(v) for v in x.tolist()]
-    assert sampling._mul32(x, 0x9E3779B9).tolist() == [v * 0x9E3779B9 % 2**32 for v in x.tolist()]
+    assert sampling.mix(x).tolist() == [lowbias32(v) for v in x.tolist()]
+    assert sampling.mul32(x, 0x9E3779B9).tolist() == [v * 0x9E3779B9 % 2**32 for v in x.tolist()]
     key = torch.tensor([3, 4])
     rows, t = torch.arange(2000) % 50, torch.arange(2000) // 50
     u = sampling.uniforms(key, rows, t)

@@ -412,7 +412,7 @@ def test_cgroup_dirs_parsed_from_mountinfo(monkeypatch, tmp_path):
     real_open = open
     monkeypatch.setattr("builtins.open", lambda p, *a, **k: real_open(
         {"/proc/self/mountinfo": mountinfo, "/proc/self/cgroup": cgroup}.get(p, p), *a, **k))
-    assert isolation._own_cgroup_dirs() == {"": "/sys/fs/cgroup/job/worker", "memory": "/mnt/v1mem/job"}
+    assert isolation.own_cgroup_dirs() == {"": "/sys/fs/cgroup/job/worker", "memory": "/mnt/v1mem/job"}
 
 
 @pytest.mark.skipif(not ROOT, reason="per-run uids need root")
@@ -426,7 +426,7 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
                                "run_python('import time; time.sleep(60)', backend='rlimits', parallel=1, "
                                "limits=Limits(wall_s=60), allow_root=True)"],
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    alive = lambda: [p for p, state, _, uid in isolation._processes() if uid == lo and state not in "ZX"]
+    alive = lambda: [p for p, state, _, uid in isolation.list_processes() if uid == lo and state not in "ZX"]
     deadline = time.monotonic() + 20
     while not alive() and time.monotonic() < deadline:
         time.sleep(0.05)

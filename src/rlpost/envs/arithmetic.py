@@ -88,10 +88,10 @@ def make_problem(rng: random.Random, ops: str, a_range, b_range, n_terms: int) -
         expr += f" {op} {b}"
     # Operator precedence: with '*' after '+' the string's value differs from left-to-right;
     # evaluate the string itself (digits and + - * only, so this is plain arithmetic).
-    return expr, _evaluate(expr)
+    return expr, evaluate(expr)
 
 
-def _evaluate(expr: str) -> int:
+def evaluate(expr: str) -> int:
     """Evaluate 'a op b op c' with * before + and -, without eval()."""
     first, operations = _operations(expr)
     terms, ops = [first], []

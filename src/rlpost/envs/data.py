@@ -177,12 +177,12 @@ class PromptStream:
             raise ValueError("the training split is empty")
         self.rows, self.batch_size, self.seed = rows, batch_size, seed
         self.epoch, self.pos = 0, 0
-        self._order = self._permutation(0)
+        self._order = self.permutation(0)
         self.curriculum = curriculum if curriculum and curriculum[0] > 0 else None
         self.history: dict[str, list[float]] = {}  # prompt -> its last `window` pass rates
         self.skipped = 0  # prompts passed over so far (the curriculum/skipped metric)
 
-    def _permutation(self, epoch: int) -> list[int]:
+    def permutation(self, epoch: int) -> list[int]:
         order = list(range(len(self.rows)))
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)  # one fixed order per epoch
         return order
@@ -193,7 +193,7 @@ class PromptStream:
         while len(out) < want:
             if self.pos == len(self.rows):
                 self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._permutation(self.epoch)
+                self._order = self.permutation(self.epoch)
             row = self.rows[self._order[self.pos]]
             self.pos += 1
             if passed_over < len(self.rows) and not self.learnable(row):
@@ -254,7 +254,7 @@ class PromptStream:
         self.epoch, self.pos = state["epoch"], state["pos"]
         # copies: a peek's probe passes prompts over too (older checkpoints have no history)
         self.history, self.skipped = {k: list(v) for k, v in state.get("history", {}).items()}, state.get("skipped", 0)
-        self._order = self._permutation(self.epoch)
+        self._order = self.permutation(self.epoch)
 
 
 def prompt_key(row: dict) -> str:

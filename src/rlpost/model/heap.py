@@ -36,7 +36,7 @@ import functools
 
 
 @functools.cache
-def _libc():
+def find_libc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         return libc if hasattr(libc, "malloc_trim") else None
@@ -53,13 +53,13 @@ def keep_freed() -> bool:
     """Serve every block from the heap and keep freed memory there (module doc); whether it took.
     Process-wide and idempotent; ``trim`` still returns the free pages when called."""
     global _kept
-    libc = _libc()
+    libc = find_libc()
     if libc is not None and not _kept and hasattr(libc, "mallopt"):
         _kept = bool(libc.mallopt(M_MMAP_MAX, 0)) & bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
     return _kept
 
 
 def trim() -> None:
-    libc = _libc()
+    libc = find_libc()
     if libc is not None:
         libc.malloc_trim(0)

@@ -29,18 +29,18 @@ BLOCK = 1024  # tokens a block: 48 blocks for SmolLM2's 49152-token vocabulary
 M32 = 0xFFFFFFFF
 
 
-def _mul32(x: Tensor, c: int) -> Tensor:
+def mul32(x: Tensor, c: int) -> Tensor:
     """x * c mod 2^32 for x in [0, 2^32) held in int64, without overflowing int64 (the product is
     formed from c's two 16-bit halves, each partial product below 2^49)."""
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & M32
 
 
-def _mix(x: Tensor) -> Tensor:
+def mix(x: Tensor) -> Tensor:
     """A 32-bit integer hash (Wellons' lowbias32: xor-shift, multiply, twice), on int64 holding [0, 2^32)."""
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = mul32(x, 0x7FEB352D)
     x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
+    x = mul32(x, 0x846CA68B)
     return x ^ (x >> 16)
 
 
@@ -53,8 +53,8 @@ def uniforms(key: Tensor, rows: Tensor, t: Tensor) -> Tensor:
     """(b,) float32 uniforms on [0, 1), 24 bits as torch.rand's: one per (key (2,), output row (b,),
     token index (b,)), a pure function of the three, so a row's draws follow it from slot to slot.
     Elementwise integer ops only: a captured CUDA graph runs it without the host."""
-    s = _mix(key[0] ^ _mix((key[1] + rows) & M32))
-    h = _mix((s + _mul32(t & M32, 0x9E3779B9)) & M32)
+    s = mix(key[0] ^ mix((key[1] + rows) & M32))
+    h = mix((s + mul32(t & M32, 0x9E3779B9)) & M32)
     return (h >> 8).float() * 2.0**-24
 
 

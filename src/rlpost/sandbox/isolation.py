@@ -47,7 +47,7 @@ def _stat(pid: str) -> list[str]:
         return f.read().rpartition(")")[2].split()
 
 
-def _processes() -> list[tuple[int, str, int, int]]:
+def list_processes() -> list[tuple[int, str, int, int]]:
     """(pid, state, session id, real uid) of every process; vanished ones are skipped."""
     out = []
     for name in os.listdir("/proc"):
@@ -155,7 +155,7 @@ def kill_matching(uid: int | None = None, session: int | None = None, wait_s: fl
     me, now = os.getuid(), time.monotonic()
     stop, reap_stop = now + wait_s, now + wait_s + reap_wait_s
     while True:
-        mine = [(pid, state) for pid, state, sid, owner in _processes() if pid != os.getpid()
+        mine = [(pid, state) for pid, state, sid, owner in list_processes() if pid != os.getpid()
                 and ((uid is not None and owner == uid) or (session is not None and sid == session and owner == me))]
         alive = [pid for pid, state in mine if state not in "ZX"]
         if alive and time.monotonic() > stop:
@@ -221,7 +221,7 @@ class CgroupHost:
     # not per process, so a fork bomb's 30 spinning processes get no more CPU than one honest run
 
 
-def _own_cgroup_dirs() -> dict[str, str]:
+def own_cgroup_dirs() -> dict[str, str]:
     """Hierarchy ('memory', 'pids', or '' for v2) -> the folder of this process's cgroup in it."""
     mounts = {}  # hierarchy -> (mount root, mount point)
     with open("/proc/self/mountinfo") as f:
@@ -263,7 +263,7 @@ def _can_make_child(base: str, needs: tuple[str, ...]) -> bool:
 def cgroup_host() -> CgroupHost | None:
     """Where run cgroups can be made on this machine, or None (probed once per process)."""
     try:
-        dirs = _own_cgroup_dirs()
+        dirs = own_cgroup_dirs()
     except OSError:
         return None
     v2 = os.environ.get("RLPOST_CGROUP") or dirs.get("")
