@@ -69,7 +69,7 @@ def check_consistency(cfg: Config) -> None:
 
 
 FAMILIES = typing.get_args(typing.get_type_hints(TaskConfig)["name"])  # task.name's choices
-DATA_FAMILIES = ("dataset", "math", "code", "env")  # the families that read task.data when it is set
+DATA_FAMILIES = ("dataset", "math", "code", "env", "agent")  # the families that read task.data when it is set
 
 
 def task_mix(task: TaskConfig) -> dict[str, float]:

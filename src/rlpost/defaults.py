@@ -7,6 +7,7 @@ and ``rlpost eval RUN`` or ``--resume`` read the same ones from any folder:
                              verl's ``custom_reward_function.path`` and ``.name`` in one) gets its
                              absolute path; an entry that names no function is refused here with
                              what it looks like it meant (a reward model folder: task.reward_model)
+  task.agent                 an agent named by file, likewise
   algo.name                  an algorithm of your own named by file (``my_algo.py:MyAlgo``) gets its
                              absolute path, as a reward function does
 """
@@ -31,6 +32,7 @@ def fill(cfg: Config) -> Config:
     """cfg with the defaults that follow the task and the reward functions' file paths filled in."""
     task = cfg.task
     task = dataclasses.replace(task, verifier=function_path(task.verifier, "task.verifier"),
+                               agent=function_path(task.agent, "task.agent"),
                                reward_funcs=",".join(function_path(f.strip(), "task.reward_funcs")
                                                      for f in task.reward_funcs.split(",") if f.strip()))
     tokens = cfg.rollout.max_new_tokens or fitted_max_new_tokens(bool(task.data), cfg.model.name)

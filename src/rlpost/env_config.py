@@ -7,12 +7,15 @@ import yaml
 
 from rlpost.types.errors import ConfigError
 
-ENV_FAMILIES = ("env", "tools")  # multi-turn episodes of an environment (roles/rollout_env.py)
+# multi-turn episodes: of an environment (roles/rollout_env.py), of an agent (roles/rollout_agent.py)
+ENV_FAMILIES = ("env", "tools", "agent")
 
 
 def check_env(cfg, families: list[str]) -> None:
     """What environment episodes need (task.name=env or tools)."""
     task = cfg.task
+    if task.agent and task.name != "agent":
+        raise ConfigError(f"task.agent: applies to task.name=agent, not task.name={task.name}")
     if families[0] not in ENV_FAMILIES:
         if task.turn_credit != "episode":
             raise ConfigError("task.turn_credit: applies to environment episodes (task.name=env or tools), "
@@ -25,7 +28,9 @@ def check_env(cfg, families: list[str]) -> None:
     if task.name == "env" and not task.env.strip():
         raise ConfigError("task.env: task.name=env needs an environment: 'module:Class', or one of guess, search, "
                           "code_repair, 'verifiers:ENV_ID', 'textarena:ENV_ID'")
-    if task.verifier:
+    if task.name == "agent":
+        check_agent(task)
+    elif task.verifier:
         raise ConfigError(f"task.verifier: task.name={task.name} is rewarded by its environment's step; expected it "
                           "empty (task.reward_funcs can add a reward on the episode's text)")
     try:
@@ -34,3 +39,14 @@ def check_env(cfg, families: list[str]) -> None:
         raise ConfigError(f"task.env_args: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(args, dict):
         raise ConfigError(f"task.env_args: expected a YAML mapping like '{{high: 50}}', got {task.env_args!r}")
+
+
+def check_agent(task) -> None:
+    """What task.name=agent needs: the agent, and rows (task.data, or task.env's own)."""
+    module, _, name = task.agent.strip().rpartition(":")
+    if not module or not name:
+        raise ConfigError(f"task.agent: task.name=agent needs the agent as 'module:function' (fn(client, row)), got "
+                          f"{task.agent!r}")
+    if not task.data and not task.env.strip():
+        raise ConfigError("task.data: task.name=agent needs rows to give the agent: task.data, or task.env naming an "
+                          "environment with rows(split, n, seed) (guess, search)")

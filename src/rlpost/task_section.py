@@ -20,9 +20,9 @@ def knob(default, *, ge=None, gt=None, le=None, lt=None):
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: Literal["arithmetic", "dataset", "math", "gym", "code", "tools", "env"] = "arithmetic"
+    name: Literal["arithmetic", "dataset", "math", "gym", "code", "tools", "env", "agent"] = "arithmetic"
     """task family (prompts, answers, verifier): arithmetic, dataset (task.data), math, gym (reasoning-gym), code,
-    tools, env (task.env) (docs/options.md)"""
+    tools, env (task.env), agent (task.agent) (docs/options.md)"""
     mix: str = ""
     """several task families in one run, 'family:weight' comma-separated (e.g. 'arithmetic:0.7,gym:0.3'), each scored by
     its own verifier; empty = task.name alone (docs/options.md)"""
@@ -139,8 +139,8 @@ class TaskConfig:
     tools: str = "calculator,python"
     """task.name=tools: tools the model may call, comma-separated (calculator, python)"""
     max_turns: int = knob(4, ge=1)
-    """task.name=env or tools: model turns per episode; the last is still given to the environment's step (its final
-    attempt is scored), and the episode ends there"""
+    """task.name=env or tools: model turns per episode, the last still given to the environment's step; agent: calls
+    per episode, one more is refused"""
     max_episode_tokens: int = knob(192, ge=1)
     """task.name=env or tools: tokens per episode, model and environment tokens together (each model turn samples at
     most rollout.max_new_tokens); the episode ends there"""
@@ -155,6 +155,12 @@ class TaskConfig:
     env_workers: int = knob(0, ge=0, le=64)
     """environment worker processes stepping episodes while the sampler decodes others; 0 = the number of CPU cores, at
     most 8"""
+    agent: str = ""
+    """task.name=agent: 'module:fn' with fn(client, row) -> reward, per-call rewards or a transcript, run against an
+    OpenAI client on the run's endpoint (docs/environments.md, "Agents")"""
+    agent_timeout_s: float = knob(300.0, gt=0)
+    """task.name=agent: seconds one episode (the whole fn call) may take; one past it is killed with its worker, and
+    its episode ends with reward 0, counted in env/timeouts"""
     turn_credit: Literal["episode", "turn"] = "episode"
     """environment episodes, group algorithms: which tokens a turn's reward reaches: episode (the episode's return) or
     turn (the return from that turn on) (docs/options.md)"""

@@ -13,6 +13,8 @@ Families (``task.name``):
   tools       multi-turn episodes with calculator / Python tools (envs/tools.py: an environment)
   env         multi-turn episodes of the environment task.env (types/roles.py: Environment), its rows
               from task.data or its own rows(split, n, seed), asked of a worker process (envs/pool.py)
+  agent       episodes of the agent task.agent against the run's OpenAI endpoint (envs/agents.py), its
+              rows from task.data or task.env's rows
 
 ``task.mix`` builds several families (not tools) from the one config, each as it is built alone,
 and stamps every row with its family (``row["task_family"]``, verl's ``data_source``); the
@@ -120,11 +122,11 @@ def family_splits(t, family: str) -> tuple[list[dict], list[dict], int]:
     skipped = 0
     if t.data and family in config.DATA_FAMILIES:
         # an environment's reset reads its rows as they are; code rows may come in HumanEval's or APPS's format
-        train, heldout, skipped = dataset.build_splits(t, raw=family == "env",
+        train, heldout, skipped = dataset.build_splits(t, raw=family in ("env", "agent"),
                                                        convert=code_formats.convert if family == "code" else None)
     elif family == "dataset":
         raise ValueError("task.data is required for task.name=dataset")  # config.check_task says so first
-    elif family == "env":
+    elif family in ("env", "agent"):  # an agent without task.data plays task.env's rows (config: check_agent)
         train, heldout = env_splits(t)
     else:
         train, heldout = _generated_splits(t, family)

@@ -183,9 +183,11 @@ class RunGuard:
         """After scoring: RunError if a reward function failed too often (see the module docstring)."""
         counts = failure_counts(metrics)
         if metrics.get("env/episodes"):  # an environment's calls that raised, hung, died or returned garbage
-            counts.append((f"environment {self.cfg.task.env or self.cfg.task.name}", "episodes",
-                           metrics["env/episodes"], metrics.get("env/errors", 0) + metrics.get("env/timeouts", 0),
-                           "env.log"))
+            task = self.cfg.task
+            what, log = (f"agent {task.agent}", "agent.log") if task.agent else (f"environment {task.env or task.name}",
+                                                                                 "env.log")
+            counts.append((what, "episodes", metrics["env/episodes"],
+                           metrics.get("env/errors", 0) + metrics.get("env/timeouts", 0), log))
         stop_on_failures(counts, self.cfg.task.max_reward_error_frac, f"at step {step}", self.first_batch,
                          "stopped before that step's update")
         self.first_batch = False
