@@ -180,3 +180,8 @@ def says_pass(completion, row):
     """Correct exactly when the row's answer is 'pass', whatever the model wrote: a prompt every sample solves, or
     none (rlpost curate's band, by hand)."""
     return float(row["answer"] == "pass"), {}
+
+
+def near_float32_max(completion, row):
+    """Finite in float32, but its square (a std's) is not: 3.4e38 for an odd-length completion, else 0."""
+    return 3.4e38 if len(completion) % 2 else 0.0

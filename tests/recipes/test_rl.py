@@ -222,3 +222,20 @@ def test_a_model_with_the_starting_weights_never_reports_a_gain(tmp_path, tiny, 
     assert (after, compared["weights_changed"], compared["heldout_delta_se"]) == (0.5, True, 0.5)
     summary.update(heldout_accuracy_after=after, **compared)
     assert "(+50.0 ± 50.0 points, paired s.e.; 1 of 2 answers changed)" in closing_table(summary)
+
+
+def test_rewards_finite_in_float32_whose_sum_and_square_are_not_train_and_summarise(tmp_path):
+    """A reward function returning 3.4e38 (the float32 format's edge, accepted as finite): its group std
+    squared past float32 (every advantage NaN, every update skipped), the step's mean summed past it (a
+    null in metrics.jsonl) and the closing summary then stopped in a traceback. Statistics run in float64
+    now: the updates change the weights, every step's reward mean is a finite number, and the summary's
+    averages are those numbers."""
+    summary = train(tiny_cfg("task.verifier=toy_verifiers:near_float32_max", "run.steps=2", "task.n_heldout=2",
+                             "task.verifier_workers=1"), tmp_path)
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "reward/mean" in m]
+    assert len(steps) == 2 and summary["weights_changed"] and summary["steps"] == 2
+    assert all(0 < m["reward/mean"] <= 3.4e38 and m["actor/grad_norm"] > 0 for m in steps)
+    assert all(m.get("actor/nonfinite_steps", 0) == 0 for m in steps)
+    first, last = steps[0]["reward/mean"], steps[1]["reward/mean"]
+    assert (summary["reward_mean_first"], summary["reward_mean_last"]) == (first, last)

@@ -175,14 +175,16 @@ class RunLog:
             self.sinks = None
 
     def summary(self, before: float, after: float, minutes: float, extra: dict) -> dict:
-        rewards = [h["reward/mean"] for h in self.history]
+        steps = [h.get("reward/mean") for h in self.history]
+        # a step's mean that is not a finite number (a metric the JSON log holds as null) is left out of the averages
+        rewards = [r for r in steps if isinstance(r, (int, float)) and math.isfinite(r)]
         k = max(1, min(5, len(rewards) // 4))
         out = {
             "heldout_accuracy_before": before,
             "heldout_accuracy_after": after,
             "reward_mean_first": sum(rewards[:k]) / k if rewards else None,
             "reward_mean_last": sum(rewards[-k:]) / k if rewards else None,
-            "steps": len(rewards),
+            "steps": len(steps),
             "wall_minutes": minutes,
             **extra,
         }
@@ -209,8 +211,9 @@ def closing_table(summary: dict) -> str:
         lines.append(f"{f'pass@{k} (sampled)':24s}{kb[k]:>10.3f}{ka[k]:>10.3f}   "
                      f"({summary.get('passk_problems')} problems)")
     if summary.get("reward_mean_first") is not None:
-        lines.append(f"{'reward/mean (first/last)':24s}{summary['reward_mean_first']:>10.3f}"
-                     f"{summary['reward_mean_last']:>10.3f}")
+        first, last = summary["reward_mean_first"], summary["reward_mean_last"]
+        spec = ">10.3f" if max(abs(first), abs(last)) < 1e5 else ">10.3g"  # a huge reward scale keeps the columns
+        lines.append(f"{'reward/mean (first/last)':24s}{first:{spec}}{last:{spec}}")
     lines.append(f"{'steps / wall time':24s}{summary['steps']:>10d}{summary['wall_minutes']:>9.1f}m")
     return "\n".join(lines)
 

@@ -180,8 +180,9 @@ def batch_metrics(batch: Rollouts, group_size: int) -> dict:
         "reward/outside_band_frac": ((p == 0) | (p == 1)).float().mean().item(),  # p(1 - p) = 0
         # groups whose completions all got one reward: no signal for a group baseline, whatever the reward's scale
         "reward/zero_std_frac": (grouped.max(1).values == grouped.min(1).values).float().mean().item(),
-        "reward/mean": batch.reward.mean().item(),
-        "reward/std": batch.reward.std().item() if len(batch) > 1 else 0.0,
+        # float64: rewards each finite in float32 (up to 3.4e38) can sum, or square, past it
+        "reward/mean": batch.reward.double().mean().item(),
+        "reward/std": batch.reward.double().std().item() if len(batch) > 1 else 0.0,
         "reward/max": batch.reward.max().item(),
         "reward/min": batch.reward.min().item(),
         "response_length/mean": length.mean().item(),
