@@ -209,3 +209,31 @@ def test_only_a_shared_storage_is_copied_for_safetensors():
     assert out["embed"].data_ptr() == emb.data_ptr() and out["w"].data_ptr() == w.data_ptr()  # first users: not copied
     assert out["head"].data_ptr() != emb.data_ptr() and torch.equal(out["head"], emb)
     assert out["wt"].is_contiguous() and torch.equal(out["wt"], w.t())
+
+
+def test_a_second_signal_inside_the_rotation_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
+    """Ctrl-C twice: the second lands while the rotation deletes the oldest checkpoint. That folder is
+    renamed out of the checkpoints' names before its files go, so what is left is either a whole step_N
+    or a .del_ folder (never listed, never resumed from), which the next save removes."""
+    import shutil
+
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, checkpoint.Saved({"w": torch.ones(2)}, {}, {"step": step}), 2)
+    real = shutil.rmtree
+
+    def cut_short(path, *a, **k):
+        if "step_000001" in str(path):
+            next(p for p in sorted(__import__("pathlib").Path(path).rglob("*")) if p.is_file()).unlink()
+            raise KeyboardInterrupt  # one file gone, the rest still there
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(shutil, "rmtree", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(tmp_path, 3, checkpoint.Saved({"w": torch.ones(2)}, {}, {"step": 3}), 2)
+    root = tmp_path / "checkpoints"
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000002", "step_000003"]
+    assert all(checkpoint.verify(p) is None for p in root.glob("step_*"))  # every one listed is whole
+    assert (root / ".del_step_000001").is_dir()
+    monkeypatch.setattr(shutil, "rmtree", real)
+    checkpoint.save(tmp_path, 4, checkpoint.Saved({"w": torch.ones(2)}, {}, {"step": 4}), 2)
+    assert sorted(p.name for p in root.iterdir() if p.name != "latest") == ["step_000003", "step_000004"]

@@ -109,6 +109,8 @@ def save(run_dir: Path, step: int, saved: Saved, keep: int, protect: int | None 
     try:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
+        for doomed in root.glob(".del_step_*"):  # a rotation a signal cut short: finish deleting it
+            shutil.rmtree(doomed, ignore_errors=True)
         tmp.mkdir()
         _write(tmp, step, model_state, trainer_state, state, metrics)
         if final.exists():
@@ -119,7 +121,11 @@ def save(run_dir: Path, step: int, saved: Saved, keep: int, protect: int | None 
         write_atomic(root / "latest", final.name)
         for old in candidates(run_dir, quiet=True)[keep:]:  # checkpoints only: nothing else there is deleted
             if protect is None or step_of(old) != protect:
-                shutil.rmtree(old)
+                # renamed out of the checkpoints' names first (atomic), then deleted: a second stop signal
+                # inside the delete leaves a .del_ folder the next save removes, never a half-deleted step_N
+                doomed = root / f".del_{old.name}"
+                os.replace(old, doomed)
+                shutil.rmtree(doomed)
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - disk full, read-only, quota, a second stop signal
         shutil.rmtree(tmp, ignore_errors=True)  # the checkpoint is whole (renamed into place) or absent
         stop = interrupt_in(e)  # a signal inside torch.save surfaces as its RuntimeError: the stop is what happened

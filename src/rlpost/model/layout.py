@@ -19,7 +19,7 @@ MANIFEST = "manifest.json"
 FILES = ("model.safetensors", "trainer.pt", "state.pt")  # every checkpoint has these
 EXTRA = ("metrics.jsonl",)  # and, since rlpost records the run's metrics in it, this (older ones lack it)
 STEP = re.compile(r"step_(\d{6,})")
-OWN = re.compile(r"(latest|\.latest\.tmp|\.tmp_step_\d{6,})")  # rlpost's own names beside the checkpoints
+OWN = re.compile(r"(latest|\.latest\.tmp|\.(tmp|del)_step_\d{6,})")  # rlpost's own names beside the checkpoints
 
 SHA256 = Where(lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) is not None, "a SHA-256 hex digest")
 MANIFEST_SCHEMA = {
