@@ -121,7 +121,8 @@ class Endpoint:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
-        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, timeout_keep_alive=30)
+        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, timeout_keep_alive=30,
+                                timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
                                        name="rlpost-endpoint")
@@ -202,14 +203,20 @@ class Endpoint:
         groups: dict[tuple, list[_Job]] = {}
         for job in jobs:
             groups.setdefault(job.sampling, []).append(job)
-        for (temperature, top_p, stops), group in groups.items():
-            outs = self.engine.sample_ids([j.ids for j in group], temperature, top_p, max(j.max_new for j in group),
-                                          list(stops))
-            self.decodes += 1
-            for job, (ids, logps, how) in zip(group, outs):
-                if len(ids) > job.max_new:  # decoded with a longer call's budget: cut to its own
-                    ids, logps, how = ids[: job.max_new], logps[: job.max_new], "length"
-                job.future.set_result((200, self._answer(job, ids, logps, how)))
+        try:
+            for (temperature, top_p, stops), group in groups.items():
+                outs = self.engine.sample_ids([j.ids for j in group], temperature, top_p,
+                                              max(j.max_new for j in group), list(stops))
+                self.decodes += 1
+                for job, (ids, logps, how) in zip(group, outs):
+                    if len(ids) > job.max_new:  # decoded with a longer call's budget: cut to its own
+                        ids, logps, how = ids[: job.max_new], logps[: job.max_new], "length"
+                    job.future.set_result((200, self._answer(job, ids, logps, how)))
+        except BaseException:  # Ctrl-C mid-decode, a failing engine: no client is left waiting for ever
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_result((503, error_body("the server stopped during this request", "unavailable")))
+            raise
         return len(items)
 
     def _refuse_waiting(self, why: str) -> None:
@@ -357,6 +364,8 @@ class Endpoint:
             return
         if not e.prompt:
             e.prompt = list(job.ids)
+            if job.extend:  # the samples files show the episode's opening messages (rollout_env.assemble)
+                e.opening = list(job.extend[0])
         else:
             e.add(job.ids[len(e.prompt) + len(e.ids):], None)  # what the agent inserted: context, no loss
         e.add(list(ids), [float(x) for x in logps])
