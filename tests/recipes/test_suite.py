@@ -65,9 +65,51 @@ def test_flips_by_hand():
     ({"sets": {"x": []}, "extra": 1}, [], "a suite has 'model', 'overrides' and 'sets'"),
     ({"sets": {"x": []}}, ["--against", "missing.json"], "--against: missing.json is not a suite's results JSON"),
     ({"sets": {"x": []}}, ["--n", "-1"], "--n: expected a whole number >= 0"),
+    ({"sets": {"x": []}}, ["--k", "2"], "--k: pass@k and maj@k need --samples"),
+    ({"sets": {"x": []}}, ["--samples", "2", "--k", "3"], "--k: every k must be >= 1 and <= --samples (2)"),
+    ({"sets": {"x": []}}, ["--judge", "HuggingFaceTB/SmolLM2-1.7B"], "--judge HuggingFaceTB/SmolLM2-1.7B: expected a "
+                                                                     "local model folder"),
 ])
 def test_bad_suites_are_one_line(tmp_path, monkeypatch, suite, args, line):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "suite.yaml").write_text(json.dumps(suite))
     r = cli("eval", "suite.yaml", *args)
     assert r.returncode == 2 and line in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_sampled_metrics_per_source_and_a_versioned_judge(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = "".join(json.dumps(r) + "\n" for r in HELD)
+    (tmp_path / "held.jsonl").write_text(rows)
+    (tmp_path / "train.jsonl").write_text(rows)
+    data = ["task.name=dataset", "task.data=train.jsonl", "task.eval_data=held.jsonl",
+            "task.verifier=toy_verifiers:says_pass"]
+    write_suite(tmp_path, {"mine": data})
+    r = cli("eval", "suite.yaml", "--samples", "3", "--k", "1,2", "--judge", "tiny")
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    sampled = result["sets"]["mine"]["sampled"]
+    # says_pass: every sample of "first" and "third" right, none of "second"; so pass@k = maj@k = 2/3 for every k,
+    # source a (first) 1, source b (second, third) 1/2
+    for k in (1, 2):
+        assert sampled[f"pass@{k}"] == pytest.approx(2 / 3) and sampled[f"maj@{k}"] == pytest.approx(2 / 3)
+        assert (sampled[f"pass@{k}/a"], sampled[f"pass@{k}/b"]) == (1.0, 0.5)
+        assert (sampled[f"maj@{k}/a"], sampled[f"maj@{k}/b"]) == (1.0, 0.5)
+    assert (sampled["problems"], sampled["problems/a"], sampled["problems/b"]) == (3, 1, 2)
+    assert result["sets"]["mine"]["problems"] == {"first": True, "second": False, "third": True}  # greedy kept
+    judged = result["sets"]["mine"]["judge"]
+    scores = judged["scores"]
+    assert set(scores) == {"first", "second", "third"} and all(1 <= x <= 9 for x in scores.values())
+    assert judged["mean_score"] == pytest.approx(sum(scores.values()) / 3)
+    assert judged["mean_score/b"] == pytest.approx((scores["second"] + scores["third"]) / 2)
+    from rlpost.rewards import judge
+
+    identity = result["judge"]
+    assert (identity["model"], identity["prompt"], identity["rubric"]) == ("tiny", judge.POINTWISE_PROMPT,
+                                                                          judge.DEFAULT_RUBRIC)
+    # the prompt's version is pinned to its text: a change to the judge prompt, prefix or rubric fails here until
+    # JUDGE_PROMPT_VERSION (recipes/evaluate.py) is bumped and this hash with it
+    assert (identity["prompt_version"], identity["sha256"]) == (1, PINNED_JUDGE_SHA256)
+
+
+PINNED_JUDGE_SHA256 = "aab1d58a8dee42fd4261641d47eb72bb3f1ef7ff846ea56fd50e8360d221afa7"

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,8 +37,10 @@ from tqdm import tqdm
 from rlpost import build, config
 from rlpost.envs import DEFAULT_VERIFIER, Task, build_task, is_correct
 from rlpost.envs.mix import source_of
+from rlpost.model import precision
 from rlpost.observe import jsonl
 from rlpost.recipes.guard import check_reward_failures
+from rlpost.rewards import judge
 from rlpost.console import say
 from rlpost.search.metrics import maj_at_k, pass_at_k
 from rlpost.types.errors import writing
@@ -193,18 +197,20 @@ def by_task_summary(samples: Path) -> dict:
 
 
 def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0, samples: int = 0,
-                     ks: list[int] = (), dump: Path | None = None) -> tuple[float, int, dict]:
+                     ks: list[int] = (), dump: Path | None = None,
+                     sample_dump: Path | None = None) -> tuple[float, int, dict]:
     """(greedy held-out accuracy, problems used, sampled summary) of cfg.model, with checkpoint
     `weights` if given; n = 0 uses every held-out problem. With samples > 0 it also draws that many
     completions per problem at rollout.temperature and reports pass@1, pass@k and maj@k for each
-    k in ks; `dump` receives every record. A mix's summary has each family's greedy accuracy
-    (heldout_accuracy/<family>)."""
+    k in ks; `dump` receives every record (the sampled ones when there are: `rlpost eval`'s file),
+    or with `sample_dump` the greedy ones, the sampled going there (eval SUITE keeps both). A mix's
+    summary has each family's greedy accuracy (heldout_accuracy/<family>)."""
     task = build_task(cfg.task, refuse_contaminated=False)  # evaluation reports contamination, training refuses it
     roles = build.build_roles(cfg, task, weights, for_eval=True)
     rows = task.heldout[: n or None]
     found = {k: v for k, v in (task.contamination or {}).items() if k != "contamination_examples"}
     try:
-        scores = heldout_scores(roles, rows, cfg, dump if not samples else None)
+        scores = heldout_scores(roles, rows, cfg, dump if not samples or sample_dump else None)
         # a mix's, per family
         # only the prefix goes: a per-source name keeps its own text (lighteval/MATH, not lightMATH)
         acc, per_task = scores.pop(ACCURACY), {k.removeprefix("eval/"): v for k, v in scores.items()}
@@ -213,12 +219,47 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
         rollout = cfg.rollout
         records = sample_records(roles, rows, samples, rollout.temperature, rollout.top_p, rollout.max_new_tokens,
                                  cfg.run.eval_batch_size, f"{samples} samples", cfg.run.progress)
-        if dump is not None:
-            write_records(records, dump)
+        if (sample_dump or dump) is not None:
+            write_records(records, sample_dump or dump)
         return acc, len(rows), {"samples": samples, "temperature": rollout.temperature, **summarise(records, list(ks)),
                                 **per_task, **found}
     finally:
         roles.close()
+
+
+@dataclass
+class TextBatch:
+    """Completions and their rows: all of a batch a verifier or a pointwise judge reads, for text that was not
+    sampled as one batch (a search's choices, a dump's records)."""
+
+    completions: list[str]
+    rows: list[dict]
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+
+# The judge prompt's version, recorded with every judged result: bump it with any change to rewards/judge.py's
+# POINTWISE_PROMPT, POINTWISE_PREFIX or DEFAULT_RUBRIC (tests/recipes/test_suite.py pins their hash to this number),
+# so two results judged by different prompts never read as comparable.
+JUDGE_PROMPT_VERSION = 1
+
+
+def judge_identity(judge_model: str) -> dict:
+    """What a judged result records of its judge: the model, the prompt's version and text, the rubric, a hash."""
+    text = json.dumps([judge.POINTWISE_PROMPT, judge.POINTWISE_PREFIX, judge.DEFAULT_RUBRIC])
+    return {"model": judge_model, "prompt_version": JUDGE_PROMPT_VERSION, "prompt": judge.POINTWISE_PROMPT,
+            "prefix": judge.POINTWISE_PREFIX, "rubric": judge.DEFAULT_RUBRIC, "scale": 9,
+            "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def judge_records(records: list[dict], judge_model: str, seed: int, dtype: str) -> list[float]:
+    """Each greedy record's completion graded 1-9 by a local judge (rewards/judge.py: pointwise, the default
+    rubric, the expected score over the label tokens), asked the record's prompt."""
+    grader = judge.Judge(judge_model, "pointwise", "", seed, False, dtype=precision.sampler_dtype(dtype))
+    rows = [{"messages": [{"role": "user", "content": r["prompt"]}]} for r in records]
+    _, infos, _ = grader.score(TextBatch([r["completion"] for r in records], rows))
+    return [info["judge_score"] for info in infos]
 
 
 def answer_key(info: dict, completion: str) -> str | None:

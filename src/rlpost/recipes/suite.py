@@ -16,8 +16,11 @@ mix's family or a row's ``data_source``). ``--against`` names the baseline: an e
 results JSON, or a model (folder, hub id, ``RUN/model``) the same suite is evaluated on first. Then
 per set the problems (by prompt) that went from wrong to right (fixed) and right to wrong (broken).
 Everything goes to ``--out`` (default ``SUITE.results.json``, next to the suite) and, on a terminal,
-as tables (JSON through a pipe or with ``--json``). This module loads no torch: ``evaluation(name)``
-hands it evaluate's functions once every set's config has passed.
+as tables (JSON through a pipe or with ``--json``). ``--samples S`` adds pass@k and maj@k per set and
+per source (evaluate's ``summarise`` over each source's samples); ``--judge MODEL`` a local judge's 1-9
+grade of every greedy answer, with the judge prompt's version and text in the results (evaluate's
+``judge_identity``). This module loads no torch: ``evaluation(name)`` hands it evaluate's functions
+once every set's config has passed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 from rlpost import config, machine
+from rlpost.recipes.eval_args import eval_ks
 from rlpost.types.errors import ConfigError, writing
 
 SUFFIXES = (".yaml", ".yml")
@@ -55,6 +59,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=int, default=0, help="held-out problems per set (0 = all)")
     p.add_argument("--against", default="", help="baseline: an earlier suite results JSON, or a model evaluated first")
     p.add_argument("--out", default="", help="results JSON (default SUITE.results.json)")
+    p.add_argument("--samples", type=int, default=0,
+                   help="also S samples a problem: pass@k and maj@k per set and source")
+    p.add_argument("--k", default="", help="comma-separated k for pass@k and maj@k (default: 1 and S)")
+    p.add_argument("--judge", default="",
+                   help="a local judge model (folder, embedded, tiny) grading each greedy answer 1-9 (open-ended sets)")
     p.add_argument("--json", action="store_true", help="print the results as JSON (the default through a pipe)")
     return p
 
@@ -67,6 +76,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.args += extra
     if args.n < 0:
         raise ConfigError(f"--n: expected a whole number >= 0, got {args.n}")
+    args.ks = eval_ks(args)
+    if args.judge and not (args.judge in ("embedded", "tiny") or Path(args.judge).is_dir()):
+        raise ConfigError(f"--judge {args.judge}: expected a local model folder (or embedded, tiny); a judge is never "
+                          "fetched from the hub, so its version is the folder's")
     return args
 
 
@@ -87,22 +100,47 @@ def read_suite(path: str) -> tuple[str, list[str], dict[str, list[str]]]:
     return model, tree.get("overrides", []), {str(k): v for k, v in sets.items()}
 
 
-def evaluate_suite(configs: dict, model: str, n: int, heldout_accuracy) -> dict:
-    """Per set: accuracy, n, per-source accuracies and each problem's greedy verdict (by prompt)."""
+def evaluate_suite(configs: dict, model: str, args, evaluation) -> dict:
+    """Per set: accuracy, n, per-source accuracies and each problem's greedy verdict (by prompt); with
+    --samples, pass@k and maj@k per set and source; with --judge, the judge's mean score per set and source."""
     out = {}
     for name, cfg in configs.items():
         cfg = config.with_overrides(cfg, [f"model.name={model}"])
-        handle, dump = tempfile.mkstemp(suffix=".jsonl", prefix="rlpost-suite-")
-        os.close(handle)
-        dump = Path(dump)
+        dumps = [temp_file(), temp_file()]  # the greedy records, the sampled ones
         try:
-            acc, used, summary = heldout_accuracy(cfg, n=n, dump=dump)
-            records = [json.loads(line) for line in dump.read_text().splitlines()]
+            acc, used, summary = evaluation("heldout_accuracy")(cfg, n=args.n, samples=args.samples, ks=args.ks,
+                                                                dump=dumps[0], sample_dump=dumps[1])
+            records, sampled = ([json.loads(line) for line in d.read_text().splitlines()] for d in dumps)
         finally:
-            dump.unlink(missing_ok=True)
+            for d in dumps:
+                d.unlink(missing_ok=True)
         sources = {k.split("/", 1)[1]: v for k, v in summary.items() if k.startswith("heldout_accuracy/")}
         out[name] = {"heldout_accuracy": acc, "n": used, "by_source": sources,
                      "problems": {r["prompt"]: bool(r["correct"]) for r in records}}
+        if args.samples:
+            out[name]["sampled"] = per_source(records, sampled, lambda rs: evaluation("summarise")(rs, args.ks))
+        if args.judge:
+            scores = evaluation("judge_records")(records, args.judge, cfg.run.seed, cfg.rollout.dtype)
+            mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+            out[name]["judge"] = {"mean_score": mean(scores), **{f"mean_score/{src}": mean(
+                [x for x, r in zip(scores, records) if r.get("task") == src]) for src in sources},
+                "scores": {r["prompt"]: x for r, x in zip(records, scores)}}
+    return out
+
+
+def temp_file() -> Path:
+    handle, path = tempfile.mkstemp(suffix=".jsonl", prefix="rlpost-suite-")
+    os.close(handle)
+    return Path(path)
+
+
+def per_source(greedy: list[dict], sampled: list[dict], summarise) -> dict:
+    """The set's sampled summary (pass@1, pass@k, maj@k) and each source's: a sample's source is its
+    problem's, as the greedy record of that problem (same order) names it."""
+    out = summarise(sampled)
+    for src in sorted({r["task"] for r in greedy if "task" in r}):
+        mine = [s for s in sampled if greedy[s["problem"]].get("task") == src]
+        out.update({f"{k}/{src}": v for k, v in summarise(mine).items()})
     return out
 
 
@@ -125,6 +163,11 @@ def tables(result: dict) -> str:
     for name, r in result["sets"].items():
         lines.append(f"{name:<24} {r['heldout_accuracy']:>8.3f} {r['n']:>5}")
         lines += [f"  {src:<22} {acc:>8.3f}" for src, acc in r["by_source"].items()]
+        sampled = {k: v for k, v in r.get("sampled", {}).items() if k.startswith(("pass@", "maj@")) and "/" not in k}
+        if sampled:
+            lines.append("  " + "  ".join(f"{k} {v:.3f}" for k, v in sampled.items()))
+        if r.get("judge", {}).get("mean_score") is not None:
+            lines.append(f"  judge score (1-9)      {r['judge']['mean_score']:>8.2f}")
     if "against" in result:
         lines += ["", f"against {result['against']}",
                   f"{'set':<24} {'before':>7} {'now':>7} {'fixed':>6} {'broken':>7}"]
@@ -153,10 +196,13 @@ def main(argv: list[str], evaluation) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(f"--against: {against} is not a suite's results JSON ({type(e).__name__}: {e})") from None
     out = Path(args.out or Path(args.suite).with_suffix(".results.json"))
-    heldout_accuracy = evaluation("heldout_accuracy")
     if against and not against.endswith(".json"):
-        before = evaluate_suite(configs, against, args.n, heldout_accuracy)
-    result = {"suite": args.suite, "model": model, "sets": evaluate_suite(configs, model, args.n, heldout_accuracy)}
+        before = evaluate_suite(configs, against, args, evaluation)
+    result = {"suite": args.suite, "model": model, "sets": evaluate_suite(configs, model, args, evaluation)}
+    if args.samples:
+        result.update(samples=args.samples, ks=args.ks)
+    if args.judge:
+        result["judge"] = evaluation("judge_identity")(args.judge)
     if against:
         result.update(against=against, flips=flips(result["sets"], before))
     with writing(out):
