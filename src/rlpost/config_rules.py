@@ -63,6 +63,15 @@ def check_dist(cfg: Config) -> None:
     if dist.trainer_ranks > 1 and cfg.trainer.micro_batch_tokens:
         raise ConfigError("trainer.micro_batch_tokens: each FSDP rank must run as many micro-batches as the others; "
                           "expected 0 (micro-batches by rows) with dist.trainer_ranks > 1")
+    if dist.partial_rollouts and dist.topology != "async":
+        raise ConfigError("dist.partial_rollouts: weights change mid-chunk only where workers sample ahead; expected "
+                          f"dist.topology=async, got {dist.topology}")
+    if dist.partial_rollouts and dist.weight_sync == "broadcast":
+        raise ConfigError("dist.partial_rollouts: a broadcast is a collective every worker joins between chunks; "
+                          "expected dist.weight_sync=object_store with it")
+    if dist.partial_rollouts and cfg.rollout.engine in ("hf", "vllm"):
+        raise ConfigError("dist.partial_rollouts: new weights are taken in the own engine's decode loop; expected "
+                          f"rollout.engine=fast or auto, got {cfg.rollout.engine}")
     if dist.weight_sync == "broadcast" and dist.topology == "colocated":
         raise ConfigError("dist.weight_sync=broadcast moves weights from the trainer's actor to the rollout workers' "
                           "actors: it needs dist.topology=disaggregated or async (colocated syncs in process)")

@@ -10,6 +10,7 @@ actor handle.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,13 +33,35 @@ class Pushed:
 
 
 class RolloutWorker:
-    """One sampler in its own process: the rollout role and the version of the weights it holds."""
+    """One sampler in its own process: the rollout role and the version of the weights it holds.
+
+    Partial rollouts (dist.partial_rollouts; the actor then runs two calls at once, topology.place):
+    ``offer_weights`` arrives while ``generate`` runs and only leaves the weights' reference here;
+    the decode loop's hook between two steps (``FastRollout.between_steps``) takes them, so rows
+    that are running go on under the new weights and each token records its version."""
 
     def __init__(self, make_sampler: Callable, weights: dict | None, threads: int, seed: int):
         """make_sampler(weights): the rollout role over the starting policy with ``weights`` loaded when given."""
         torch.set_num_threads(threads)
         self.rollout = make_sampler(weights)
         self.seed, self.sync_s = seed, 0.0
+        self.lock, self.offered, self.inflight = threading.Lock(), None, 0  # partial rollouts
+
+    def offer_weights(self, box: list, version: int) -> None:
+        """Partial rollouts: weights ``box[0]`` (an object reference, in a list so that Ray hands it over
+        unfetched) of ``version``, for the running chunk to take between two decode steps; a newer
+        offer replaces an older one not yet taken."""
+        with self.lock:
+            if self.offered is None or version > self.offered[1]:
+                self.offered = (box[0], version)
+
+    def _between_steps(self, engine) -> None:
+        """The decode loop's hook: load the offered weights, if newer than the engine's."""
+        with self.lock:
+            offered, self.offered = self.offered, None
+        if offered is not None and offered[1] > engine.version:
+            self.load_weights(ray.get(offered[0]), offered[1])
+            self.inflight += 1
 
     def load_weights(self, state: dict, version: int) -> None:
         t0 = time.perf_counter()
@@ -59,12 +82,21 @@ class RolloutWorker:
         self.sync_s += time.perf_counter() - t0  # load_weights adds its own share
         self.load_weights(state, version)
 
-    def generate(self, chunk_id: int, rows: list[dict], n: int, kw: dict):
-        """(the chunk's Rollouts, {seconds spent loading weights since the last chunk, metrics})."""
+    def generate(self, chunk_id: int, rows: list[dict], n: int, kw: dict, weights: list | None = None):
+        """(the chunk's Rollouts, {seconds spent loading weights since the last chunk, metrics}).
+        weights: partial rollouts only (None elsewhere): [object reference, version] to load before the
+        chunk's prefill, or [] when the worker holds the newest; an actor's calls then run side by
+        side, so a separate load_weights call could land after the chunk began."""
+        if weights is not None:
+            self.rollout.between_steps = self._between_steps
+            if weights:
+                self.offer_weights(weights[:1], weights[1])
+            self._between_steps(self.rollout)  # an offer that came after the last chunk ended, too
+            self.inflight = 0  # taken before the first token: not in flight
         torch.manual_seed(self.seed * 1_000_003 + chunk_id)  # the same samples on any worker
         batch = self.rollout.generate(rows, n, **kw)
-        info = {"sync_s": self.sync_s, "metrics": self.rollout.last_metrics}
-        self.sync_s = 0.0
+        info = {"sync_s": self.sync_s, "metrics": self.rollout.last_metrics, "inflight_loads": self.inflight}
+        self.sync_s, self.inflight = 0.0, 0
         return batch, info
 
 

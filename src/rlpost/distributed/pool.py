@@ -20,6 +20,16 @@ counted and sampled again with the newest weights. ``max_staleness = 0`` is the 
 nothing is queued before the weights it should use exist. Staleness counts weight versions
 published after the one that sampled the chunk, i.e. trainer steps when ``dist.sync_every = 1``.
 
+Partial rollouts (``partial``, dist.partial_rollouts, async only). A chunk no longer holds its
+worker on the weights it began with: when weights are published, every worker running a chunk is
+offered them at once (``RolloutWorker.offer_weights``), and its decode loop takes them between two
+decode steps; rows running go on under the new weights. Each token records the version that drew
+it and its sampler log-prob (``Rollouts.token_version``, ``sampler_logp``), so the importance
+correction (TIS against pi_sampler) is per token already, the staleness metrics are counted per
+token, and the bound is checked against the oldest token of a chunk (``policy_version``): the
+admission control above keeps every token within it. A worker that dies mid-update, or anywhere
+in a chunk, loses no row: its chunk is sampled again from its start, as below.
+
 Failure. A worker whose process dies (``RayActorError``) is replaced by a fresh one (at most
 ``MAX_RESTARTS`` times in a row for one worker before the run stops with the cause), which gets the
 newest weights before its first chunk, and the chunk it held is queued again at the front. A chunk
@@ -73,10 +83,13 @@ class Batch:
 
 class RolloutPool:
     def __init__(self, spawn: Callable, n_workers: int, chunk_prompts: int, max_staleness: int,
-                 initial_weights=None, version: int = 0, say: Callable[[str], None] = print, stream=None):
+                 initial_weights=None, version: int = 0, say: Callable[[str], None] = print, stream=None,
+                 partial: bool = False):
         """spawn(i, weights) starts worker actor i (weights: an object ref, or None for the
         starting policy). stream: the loop's PromptStream, read ahead under async (None: sample
-        only what is asked)."""
+        only what is asked). partial: partial rollouts, weights offered to running chunks (module
+        docstring; the workers' actors must run two calls at once)."""
+        self.partial = partial
         self.spawn, self.say = spawn, say
         self.initial = initial_weights  # what a worker starts from until the first push
         self.workers = [spawn(i, initial_weights) for i in range(n_workers)]
@@ -92,6 +105,8 @@ class RolloutPool:
         self.cv = threading.Condition()
         self.busy_s, self.window_t0, self.sync_s = 0.0, time.perf_counter(), []
         self.counts = {"async/worker_restarts": 0, "async/dropped_stale_seqs": 0, "async/dropped_chunks": 0}
+        if partial:
+            self.counts["async/inflight_weight_loads"] = 0  # weights taken between decode steps
         self.last_metrics: dict = {}
         self.error: BaseException | None = None
         self.closed = False
@@ -130,6 +145,10 @@ class RolloutPool:
         with self.cv:
             self.weights_ref, self.initial = ref, None
             self._new_version(version)
+            if self.partial:  # running chunks take them between decode steps
+                for i in {i for i, _, _ in self.running.values()}:
+                    self.workers[i].offer_weights.remote([ref], self.version)
+                    self.held[i] = self.version
             self.cv.notify_all()
 
     def _receive(self, pushed: Pushed, version: int | None) -> None:
@@ -215,11 +234,31 @@ class RolloutPool:
              "async/rollout_idle_frac": min(1.0, max(0.0, 1 - busy / (len(self.workers) * wall))), **self.counts}
         if batch.bound is not None:  # sequences per staleness 0..bound
             m["hist/staleness"] = torch.bincount(lag, minlength=batch.bound + 1).tolist()
+        m.update(self._token_staleness(parts))
         if sync_s:
             m["timing_s/worker_weight_load"] = sum(sync_s) / len(sync_s)
         for k in {k for c in parts for k in c.metrics}:  # the worker rollouts' own (e.g. tool calls)
             m[k] = sum(c.metrics.get(k, 0.0) for c in parts) / len(parts)
         return m
+
+    def _token_staleness(self, parts: list[Chunk]) -> dict:
+        """Partial rollouts: staleness per loss token (its own version's), and the share of rows whose
+        tokens come from more than one version; {} where the chunks carry no token versions."""
+        got = [c.result for c in parts if c.result.token_version is not None]
+        if not got:
+            return {}
+        pushes = torch.tensor(self.pushes)
+        lags, mixed = [], 0
+        for r in got:
+            v = r.token_version[r.completion_mask]  # (n,) each loss token's version
+            lags.append(len(pushes) - torch.searchsorted(pushes, v, right=True))
+            lo = r.token_version.masked_fill(~r.completion_mask, 1 << 62).amin(1)  # (B,)
+            mixed += int((r.token_version.amax(1) > lo).sum())
+        lag = torch.cat(lags).float()
+        rows = sum(len(r) for r in got)
+        return {"async/token_staleness_mean": lag.mean().item() if len(lag) else 0.0,
+                "async/token_staleness_max": int(lag.max()) if len(lag) else 0,
+                "async/mixed_version_rows": mixed / rows}
 
     # --- the pump thread -----------------------------------------------------------------------
 
@@ -247,6 +286,13 @@ class RolloutPool:
             if i in busy or not self.pending:
                 continue
             chunk = self.pending.popleft()
+            if self.partial:  # the weights go with the chunk: the actor's calls may run side by side
+                new = self.held[i] != self.version and self.weights_ref is not None
+                ref = self.workers[i].generate.remote(chunk.id, chunk.rows, chunk.n, chunk.kw,
+                                                      [self.weights_ref, self.version] if new else [])
+                self.held[i] = self.version if new else self.held[i]
+                self.running[ref] = (i, chunk, time.perf_counter())
+                continue
             if self.held[i] != self.version and self.weights_ref is not None:
                 self.workers[i].load_weights.remote(self.weights_ref, self.version)
                 self.held[i] = self.version
@@ -281,6 +327,8 @@ class RolloutPool:
                 self.counts["async/dropped_chunks"] += result is None
                 if info.get("sync_s"):
                     self.sync_s.append(info["sync_s"])
+                if self.partial:
+                    self.counts["async/inflight_weight_loads"] += info.get("inflight_loads", 0)
             self.cv.notify_all()
 
     def _restart(self, i: int, error: BaseException) -> None:

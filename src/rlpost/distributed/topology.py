@@ -114,12 +114,14 @@ def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: 
     pool, is_async = None, dist.topology == "async"
     try:
         start_trainer(trainer, make_trainer, initial, sampler_dtype, wait_s)
-        worker_cls = ray.remote(num_cpus=r_cpus, num_gpus=gpus, max_restarts=0)(rollout_worker or RolloutWorker)
+        partial = is_async and dist.partial_rollouts  # offers of weights arrive while a chunk runs: two calls at once
+        worker_cls = ray.remote(num_cpus=r_cpus, num_gpus=gpus, max_restarts=0,
+                                max_concurrency=2 if partial else 1)(rollout_worker or RolloutWorker)
         # A restarted worker goes back into its own bundle, which Ray moves to a node left if its own is lost.
         def spawn(i, w):
             return in_group(worker_cls, w_pg, i).remote(make_sampler, w, r_threads, seed)
         pool = RolloutPool(spawn, workers, dist.chunk_prompts, dist.max_staleness if is_async else 0,
-                           initial_weights=initial, say=say, stream=stream if is_async else None)
+                           initial_weights=initial, say=say, stream=stream if is_async else None, partial=partial)
         if dist.weight_sync == "broadcast":
             join_broadcast(trainer, pool, gpus > 0, wait_s)
     except BaseException:
@@ -129,6 +131,7 @@ def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: 
         raise
     say(f"topology {dist.topology}: {workers} rollout worker(s) x {r_threads} thread(s), "
         f"{ranks} trainer rank(s) x {t_threads}" + (f", max_staleness {dist.max_staleness}" if is_async else "")
+        + (", partial rollouts (weights between decode steps)" if is_async and dist.partial_rollouts else "")
         + (", weights by broadcast" if dist.weight_sync == "broadcast" else ""))
     say(f"placement: trainer rank(s) on {', '.join(t_nodes)} ({dist.trainer_placement}, {t_cpus:g} CPU"
         + (" 1 GPU" if gpus else "") + f" each); rollout worker(s) on {', '.join(w_nodes)} ({r_cpus:g} CPU"

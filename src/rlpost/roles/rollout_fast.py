@@ -23,6 +23,10 @@ same maths with fewer, larger ops (benchmarks/README.md measures each lever):
   own (row, token index), so its samples do not depend on its slot or the slot count.
 * **logits only where sampled**: the lm_head (576 x 49152, a fifth of the model's FLOPs per token)
   runs on the last position only.
+* **weights between decode steps** (``between_steps``, partial rollouts): a hook its owner sets is
+  called before every decode step and may load new weights; the rows running go on under them and
+  each token records the version that drew it (``Rollouts.token_version``). The CUDA twin has no
+  such hook yet: its rows take new weights only between calls.
 
 What is sampled is exactly ``HFRollout``'s distribution: softmax(logits / T), top-p after, and
 the recorded sampler log-prob is log softmax(logits / T) of the drawn token. Numerics mirror
@@ -33,6 +37,8 @@ Stop strings (multi-turn tool episodes) also go through ``HFRollout``'s path.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -129,6 +135,10 @@ class FastRollout:
         # Decode slots: rows decoded at once, each freed slot refilled by a waiting row (roles/slots.py);
         # 0: one slot per row of the call (every row at once, the fastest on a CPU while memory allows)
         self.slots = slots
+        # Partial rollouts (dist.partial_rollouts, distributed/actors.py): called with this engine between
+        # two decode steps, it may load new weights; the batch then records each token's version
+        self.between_steps: Callable[["FastRollout"], None] | None = None
+        self.token_version: Tensor | None = None  # (B, T) int64 of the last call, when between_steps is set
 
     @property
     def version(self) -> int:
@@ -149,9 +159,14 @@ class FastRollout:
     def generate(self, rows: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int) -> Rollouts:
         """n completions of each row; temperature 0 = greedy (no log-probs recorded)."""
         enc = self.hf.encode(rows)
+        start, self.token_version = self.version, None
         completion, sampler_logp, floor = self._sample((enc.input_ids, enc.attention_mask), n, temperature, top_p,
                                                        max_new_tokens)
-        return self.hf.assemble(enc, rows, n, completion, sampler_logp, floor)
+        out = self.hf.assemble(enc, rows, n, completion, sampler_logp, floor)
+        if self.between_steps is not None and self.token_version is not None:  # weights may have changed mid-call
+            out.token_version = self.token_version * out.completion_mask
+            out.policy_version = start  # the oldest token's: the staleness bound holds for every token
+        return out
 
     def sample_ids(self, seqs: list[list[int]], temperature: float, top_p: float, max_new_tokens: int,
                    stop_strings: list[str]) -> list[tuple[list[int], list[float], str]]:
@@ -264,14 +279,16 @@ class FastRollout:
         st.key = sampling.new_key(ids.device) if temperature > 0 else torch.zeros(2, dtype=torch.long)
         batch = Batch(self, Prefixes(self, ids, mask, -(-S // n)), n,
                             (temperature, top_p, max_new, self.eos_ids))
-        b = len(batch.enter(st, list(range(S)), P))  # the live slots are the first b
+        b = len(self._enter(batch, st, list(range(S)), P))  # the live slots are the first b
         col, steps, views = P, 0, None  # col: the step's cache column, before the ring's mod
         while True:
+            if self.between_steps is not None:
+                self._take_weights()
             while batch.waiting:  # freed slots to the next rows (a first token may be EOS: look again)
                 free = st.finished[:b].nonzero().squeeze(1).tolist()
                 if not free:
                     break
-                batch.enter(st, free, col)
+                self._enter(batch, st, free, col)
             live = ~st.finished[:b]
             if not bool(live.any()):
                 break
@@ -287,7 +304,28 @@ class FastRollout:
             self._record(st, b, self._logits(x[:, 0]), (temperature, top_p, max_new))
             col, steps = col + 1, steps + 1
         self.last_metrics = {"rollout/decode_steps": steps, "rollout/slots": S}
-        return st.collect(self.eos_ids)
+        out = st.collect(self.eos_ids)
+        self.token_version = st.ver[:, : out[0].shape[1]]
+        return out
+
+    def _enter(self, batch: Batch, st: "_State", slots: list[int], col: int) -> Tensor:
+        """``batch.enter`` (roles/slots.py), each entering row's first token stamped with the version held
+        now (its prompt's cached prefill may be older under continuous batching; its recorded
+        log-prob is the one that drew it either way)."""
+        idx = batch.enter(st, slots, col)
+        st.ver[st.slot[idx], 0] = self.version
+        return idx
+
+    def _take_weights(self) -> None:
+        """The hook between two decode steps (partial rollouts): its owner may load new weights now.
+        The rows running go on under them; the keys and values cached so far stay as the old weights
+        wrote them (as AReaL's interruptible generation keeps them), and each token records the
+        version and the log-prob that drew it, which is all the importance correction needs."""
+        self.between_steps(self)
+        if not self.packed:  # load_weights dropped the packed copies: this call's remaining steps want them
+            for lin in self.linears():
+                lin.pack()
+            self.packed = True
 
     def _record(self, st: "_State", b: int, logits: Tensor, sample: tuple[float, float, int]) -> None:
         """Draw the next token of the first ``b`` slots' rows, each with its own (row, token index)
@@ -297,7 +335,7 @@ class FastRollout:
         tok, lp, floor = self._draw(logits, temperature, top_p, sampling.uniforms(st.key, rows, t))
         live = ~st.finished[:b]
         r, c = rows[live], t[live]
-        st.out[r, c], st.logp[r, c] = tok[live], lp[live]
+        st.out[r, c], st.logp[r, c], st.ver[r, c] = tok[live], lp[live], self.version
         if st.floor is not None:
             st.floor[r, c] = floor[live]
         st.tok[:b], st.pos[:b], st.t[:b] = tok, st.pos[:b] + 1, t + live
@@ -361,6 +399,7 @@ class _State:
         self.finished = torch.ones(S, dtype=torch.bool)
         self.out = torch.full((B, max_new), engine.tok.pad_token_id, dtype=torch.long)
         self.logp = torch.zeros(B, max_new)
+        self.ver = torch.zeros(B, max_new, dtype=torch.long)  # the weight version that drew each token
         self.floor: Tensor | None = None
         self.key: Tensor | None = None
 

@@ -34,7 +34,11 @@ class Rollouts:
     group_ids: Tensor  # (B,) int64, index of the prompt each row answers; a group's rows are contiguous
     rows: list[dict]  # B task rows (prompt messages, answer, metadata), repeated across each group
     completions: list[str]  # B decoded completions (special tokens dropped)
-    policy_version: int = 0  # trainer step whose weights produced these samples
+    policy_version: int = 0  # trainer step whose weights produced these samples (the oldest token's, below)
+    # (B, T) int64 or None. Partial rollouts (dist.partial_rollouts): the weight version that drew
+    # each token, 0 on pad; a row may span several when its worker took new weights mid-row.
+    # None = every token is policy_version's.
+    token_version: Tensor | None = None
     # (B, T) float32 or None. With rollout.top_p < 1: log pi_sampler (full softmax) of the least
     # likely token the sampler kept at each position, i.e. its truncation threshold. Every later
     # log-prob of this batch (trainer, old, reference) keeps the same tokens: those at or above it,
