@@ -99,8 +99,9 @@ class _Job:
 class Endpoint:
     """The OpenAI-compatible API over ``engine`` (anything with ``sample_ids``, ``tok``, ``eos_set``)."""
 
-    # In episodes, a batch is decoded once half the running episodes wait on the endpoint, or the
-    # oldest request has waited this long: agents that answer fast join one decode.
+    # In episodes, a batch is decoded once every running episode waits on the endpoint, or the
+    # oldest request has waited this long: agents that answer fast join one decode, and one that
+    # thinks (a tool, its own search) delays the others by this much at most.
     GATHER_S = 0.05
 
     def __init__(self, engine, limits: Limits, name: str = "rlpost"):
@@ -192,7 +193,7 @@ class Endpoint:
         except queue.Empty:
             return 0
         items = [first]
-        while running and 2 * self.inbox.qsize() + 2 < running and time.monotonic() - first[0] < self.GATHER_S:
+        while running and self.inbox.qsize() + 1 < running and time.monotonic() - first[0] < self.GATHER_S:
             time.sleep(0.002)
         while True:
             try:
