@@ -32,7 +32,7 @@ import torch
 from rlpost import algorithms, config, machine
 from rlpost.console import say, say_once
 from rlpost.envs import Task, env_pool, verifier_timeout
-from rlpost.model import checkpoint, device, fit, lora, packed, precision
+from rlpost.model import checkpoint, compiled, device, fit, lora, packed, precision
 from rlpost.model.load import load_policy, load_policy_for, load_tokenizer, resolve
 from rlpost.model.logprobs import Scoring
 from rlpost.rewards.episodes import EpisodeReward
@@ -320,13 +320,15 @@ def forward_plan(tcfg: TrainerConfig, model: torch.nn.Module, temperature: float
     where trainer.forward allows it (not under activation checkpointing or data parallelism), the
     chunked body, each prompt once per micro-batch (trainer.share_prompt_prefix) and once per
     mini-batch (trainer.prompts_once: not where each rank's rows are its own, nor for a critic with
-    its own trunk, which runs its own prompts), a shared critic's head on the policy's trunk, and the
-    entropy with grad where the loss reads it."""
+    its own trunk, which runs its own prompts), a shared critic's head on the policy's trunk, the
+    entropy with grad where the loss reads it, and trainer.compile's compiled step (model/compiled.py)."""
     shared_head = critic.head if critic is not None and critic.shared else None
     separate_critic = critic is not None and not critic.shared
     route = packed.resolve(tcfg.forward, model, checkpointing=checkpointing, data_parallel=rows.sharded)
     once = tcfg.prompts_once and tcfg.share_prompt_prefix and not rows.sharded and not separate_critic
-    return ForwardPlan(Scoring(temperature, tcfg.share_prompt_prefix, True, shared_head), packed=route,
+    cuda = device.is_cuda(device.of(model))
+    step = compiled.Step(cuda) if compiled.resolve(tcfg.compile, cuda) else None
+    return ForwardPlan(Scoring(temperature, tcfg.share_prompt_prefix, True, shared_head, step), packed=route,
                        prompts_once=once, loss_entropy=loss_entropy, checkpointing=checkpointing)
 
 

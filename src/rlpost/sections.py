@@ -237,6 +237,9 @@ class TrainerConfig:
     prompts_once: bool = True
     """with share_prompt_prefix: a mini-batch's prompts run once ahead of its micro-batches, which then take rows of
     similar length from any group (docs/options.md)"""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """the update's per-token layers and log-prob head through torch.compile (inductor), row counts on a ladder; auto =
+    on where it was measured to pay (CUDA), said in one line (docs/options.md)"""
     max_nonfinite_steps: int = knob(3, ge=1)
     """a non-finite loss or gradient skips that optimizer step (counted in actor/nonfinite_steps); this many training
     steps in a row with a skipped update stop the run, before anything is saved"""

@@ -48,6 +48,7 @@ class HeadSpec:
     temperature: float
     dtype: torch.dtype
     entropy: bool = False
+    step: object = None  # trainer.compile's Step (model/compiled.py): the per-chunk passes compiled; None: eager
 
 
 class ChunkedLogp(torch.autograd.Function):
@@ -76,20 +77,17 @@ class ChunkedLogp(torch.autograd.Function):
         # kept logits are the ones the backward would recompute.
         kept = h.new_empty(len(h), w.shape[0], dtype=w.dtype) if any(ctx.needs_input_grad) else None
         chunk = chunk_tokens(h.is_cuda, w.shape[0])
+        scores = (spec.step.wrap(chunk_scores, rows=(0, 1, 2)) if spec.step is not None and kept is not None
+                  else chunk_scores)
         for i in range(0, len(h), chunk):
             sl = slice(i, i + chunk)
             zw = ChunkedLogp._logits(h[sl], w)  # (c, V) in the matmul's dtype
             if kept is not None:
                 kept[sl] = zw
-            z = zw.float().div_(temperature)  # (c, V) float32
-            lse_all[sl] = z.logsumexp(-1)
-            zk = truncated(z, lse_all[sl], floor[sl] if floor is not None else None, targets[sl])  # (c, V)
-            lse[sl] = zk.logsumexp(-1) if floor is not None else lse_all[sl]  # over the kept set
-            logp[sl] = z.gather(-1, targets[sl, None]).squeeze(-1) - lse[sl]
-            if want_entropy:  # H = lse - sum p z, p = 0 off the kept set
-                ent[sl] = lse[sl] - ((zk - lse[sl, None]).exp_() * z).sum(-1)
+            logp[sl], ent[sl], lse[sl], lse_all[sl] = scores(zw, targets[sl], floor[sl] if floor is not None else None,
+                                                             (temperature, want_entropy))
         ctx.save_for_backward(h, weight, targets, ent, lse, lse_all, floor, kept)
-        ctx.temperature, ctx.dtype, ctx.head_grad = temperature, dtype, head_grad
+        ctx.temperature, ctx.dtype, ctx.head_grad, ctx.step = temperature, dtype, head_grad, spec.step
         ctx.set_materialize_grads(False)  # an output no loss reads gets None, not zeros to test on the host
         return logp, ent
 
@@ -107,18 +105,12 @@ class ChunkedLogp(torch.autograd.Function):
         g_logp = g_logp / ctx.temperature if g_logp is not None else torch.zeros_like(lse)
         g_ent = g_ent / ctx.temperature if g_ent is not None else None
         chunk = chunk_tokens(h.is_cuda, w.shape[0])
+        grad_z = ctx.step.wrap(chunk_grad, rows=(0, 1, 2, 3)) if ctx.step is not None else chunk_grad
         for i in range(0, len(h), chunk):
             sl = slice(i, i + chunk)
-            z = kept[sl].float().div_(ctx.temperature)  # (c, V): the forward's logits
-            zk = truncated(z, lse_all[sl], floor[sl] if floor is not None else None, targets[sl])  # the forward's set
-            p = (zk - lse[sl, None]).exp_()  # renormalised over the kept set, 0 off it
-            if g_ent is not None:  # -p (log p + H) g_ent, before p is overwritten
-                ent_part = p * ((z - lse[sl, None]) + ent[sl, None]) * g_ent[sl, None]
-            dz = p.mul_(-g_logp[sl, None])
-            dz.scatter_add_(1, targets[sl, None], g_logp[sl, None])  # (onehot - p) g_logp
-            if g_ent is not None:
-                dz -= ent_part
-            dz = dz.to(ctx.dtype)
+            stats = (lse[sl], lse_all[sl], floor[sl] if floor is not None else None, ent[sl])
+            dz = grad_z(kept[sl], targets[sl], stats, (g_logp[sl], g_ent[sl] if g_ent is not None else None),
+                        (ctx.temperature, ctx.dtype))
             grad_h[sl] = (dz @ w).to(h.dtype)
             if dz_all is not None:
                 dz_all[sl] = dz
@@ -132,6 +124,40 @@ class ChunkedLogp(torch.autograd.Function):
     @staticmethod
     def _logits(h: Tensor, w: Tensor) -> Tensor:  # (c, V): the lm_head, once per token (the forward's)
         return h.to(w.dtype) @ w.T
+
+
+def chunk_scores(zw: Tensor, targets: Tensor, floor: Tensor | None, spec: tuple) -> tuple[Tensor, ...]:
+    """One chunk of ``ChunkedLogp``'s forward from its logits zw (c, V) in the matmul's dtype: (log pi(target),
+    entropy (0 unless asked), log-sum-exp over the kept set, over all tokens), each (c,) float32.
+    ``spec``: (temperature, entropy wanted), constants of trainer.compile's graph (model/compiled.py)."""
+    temperature, want_entropy = spec
+    z = zw.float().div_(temperature)  # (c, V) float32
+    lse_all = z.logsumexp(-1)
+    zk = truncated(z, lse_all, floor, targets)  # (c, V)
+    lse = zk.logsumexp(-1) if floor is not None else lse_all  # over the kept set
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not want_entropy:
+        return logp, torch.zeros_like(lse), lse, lse_all
+    return logp, lse - ((zk - lse[:, None]).exp_() * z).sum(-1), lse, lse_all  # H = lse - sum p z, p = 0 off the set
+
+
+def chunk_grad(kept: Tensor, targets: Tensor, stats: tuple, grads: tuple, spec: tuple) -> Tensor:
+    """One chunk of ``ChunkedLogp``'s backward: dz (c, V) in the matmul's dtype from the forward's logits
+    ``kept`` (c, V). stats: the forward's (lse, lse_all, floor or None, entropy); grads: (g_logp, g_ent or
+    None), each already divided by the temperature; spec: (temperature, the matmul's dtype)."""
+    lse, lse_all, floor, ent = stats
+    g_logp, g_ent = grads
+    temperature, dtype = spec
+    z = kept.float().div_(temperature)  # (c, V): the forward's logits
+    zk = truncated(z, lse_all, floor, targets)  # the forward's set
+    p = (zk - lse[:, None]).exp_()  # renormalised over the kept set, 0 off it
+    if g_ent is not None:  # -p (log p + H) g_ent, before p is overwritten
+        ent_part = p * ((z - lse[:, None]) + ent[:, None]) * g_ent[:, None]
+    dz = p.mul_(-g_logp[:, None])
+    dz.scatter_add_(1, targets[:, None], g_logp[:, None])  # (onehot - p) g_logp
+    if g_ent is not None:
+        dz -= ent_part
+    return dz.to(dtype)
 
 
 class HeadGrad:

@@ -89,11 +89,13 @@ class Scoring:
     chunked: the ``ChunkedLogp`` body on the completion tokens only, where the model's head is a
     plain bias-free linear layer; False = the full (B, T, V) logits.
     value_head: PPO's critic on the policy's own trunk: the head reads the same final hidden states
-    the logits come from, so policy and value cost one forward."""
+    the logits come from, so policy and value cost one forward.
+    step: trainer.compile's compiled step (model/compiled.py: Step) for the chunked head's passes, or None."""
     temperature: float
     share_prefix: bool = True
     chunked: bool = True
     value_head: torch.nn.Module | None = None
+    step: object = None
 
 
 def policy_forward(model: torch.nn.Module, batch: Rollouts, scoring: Scoring, entropy: str = "none",
@@ -109,7 +111,7 @@ def policy_forward(model: torch.nn.Module, batch: Rollouts, scoring: Scoring, en
     module, run = trunk(model, scoring.chunked, scoring.value_head)
     states = completion_states(module, batch, scoring.share_prefix, run, prefix)  # (B, T, H) or (B, T, V) logits
     if scoring.chunked and plain_head(model):
-        logp, ent = chunked_body(model, states, batch, scoring.temperature, entropy, head_grad)
+        logp, ent = chunked_body(model, states, batch, scoring, entropy, head_grad)
     else:
         logits = states if run is causal_lm else model.get_output_embeddings()(states)  # (B, T, V)
         logp, ent = full_body(logits, batch, scoring.temperature, entropy)
@@ -117,10 +119,10 @@ def policy_forward(model: torch.nn.Module, batch: Rollouts, scoring: Scoring, en
     return PolicyForward(logp, ent, values)
 
 
-def chunked_body(model: torch.nn.Module, hidden: Tensor, batch: Rollouts, temperature: float, entropy: str,
+def chunked_body(model: torch.nn.Module, hidden: Tensor, batch: Rollouts, scoring: Scoring, entropy: str,
                  head_grad: HeadGrad | None) -> tuple[Tensor, Tensor | None]:
     """(logp (B, T), entropy (B, T) or None) from final hidden states through ``ChunkedLogp``, on the
-    completion tokens only; 0 off the mask."""
+    completion tokens only; 0 off the mask. scoring: its temperature, and its compiled step where it has one."""
     mask = batch.completion_mask
     head = model.get_output_embeddings().weight
     dev = hidden.device.type  # autocast is per device type: ask the one the forward ran on
@@ -130,7 +132,7 @@ def chunked_body(model: torch.nn.Module, hidden: Tensor, batch: Rollouts, temper
     # With head_grad, the head's gradient is not the backward's to return: autograd does not see the weight
     deferred = head_grad is not None and head.requires_grad and torch.is_grad_enabled()
     lp, ent = ChunkedLogp.apply(hidden[mask], head.detach() if deferred else head, batch.completion_ids[mask],
-                                HeadSpec(temperature, dtype, entropy != "none"), floor,
+                                HeadSpec(scoring.temperature, dtype, entropy != "none", scoring.step), floor,
                                 head_grad if deferred else None)
     logp = hidden.new_zeros(mask.shape, dtype=torch.float32).masked_scatter(mask, lp)  # (B, T), 0 off the mask
     if entropy == "none":

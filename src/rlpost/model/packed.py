@@ -210,6 +210,12 @@ class PackedTrunk:
         self.hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.scale = self.decoder.layers[0].self_attn.scaling
         self._fused: dict[tuple, list] = {}
+        self.compiled: tuple | None = None  # (pre_attention, post_attention) through trainer.compile (``compile``)
+
+    def compile(self, step) -> None:
+        """Run the layers' token-wise work through ``step`` (model/compiled.py: Step) when grad is on: the
+        trainer's update; its no-grad forwards (old log-probs) stay eager, which keeps the graphs few."""
+        self.compiled = (step.wrap(pre_attention, rows=(0, 1)), step.wrap(post_attention, rows=(0, 1)))
 
     # --- weights ----------------------------------------------------------------------------------
 
@@ -245,25 +251,21 @@ class PackedTrunk:
         their own; mask (b, 1, 1, T, P+T) additive. Returns x and per layer the tokens' own keys
         and values on the grid (b, nkv, T, hd)."""
         grid, b, T = cells
-        nh, nkv, hd, N = self.nh, self.nkv, self.hd, x.shape[0]
+        nh, nkv, hd = self.nh, self.nkv, self.hd
         g = nh // nkv
         gpu = on_gpu(x)
         if gpu:
             mask = mask.to(dtype)  # 0 and -inf are exact in bf16: cast once here, not in every layer's SDPA
         cos, sin = self.decoder.rotary_emb(x, pos[None])  # (1, N, hd) each, in the residual stream's dtype
         cos, sin = cos[0, :, None], torch.cat((-sin[0, :, : hd // 2], sin[0, :, hd // 2 :]), -1)[:, None]  # (N, 1, hd)
+        rope = torch.stack((cos, sin), 1)  # (N, 2, 1, hd): one row tensor for pre_attention
+        pre, post = self.compiled if self.compiled is not None and torch.is_grad_enabled() else (pre_attention,
+                                                                                                 post_attention)
         kv_out = []
         for i, layer in enumerate(self.decoder.layers):
             w_qkv, b_qkv, w_o, b_o, w_gu, w_down = self.cached(dtype)[i]
-            qkv = F.linear(rms_norm(x, layer.input_layernorm, gpu).to(dtype), w_qkv, b_qkv)  # (N, (nh + 2 nkv) hd)
-            # RoPE on q and k in one go, as transformers' x cos + rotate_half(x) sin with rotate_half
-            # written as roll(x) times a sin whose first half is negated (rollout_fast._rope)
-            # split, not two slices: its backward is one cat, where each slice's makes a zero tensor of
-            # qkv's size, copies its part in, and the two are added (6 kernels where 1 does)
-            qk, v = qkv.split([(nh + nkv) * hd, nkv * hd], dim=-1)
-            qk = qk.view(N, nh + nkv, hd)
-            qk = (qk * cos + qk.roll(hd // 2, -1) * sin).to(dtype)  # (N, nh + nkv, hd)
-            v = v.view(N, nkv, hd)
+            qk, v = pre(x, rope, layer.input_layernorm.weight, (w_qkv, b_qkv),
+                        (nh, nkv, hd, layer.input_layernorm.variance_epsilon, dtype, gpu))
             if grid is not None:  # onto the padded grid: (b T, ...) rows, zeros off the tokens
                 qk = qk.new_zeros(b * T, nh + nkv, hd).index_copy(0, grid, qk)
                 v = v.new_zeros(b * T, nkv, hd).index_copy(0, grid, v)
@@ -277,9 +279,8 @@ class PackedTrunk:
             o = attention(q, k, v, mask, self.scale).view(b, nh, T, hd).transpose(1, 2).reshape(b * T, nh * hd)
             if grid is not None:
                 o = o.index_select(0, grid)  # (N, nh hd): back to the tokens
-            x = x + F.linear(o, w_o, b_o)
-            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm, gpu).to(dtype), w_gu).chunk(2, dim=-1)
-            x = x + F.linear(SiluMul.apply(gate, up) if gpu else F.silu(gate) * up, w_down)
+            x = post(x, o, layer.post_attention_layernorm.weight, (w_o, b_o, w_gu, w_down),
+                     (nh, nkv, hd, layer.post_attention_layernorm.variance_epsilon, dtype, gpu))
         return x, kv_out
 
     # --- prompts and completions ------------------------------------------------------------------
@@ -323,6 +324,36 @@ class PackedTrunk:
         return F.pad(torch.cat([prefix.states.to(x.dtype), fed_states], 1), (0, 0, 0, T - 1 - Tf))  # (b, T, H)
 
 
+def pre_attention(x: Tensor, rope: Tensor, norm_weight: Tensor, weights: tuple, spec: tuple) -> tuple[Tensor, Tensor]:
+    """A layer's token-wise work before attention, over packed tokens x (N, H): RMSNorm, the fused q/k/v
+    projection (``weights``: its weight and bias or None) and RoPE (``rope`` (N, 2, 1, hd): cos, then sin
+    with its first half negated). Returns q and k (N, nh + nkv, hd) and v (N, nkv, hd), in the matmul
+    dtype. ``spec``: (nh, nkv, hd, the norm's eps, the matmul dtype, GPU kernels), plain constants, so
+    that trainer.compile compiles one graph a row count for every layer (model/compiled.py)."""
+    nh, nkv, hd, eps, dtype, gpu = spec
+    N = x.shape[0]
+    qkv = F.linear(_rms(x, norm_weight, eps, gpu).to(dtype), *weights)  # (N, (nh + 2 nkv) hd)
+    # RoPE on q and k in one go, as transformers' x cos + rotate_half(x) sin with rotate_half
+    # written as roll(x) times a sin whose first half is negated (rollout_fast._rope)
+    # split, not two slices: its backward is one cat, where each slice's makes a zero tensor of
+    # qkv's size, copies its part in, and the two are added (6 kernels where 1 does)
+    qk, v = qkv.split([(nh + nkv) * hd, nkv * hd], dim=-1)
+    qk = qk.view(N, nh + nkv, hd)
+    cos, sin = rope.unbind(1)  # (N, 1, hd) each
+    return (qk * cos + qk.roll(hd // 2, -1) * sin).to(dtype), v.view(N, nkv, hd)
+
+
+def post_attention(x: Tensor, o: Tensor, norm_weight: Tensor, weights: tuple, spec: tuple) -> Tensor:
+    """A layer's token-wise work after attention: x (N, H) plus the output projection of o (N, nh hd),
+    then plus the SwiGLU MLP of its RMSNorm. ``weights``: (o weight, o bias or None, gate/up, down);
+    ``spec`` as ``pre_attention``'s."""
+    w_o, b_o, w_gu, w_down = weights
+    _, _, _, eps, dtype, gpu = spec
+    x = x + F.linear(o, w_o, b_o)
+    gate, up = F.linear(_rms(x, norm_weight, eps, gpu).to(dtype), w_gu).chunk(2, dim=-1)
+    return x + F.linear(SiluMul.apply(gate, up) if gpu else F.silu(gate) * up, w_down)
+
+
 def fed_layout(loss_mask: Tensor) -> tuple[int, Tensor]:
     """(Tf, grid) of ``completions``: the fed positions of the longest row (token t-1 is fed to predict
     token t, up to each row's last loss token), and each fed token's cell in the (b, Tf) grid (N,).
@@ -354,14 +385,19 @@ def on_gpu(x: Tensor) -> bool:
 
 
 def rms_norm(x: Tensor, norm: torch.nn.Module, fused: bool = False) -> Tensor:
+    """transformers' LlamaRMSNorm (``norm``) over x (``_rms``)."""
+    return _rms(x, norm.weight, norm.variance_epsilon, fused)
+
+
+def _rms(x: Tensor, weight: Tensor, eps: float, fused: bool) -> Tensor:
     """transformers' LlamaRMSNorm, written out: in float32, cast back, then the weight. ``fused``, for a
     float32 x and weight (bf16 autocast over float32 masters): torch's ``rms_norm`` with the weight, the
     same x * rsqrt(mean(x^2) + eps) * w in float32, which on CUDA is one kernel each way keeping x and
     1/rms for the backward (on the CPU torch writes it out as above)."""
-    if fused and x.dtype == norm.weight.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    if fused and x.dtype == weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.float()
-    return norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)).to(x.dtype)
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class SiluMul(torch.autograd.Function):

@@ -87,6 +87,9 @@ class Trainer:
         keep = precision.cast_keeping_float32(modules) if tcfg.param_dtype == "bfloat16" else None
         self._policy_forward, self.lookup = self.plan.prepare(self.model, self.critic)
         (packed.enable if forward.packed else packed.disable)(self.model)  # the route the plan chose
+        self.step = forward.scoring.step  # trainer.compile (model/compiled.py): the head's passes, and the trunk's
+        if self.step is not None and forward.packed:
+            packed.trunk_of(self.model).compile(self.step)
         self.params = [p for p in self.model.parameters() if p.requires_grad and p is not self.lookup]
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad] if critic is not None else []
         self.critic_lr = critic.lr if critic is not None else 0.0
@@ -167,6 +170,8 @@ class Trainer:
                     runs = 1 if k == "actor/entropy" else self.cfg.epochs
                     sums[k] = sums.get(k, 0.0) + v / (n_mini * runs)
                 steps.append(self._step())
+        if self.step is not None:
+            self.step.report()  # the compile's cost, said once, after the update that paid it
         return self._update_metrics(sums, steps, diffs, lr)
 
     def _mini_batch(self, mini: Rollouts, loss_fn: LossFn, first_epoch: bool = True,
@@ -265,6 +270,8 @@ class Trainer:
         lr = self.opt.param_groups[0]["lr"]  # the lr this step uses (the scheduler moves it after)
         metrics = self._mini_batch(batch.to(self.device), loss_fn, first_epoch=False)
         norms, stepped = self._step()
+        if self.step is not None:
+            self.step.report()
         metrics.update({"actor/grad_norm": norms[0], "actor/lr": lr, "actor/nonfinite_steps": int(not stepped)})
         if len(norms) > 1:
             metrics["critic/grad_norm"] = norms[1]
