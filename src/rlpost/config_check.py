@@ -174,12 +174,16 @@ IGNORED = {
     "rm": ("dist.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
            "pref.orpo_lambda", "pref.nll_coef", "pref.rsft_"),
     "dpo": ("dist.", "pref.rm_margin", "pref.rsft_"),
+    "prm": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
+    "search": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
 }
 WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",
        "sft": "supervised fine-tuning runs in one process, on fixed rows, with the NLL loss",
        "rsft": "rejection-sampling SFT samples its own rows and trains them with the NLL loss",
        "rm": "the reward model trains in one process with the Bradley-Terry loss",
-       "dpo": "preference optimisation runs in one process"}
+       "dpo": "preference optimisation runs in one process",
+       "prm": "the scorer trains in one process with its own options: --lr, --head-lr, --epochs, --batch-size",
+       "search": "search trains nothing"}
 
 
 def refuse_ignored(command: str, keys: list[str]) -> None:
