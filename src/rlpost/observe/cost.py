@@ -10,6 +10,7 @@ graph (the own engine, vLLM). Pure functions of the frozen records (Shape, Workl
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from rlpost.observe.devices import (CPU_AVX512, DECODE_KERNELS, GPU_LATENCY, MICRO_KERNELS, UPDATE_KERNELS,
@@ -98,7 +99,8 @@ def memory(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1) -> di
     if wt.share_prefix and w.group > 1:  # the prompt's cache, repeated for each row of the group
         act += kv_cache_bytes(s, rows, w.prompt_len, 2 if w.trainer_bf16 else 4)
     mem["activations"], mem["logits"] = act, logits_bytes(s, rows, w.T)
-    mem["kv_cache"] = kv_cache_bytes(s, w.batch / gpus, w.prompt_len + w.new_tokens, 2 if w.sampler_bf16 else 4)
+    kv_rows = min(w.slots, w.batch / gpus) if w.slots and w.engine != "hf" else w.batch / gpus  # one a slot
+    mem["kv_cache"] = kv_cache_bytes(s, kv_rows, w.prompt_len + w.new_tokens, 2 if w.sampler_bf16 else 4)
     mem["runtime"] = dev.overhead_gib * GiB
     static = sum(v for k, v in mem.items() if k not in ("activations", "logits", "kv_cache"))
     # Generation and the update take turns: the peak holds the larger transient of the two, unless the
@@ -114,6 +116,32 @@ def keeps_graphs(dev: Device, w: Workload, held: float) -> bool:
     return not dev.cpu and w.engine == "fast" and held <= KEEP_FRACTION * dev.memory_gib * GiB
 
 
+def row_lengths(w: Workload, rows: int) -> list[float]:
+    """Completion lengths of ``rows`` rows as the plan draws them from the run's length distribution: min, mean and
+    max (T) known, the rest unknown, so the most long-tailed one: a share (mean - min) / (T - min) of the rows at T,
+    the others short, at the length that keeps the mean, the long rows spread evenly through the batch (a long
+    prompt's group in every run of prompts). Without a mean every row runs to T."""
+    T, mean = w.T, min(max(w.mean_response_len or w.T, 1), w.T)
+    low = min(max(w.min_response_len, 1), mean)
+    if mean <= low:  # no spread: every row as long as the mean
+        return [mean] * rows
+    n_long = min(rows, max(1, round(rows * (mean - low) / (T - low))))
+    short = max(1.0, (rows * mean - n_long * T) / (rows - n_long)) if n_long < rows else T
+    return [T if (i + 1) * n_long // rows > i * n_long // rows else short for i in range(rows)]
+
+
+def decode_schedule(lengths: list[float], slots: int) -> tuple[float, float]:
+    """(decode steps, row-steps) of rows of these completion lengths on ``slots`` decode slots (0: one a row). A
+    row's first token comes from its prompt's prefill; it then holds a slot for length - 1 steps, and a slot a
+    row frees goes to the next waiting row (continuous batching, roles/slots.py): list scheduling in the rows'
+    order. Without slots to spare the batch runs to its longest row; with S slots about total tokens / S."""
+    free = [0.0] * (min(slots, len(lengths)) if slots else len(lengths))
+    heapq.heapify(free)
+    for n in lengths:
+        heapq.heappush(free, heapq.heappop(free) + n - 1)
+    return max(free, default=0.0), sum(n - 1 for n in lengths)
+
+
 def rollout_parts(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1,
                   eff: dict | None = None) -> dict[str, float]:
     """The rollout engine's prefill and its mean decode step, in seconds, and that step's FLOPs.
@@ -122,13 +150,17 @@ def rollout_parts(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1
     group's rows; vLLM shares it by prefix caching). A decode step costs a fixed overhead per layer
     (its small ops: norms, RoPE, cache writes, SiLU, whatever the batch) plus its FLOPs and its
     bytes: every sampler weight read once for the whole batch, and the KV cache at mean context.
-    On a GPU the reads and the FLOPs overlap (the larger counts); on a CPU they add. The batch
-    decodes until its longest row ends, T - 1 steps after the prefill's token, but a finished row
-    leaves it: the FLOPs are those of the mean live rows, rows x (mean length - 1) / (T - 1)."""
+    On a GPU the reads and the FLOPs overlap (the larger counts); on a CPU they add. The straggler
+    term: the steps and the live rows come from the batch's lengths (``row_lengths``) on its slots
+    (``decode_schedule``): all rows at once decode until the longest row ends, T - 1 steps after the
+    prefill's token, a finished row leaving the batch (the FLOPs are those of the mean live rows);
+    on rollout.slots = S about total tokens / S steps of S rows."""
     bf16, rows = w.sampler_bf16, w.batch / gpus
-    mean = min(max(w.mean_response_len or w.T, 1), w.T)
     own = w.engine != "hf"  # `generate` runs every row to the end and prefills every row's prompt
-    live = rows * (mean - 1) / (w.T - 1) if w.T > 1 and own else rows
+    n = max(1, round(rows))
+    steps, row_steps = decode_schedule(row_lengths(w, n) if own else [w.T] * n, w.slots if own else 0)
+    steps = max(steps, 1.0) if w.T > 1 else 0.0
+    live = rows * row_steps / (n * steps) if steps and own else rows
     peak, nbytes = (dev.bf16_flops, 2) if bf16 else (dev.fp32_flops, 4)
     flops_tok, runs = 2 * s.trunk_params, rows / w.group if own else rows
     prefill = runs * w.prompt_len * flops_tok + attn_flops(s, runs * w.prompt_len, w.prompt_len / 2)
@@ -148,7 +180,8 @@ def rollout_parts(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1
     prefill_s = prefill / (peak * efficiency(dev, "prefill", bf16, eff))
     if not dev.cpu:  # the prefill's kernels are launched one by one; the host's own work once per call
         prefill_s = gpu_step(prefill_s, prefill_latency(s), graph=False) + GPU_LATENCY["host"]
-    return {"prefill": prefill_s, "step": step, "step_flops": step_flops, "total": prefill_s + (w.T - 1) * step}
+    return {"prefill": prefill_s, "step": step, "step_flops": step_flops, "steps": steps,
+            "total": prefill_s + steps * step}
 
 
 def gpu_step(work: float, latency: float, graph: bool) -> float:

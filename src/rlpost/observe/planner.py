@@ -16,7 +16,7 @@ import math
 import re
 import statistics
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import yaml
@@ -28,6 +28,8 @@ from rlpost.observe.cost import (  # noqa: F401 - re-exported: planner.memory et
     prompt_runs, prompts_once, rollout_parts, rollout_time, step_time, update_flops, update_latency)
 from rlpost.observe.devices import (  # noqa: F401 - re-exported: planner.GPUS etc.
     CPU_AVX512, EFFICIENCY, GPU_LATENCY, GPUS, Device, bf16_on, decode_overhead, efficiency, probed_cpu, resolve_device)
+from rlpost.observe.timeline import (  # noqa: F401 - re-exported: planner.Net etc.
+    NET_GBPS, WEIGHT_LOAD_S, Net, across_nodes, gantt, link_terms, load_terms, sync_bytes, timeline)
 from rlpost.observe.workload import (  # noqa: F401 - re-exported: planner.Shape etc.
     EMBEDDED, EMBEDDED_NAMES, HUB_SHAPES, TINY, Shape, Workload, find_model, parse_size, resolve_model,
     shape_from_config_json, shape_from_size)
@@ -48,63 +50,22 @@ LABELS = {"weights": "policy weights (fp32 master)", "sampler": "sampler copy", 
           "runtime": "runtime overhead", "total": "total (peak)", "sync": "weight sync",
           "gen": "rollout (prefill + decode)", "ref": "reference forward", "old": "old log-probs (+values)",
           "update": "update (fwd+bwd+AdamW)", "sync_link": "weight sync over the network",
-          "fsdp_link": "FSDP traffic over the network"}
+          "fsdp_link": "FSDP traffic over the network", "load": "weight load on the rollout workers"}
 
 
 def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: dict | None = None,
          net: Net | None = None) -> dict:
     mem, net = memory(s, w, dev, gpus), net or Net()
     fits = mem["total"] <= dev.memory_gib * GiB if dev.memory_gib else None
+    t = across_nodes(s, w, step_time(s, w, dev, gpus, eff), gpus, net)
     out = {"params": s.params, "shape": asdict(s), "workload": asdict(w), "device": dev.name,
-           "gpus": gpus, "memory_bytes": mem, "time_s": across_nodes(s, w, step_time(s, w, dev, gpus, eff), gpus, net),
-           "fits": fits, "nodes": net.nodes, "net_gbps": net.gbps, "topology": net.topology,
+           "gpus": gpus, "memory_bytes": mem, "time_s": t, "fits": fits, "nodes": net.nodes, "net_gbps": net.gbps,
+           "topology": net.topology, "weight_sync": net.weight_sync,
+           "timeline": timeline({k: v for k, v in t.items() if k != "step"}, net.topology, net.weight_sync),
            "caveats": [] if dev.cpu else [*GPU_CAVEATS, *([MULTI_GPU] if gpus > 1 else [])]}
     if fits is False:
         out["would_fit"] = would_fit(s, w, dev, gpus, eff)
     return out
-
-
-# --- Across nodes: what crosses the network link ---
-NET_GBPS = 100.0  # the default inter-node link: a GPU cluster's 100 Gbit/s Ethernet or InfiniBand port
-
-
-@dataclass(frozen=True)
-class Net:
-    nodes: int = 1  # machines the run spans; the trainer's ranks spread over them, rollout workers on another
-    gbps: float = NET_GBPS  # the link between two nodes, Gbit/s per direction
-    topology: str = "colocated"  # dist.topology: colocated and disaggregated run phases in turn, async overlaps
-
-    @property
-    def bytes_per_s(self) -> float:
-        return self.gbps * 1e9 / 8
-
-
-def link_terms(s: Shape, w: Workload, gpus: int, net: Net) -> dict[str, float]:
-    """Seconds on the inter-node link per step. The weight sync sends the sampler's weights (P x its dtype's bytes)
-    from the trainer to rollout workers on another node. FSDP (no mixed-precision policy: fp32 shards) all-gathers
-    4P bytes for each micro-batch's forward and again for its backward, and reduce-scatters 4P bytes of gradients;
-    each forward-only pass (reference, old log-probs) gathers once per micro-batch. A ring over G ranks moves
-    (G - 1) / G of those bytes through each node's link; only when the ranks span nodes."""
-    if net.nodes == 1:
-        return {}
-    P, w = s.params, w.on(CPU_AVX512)  # only the workload's own fields matter here, not the device
-    out = {"sync_link": P * (2 if w.sampler_bf16 else 4) / net.bytes_per_s}
-    if min(net.nodes, gpus) > 1:
-        per_pass = math.ceil(max(1, w.batch // gpus) / w.micro(gpus))
-        n_mini = max(1, w.batch // (w.mini_batch or w.batch))
-        forwards = int(w.reference) + int(w.early_old or w.epochs > 1 or n_mini > 1)
-        gathers = 3 * w.epochs * per_pass + forwards * per_pass
-        out["fsdp_link"] = gathers * 4 * P * (gpus - 1) / gpus / net.bytes_per_s
-    return out
-
-
-def across_nodes(s: Shape, w: Workload, t: dict[str, float], gpus: int, net: Net) -> dict[str, float]:
-    """``t`` (step_time's phases) with the link's terms as rows of their own, and the step as the topology draws
-    it: the phases in turn (colocated, disaggregated), or generation alongside the rest (async: max of the two)."""
-    phases = {k: v for k, v in t.items() if k != "step"} | link_terms(s, w, gpus, net)
-    rest = sum(v for k, v in phases.items() if k != "gen")
-    step = max(phases["gen"], rest) if net.topology == "async" else phases["gen"] + rest
-    return {**phases, "step": step}
 
 
 # --- What would fit, where a plan does not ---
@@ -217,7 +178,8 @@ def workload_from_run(cfg: Config, med: dict, dev: Device) -> Workload:
         reference=reference, critic=critic, early_old=early_old,
         share_prefix=trainer.share_prompt_prefix, prompts_once=trainer.prompts_once,
         grad_ckpt=cfg.model.gradient_checkpointing,
-        packed=trainer.forward != "hf" and not cfg.model.lora_r, engine=engine_of(rollout.engine))
+        packed=trainer.forward != "hf" and not cfg.model.lora_r, engine=engine_of(rollout.engine),
+        slots=rollout.slots, min_response_len=med.get("response_length/min", 0))
 
 
 def engine_of(setting: str) -> str:
@@ -233,8 +195,14 @@ def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict
     cfg, med, steps, summary = read_run(run_dir)
     shape = resolve_model(cfg.model.name, "model.name (in the run's config.yaml)")
     dev = resolve_device(device, "--device")
+    # the run's own topology and weight sync: how it ran is not a question to ask the command line
+    net = replace(net or Net(), topology=cfg.dist.topology, weight_sync=cfg.dist.weight_sync)
     p = plan(shape, replace(workload_from_run(cfg, med, dev), **(path or {})), dev, gpus, eff, net)
     rows = [(f"timing_s/{k}", "s", v, med.get(f"timing_s/{k}")) for k, v in p["time_s"].items()]
+    if "load" in p["time_s"]:  # a worker times its load; under broadcast from the trainer's cast, across the link
+        t = p["time_s"]
+        sent = t["sync"] + t.get("sync_link", 0.0) if net.weight_sync == "broadcast" else 0.0
+        rows.append(("timing_s/worker_weight_load", "s", sent + t["load"], med.get("timing_s/worker_weight_load")))
     # peak_rss_gb is ru_maxrss KiB / 2**20, so GiB; it includes everything the process held. On a
     # GPU the device's own peak: the caching allocator's (perf/max_memory_allocated_gb, GiB too).
     peak = summary.get("peak_rss_gb") if dev.cpu else summary.get("perf/max_memory_allocated_gb")
@@ -254,7 +222,8 @@ INT_ARGS = (  # (name, default, smallest allowed, help): the workload's integer 
     ("micro_batch_tokens", 0, 0,
      "tokens per forward/backward, rows x (prompt + completion): trainer.micro_batch_tokens "
      "(0 = by --micro-batch)"),
-    ("mini_batch", 0, 0, "sequences per optimizer step (0 = all)"), ("epochs", 1, 1, "passes over each batch"))
+    ("mini_batch", 0, 0, "sequences per optimizer step (0 = all)"), ("epochs", 1, 1, "passes over each batch"),
+    ("slots", 0, 0, "rollout.slots: the own engine's decode slots, continuous batching (0 = every row at once)"))
 
 
 def parse_eff(items: list[str] | None) -> dict[str, float]:
@@ -278,6 +247,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("workload (the config keys of the same meaning)")
     for name, default, _, help_ in INT_ARGS:
         w.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, help=f"{help_} (default {default})")
+    w.add_argument("--mean-len", type=float, default=0, metavar="TOKENS", help="mean completion length (default 0: "
+                   "every row runs to the cap); with --min-len the lengths' spread, the straggler term")
+    w.add_argument("--min-len", type=float, default=0, metavar="TOKENS", help="shortest completion (default 0: 1)")
     w.add_argument("--algo", default="grpo", choices=list(algorithms.ALGORITHMS),
                    help="algo.name; one with a critic (ppo) adds it (default grpo)")
     w.add_argument("--critic", default="separate", choices=("separate", "shared"),
@@ -311,6 +283,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--topology", choices=("colocated", "disaggregated", "async"),
                    help="dist.topology: the phases in turn, or (async) generation alongside the rest; "
                    "default colocated on one node, disaggregated on several")
+    c.add_argument("--weight-sync", choices=("object_store", "broadcast"), default="object_store",
+                   help="dist.weight_sync: broadcast keeps the trainer sending while the link carries the weights "
+                   "(async: its lane waits for the link too); with --from, the run's config")
     c.add_argument("--eff", action="append", metavar="PHASE=X",
                    help=f"override an efficiency ({', '.join(EFFICIENCY['cpu'])})")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -324,12 +299,18 @@ def workload_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Workl
             raise ConfigError(f"--{name.replace('_', '-')}: expected an integer >= {low}, got {getattr(a, name)}")
     if a.kl_coef < 0:
         raise ConfigError(f"--kl-coef: expected a number >= 0, got {a.kl_coef}")
+    for name in ("mean_len", "min_len"):
+        value = getattr(a, name)
+        if not (0 <= value <= max(a.response_len or a.new_tokens, 1) and math.isfinite(value)):
+            raise ConfigError(f"--{name.replace('_', '-')}: expected 0 (unset) or a number of tokens up to the cap, "
+                              f"{a.response_len or a.new_tokens}, got {value}")
     cfg = from_dict({"algo": {"name": a.algo, "kl_coef": a.kl_coef, "critic": a.critic}})
     reference, critic, early_old = algorithm_parts(cfg)
     return Workload(a.prompts, a.group, a.prompt_len, a.new_tokens, a.response_len, a.micro_batch, a.mini_batch,
                     a.epochs, bf16_on(a.precision, dev), bf16_on(a.sampler_dtype, dev), reference, critic, early_old,
                     not a.no_share_prefix, a.grad_ckpt, packed=a.forward != "hf", engine=engine_of(a.engine or "auto"),
-                    logp_chunk=a.logp_chunk, micro_tokens=a.micro_batch_tokens)
+                    logp_chunk=a.logp_chunk, micro_tokens=a.micro_batch_tokens, slots=a.slots,
+                    mean_response_len=a.mean_len, min_response_len=a.min_len)
 
 
 def net_from_args(a: argparse.Namespace) -> Net:
@@ -341,7 +322,7 @@ def net_from_args(a: argparse.Namespace) -> Net:
         raise ConfigError(f"--net-gbps: expected a number > 0 (Gbit/s), got {a.net_gbps}")
     if a.nodes > 1 and a.topology == "colocated":
         raise ConfigError(f"--topology: colocated runs on one node; --nodes {a.nodes} needs disaggregated or async")
-    return Net(a.nodes, a.net_gbps, a.topology or ("disaggregated" if a.nodes > 1 else "colocated"))
+    return Net(a.nodes, a.net_gbps, a.topology or ("disaggregated" if a.nodes > 1 else "colocated"), a.weight_sync)
 
 
 def path_from_args(a: argparse.Namespace) -> dict:
@@ -370,6 +351,9 @@ def format_plan(p: dict, label: str) -> str:
         lines.append(f"  {'within device memory' + (' (estimate only)' if p['caveats'] else ''):<42}"
                      f"{'yes' if p['fits'] else 'NO':>9}")
     lines += ["", f"{'time per step':<44}{'s':>9}"] + [f"  {LABELS[k]:<42}{v:>9.3f}" for k, v in t.items()]
+    how = {"async": "side by side, the step is the longer lane"}.get(p.get("topology"), "in turn, the step is the sum")
+    lines += ["", f"timeline of a step ({p.get('topology', 'colocated')}: {how}; '.' = waiting)",
+              *gantt(p["timeline"], LABELS)]
     lines += format_would_fit(p["would_fit"], p["device"]) if "would_fit" in p else []
     lines += (["", "what this GPU plan rests on; read it as an estimate:", *(f"  - {x}" for x in p["caveats"])]
               if p["caveats"] else [])

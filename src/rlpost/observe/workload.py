@@ -198,6 +198,8 @@ class Workload:
     logp_chunk: int = 0  # tokens per ChunkedLogp chunk on a GPU; 0 = rlpost's rule (model/logprobs.py: chunk_tokens)
     # trainer.micro_batch_tokens: rows a micro-batch = as many of P + T tokens as fit; 0 = by rows
     micro_tokens: int = 0
+    slots: int = 0  # rollout.slots: the own engine's decode slots (continuous batching); 0 = every row at once
+    min_response_len: float = 0  # the shortest completion (with the mean and T, the lengths' spread); 0 = 1 token
 
     @property
     def batch(self) -> int:
