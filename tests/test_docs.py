@@ -61,7 +61,7 @@ NOT_IN_REPO = {
     "my_algo.py",
     # what an exported model folder holds, and what the docs show users doing with it
     "model.safetensors", "value_head.safetensors", "generation_config.json", "adapter_config.json", "eval.jsonl",
-    "requirements.txt", "convert_hf_to_gguf.py", "my-run.gguf", "adapter_model.safetensors",
+    "prm.json", "search.json", "requirements.txt", "convert_hf_to_gguf.py", "my-run.gguf", "adapter_model.safetensors",
     # the file names a code task's program and harness get inside the sandbox
     "main.py", "solution.py",
     # modules Python imports at start-up or by name, which a hostile program could leave on an import path

@@ -5,6 +5,9 @@
   rlpost eval MODEL_OR_RUN_DIR [--n N] [section.key=value ...]   greedy held-out accuracy
   rlpost eval SUITE.yaml [--model M] [--against RESULTS.json|MODEL] [--out FILE]   several sets, regressions
   rlpost curate DATA [--k K] [--keep LO-HI] [--out DIR] [key=value ...]   rows in the pass-rate band, deduplicated
+  rlpost serve MODEL [--port P] [--max-tokens N]   an OpenAI-compatible endpoint on 127.0.0.1; Ctrl-C stops
+  rlpost prm [DATA] --out DIR [--outcome] [key=value ...]   a process (or outcome) reward model: labelled steps or MC
+  rlpost search --prm DIR [--orm DIR] [--n N] [--methods M,...] [key=value ...]   best-of-N, weighted majority, beam
   rlpost sft | rsft | dpo | rm [RECIPE.yaml] [section.key=value ...]   supervised, rejection-sampling, preference,
                                                                        RM training
   rlpost pipeline PIPELINE.yaml [section.key=value ...] SFT -> (RM) -> DPO -> RL, one table at the end
@@ -44,7 +47,7 @@ from rlpost.config_check import refuse_ignored
 from rlpost.console import say
 from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
-from rlpost.recipes import curate, eval_args, suite
+from rlpost.recipes import curate, eval_args, search_args, serve, suite
 from rlpost.recipes.guard import SIGNALS, startup_signals
 from rlpost.recipes.suite import eval_table
 from rlpost.types import folders
@@ -94,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
                    "trains again from step 0 (its metrics and samples are replaced) instead of refusing")
     eval_args.add_parser(sub, options)
     curate.add_parser(sub, options)
+    serve.add_parser(sub, options)
+    search_args.add_parsers(sub, options)
     for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
                        ("rsft", "rejection-sampling SFT: SFT on the policy's own samples the verifier accepts"),
                        ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
@@ -219,7 +224,10 @@ def _dispatch(argv: list[str]) -> int:
     commands = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "doctor": cmd_doctor,
                 "sft": cmd_offline, "rsft": cmd_offline, "dpo": cmd_offline, "rm": cmd_offline,
                 "pipeline": cmd_pipeline, "export": cmd_export,
-                "curate": lambda a: curate.main(a, evaluation, refuse_ignored)}
+                "curate": lambda a: curate.main(a, evaluation, refuse_ignored),
+                "serve": lambda a: serve.main(a, serving),
+                "prm": lambda a: search_args.prm_main(a, searching, refuse_ignored),
+                "search": lambda a: search_args.search_main(a, searching, refuse_ignored)}
     return commands[args.command](args)
 
 
@@ -364,6 +372,20 @@ def cmd_eval(args) -> int:
     result = {"target": str(args.target), "heldout_accuracy": acc, "n": n, **summary, "samples_file": str(out)}
     print(json.dumps(result) if args.json or not sys.stdout.isatty() else eval_table(result))
     return 0
+
+
+def searching(name: str):
+    """recipes/test_time.py's body of `rlpost prm` or `rlpost search`: torch loads once their configs passed."""
+    from rlpost.recipes import test_time
+
+    return {"prm": test_time.train_scorer, "search": test_time.search}[name]
+
+
+def serving(*args) -> int:
+    """recipes/serving.py's body of `rlpost serve`: torch loads once its arguments passed."""
+    from rlpost.recipes import serving as body
+
+    return body.serve(*args)
 
 
 def evaluation(name: str):
