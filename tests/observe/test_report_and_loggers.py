@@ -62,7 +62,7 @@ def test_report_has_every_plot_and_samples(run):
         assert title in page, title
     # one epoch over one mini-batch: the old -> new KL is 0 at every step, so its plot is not drawn but named, with why
     assert "Policy change per update" not in page and "<code>actor/ppo_kl</code>: one epoch over one mini-batch" in page
-    assert page.count("<svg") == 10  # reward, 7 line plots, ratio histogram, timing
+    assert page.count("<svg") == 11  # reward, 7 line plots, ratio histogram, timing, the step's timeline
     assert "top reward" in page and "random" in page and "Health" in page
     assert [int(x) for x in re.findall(r"<h3>step (\d+)</h3>", page)] == [1, 3, 4]  # first, middle, last
 
@@ -82,7 +82,7 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                           (run / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert len(re.findall(r"<svg", dom.stdout)) == 10  # the browser parsed every inline plot
+    assert len(re.findall(r"<svg", dom.stdout)) == 11  # the browser parsed every inline plot
     shot = tmp_path / "report.png"
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                     "--window-size=1200,2400", (run / "report.html").as_uri()], capture_output=True, timeout=120)

@@ -201,3 +201,24 @@ def test_straggler_flags_in_one_line_when_bad(capsys):
         assert planner.main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"rlpost: error: {word}") and "\n" not in err, (argv, err)
+
+
+# --- the run report's picture -----------------------------------------------------------------
+
+
+def test_the_report_lays_out_a_runs_medians_as_its_topology_orders_them(tmp_path, monkeypatch):
+    from rlpost.observe import report
+
+    history = [{"step": i + 1, "timing_s/gen": g, "timing_s/update": u, "timing_s/sync": 0.5, "timing_s/eval": 9.0}
+               for i, (g, u) in enumerate(((1.0, 2.0), (3.0, 4.0), (2.0, 9.0)))]
+    # medians gen 2, update 4, sync 0.5; the held-out pass (some steps only) is not a phase of the step
+    assert report.step_bars(history, "disaggregated") == [("rollout", "gen", 0, 2.0), ("trainer", "update", 2.0, 6.0),
+                                                          ("trainer", "sync", 6.0, 6.5)]
+    assert step_of(report.step_bars(history, "async")) == 4.5
+    assert report.step_bars([{"step": 1, "actor/loss": 1.0}], "colocated") == []  # sft: no rollout, no chart
+    assert report.timeline_plot(history, "async").startswith("<svg")
+    config.save(config.load(None, ["dist.topology=async"]), tmp_path / "config.yaml")
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    seen = []  # the page draws it from the run's own config: its topology and weight sync
+    monkeypatch.setattr(report, "timeline_plot", lambda h, *how: seen.append(how) or "<svg>chart</svg>")
+    assert "<svg>chart</svg>" in report.build_html(tmp_path) and seen == [("async", "object_store")]

@@ -7,7 +7,8 @@ mean (reward/<fn>, with task.reward_funcs); pass@k for k = 1..64 before
 and after training (run.passk_eval); KL to the reference (only when the run has one); the policy's
 change per update (PPO's old -> new KL); entropy; response length and truncation; clip fractions;
 the sampler/trainer importance-ratio histogram; group reward std and the all-pass / all-fail
-shares; grad norm; throughput; wall-clock per role per step, stacked. Then the health findings
+shares; grad norm; throughput; wall-clock per role per step, stacked, and a step's timeline (its phases' medians on the
+rollout and trainer lanes, as the topology orders them: observe/timeline.py). Then the health findings
 (observe/diagnostics.py) and, for a few steps, the top-reward and random samples for a human
 audit. An ``rlpost sft|rm|dpo`` run gets its training loss and held-out metrics before / after
 instead of the RL plots. Steps are integer ticks, legends sit below the plot (never over the
@@ -25,6 +26,7 @@ import html
 import io
 import json
 import random
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -37,7 +39,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from rlpost.algorithms import core  # noqa: E402
 from rlpost.config import Config, default_max_new_tokens, run_config_path, to_dict  # noqa: E402
 from rlpost.model.checkpoint import write_atomic  # noqa: E402
-from rlpost.observe import jsonl  # noqa: E402
+from rlpost.observe import jsonl, timeline  # noqa: E402
 from rlpost.observe.diagnostics import diagnose, unjudged  # noqa: E402
 from rlpost.types.errors import DataError  # noqa: E402
 from rlpost.types.schema import Where, check  # noqa: E402
@@ -248,6 +250,37 @@ def timing_plot(history) -> str | None:
     return _svg(fig)
 
 
+def step_bars(history, topology: str, weight_sync: str = "object_store") -> list[tuple]:
+    """The run's own step as lanes (observe/timeline.py): each phase's median over the steps (timing_s/<role>, not
+    the held-out pass, which runs on some steps only), laid out as its topology orders them."""
+    medians = {}
+    for role in ROLES[:-1]:
+        vals = [v for h in history if isinstance(v := h.get(f"timing_s/{role}"), (int, float))]
+        if vals and statistics.median(vals) > 0:
+            medians[role] = statistics.median(vals)
+    return timeline.timeline(medians, topology, weight_sync) if "gen" in medians else []
+
+
+def timeline_plot(history, topology: str, weight_sync: str = "object_store") -> str | None:
+    """A step as a Gantt chart, the rollout and the trainer lane, from the run's medians: where the step waits for
+    which phase, as `rlpost plan` draws its prediction. None without a rollout timing."""
+    bars = step_bars(history, topology, weight_sync)
+    if not bars:
+        return None
+    fig, ax = plt.subplots(figsize=(5.2, 2.2))
+    colour = {k: f"C{i % 10}" for i, k in enumerate(dict.fromkeys(k for _, k, _, _ in bars))}
+    for lane, k, t0, t1 in bars:
+        y = timeline.LANES.index(lane)
+        ax.broken_barh([(t0, t1 - t0)], (y - 0.35, 0.7), color=colour[k],
+                       label=k if not any(b[1] == k and b[2] < t0 for b in bars) else None)
+    ax.set_yticks(range(len(timeline.LANES)), timeline.LANES)
+    ax.invert_yaxis()
+    ax.set(title=f"A step's timeline ({topology}; medians over steps)", xlabel="seconds")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=LEGEND_SIZE, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, frameon=False)
+    return _svg(fig)
+
+
 def sample_section(run_dir: Path, history, steps: list[int] | None = None, n: int = 3, seed: int = 0) -> str:
     """Top-reward and random samples of `steps` (default: the first, middle and last step)."""
     if steps is None:
@@ -359,7 +392,9 @@ def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
     run_dir = Path(run_dir)
     history = jsonl.read_lines(run_dir / "metrics.jsonl")
     summary = read_summary(run_dir / "summary.json")
-    plots = plots_for(history, summary)
+    dist = (yaml.safe_load(p.read_text()) or {}).get("dist") or {} if (p := run_dir / "config.yaml").is_file() else {}
+    plots = [*plots_for(history, summary),
+             timeline_plot(history, dist.get("topology", "colocated"), dist.get("weight_sync", "object_store"))]
     summary_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>"
                            for k, v in summary_items(summary))
     return ("<!doctype html><html><head><meta charset='utf-8'><title>rlpost report: "
