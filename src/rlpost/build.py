@@ -46,6 +46,7 @@ from rlpost.roles.reference import Placement, Reference
 from rlpost.roles import rollout_vllm
 from rlpost.roles.engine import auto_picks_vllm, build_rollout
 from rlpost.roles.forward_plan import ForwardPlan, Sizes
+from rlpost.roles.rollout_agent import agent_rollout
 from rlpost.roles.rollout_env import EnvRollout
 from rlpost.roles.row_plan import LocalPlan, ShardedPlan
 from rlpost.roles.trainer import Trainer
@@ -290,6 +291,8 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer, run_dir:
         rollout = rollout_vllm.VLLMRollout(on_device(cfg, model), tokenizer, resolve(cfg.model.name), dtype, settings)
     else:
         rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype, cfg.rollout.slots)
+    if cfg.task.name == "agent":  # the agent's own loop, its calls served over this sampler (roles/rollout_agent.py)
+        return agent_rollout(rollout, cfg.task, fit.architecture(cfg.model.name)[1], run_dir)
     if is_env(cfg):  # multi-turn episodes: the same generate() contract, the environment's turns inside
         task = cfg.task
         log = Path(run_dir) / "env.log" if run_dir else None
