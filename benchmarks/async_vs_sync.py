@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/async_vs_sync.py              # colocated, disaggregated, async (max_staleness 1),
                                                               # 10 steps each
     .venv/bin/python benchmarks/async_vs_sync.py --steps 4
+    .venv/bin/python benchmarks/async_vs_sync.py --long-tail  # colocated, async by chunk, + continuous batching,
+                                                              # + partial rollouts (issue 52)
 
 The embedded SmolLM2-135M-Instruct on arithmetic prompts of two kinds: three in four ask for the
 number only (a few tokens), one in four asks it to think step by step first (often to the
@@ -38,6 +40,16 @@ TOPOLOGIES = {
     "async, trainer 2 + rollout 1 threads": ["dist.topology=async", "dist.max_staleness=1", "dist.trainer_threads=2",
                                              "dist.rollout_threads=1"],
 }
+# --long-tail: where the straggler tax goes. One worker, one chunk a batch (dist.chunk_prompts=0), max_staleness 1:
+# by chunk the worker holds the chunk's weights to its longest row; continuous batching refills freed decode slots
+# (rollout.slots, 8 of the 32 rows); partial rollouts take new weights between decode steps.
+ASYNC1 = ["dist.topology=async", "dist.max_staleness=1"]
+LONG_TAIL = {  # the two the partial-rollout target compares first; results are written after every row
+    "async by chunk": ASYNC1,
+    "async + partial rollouts": [*ASYNC1, "dist.partial_rollouts=true"],
+    "async + continuous batching": [*ASYNC1, "rollout.slots=8"],
+    "colocated": [],
+}
 SHORT = "What is {expr}? Reply with only the number."
 LONG = "What is {expr}? Think it through step by step in a few sentences, then give the number."
 
@@ -55,9 +67,12 @@ def write_rows(path: Path, n: int, seed: int) -> None:
 
 
 def run(name: str, extra: list[str], steps: int, data: Path, out: Path) -> dict:
-    run_dir = out / name.split()[0]
+    run_dir = out / "".join(c if c.isalnum() else "_" for c in name)  # one folder a row
     cmd = [sys.executable, "-m", "rlpost.cli", "train", "task.name=dataset", f"task.data={data}",
            "task.verifier=rlpost.envs.arithmetic:score", "task.n_heldout=50", "rollout.prompts_per_step=8",
+           # the held-out rows are the same templates with other numbers, which the n-gram check calls overlap:
+           # this measures throughput, and its held-out accuracy is a sanity check, not a claim
+           "task.max_contamination=1", "run.passk_eval=0",  # pass@k sampling would cost more than the steps
            "rollout.group_size=4", "rollout.max_new_tokens=128", "rollout.temperature=0.7", "trainer.lr=1e-5",
            "trainer.micro_batch_size=8", f"run.steps={steps}", "run.eval_every=0", "run.checkpoint_every=0",
            "run.progress=false", f"run.out_dir={out}", f"run.name={run_dir.name}", *extra]
@@ -74,6 +89,7 @@ def run(name: str, extra: list[str], steps: int, data: Path, out: Path) -> dict:
         "step_s": med("timing_s/step"), "gen_wait_s": med("timing_s/gen"), "update_s": med("timing_s/update"),
         "tokens_per_s": med("perf/throughput"), "trainer_idle": med("async/trainer_idle_frac"),
         "rollout_idle": med("async/rollout_idle_frac"), "staleness": med("async/staleness_mean"),
+        "token_staleness": med("async/token_staleness_mean"), "inflight_loads": med("async/inflight_weight_loads"),
         "length_mean": statistics.mean(r["response_length/mean"] for r in rows),
         "length_max": statistics.mean(r["response_length/max"] for r in rows),
         "clip_ratio": statistics.mean(r["response_length/clip_ratio"] for r in rows),
@@ -85,13 +101,15 @@ def run(name: str, extra: list[str], steps: int, data: Path, out: Path) -> dict:
 def table(results: list[dict]) -> str:
     base = results[0]["step_s"]
     fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)
-    out = [("| topology | median step (s) | vs colocated | gen wait (s) | update (s) | tokens/s | trainer idle | "
-            "rollout idle | staleness | reward mean | held-out before -> after |"),
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [(f"| topology | median step (s) | vs {results[0]['name']} | gen wait (s) | update (s) | tokens/s | "
+            "trainer idle | "
+            "rollout idle | staleness | per-token staleness | reward mean | held-out before -> after |"),
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         out.append(f"| {r['name']} | {fmt(r['step_s'])} | {r['step_s'] / base:.2f}x | {fmt(r['gen_wait_s'])} | "
                    f"{fmt(r['update_s'])} | {fmt(r['tokens_per_s'], '{:.0f}')} | {fmt(r['trainer_idle'])} | "
-                   f"{fmt(r['rollout_idle'])} | {fmt(r['staleness'])} | {statistics.mean(r['rewards']):.3f} | "
+                   f"{fmt(r['rollout_idle'])} | {fmt(r['staleness'])} | {fmt(r.get('token_staleness'))} | "
+                   f"{statistics.mean(r['rewards']):.3f} | "
                    f"{r['before']:.2f} -> {r['after']:.2f} |")
     lengths = ", ".join(f"{r['name']}: mean {r['length_mean']:.0f} tokens, longest per step {r['length_max']:.0f} on "
                         f"average, {r['clip_ratio']:.0%} at the cap" for r in results)
@@ -104,24 +122,31 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--only", default="",
                     help="run only the topologies whose name contains this; keep the others' last results")
+    ap.add_argument("--long-tail", action="store_true",
+                    help="the long-tail rows (LONG_TAIL), to results/async_vs_sync_long_tail.{json,md}")
+    ap.add_argument("--note", default="", help="a line written above the table (the machine, its load)")
     args = ap.parse_args()
+    rows, stem = (LONG_TAIL, "async_vs_sync_long_tail") if args.long_tail else (TOPOLOGIES, "async_vs_sync")
     out = Path(tempfile.mkdtemp(prefix="rlpost-topology-"))
     data = out / "rows.jsonl"
     write_rows(data, 2000, 0)
     res_dir = HERE / "results"
-    last = {r["name"]: r for r in json.loads((res_dir / "async_vs_sync.json").read_text())} if args.only else {}
+    last = {r["name"]: r for r in json.loads((res_dir / f"{stem}.json").read_text())} if args.only else {}
     results = []
-    for name, extra in TOPOLOGIES.items():
+    for name, extra in rows.items():
         if args.only and args.only not in name:
             results.append(last[name])
             continue
         print(f"{name} ...", flush=True)
         results.append(run(name, extra, args.steps, data, out))
         print(f"  median step {results[-1]['step_s']:.2f} s, wall {results[-1]['wall_s']:.0f} s", flush=True)
-    shutil.rmtree(out)  # every topology's RUN/model and checkpoint: GBs the tables do not need
-    (res_dir / "async_vs_sync.json").write_text(json.dumps(results, indent=1))
-    text = table(results)
-    (res_dir / "async_vs_sync.md").write_text(text)
+        # its RUN/model and checkpoints: GBs the tables do not need
+        shutil.rmtree(out / "".join(c if c.isalnum() else "_" for c in name), ignore_errors=True)
+        # after every row: a long run cut short keeps what it measured
+        (res_dir / f"{stem}.json").write_text(json.dumps(results, indent=1))
+        text = (f"{args.note}\n\n" if args.note else "") + table(results)
+        (res_dir / f"{stem}.md").write_text(text)
+    shutil.rmtree(out)
     print(text)
 
 
