@@ -8,9 +8,10 @@ driver (they are light, or a subprocess pool already).
 
 Placement is Ray's: the trainer ranks get a placement group of one bundle a rank, packed on one node
 (``dist.trainer_placement=pack``) or spread over nodes (``spread``); the rollout workers get one of
-their own, spread. Each bundle asks for what its actor uses: its torch threads in CPUs
-(``cpu_share``) and, with ``run.device=cuda``, one GPU, which Ray then shows it alone (docs/gpu.md).
-Every process group meets at an address on its rank 0's node (``sync.address``), within
+their own, spread, on nodes without a trainer rank where those hold them all (``placement.worker_nodes``:
+GPU trainer ranks and rollout workers on different nodes). Each bundle asks for what its actor uses: its
+torch threads in CPUs (``cpu_share``) and, with ``run.device=cuda``, one GPU, which Ray then shows it
+alone (docs/gpu.md). Every process group meets at an address on its rank 0's node (``sync.address``), within
 ``dist.rendezvous_timeout_s``, and a member that cannot reach it stops the run in one line.
 """
 
@@ -22,7 +23,7 @@ from typing import Callable
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlpost.distributed import sync
+from rlpost.distributed import placement, sync
 from rlpost.distributed.actors import RemoteTrainer, RolloutWorker, TrainerWorker, gather
 from rlpost.distributed.pool import RolloutPool
 from rlpost.sections import DistConfig
@@ -65,10 +66,12 @@ def node_cpus() -> list[float]:
     return [n["Resources"]["CPU"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0] or [1.0]
 
 
-def group(bundle: dict, n: int, strategy: str, what: str, timeout_s: float):
-    """A placement group of ``n`` copies of ``bundle``, ready, and the address of each bundle's node.
-    A cluster that cannot hold it stops the run in one line rather than wait for ever."""
-    pg = ray.util.placement_group([dict(bundle) for _ in range(n)], strategy=strategy)
+def group(bundle: dict, n: int, strategy: str, what: str, timeout_s: float, nodes: list[str] | None = None):
+    """A placement group of ``n`` copies of ``bundle`` (each held to its node of ``nodes`` where given), ready,
+    and the address of each bundle's node. A cluster that cannot hold it stops the run in one line rather
+    than wait for ever."""
+    bundles = [placement.pinned(bundle, ip) for ip in nodes] if nodes else [dict(bundle) for _ in range(n)]
+    pg = ray.util.placement_group(bundles, strategy=strategy)
     try:
         ray.get(pg.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -106,8 +109,9 @@ def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: 
     t_cpus, r_cpus = cpus(t_threads, share), cpus(r_threads, share)
     t_pg, t_nodes = group({"CPU": t_cpus, "GPU": gpus} if gpus else {"CPU": t_cpus}, ranks,
                           "STRICT_PACK" if dist.trainer_placement == "pack" else "SPREAD", "trainer rank(s)", wait_s)
-    w_pg, w_nodes = group({"CPU": r_cpus, "GPU": gpus} if gpus else {"CPU": r_cpus}, workers, "SPREAD",
-                          "rollout worker(s)", wait_s)
+    w_bundle = {"CPU": r_cpus, "GPU": gpus} if gpus else {"CPU": r_cpus}
+    apart = placement.worker_nodes(placement.alive(ray.nodes()), t_nodes, w_bundle, workers)  # None: anywhere
+    w_pg, w_nodes = group(w_bundle, workers, "SPREAD", "rollout worker(s)", wait_s, apart)
     initial = ray.put(weights) if weights is not None else None
     trainer_cls = ray.remote(num_cpus=t_cpus, num_gpus=gpus)(TrainerWorker)
     trainer = RemoteTrainer([in_group(trainer_cls, t_pg, r).remote(t_threads) for r in range(ranks)], (t_pg, w_pg))
@@ -117,8 +121,11 @@ def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: 
         partial = is_async and dist.partial_rollouts  # offers of weights arrive while a chunk runs: two calls at once
         worker_cls = ray.remote(num_cpus=r_cpus, num_gpus=gpus, max_restarts=0,
                                 max_concurrency=2 if partial else 1)(rollout_worker or RolloutWorker)
-        # A restarted worker goes back into its own bundle, which Ray moves to a node left if its own is lost.
+        # A restarted worker goes back into its own bundle, which Ray moves to a node left if its own is lost;
+        # a bundle held to a lost node cannot move, so that worker starts wherever Ray finds room.
         def spawn(i, w):
+            if apart and apart[i] not in {x["ip"] for x in placement.alive(ray.nodes())}:
+                return worker_cls.remote(make_sampler, w, r_threads, seed)
             return in_group(worker_cls, w_pg, i).remote(make_sampler, w, r_threads, seed)
         pool = RolloutPool(spawn, workers, dist.chunk_prompts, dist.max_staleness if is_async else 0,
                            initial_weights=initial, say=say, stream=stream if is_async else None, partial=partial)
@@ -135,7 +142,7 @@ def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: 
         + (", weights by broadcast" if dist.weight_sync == "broadcast" else ""))
     say(f"placement: trainer rank(s) on {', '.join(t_nodes)} ({dist.trainer_placement}, {t_cpus:g} CPU"
         + (" 1 GPU" if gpus else "") + f" each); rollout worker(s) on {', '.join(w_nodes)} ({r_cpus:g} CPU"
-        + (" 1 GPU" if gpus else "") + " each)")
+        + (" 1 GPU" if gpus else "") + (" each, away from the trainer's nodes)" if apart else " each)"))
     return pool, trainer
 
 
