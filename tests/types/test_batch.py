@@ -46,3 +46,14 @@ def test_cat_of_a_filtered_out_round_adds_no_rows():
     empty = a.select(t([], dtype=torch.long))
     out = Rollouts.cat([a, empty, a])
     assert len(out) == 2 and out.group_ids.tolist() == [0, 1]
+
+
+def test_token_versions_follow_their_tokens_through_cat_select_and_trim():
+    # partial rollouts: a's second row took version 3 from its second token on
+    a = rollouts([[5], [6]], [[1], [2, 2]], [0, 0], version=2, token_version=t([[2, 0], [2, 3]]))
+    b = rollouts([[7]], [[4, 4, 4]], [0], version=3, token_version=t([[3, 3, 3]]))
+    out = Rollouts.cat([a, b])
+    assert out.token_version.tolist() == [[2, 0, 0], [2, 3, 0], [3, 3, 3]]  # right-padded with 0, as the tokens
+    assert out.policy_version == 2
+    assert out.select(t([1])).token_version.tolist() == [[2, 3, 0]]
+    assert a.select(t([0])).trimmed().token_version.tolist() == [[2]]  # cut with the completion columns
