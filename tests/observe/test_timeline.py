@@ -197,7 +197,8 @@ def test_straggler_flags_in_one_line_when_bad(capsys):
     assert p == 0 and (w["mean_response_len"], w["min_response_len"], w["slots"]) == (16, 4, 32)
     for argv, word in ((["--mean-len", "65", "--new-tokens", "64"], "--mean-len"), (["--min-len", "-1"], "--min-len"),
                        (["--slots", "-2"], "--slots"), (["--nodes", "0"], "--nodes"),
-                       (["--net-gbps", "0"], "--net-gbps"), (["--nodes", "2", "--topology", "colocated"], "--topology")):
+                       (["--net-gbps", "0"], "--net-gbps"),
+                       (["--nodes", "2", "--topology", "colocated"], "--topology")):
         assert planner.main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"rlpost: error: {word}") and "\n" not in err, (argv, err)
