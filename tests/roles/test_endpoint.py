@@ -230,3 +230,24 @@ def test_completions_take_text_or_token_ids_and_a_call_past_the_episode_limit_is
     assert first.choices[0].text == tok.decode(record.episode.ids, skip_special_tokens=True)
     assert record.episode.prompt == ids and record.breaks == 1 and second.usage.prompt_tokens == len(ids) + 1
     assert "more than 2 calls in one episode" in third.body["message"] and third.body["code"] == "too_many_calls"
+
+
+def test_stream_true_gets_the_same_answer_as_server_sent_events(served, tiny):
+    ep = served
+
+    def agent():
+        c = client(ep.url + "/v1")
+        ask = dict(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0.0)
+        whole = c.chat.completions.create(**ask)
+        parts = list(c.chat.completions.create(**ask, stream=True))
+        ask = dict(model="m", prompt="1+1", max_tokens=4, temperature=0.0)
+        return whole, parts, c.completions.create(**ask), list(c.completions.create(**ask, stream=True))
+
+    whole, parts, one, text = drive(ep, [agent], running=False)[0]
+    streamed = "".join(p.choices[0].delta.content or "" for p in parts)
+    assert streamed == whole.choices[0].message.content  # greedy: the same answer, whole or streamed
+    assert parts[0].choices[0].delta.role == "assistant"
+    assert parts[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert parts[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert "".join(t.choices[0].text for t in text) == one.choices[0].text
+    assert text[-1].choices[0].finish_reason == one.choices[0].finish_reason

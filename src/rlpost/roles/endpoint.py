@@ -94,6 +94,7 @@ class _Job:
     sampling: tuple  # (temperature, top_p, stop strings)
     kind: str  # chat | completion
     extend: tuple = ()  # (messages, tools) the call sent, for the record's ``last``
+    stream: bool = False  # answered as server-sent events
 
 
 class Endpoint:
@@ -150,7 +151,7 @@ class Endpoint:
     def _app(self):
         from starlette.applications import Starlette
         from starlette.requests import ClientDisconnect
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
 
         def route(path: str, kind: str) -> Route:
@@ -163,6 +164,9 @@ class Endpoint:
                     return JSONResponse(error_body("the client went away", "client_disconnect"), status_code=400)
                 self.inbox.put((time.monotonic(), kind, episode, body, future))
                 status, payload = await asyncio.wrap_future(future)
+                if status == 200 and payload.pop("_stream", False):  # the whole answer as server-sent events
+                    return Response("".join(f"data: {json.dumps(c)}\n\n" for c in chunks(payload)) + "data: [DONE]\n\n",
+                                    media_type="text/event-stream")
                 return JSONResponse(payload, status_code=status)
 
             return Route(path, handle, methods=["POST"])
@@ -220,7 +224,7 @@ class Endpoint:
                 for job, (ids, logps, how) in zip(group, outs):
                     if len(ids) > job.max_new:  # decoded with a longer call's budget: cut to its own
                         ids, logps, how = ids[: job.max_new], logps[: job.max_new], "length"
-                    job.future.set_result((200, self._answer(job, ids, logps, how)))
+                    job.future.set_result((200, {**self._answer(job, ids, logps, how), "_stream": job.stream}))
         except BaseException:  # Ctrl-C mid-decode, a failing engine: no client is left waiting for ever
             for job in jobs:
                 if not job.future.done():
@@ -269,8 +273,6 @@ class Endpoint:
 
     def _render(self, kind: str, request: dict, record: Record | None, future: Future) -> _Job:
         """The request's prompt ids, budget and sampling, checked field by field."""
-        if request.get("stream"):
-            raise Refused("stream: streaming is not served; send stream=false")
         if request.get("n", 1) not in (1, None):
             raise Refused(f"n: only 1 completion a request is served, got {request.get('n')!r}")
         temperature = number(request, "temperature", 1.0, 0.0, 2.0)
@@ -289,8 +291,10 @@ class Endpoint:
             ids, extend = self._completion_ids(request.get("prompt")), ()
         if self.forced is not None:  # training: the policy the trainer scores, whatever the agent asked
             temperature, top_p = self.forced
-        return _Job(future, record, ids, self._budget(record, ids, asked), (temperature, top_p, tuple(stops)), kind,
-                    extend)
+        job = _Job(future, record, ids, self._budget(record, ids, asked), (temperature, top_p, tuple(stops)), kind,
+                   extend)
+        job.stream = bool(request.get("stream"))
+        return job
 
     def _chat_ids(self, record: Record | None, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """The prompt ids of a chat request: its episode's ids so far plus the template's text for
@@ -388,6 +392,25 @@ class Endpoint:
             record.last = (job.extend[0], returned, job.extend[1], how == "eos")
         else:
             record.last = None
+
+
+def chunks(response: dict) -> list[dict]:
+    """A response as the stream of chunks the API sends for stream=true: the whole text in one delta
+    (decoding is done when the response exists), then the finish reason with the usage. Clients and
+    harnesses that only speak streaming so work unchanged; nothing arrives before the decode ends."""
+    choice, head = response["choices"][0], {k: response[k] for k in ("id", "created", "model")}
+    finish = {"index": 0, "finish_reason": choice["finish_reason"]}
+    if response["object"] == "text_completion":
+        return [{**head, "object": "text_completion", "choices": [{"index": 0, "text": choice["text"],
+                                                                    "finish_reason": None}]},
+                {**head, "object": "text_completion", "choices": [{**finish, "text": ""}], "usage": response["usage"]}]
+    message = choice["message"]
+    delta = {"role": "assistant", "content": message["content"]}
+    if "tool_calls" in message:
+        delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
+    head["object"] = "chat.completion.chunk"
+    return [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+            {**head, "choices": [{**finish, "delta": {}}], "usage": response["usage"]}]
 
 
 def error_body(message: str, code: str) -> dict:
