@@ -5,6 +5,7 @@ round-tripping through the chat template, and refusals in OpenAI's error shape."
 import copy
 import json
 import threading
+import time
 
 import openai
 import pytest
@@ -251,3 +252,22 @@ def test_stream_true_gets_the_same_answer_as_server_sent_events(served, tiny):
     assert parts[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert "".join(t.choices[0].text for t in text) == one.choices[0].text
     assert text[-1].choices[0].finish_reason == one.choices[0].finish_reason
+
+
+def test_an_agent_that_ignores_refusals_is_slowed_to_a_call_a_second(served):
+    ep = served
+    key, url = ep.open({})
+
+    def agent():
+        c, refused = client(url), 0
+        for _ in range(3):  # the first call is malformed and ends the episode; the next two are refused slowly
+            try:
+                c.chat.completions.create(model="m", messages=[{"role": "wizard", "content": "x"}])
+            except openai.BadRequestError:
+                refused += 1
+        return refused
+
+    ended = time.monotonic()
+    assert drive(ep, [agent], running=False)[0] == 3
+    assert time.monotonic() - ended >= 2 * ep.ENDED_DELAY_S  # a lower bound the server's sleep guarantees
+    assert ep.close(key).error.startswith("messages[0]")

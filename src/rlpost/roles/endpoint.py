@@ -109,6 +109,9 @@ class Endpoint:
     # decode, which costs about as much for 3 rows as for 8 (a decode step is mostly fixed cost).
     GATHER_S = 0.05
     GATHER_FRACTION = 0.25
+    # A call of an episode that has ended is refused after this long: an agent that swallows the
+    # refusal and calls again in a loop would otherwise keep a core busy until its deadline.
+    ENDED_DELAY_S = 1.0
 
     def __init__(self, engine, limits: Limits, name: str = "rlpost"):
         self.engine, self.tok, self.limits, self.name = engine, engine.tok, limits, name
@@ -164,6 +167,8 @@ class Endpoint:
                     return JSONResponse(error_body("the client went away", "client_disconnect"), status_code=400)
                 self.inbox.put((time.monotonic(), kind, episode, body, future))
                 status, payload = await asyncio.wrap_future(future)
+                if status == 400 and payload["error"]["code"] == "episode_ended":
+                    await asyncio.sleep(self.ENDED_DELAY_S)  # an agent that ignores refusals calls once a second
                 if status == 200 and payload.pop("_stream", False):  # the whole answer as server-sent events
                     return Response("".join(f"data: {json.dumps(c)}\n\n" for c in chunks(payload)) + "data: [DONE]\n\n",
                                     media_type="text/event-stream")
