@@ -38,6 +38,10 @@ def test_the_weight_push_is_the_state_dicts_bytes_over_the_link():
     assert planner.sync_bytes(untied, Workload()) == 2 * untied.params
     # one node, colocated: nothing crosses, no worker loads anything
     assert set(plan_t()) == {"gen", "update", "sync", "step"}
+    # a GPU plan with rollout workers of their own says the load is a CPU figure; one without says nothing of it
+    gpu = planner.plan(EMBEDDED, Workload(), GPUS["h100"], 1, net=planner.Net(2, 100.0, "disaggregated"))
+    assert planner.GPU_LOAD in gpu["caveats"] and planner.GPU_LOAD not in planner.plan(EMBEDDED, Workload(),
+                                                                                       GPUS["h100"])["caveats"]
 
 
 def test_disaggregated_charges_the_workers_load_in_series_with_everything_else():

@@ -40,6 +40,7 @@ GPU_CAVEATS = ("fitted on H100 runs of models up to 0.5B (the demo and a Qwen2.5
                "0.87-1.09x, docs/planner.md; the trainer's kernel count since then is counted, not measured); a "
                "larger model's kernels are priced at those runs' efficiencies, and other GPUs by their spec sheets",)
 MULTI_GPU = "data parallelism over GPUs (FSDP2 on NCCL) has run on the CPU only, on gloo (docs/distributed.md)"
+GPU_LOAD = f"the rollout workers' weight load beyond the link ({WEIGHT_LOAD_S:g} s a push) was measured on a CPU only"
 
 
 # --- The plan ---
@@ -62,7 +63,8 @@ def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: di
            "gpus": gpus, "memory_bytes": mem, "time_s": t, "fits": fits, "nodes": net.nodes, "net_gbps": net.gbps,
            "topology": net.topology, "weight_sync": net.weight_sync,
            "timeline": timeline({k: v for k, v in t.items() if k != "step"}, net.topology, net.weight_sync),
-           "caveats": [] if dev.cpu else [*GPU_CAVEATS, *([MULTI_GPU] if gpus > 1 else [])]}
+           "caveats": [] if dev.cpu else [*GPU_CAVEATS, *([MULTI_GPU] if gpus > 1 else []),
+                                          *([GPU_LOAD] if "load" in t else [])]}
     if fits is False:
         out["would_fit"] = would_fit(s, w, dev, gpus, eff)
     return out
