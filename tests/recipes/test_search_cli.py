@@ -4,13 +4,18 @@ command end to end on the tiny model, with the equal-budget invariants of the N-
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
-from helpers import TINY_EVAL, cli
+import torch
+from helpers import TINY_EVAL, cli, tiny_cfg
 
 from rlpost.envs import step_data
+from rlpost.recipes import test_time
 from rlpost.recipes.search import SearchResult
 from rlpost.recipes.test_time import data_examples, summarise
+from rlpost.rewards.prm import agg_last, agg_min
+from rlpost.types.batch import Rollouts
 from rlpost.types.errors import DataError
 
 EVAL = [o for o in TINY_EVAL if not o.startswith(("task.n_train", "task.n_heldout"))]
@@ -68,6 +73,53 @@ def test_summary_by_hand():
     assert best["delta_vs_majority"] == 0.25 and best["delta_se"] == pytest.approx(math.sqrt(2.75 / 12))
     assert table["majority"]["delta_vs_majority"] == 0 and table["majority"]["delta_se"] == 0
     assert "delta_vs_majority" not in summarise({"greedy": found["majority"]}, {"greedy": [1, 0, 0, 0]})["greedy"]
+
+
+# Two problems, N = 3 samples each, scripted: (text, tokens) of each sample, the right answer, and the scorers' scores.
+SAMPLES = [[("7", 1), ("7", 2), ("9", 3)], [("4", 1), ("5", 1), ("5", 1)]]
+ANSWERS = ["9", "4"]
+SCORES = {"prm": {agg_min: [0.2, 0.3, 0.9, 0.8, 0.1, 0.3], agg_last: [0.9, 0.1, 0.1, 0.1, 0.1, 0.9]},
+          "orm": {agg_last: [0.5, 0.6, 0.1, 0.1, 0.2, 0.9]}}
+
+
+class Scripted:
+    """The roles search reads: a sampler drawing SAMPLES, a verifier (right = the answer, its pred = the text)."""
+
+    def __init__(self):
+        self.rollout, self.grader, self.model = self, self, None
+
+    def generate(self, rows, n, temperature, top_p, max_new_tokens):
+        picked = [SAMPLES[r["i"]] for r in rows]
+        ids = [[5] * k + [0] * (3 - k) for samples in picked for _, k in samples]  # k tokens, then padding
+        cids = torch.tensor(ids)
+        return Rollouts(prompt_ids=torch.ones(len(ids), 1, dtype=torch.long), prompt_mask=torch.ones(len(ids), 1) > 0,
+                        completion_ids=cids, completion_mask=cids != 0, sampler_logp=torch.zeros(cids.shape),
+                        truncated=torch.zeros(len(ids)) > 0, group_ids=torch.arange(len(ids)) // n,
+                        rows=[r for r in rows for _ in range(n)], completions=[t for s in picked for t, _ in s])
+
+    def score(self, batch):
+        right = [c == ANSWERS[r["i"]] for c, r in zip(batch.completions, batch.rows)]
+        return torch.tensor(right, dtype=torch.float32), [{"correct": x, "pred": c} for x, c in
+                                                          zip(right, batch.completions)], {}
+
+
+def test_the_selectors_at_one_budget_by_hand(monkeypatch):
+    # majority: problem 0 votes 7 (2 of 3, wrong), problem 1 votes 5 (wrong): 0. oracle: a right sample in both: 1.
+    # prm-best (min): 0.9 -> "9" and 0.8 -> "4", both right: 1, +1 against majority on each problem (s.e. 0).
+    # prm-last: 0.9 -> "7" and 0.9 -> "5": 0. orm-best: 0.6 -> "7" and 0.9 -> "5": 0.
+    # prm-weighted (min): problem 0 "7" 0.5 vs "9" 0.9, problem 1 "4" 0.8 vs "5" 0.4: both right, 1.
+    # tokens: problem 0's samples 1 + 2 + 3 = 6, problem 1's 3: 4.5 a problem for every N-sample method; samples 3
+    fake = lambda path, cfg, near: SimpleNamespace(  # noqa: E731
+        score_rollouts=lambda batch, agg: SCORES[path][agg]) if path else None
+    monkeypatch.setattr(test_time, "load_scorer", fake)
+    args = SimpleNamespace(n=3, prm="prm", orm="orm", aggregate="min")
+    chosen = ["majority", "orm-best", "prm-best", "prm-last", "prm-weighted"]
+    table = test_time.methods_table(Scripted(), [{"i": 0}, {"i": 1}], tiny_cfg(), chosen, args)
+    got = {m: (t["accuracy"], t["correct"], t["tokens"], t["samples"]) for m, t in table.items()}
+    assert got == {"majority": (0.0, [0.0, 0.0], 4.5, 3.0), "orm-best": (0.0, [0.0, 0.0], 4.5, 3.0),
+                   "prm-best": (1.0, [1.0, 1.0], 4.5, 3.0), "prm-last": (0.0, [0.0, 0.0], 4.5, 3.0),
+                   "prm-weighted": (1.0, [1.0, 1.0], 4.5, 3.0), "oracle": (1.0, [1.0, 1.0], 4.5, 3.0)}
+    assert (table["prm-best"]["delta_vs_majority"], table["prm-best"]["delta_se"]) == (1.0, 0.0)
 
 
 @pytest.mark.slow

@@ -149,17 +149,22 @@ def search(cfg: config.Config, chosen: list[str], args) -> dict:
         raise config.ConfigError(f"task {cfg.task.name}: no held-out rows to search on")
     roles = build.build_roles(cfg, task, for_eval=True)
     try:
-        found = run_methods(roles, rows, cfg, chosen, args)
-        scored = {name: [is_correct(info, r) for r, info in graded(roles.grader, res.completions, rows)]
-                  for name, res in found.items() if name != "oracle"}
+        table = methods_table(roles, rows, cfg, chosen, args)
     finally:
         roles.close()
+    return {"model": cfg.model.name, "task": cfg.task.name, "problems": len(rows), "n": args.n,
+            "temperature": cfg.rollout.temperature, "prm": args.prm, "orm": args.orm, "aggregate": args.aggregate,
+            "methods": table}
+
+
+def methods_table(roles, rows: list[dict], cfg: config.Config, chosen: list[str], args) -> dict:
+    """Every chosen method run (``run_methods``), its choices graded by the task's verifier, summarised."""
+    found = run_methods(roles, rows, cfg, chosen, args)
+    scored = {name: [is_correct(info, r) for r, info in graded(roles.grader, res.completions, rows)]
+              for name, res in found.items() if name != "oracle"}
     if "oracle" in found:
         scored["oracle"] = found["oracle"].scores
-    n = args.n
-    return {"model": cfg.model.name, "task": cfg.task.name, "problems": len(rows), "n": n,
-            "temperature": cfg.rollout.temperature, "prm": args.prm, "orm": args.orm, "aggregate": args.aggregate,
-            "methods": summarise(found, scored)}
+    return summarise(found, scored)
 
 
 def run_methods(roles, rows: list[dict], cfg: config.Config, chosen: list[str], args) -> dict:
