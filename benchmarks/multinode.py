@@ -1,22 +1,25 @@
 """The planner across nodes against a run over a capped link: sync time and step, predicted and measured.
 
-    sudo .venv/bin/python benchmarks/multinode.py                 # 1 and 10 Gbit/s, 2 steps each
+    sudo .venv/bin/python benchmarks/multinode.py                 # 1 and 10 Gbit/s, 3 steps each
     sudo .venv/bin/python benchmarks/multinode.py --gbps 1 --steps 3
 
 Two hosts made of one machine (tests/netns_cluster.py: two network namespaces joined by a veth pair,
 a Ray node in each), the veth capped by `tc` at each rate. On it a disaggregated run of the embedded
-SmolLM2-135M-Instruct: one trainer rank, two rollout workers (Ray spreads them, one on each host),
-weights by broadcast from the trainer's rank 0, so `timing_s/sync` is the broadcast, the bf16
-weights (269 MB) crossing the link to the remote worker. The planner (`rlpost plan --from RUN --nodes 2
---net-gbps B`) predicts the run's own workload; its sync is `sync` + `sync_link`. Measured: the last
-step's `timing_s/sync` and `timing_s/step` (step 1 carries the warm-up). Needs root (CAP_NET_ADMIN).
-Writes benchmarks/results/multinode.{json} (the rows it prints).
+SmolLM2-135M-Instruct: one trainer rank and one rollout worker, which rlpost places on the other host
+(distributed/placement.py), weights by broadcast from the trainer's rank 0, so every push crosses the
+link once: the state dict in bf16, 326 MB (the tied head goes under both its names). The planner (`rlpost
+plan --from RUN --nodes 2 --net-gbps B`) predicts the run's own workload. Sync: the worker's
+`timing_s/worker_weight_load`, timed from the trainer's cast through the link into its sampler, against
+the planner's sync + sync_link + load. Step: the last step's `timing_s/step` (step 1 carries the warm-up,
+and loads no weights), whose generation waits for that load. Needs root (CAP_NET_ADMIN). Writes
+benchmarks/results/multinode.json (the rows it prints, the load average beside each).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -29,26 +32,26 @@ from rlpost.observe import planner  # noqa: E402
 
 ARGS = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=16", "run.progress=false",
         "run.checkpoint_every=0", "run.eval_every=0", "run.passk_eval=0", "dist.topology=disaggregated",
-        "dist.rollout_workers=2", "dist.trainer_ranks=1", "dist.weight_sync=broadcast",
+        "dist.rollout_workers=1", "dist.trainer_ranks=1", "dist.weight_sync=broadcast",
         f"dist.ray_address={netns_cluster.IPS[0]}:{netns_cluster.PORT}"]
 
 
-def measure(gbps: float, steps: int, out: Path) -> dict:
+def measure(gbps: float, steps: int, out: Path, timeout_s: float = 900) -> dict:
     """One run over a link capped at ``gbps``: the planner's prediction of it and its last step's figures."""
     run = out / f"g{gbps:g}"
     with netns_cluster.two_hosts(cpus=2, store_mb=600, rate_mbit=gbps * 1000) as hosts:
         r = hosts.run(0, sys.executable, "-m", "rlpost.cli", "train", *ARGS, f"run.steps={steps}",
-                      f"run.out_dir={out}", f"run.name={run.name}", timeout=900)
+                      f"run.out_dir={out}", f"run.name={run.name}", timeout=timeout_s)
     if r.returncode != 0:
         raise SystemExit(f"the run at {gbps:g} Gbit/s failed:\n{r.stderr[-3000:]}")
     placement = next((x.split("placement: ", 1)[1] for x in r.stderr.splitlines() if "placement: " in x), "")
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
-    t = planner.calibrate(run, "cpu", 1, net=planner.Net(2, gbps, "disaggregated"))["plan"]["time_s"]
-    pred_sync = t["sync"] + t.get("sync_link", 0.0)
-    return {"gbps": gbps, "placement": placement, "sync_pred_s": pred_sync, "sync_s": last["timing_s/sync"],
-            "worker_weight_load_s": last.get("timing_s/worker_weight_load"),
-            "step_pred_s": t["step"], "step_s": last["timing_s/step"],
-            "sync_ratio": last["timing_s/sync"] / pred_sync, "step_ratio": last["timing_s/step"] / t["step"],
+    cal = planner.calibrate(run, "cpu", 1, net=planner.Net(2, gbps))
+    t, rows = cal["plan"]["time_s"], {x["name"]: x for x in cal["rows"]}
+    sync_pred, sync = rows["timing_s/worker_weight_load"]["predicted"], last["timing_s/worker_weight_load"]
+    return {"gbps": gbps, "placement": placement, "load_avg_1min": os.getloadavg()[0],
+            "sync_pred_s": sync_pred, "sync_s": sync, "step_pred_s": t["step"], "step_s": last["timing_s/step"],
+            "sync_ratio": sync / sync_pred, "step_ratio": last["timing_s/step"] / t["step"],
             "measured_s": {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith("timing_s/")},
             "predicted_s": t}
 
@@ -56,17 +59,19 @@ def measure(gbps: float, steps: int, out: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gbps", type=float, action="append", help="link rates, Gbit/s (default 1 and 10)")
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=900, help="seconds a run may take (a loaded machine: more)")
     a = p.parse_args()
     if why := netns_cluster.refused():
         print(f"multinode: cannot make network namespaces here: {why}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="rlpmn") as tmp:
-        rows = [measure(g, a.steps, Path(tmp)) for g in a.gbps or (1.0, 10.0)]
-    print(f"{'Gbit/s':>7}{'sync pred':>11}{'sync meas':>11}{'ratio':>7}{'step pred':>11}{'step meas':>11}{'ratio':>7}")
+        rows = [measure(g, a.steps, Path(tmp), a.timeout) for g in a.gbps or (1.0, 10.0)]
+    print(f"{'Gbit/s':>7}{'sync pred':>11}{'sync meas':>11}{'ratio':>7}{'step pred':>11}{'step meas':>11}{'ratio':>7}"
+          f"{'load avg':>10}")
     for r in rows:
         print(f"{r['gbps']:>7g}{r['sync_pred_s']:>11.3f}{r['sync_s']:>11.3f}{r['sync_ratio']:>7.2f}"
-              f"{r['step_pred_s']:>11.3f}{r['step_s']:>11.3f}{r['step_ratio']:>7.2f}")
+              f"{r['step_pred_s']:>11.3f}{r['step_s']:>11.3f}{r['step_ratio']:>7.2f}{r['load_avg_1min']:>10.1f}")
     for r in rows:
         print(f"{r['gbps']:g} Gbit/s: {r['placement']}")
     (HERE / "results").mkdir(exist_ok=True)
