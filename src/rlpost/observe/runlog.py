@@ -89,9 +89,11 @@ class RunLog:
         self.steps, self.start_step, self.progress = steps, start_step, progress
         self.desc, self.postfix, self.rollouts = desc, postfix, rollouts
         self.bar = None
+        self.began = self.ended = None  # time.perf_counter() at begin and at the first close: the loop's span
 
     def begin(self) -> None:
         """Show the progress bar (after any messages printed before training starts)."""
+        self.began = time.perf_counter()
         self.bar = tqdm(total=self.steps, initial=self.start_step, desc=self.desc, unit="step",
                         disable=not self.progress, file=sys.stderr, dynamic_ncols=True)
 
@@ -167,6 +169,8 @@ class RunLog:
 
     def close(self) -> None:
         """Close the progress bar and the sinks (again is a no-op)."""
+        if self.began is not None and self.ended is None:
+            self.ended = time.perf_counter()
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -215,7 +219,23 @@ def closing_table(summary: dict) -> str:
         spec = ">10.3f" if max(abs(first), abs(last)) < 1e5 else ">10.3g"  # a huge reward scale keeps the columns
         lines.append(f"{'reward/mean (first/last)':24s}{first:{spec}}{last:{spec}}")
     lines.append(f"{'steps / wall time':24s}{summary['steps']:>10d}{summary['wall_minutes']:>9.1f}m")
+    if summary.get("wall_s"):
+        lines.append("wall time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary["wall_s"].items()))
     return "\n".join(lines)
+
+
+def wall_split(log: RunLog, started: float, end: dict[str, float]) -> dict[str, float]:
+    """Where this process's wall time went, in seconds: from ``started`` (time.perf_counter()) to the
+    loop (start-up: the roles built, held-out accuracy before), the steps (their ``timing_s/step``),
+    between them (checkpoints, the metric and sample files, the progress bar), closing the roles, then
+    ``end``'s phases (the export, held-out accuracy after). Empty where the loop never began."""
+    if log.began is None or log.ended is None:
+        return {}
+    steps = sum(h.get("timing_s/step", 0.0) for h in log.history if h.get("step", 0) > log.start_step)
+    loop = log.ended - log.began
+    closing = time.perf_counter() - log.ended - sum(end.values())
+    return {"start-up": log.began - started, "steps": steps, "between steps": max(loop - steps, 0.0),
+            "closing": max(closing, 0.0), **end}
 
 
 def delta(summary: dict) -> str:

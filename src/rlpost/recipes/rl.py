@@ -30,7 +30,7 @@ from rlpost.model.cores import Cores
 from rlpost.observe import jsonl
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
-from rlpost.observe.runlog import RunLog, closing_table, timed
+from rlpost.observe.runlog import RunLog, closing_table, timed, wall_split
 from rlpost.recipes import idle
 from rlpost.recipes.evaluate import (PASSK_SAMPLES, by_task_summary, eval_sizes, evaluate, heldout_scores,
                                      paired_delta, passk_curve, saved_model_scores, threads)
@@ -126,7 +126,7 @@ def train(cfg: config.Config, run_dir: Path, resume: bool = False, task: Task | 
         if log is not None:
             log.close()
     roles = batch = None  # their memory goes before the export loads a model and a checkpoint (finish)
-    measured = Measured(heldout, (before, before_k), last, eval_threads, make_roles, passk_n)
+    measured = Measured(heldout, (before, before_k), last, eval_threads, make_roles, passk_n, t_start)
     return finish(run_dir, cfg, log, guard, measured, task, elapsed(), callbacks)
 
 
@@ -160,7 +160,8 @@ class Measured:
     """What finish needs of the held-out measurements: the rows, (accuracy, pass@k curve) before
     training, the last step's accuracy on the training sampler (early stopping only, else None), the
     thread count every measurement runs on, the run's builder of roles (train's make_roles), and the
-    pass@k curve's problems (evaluate.eval_sizes; 0 = off)."""
+    pass@k curve's problems (evaluate.eval_sizes; 0 = off), and when this process started (perf_counter;
+    the summary's ``wall_s``)."""
 
     heldout: list[dict]
     before: tuple[float, dict]
@@ -168,6 +169,7 @@ class Measured:
     threads: int
     make_roles: Callable = build.build_roles
     passk: int = 0
+    started: float | None = None
 
 
 def after_training(run_dir: Path, cfg: config.Config, model_dir: Path, task: Task,
@@ -227,10 +229,14 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, meas
     is freed into glibc's heap, where it stays resident while the export's large tensors come from
     fresh mappings: the heap is trimmed first (5.16 GiB peak at the end of vs_trl.py's rlpost child
     without it, Zen 4, 2026-11-26; a no-op off glibc and on a GPU's memory)."""
+    t_end = time.perf_counter()
     heap.trim()
     # a checkpoint as a transformers folder: RUN/model
     model_dir, selected = write_selected_model(run_dir, cfg, guard.select(measured.last or 0.0))
+    t_export = time.perf_counter()
     before, after, compared, passk = after_training(run_dir, cfg, model_dir, task, measured)
+    end = {"export": t_export - t_end, "held-out after": time.perf_counter() - t_export}
+    wall = wall_split(log, measured.started, end) if measured.started is not None else {}
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": len(measured.heldout),
                                                    **compared,
@@ -239,7 +245,8 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, meas
                                                    "skipped_rows": task.skipped_rows, **selected,
                                                    **by_task_summary(run_dir / "samples"),
                                                    **passk_summary(passk, cfg, measured.passk),
-                                                   **idle_summary(log.history)})
+                                                   **idle_summary(log.history),
+                                                   "wall_s": {k: round(v, 1) for k, v in wall.items()}})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     nothing = idle.closing_line(log.history, cfg)  # steps that trained nothing: how many, why, the knob; the last word
