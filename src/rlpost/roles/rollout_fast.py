@@ -282,8 +282,6 @@ class FastRollout:
         b = len(self._enter(batch, st, list(range(S)), P))  # the live slots are the first b
         col, steps, views = P, 0, None  # col: the step's cache column, before the ring's mod
         while True:
-            if self.between_steps is not None:
-                self._take_weights()
             while batch.waiting:  # freed slots to the next rows (a first token may be EOS: look again)
                 free = st.finished[:b].nonzero().squeeze(1).tolist()
                 if not free:
@@ -292,6 +290,8 @@ class FastRollout:
             live = ~st.finished[:b]
             if not bool(live.any()):
                 break
+            if self.between_steps is not None:  # only where a step follows: weights taken after the last token
+                self._take_weights()           # would change no token and count as taken in flight
             if not batch.waiting and 1 - live.float().mean() >= COMPACT_FRACTION:  # drop finished rows
                 b = st.compact(live.nonzero().squeeze(1))
             if views is None or len(views[0][0]) != b:  # each layer's cache, live rows only
