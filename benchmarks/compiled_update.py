@@ -117,16 +117,17 @@ def run(steps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--cache", help="inductor's cache folder to use (default: a fresh one, so the compile is paid)")
     args = ap.parse_args()
     header = machine.Header()
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache  # before rlpost's import reads it (model/compiled.py)
+    with tempfile.TemporaryDirectory() as fresh:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.cache or fresh  # before rlpost's import reads it (model/compiled.py)
         result = run(args.steps)
     off, on = result["off"], result["on"]
     total_off, total_on = sum(off["update_s"]), sum(on["update_s"])
     lines = [f"The trainer update compiled (trainer.compile=on) vs eager, {args.steps} updates of the demo's shape "
              f"({PROMPTS} x {K} rows, the embedded model, {off['precision']}), the two trainers taking turns in one "
-             "process, inductor's cache empty.", "",
+             f"process, inductor's cache {'given (--cache)' if args.cache else 'empty'}.", "",
              "| mode | update, steady (s) | updates (s) | graphs | compile (s) | RSS an update adds, peak (GiB) |",
              "|---|---|---|---|---|---|"]
     for r in (off, on):

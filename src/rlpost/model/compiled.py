@@ -92,9 +92,9 @@ def pays(cuda: bool) -> tuple[bool, str]:
     """trainer.compile=auto's choice and its reason, from benchmarks/README.md ("compiled_update.py"):
     on CUDA the update is launch-bound (issue 54's profile: 19,623 kernels an update, the GPU busy
     0.49 s of 0.75) and fusing is what closes it (not yet measured on a GPU: the rule is the profile's).
-    On the CPU (2 cores, Intel AMX, 2026-12-06, a shared machine) the matmuls dominate: the demo's
-    compiled update took as long as the eager one, and its 20 graphs took 537 s to compile, more than
-    the demo's 25 updates could earn back. The AVX2 kind (float32, still more matmul-bound) was not
+    On the CPU (2 cores, Intel AMX, 2026-12-06, a loaded machine) the matmuls dominate: the demo's
+    compiled update took 0.76x-1.09x the eager one's time, pair by pair, no clear gain within the
+    noise, and its first 20 graphs took 537 s to compile, more than the demo's 25 updates earn back. The AVX2 kind (float32, still more matmul-bound) was not
     measured and is left off by the same reasoning."""
     if cuda:
         return True, "on CUDA the update is launch-bound; fused kernels pay"
