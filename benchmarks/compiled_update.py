@@ -121,7 +121,8 @@ def main() -> None:
     args = ap.parse_args()
     header = machine.Header()
     with tempfile.TemporaryDirectory() as fresh:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.cache or fresh  # before rlpost's import reads it (model/compiled.py)
+        # before rlpost's import reads it (model/compiled.py)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.cache or fresh
         result = run(args.steps)
     off, on = result["off"], result["on"]
     total_off, total_on = sum(off["update_s"]), sum(on["update_s"])

@@ -94,8 +94,9 @@ def pays(cuda: bool) -> tuple[bool, str]:
     0.49 s of 0.75) and fusing is what closes it (not yet measured on a GPU: the rule is the profile's).
     On the CPU (2 cores, Intel AMX, 2026-12-06, a loaded machine) the matmuls dominate: the demo's
     compiled update took 0.76x-1.09x the eager one's time, pair by pair, no clear gain within the
-    noise, and its first 20 graphs took 537 s to compile, more than the demo's 25 updates earn back. The AVX2 kind (float32, still more matmul-bound) was not
-    measured and is left off by the same reasoning."""
+    noise, and its first 20 graphs took 537 s to compile, more than the demo's 25 updates earn back.
+    The AVX2 kind (float32, still more matmul-bound) was not measured and is left off by the same
+    reasoning."""
     if cuda:
         return True, "on CUDA the update is launch-bound; fused kernels pay"
     return False, "on the CPU the matmuls dominate the update and compiling its graphs costs more than it saves"
