@@ -19,8 +19,8 @@ part on its own with the loop's own weights and code at the same rows:
   matmuls   = every linear of one step in the loop's order (each layer's q/k/v, o, gate/up, down,
               then the lm_head), oneDNN-packed as the loop runs them: the model's weights stream
               from memory once per step, as in the loop;
-  attention = `_attend_step` in every layer, at the mean context of the run (prompt + new / 2);
-  sampling  = `_draw` on (rows, vocab) logits: log-softmax, exp, cumulative sum, search;
+  attention = `attend_step` in every layer, at the mean context of the run (prompt + new / 2);
+  sampling  = `draw_tokens` on (rows, vocab) logits: log-softmax, exp, cumulative sum, search;
   the rest  = step - those three: norms, RoPE, KV cache writes, residual adds, SiLU, embedding,
               Python.
 Each part gets its own line against rows, so the overhead splits into its causes.
@@ -68,26 +68,26 @@ def parts(fast: FastRollout, rows: int, ctx: int) -> dict[str, float]:
 
     logits = torch.randn(rows, fast.lm_head.weight.shape[0])
     return {"matmul_s": machine.median_s(matmuls), "attention_s": attention_s(fast, rows, ctx),
-            "sampling_s": machine.median_s(lambda: fast._draw(logits, 0.7, 1.0))}
+            "sampling_s": machine.median_s(lambda: fast.draw_tokens(logits, 0.7, 1.0))}
 
 
 def attention_s(fast: FastRollout, rows: int, ctx: int) -> float:
-    """Seconds per decode step in `_attend_step`, every layer, at ``rows`` rows over ``ctx`` cached tokens."""
+    """Seconds per decode step in `attend_step`, every layer, at ``rows`` rows over ``ctx`` cached tokens."""
     q = torch.randn(rows, fast.nh, fast.hd, dtype=fast.dtype)
     kt = torch.randn(rows, fast.nkv, fast.hd, ctx, dtype=fast.dtype)
     v = torch.randn(rows, fast.nkv, ctx, fast.hd, dtype=fast.dtype)
-    kmask = torch.zeros(rows, 1, 1, ctx)  # a decode step's additive mask (FastRollout._attend_step): every slot seen
+    kmask = torch.zeros(rows, 1, 1, ctx)  # a decode step's additive mask (FastRollout.attend_step): every slot seen
 
     def attention():
         for _ in fast.layers:
-            fast._attend_step(q, kt, v, kmask)
+            fast.attend_step(q, kt, v, kmask)
 
     return machine.median_s(attention)
 
 
 def attention_by_context(fast: FastRollout, rows: int, contexts: list[int], header) -> None:
     """A decode step's attention in every layer at each context length, and the K/V bytes it reads."""
-    lines = [(f"`_attend_step` in all {len(fast.layers)} layers at {rows} rows, {fast.dtype}, median of 5 after "
+    lines = [(f"`attend_step` in all {len(fast.layers)} layers at {rows} rows, {fast.dtype}, median of 5 after "
               "a warm-up:"), "",
              "| context | ms per step | K and V read, MB | GB/s |", "|---|---|---|---|"]
     out = []

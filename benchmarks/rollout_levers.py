@@ -46,7 +46,7 @@ def main() -> None:
         lin.pack = lambda: None
     hf = copy.deepcopy(loaded.model).to(torch.bfloat16).eval()
     enc = loaded.tokenizer(fast.render(rows), return_tensors="pt", padding=True, add_special_tokens=False)
-    real_draw, real_fraction = FastRollout._draw, rollout_fast.COMPACT_FRACTION
+    real_draw, real_fraction = FastRollout.draw_tokens, rollout_fast.COMPACT_FRACTION
 
     def multinomial_draw(self, logits, temperature, top_p, u=None):  # u: the per-row uniforms, unused here
         logp = (logits / temperature).log_softmax(-1)
@@ -58,7 +58,7 @@ def main() -> None:
 
     def variant(name):
         rollout_fast.COMPACT_FRACTION = 2.0 if name == "no_compaction" else real_fraction
-        FastRollout._draw = multinomial_draw if name == "multinomial" else real_draw
+        FastRollout.draw_tokens = multinomial_draw if name == "multinomial" else real_draw
         torch.set_num_threads(1 if name == "one_thread" else threads)
         if name == "no_packed_weights":
             return run(unpacked, rows, GROUP)

@@ -160,12 +160,13 @@ def test_plan_keeps_the_gpu_default_of_the_length_not_given():
 
 
 def test_eval_prints_a_table_on_a_terminal_and_json_when_asked():
-    from rlpost.cli import _parser, eval_table
+    from rlpost.cli import build_parser, eval_table
 
     table = eval_table({"target": "runs/r", "heldout_accuracy": 0.34567, "n": 200, "pass@4": 0.5})
     assert table.splitlines() == ["target            runs/r", "heldout_accuracy  0.346", "n                 200",
                                   "pass@4            0.500"]
-    assert _parser().parse_args(["eval", "tiny", "--json"]).json  # JSON on a terminal too (and always through a pipe)
+    # JSON on a terminal too (and always through a pipe)
+    assert build_parser().parse_args(["eval", "tiny", "--json"]).json
 
 
 def test_eval_and_report_numbers_are_one_line(tmp_path, capsys):

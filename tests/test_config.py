@@ -67,7 +67,7 @@ def test_bad_yaml_names_the_line(tmp_path):
 def test_every_field_has_help():
     text = config.help_text()
     for section in ("model", "task", "rollout", "algo", "trainer", "run"):
-        cls = config._section_cls(section)
+        cls = config.section_class(section)
         docs = config.field_docs(cls)
         assert set(docs) == {f.name for f in config.fields(cls)}, f"{section} has fields without a docstring"
     assert "rollout.group_size=8" in text

@@ -533,7 +533,7 @@ def runnable(module: str) -> bool:
 
 @cache
 def subcommands() -> dict:
-    return next(a for a in cli._parser()._actions if a.dest == "command").choices
+    return next(a for a in cli.build_parser()._actions if a.dest == "command").choices
 
 
 def command_checks(text: str) -> list[str]:

@@ -406,3 +406,39 @@ def test_parameters_count_what_a_caller_passes():
     assert parameters(seven) == ["a", "b", "c", "e", "f", "*d", "**g"]  # 7: over the limit, self aside
     six = ast.parse("def forward(ctx, h, w, y, spec, floor=None, head_grad=None): pass").body[0]
     assert len(parameters(six)) == MAX_PARAMETERS
+
+
+PRIVATE_CALLS_BUDGET = 10
+
+
+def private_calls(text: str) -> list[int]:
+    """Lines calling a private function or method of an object (``x._name(...)``), standard modules' and
+    torch's own aside: where a test reaches past a module's public face."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            attr, base = node.func.attr, ast.unparse(node.func.value)
+            if attr.startswith("_") and not attr.startswith("__") and base.split(".")[0] not in (
+                    "os", "sys", "self", "cls", "torch"):
+                found.append(node.lineno)
+    return found
+
+
+def test_tests_call_private_code_rarely_and_say_why():
+    # Tests pin what a module promises, so its insides can change: at most PRIVATE_CALLS_BUDGET calls of a
+    # private function from tests/ (hostile programs aside: they attack the interpreter), each with
+    # "# private: why" on its line
+    calls = []
+    for f in sorted(TESTS.rglob("*.py")):
+        if "hostile" in f.parts:
+            continue
+        lines = f.read_text().splitlines()
+        calls += [(f.relative_to(ROOT).as_posix(), n, "# private:" in lines[n - 1])
+                  for n in private_calls(f.read_text())]
+    assert len(calls) <= PRIVATE_CALLS_BUDGET, calls
+    assert all(why for *_, why in calls), [c for c in calls if not c[2]]
+
+
+def test_a_private_call_is_found_and_a_public_or_torch_one_is_not():
+    text = "m._f(1)\nm.f(1)\ntorch._C._x()\nos._exit(0)\nself._g()\na.b._h()\n"
+    assert private_calls(text) == [1, 6]

@@ -82,7 +82,7 @@ def recipe_keys(recipe: str | None, overrides: list[str]) -> list[str]:
     return keys + [o.split("=", 1)[0] for o in overrides]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlpost", description="RL post-training of language models.")
     p.add_argument("--version", action="version", version=f"rlpost {version()}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -212,7 +212,7 @@ def _dispatch(argv: list[str]) -> int:
         return planner.main(plan_arguments(argv[1:]))
     if argv[:1] == ["eval"] and suite.is_suite(argv[1:]):  # rlpost eval SUITE.yaml: its own options
         return suite.main(argv[1:], evaluation)
-    parser = _parser()
+    parser = build_parser()
     # Overrides may come after options too (`rlpost eval RUN --n 50 run.threads=1`): argparse gives
     # the key=value words it did not place back, and they join the command's overrides.
     args, extra = parser.parse_known_args(argv)

@@ -266,13 +266,13 @@ def from_dict(tree: dict) -> Config:
                           f"{key}: unknown section {section} (rlpost's are {ours})")
     sections = {}
     for f in fields(Config):
-        sections[f.name] = _build_section(_section_cls(f.name), tree.get(f.name) or {}, f.name)
+        sections[f.name] = _build_section(section_class(f.name), tree.get(f.name) or {}, f.name)
     cfg = defaults.fill(Config(**sections))  # what follows the task, file paths made absolute
     check_consistency(cfg)
     return cfg
 
 
-def _section_cls(name: str) -> type:
+def section_class(name: str) -> type:
     return {f.name: f.default_factory for f in fields(Config)}[name]
 
 
@@ -448,7 +448,7 @@ def help_text() -> str:
     """Every option, its default and its meaning, grouped by section (for --help)."""
     lines = []
     for sec in fields(Config):
-        cls = _section_cls(sec.name)
+        cls = section_class(sec.name)
         docs = field_docs(cls)
         hints = typing.get_type_hints(cls)
         lines.append(f"{sec.name}:")

@@ -98,7 +98,7 @@ def keys_that_load(tree: dict, problems: list[str]) -> dict:
             except ConfigError as e:
                 problems.append(str(e))
             continue
-        cls = config._section_cls(section)
+        cls = config.section_class(section)
         for key, value in values.items():
             try:
                 config._build_section(cls, {key: value}, section)

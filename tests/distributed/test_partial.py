@@ -114,7 +114,7 @@ class SlowWorker(RolloutWorker):
 
     def _between_steps(self, engine):
         time.sleep(0.1)
-        super()._between_steps(engine)
+        super()._between_steps(engine)  # private: the hook this subclass slows
 
 
 class DyingWorker(SlowWorker):
@@ -127,7 +127,7 @@ class DyingWorker(SlowWorker):
         if self.offered is not None and not Path(self.MARK).exists():
             Path(self.MARK).write_text("died mid-update")
             os._exit(1)
-        RolloutWorker._between_steps(self, engine)
+        RolloutWorker._between_steps(self, engine)  # private: the hook, past SlowWorker's sleep
 
 
 @pytest.fixture(scope="module")

@@ -68,7 +68,7 @@ def test_a_rank_that_cannot_reach_rank_0_stops_in_bounded_time_naming_the_addres
     addr = sync.address("127.0.0.1")  # nobody listens there
     t0 = time.perf_counter()
     with pytest.raises(sync.Unreachable) as e:
-        TrainerWorker._join(addr, rank=1, world=2, meet_s=2)
+        TrainerWorker._join(addr, rank=1, world=2, meet_s=2)  # private: the rendezvous without a Ray actor around it
     assert time.perf_counter() - t0 < 30
     msg = str(e.value)
     assert "\n" not in msg and addr in msg and "dist.rendezvous_timeout_s=2" in msg and "trainer rank 1 of 2" in msg

@@ -82,7 +82,8 @@ def scenario(data_parallel: bool, batch: Rollouts) -> dict:
         out[f"recompute_{bf16}"] = tr.recompute(batch)[0]
         # the mini-batch pass alone (private): the raw sum over the ranks' micro-batches, before the step
         # clips it and folds the lookup in, each gradient gathered whole (full_grads)
-        tr._mini_batch(copy.deepcopy(batch.select(slice(0, MINI))), algo.loss)
+        mini = copy.deepcopy(batch.select(slice(0, MINI)))
+        tr._mini_batch(mini, algo.loss)  # private: no public verb stops before the step
         out[f"grads_{bf16}"] = full_grads(tr)
     # 2. Whole updates: old log-probs recomputed, two mini-batches (two optimizer steps); then a
     # short batch of 5 rows at micro 1, where the ranks hold 2 and 3 rows (one pads with a blank).

@@ -94,20 +94,20 @@ def test_cached_head_cast_is_dropped_when_weights_change(tiny, batch):
     from helpers import tcfg
 
     from rlpost.build import trainer_over
-    from rlpost.model import chunked as logprobs
+    from rlpost.model import chunked
 
     w = tiny.model.get_output_embeddings().weight
-    first = logprobs._cast(w, torch.bfloat16)
-    assert logprobs._cast(w, torch.bfloat16) is first  # reused while the weights stand still
+    first = chunked.cast_weight(w, torch.bfloat16)
+    assert chunked.cast_weight(w, torch.bfloat16) is first  # reused while the weights stand still
     with torch.no_grad():
         w.copy_(w + 1)  # an in-place write bumps _version
-    assert torch.equal(logprobs._cast(w, torch.bfloat16), (w + 0).to(torch.bfloat16))
+    assert torch.equal(chunked.cast_weight(w, torch.bfloat16), (w + 0).to(torch.bfloat16))
     # fused AdamW does not bump _version: the trainer must drop the cache after its step
     tr = trainer_over(tiny.model, tcfg(), 1.0, 8, 8, 10)
-    logprobs._cast(w, torch.bfloat16)
+    chunked.cast_weight(w, torch.bfloat16)
     metrics = tr.train_step(batch, lambda logp, b, **named: ((logp * b.completion_mask).sum(), {}))
     assert metrics["actor/nonfinite_steps"] == 0  # a step was taken (float32 here: the forward cast nothing)
-    assert not logprobs._cast_cache
+    assert not chunked._cast_cache
 
 
 def test_head_gradient_formed_once_per_mini_batch_equals_the_backwards_own(tiny, batch):

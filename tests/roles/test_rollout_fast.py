@@ -44,10 +44,10 @@ def test_rope_and_decode_scores_are_transformers_bit_for_bit_in_bf16(tiny):
     q = torch.randn(4, 2, 3, fast.hd, generator=g).bfloat16()
     k = torch.randn(4, 1, 3, fast.hd, generator=g).bfloat16()
     want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)  # (b, heads, s, hd)
-    got = fast._rope(torch.cat([q, k], 1).transpose(1, 2), *fast._cos_sin(pos))  # (b, s, heads, hd)
+    got = fast.rope(torch.cat([q, k], 1).transpose(1, 2), *fast.cos_sin(pos))  # (b, s, heads, hd)
     assert torch.equal(got.transpose(1, 2), torch.cat([want_q, want_k], 1))
 
-    # A decode step's attention (_attend_step) against eager's: float32 scores * scale, masked, softmax.
+    # A decode step's attention (attend_step) against eager's: float32 scores * scale, masked, softmax.
     L, g_ = 7, fast.nh // fast.nkv
     q = torch.randn(4, fast.nh, 1, fast.hd, generator=g).bfloat16()
     kt = torch.randn(4, fast.nkv, fast.hd, L, generator=g).bfloat16()
@@ -58,7 +58,7 @@ def test_rope_and_decode_scores_are_transformers_bit_for_bit_in_bf16(tiny):
     probs = scores.masked_fill(~keep, float("-inf")).softmax(-1).to(v.dtype)
     eager = (probs @ v).view(4, fast.nh, 1, fast.hd)
     additive = torch.zeros(4, 1, 1, L).masked_fill(~keep, float("-inf"))
-    assert torch.equal(fast._attend_step(q.view(4, fast.nh, fast.hd), kt, v, additive), eager.view(4, -1))
+    assert torch.equal(fast.attend_step(q.view(4, fast.nh, fast.hd), kt, v, additive), eager.view(4, -1))
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
@@ -132,17 +132,17 @@ def test_truncated_log_probs_and_gradients_by_hand():
 
 
 def test_draw_samples_the_recorded_distribution():
-    fast = FastRollout.__new__(FastRollout)  # _draw uses no weights
+    fast = FastRollout.__new__(FastRollout)  # draw_tokens uses no weights
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 3.0]]).repeat(40000, 1)
     torch.manual_seed(0)
-    tok, lp, floor = fast._draw(logits, temperature=0.7, top_p=1.0)
+    tok, lp, floor = fast.draw_tokens(logits, temperature=0.7, top_p=1.0)
     want = (logits[0] / 0.7).softmax(-1)
     freq = torch.bincount(tok, minlength=5).float() / len(tok)
     assert (freq - want).abs().max() < 0.01
     assert torch.allclose(lp, want.log()[tok]) and floor is None
     # top-p 0.8 keeps tokens 4 and 0 (mass 0.60 + 0.14... until >= 0.8), renormalised; lp is the
     # log-prob under that truncated distribution, and floor halfway between the last kept and the first dropped
-    tok, lp, floor = fast._draw(logits, temperature=0.7, top_p=0.8)
+    tok, lp, floor = fast.draw_tokens(logits, temperature=0.7, top_p=0.8)
     kept = torch.isfinite(top_p_truncate(want.log()[None], 0.8)[0])[0]
     freq = torch.bincount(tok, minlength=5).float() / len(tok)
     assert (freq[~kept] == 0).all()

@@ -70,7 +70,7 @@ class ChunkedLogp(torch.autograd.Function):
     def forward(ctx, h: Tensor, weight: Tensor, targets: Tensor, spec: HeadSpec, floor: Tensor | None = None,
                 head_grad: HeadGrad | None = None) -> tuple[Tensor, Tensor]:
         temperature, dtype, want_entropy = spec.temperature, spec.dtype, spec.entropy
-        w = _cast(weight, dtype)
+        w = cast_weight(weight, dtype)
         logp, ent, lse, lse_all = (h.new_zeros(len(h), dtype=torch.float32) for _ in range(4))  # on h's device
         # The matmul's output, kept for the backward when there is one (2 bytes a logit in bf16: 20 MB
         # for 200 tokens), so the backward does not run the lm_head again: it is deterministic, so the
@@ -94,7 +94,7 @@ class ChunkedLogp(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_logp: Tensor, g_ent: Tensor):
         h, weight, targets, ent, lse, lse_all, floor, kept = ctx.saved_tensors
-        w = _cast(weight, ctx.dtype)
+        w = cast_weight(weight, ctx.dtype)
         grad_h = torch.empty_like(h)
         # dz of every chunk is kept in ``dtype`` (bf16: 2 bytes per logit, 96 MB for 976 tokens) so
         # the weight's gradient is one matmul: accumulating it chunk by chunk meant a full 49152 x
@@ -197,7 +197,7 @@ class HeadGrad:
 _cast_cache: dict = {}
 
 
-def _cast(weight: Tensor, dtype: torch.dtype) -> Tensor:
+def cast_weight(weight: Tensor, dtype: torch.dtype) -> Tensor:
     """``weight`` in ``dtype``, cast once: within one mini-batch every micro-batch's forward and
     backward reuse one cast of the 49152 x 576 head. In-place writes such as ``copy_`` bump
     ``Tensor._version`` and invalidate it; the fused AdamW kernel does not, so the trainer calls

@@ -173,6 +173,6 @@ def completion_values(decoder: torch.nn.Module, head: torch.nn.Module, batch: Ro
 
 
 def clear_cast_cache() -> None:
-    """Forget every cast of the weights: the head's (``chunked._cast``) and the packed trunks' fused copies."""
+    """Forget every cast of the weights: the head's (``chunked.cast_weight``) and the packed trunks' fused copies."""
     _cast_cache.clear()
     packed.clear_caches()

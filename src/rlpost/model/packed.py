@@ -334,7 +334,7 @@ def pre_attention(x: Tensor, rope: Tensor, norm_weight: Tensor, weights: tuple, 
     N = x.shape[0]
     qkv = F.linear(_rms(x, norm_weight, eps, gpu).to(dtype), *weights)  # (N, (nh + 2 nkv) hd)
     # RoPE on q and k in one go, as transformers' x cos + rotate_half(x) sin with rotate_half
-    # written as roll(x) times a sin whose first half is negated (rollout_fast._rope)
+    # written as roll(x) times a sin whose first half is negated (rollout_fast.rope)
     # split, not two slices: its backward is one cat, where each slice's makes a zero tensor of
     # qkv's size, copies its part in, and the two are added (6 kernels where 1 does)
     qk, v = qkv.split([(nh + nkv) * hd, nkv * hd], dim=-1)

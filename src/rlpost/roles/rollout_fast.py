@@ -181,9 +181,9 @@ class FastRollout:
     def _rms(self, x: Tensor, w: Tensor) -> Tensor:
         return w * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
-    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x (b, s, h, hd); cos, sin (b, s, 1, hd)
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x (b, s, h, hd); cos, sin (b, s, 1, hd)
         """transformers' x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1) written as
-        roll(x) = (x2, x1) times a ``sin`` whose first half is negated (_cos_sin): the same products,
+        roll(x) = (x2, x1) times a ``sin`` whose first half is negated (cos_sin): the same products,
         bit for bit, in two ops fewer."""
         return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
@@ -198,7 +198,7 @@ class FastRollout:
         nq, nk = self.nh * self.hd, self.nkv * self.hd
         for i, L in enumerate(self.layers):
             qkv = L.qkv(self._rms(x, L.norm_in))  # (b, s, nq + 2 nk)
-            qk = self._rope(qkv[..., : nq + nk].view(b, s, self.nh + self.nkv, self.hd), cos, sin)
+            qk = self.rope(qkv[..., : nq + nk].view(b, s, self.nh + self.nkv, self.hd), cos, sin)
             q, k = qk[:, :, : self.nh].transpose(1, 2), qk[:, :, self.nh :].transpose(1, 2)  # (b, heads, s, hd)
             kc[i, :b, :, :, :s] = k.transpose(-1, -2)
             vc[i, :b, :, :s] = qkv[..., nq + nk :].view(b, s, self.nkv, self.hd).transpose(1, 2)
@@ -212,20 +212,20 @@ class FastRollout:
         """One decode step through all layers, in few ops (a step is ~2,100 small ops at a few rows,
         each ~5 us of dispatch): x (b, 1, H) one new token per row at cache column ``at``; ``views``:
         each layer's cache for the live rows, keys (b, nkv, hd, C) and values (b, nkv, C, hd); cos, sin
-        (b, 1, hd); kmask (b, 1, 1, L) additive (``_attend_step``) over the first L columns, the
+        (b, 1, hd); kmask (b, 1, 1, L) additive (``attend_step``) over the first L columns, the
         columns written so far (the whole ring once it has wrapped, roles/slots.py)."""
         b, nh, nkv, hd, cols = x.shape[0], self.nh, self.nkv, self.hd, kmask.shape[-1]
         nq, nk = nh * hd, nkv * hd
         for L, (kl, vl) in zip(self.layers, views):
             qkv = L.qkv(self._rms(x, L.norm_in))  # (b, 1, nq + 2 nk)
-            qk = self._rope(qkv[:, 0, : nq + nk].view(b, nh + nkv, hd), cos, sin)  # (b, nh + nkv, hd)
+            qk = self.rope(qkv[:, 0, : nq + nk].view(b, nh + nkv, hd), cos, sin)  # (b, nh + nkv, hd)
             kl[..., at] = qk[:, nh:]  # this token's keys, column at of (b, nkv, hd, L)
             vl[:, :, at] = qkv[:, 0, nq + nk :].view(b, nkv, hd)
-            o = self._attend_step(qk[:, :nh], kl[..., :cols], vl[:, :, :cols], kmask)
+            o = self.attend_step(qk[:, :nh], kl[..., :cols], vl[:, :, :cols], kmask)
             x = self._mlp(x + L.o(o.view(b, 1, nq)), L)
         return x
 
-    def _attend_step(self, q: Tensor, kt: Tensor, v: Tensor, kmask: Tensor) -> Tensor:  # -> (b, nh * hd)
+    def attend_step(self, q: Tensor, kt: Tensor, v: Tensor, kmask: Tensor) -> Tensor:  # -> (b, nh * hd)
         """A decode step's attention: q (b, nh, hd), one query per row, over keys kt (b, nkv, hd, L)
         and values v (b, nkv, L, hd). Two small bmms, which measured ~10x faster than CPU SDPA's flash
         kernel at this size, with q stacked by kv head (each kv head serves nh / nkv consecutive query
@@ -245,8 +245,8 @@ class FastRollout:
     def _logits(self, x: Tensor) -> Tensor:  # (b, H) last-position states -> (b, V) float32
         return self.lm_head(self._rms(x, self.norm)).float()
 
-    def _cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:  # pos (b, s) -> (b, s, 1, hd) each
-        """transformers' rotary cos and sin at these positions; sin with its first half negated (_rope)."""
+    def cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:  # pos (b, s) -> (b, s, 1, hd) each
+        """transformers' rotary cos and sin at these positions; sin with its first half negated (rope)."""
         cos, sin = self.rotary(self.embed[:1], pos)
         sin = torch.cat((-sin[..., : self.hd // 2], sin[..., self.hd // 2 :]), dim=-1)
         return cos.unsqueeze(2), sin.unsqueeze(2)
@@ -298,7 +298,7 @@ class FastRollout:
                 views = [(k[:b], v[:b]) for k, v in zip(st.k, st.v)]
             at, C = col % st.C, st.C
             st.mask[:b, at] = 0.0  # the column this step writes is each row's from now on
-            cos, sin = self._cos_sin(st.pos[:b, None])
+            cos, sin = self.cos_sin(st.pos[:b, None])
             x = self._step(self.embed[st.tok[:b]][:, None], cos[:, 0], sin[:, 0], views, at,
                            st.mask[:b, None, None, : min(col + 1, C)])
             self._record(st, b, self._logits(x[:, 0]), (temperature, top_p, max_new))
@@ -332,7 +332,7 @@ class FastRollout:
         uniform, and record it for the rows still running."""
         temperature, top_p, max_new = sample
         rows, t = st.slot[:b], st.t[:b]
-        tok, lp, floor = self._draw(logits, temperature, top_p, sampling.uniforms(st.key, rows, t))
+        tok, lp, floor = self.draw_tokens(logits, temperature, top_p, sampling.uniforms(st.key, rows, t))
         live = ~st.finished[:b]
         r, c = rows[live], t[live]
         st.out[r, c], st.logp[r, c], st.ver[r, c] = tok[live], lp[live], self.version
@@ -341,7 +341,7 @@ class FastRollout:
         st.tok[:b], st.pos[:b], st.t[:b] = tok, st.pos[:b] + 1, t + live
         st.finished[:b] |= torch.isin(tok, self.eos_ids) | (st.t[:b] >= max_new)
 
-    def _draw(self, logits: Tensor, temperature: float, top_p: float,
+    def draw_tokens(self, logits: Tensor, temperature: float, top_p: float,
               u: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """(token (b,), its log-prob under the distribution drawn from: softmax(logits / T),
         truncated to top-p and renormalised when top_p < 1; the top-p threshold (b,) or None);

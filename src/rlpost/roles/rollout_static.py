@@ -99,7 +99,7 @@ class _Arena:
         self.logp = torch.zeros(outputs + 1, columns, device=dev)
         self.floor = torch.zeros(outputs + 1, columns, device=dev)
         positions = torch.arange(columns, device=dev)[None]
-        cos, sin = engine._cos_sin(positions)  # (1, columns, 1, hd): the rotary table, once
+        cos, sin = engine.cos_sin(positions)  # (1, columns, 1, hd): the rotary table, once
         self.cos, self.sin = cos[0, :, 0], sin[0, :, 0]  # (columns, hd)
         self.graphs: dict[tuple, object] = {}  # (bucket, temperature, top_p) -> its step, captured or eager
         self.pool = None  # the captured graphs' shared memory pool
@@ -140,10 +140,10 @@ class StaticRollout(FastRollout):
         for i, L in enumerate(self.layers):
             kl, vl = a.k[i, :b], a.v[i, :b]  # (b, nkv, hd, C), (b, nkv, C, hd)
             qkv = L.qkv(self._rms(x, L.norm_in))  # (b, 1, nq + 2 nk)
-            qk = self._rope(qkv[:, 0, : nq + nk].view(b, nh + nkv, hd), cos, sin)  # (b, nh + nkv, hd)
+            qk = self.rope(qkv[:, 0, : nq + nk].view(b, nh + nkv, hd), cos, sin)  # (b, nh + nkv, hd)
             kl.index_copy_(3, a.col, qk[:, nh:, :, None])
             vl.index_copy_(2, a.col, qkv[:, 0, nq + nk :].reshape(b, nkv, 1, hd))
-            o = self._attend_step(qk[:, :nh], kl, vl, mask[:, None, None, :])
+            o = self.attend_step(qk[:, :nh], kl, vl, mask[:, None, None, :])
             x = self._mlp(x + L.o(o.view(b, 1, nq)), L)
         self._emit(a, b, self._logits(x[:, 0]), temperature, top_p)
         a.pos[:b] += 1
@@ -154,7 +154,7 @@ class StaticRollout(FastRollout):
         its (row, token index), and record it, its log-prob and top-p threshold at its row's output
         column; a slot already finished writes to the scratch row. A slot that has drawn max_new is done."""
         done, t = a.finished[:b], a.t[:b]
-        tok, lp, floor = self._draw(logits, temperature, top_p, sampling.uniforms(a.key, a.slot[:b], t))
+        tok, lp, floor = self.draw_tokens(logits, temperature, top_p, sampling.uniforms(a.key, a.slot[:b], t))
         where = (a.slot[:b].masked_fill(done, a.scratch_row), t.clamp(max=a.columns - 1))
         a.out.index_put_(where, tok)
         a.logp.index_put_(where, lp)

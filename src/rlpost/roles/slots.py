@@ -59,7 +59,7 @@ class Prefixes:
         layers = len(e.layers)
         cache = (torch.empty(layers, b, e.nkv, e.hd, P, dtype=e.dtype, device=dev),
                  torch.empty(layers, b, e.nkv, P, e.hd, dtype=e.dtype, device=dev))
-        x = e._layers(e.embed[ids], *e._cos_sin(self.pos[g:hi]), cache, kmask)  # (b, P, H)
+        x = e._layers(e.embed[ids], *e.cos_sin(self.pos[g:hi]), cache, kmask)  # (b, P, H)
         self.k, self.v, self.logits = cache[0], cache[1], e._logits(x[:, -1])
         self.lo, self.hi = g, hi
 
@@ -105,7 +105,7 @@ class Batch:
             logits += [lg] * len(idx)
         rows_d, idx = rows.to(dev), torch.tensor(slots, device=dev)
         u = sampling.uniforms(st.key, rows_d, torch.zeros_like(rows_d))
-        tok, lp, floor = self.e._draw(torch.stack(logits), self.temperature, self.top_p, u)
+        tok, lp, floor = self.e.draw_tokens(torch.stack(logits), self.temperature, self.top_p, u)
         st.out[rows_d, 0], st.logp[rows_d, 0] = tok, lp
         if floor is not None:
             st.floor[rows_d, 0] = floor
