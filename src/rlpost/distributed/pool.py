@@ -303,7 +303,8 @@ class RolloutPool:
         i, chunk, t0 = self.running[ref]
         try:
             result, info = ray.get(ref)
-        except ray.exceptions.RayActorError as e:  # the process died: a new worker, the same chunk
+        except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as e:
+            # the process died (Ray's memory monitor kills one as OutOfMemoryError): a new worker, the same chunk
             with self.cv:
                 del self.running[ref]
                 self._restart(i, e)
@@ -319,6 +320,10 @@ class RolloutPool:
             del self.running[ref]
             self.deaths[i] = 0
             self.busy_s += time.perf_counter() - t0
+            if result is not None and not self.partial and result.policy_version < self.held[i]:
+                # the load queued before this chunk failed (its weights object was lost with a node): the
+                # chunk is labelled with the version the worker really held, and the next chunk sends again
+                self.held[i] = result.policy_version
             if result is None and chunk.attempts < 2:
                 self.pending.appendleft(chunk)
             else:
