@@ -28,31 +28,20 @@ from pathlib import Path
 from rlpost.envs.agents import AgentPool
 from rlpost.console import say
 from rlpost.roles.endpoint import Endpoint, Limits, Record
-from rlpost.roles.rollout_env import Episode, assemble
+from rlpost.roles.rollout_env import Episode, EpisodeRollout, assemble
 from rlpost.types.batch import Rollouts
 
 
-class AgentRollout:
+class AgentRollout(EpisodeRollout):
     """The rollout role for agent episodes, over a sampler (``sample_ids``) and a pool of agent workers."""
 
     # How long one wait on the agent workers may block before the endpoint is looked at again.
     POLL_S = 0.005
 
     def __init__(self, rollout, pool, endpoint: Endpoint):
-        self.inner, self.tok, self.pool, self.endpoint = rollout, rollout.tok, pool, endpoint
+        super().__init__(rollout, pool)
+        self.endpoint = endpoint
         self.url = endpoint.start() if not endpoint.url else endpoint.url + "/v1"
-        self.reported: set[str] = set()
-        self.last_metrics: dict = {}
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    def load_weights(self, state, version: int | None = None) -> None:
-        self.inner.load_weights(state, version)
-
-    def sleep(self, discard_weights: bool = False) -> None:
-        self.inner.sleep(discard_weights)
 
     def close(self) -> None:
         self.pool.close()

@@ -86,20 +86,12 @@ class Episode:
 OPENING_PAST_CONTEXT = 4
 
 
-class EnvRollout:
-    """The rollout role for environment episodes: the same ``generate`` contract as the sampler it
-    wraps (FastRollout, HFRollout, vLLM), whose ``sample_ids`` draws each turn."""
+class EpisodeRollout:
+    """What the episode rollouts (EnvRollout here, roles/rollout_agent.py: AgentRollout) share: the
+    sampler they wrap answers for the weights, and their workers close with it."""
 
-    # Once at least as many episodes are ready as are still with the environment, the rest get this
-    # long to answer too: a fast environment (a game's reply) then answers a whole turn before the
-    # next decode, where a slow one (tests in a sandbox) overlaps it.
-    GATHER_S = 0.05
-
-    def __init__(self, rollout, pool: EnvPool, max_turns: int, max_episode_tokens: int, context: int = 0):
-        """context: the model's, in tokens (0: not known), which an opening must leave a turn's room in."""
+    def __init__(self, rollout, pool):
         self.inner, self.tok, self.pool = rollout, rollout.tok, pool
-        self.max_turns, self.max_tokens, self.context = max_turns, max_episode_tokens, context
-        self.eos_texts = [self.tok.decode([i]) for i in sorted(rollout.eos_set)]
         self.reported: set[str] = set()
         self.last_metrics: dict = {}
 
@@ -116,6 +108,22 @@ class EnvRollout:
     def close(self) -> None:
         self.pool.close()
         self.inner.close()
+
+
+class EnvRollout(EpisodeRollout):
+    """The rollout role for environment episodes: the same ``generate`` contract as the sampler it
+    wraps (FastRollout, HFRollout, vLLM), whose ``sample_ids`` draws each turn."""
+
+    # Once at least as many episodes are ready as are still with the environment, the rest get this
+    # long to answer too: a fast environment (a game's reply) then answers a whole turn before the
+    # next decode, where a slow one (tests in a sandbox) overlaps it.
+    GATHER_S = 0.05
+
+    def __init__(self, rollout, pool: EnvPool, max_turns: int, max_episode_tokens: int, context: int = 0):
+        """context: the model's, in tokens (0: not known), which an opening must leave a turn's room in."""
+        super().__init__(rollout, pool)
+        self.max_turns, self.max_tokens, self.context = max_turns, max_episode_tokens, context
+        self.eos_texts = [self.tok.decode([i]) for i in sorted(rollout.eos_set)]
 
     def room(self, e: Episode) -> int:
         return self.max_tokens - len(e.ids)
