@@ -18,13 +18,19 @@ def write_suite(tmp_path, sets: dict, **extra):
     (tmp_path / "suite.yaml").write_text(json.dumps({"model": "tiny", "overrides": EVAL, "sets": sets, **extra}))
 
 
-def test_a_suite_per_set_and_source_then_what_flipped(tmp_path, monkeypatch):
+def dataset_set(tmp_path, monkeypatch) -> list[str]:
+    """HELD as both the training and the held-out file of a dataset task in tmp_path (the working
+    folder), scored by a verifier that passes what says so: the overrides of one suite set."""
     monkeypatch.chdir(tmp_path)
     rows = "".join(json.dumps(r) + "\n" for r in HELD)
     (tmp_path / "train.jsonl").write_text(rows)
     (tmp_path / "held.jsonl").write_text(rows)
-    data = ["task.name=dataset", "task.data=train.jsonl", "task.eval_data=held.jsonl",
+    return ["task.name=dataset", "task.data=train.jsonl", "task.eval_data=held.jsonl",
             "task.verifier=toy_verifiers:says_pass"]
+
+
+def test_a_suite_per_set_and_source_then_what_flipped(tmp_path, monkeypatch):
+    data = dataset_set(tmp_path, monkeypatch)
     write_suite(tmp_path, {"mine": data, "arith": ["task.name=arithmetic", "task.n_heldout=4"]})
     r = cli("eval", "suite.yaml")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -78,12 +84,7 @@ def test_bad_suites_are_one_line(tmp_path, monkeypatch, suite, args, line):
 
 
 def test_sampled_metrics_per_source_and_a_versioned_judge(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    rows = "".join(json.dumps(r) + "\n" for r in HELD)
-    (tmp_path / "held.jsonl").write_text(rows)
-    (tmp_path / "train.jsonl").write_text(rows)
-    data = ["task.name=dataset", "task.data=train.jsonl", "task.eval_data=held.jsonl",
-            "task.verifier=toy_verifiers:says_pass"]
+    data = dataset_set(tmp_path, monkeypatch)
     write_suite(tmp_path, {"mine": data})
     r = cli("eval", "suite.yaml", "--samples", "3", "--k", "1,2", "--judge", "tiny")
     assert r.returncode == 0, r.stderr[-2000:]
