@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from rlpost.config import Config
+from rlpost.sections import DistConfig
 from rlpost.types.errors import ConfigError
 from rlpost.types.folders import regular_file
 
@@ -28,6 +29,17 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
+
+
+def threads(dist: DistConfig, cores: int) -> tuple[int, int]:
+    """(torch threads of the trainer actor, of each rollout worker) on ``cores`` cores (distributed/topology.py
+    gives them; the planner prices each actor's phases at them). Disaggregated phases take turns, so each gets
+    every core; async ones run at once, so the cores are split."""
+    if dist.topology == "async":
+        trainer = dist.trainer_threads or max(1, cores // 2 // dist.trainer_ranks)
+        return trainer, dist.rollout_threads or max(1, (cores - trainer * dist.trainer_ranks) // dist.rollout_workers)
+    return (dist.trainer_threads or max(1, cores // dist.trainer_ranks),
+            dist.rollout_threads or max(1, cores // dist.rollout_workers))
 
 
 def check(cfg: Config) -> Config:

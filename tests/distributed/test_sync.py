@@ -84,3 +84,51 @@ def test_each_actor_asks_ray_for_its_threads_scaled_to_fit_the_smallest_node():
     assert cpus(1, 2 / 3) == 0.6666 and cpus(1, 1e-9) == 1e-4  # rounded down to Ray's step, never 0
     share = cpu_share([1, 2, 2], [2.0])
     assert cpus(1, share) + 2 * cpus(2, share) <= 2.0
+
+
+def test_untie_keeps_each_tensor_once_and_retie_puts_the_names_back():
+    emb, w = torch.randn(5, 3), torch.randn(3, 3)
+    state = {"emb": emb, "w": w, "head": emb, "head_view": emb.detach(), "rows": emb[1:], "t": emb.t(),
+             "empty_a": torch.empty(0), "empty_b": torch.empty(0)}
+    sent = sync.untie(state)
+    # the same storage, offset, shape and strides is one tensor; a slice or a transpose of it is another, and
+    # two empty tensors (storage address 0) are not taken for one
+    assert list(sent) == ["emb", "w", "rows", "t", "empty_a", "empty_b"]
+    back = sync.retie(sent, [["emb", "head", "head_view"], ["gone", "also_gone"]])
+    assert back["head"] is back["emb"] and back["head_view"] is back["emb"]
+    assert "gone" not in back and sync.retie(sent, []) == sent
+
+
+def test_a_push_sends_the_tied_head_once_and_the_worker_samples_as_with_both_names():
+    from functools import partial
+
+    from helpers import digit_rows, tiny_cfg
+
+    from rlpost import build
+    from rlpost.distributed.actors import RolloutWorker, TrainerWorker
+    from rlpost.observe import planner
+
+    cfg = build.resolve_precision(tiny_cfg())
+    trainer = TrainerWorker(threads=1)
+    trainer.start(partial(build.trainer_from, cfg), None, cfg.rollout.dtype)
+    model = trainer.trainer.model
+    with torch.no_grad():  # weights the workers do not have yet
+        model.get_input_embeddings().weight.add_(0.5)
+    full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    pushed = trainer.weights()
+    # The tiny model (planner.TINY): 2 layers x (q, o 64 x 64, k, v 64 x 32, gate, up, down 64 x 128) = 73,728, the
+    # embedding 76 x 64 = 4,864 (the head is the same tensor), 5 norms of 64 = 320: 78,912 values, not 83,776
+    assert "lm_head.weight" not in pushed and "model.embed_tokens.weight" in pushed
+    assert sum(v.numel() for v in pushed.values()) == 78_912 == planner.TINY.params
+    assert sum(v.nbytes for v in pushed.values()) == planner.sync_bytes(planner.TINY, planner.Workload(
+        sampler_bf16=False)) == 4 * 78_912  # rollout.dtype=float32 in the tiny runs
+    assert [n for n, _, _ in trainer.weight_spec()] == sorted(pushed)  # the broadcast carries the same
+    rows, kw = digit_rows(2, 0), dict(temperature=1.0, top_p=1.0, max_new_tokens=6)
+    untied, both = (RolloutWorker(partial(build.sampler_from, cfg), None, 1, seed=0) for _ in range(2))
+    untied.load_weights(pushed, 1)
+    both.rollout.load_weights(full, 1)  # as before: every name, the head sent apart from the embedding
+    head, emb = (untied.rollout.model.get_output_embeddings().weight,
+                 untied.rollout.model.get_input_embeddings().weight)
+    assert head.data_ptr() == emb.data_ptr() and torch.equal(emb, full["model.embed_tokens.weight"])
+    a, b = untied.generate(7, rows, 4, kw)[0], both.generate(7, rows, 4, kw)[0]
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampler_logp, b.sampler_logp)

@@ -12,11 +12,13 @@ from rlpost.observe import planner
 from rlpost.observe.cost import decode_schedule, row_lengths
 from rlpost.observe.planner import CPU_AVX512 as CPU
 from rlpost.observe.planner import EMBEDDED, GPUS, TINY, Shape, Workload
-from rlpost.observe.timeline import WEIGHT_LOAD_S, gantt, step_of, timeline
+from rlpost.observe.timeline import LOAD_GBS, gantt, step_of, timeline
 
-# The embedded model's state dict in bf16: 134,515,008 parameters, and its tied head (49,152 x 576 =
-# 28,311,552) a second time under its own name: 162,826,560 values, 325,653,120 bytes; 1 Gbit/s = 125 MB/s.
-SENT_1GBIT = 325_653_120 / 125e6  # 2.60522496 s
+# A push of the embedded model in bf16: its 134,515,008 parameters once (the tied head, 49,152 x 576, is the
+# embedding's tensor and goes once), 269,030,016 bytes; 1 Gbit/s = 125 MB/s. The worker's load: those bytes at
+# 1.22 GB/s.
+SENT_1GBIT = 269_030_016 / 125e6  # 2.152240128 s
+LOAD = 269_030_016 / 1.22e9  # 0.2205 s
 
 
 def plan_t(w: Workload = Workload(), dev=CPU, gpus: int = 1, **net) -> dict:
@@ -27,7 +29,7 @@ def plan_t(w: Workload = Workload(), dev=CPU, gpus: int = 1, **net) -> dict:
 
 
 def test_the_weight_push_is_the_state_dicts_bytes_over_the_link():
-    assert planner.sync_bytes(EMBEDDED, Workload()) == 325_653_120
+    assert planner.sync_bytes(EMBEDDED, Workload()) == 269_030_016
     t = plan_t(nodes=2, gbps=1.0, topology="disaggregated")
     assert t["sync_link"] == pytest.approx(SENT_1GBIT)
     assert "fsdp_link" not in t  # one trainer rank: nothing of FSDP crosses the link
@@ -46,23 +48,26 @@ def test_the_weight_push_is_the_state_dicts_bytes_over_the_link():
 
 def test_disaggregated_charges_the_workers_load_in_series_with_everything_else():
     t = plan_t(nodes=2, gbps=1.0, topology="disaggregated")
-    assert t["load"] == WEIGHT_LOAD_S == 0.55
-    assert t["step"] == pytest.approx(t["gen"] + t["update"] + t["sync"] + SENT_1GBIT + 0.55)
+    assert LOAD_GBS == 1.22 and t["load"] == pytest.approx(LOAD)
+    assert t["step"] == pytest.approx(t["gen"] + t["update"] + t["sync"] + SENT_1GBIT + LOAD)
+    # the load is a pass over the pushed bytes: an fp32 sampler's push takes twice as long to load
+    fp32 = plan_t(Workload(sampler_bf16=False), nodes=2, gbps=1.0, topology="disaggregated")
+    assert fp32["load"] == pytest.approx(2 * LOAD)
     # a disaggregated run on one node has its own workers too: they load, nothing crosses a link
     one = plan_t(nodes=1, topology="disaggregated")
-    assert one["load"] == 0.55 and "sync_link" not in one
-    assert one["step"] == pytest.approx(one["gen"] + one["update"] + one["sync"] + 0.55)
+    assert one["load"] == pytest.approx(LOAD) and "sync_link" not in one
+    assert one["step"] == pytest.approx(one["gen"] + one["update"] + one["sync"] + LOAD)
 
 
 def test_async_is_the_longer_lane_and_broadcast_holds_the_trainer_for_the_link():
     t = plan_t(nodes=2, gbps=1.0, topology="async")
-    rollout, trainer = t["gen"] + SENT_1GBIT + 0.55, t["update"] + t["sync"]
+    rollout, trainer = t["gen"] + SENT_1GBIT + LOAD, t["update"] + t["sync"]
     assert t["step"] == pytest.approx(max(rollout, trainer))
     b = plan_t(nodes=2, gbps=1.0, topology="async", weight_sync="broadcast")
     assert b["step"] == pytest.approx(max(rollout, trainer + SENT_1GBIT)) and b["step"] > t["step"]
     # on a fast link generation is the longer lane (the CPU's update is the longer of the two phases here)
     fast = plan_t(nodes=2, gbps=1000.0, topology="async")
-    assert fast["step"] == pytest.approx(max(fast["gen"] + fast["sync_link"] + 0.55, fast["update"] + fast["sync"]))
+    assert fast["step"] == pytest.approx(max(fast["gen"] + fast["sync_link"] + LOAD, fast["update"] + fast["sync"]))
 
 
 def test_fsdp_across_nodes_is_three_gathers_per_micro_batch_at_g_minus_1_over_g():
@@ -188,11 +193,41 @@ def test_a_runs_lengths_and_slots_and_topology_reach_the_plan(tmp_path):
     w, t = cal["plan"]["workload"], cal["plan"]["time_s"]
     assert (w["slots"], w["min_response_len"], w["mean_response_len"]) == (8, 2, 5.0)
     assert (cal["plan"]["topology"], cal["plan"]["weight_sync"]) == ("disaggregated", "broadcast")
-    # the tiny model's 78,912 parameters and its tied head's 4,864 in bf16: 167,552 bytes at 125 MB/s
-    assert TINY.params == 78_912 and t["sync_link"] == pytest.approx(167_552 / 125e6)
+    # the tiny model's 78,912 parameters (its tied head among them once) in bf16: 157,824 bytes at 125 MB/s
+    assert TINY.params == 78_912 and t["sync_link"] == pytest.approx(157_824 / 125e6)
     row = {r["name"]: r for r in cal["rows"]}["timing_s/worker_weight_load"]
     # under broadcast the worker's load is timed from the trainer's cast, across the link, into its sampler
-    assert row["predicted"] == pytest.approx(t["sync"] + t["sync_link"] + 0.55) and row["measured"] == 0.7
+    assert row["predicted"] == pytest.approx(t["sync"] + t["sync_link"] + 157_824 / 1.22e9) and row["measured"] == 0.7
+
+
+def test_each_actors_phases_are_priced_at_the_threads_it_computes_on(tmp_path):
+    from rlpost.observe.devices import PARALLEL, at_threads, thread_factor
+
+    # Amdahl with p = 0.65 (generation): 1 thread against 2 is (0.35 + 0.65) / (0.35 + 0.325) = 1 / 0.675 = 1.4815;
+    # the update's p = 0.69: 1 / (0.31 + 0.345) = 1.5267 (benchmarks/threads.py measured 1.48 and 1.53)
+    assert PARALLEL == {"gen": 0.65, "update": 0.69}
+    assert thread_factor("gen", 1, 2) == pytest.approx(1 / 0.675)
+    assert thread_factor("update", 1, 2) == pytest.approx(1 / 0.655)
+    assert thread_factor("update", 2, 2) == 1.0 and thread_factor("gen", 4, 2) == pytest.approx(0.5125 / 0.675)
+    t = {"gen": 1.0, "ref": 0.5, "update": 2.0, "sync": 0.1, "step": 3.6}
+    one = at_threads(t, CPU, trainer=1, rollout=2)  # the trainer's phases on 1 thread, generation on both cores
+    assert one["gen"] == 1.0 and one["sync"] == 0.1  # the sync is bandwidth, not threads
+    assert one["ref"] == pytest.approx(0.5 / 0.655) and one["update"] == pytest.approx(2 / 0.655)
+    assert one["step"] == pytest.approx(1.1 + 2.5 / 0.655)
+    assert at_threads(t, GPUS["h100"], 1, 1) == t and at_threads(t, CPU) == t  # a GPU; no threads given
+    # what a run gives each actor on 2 cores: colocated run.threads (0: both), disaggregated every core each (they
+    # take turns), async half each; never more than the cores
+    for topo, threads, want in (("colocated", 1, (1, 1)), ("colocated", 0, (2, 2)), ("disaggregated", 0, (2, 2)),
+                                ("async", 0, (1, 1)), ("disaggregated", 8, (2, 2))):
+        assert planner.actor_threads(config.load(None, [f"dist.topology={topo}"]).dist, threads, 2) == want, topo
+    # calibrate reads them from the run: async on the 2-core reference machine, 1 thread each
+    cfg = config.load(None, ["model.name=tiny", "dist.topology=async"])
+    config.save(cfg, tmp_path / "config.yaml")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "timing_s/gen": 1.0}) + "\n")
+    got = planner.calibrate(tmp_path, "cpu-avx512")["plan"]["time_s"]
+    base = planner.plan(TINY, planner.workload_from_run(cfg, {}, CPU), CPU, net=planner.Net(topology="async"))
+    assert got["gen"] == pytest.approx(base["time_s"]["gen"] / 0.675)
+    assert got["update"] == pytest.approx(base["time_s"]["update"] / 0.655)
 
 
 def test_straggler_flags_in_one_line_when_bad(capsys):

@@ -44,6 +44,8 @@ class RolloutWorker:
         """make_sampler(weights): the rollout role over the starting policy with ``weights`` loaded when given."""
         torch.set_num_threads(threads)
         self.rollout = make_sampler(weights)
+        model = sampler_model(self.rollout)
+        self.tied = sync.tied(model) if model is not None else []  # pushes send a tied head once: sync.untie
         self.seed, self.sync_s = seed, 0.0
         self.lock, self.offered, self.inflight = threading.Lock(), None, 0  # partial rollouts
 
@@ -65,7 +67,7 @@ class RolloutWorker:
 
     def load_weights(self, state: dict, version: int) -> None:
         t0 = time.perf_counter()
-        self.rollout.load_weights(state, version)
+        self.rollout.load_weights(sync.retie(state, self.tied), version)
         heap.trim()
         self.sync_s += time.perf_counter() - t0
 
@@ -156,6 +158,8 @@ class TrainerWorker:
         w = self.trainer.weights()
         if self.rank != 0:
             return None
+        if for_sampler:  # a tied head once (the worker ties it back); a checkpoint keeps every name
+            w = sync.untie(w)
         # To the host: the object store and the driver may have no GPU (a no-op on a CPU trainer).
         return {k: v.detach().to(device.CPU, self.sampler_dtype if for_sampler else v.dtype) for k, v in w.items()}
 
@@ -177,8 +181,8 @@ class TrainerWorker:
         """Every rank gathers (a collective); rank 0 casts to the sampler's dtype where the weights
         are and broadcasts them to every rollout worker."""
         w = self.trainer.weights()
-        if self.rank == 0:
-            self.sync.send({k: v.detach().to(self.sampler_dtype) for k, v in w.items()})
+        if self.rank == 0:  # a tied head once, as weights() sends it (the spec was made from that)
+            self.sync.send({k: v.detach().to(self.sampler_dtype) for k, v in sync.untie(w).items()})
 
     def state_dict(self) -> dict | None:
         state = self.trainer.state_dict()  # a collective under data parallelism
@@ -247,6 +251,14 @@ class RemoteTrainer:
             ray.kill(h)
         for g in self.groups:  # after the actors: removing a group kills what still runs in it
             ray.util.remove_placement_group(g)
+
+
+def sampler_model(rollout) -> torch.nn.Module | None:
+    """The torch model a rollout samples with (an episode wrapper's through its ``inner``); None where the engine
+    keeps its own (vLLM)."""
+    while rollout is not None and not isinstance(getattr(rollout, "model", None), torch.nn.Module):
+        rollout = getattr(rollout, "inner", None)
+    return rollout.model if rollout is not None else None
 
 
 def gather(refs: list) -> list:

@@ -24,20 +24,11 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlpost.distributed import placement, sync
+from rlpost.machine import threads
 from rlpost.distributed.actors import RemoteTrainer, RolloutWorker, TrainerWorker, gather
 from rlpost.distributed.pool import RolloutPool
 from rlpost.sections import DistConfig
 from rlpost.types.errors import RunError
-
-
-def threads(dist: DistConfig, cores: int) -> tuple[int, int]:
-    """(torch threads of the trainer actor, of each rollout worker) on ``cores`` cores. Disaggregated
-    phases take turns, so each gets every core; async ones run at once, so the cores are split."""
-    if dist.topology == "async":
-        trainer = dist.trainer_threads or max(1, cores // 2 // dist.trainer_ranks)
-        return trainer, dist.rollout_threads or max(1, (cores - trainer * dist.trainer_ranks) // dist.rollout_workers)
-    return (dist.trainer_threads or max(1, cores // dist.trainer_ranks),
-            dist.rollout_threads or max(1, cores // dist.rollout_workers))
 
 
 def cpu_share(actor_threads: list[int], node_cpus: list[float]) -> float:

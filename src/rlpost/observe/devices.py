@@ -21,6 +21,7 @@ class Device:
     link_bw: float  # bytes/s per direction between GPUs (NVLink / PCIe)
     overhead_gib: float  # runtime: CUDA context, or the Python process with torch + transformers
     cpu: bool = False  # a CPU: its efficiencies are the CPU column of EFFICIENCY
+    cores: int = 0  # a CPU's cores, the threads its efficiencies were fitted at (thread_factor prices fewer)
 
 
 # Spec sheets (dense bf16 = half the "with sparsity" figure; fp32 = non-tensor-core, what PyTorch
@@ -42,7 +43,7 @@ GPUS = {
 # GiB of RSS; the rest (tokenizer, data, allocator slack) is fitted to the demo's 4.5 GB peak RSS.
 # `--device cpu` plans for the CPU it runs on (``probed_cpu``); `--device cpu-avx512` for this one.
 CPU_AVX512 = Device("cpu-avx512 (2 cores, AVX-512 bf16, the reference machine)", 0, 704e9, 163e9, 24e9, 0, 1.0,
-                    cpu=True)
+                    cpu=True, cores=2)
 
 
 def probed_cpu() -> Device:
@@ -50,7 +51,7 @@ def probed_cpu() -> Device:
     core's matmul rates times the cores this process may use, and one core's copy bandwidth."""
     p = precision.probe("cpu")
     return Device(f"cpu ({p.cores} cores, {p.isa}, probed)", 0, p.bf16_gflops * 1e9 * p.cores,
-                  p.fp32_gflops * 1e9 * p.cores, p.mem_gbs * 1e9, 0, CPU_AVX512.overhead_gib, cpu=True)
+                  p.fp32_gflops * 1e9 * p.cores, p.mem_gbs * 1e9, 0, CPU_AVX512.overhead_gib, cpu=True, cores=p.cores)
 
 # Efficiency per phase, (bf16, fp32): a fraction of peak FLOP/s, or of bandwidth for decode_bw, sync.
 # CPU, measured on the embedded model (benchmarks/README.md):
@@ -93,6 +94,37 @@ def table(dev: Device) -> str:
 
 def efficiency(dev: Device, phase: str, bf16: bool, overrides: dict | None = None) -> float:
     return (overrides or {}).get(phase) or EFFICIENCY[table(dev)][phase][0 if bf16 else 1]
+
+
+# --- Threads: a CPU phase on fewer threads than the cores its efficiency was fitted on ---
+# A Ray actor computes on its own torch threads (machine.py: threads), often fewer than the node's
+# cores. Amdahl: a share p of a phase runs on every thread, the rest (Python, the small ops below torch's grain)
+# on one, so t(n) = t(1) x ((1 - p) + p / n). p from benchmarks/threads.py (2026-12-06, Intel Xeon AMX, quiet:
+# load 0.1), the multinode benchmark's 4 x 4 rows in one process, each phase at 1 and 2 threads in turn, 3 rounds:
+# 1 thread / 2 threads 1.48 for generation (0.98 / 0.66 s) and 1.53 for the update (1.75 / 1.16 s); p = 2 (1 -
+# 1 / ratio) = 0.65 and 0.69. The forward-only phases (reference, old log-probs) take the update's. Two points
+# fit one parameter: beyond 2 threads the law is the assumption, not a measurement.
+PARALLEL = {"gen": 0.65, "update": 0.69}
+TRAINER_PHASES = ("ref", "old", "update")
+
+
+def thread_factor(phase: str, threads: float, cores: int) -> float:
+    """A CPU phase's seconds on ``threads`` threads over its seconds on ``cores`` (PARALLEL's law)."""
+    p = PARALLEL[phase]
+    return ((1 - p) + p / threads) / ((1 - p) + p / cores)
+
+
+def at_threads(t: dict[str, float], dev: Device, trainer: float = 0, rollout: float = 0) -> dict[str, float]:
+    """``t`` (step_time's phases, priced on every core of ``dev``) with generation on ``rollout`` threads and the
+    trainer's phases on ``trainer`` (0: every core); a GPU's phases, or a device of unknown cores, as they were."""
+    if not dev.cpu or not dev.cores:
+        return t
+    out = dict(t)
+    for k in out:
+        n, law = (rollout, "gen") if k == "gen" else (trainer, "update") if k in TRAINER_PHASES else (0, "")
+        out[k] *= thread_factor(law, n, dev.cores) if n else 1.0
+    out["step"] = sum(v for k, v in out.items() if k != "step")
+    return out
 
 
 # Seconds per layer per decode step that no FLOP or byte explains, (bf16, fp32): on a CPU a layer's

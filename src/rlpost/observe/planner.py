@@ -23,13 +23,16 @@ import yaml
 
 from rlpost import algorithms
 from rlpost.config import Config, ConfigError, from_dict, to_dict
+from rlpost.machine import threads
+from rlpost.sections import DistConfig
 from rlpost.observe.cost import (  # noqa: F401 - re-exported: planner.memory etc.
     GiB, activation_bytes, attn_flops, decode_latency, forward_flops, gpu_step, kv_cache_bytes, logits_bytes, memory,
     prompt_runs, prompts_once, rollout_parts, rollout_time, step_time, update_flops, update_latency)
 from rlpost.observe.devices import (  # noqa: F401 - re-exported: planner.GPUS etc.
-    CPU_AVX512, EFFICIENCY, GPU_LATENCY, GPUS, Device, bf16_on, decode_overhead, efficiency, probed_cpu, resolve_device)
+    CPU_AVX512, EFFICIENCY, GPU_LATENCY, GPUS, PARALLEL, Device, at_threads, bf16_on, decode_overhead, efficiency,
+    probed_cpu, resolve_device, thread_factor)
 from rlpost.observe.timeline import (  # noqa: F401 - re-exported: planner.Net etc.
-    NET_GBPS, WEIGHT_LOAD_S, Net, across_nodes, gantt, link_terms, load_terms, sync_bytes, timeline)
+    NET_GBPS, LOAD_GBS, Net, across_nodes, gantt, link_terms, load_terms, sync_bytes, timeline)
 from rlpost.observe.workload import (  # noqa: F401 - re-exported: planner.Shape etc.
     EMBEDDED, EMBEDDED_NAMES, HUB_SHAPES, TINY, Shape, Workload, find_model, parse_size, resolve_model,
     shape_from_config_json, shape_from_size)
@@ -40,7 +43,8 @@ GPU_CAVEATS = ("fitted on H100 runs of models up to 0.5B (the demo and a Qwen2.5
                "0.87-1.09x, docs/planner.md; the trainer's kernel count since then is counted, not measured); a "
                "larger model's kernels are priced at those runs' efficiencies, and other GPUs by their spec sheets",)
 MULTI_GPU = "data parallelism over GPUs (FSDP2 on NCCL) has run on the CPU only, on gloo (docs/distributed.md)"
-GPU_LOAD = f"the rollout workers' weight load beyond the link ({WEIGHT_LOAD_S:g} s a push) was measured on a CPU only"
+GPU_LOAD = (f"the rollout workers' weight load beyond the link ({LOAD_GBS:g} GB/s of pushed bytes) was measured on a "
+            "CPU only")
 
 
 # --- The plan ---
@@ -58,7 +62,8 @@ def plan(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1, eff: di
          net: Net | None = None) -> dict:
     mem, net = memory(s, w, dev, gpus), net or Net()
     fits = mem["total"] <= dev.memory_gib * GiB if dev.memory_gib else None
-    t = across_nodes(s, w, step_time(s, w, dev, gpus, eff), gpus, net)
+    t = at_threads(step_time(s, w, dev, gpus, eff), dev, net.trainer_threads, net.rollout_threads)
+    t = across_nodes(s, w, t, gpus, net)
     out = {"params": s.params, "shape": asdict(s), "workload": asdict(w), "device": dev.name,
            "gpus": gpus, "memory_bytes": mem, "time_s": t, "fits": fits, "nodes": net.nodes, "net_gbps": net.gbps,
            "topology": net.topology, "weight_sync": net.weight_sync,
@@ -197,8 +202,10 @@ def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict
     cfg, med, steps, summary = read_run(run_dir)
     shape = resolve_model(cfg.model.name, "model.name (in the run's config.yaml)")
     dev = resolve_device(device, "--device")
-    # the run's own topology and weight sync: how it ran is not a question to ask the command line
-    net = replace(net or Net(), topology=cfg.dist.topology, weight_sync=cfg.dist.weight_sync)
+    # the run's own topology, weight sync and threads: how it ran is not a question to ask the command line
+    trainer, rollout = actor_threads(cfg.dist, cfg.run.threads, dev.cores)
+    net = replace(net or Net(), topology=cfg.dist.topology, weight_sync=cfg.dist.weight_sync,
+                  trainer_threads=trainer, rollout_threads=rollout)
     p = plan(shape, replace(workload_from_run(cfg, med, dev), **(path or {})), dev, gpus, eff, net)
     rows = [(f"timing_s/{k}", "s", v, med.get(f"timing_s/{k}")) for k, v in p["time_s"].items()]
     if "load" in p["time_s"]:  # a worker times its load; under broadcast from the trainer's cast, across the link
@@ -212,6 +219,18 @@ def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict
     out = [{"name": n, "unit": u, "predicted": pr, "measured": m, "ratio": m / pr if m is not None and pr else None}
            for n, u, pr, m in rows]
     return {"run_dir": str(run_dir), "model": cfg.model.name, "steps": steps, "rows": out, "plan": p}
+
+
+def actor_threads(dist: DistConfig, n_threads: int, cores: int) -> tuple[float, float]:
+    """(the trainer's, each rollout worker's) torch threads as a run gives them on ``cores`` cores (0: unknown, a
+    GPU): colocated, run.threads (0: every core) for both; a Ray topology, each actor's (machine.threads, as
+    distributed/topology.py gives them), at most the cores (async splits one node's cores between them already)."""
+    if not cores:
+        return 0, 0
+    if dist.topology == "colocated":
+        return (min(n_threads or cores, cores),) * 2
+    trainer, rollout = threads(dist, n_threads or cores)
+    return min(trainer, cores), min(rollout, cores)
 
 
 # --- Command line ---
@@ -315,7 +334,7 @@ def workload_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Workl
                     mean_response_len=a.mean_len, min_response_len=a.min_len)
 
 
-def net_from_args(a: argparse.Namespace) -> Net:
+def net_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Net:
     """--nodes, --net-gbps, --topology as a Net; each node holds a trainer rank, or the rollout workers."""
     if a.nodes < 1 or a.nodes > a.gpus + 1:
         raise ConfigError(f"--nodes: expected an integer from 1 to --gpus + 1 = {a.gpus + 1} (a node for each "
@@ -324,7 +343,9 @@ def net_from_args(a: argparse.Namespace) -> Net:
         raise ConfigError(f"--net-gbps: expected a number > 0 (Gbit/s), got {a.net_gbps}")
     if a.nodes > 1 and a.topology == "colocated":
         raise ConfigError(f"--topology: colocated runs on one node; --nodes {a.nodes} needs disaggregated or async")
-    return Net(a.nodes, a.net_gbps, a.topology or ("disaggregated" if a.nodes > 1 else "colocated"), a.weight_sync)
+    topology = a.topology or ("disaggregated" if a.nodes > 1 else "colocated")
+    trainer, rollout = actor_threads(DistConfig(topology=topology), 0, dev.cores)
+    return Net(a.nodes, a.net_gbps, topology, a.weight_sync, trainer, rollout)
 
 
 def path_from_args(a: argparse.Namespace) -> dict:
@@ -395,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
     dev = resolve_device(args.gpu, "--gpu") if args.gpu else resolve_device(args.device, "--device")
     if args.gpus < 1 or (dev.cpu and args.gpus != 1):
         raise ConfigError(f"--gpus: expected an integer >= 1 (exactly 1 on cpu), got {args.gpus}")
-    eff, net = parse_eff(args.eff), net_from_args(args)
+    eff, net = parse_eff(args.eff), net_from_args(args, dev)
     if args.run_dir:
         out = calibrate(args.run_dir, args.gpu or args.device, args.gpus, eff, path_from_args(args), net)
         text = format_calibration(out)

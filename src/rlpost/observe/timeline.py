@@ -16,11 +16,15 @@ from rlpost.observe.devices import CPU_AVX512
 from rlpost.observe.workload import Shape, Workload
 
 NET_GBPS = 100.0  # the default inter-node link: a GPU cluster's 100 Gbit/s Ethernet or InfiniBand port
-# What a rollout worker pays to take new weights beyond the link: the trainer's cast and flat buffer, the
-# worker's receive buffer and its copy into the sampler, fresh memory each time. Fitted on the 2026-12-05
-# two-namespace run of the embedded model (benchmarks/multinode.py, Intel AMX, 2 cores): the workers' mean
-# load less the link's share was 0.52 s at 1 Gbit/s and 0.57 s at 10 Gbit/s. A CPU figure; on a GPU unmeasured.
-WEIGHT_LOAD_S = 0.55
+# What a rollout worker pays to take new weights beyond the link, per pushed byte: the trainer's flat buffer, the
+# worker's receive buffer, its split and its copy into the sampler, each a pass over the push in fresh memory, so
+# it grows with the bytes (a fixed time fitted on the 135M model would price a 7B model's 14 GB push the same).
+# Fitted on the quiet 2026-12-06 05:49 two-namespace run (benchmarks/multinode.py, Intel AMX, 2 cores, one worker,
+# 325,653,120-byte pushes, the tied head then sent twice): the worker's load less the link's share and the
+# trainer's cast (the `sync` row, 0.029 s) was 0.328 s at 1 Gbit/s and 0.206 s at 10; their mean, 0.267 s, is
+# 1.22 GB/s. (The fixed 0.55 s before it, fitted when two workers shared the cores, overshot the whole 0.50 s
+# measured at 10 Gbit/s.) A CPU figure; on a GPU unmeasured.
+LOAD_GBS = 1.22
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class Net:
     gbps: float = NET_GBPS  # the link between two nodes, Gbit/s per direction
     topology: str = "colocated"  # dist.topology: colocated and disaggregated run phases in turn, async overlaps
     weight_sync: str = "object_store"  # dist.weight_sync: broadcast keeps the trainer sending while the link carries
+    trainer_threads: float = 0  # torch threads the trainer's phases run on (0: every core of the device)
+    rollout_threads: float = 0  # torch threads each rollout worker samples on (0: every core)
 
     @property
     def bytes_per_s(self) -> float:
@@ -36,11 +42,10 @@ class Net:
 
 
 def sync_bytes(s: Shape, w: Workload) -> float:
-    """Bytes of one weight push: every tensor of the trainer's state dict in the sampler's dtype. A tied head is
-    a second name for the embedding there, and the trainer casts (and sends) each name on its own: the embedded
-    model's 134,515,008 parameters go as 162,826,560 values (distributed/actors.py: TrainerWorker.weights)."""
-    values = s.params + (s.head_params if s.tied else 0)
-    return values * (2 if w.sampler_bf16 else 4)
+    """Bytes of one weight push: every parameter once, in the sampler's dtype. A tied head is a second name for the
+    embedding in the trainer's state dict; a push leaves it out and the worker ties it back (distributed/sync.py:
+    untie, retie), so the embedded model sends its 134,515,008 parameters, 269 MB in bf16."""
+    return s.params * (2 if w.sampler_bf16 else 4)
 
 
 def link_terms(s: Shape, w: Workload, gpus: int, net: Net) -> dict[str, float]:
@@ -62,10 +67,10 @@ def link_terms(s: Shape, w: Workload, gpus: int, net: Net) -> dict[str, float]:
     return out
 
 
-def load_terms(net: Net) -> dict[str, float]:
-    """The rollout workers' weight load (``WEIGHT_LOAD_S``) in the topologies that have workers of their own: a
-    colocated sampler takes the trainer's weights in place (the ``sync`` row)."""
-    return {} if net.topology == "colocated" else {"load": WEIGHT_LOAD_S}
+def load_terms(s: Shape, w: Workload, net: Net) -> dict[str, float]:
+    """The rollout workers' weight load, ``sync_bytes`` at ``LOAD_GBS``, in the topologies that have workers of
+    their own: a colocated sampler takes the trainer's weights in place (the ``sync`` row)."""
+    return {} if net.topology == "colocated" else {"load": sync_bytes(s, w) / (LOAD_GBS * 1e9)}
 
 
 # --- The step as lanes ---
@@ -104,7 +109,7 @@ def step_of(bars: list[tuple]) -> float:
 def across_nodes(s: Shape, w: Workload, t: dict[str, float], gpus: int, net: Net) -> dict[str, float]:
     """``t`` (step_time's phases) with the link's terms and the workers' load as rows of their own, and the step
     as ``timeline`` lays them out: the phases in turn (colocated, disaggregated), or the longer lane (async)."""
-    phases = {k: v for k, v in t.items() if k != "step"} | link_terms(s, w, gpus, net) | load_terms(net)
+    phases = {k: v for k, v in t.items() if k != "step"} | link_terms(s, w, gpus, net) | load_terms(s, w, net)
     return {**phases, "step": step_of(timeline(phases, net.topology, net.weight_sync))}
 
 
