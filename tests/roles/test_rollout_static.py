@@ -253,3 +253,66 @@ def test_one_slot_wraps_the_ring_and_the_step_still_never_waits_for_the_host(tin
     assert got.completions == want.completions and static.last_metrics["rollout/decode_steps"] > static.arena.columns
     seen = ops_in_the_step(tiny, monkeypatch, 0.7, 0.8, slots=2)
     assert {"index_copy_", "bmm"} <= seen and not seen & HOST_SYNC_OPS
+
+
+def partial(tiny, engine, switch_at):
+    """A sampled batch whose engine loads new weights (version 1) at its hook's switch_at-th call."""
+    g = torch.Generator().manual_seed(1)
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in tiny.model.state_dict().items()}
+    calls = []
+
+    def hook(e):
+        calls.append(e.version)
+        if len(calls) == switch_at:
+            e.load_weights(new, version=1)
+
+    engine.between_steps = hook
+    torch.manual_seed(0)
+    return engine.generate(rows(3), n=2, temperature=1.0, top_p=1.0, max_new_tokens=12), calls
+
+
+def test_partial_rollouts_take_weights_where_the_host_looks_and_equal_the_cpu_loops(tiny, monkeypatch):
+    # The static engine's hook runs once a round (every CHECK_EVERY = 4 steps, after the prefill drew
+    # token 0): loaded at its 2nd call, tokens 0-4 are version 0 and 5.. version 1. The CPU loop's hook
+    # runs before every step, so the same switch is its 5th call: the two engines then draw the same
+    # tokens with the same log-probs and versions, and the tokens before the switch are the unhooked run's.
+    from rlpost.roles.rollout_fast import FastRollout
+
+    monkeypatch.setattr(rollout_static, "CHECK_EVERY", 4)
+    _, plain = engines(tiny)
+    torch.manual_seed(0)
+    before = plain.generate(rows(3), n=2, temperature=1.0, top_p=1.0, max_new_tokens=12)
+    assert before.token_version is None  # no hook: nothing recorded, as every other topology runs it
+    _, static = engines(tiny)
+    switched, calls = partial(tiny, static, 2)
+    assert calls[:2] == [0, 0] and set(calls[2:]) == {1}
+    mask = switched.completion_mask
+    t = torch.arange(mask.shape[1]).expand_as(mask)
+    assert torch.equal(switched.token_version, ((t >= 5) & mask).long())
+    early = (t < 5) & mask
+    assert torch.equal(switched.completion_ids[early], before.completion_ids[early])
+    late = (t >= 5) & mask & before.completion_mask
+    assert late.any() and not torch.equal(switched.sampler_logp[late], before.sampler_logp[late])
+    cpu, _ = partial(tiny, FastRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32), 5)
+    assert torch.equal(cpu.completion_ids, switched.completion_ids)
+    assert torch.equal(cpu.token_version, switched.token_version)
+    assert torch.allclose(cpu.sampler_logp, switched.sampler_logp, atol=1e-5)
+    assert switched.policy_version == 0  # the oldest token's
+
+
+def test_partial_rollouts_on_slots_stamp_each_entering_row_with_the_version_it_entered_under(tiny, monkeypatch):
+    # 6 rows through 2 slots: rows enter as others finish; a row entering after the switch draws all of
+    # its tokens under version 1, a row running across it has both versions, in token order.
+    monkeypatch.setattr(rollout_static, "CHECK_EVERY", 2)
+    monkeypatch.setattr(rollout_static, "MIN_BUCKET", 2)
+    _, static = engines(tiny, eos=torch.arange(5, len(tiny.tokenizer), 17))
+    static.slots = 2
+    out, calls = partial(tiny, static, 3)
+    v, m = out.token_version, out.completion_mask
+    assert set(calls) == {0, 1}
+    rows_v = [v[r][m[r]] for r in range(len(v))]
+    assert all(torch.equal(seq, seq.sort().values) for seq in rows_v)  # never back within a row
+    assert any(not seq.any() for seq in rows_v)  # a row done before the switch
+    assert any(0 < int(seq.sum()) < len(seq) for seq in rows_v)  # a row running across it
+    assert sum(bool(seq.all()) for seq in rows_v) >= 2  # rows that entered after it
+    assert (v[~m] == 0).all()

@@ -25,8 +25,8 @@ same maths with fewer, larger ops (benchmarks/README.md measures each lever):
   runs on the last position only.
 * **weights between decode steps** (``between_steps``, partial rollouts): a hook its owner sets is
   called before every decode step and may load new weights; the rows running go on under them and
-  each token records the version that drew it (``Rollouts.token_version``). The CUDA twin has no
-  such hook yet: its rows take new weights only between calls.
+  each token records the version that drew it (``Rollouts.token_version``). The CUDA twin calls it
+  where its host looks, every ``CHECK_EVERY`` steps (rollout_static.py).
 
 What is sampled is exactly ``HFRollout``'s distribution: softmax(logits / T), top-p after, and
 the recorded sampler log-prob is log softmax(logits / T) of the drawn token. Numerics mirror

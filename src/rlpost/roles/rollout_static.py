@@ -26,6 +26,9 @@ every tensor a step touches to keep its address and shape from one step to the n
   takes the next waiting row when the host looks, its prompt's KV copied from its group's prefill
   (roles/slots.py). The slot table (which row, which position, which output column) is data the
   captured step reads, not a shape, so refilling captures nothing new;
+* **weights between rounds** (``between_steps``, partial rollouts): where the host looks, its owner
+  may load new weights; they are copied in place, at the addresses the graphs read, and each token
+  records the version it was drawn with (a device scalar the step writes beside the token);
 * **rows that finish free their slot**: once no row waits, the batch runs at a size from a short
   ladder of buckets (the slots, then powers of two down to ``MIN_BUCKET``); once the live rows fit a
   smaller bucket they are moved to the front of the arena and that bucket's graph takes over. Every
@@ -98,6 +101,8 @@ class _Arena:
         self.out = torch.zeros(outputs + 1, columns, dtype=torch.long, device=dev)
         self.logp = torch.zeros(outputs + 1, columns, device=dev)
         self.floor = torch.zeros(outputs + 1, columns, device=dev)
+        self.ver = torch.zeros(outputs + 1, columns, dtype=torch.long, device=dev)  # the version that drew each
+        self.version = torch.zeros(1, dtype=torch.long, device=dev)  # the weights' version now (partial rollouts)
         positions = torch.arange(columns, device=dev)[None]
         cos, sin = engine.cos_sin(positions)  # (1, columns, 1, hd): the rotary table, once
         self.cos, self.sin = cos[0, :, 0], sin[0, :, 0]  # (columns, hd)
@@ -158,6 +163,7 @@ class StaticRollout(FastRollout):
         where = (a.slot[:b].masked_fill(done, a.scratch_row), t.clamp(max=a.columns - 1))
         a.out.index_put_(where, tok)
         a.logp.index_put_(where, lp)
+        a.ver.index_put_(where, a.version.expand(b))
         if floor is not None:
             a.floor.index_put_(where, floor)
         a.t[:b] = t + (~done).long()
@@ -253,28 +259,38 @@ class StaticRollout(FastRollout):
         a = self._arena_for(S, B, P + max_new)
         metrics = self._prepare(a, ladder, temperature, top_p)
         # The decode's own state: every slot empty (finished, writing to the scratch row) until a row enters.
-        a.out.fill_(self.tok.pad_token_id), a.logp.zero_(), a.floor.zero_()
+        a.out.fill_(self.tok.pad_token_id), a.logp.zero_(), a.floor.zero_(), a.ver.zero_()
+        a.version.fill_(self.version)
         a.finished.fill_(True), a.slot.fill_(a.scratch_row), a.limit.fill_(max_new), a.col.fill_(P)
         a.key.copy_(sampling.new_key(self.dev) if temperature > 0 else torch.zeros(2, dtype=torch.long))
         batch = Batch(self, Prefixes(self, ids, mask, -(-S // n)), n, (temperature, top_p, max_new, self.eos_dev))
-        batch.enter(a, list(range(S)), P)  # each prompt prefilled once, its KV copied to its rows' slots
+        self._enter(a, batch, list(range(S)), P)  # each prompt prefilled once, its KV copied to its rows' slots
         metrics["rollout/decode_steps"] = self._run(a, batch, ladder, (temperature, top_p, max_new))
         metrics["rollout/slots"] = S
         self.last_metrics = metrics
-        return self._collect(a, B, max_new, temperature > 0 and top_p < 1.0)
+        out = self._collect(a, B, max_new, temperature > 0 and top_p < 1.0)
+        self.token_version = a.ver[:B, : out[0].shape[1]].clone() if self.between_steps is not None else None
+        return out
+
+    def _enter(self, a: _Arena, batch: Batch, slots: list[int], col: int) -> None:
+        """``batch.enter`` (roles/slots.py), each entering row's first token stamped with the version held now."""
+        idx = batch.enter(a, slots, col)
+        a.ver[a.slot[idx], 0] = a.version
 
     def _run(self, a: _Arena, batch: Batch, ladder: list[int], sample: tuple[float, float, int]) -> int:
         """Rounds of decode steps until every row has entered and finished. Between rounds the host
         looks at the slots (the loop's one synchronisation, every CHECK_EVERY steps): finished slots
         take the next waiting rows; once none waits, the live slots move into a smaller bucket when
-        they fit one. A round ends early when its least advanced row must be done by then."""
+        they fit one; with partial rollouts (``between_steps``) its owner may load new weights, in place
+        at the addresses the graphs read, and the round's tokens record the version they were drawn
+        with. A round ends early when its least advanced row must be done by then."""
         temperature, top_p, max_new = sample
         b, col, steps = ladder[0], batch.prefixes.ids.shape[1], 0
         self.buckets_used = [b]
         while True:
             finished, t = a.finished[:b].tolist(), a.t[:b].tolist()
             while batch.waiting and any(finished):  # a row's first token may be EOS: look again
-                batch.enter(a, [s for s, f in enumerate(finished) if f], col)
+                self._enter(a, batch, [s for s, f in enumerate(finished) if f], col)
                 finished, t = a.finished[:b].tolist(), a.t[:b].tolist()
             live = [s for s, f in enumerate(finished) if not f]
             if not live:
@@ -284,6 +300,9 @@ class StaticRollout(FastRollout):
                 self._compact(a, torch.tensor(live, device=a.tok.device), smaller)
                 b = smaller
                 self.buckets_used.append(b)
+            if self.between_steps is not None:  # only where a step follows (as the CPU loop)
+                self.between_steps(self)
+                a.version.fill_(self.version)
             run = min(CHECK_EVERY, max_new - min(t[s] for s in live))
             step = self._runner(a, b, temperature, top_p)
             for _ in range(run):
