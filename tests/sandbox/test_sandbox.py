@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -427,11 +428,14 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
                                "limits=Limits(wall_s=60), allow_root=True)"],
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     alive = lambda: [p for p, state, _, uid in isolation.list_processes() if uid == lo and state not in "ZX"]
-    deadline = time.monotonic() + 20
-    while not alive() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 90  # the worker waits for slot 0 and clears what an earlier holder left first
+    while not alive() and worker.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
+    started, exited = bool(alive()), worker.poll()
     worker.kill()
     worker.wait()
+    assert started, (f"the worker (exit status {exited}) never started its program under uid {lo} in 90 s; "
+                     f"slot 0's lock: {slot_lock_holders()}")
     assert alive(), "the orphaned program should still be running"
     fd = os.open(f"{slots.slot_dir()}/slot-0.lock", os.O_RDONLY)
     left = slots.read_registry(fd)
@@ -440,3 +444,18 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
     res = run_python("print('next')", backend="rlimits", parallel=1, limits=FAST)
     assert res.stdout == "next\n" and res.cleanup == "" and not alive()
     assert not any(os.path.exists(e["path"]) for e in left)  # its cgroups and its working directory
+
+
+def slot_lock_holders() -> list[str]:
+    """Who holds a lock on rlimits slot 0's lock file, from /proc/locks: what a stuck test reports."""
+    ino = os.stat(f"{slots.slot_dir()}/slot-0.lock").st_ino
+    holders = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[5].rsplit(":", 1)[-1] == str(ino):
+            pid = fields[4]
+            try:
+                holders.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes().replace(bytes(1), b' ')[:200]!r}")
+            except OSError:
+                holders.append(f"{pid} (gone)")
+    return holders
