@@ -7,7 +7,7 @@ Two hosts made of one machine (tests/netns_cluster.py: two network namespaces jo
 a Ray node in each), the veth capped by `tc` at each rate. On it a disaggregated run of the embedded
 SmolLM2-135M-Instruct: one trainer rank and one rollout worker, which rlpost places on the other host
 (distributed/placement.py), weights by broadcast from the trainer's rank 0, so every push crosses the
-link once: the state dict in bf16, 326 MB (the tied head goes under both its names). The planner (`rlpost
+link once: every parameter once in bf16, 269 MB (the tied head goes once; the worker ties it back). The planner (`rlpost
 plan --from RUN --nodes 2 --net-gbps B`) predicts the run's own workload. Sync: the worker's
 `timing_s/worker_weight_load`, timed from the trainer's cast through the link into its sampler, against
 the planner's sync + sync_link + load. Step: the last step's `timing_s/step` (step 1 carries the warm-up,
@@ -39,7 +39,10 @@ ARGS = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_t
 def measure(gbps: float, steps: int, out: Path, timeout_s: float = 900) -> dict:
     """One run over a link capped at ``gbps``: the planner's prediction of it and its last step's figures."""
     run = out / f"g{gbps:g}"
-    with netns_cluster.two_hosts(cpus=2, store_mb=600, rate_mbit=gbps * 1000) as hosts:
+    # without Ray's memory monitor: on a machine shared with other jobs it killed the rollout worker (a broadcast
+    # run cannot replace one), for memory the other jobs held
+    with netns_cluster.two_hosts(cpus=2, store_mb=600, rate_mbit=gbps * 1000,
+                                 env={"RAY_memory_monitor_refresh_ms": "0"}) as hosts:
         r = hosts.run(0, sys.executable, "-m", "rlpost.cli", "train", *ARGS, f"run.steps={steps}",
                       f"run.out_dir={out}", f"run.name={run.name}", timeout=timeout_s)
     if r.returncode != 0:
@@ -61,12 +64,16 @@ def main() -> int:
     p.add_argument("--gbps", type=float, action="append", help="link rates, Gbit/s (default 1 and 10)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--timeout", type=float, default=900, help="seconds a run may take (a loaded machine: more)")
+    p.add_argument("--keep", metavar="DIR", help="write the run folders here and keep them (default: a temporary "
+                   "folder, removed), to calibrate against them again: rlpost plan --from DIR/g1 --nodes 2 "
+                   "--net-gbps 1")
     a = p.parse_args()
     if why := netns_cluster.refused():
         print(f"multinode: cannot make network namespaces here: {why}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="rlpmn") as tmp:
-        rows = [measure(g, a.steps, Path(tmp), a.timeout) for g in a.gbps or (1.0, 10.0)]
+        out = Path(a.keep or tmp)
+        rows = [measure(g, a.steps, out, a.timeout) for g in a.gbps or (1.0, 10.0)]
     print(f"{'Gbit/s':>7}{'sync pred':>11}{'sync meas':>11}{'ratio':>7}{'step pred':>11}{'step meas':>11}{'ratio':>7}"
           f"{'load avg':>10}")
     for r in rows:
