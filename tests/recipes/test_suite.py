@@ -2,11 +2,12 @@
 table against an earlier result or model, on the tiny model with a verifier whose verdict is fixed per row."""
 
 import json
+import re
 
 import pytest
-from helpers import TINY_EVAL, cli
+from helpers import TINY, TINY_EVAL, cli
 
-from rlpost.recipes.suite import flips
+from rlpost.recipes.suite import flips, report
 
 EVAL = [o for o in TINY_EVAL if not o.startswith(("task.n_train", "task.n_heldout"))]
 HELD = [{"prompt": "first", "answer": "pass", "data_source": "a"}, {"prompt": "second", "answer": "fail",
@@ -114,3 +115,45 @@ def test_sampled_metrics_per_source_and_a_versioned_judge(tmp_path, monkeypatch)
 
 
 PINNED_JUDGE_SHA256 = "aab1d58a8dee42fd4261641d47eb72bb3f1ef7ff846ea56fd50e8360d221afa7"
+
+
+def test_a_run_given_to_eval_gets_the_suite_in_its_report(tmp_path, monkeypatch):
+    data = dataset_set(tmp_path, monkeypatch)
+    # the same rows train and are held out here: the contamination check would refuse the run
+    r = cli("train", *TINY, *data, "task.max_contamination=1", "run.steps=1", "run.out_dir=runs", "run.name=r")
+    assert r.returncode == 0, r.stderr[-2000:]
+    write_suite(tmp_path, {"mine": data})
+    before = {"sets": {"mine": {"heldout_accuracy": 1 / 3, "problems": {"first": False, "second": True,
+                                                                         "third": True}}}}
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    r = cli("eval", "suite.yaml", "--model", "runs/r", "--against", "before.json", "--out", "now.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "suites/suite.json; shown in runs/r/report.html" in r.stderr  # where the results went, in a line
+    kept = json.loads((tmp_path / "runs" / "r" / "suites" / "suite.json").read_text())
+    assert kept == json.loads((tmp_path / "now.json").read_text()) and kept["model"] == "runs/r"
+    # the run's report and the page beside the results JSON: the set (says_pass: 2 of 3), its sources, the regression
+    # table (1/3 -> 2/3: "first" fixed, "second" broken) and the bar plot
+    for page in ((tmp_path / "runs" / "r" / "report.html").read_text(), (tmp_path / "now.html").read_text()):
+        cells = [re.sub("<[^>]+>", "", c) for c in re.findall(r"<td>(.*?)</td>", page[page.find("<h3>suite.yaml"):])]
+        assert cells[:12] == ["mine", "", "3", "0.667", "", "a", "", "1.000", "", "b", "", "0.500"]
+        assert cells[12:19] == ["mine", "3", "0.333", "0.667", "+0.333", "1", "1"]
+        assert "mine: 1 fixed</summary><ul><li><code>first</code>" in page and "<svg" in page
+    assert "Evaluation suites" in (tmp_path / "runs" / "r" / "report.html").read_text()
+    # a run whose own files are damaged: the results are still written and kept, the report's failure one line
+    (tmp_path / "runs" / "r" / "summary.json").write_text("{")
+    r = cli("eval", "suite.yaml", "--model", "runs/r/model", "--out", "again.json")
+    assert r.returncode == 0 and (tmp_path / "again.html").exists(), r.stderr[-2000:]
+    assert "report.html not rebuilt: rlpost: error: " in r.stderr and "summary.json" in r.stderr.splitlines()[-1]
+    assert "against" not in json.loads((tmp_path / "runs" / "r" / "suites" / "suite.json").read_text())
+
+
+def test_an_html_out_keeps_the_json_and_the_page_goes_beside_it(tmp_path):
+    result = {"suite": "s.yaml", "model": "tiny",
+              "sets": {"x": {"heldout_accuracy": 0.5, "n": 2, "by_source": {}, "problems": {}}}}
+    out = tmp_path / "results.html"
+    out.write_text(json.dumps(result))
+    report(result, out, "s")
+    assert json.loads(out.read_text()) == result and "0.500" in (tmp_path / "results.html.html").read_text()
+    report(result, tmp_path / "s.results.json", "s")
+    assert "0.500" in (tmp_path / "s.results.html").read_text()
+    assert not (tmp_path / "suites").exists()  # "tiny" is no run's model: nothing kept

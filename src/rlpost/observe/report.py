@@ -9,7 +9,8 @@ change per update (PPO's old -> new KL); entropy; response length and truncation
 the sampler/trainer importance-ratio histogram; group reward std and the all-pass / all-fail
 shares; grad norm; throughput; wall-clock per role per step, stacked, and a step's timeline (its phases' medians on the
 rollout and trainer lanes, as the topology orders them: observe/timeline.py). Then the health findings
-(observe/diagnostics.py) and, for a few steps, the top-reward and random samples for a human
+(observe/diagnostics.py), the evaluation suites run on the run's model (RUN/suites/: per set and source, the
+regression table, observe/suite_report.py) and, for a few steps, the top-reward and random samples for a human
 audit. An ``rlpost sft|rm|dpo`` run gets its training loss and held-out metrics before / after
 instead of the RL plots. Steps are integer ticks, legends sit below the plot (never over the
 data) in a readable size, and summary numbers are rounded to 3 significant digits. A series that
@@ -39,7 +40,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from rlpost.algorithms import core  # noqa: E402
 from rlpost.config import Config, default_max_new_tokens, run_config_path, to_dict  # noqa: E402
 from rlpost.model.checkpoint import write_atomic  # noqa: E402
-from rlpost.observe import jsonl, timeline  # noqa: E402
+from rlpost.observe import jsonl, suite_report, timeline  # noqa: E402
 from rlpost.observe.diagnostics import diagnose, unjudged  # noqa: E402
 from rlpost.types.errors import DataError  # noqa: E402
 from rlpost.types.schema import Where, check  # noqa: E402
@@ -403,8 +404,16 @@ def build_html(run_dir: Path, sample_steps: list[int] | None = None) -> str:
             f"steps{'' if summary else ' (run in progress or stopped: no summary yet)'}</p>{selected_line(summary)}"
             f"<table>{summary_rows}</table><h2>Health</h2>{health_section(history)}<h2>Plots</h2><div class='grid'>"
             + "".join(f"<div>{p}</div>" for p in plots if p)
-            + f"</div>{always_zero(history)}<h2>Samples</h2>{sample_section(run_dir, history, sample_steps)}"
+            + f"</div>{always_zero(history)}{suites_section(run_dir)}<h2>Samples</h2>"
+            f"{sample_section(run_dir, history, sample_steps)}"
             f"<h2>Config</h2>{config_section(run_dir)}</body></html>")
+
+
+def suites_section(run_dir: Path) -> str:
+    """The suites evaluated on the run's model (``rlpost eval SUITE.yaml --model RUN``: RUN/suites/,
+    observe/suite_report.py); a damaged file there is one line naming it."""
+    found = suite_report.run_section(run_dir)
+    return f"<h2>Evaluation suites</h2>{found}" if found else ""
 
 
 def health_section(history: list[dict]) -> str:

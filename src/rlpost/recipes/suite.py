@@ -15,10 +15,12 @@ eval`` does (recipes/evaluate.py: heldout_accuracy). Per set: accuracy, problems
 mix's family or a row's ``data_source``). ``--against`` names the baseline: an earlier suite's
 results JSON, or a model (folder, hub id, ``RUN/model``) the same suite is evaluated on first. Then
 per set the problems (by prompt) that went from wrong to right (fixed) and right to wrong (broken).
-Everything goes to ``--out`` (default ``SUITE.results.json``, next to the suite) and, on a terminal,
-as tables (JSON through a pipe or with ``--json``). ``--samples S`` adds pass@k and maj@k per set and
-per source (evaluate's ``summarise`` over each source's samples); ``--judge MODEL`` a local judge's 1-9
-grade of every greedy answer, with the judge prompt's version and text in the results (evaluate's
+Everything goes to ``--out`` (default ``SUITE.results.json``, next to the suite), as a page beside it
+(the same name, ``.html``: tables and a bar plot, observe/suite_report.py), into the run's report when
+the model evaluated is a run's (``RUN`` or ``RUN/model``: ``RUN/suites/SUITE.json``, ``RUN/report.html``)
+and, on a terminal, as tables (JSON through a pipe or with ``--json``). ``--samples S`` adds pass@k and
+maj@k per set and per source (evaluate's ``summarise`` over each source's samples); ``--judge MODEL``
+a local judge's 1-9 grade of every greedy answer, with the judge prompt's version and text in the results (evaluate's
 ``judge_identity``). This module loads no torch: ``evaluation(name)`` hands it evaluate's functions
 once every set's config has passed.
 """
@@ -28,11 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from rlpost import config, machine
+from rlpost.console import say
+from rlpost.observe import suite_report
 from rlpost.recipes.eval_args import eval_ks
 from rlpost.types.errors import ConfigError, writing
 
@@ -207,5 +212,24 @@ def main(argv: list[str], evaluation) -> int:
         result.update(against=against, flips=flips(result["sets"], before))
     with writing(out):
         out.write_text(json.dumps(result, indent=1) + "\n")
+    report(result, out, Path(args.suite).stem)
     print(json.dumps(result) if args.json or not sys.stdout.isatty() else tables(result))
     return 0
+
+
+def report(result: dict, out: Path, name: str) -> None:
+    """The results as HTML: OUT with .html beside the JSON, and, when the model is a run's (RUN or RUN/model), kept in
+    RUN/suites/NAME.json and shown in RUN/report.html, rebuilt as `rlpost report RUN` does, in a process of its own
+    (observe/report.py loads torch, and this module never imports it). A report that cannot be rebuilt is one
+    line; the results are written all the same."""
+    page = out.with_suffix(".html") if out.suffix != ".html" else out.with_name(out.name + ".html")
+    with writing(page):
+        page.write_text(suite_report.page(result))
+    run = suite_report.run_of(result["model"])
+    if run is not None:
+        kept = suite_report.record(run, result, name)
+        done = subprocess.run([sys.executable, "-m", "rlpost.cli", "report", str(run)], capture_output=True,
+                              text=True)
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        say(f"suite results kept in {kept}; " + (f"shown in {run / 'report.html'}" if done.returncode == 0 else
+                                                  f"{run / 'report.html'} not rebuilt: {why}"))
