@@ -1,48 +1,73 @@
-"""A verifiers environment module for tests, loaded by name with verifiers' own load_environment
-(as an environment installed from its hub is): a single-turn, a multi-turn or a tool environment
-over sums, each scored by a Rubric."""
+"""A verifiers 0.4 taskset for tests, loaded by id as an installed one is (``vf.load_environment``):
+sums to answer, single-turn (``kind=single``) or with an ``add`` tool served over MCP
+(``kind=tool``), scored by a hand-checkable reward that logs what it computed."""
 
-import verifiers as vf
-from datasets import Dataset
+import json
 
-
-def _text(completion) -> str:
-    return " ".join(m.content or "" for m in completion if m.role == "assistant")
+import verifiers.v1 as vf
 
 
-def right_sum(completion, answer, **kwargs) -> float:
-    return float(answer in _text(completion))
+class SumData(vf.TaskData):
+    answer: str
 
 
-def _sums() -> Dataset:
-    return Dataset.from_list([{"question": f"What is {a} + {b}?", "answer": str(a + b)}
-                              for a in range(5) for b in range(5)])
+class SumTaskConfig(vf.TaskConfig):
+    log: str = ""  # a file each scored episode appends {prompt, reply, reward} to
+    fail_odd: bool = False  # the reward raises on the tasks with an odd first addend
 
 
-class Hints(vf.MultiTurnEnv):
-    """Says 'Try again.' after a wrong answer, 'Yes.' (and stops) after a right one."""
-
-    async def env_response(self, messages, state, **kwargs):
-        if state["answer"] in (messages[-1].content or ""):
-            state["final_env_response"] = [vf.UserMessage(content="Yes.")]
-            return [vf.UserMessage(content="Yes.")]
-        return [vf.UserMessage(content="Try again.")]
+def graded(reply: str, answer: str) -> float:
+    """1 for the answer in the reply, else the reply's length mod 4, quartered: it varies by sample."""
+    return 1.0 if answer in reply else (len(reply) % 4) / 4
 
 
-def add(a: int, b: int) -> int:
-    """Add two integers.
+class SumTask(vf.Task[SumData, vf.State, SumTaskConfig]):
+    @vf.stop
+    async def answered(self, trace: vf.Trace) -> bool:
+        return bool(trace.last_reply)  # a reply without a tool call ends it
 
-    Args:
-        a: the first integer
-        b: the second integer
-    """
-    return a + b
+    @vf.reward(weight=1.0)
+    async def right(self, trace: vf.Trace) -> float:
+        first = int(self.data.prompt.split()[2])
+        fails = self.config.fail_odd and first % 2
+        reward = None if fails else graded(trace.last_reply or "", self.data.answer)
+        if self.config.log:  # reward null: it raised
+            with open(self.config.log, "a") as f:
+                f.write(json.dumps({"prompt": self.data.prompt, "reply": trace.last_reply, "reward": reward}) + "\n")
+        if fails:
+            raise RuntimeError(f"the reward broke on an odd addend ({first})")
+        return reward
 
 
-def load_environment(kind: str = "single") -> vf.Environment:
-    rubric = vf.Rubric(funcs=[right_sum], weights=[1.0])
-    if kind == "single":
-        return vf.SingleTurnEnv(dataset=_sums(), rubric=rubric)
-    if kind == "multi":
-        return Hints(dataset=_sums(), rubric=rubric, max_turns=3)
-    return vf.ToolEnv(dataset=_sums(), tools=[add], rubric=rubric, max_turns=3)
+class AddToolset(vf.Toolset[vf.SharedToolsetConfig]):
+    TOOL_PREFIX = "calc"
+
+    @vf.tool
+    async def add(self, a: int, b: int) -> str:
+        """Add two integers."""
+        return str(a + b)
+
+
+class SumConfig(vf.TasksetConfig):
+    kind: str = "single"
+    split: str = "train"
+    task: SumTaskConfig = SumTaskConfig()
+    tools: vf.SharedToolsetConfig = vf.SharedToolsetConfig()
+
+
+class SumTaskset(vf.Taskset[SumTask, SumConfig]):
+    @classmethod
+    def toolsets(cls, config: SumConfig) -> list[vf.Toolset]:
+        return [AddToolset(config.tools)] if config.kind == "tool" else []
+
+    def load(self) -> list[SumTask]:
+        offset = 10 if self.config.split == "test" else 0  # held-out sums start at 10
+        return [SumTask(SumData(prompt=f"What is {a + offset} + {b}?", answer=str(a + offset + b)), self.config.task)
+                for a in range(5) for b in range(5)]
+
+
+__all__ = ["SumTaskset"]
+
+
+if __name__ == "__main__":
+    AddToolset.run()

@@ -31,7 +31,7 @@ import torch
 
 from rlpost import algorithms, config, machine
 from rlpost.console import say, say_once
-from rlpost.envs import Task, env_pool, verifier_timeout
+from rlpost.envs import Task, env_pool, on_endpoint, verifier_timeout
 from rlpost.model import checkpoint, compiled, device, fit, lora, packed, precision
 from rlpost.model.load import load_policy, load_policy_for, load_tokenizer, resolve
 from rlpost.model.logprobs import Scoring
@@ -291,7 +291,9 @@ def make_rollout(cfg: config.Config, model: torch.nn.Module, tokenizer, run_dir:
         rollout = rollout_vllm.VLLMRollout(on_device(cfg, model), tokenizer, resolve(cfg.model.name), dtype, settings)
     else:
         rollout = build_rollout(cfg.rollout.engine, on_device(cfg, model), tokenizer, dtype, cfg.rollout.slots)
-    if cfg.task.name == "agent":  # the agent's own loop, its calls served over this sampler (roles/rollout_agent.py)
+    if cfg.task.name == "agent" or on_endpoint(cfg.task):
+        # the agent's own loop (a verifiers environment's harness), its calls served over this sampler
+        # (roles/rollout_agent.py)
         return agent_rollout(rollout, cfg.task, fit.architecture(cfg.model.name)[1], run_dir)
     if is_env(cfg):  # multi-turn episodes: the same generate() contract, the environment's turns inside
         task = cfg.task

@@ -1,6 +1,5 @@
-"""The field's environment libraries as rlpost environments: verifiers (its single-turn, multi-turn
-and tool environments, loaded by name, scored by their rubric) and TextArena (a single-player
-game), each also end to end through the RL loop on the tiny model."""
+"""The field's environment libraries as rlpost environments: TextArena (a single-player game), also
+end to end through the RL loop on the tiny model (verifiers: tests/envs/test_verifiers.py)."""
 
 import json
 
@@ -9,50 +8,7 @@ from helpers import tiny_cfg
 
 from rlpost.recipes.rl import train
 
-pytest.importorskip("verifiers", reason="pip install 'rlpost[verifiers]'")
 pytest.importorskip("textarena", reason="pip install 'rlpost[textarena]'")
-
-
-def call(name, **arguments):
-    return {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
-
-
-@pytest.mark.slow  # ~10 s: importing verifiers
-def test_verifiers_environments_run_turn_by_turn_and_their_rubric_is_the_reward():
-    from rlpost.envs.verifiers_env import VerifiersEnv
-
-    single = VerifiersEnv("vf_toy", kind="single")
-    row = single.rows("train", 1, 0)[0]
-    assert single.reset(row) == [{"role": "user", "content": row["question"]}] and single.tools is None
-    assert single.step({"role": "assistant", "content": f"{row['answer']}"}) == ([], 1.0, True, {"tool_calls": 0})
-    multi = VerifiersEnv("vf_toy", kind="multi")
-    multi.reset(row)
-    # its env_response answers a wrong answer, replayed from the start at each step
-    assert multi.step({"role": "assistant", "content": "no idea"}) == ([{"role": "user", "content": "Try again."}],
-                                                                        0.0, False,
-                                                                        {"tool_calls": 0})
-    assert multi.step({"role": "assistant", "content": f"{row['answer']}"})[1:3] == (1.0, True)
-    tool = VerifiersEnv("vf_toy", kind="tool")
-    tool.reset(row)
-    assert [t["function"]["name"] for t in tool.tools] == ["add"]  # its Python function as a JSON schema
-    messages, reward, done, info = tool.step({"role": "assistant", "content": "",
-                                              "tool_calls": [call("add", a=2, b=3)]})
-    assert messages == [{"role": "tool", "content": "5", "tool_call_id": "call_0"}]
-    assert not done and info["tool_calls"] == 1
-    assert tool.step({"role": "assistant", "content": "I do not know"})[1:3] == (0.0, True)  # no call ends a ToolEnv
-    train_rows, held = single.rows("train", 100, 0), single.rows("heldout", 100, 0)
-    # no eval dataset: halves of one shuffle
-    assert not {r["question"] for r in train_rows} & {r["question"] for r in held}
-
-
-@pytest.mark.slow  # ~40 s: two workers import verifiers, then a tiny-model run
-def test_a_verifiers_tool_environment_trains_end_to_end_on_the_tiny_model(tmp_path):
-    cfg = tiny_cfg("task.name=env", "task.env=verifiers:vf_toy", "task.env_args={kind: tool}", "task.env_workers=1",
-                   "task.n_train=8", "task.n_heldout=4", "run.steps=1", "task.max_turns=2")
-    summary = train(cfg, tmp_path / "run")
-    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert metrics["env/episodes"] == 16 and metrics["env/errors"] == 0 and metrics["env/timeouts"] == 0
-    assert 1 <= metrics["env/turns_mean"] <= 2 and 0 <= summary["heldout_accuracy_after"] <= 1
 
 
 def test_a_textarena_game_is_an_environment():
@@ -98,8 +54,8 @@ def test_a_textarena_game_trains_end_to_end_on_the_tiny_model(tmp_path, capsys, 
     ("textarena:TicTacToe-v0", "rlpost plays single-player TextArena games"),
 ])
 def test_a_textarena_id_is_checked_at_start_with_no_run_folder_left(tmp_path, env, expected):
-    # as a verifiers id is: one line and exit 2 before the run folder exists, not a failure at step 1 after the
-    # first evaluation, with a folder left behind
+    # as a verifiers id is (tests/envs/test_verifiers.py): one line and exit 2 before the run folder exists, not a
+    # failure at step 1 after the first evaluation, with a folder left behind
     from helpers import TINY, cli
 
     r = cli("train", *TINY, "task.name=env", f"task.env={env}", "task.n_heldout=2", f"run.out_dir={tmp_path}")

@@ -177,6 +177,12 @@ def _generated_splits(t, family: str) -> tuple[list[dict], list[dict]]:
     return tools.build_splits(t)
 
 
+def on_endpoint(t) -> bool:
+    """Whether the run's environment plays its episodes as agents on the endpoint (task.env=verifiers:ENV_ID:
+    verifiers' own harness calls the model; roles/rollout_agent.py)."""
+    return t.name == "env" and t.env.strip().partition(":")[0] == "verifiers"
+
+
 def env_spec(t) -> tuple[str, dict]:
     """(import path, constructor keyword arguments) of the run's environment (task.env, task.env_args;
     task.name=tools is the tools environment with task.tools)."""

@@ -37,11 +37,15 @@ class AgentPool(WorkerPool):
     """Worker processes running ``fn(client, row)`` episodes, each with the episode's deadline."""
 
     def __init__(self, path: str, verifier: str, timeout_s: float, *, workers: int = 1,
-                 log_path: str | Path | None = None, import_paths: tuple = ()):
-        super().__init__("rlpost.envs.agents", path, timeout_s, what="agent worker", key="task.agent",
+                 log_path: str | Path | None = None, import_paths: tuple = (), factory: dict | None = None):
+        # factory: ``path`` names a factory, called once per worker with these keyword arguments, that gives the
+        # agent (envs/verifiers_env.py: a verifiers environment loaded and serving)
+        super().__init__("rlpost.envs.agents", path, timeout_s, what="agent worker",
+                         key="task.env" if factory is not None else "task.agent",
                          workers=workers, log_path=log_path, grace_s=IMPORT_GRACE_S,
                          import_paths=(*map(str, import_paths), *(p for p in sys.path if p)),
-                         args=(json.dumps({"verifier": verifier}),))
+                         args=(json.dumps({"verifier": verifier, "factory": factory}),))
+        self.name = f"agent {path}"  # what the rollout's lines call it
 
 
 class Garbage(Exception):
@@ -117,7 +121,10 @@ def load(path: str, args: list[str]):
     fn = import_object(path, "function")
     if not callable(fn):
         raise TypeError(f"{path!r} is a {type(fn).__name__}, not a function")
-    name = json.loads(args[0]).get("verifier")
+    settings = json.loads(args[0])
+    if settings.get("factory") is not None:
+        fn = fn(**settings["factory"])
+    name = settings.get("verifier")
     return (fn, import_object(name, "function") if name else None, openai), "agent"
 
 

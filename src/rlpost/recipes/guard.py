@@ -38,6 +38,7 @@ from contextlib import contextmanager
 
 from rlpost import config
 from rlpost.console import say
+from rlpost.envs import on_endpoint
 from rlpost.types.errors import Interrupted, RunError
 
 STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # finish the step, save it, stop
@@ -184,8 +185,8 @@ class RunGuard:
         counts = failure_counts(metrics)
         if metrics.get("env/episodes"):  # an environment's calls that raised, hung, died or returned garbage
             task = self.cfg.task
-            what, log = (f"agent {task.agent}", "agent.log") if task.agent else (f"environment {task.env or task.name}",
-                                                                                 "env.log")
+            what = f"agent {task.agent}" if task.agent else f"environment {task.env or task.name}"
+            log = "agent.log" if task.agent or on_endpoint(task) else "env.log"  # verifiers' episodes are agents
             counts.append((what, "episodes", metrics["env/episodes"],
                            metrics.get("env/errors", 0) + metrics.get("env/timeouts", 0), log))
         stop_on_failures(counts, self.cfg.task.max_reward_error_frac, f"at step {step}", self.first_batch,

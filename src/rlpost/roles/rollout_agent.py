@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rlpost.envs import env_spec, on_endpoint, verifiers_env
 from rlpost.envs.agents import AgentPool
 from rlpost.console import say
 from rlpost.roles.endpoint import Endpoint, Limits, Record
@@ -95,7 +96,7 @@ class AgentRollout(EpisodeRollout):
                 if e.timeout else e.error)
         if kind not in self.reported:  # the first of each kind said; the rest counted (env/errors, env/timeouts)
             self.reported.add(kind)
-            say(f"agent {self.pool.path} failed (the first {kind}; later ones are only counted, in env/{kind}s): "
+            say(f"{self.pool.name} failed (the first {kind}; later ones are only counted, in env/{kind}s): "
                 f"{text}; the episode ended with reward 0")
         return e
 
@@ -111,9 +112,14 @@ def agent_rollout(rollout, task, context: int, run_dir: Path | None) -> AgentRol
     """The agent rollout for the task section over ``rollout`` (the model's ``context`` in tokens, 0:
     not known); its workers log to RUN/agent.log and import from the run folder and the current one."""
     workers = task.env_workers or min(8, os.cpu_count() or 1)
-    pool = AgentPool(task.agent, task.verifier, task.agent_timeout_s, workers=workers,
+    path, factory = task.agent, None
+    if on_endpoint(task):  # task.env=verifiers:ENV_ID: verifiers' own episode, on the endpoint
+        path, factory = verifiers_env.AGENT, {**env_spec(task)[1], "max_turns": task.max_turns}
+    pool = AgentPool(path, task.verifier, task.agent_timeout_s, workers=workers,
                      log_path=Path(run_dir) / "agent.log" if run_dir else None,
-                     import_paths=(*((run_dir,) if run_dir else ()), os.getcwd()))
+                     import_paths=(*((run_dir,) if run_dir else ()), os.getcwd()), factory=factory)
+    if factory:
+        pool.name = f"environment {task.env}"
     try:
         limits = Limits(max_new_tokens=1, context=context, max_calls=task.max_turns,
                         max_episode_tokens=task.max_episode_tokens)
