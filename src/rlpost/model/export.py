@@ -68,10 +68,10 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
         return copy_final(run_dir, out, "model" if merge_lora else "adapter")
     out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter")
                                            + ("" if step is None else f"_step_{step}"))
-    loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
-    if merge_lora:  # the checkpoint's weights alone: its optimizer moments would double the memory this needs
-        checkpoint.load_into(loaded.model, checkpoint.load_weights(ckpt), f"{ckpt}/model.safetensors")
+    if merge_lora:
+        loaded = merged(ckpt, model, seed)
         return save_model(loaded.model, loaded.tokenizer, out)
+    loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
     # The adapters on the run's base: the same wrap as the trainer's, then its saved adapter tensors.
     peft_model = lora.wrap(loaded.model, model, seed)
     adapters = checkpoint.load_trainer_state(ckpt).get("lora")
@@ -81,6 +81,15 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
     if missing.unexpected_keys:
         raise ConfigError(f"{ckpt}/trainer.pt: lora: {missing.unexpected_keys[0]} is not an adapter of this model")
     return lora.save_adapter(peft_model, loaded.tokenizer, out)
+
+
+def merged(ckpt: Path, model: config.ModelConfig, seed: int):
+    """The model a full export of checkpoint ``ckpt`` writes (load.Loaded): ``model``'s starting policy in
+    float32 with the checkpoint's weights loaded into it (LoRA adapters are folded in already). The weights
+    alone are read: the optimizer's moments in trainer.pt would double the memory this needs."""
+    loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
+    checkpoint.load_into(loaded.model, checkpoint.load_weights(ckpt), f"{ckpt}/model.safetensors")
+    return loaded
 
 
 def copy_final(run_dir: Path, out: Path | None, name: str) -> Path:

@@ -134,14 +134,19 @@ def threads(n: int):
 
 
 def saved_model_scores(cfg: config.Config, folder: Path, task, rows: list[dict], dump: Path, passk_rows: int,
-                       run_dir: Path | None = None, make_roles=build.build_roles) -> tuple[float, dict]:
+                       run_dir: Path | None = None, make_roles=build.build_roles,
+                       weights: dict | None = None) -> tuple[float, dict]:
     """(greedy held-out accuracy, pass@k curve) of the model folder a run saved (RUN/model), on a
     sampler built as the run's first one was (build_roles for evaluation: the folder loaded, moved
     to run.device, copied, cast to rollout.dtype), never used before, over the same rows in the same
     batches: the way the loop measured "before" on its fresh sampler. ``dump`` receives the greedy
-    records (eval_after.jsonl); ``make_roles``: the run's builder of roles (train's)."""
-    cfg = config.with_overrides(cfg, [f"model.name={folder}"])
-    roles = make_roles(cfg, task, None, for_eval=True, run_dir=run_dir)
+    records (eval_after.jsonl); ``make_roles``: the run's builder of roles (train's). ``weights``:
+    the tensors ``folder`` holds or is being written from (recipes/rl.py's closing, which writes RUN/model
+    meanwhile): the sampler is then cfg's model.name with them loaded, as a resumed run's is built from
+    its checkpoint, rather than the folder read back."""
+    if weights is None:
+        cfg = config.with_overrides(cfg, [f"model.name={folder}"])
+    roles = make_roles(cfg, task, weights, for_eval=True, run_dir=run_dir)
     try:
         return evaluate(roles, rows, cfg, dump), passk_curve(roles, rows[:passk_rows], cfg)
     finally:

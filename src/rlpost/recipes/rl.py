@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import resource
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,6 +28,7 @@ from rlpost.envs.data import PromptStream
 from rlpost.envs.mix import MixedStream
 from rlpost.model import checkpoint, device, export, heap, load
 from rlpost.model.cores import Cores
+from rlpost.model.load import save_model
 from rlpost.observe import jsonl
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
@@ -172,24 +174,27 @@ class Measured:
     started: float | None = None
 
 
-def after_training(run_dir: Path, cfg: config.Config, model_dir: Path, task: Task,
-                   measured: Measured) -> tuple[float, float, dict, dict]:
+def after_training(run_dir: Path, cfg: config.Config, model_dir: Path, task: Task, measured: Measured,
+                   weights: dict | None = None) -> tuple[float, float, dict, dict]:
     """(accuracy before, after, how they compare, pass@k curves) with "after" the saved model's:
     RUN/model on a fresh sampler, as "before" was measured on the run's (evaluate.saved_model_scores),
     on the same thread count and rows, so a run that changed no weight gives every answer again.
+    ``weights``: the tensors RUN/model is being written from (finish), the sampler's then; else the
+    folder is read.
 
     Whether the weights changed is read, not inferred: RUN/model against the starting model. When
     they did not, "after" is "before" (it is the same model); a measurement that still differs is
     this machine's evaluation not reproducing itself, said in one line and kept as
     heldout_accuracy_after_measured."""
     (before, before_k), samples = measured.before, run_dir / "samples"
+    changed = not matches_start(cfg, folder_weights(model_dir) if weights is None else weights)
     say(f"held-out accuracy after training, of {model_dir} ({len(measured.heldout)} problems, greedy) ...")
     with threads(measured.threads):
         after, after_k = saved_model_scores(cfg, model_dir, task, measured.heldout, samples / "eval_after.jsonl",
-                                            measured.passk, run_dir, measured.make_roles)
+                                            measured.passk, run_dir, measured.make_roles, weights)
     records = [jsonl.read_lines(samples / f"eval_{when}.jsonl", {"correct": bool, "completion": str})
                for when in ("before", "after")]
-    compared = {"weights_changed": not matches_start(cfg, model_dir), **paired_delta(*records)}
+    compared = {"weights_changed": changed, **paired_delta(*records)}
     if not compared["weights_changed"] and (after, after_k) != (before, before_k):
         say(f"RUN/model holds the starting weights, yet its held-out accuracy measured {after:.3f} against "
             f"{before:.3f} before ({compared.get('heldout_answers_changed', '?')} answers differ): this machine's "
@@ -199,15 +204,16 @@ def after_training(run_dir: Path, cfg: config.Config, model_dir: Path, task: Tas
     return before, after, compared, {"passk_before": before_k, "passk_after": after_k}
 
 
-def matches_start(cfg: config.Config, model_dir: Path) -> bool:
-    """Whether the model folder holds exactly the run's starting weights (model.name, run.seed):
-    every tensor of its safetensors files equal, bit for bit, to the starting model's of that name."""
+def matches_start(cfg: config.Config, weights: dict) -> bool:
+    """Whether ``weights`` (a model's tensors by name) are exactly the run's starting weights (model.name,
+    run.seed): every tensor equal, bit for bit, to the starting model's of that name."""
     start = load.load_policy(cfg.model.name, dtype=torch.float32, seed=cfg.run.seed).model.state_dict()
-    for file in sorted(Path(model_dir).glob("*.safetensors")):
-        for name, saved in load_file(file).items():
-            if name not in start or not torch.equal(start[name], saved):
-                return False
-    return True
+    return all(name in start and torch.equal(start[name], saved) for name, saved in weights.items())
+
+
+def folder_weights(model_dir: Path) -> dict:
+    """Every tensor of a model folder's safetensors files, by name."""
+    return {name: t for file in sorted(Path(model_dir).glob("*.safetensors")) for name, t in load_file(file).items()}
 
 
 def _call(callbacks: Sequence, hook: str, *args) -> None:
@@ -228,14 +234,29 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, meas
     checkpoint loaded) made the run's memory peak (tests/recipes/test_run_memory.py). Their memory
     is freed into glibc's heap, where it stays resident while the export's large tensors come from
     fresh mappings: the heap is trimmed first (5.16 GiB peak at the end of vs_trl.py's rlpost child
-    without it, Zen 4, 2026-11-26; a no-op off glibc and on a GPU's memory)."""
+    without it, Zen 4, 2026-11-26; a no-op off glibc and on a GPU's memory).
+
+    RUN/model is written on a second thread while the held-out pass runs on a sampler built from the
+    very tensors it is written from (write_selected_model), and the summary waits for both. The pass
+    is what it was, a fresh sampler of RUN/model's weights; the checkpoint they come from was written
+    whole before (the last step's, or the one early stopping selected), and the folder is written
+    under a temporary name and renamed, so a crash in the closing leaves the checkpoint to resume
+    from and RUN/model whole or absent (tests/recipes/test_closing.py). The overlap pays where the
+    pass runs on a GPU; on a 2-core CPU the write (0.3-0.5 s for the embedded model) shares the
+    pass's cores and no gain was measured (export_write_s in the summary)."""
     t_end = time.perf_counter()
     heap.trim()
-    # a checkpoint as a transformers folder: RUN/model
-    model_dir, selected = write_selected_model(run_dir, cfg, guard.select(measured.last or 0.0))
-    t_export = time.perf_counter()
-    before, after, compared, passk = after_training(run_dir, cfg, model_dir, task, measured)
-    end = {"export": t_export - t_end, "held-out after": time.perf_counter() - t_export}
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlpost-export") as pool:
+        # a checkpoint as a transformers folder: RUN/model
+        model_dir, selected, weights, written = write_selected_model(run_dir, cfg, guard.select(measured.last or 0.0),
+                                                                     pool)
+        t_export = time.perf_counter()
+        before, after, compared, passk = after_training(run_dir, cfg, model_dir, task, measured, weights)
+        t_after = time.perf_counter()
+        weights = None
+        write_s = written.result()  # the export's error, where it failed, is raised here
+    # wall_s: the export's part the pass did not hide (loading, then waiting for the write to end)
+    end = {"export": t_export - t_end + time.perf_counter() - t_after, "held-out after": t_after - t_export}
     wall = wall_split(log, measured.started, end) if measured.started is not None else {}
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
     summary = log.summary(before, after, minutes, {"run_dir": str(run_dir), "heldout_n": len(measured.heldout),
@@ -246,7 +267,8 @@ def finish(run_dir: Path, cfg: config.Config, log: RunLog, guard: RunGuard, meas
                                                    **by_task_summary(run_dir / "samples"),
                                                    **passk_summary(passk, cfg, measured.passk),
                                                    **idle_summary(log.history),
-                                                   "wall_s": {k: round(v, 1) for k, v in wall.items()}})
+                                                   "wall_s": {k: round(v, 1) for k, v in wall.items()},
+                                                   "export_write_s": round(write_s, 1)})
     print(closing_table(summary))
     say(f"report with plots: {write_report(run_dir)}  (health check: rlpost doctor {run_dir})")
     nothing = idle.closing_line(log.history, cfg)  # steps that trained nothing: how many, why, the knob; the last word
@@ -369,14 +391,30 @@ def save_checkpoint(run_dir: Path, cfg: config.Config, step: int, roles: Roles, 
                     metrics=metrics)
 
 
-def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int, float] | None) -> tuple[Path, dict]:
-    """RUN/model from the last checkpoint, or with early stopping from the selected step's (RunGuard.select);
-    and what summary.json records of the choice (the report marks it)."""
+def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int, float] | None,
+                         pool: ThreadPoolExecutor) -> tuple[Path, dict, dict | None, Future]:
+    """RUN/model from the last checkpoint, or with early stopping from the selected step's (RunGuard.select):
+    (the folder, what summary.json records of the choice (the report marks it), the tensors it is written
+    from, the write's seconds). The model is loaded here (export.merged) and written on ``pool``'s thread,
+    whose future gives the seconds, or the write's error. A run folder without checkpoints (none to merge:
+    export.write_model's copy) is written before this returns, and the tensors are None."""
     step = None if selected is None else selected[0]
     if cfg.model.lora_r > 0:  # the adapters alone too, peft's folder: what a LoRA user serves (vLLM --enable-lora)
         export.write_model(run_dir, cfg.model, cfg.run.seed, step, run_dir / "adapter", merge_lora=False)
-    if selected is None:
-        return export.write_model(run_dir, cfg.model, cfg.run.seed), {}
-    say(f"RUN/model holds step {selected[0]}: the best held-out accuracy, {selected[1]:.3f} (run.early_stop_patience)")
-    return (export.write_model(run_dir, cfg.model, cfg.run.seed, selected[0], run_dir / "model"),
-            {"selected_step": selected[0], "heldout_accuracy_selected": selected[1]})
+    chosen = {} if selected is None else {"selected_step": selected[0], "heldout_accuracy_selected": selected[1]}
+    if selected is not None:
+        say(f"RUN/model holds step {selected[0]}: the best held-out accuracy, {selected[1]:.3f} "
+            "(run.early_stop_patience)")
+    ckpt, out = export.find_checkpoint(run_dir, step), run_dir / "model"
+    if ckpt is None:
+        t0 = time.perf_counter()
+        out = export.write_model(run_dir, cfg.model, cfg.run.seed, step, None if step is None else out)
+        return out, chosen, None, pool.submit(lambda: time.perf_counter() - t0)
+    loaded = export.merged(ckpt, cfg.model, cfg.run.seed)
+
+    def write() -> float:
+        t0 = time.perf_counter()
+        save_model(loaded.model, loaded.tokenizer, out)
+        return time.perf_counter() - t0
+
+    return out, chosen, loaded.model.state_dict(), pool.submit(write)
