@@ -389,7 +389,12 @@ def serving(*args) -> int:
 
 
 def evaluation(name: str):
-    """recipes/evaluate.py's function `name`, for curate and eval SUITE: torch loads once their configs passed."""
+    """recipes/evaluate.py's function `name` (or observe/report.py's write_report, which rebuilds a run's report), for
+    curate and eval SUITE: torch loads once their configs passed."""
+    if name == "write_report":
+        from rlpost.observe.report import write_report
+
+        return write_report
     from rlpost.recipes import evaluate
 
     return getattr(evaluate, name)

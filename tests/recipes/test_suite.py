@@ -152,8 +152,8 @@ def test_an_html_out_keeps_the_json_and_the_page_goes_beside_it(tmp_path):
               "sets": {"x": {"heldout_accuracy": 0.5, "n": 2, "by_source": {}, "problems": {}}}}
     out = tmp_path / "results.html"
     out.write_text(json.dumps(result))
-    report(result, out, "s")
+    report(result, out, "s", None)  # no run: nothing hands it a report writer
     assert json.loads(out.read_text()) == result and "0.500" in (tmp_path / "results.html.html").read_text()
-    report(result, tmp_path / "s.results.json", "s")
+    report(result, tmp_path / "s.results.json", "s", None)
     assert "0.500" in (tmp_path / "s.results.html").read_text()
     assert not (tmp_path / "suites").exists()  # "tiny" is no run's model: nothing kept

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -212,24 +211,25 @@ def main(argv: list[str], evaluation) -> int:
         result.update(against=against, flips=flips(result["sets"], before))
     with writing(out):
         out.write_text(json.dumps(result, indent=1) + "\n")
-    report(result, out, Path(args.suite).stem)
+    report(result, out, Path(args.suite).stem, evaluation)
     print(json.dumps(result) if args.json or not sys.stdout.isatty() else tables(result))
     return 0
 
 
-def report(result: dict, out: Path, name: str) -> None:
+def report(result: dict, out: Path, name: str, evaluation) -> None:
     """The results as HTML: OUT with .html beside the JSON, and, when the model is a run's (RUN or RUN/model), kept in
-    RUN/suites/NAME.json and shown in RUN/report.html, rebuilt as `rlpost report RUN` does, in a process of its own
-    (observe/report.py loads torch, and this module never imports it). A report that cannot be rebuilt is one
-    line; the results are written all the same."""
+    RUN/suites/NAME.json and shown in RUN/report.html, rebuilt as `rlpost report RUN` does (observe/report.py's
+    write_report, handed over by ``evaluation`` as evaluate's functions are: it loads torch, which this module never
+    imports). A report that cannot be rebuilt is one line; the results are written all the same."""
     page = out.with_suffix(".html") if out.suffix != ".html" else out.with_name(out.name + ".html")
     with writing(page):
         page.write_text(suite_report.page(result))
     run = suite_report.run_of(result["model"])
     if run is not None:
         kept = suite_report.record(run, result, name)
-        done = subprocess.run([sys.executable, "-m", "rlpost.cli", "report", str(run)], capture_output=True,
-                              text=True)
-        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        say(f"suite results kept in {kept}; " + (f"shown in {run / 'report.html'}" if done.returncode == 0 else
-                                                  f"{run / 'report.html'} not rebuilt: {why}"))
+        try:
+            evaluation("write_report")(run)
+            say(f"suite results kept in {kept}; shown in {run / 'report.html'}")
+        except (ConfigError, OSError, ValueError, RuntimeError) as e:  # the run's own files damaged, a plot failed
+            why = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            say(f"suite results kept in {kept}; {run / 'report.html'} not rebuilt: rlpost: error: {why}")
