@@ -77,6 +77,24 @@ def test_a_daemon_started_by_a_call_that_returned_is_gone_when_the_pool_closes(t
     assert state(daemon) in (None, "Z")
 
 
+def test_what_a_call_orphans_is_reaped_and_a_child_it_keeps_keeps_its_status():
+    # The worker is a child subreaper: a shell's background job outliving the shell becomes its child.
+    # Unreaped, each was a zombie for the rest of the run (60 reward calls running `sh -c 'cmd &'`: 60 zombies,
+    # until the pid limit). Its own children (subprocess, os.posix_spawn, os.fork, multiprocessing's spawn) exit
+    # at once and are left for a later call, past REAP_EVERY_S: their exit statuses are still theirs to read.
+    from rlpost.wire import REAP_EVERY_S
+
+    p = pool(workers=1)
+    try:
+        assert p.run([{"op": "keep"}, {"op": "orphan", "value": 30}])[1][:2] == ("ok", 30)
+        time.sleep(2 * REAP_EVERY_S + 0.5)
+        (zombies,), (codes,) = (p.run([{"op": op}])[0][1:2] for op in ("zombies", "wait_kept"))
+        assert zombies == 4 and codes == [3, 5, 6, 8]  # the four kept ones, exited, not yet waited for
+        assert p.run([{"op": "zombies"}])[0][1] == 0
+    finally:
+        p.close()
+
+
 def test_a_worker_dying_mid_reply_is_a_death_with_its_exit_code():
     p = pool()
     try:

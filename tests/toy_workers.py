@@ -4,9 +4,11 @@ are tested against it, once, for every handler. Its path argument says how it st
 each request's ``op`` says what the call does. It writes its pipes by hand, as hostile user code
 in a worker could, where a real handler lets ``wire.serve`` write them."""
 
+import multiprocessing
 import os
 import pickle
 import resource
+import subprocess
 import sys
 import time
 
@@ -42,6 +44,23 @@ def fork_child(pid_file: str, new_session: bool) -> None:
             f.flush()
         time.sleep(600)
         os._exit(0)
+
+
+KEPT = []  # children a call started and a later call waits for: ("popen", Popen) or ("fork", pid)
+
+
+def children(state: bytes) -> list[int]:
+    """This process's children in ``state`` (b"Z": zombies), from /proc."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] == state:
+            out.append(int(pid))
+    return out
 
 
 def call(rep: int, request: dict):
@@ -94,6 +113,28 @@ def call(rep: int, request: dict):
         except MemoryError as e:
             return ("error", f"MemoryError: {e}", "")
         return ("ok", value, os.getpid())
+    elif op == "orphan":  # shell jobs left running as the shell exits: each is handed to the worker, its subreaper
+        for _ in range(value):
+            subprocess.run(["sh", "-c", "sleep 0.01 & exit 0"], check=True)
+        return ("ok", value, os.getpid())
+    elif op == "keep":  # children of its own, exited at once, left for a later call to wait for (their statuses)
+        KEPT.append(("popen", subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])))
+        KEPT.append(("popen", subprocess.Popen(["/bin/sh", "-c", "exit 5"], close_fds=False)))  # os.posix_spawn
+        pid = os.fork()
+        if pid == 0:
+            os._exit(6)
+        KEPT.append(("fork", pid))
+        ctx = multiprocessing.get_context("spawn")  # _posixsubprocess.fork_exec, not subprocess
+        proc = ctx.Process(target=sys.exit, args=(8,))
+        proc.start()
+        KEPT.append(("process", proc))
+        return ("ok", value, os.getpid())
+    elif op == "wait_kept":
+        codes = [x.wait() if how == "popen" else os.waitstatus_to_exitcode(os.waitpid(x, 0)[1]) if how == "fork"
+                 else (x.join(), x.exitcode)[1] for how, x in KEPT]
+        return ("ok", codes, os.getpid())
+    elif op == "zombies":
+        return ("ok", len(children(b"Z")), os.getpid())
     elif op == "fork":  # a child in its group (or a daemon in a session of its own), then a reply, an exit or a hang
         fork_child(request["pids"], request["daemon"])
         while not (os.path.exists(request["pids"]) and os.path.getsize(request["pids"])):  # the child runs

@@ -13,11 +13,19 @@ into the trainer; what a worker sends of the user's values it first makes plain 
 
 A worker is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever the user's code starts stays its
 descendant, a double-forked ``setsid()`` daemon included, so ``kill_tree`` finds and stops it, and
-the worker stops it too when its parent dies.
+the worker stops it too when its parent dies. The price: what the user's code orphans (``sh -c
+'cmd &'``, a tool's background job) is the worker's child once its own parent exits, and no init
+reaps it. So after each request, and every REAP_EVERY_S on a thread of its own (an episode may run
+for minutes), the worker reaps its exited children that its own code did not start
+(``reap_orphans``), and never one that it did: ``own_children`` records the pid of every child the
+worker's code starts (``os.fork``, ``os.posix_spawn``, subprocess, multiprocessing), whose exit
+status is its Popen's to read. A child started some other way (a C library's own ``fork()``) is
+not recorded, and could have its status read first by the reaper.
 """
 
 from __future__ import annotations
 
+import _posixsubprocess
 import ctypes
 import fcntl
 import importlib
@@ -38,6 +46,7 @@ import traceback
 MAGIC = b"RLPV"
 HEADER = struct.Struct("<4sI")
 MAX_FRAME = 256 << 20  # a reply bigger than this is garbage, not a reward or an observation
+REAP_EVERY_S = 0.5  # how often a worker reaps what the user's code orphaned, besides after each request
 
 
 class ProtocolError(Exception):
@@ -217,6 +226,62 @@ def die_with(parent: int, watchdog: int, main_thread: bool) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+# The children the worker's own code started, by pid: theirs to wait for, never reaped by reap_orphans. STARTING is
+# held from a fork to the pid's record (and by reap_orphans), so no exited child is mistaken for an orphan meanwhile.
+STARTING = threading.RLock()
+STARTED: set[int] = set()
+
+
+def own_children() -> None:
+    """Record every child this process starts from now on, in STARTED: os.fork, os.forkpty, os.posix_spawn[p]
+    and _posixsubprocess.fork_exec (subprocess.Popen, multiprocessing's spawn and forkserver) wrapped."""
+    def record(fn, pid_of=lambda out: out):
+        def started(*args, **kwargs):
+            with STARTING:
+                out = fn(*args, **kwargs)
+                if pid_of(out) > 0:  # 0: the forked child itself
+                    STARTED.add(pid_of(out))
+                return out
+        return started
+
+    for name in ("fork", "posix_spawn", "posix_spawnp"):
+        setattr(os, name, record(getattr(os, name)))
+    os.forkpty = record(os.forkpty, lambda out: out[0])
+    _posixsubprocess.fork_exec = record(_posixsubprocess.fork_exec)
+    if hasattr(sys.modules.get("subprocess"), "_fork_exec"):  # Python 3.12+ binds it at import
+        sys.modules["subprocess"]._fork_exec = record(sys.modules["subprocess"]._fork_exec)
+
+
+def reap_orphans() -> int:
+    """Reap this process's exited children that it did not start (STARTED): what the user's code orphaned,
+    handed to this subreaper. Returns how many. One waitid call when no child has exited."""
+    with STARTING:
+        try:
+            if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:  # peek: reaps nothing
+                return 0
+        except ChildProcessError:
+            STARTED.clear()
+            return 0
+        me, reaped, ours = os.getpid(), 0, set()
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    state, ppid = f.read().rpartition(b")")[2].split()[:2]
+            except (OSError, ValueError, IndexError):
+                continue
+            if int(ppid) != me:
+                continue
+            if int(entry) in STARTED:
+                ours.add(int(entry))
+            elif state == b"Z":
+                try:
+                    reaped += os.waitpid(int(entry), os.WNOHANG)[0] == int(entry)
+                except ChildProcessError:  # reaped meanwhile by the user's own os.wait()
+                    pass
+        STARTED.intersection_update(ours)  # a pid already waited for is forgotten: it may be an orphan's next
+        return reaped
+
+
 def private(fd: int) -> int:
     """The fd moved above the low numbers user code might touch, and closed on exec."""
     new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
@@ -248,6 +313,14 @@ def start_worker(argv: list[str]) -> tuple[int, int, str]:
     req, rep, watchdog, parent, main_thread, memory_mb = map(int, argv[1:7])
     req, rep, watchdog = private(req), private(rep), private(watchdog)
     die_with(parent, watchdog, bool(main_thread))
+    own_children()
+
+    def reaping():
+        while True:
+            time.sleep(REAP_EVERY_S)
+            reap_orphans()
+
+    threading.Thread(target=reaping, daemon=True).start()
     set_memory_limit(memory_mb)
     return req, rep, argv[7]
 
@@ -272,6 +345,7 @@ def serve(load, handle) -> None:
             return
         set_cpu_limit(request["cpu_s"])
         reply = handle(loaded, request)
+        reap_orphans()
         try:
             data = frame(reply)
         except Exception as e:  # noqa: BLE001 - an info dict that does not pickle
