@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from rlpost import build, cli, config
 from rlpost.envs import build_task
-from rlpost.model import checkpoint
+from rlpost.model import checkpoint, export
 from rlpost.recipes import rl
 from rlpost.recipes.rl import train
 
@@ -67,7 +67,7 @@ def test_the_held_out_pass_starts_while_run_model_is_still_being_written(tmp_pat
     # The write waits until the pass's sampler exists: a closing that wrote RUN/model first and
     # measured it after would never get there (the wait fails the run instead).
     began = threading.Event()
-    real = rl.save_model
+    real = export.save_model
 
     def held_write(*a, **k):
         assert began.wait(60), "the held-out pass did not begin while RUN/model was being written"
@@ -79,7 +79,7 @@ def test_the_held_out_pass_starts_while_run_model_is_still_being_written(tmp_pat
             began.set()
         return roles
 
-    monkeypatch.setattr(rl, "save_model", held_write)
+    monkeypatch.setattr(export, "save_model", held_write)
     summary = train(tiny_cfg("run.steps=1"), tmp_path / "run", make_roles=make_roles)
     assert (tmp_path / "run" / "model" / "config.json").is_file()
     assert summary["export_write_s"] >= 0 and set(summary["wall_s"]) >= {"export", "held-out after"}
@@ -155,7 +155,7 @@ def test_a_pass_that_fails_waits_for_run_model_to_be_written_whole(tmp_path, mon
     # The pass stops (a Ctrl-C in it) while the write is under way: the write ends first, so RUN/model
     # is whole, loadable, and the checkpoint's weights.
     started = threading.Event()
-    real = rl.save_model
+    real = export.save_model
 
     def slow_write(*a, **k):
         assert started.wait(60)
@@ -167,7 +167,7 @@ def test_a_pass_that_fails_waits_for_run_model_to_be_written_whole(tmp_path, mon
             raise KeyboardInterrupt
         return build.build_roles(cfg, task, weights, **kw)
 
-    monkeypatch.setattr(rl, "save_model", slow_write)
+    monkeypatch.setattr(export, "save_model", slow_write)
     run = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         train(tiny_cfg("run.steps=1"), run, make_roles=make_roles)

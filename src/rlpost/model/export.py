@@ -59,18 +59,13 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
                 merge_lora: bool = True) -> Path:
     """Write a checkpoint of `run_dir` (trained from ``model`` with run.seed ``seed``) as a transformers
     folder, or as a peft adapter folder for a LoRA run with merge_lora=False; returns the folder."""
-    run_dir = Path(run_dir)
-    ckpt = find_checkpoint(run_dir, step)
-    if ckpt is None and checkpoint.candidates(run_dir, quiet=True):  # every one damaged: said above, one by one
-        raise ConfigError(f"{run_dir}: no intact checkpoint to export (each was passed over above); RUN/model, when "
-                          "there is one, holds the run's final model as it is")
-    if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model (and LoRA adapter) folder is final
-        return copy_final(run_dir, out, "model" if merge_lora else "adapter")
-    out = Path(out) if out else run_dir / (("model" if merge_lora else "adapter")
-                                           + ("" if step is None else f"_step_{step}"))
     if merge_lora:
-        loaded = merged(ckpt, model, seed)
-        return save_model(loaded.model, loaded.tokenizer, out)
+        return staged(run_dir, model, seed, step, out)[2]()
+    run_dir = Path(run_dir)
+    ckpt = checkpoint_to_export(run_dir, step)
+    if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their adapter folder is final
+        return copy_final(run_dir, out, "adapter")
+    out = Path(out) if out else run_dir / ("adapter" + ("" if step is None else f"_step_{step}"))
     loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
     # The adapters on the run's base: the same wrap as the trainer's, then its saved adapter tensors.
     peft_model = lora.wrap(loaded.model, model, seed)
@@ -81,6 +76,28 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
     if missing.unexpected_keys:
         raise ConfigError(f"{ckpt}/trainer.pt: lora: {missing.unexpected_keys[0]} is not an adapter of this model")
     return lora.save_adapter(peft_model, loaded.tokenizer, out)
+
+
+def checkpoint_to_export(run_dir: Path, step: int | None) -> Path | None:
+    """find_checkpoint, refusing a run whose checkpoints are all damaged (None: it keeps none)."""
+    ckpt = find_checkpoint(run_dir, step)
+    if ckpt is None and checkpoint.candidates(run_dir, quiet=True):  # every one damaged: said above, one by one
+        raise ConfigError(f"{run_dir}: no intact checkpoint to export (each was passed over above); RUN/model, when "
+                          "there is one, holds the run's final model as it is")
+    return ckpt
+
+
+def staged(run_dir: Path, model: config.ModelConfig, seed: int, step: int | None = None, out: Path | None = None):
+    """A full export split in two, so that a caller can use the loaded model before (or while) it is written:
+    (the folder, the merged model (load.Loaded; None for a run without checkpoints, whose final folder is
+    copied), a function that writes the folder and returns it)."""
+    run_dir = Path(run_dir)
+    ckpt = checkpoint_to_export(run_dir, step)
+    if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model folder is final
+        return Path(out) if out else run_dir / "model", None, lambda: copy_final(run_dir, out, "model")
+    out = Path(out) if out else run_dir / ("model" + ("" if step is None else f"_step_{step}"))
+    loaded = merged(ckpt, model, seed)
+    return out, loaded, lambda: save_model(loaded.model, loaded.tokenizer, out)
 
 
 def merged(ckpt: Path, model: config.ModelConfig, seed: int):
@@ -97,7 +114,7 @@ def copy_final(run_dir: Path, out: Path | None, name: str) -> Path:
     if not (src / "config.json").exists() and not (src / "adapter_config.json").exists():
         what = "LoRA adapters (model.lora_r was 0)" if name == "adapter" else "checkpoint or model/ folder"
         raise ConfigError(f"{run_dir}: no {what} to export; is it a finished run folder?")
-    if out is None:
+    if out is None or Path(out).resolve() == src.resolve():
         return src
     shutil.copytree(src, out, dirs_exist_ok=True)
     return Path(out)

@@ -28,7 +28,6 @@ from rlpost.envs.data import PromptStream
 from rlpost.envs.mix import MixedStream
 from rlpost.model import checkpoint, device, export, heap, load
 from rlpost.model.cores import Cores
-from rlpost.model.load import save_model
 from rlpost.observe import jsonl
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.report import write_report
@@ -395,9 +394,9 @@ def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int,
                          pool: ThreadPoolExecutor) -> tuple[Path, dict, dict | None, Future]:
     """RUN/model from the last checkpoint, or with early stopping from the selected step's (RunGuard.select):
     (the folder, what summary.json records of the choice (the report marks it), the tensors it is written
-    from, the write's seconds). The model is loaded here (export.merged) and written on ``pool``'s thread,
+    from, the write's seconds). The model is loaded here (export.staged) and written on ``pool``'s thread,
     whose future gives the seconds, or the write's error. A run folder without checkpoints (none to merge:
-    export.write_model's copy) is written before this returns, and the tensors are None."""
+    export.staged's copy) is written before this returns, and the tensors are None."""
     step = None if selected is None else selected[0]
     if cfg.model.lora_r > 0:  # the adapters alone too, peft's folder: what a LoRA user serves (vLLM --enable-lora)
         export.write_model(run_dir, cfg.model, cfg.run.seed, step, run_dir / "adapter", merge_lora=False)
@@ -405,16 +404,14 @@ def write_selected_model(run_dir: Path, cfg: config.Config, selected: tuple[int,
     if selected is not None:
         say(f"RUN/model holds step {selected[0]}: the best held-out accuracy, {selected[1]:.3f} "
             "(run.early_stop_patience)")
-    ckpt, out = export.find_checkpoint(run_dir, step), run_dir / "model"
-    if ckpt is None:
+    out, loaded, write = export.staged(run_dir, cfg.model, cfg.run.seed, step, run_dir / "model")
+    if loaded is None:  # a run without checkpoints: its own final folder
         t0 = time.perf_counter()
-        out = export.write_model(run_dir, cfg.model, cfg.run.seed, step, None if step is None else out)
-        return out, chosen, None, pool.submit(lambda: time.perf_counter() - t0)
-    loaded = export.merged(ckpt, cfg.model, cfg.run.seed)
+        return write(), chosen, None, pool.submit(lambda: time.perf_counter() - t0)
 
-    def write() -> float:
+    def timed_write() -> float:
         t0 = time.perf_counter()
-        save_model(loaded.model, loaded.tokenizer, out)
+        write()
         return time.perf_counter() - t0
 
-    return out, chosen, loaded.model.state_dict(), pool.submit(write)
+    return out, chosen, loaded.model.state_dict(), pool.submit(timed_write)
