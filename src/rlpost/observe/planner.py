@@ -200,13 +200,8 @@ def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict
     not logged), ratio = measured / predicted (divide that phase's efficiency by it, via --eff, to match the run).
     ``path``: Workload fields of the code path the run took where its config does not say (``path_from_args``)."""
     cfg, med, steps, summary = read_run(run_dir)
-    shape = resolve_model(cfg.model.name, "model.name (in the run's config.yaml)")
-    dev = resolve_device(device, "--device")
-    # the run's own topology, weight sync and threads: how it ran is not a question to ask the command line
-    trainer, rollout = actor_threads(cfg.dist, cfg.run.threads, dev.cores)
-    net = replace(net or Net(), topology=cfg.dist.topology, weight_sync=cfg.dist.weight_sync,
-                  trainer_threads=trainer, rollout_threads=rollout)
-    p = plan(shape, replace(workload_from_run(cfg, med, dev), **(path or {})), dev, gpus, eff, net)
+    shape, w, dev, net = run_inputs(cfg, med, device, path, net)
+    p = plan(shape, w, dev, gpus, eff, net)
     rows = [(f"timing_s/{k}", "s", v, med.get(f"timing_s/{k}")) for k, v in p["time_s"].items()]
     if "load" in p["time_s"]:  # a worker times its load; under broadcast from the trainer's cast, across the link
         t = p["time_s"]
@@ -219,6 +214,76 @@ def calibrate(run_dir: str | Path, device: str = "cpu", gpus: int = 1, eff: dict
     out = [{"name": n, "unit": u, "predicted": pr, "measured": m, "ratio": m / pr if m is not None and pr else None}
            for n, u, pr, m in rows]
     return {"run_dir": str(run_dir), "model": cfg.model.name, "steps": steps, "rows": out, "plan": p}
+
+
+def run_inputs(cfg: Config, med: dict, device: str, path: dict | None, net: Net | None) -> tuple:
+    """(shape, workload, device, net) that ``plan`` prices a run folder's own workload with."""
+    shape = resolve_model(cfg.model.name, "model.name (in the run's config.yaml)")
+    dev = resolve_device(device, "--device")
+    # the run's own topology, weight sync and threads: how it ran is not a question to ask the command line
+    trainer, rollout = actor_threads(cfg.dist, cfg.run.threads, dev.cores)
+    net = replace(net or Net(), topology=cfg.dist.topology, weight_sync=cfg.dist.weight_sync,
+                  trainer_threads=trainer, rollout_threads=rollout)
+    return shape, replace(workload_from_run(cfg, med, dev), **(path or {})), dev, net
+
+
+# --- Efficiencies fitted to a run: carried to a plan of another layout (more nodes, another link) ---
+# Each compute phase and the efficiencies that price it; a phase's are scaled by one factor. Not fitted: the weight
+# sync, the link and the workers' load, bytes over a bandwidth whose own rows a run checks (worker_weight_load).
+FIT_PHASES = {"gen": ("prefill", "decode", "decode_bw"), "update": ("update",), "ref+old": ("forward",)}
+EFF_MAX = 1.5  # parse_eff's bound
+
+
+def measured_phases(run_dir: str | Path) -> dict[str, float]:
+    """Each FIT_PHASES phase's seconds in a run folder: the median over its steps after the first (the first carries
+    the warm-up), or its only step. A rollout worker's generation, as the driver times it, waits first for the new
+    weights: its timing_s/worker_weight_load is taken off (a step without one loaded none)."""
+    lines = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps, out = lines[1:] or lines, {}
+    for phase in FIT_PHASES:
+        keys = [f"timing_s/{k}" for k in phase.split("+")]
+        values = [sum(m.get(k, 0.0) for k in keys) - (m.get("timing_s/worker_weight_load", 0.0) if phase == "gen"
+                                                      else 0.0) for m in steps if any(k in m for k in keys)]
+        if values:
+            out[phase] = statistics.median(values)
+    return out
+
+
+def fit(run_dir: str | Path, device: str, gpus: int = 1, path: dict | None = None) -> dict:
+    """The efficiencies that make the plan of a run folder's own workload match its phases (``measured_phases``):
+    each phase's efficiencies, the table's at the run's precision, times the one factor k (bisected: a phase's
+    seconds fall as k grows) at which the plan's seconds for it equal the measured. {'eff': {name: value}, 'phases':
+    {phase: {measured, predicted (at the table's), k, capped}}}; a factor that would take an efficiency over
+    EFF_MAX stops there (capped: the run is faster than the formula at EFF_MAX)."""
+    cfg, med, _, _ = read_run(run_dir)
+    shape, w, dev, net = run_inputs(cfg, med, device, path, None)
+    table_eff = {"forward": w.trainer_bf16, "update": w.trainer_bf16, "prefill": w.sampler_bf16,
+                 "decode": w.sampler_bf16, "decode_bw": w.sampler_bf16}
+    table_eff = {k: efficiency(dev, k, bf16) for k, bf16 in table_eff.items()}
+    eff, phases = {}, {}
+    for phase, measured in measured_phases(run_dir).items():
+        names, parts = FIT_PHASES[phase], phase.split("+")
+        def seconds(k):
+            t = plan(shape, w, dev, gpus, {n: table_eff[n] * k for n in names}, net)["time_s"]
+            return sum(t.get(x, 0.0) for x in parts)
+        predicted = seconds(1.0)
+        if not predicted or measured <= 0:
+            continue  # a phase this workload does not have, or a run that did not time it
+        lo, hi = 1e-4, EFF_MAX / max(table_eff[n] for n in names)
+        for _ in range(60):  # geometric bisection: k to within 1e-9 of itself
+            mid = math.sqrt(lo * hi)
+            lo, hi = (lo, mid) if seconds(mid) < measured else (mid, hi)
+        k = math.sqrt(lo * hi)
+        eff |= {n: table_eff[n] * k for n in names}
+        phases[phase] = {"measured": measured, "predicted": predicted, "k": k,
+                         "capped": not 1.001e-4 < k < 0.999 * EFF_MAX / max(table_eff[n] for n in names)}
+    return {"run_dir": str(run_dir), "eff": eff, "phases": phases}
+
+
+def eff_args(eff: dict[str, float]) -> str:
+    """``fit``'s efficiencies as the --eff arguments of another plan (decimals parse_eff reads back)."""
+    digits = {k: max(1, 2 - math.floor(math.log10(v))) for k, v in eff.items()}  # 3 significant, no exponent
+    return " ".join(f"--eff {k}={f'{v:.{digits[k]}f}'.rstrip('0').rstrip('.')}" for k, v in eff.items())
 
 
 def actor_threads(dist: DistConfig, n_threads: int, cores: int) -> tuple[float, float]:
@@ -309,6 +374,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(async: its lane waits for the link too); with --from, the run's config")
     c.add_argument("--eff", action="append", metavar="PHASE=X",
                    help=f"override an efficiency ({', '.join(EFFICIENCY['cpu'])})")
+    c.add_argument("--fit", action="store_true",
+                   help="with --from: print the --eff arguments that make RUN_DIR's compute phases (generation, "
+                   "update, forwards) match it, for a plan of the same machine in another layout (--nodes, "
+                   "--net-gbps); what each phase measured on stderr")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
 
@@ -411,13 +480,28 @@ def format_calibration(c: dict) -> str:
     return "\n".join(lines)
 
 
+def format_fit(f: dict) -> str:
+    lines = [f"rlpost plan --from {f['run_dir']} --fit: each phase's efficiencies x k, measured / predicted at the "
+             "table's"]
+    lines += [f"  {phase:<8} measured {r['measured']:.3f} s, predicted {r['predicted']:.3f} s: k = {r['k']:.3g}"
+              + (f" (at a bound: an efficiency would leave (0, {EFF_MAX:g}])" if r["capped"] else "")
+              for phase, r in f["phases"].items()]
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     """Print a plan (or a calibration with --from). Raises ConfigError on bad input."""
     dev = resolve_device(args.gpu, "--gpu") if args.gpu else resolve_device(args.device, "--device")
     if args.gpus < 1 or (dev.cpu and args.gpus != 1):
         raise ConfigError(f"--gpus: expected an integer >= 1 (exactly 1 on cpu), got {args.gpus}")
     eff, net = parse_eff(args.eff), net_from_args(args, dev)
-    if args.run_dir:
+    if args.fit and not args.run_dir:
+        raise ConfigError("--fit: give the run to fit with --from RUN_DIR")
+    if args.fit:
+        out = fit(args.run_dir, args.gpu or args.device, args.gpus, path_from_args(args))
+        print(format_fit(out), file=sys.stderr)
+        text = eff_args(out["eff"])
+    elif args.run_dir:
         out = calibrate(args.run_dir, args.gpu or args.device, args.gpus, eff, path_from_args(args), net)
         text = format_calibration(out)
     else:
