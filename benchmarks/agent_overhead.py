@@ -6,11 +6,16 @@ docs/environments.md against the endpoint (task.name=agent: roles/rollout_agent.
     .venv/bin/python benchmarks/agent_overhead.py --model tiny --reps 5
     .venv/bin/python benchmarks/agent_overhead.py --threads 2          # on a quiet machine
 
-Each rep runs both arms on the same 16 rows (a game each, 4 turns of <= 8 tokens at T = 0.7), the arms
+Each rep runs the arms on the same 16 rows (a game each, 4 turns of <= 8 tokens at T = 0.7), the arms
 alternating, after one warm-up generate each (worker start-up, imports and the packed weights are not
-counted). Per arm: wall seconds of one generate, model calls (turns) made, decodes, and seconds per
-call. The two arms draw different samples (the agent's calls meet in other batches), so turn counts
-differ a little: seconds per call is the comparison. Overhead per call = agent's - environment's.
+counted). The agent runs three times a rep on the same endpoint: as before requests could join a
+running decode, one decode at a time (``Endpoint.admit = False``: a request arriving during a decode
+waits for it to end); joining the running decode at the next step (the endpoint's default,
+roles/endpoint.py); and joining it once the oldest waiting request has waited 50 ms
+(``Endpoint.JOIN_S``), so that agents' calls join together.
+Per arm: wall seconds of one generate, model calls (turns) made, decodes, and seconds per call. The
+arms draw different samples (the agent's calls meet in other batches), so turn counts differ a little:
+seconds per call is the comparison. Overhead per call = the arm's - environment's.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ def docs_agent(folder: Path) -> str:
     return "docs_agent:play"
 
 
-def run(arm, rows: list[dict]) -> dict:
+def run(arm, rows: list[dict], admit: bool = True, join_s: float = 0.0) -> dict:
+    if hasattr(arm, "endpoint"):
+        arm.endpoint.admit, arm.endpoint.JOIN_S = admit, join_s
     t0 = time.perf_counter()
     batch = arm.generate(rows, 1, 0.7, 1.0, 8)
     wall = time.perf_counter() - t0
@@ -75,10 +82,13 @@ def main() -> int:
         try:
             for arm in (env, agent):
                 run(arm, rows)  # warm-up: workers started, imports done, weights packed
-            got: dict[str, list[dict]] = {"environment": [], "agent": []}
+            arms = {"environment": (env, True, 0.0), "agent, a decode at a time": (agent, False, 0.0),
+                    "agent, joining at once": (agent, True, 0.0),
+                    "agent, joining after 50 ms": (agent, True, 0.05)}
+            got: dict[str, list[dict]] = {name: [] for name in arms}
             for _ in range(args.reps):
-                got["environment"].append(run(env, rows))
-                got["agent"].append(run(agent, rows))
+                for name, (arm, admit, join_s) in arms.items():
+                    got[name].append(run(arm, rows, admit, join_s))
         finally:
             env.pool.close()
             agent.pool.close()
@@ -92,8 +102,9 @@ def main() -> int:
         print(f"| {name} | {statistics.median(r['wall_s'] for r in reps):.2f} | "
               f"{', '.join(str(r['calls']) for r in reps)} | {', '.join(str(r['decodes']) for r in reps)} | "
               f"{med[name] * 1000:.1f} ms | {sum(r['errors'] for r in reps)} |")
-    print(f"overhead per call: {(med['agent'] - med['environment']) * 1000:+.1f} ms "
-          f"({med['agent'] / med['environment']:.2f}x the environment's time per call)")
+    for name in list(got)[1:]:
+        print(f"overhead per call, {name}: {(med[name] - med['environment']) * 1000:+.1f} ms "
+              f"({med[name] / med['environment']:.2f}x the environment's time per call)")
     return 0
 
 

@@ -271,3 +271,110 @@ def test_an_agent_that_ignores_refusals_is_slowed_to_a_call_a_second(served):
     assert drive(ep, [agent], running=False)[0] == 3
     assert time.monotonic() - ended >= 2 * ep.ENDED_DELAY_S  # a lower bound the server's sleep guarantees
     assert ep.close(key).error.startswith("messages[0]")
+
+
+def hold_first_decode(ep: Endpoint, release: threading.Event, requests: int = 1, answered=None) -> None:
+    """Make the tiny model's decode wait for the test, so what joins it does not depend on timing:
+    before its first step the decode sets ``release`` (the agents that were holding back send now) and
+    waits until ``requests`` requests are queued; once ``ep`` has answered one, it waits (between its
+    steps) for ``answered`` (the client holding that answer) before it goes on."""
+    state = {"first": True}
+
+    def hook(engine) -> None:
+        until = time.monotonic() + 30
+        if state["first"]:
+            state["first"] = False
+            release.set()
+            while ep.inbox.qsize() < requests and time.monotonic() < until:
+                time.sleep(0.005)
+        elif answered is not None and ep.answered >= 1:
+            answered.wait(30)
+
+    ep.engine.between_steps = hook
+
+
+def test_a_request_sent_during_a_long_decode_joins_it_and_is_answered_before_it_ends(served):
+    ep = served
+    ep.limits.max_new_tokens, ep.JOIN_S = 64, 0.0  # joins at the first step after it arrives
+    release, short_back, order = threading.Event(), threading.Event(), []
+    hold_first_decode(ep, release, answered=short_back)
+    ask = dict(model="m", messages=[{"role": "user", "content": "long"}], temperature=0.0)
+
+    def long():  # greedy on the tiny model: no EOS in 48 tokens, so it runs to its max_tokens
+        reply = client(ep.url + "/v1").chat.completions.create(**ask, max_tokens=48)
+        order.append("long")
+        return reply
+
+    def short():
+        release.wait(30)
+        reply = client(ep.url + "/v1").chat.completions.create(**{**ask, "max_tokens": 2})
+        order.append("short")
+        short_back.set()
+        return reply
+
+    def other():  # other sampling settings: held for the next decode (or in it), never joined
+        short_back.wait(30)
+        return client(ep.url + "/v1").chat.completions.create(**{**ask, "max_tokens": 2, "temperature": 1.0})
+
+    decodes = ep.decodes
+    got = drive(ep, [long, short, other], running=False)
+    assert not any(isinstance(g, Exception) for g in got), got
+    assert order == ["short", "long"]  # the long decode could not end before the short answer was back
+    assert got[0].usage.completion_tokens == 48 and got[0].choices[0].finish_reason == "length"
+    assert got[1].usage.completion_tokens == 2 and got[2].usage.completion_tokens <= 2
+    assert ep.decodes - decodes == 2  # long + short in one decode, the other settings in the next
+
+
+def test_calls_that_join_a_running_decode_are_recorded_token_exactly(served, tiny):
+    ep, tok = served, tiny.tokenizer
+    ep.forced, ep.limits.max_new_tokens, ep.JOIN_S = (0.9, 1.0), 64, 0.0
+    release = threading.Event()
+    hold_first_decode(ep, release)
+    (ka, ua), (kb, ub) = ep.open({"prompt": "a"}), ep.open({"prompt": "b"})
+
+    def a():
+        return client(ua).chat.completions.create(model="m", messages=[{"role": "user", "content": "long"}])
+
+    def b():  # its first call joins a's decode (which waits for it); its second may join too
+        release.wait(30)
+        c, messages = client(ub), [{"role": "user", "content": "hi"}]
+        first = c.chat.completions.create(model="m", messages=messages, max_tokens=4)
+        messages += [first.choices[0].message, {"role": "user", "content": "more"}]
+        return first, c.chat.completions.create(model="m", messages=messages, max_tokens=4)
+
+    decodes = ep.decodes
+    got = drive(ep, [a, b])
+    assert not any(isinstance(g, Exception) for g in got), got
+    assert ep.decodes - decodes <= 2  # 3 calls: b's first shared a's decode
+    ra, rb = ep.close(ka), ep.close(kb)
+    assert ra.calls == 1 and rb.calls == 2 and ra.breaks == rb.breaks == 0
+    assert len(rb.episode.ends) == 2
+    batch = assemble([ra.episode, rb.episode], [{"prompt": "a"}, {"prompt": "b"}], 1, tok, 0)
+    m = batch.completion_mask
+    with torch.no_grad():
+        logp, _ = completion_logprobs(tiny.model, batch, temperature=0.9)
+    assert (batch.sampler_logp[m] < 0).all()
+    assert (logp[m] - batch.sampler_logp[m]).abs().max() < 1e-5
+
+
+def test_rows_fed_into_a_running_decode_draw_what_they_draw_alone_and_come_back_as_they_end(tiny):
+    """The engine's side (FastRollout.sample_feed): rows fed between decode steps, one whose prompt is
+    longer than the columns decoded so far (it wraps the ring) and one that needs a wider ring, draw
+    greedily what ``sample_ids`` draws for each alone, and each is handed back the moment it ends."""
+    engine, tok = FastRollout(tiny.model, tiny.tokenizer, torch.float32), tiny.tokenizer
+    rows = [(encode(tok, "hello there"), 40), (encode(tok, "a"), 3), (encode(tok, "x" * 50), 4),
+            (encode(tok, "some longer prompt"), 90)]
+    polls, ended = [], {}
+
+    def feed(room):
+        polls.append(room)
+        return {1: rows[:1], 5: rows[1:3], 7: rows[3:]}.get(len(polls), [])
+
+    def done(i, ids, logps, how):
+        ended[i] = (ids, how, len(polls))
+
+    assert engine.sample_feed(feed, done, 0.0, 1.0) == 4 and polls[0] is None
+    for i, (ids, n) in enumerate(rows):
+        alone = engine.sample_ids([ids], 0.0, 1.0, n, [])[0]
+        assert ended[i][:2] == (alone[0], alone[2]) and len(alone[0]) == n  # greedy, no EOS: to its length
+    assert ended[1][2] < ended[0][2] < ended[3][2]  # the 3-token row back while the first still decodes

@@ -9,9 +9,19 @@ in OpenAI's error shape (a 422 of pydantic's would not say it in the client's te
 thread never touches the model or the tokenizer: each request
 goes into ``inbox`` with a future, and the thread that owns the engine (the training loop's, or
 ``rlpost serve``'s main thread) calls ``step``: every request waiting by then is rendered with the
-chat template and decoded in ONE engine call (``sample_ids``; the engine's continuous batching
-runs inside it), and the futures are resolved. Requests that arrive during a decode form the next
-batch. Torch and the tokenizer so stay on one thread, as everywhere else in rlpost.
+chat template and decoded together, and each future is resolved with its answer. Torch and the
+tokenizer so stay on one thread, as everywhere else in rlpost.
+
+Continuous. On an engine that admits rows into a running decode (``admits``: FastRollout, the CPU
+decode loop, through ``sample_feed`` and roles/slots.py: Admissions), a request that arrives during
+a decode joins it between two decode steps, prefilled and given a free decode slot, when its
+sampling settings are the decode's (temperature, top-p, no stop strings; others are rendered and
+held for the next decode), and every request is answered the moment its own row ends, not when the
+decode's longest row does. Engines that cannot admit keep one engine call per batch (``sample_ids``,
+their own batching inside it), every answer when it ends, requests arriving meanwhile forming the
+next batch: transformers' generate path (HFRollout, and VLLMRollout on it), the CUDA static engine
+(StaticRollout, whose decode is captured graphs over a fixed arena), and any call with stop strings
+(FastRollout hands those to HFRollout).
 
 Episodes. During training each episode gets a base URL of its own, ``.../ep/<key>/v1``: an agent
 is handed a client and needs no change (no header or body field to remember, which harnesses such
@@ -85,6 +95,7 @@ class _Job:
     kind: str  # chat | completion
     extend: tuple = ()  # (messages, tools) the call sent, for the record's ``last``
     stream: bool = False  # answered as server-sent events
+    at: float = 0.0  # when it arrived (monotonic)
 
 
 class Endpoint:
@@ -96,9 +107,18 @@ class Endpoint:
     # next call (a process woken on a loaded machine: 50-100 ms), and without that wait they fall
     # into two groups decoded in turn for the rest of the step (measured: 8 guess games on the
     # embedded model, decodes of 3 and 5 rows alternating). The wait costs at most a quarter of a
-    # decode, which costs about as much for 3 rows as for 8 (a decode step is mostly fixed cost).
+    # decode, which costs about as much for 3 rows as for 8 (a decode step is mostly fixed cost). On an
+    # engine that admits requests into a running decode the wait is GATHER_S at most: a late one joins.
     GATHER_S = 0.05
     GATHER_FRACTION = 0.25
+    # On an engine that admits requests into a running decode, requests join it for this long while
+    # episodes run (``step``'s ``running``): the caller looks after its agents between steps (the pool's
+    # deadlines, queued episodes), and a decode that kept admitting would keep it from them.
+    ADMIT_S = 2.0
+    # A request joins a running decode once the oldest waiting one has waited this long (0: at the next
+    # step). Waiting to join agents' calls together measured no gain (50 ms: within the noise on the
+    # embedded model, more decodes and slower on the tiny one; benchmarks/README.md: agent_overhead).
+    JOIN_S = 0.0
     # A call of an episode that has ended is refused after this long: an agent that swallows the
     # refusal and calls again in a loop would otherwise keep a core busy until its deadline.
     ENDED_DELAY_S = 1.0
@@ -111,6 +131,9 @@ class Endpoint:
         self.forced: tuple | None = None  # (temperature, top_p) in training
         self.server, self.thread, self.url = None, None, ""
         self.decodes = 0
+        self.answered = 0  # requests answered or refused, all steps
+        self.held: list[_Job] = []  # rendered during a decode, of other sampling settings: the next decode's
+        self.admit = True  # requests join a running decode where the engine admits them (False: never)
         self.last_end, self.last_decode_s = 0.0, 0.0  # when the last decode ended (monotonic), how long it took
 
     # --- the server ------------------------------------------------------------------------------
@@ -190,52 +213,107 @@ class Endpoint:
     # --- the engine's side -----------------------------------------------------------------------
 
     def step(self, running: int = 0, wait: float = 0.0) -> int:
-        """Decode what waits, in one engine call, when enough waits (``running``: episodes still going,
-        0: decode whatever waits); waits up to ``wait`` seconds for a first request. Returns the
-        requests answered."""
-        try:
-            first = self.inbox.get(timeout=wait) if wait > 0 else self.inbox.get_nowait()
-        except queue.Empty:
-            return 0
-        items = [first]
-        since, patience = max(first[0], self.last_end), max(self.GATHER_S, self.GATHER_FRACTION * self.last_decode_s)
-        while running and self.inbox.qsize() + 1 < running and time.monotonic() - since < patience:
-            time.sleep(0.002)
-        while True:
+        """Decode what waits, when enough waits (``running``: episodes still going, 0: decode whatever
+        waits); waits up to ``wait`` seconds for a first request. On an engine that admits rows into a
+        running decode (``admits``), requests that arrive meanwhile join it (those of the same sampling
+        settings), for ``ADMIT_S`` seconds when ``running`` (the caller has agents to look after), for as
+        long as they come otherwise, and each is answered when its own row ends. Returns the requests
+        answered."""
+        answered, admits = self.answered, self.admit and getattr(self.engine, "admits", False)
+        items = []
+        if not self.held:
             try:
-                items.append(self.inbox.get_nowait())
+                items.append(self.inbox.get(timeout=wait) if wait > 0 else self.inbox.get_nowait())
             except queue.Empty:
-                break
-        jobs = [job for job in map(self._job, items) if job is not None]
+                return 0
+            since = max(items[0][0], self.last_end)  # late ones join an admitting engine's decode anyway
+            patience = max(self.GATHER_S, 0.0 if admits else self.GATHER_FRACTION * self.last_decode_s)
+            while running and self.inbox.qsize() + 1 < running and time.monotonic() - since < patience:
+                time.sleep(0.002)
+        jobs, self.held = self.held + [job for job in map(self._job, items + self._drain()) if job is not None], []
         groups: dict[tuple, list[_Job]] = {}
         for job in jobs:
             groups.setdefault(job.sampling, []).append(job)
-        t0 = time.monotonic()
+        t0, served = time.monotonic(), list(jobs)
         try:
-            for (temperature, top_p, stops), group in groups.items():
-                outs = self.engine.sample_ids([j.ids for j in group], temperature, top_p,
-                                              max(j.max_new for j in group), list(stops))
+            for sampling, group in groups.items():
+                if admits and not sampling[2]:  # stop strings: the engine's other path
+                    until = time.monotonic() + self.ADMIT_S if running else float("inf")
+                    self.engine.sample_feed(*self._admitting(sampling, group, served, until), *sampling[:2])
+                else:
+                    self._decode(sampling, group)
                 self.decodes += 1
-                for job, (ids, logps, how) in zip(group, outs):
-                    if len(ids) > job.max_new:  # decoded with a longer call's budget: cut to its own
-                        ids, logps, how = ids[: job.max_new], logps[: job.max_new], "length"
-                    job.future.set_result((200, {**self._answer(job, ids, logps, how), "_stream": job.stream}))
         except BaseException:  # Ctrl-C mid-decode, a failing engine: no client is left waiting for ever
-            for job in jobs:
+            for job in served:
                 if not job.future.done():
                     job.future.set_result((503, error_body("the server stopped during this request", "unavailable")))
             raise
         if jobs:
             self.last_end = time.monotonic()
             self.last_decode_s = self.last_end - t0
-        return len(items)
+        return self.answered - answered
+
+    def _decode(self, sampling: tuple, group: list[_Job]) -> None:
+        """One engine call for the group, each request answered when the call ends (an engine that
+        does not admit rows mid-decode, or stop strings)."""
+        temperature, top_p, stops = sampling
+        outs = self.engine.sample_ids([j.ids for j in group], temperature, top_p, max(j.max_new for j in group),
+                                      list(stops))
+        for job, (ids, logps, how) in zip(group, outs):
+            if len(ids) > job.max_new:  # decoded with a longer call's budget: cut to its own
+                ids, logps, how = ids[: job.max_new], logps[: job.max_new], "length"
+            self._finish(job, ids, logps, how)
+
+    def _admitting(self, sampling: tuple, first: list[_Job], served: list[_Job], until: float) -> tuple:
+        """(feed, done) for the engine's ``sample_feed`` decoding ``first``: then, between two decode
+        steps and until ``until``, more requests of the same sampling (``_more``); each answered as
+        its row ends."""
+        rows: list[_Job] = []
+
+        def feed(room: int | None) -> list[tuple[list[int], int]]:
+            take = list(first) if room is None else self._more(sampling, room) if time.monotonic() < until else []
+            rows.extend(take)
+            served.extend(take if room is not None else [])
+            return [(j.ids, j.max_new) for j in take]
+
+        def done(i: int, ids: list[int], logps: list[float], how: str) -> None:
+            self._finish(rows[i], ids, logps, how)
+
+        return feed, done
+
+    def _more(self, sampling: tuple, room: int) -> list[_Job]:
+        """Up to ``room`` requests of these sampling settings, oldest first, once the oldest has waited
+        ``JOIN_S``; what the inbox holds is rendered now (refusals answered) and held till then, those
+        of other settings till the next decode. None that came after one of other settings: a stream
+        of requests would otherwise keep this decode going and theirs waiting for ever."""
+        self.held += [job for job in map(self._job, self._drain()) if job is not None]
+        other = min((j.at for j in self.held if j.sampling != sampling), default=float("inf"))
+        mine = [j for j in self.held if j.sampling == sampling and j.at <= other]
+        if not mine or time.monotonic() - mine[0].at < self.JOIN_S:
+            return []
+        take = mine[:room]
+        self.held = [j for j in self.held if not any(j is t for t in take)]
+        return take
+
+    def _finish(self, job: _Job, ids: list[int], logps: list[float], how: str) -> None:
+        job.future.set_result((200, {**self._answer(job, ids, logps, how), "_stream": job.stream}))
+        self.answered += 1
+
+    def _drain(self, most: int = 0) -> list[tuple]:
+        """Requests waiting in the inbox, at most ``most`` (0: all)."""
+        items = []
+        while not most or len(items) < most:
+            try:
+                items.append(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        return items
 
     def _refuse_waiting(self, why: str) -> None:
-        while True:
-            try:
-                item = self.inbox.get_nowait()
-            except queue.Empty:
-                return
+        for job in self.held:
+            job.future.set_result((400, error_body(why, "unavailable")))
+        self.held = []
+        for item in self._drain():
             item[-1].set_result((400, error_body(why, "unavailable")))
 
     def _job(self, item: tuple) -> _Job | None:
@@ -254,6 +332,7 @@ class Endpoint:
             if not isinstance(request, dict):
                 raise Refused(f"the body is a JSON {type(request).__name__}, expected an object")
             job = self._render(kind, request, record, future)
+            job.at = item[0]
             if record is not None:
                 record.calls += 1
                 if self.limits.max_calls and record.calls > self.limits.max_calls:
@@ -264,6 +343,7 @@ class Endpoint:
             if record is not None and not record.error:
                 record.error = str(e)
             future.set_result((400, error_body(str(e), e.code)))
+            self.answered += 1
             return None
 
     def _render(self, kind: str, request: dict, record: Record | None, future: Future) -> _Job:

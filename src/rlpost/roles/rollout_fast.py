@@ -21,6 +21,9 @@ same maths with fewer, larger ops (benchmarks/README.md measures each lever):
   of KV cache), a finished row's slot goes to the next waiting row between two steps, its prompt's
   KV copied from its group's prefill into a ring of cache columns; a row draws with uniforms of its
   own (row, token index), so its samples do not depend on its slot or the slot count.
+* **rows joining a running decode** (``sample_feed``, the endpoint's requests: roles/endpoint.py):
+  between two steps new rows are prefilled and take free slots (the state grown for them), and each
+  row is handed back the moment it ends (roles/slots.py: Admissions).
 * **logits only where sampled**: the lm_head (576 x 49152, a fifth of the model's FLOPs per token)
   runs on the last position only.
 * **weights between decode steps** (``between_steps``, partial rollouts): a hook its owner sets is
@@ -45,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlpost.roles import sampling
-from rlpost.roles.slots import Batch, Prefixes
+from rlpost.roles.slots import Admissions, Batch, Prefixes, left_padded
 from rlpost.roles.rollout_hf import HFRollout, continue_ids, top_p_truncate
 from rlpost.types.batch import Rollouts
 
@@ -53,6 +56,8 @@ SUPPORTED = ("llama", "qwen2")
 # Compact the decode batch once this fraction of its rows has finished: compaction copies the
 # whole cache, so doing it on every finished row would cost more than it saves.
 COMPACT_FRACTION = 0.25
+# Decode slots of a decode that admits rows while it runs (``sample_feed``) when ``slots`` is 0.
+FEED_SLOTS = 64
 
 
 def supported(model) -> bool:
@@ -139,6 +144,7 @@ class FastRollout:
         # two decode steps, it may load new weights; the batch then records each token's version
         self.between_steps: Callable[["FastRollout"], None] | None = None
         self.token_version: Tensor | None = None  # (B, T) int64 of the last call, when between_steps is set
+        self.admitting: Admissions | None = None  # the rows joining the running decode, under sample_feed
 
     @property
     def version(self) -> int:
@@ -172,6 +178,32 @@ class FastRollout:
                    stop_strings: list[str]) -> list[tuple[list[int], list[float], str]]:
         """As ``HFRollout.sample_ids`` (rollout_hf.continue_ids), on this loop when there are no stop strings."""
         return continue_ids(self, seqs, temperature, top_p, max_new_tokens, stop_strings)
+
+    @property
+    def admits(self) -> bool:
+        """Whether rows may join a running decode (``sample_feed``): this CPU loop's, not its CUDA twin's."""
+        return type(self)._decode is FastRollout._decode
+
+    def sample_feed(self, feed: Callable, done: Callable, temperature: float, top_p: float) -> int:
+        """Decode rows as they come (the endpoint's requests, roles/endpoint.py): ``feed(room)`` gives
+        up to ``room`` rows (prompt ids, max_new) or none (room None: all that wait), asked first and
+        then between every two decode steps, and each row joins the running decode (roles/slots.py:
+        Admissions); ``done(i, ids, logps, how)`` gets row i's drawn ids and sampler log-probs the moment
+        it ends ('eos' or 'length'; i counts the rows in the order fed). A row draws as ``sample_ids``
+        draws it without stop strings. Returns the rows decoded."""
+        first = feed(None)
+        if not first:
+            return 0
+        ids, mask = left_padded([r[0] for r in first], self.tok.pad_token_id)
+        limits = [r[1] for r in first]
+        admit = Admissions(self, feed, done, self.slots or max(len(first), FEED_SLOTS), limits)
+        self._pack()
+        self.admitting = admit
+        try:
+            with torch.no_grad():
+                return self._decode(ids, mask.bool(), 1, temperature, top_p, max(limits))
+        finally:
+            self.admitting = None
 
     def close(self) -> None:
         self.hf.close()
@@ -258,35 +290,37 @@ class FastRollout:
         input_ids, attention_mask = prompt  # (B, P) each: the left-padded prompts, their mask
         if stop_strings:
             return self.hf._sample(prompt, n, temperature, top_p, max_new_tokens, stop_strings)
+        self._pack()
+        with torch.no_grad():  # not inference_mode: its tensors could not enter the trainer's autograd graph
+            return self._decode(input_ids, attention_mask.bool(), n, temperature, top_p, max_new_tokens)
+
+    def _pack(self) -> None:
         self.hf._check_awake()
         if not self.packed:
             for lin in self.linears():
                 lin.pack()  # the current weights in oneDNN's layout, until the next sync or sleep (_Linear)
             self.packed = True
-        with torch.no_grad():  # not inference_mode: its tensors could not enter the trainer's autograd graph
-            return self._decode(input_ids, attention_mask.bool(), n, temperature, top_p, max_new_tokens)
 
     def _decode(self, ids: Tensor, mask: Tensor, n: int, temperature: float, top_p: float,
-                max_new: int) -> tuple[Tensor, Tensor, Tensor | None]:
+                max_new: int) -> tuple[Tensor, Tensor, Tensor | None] | int:
         """(completion (G*n, T) int64 padded after EOS, sampler log-probs (G*n, T) float32, top-p
         thresholds (G*n, T) float32 or None: HFRollout._sample's contract), on ``self.slots`` decode
-        slots (0: one per row), each freed slot refilled by the next waiting row (roles/slots.py)."""
-        G, P = ids.shape
+        slots (0: one per row), each freed slot refilled by the next waiting row (roles/slots.py).
+        Under ``sample_feed`` (``admitting``) rows also join between steps, each handed back as it ends;
+        returns the rows decoded."""
+        G, P, admit = *ids.shape, self.admitting
         B = G * n
         S = min(B, self.slots) if self.slots else B
         st = _State(self, S, P + max_new, B, max_new)
         st.floor = torch.zeros(B, max_new) if 0 < top_p < 1.0 and temperature > 0 else None
         st.key = sampling.new_key(ids.device) if temperature > 0 else torch.zeros(2, dtype=torch.long)
-        batch = Batch(self, Prefixes(self, ids, mask, -(-S // n)), n,
-                            (temperature, top_p, max_new, self.eos_ids))
-        b = len(self._enter(batch, st, list(range(S)), P))  # the live slots are the first b
-        col, steps, views = P, 0, None  # col: the step's cache column, before the ring's mod
+        batch = Batch(self, Prefixes(self, ids, mask, -(-S // n)), n, (temperature, top_p, max_new, self.eos_ids),
+                      admit.first if admit else None)
+        b, col, steps, views = 0, P, 0, None  # b: the live slots are the first b; col: the step's cache column
         while True:
-            while batch.waiting:  # freed slots to the next rows (a first token may be EOS: look again)
-                free = st.finished[:b].nonzero().squeeze(1).tolist()
-                if not free:
-                    break
-                self._enter(batch, st, free, col)
+            if admit is not None and admit.poll(st, batch, b, col):  # rows joining; the state grew for them
+                views = None
+            b = self._fill(batch, st, b, col, admit)
             live = ~st.finished[:b]
             if not bool(live.any()):
                 break
@@ -300,13 +334,33 @@ class FastRollout:
             st.mask[:b, at] = 0.0  # the column this step writes is each row's from now on
             cos, sin = self.cos_sin(st.pos[:b, None])
             x = self._step(self.embed[st.tok[:b]][:, None], cos[:, 0], sin[:, 0], views, at,
-                           st.mask[:b, None, None, : min(col + 1, C)])
+                           st.mask[:b, None, None, : max(min(col + 1, C), st.reach)])
+            before = st.finished[:b].clone() if admit is not None else None
             self._record(st, b, self._logits(x[:, 0]), (temperature, top_p, max_new))
+            if admit is not None:  # each row handed back as it ends
+                admit.report(st, (st.finished[:b] & ~before).nonzero().squeeze(1))
             col, steps = col + 1, steps + 1
-        self.last_metrics = {"rollout/decode_steps": steps, "rollout/slots": S}
+        self.last_metrics = {"rollout/decode_steps": steps, "rollout/slots": len(st.mask)}
+        if admit is not None:
+            return batch.B
         out = st.collect(self.eos_ids)
         self.token_version = st.ver[:, : out[0].shape[1]]
         return out
+
+    def _fill(self, batch: Batch, st: "_State", b: int, col: int, admit: Admissions | None) -> int:
+        """Freed slots (and, admitting, new ones) to the next waiting rows (a first token may be EOS: look
+        again); the live slots' count, which only grows here."""
+        while batch.waiting:
+            free = admit.slots(st, b) if admit is not None else st.finished[:b].nonzero().squeeze(1).tolist()
+            if not free and b == 0:  # the decode's first rows
+                free = list(range(len(st.mask)))
+            if not free:
+                break
+            idx = self._enter(batch, st, free, col)
+            b = max(b, int(idx.max()) + 1)
+            if admit is not None:
+                admit.report(st, idx[st.finished[idx]])
+        return b
 
     def _enter(self, batch: Batch, st: "_State", slots: list[int], col: int) -> Tensor:
         """``batch.enter`` (roles/slots.py), each entering row's first token stamped with the version held
@@ -339,7 +393,7 @@ class FastRollout:
         if st.floor is not None:
             st.floor[r, c] = floor[live]
         st.tok[:b], st.pos[:b], st.t[:b] = tok, st.pos[:b] + 1, t + live
-        st.finished[:b] |= torch.isin(tok, self.eos_ids) | (st.t[:b] >= max_new)
+        st.finished[:b] |= torch.isin(tok, self.eos_ids) | (st.t[:b] >= st.limit[:b])
 
     def draw_tokens(self, logits: Tensor, temperature: float, top_p: float,
               u: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -392,10 +446,13 @@ class _State:
     def __init__(self, engine: FastRollout, S: int, C: int, B: int, max_new: int):
         layers, nkv, hd = len(engine.layers), engine.nkv, engine.hd
         self.C = C
-        self.k = torch.empty(layers, S, nkv, hd, C, dtype=engine.dtype)  # keys, transposed
-        self.v = torch.empty(layers, S, nkv, C, hd, dtype=engine.dtype)
+        # zeros, not empty: a row admitted mid-decode may read columns no row wrote (masked, but 0 * NaN is NaN)
+        self.k = torch.zeros(layers, S, nkv, hd, C, dtype=engine.dtype)  # keys, transposed
+        self.v = torch.zeros(layers, S, nkv, C, hd, dtype=engine.dtype)
         self.mask = torch.full((S, C), float("-inf"))
         self.tok, self.pos, self.t, self.slot = (torch.zeros(S, dtype=torch.long) for _ in range(4))
+        self.limit = torch.full((S,), max_new)  # each slot's row is done after this many tokens
+        self.reach = 0  # columns every step reads at least (admitted rows whose prompt wrapped: all C)
         self.finished = torch.ones(S, dtype=torch.bool)
         self.out = torch.full((B, max_new), engine.tok.pad_token_id, dtype=torch.long)
         self.logp = torch.zeros(B, max_new)
@@ -408,7 +465,7 @@ class _State:
         m = len(keep)
         for c in (self.k, self.v):
             c[:, :m] = c[:, keep]  # the right side is a gathered copy, so overlapping rows are safe
-        for t in (self.mask, self.tok, self.pos, self.t, self.slot, self.finished):
+        for t in (self.mask, self.tok, self.pos, self.t, self.slot, self.limit, self.finished):
             t[:m] = t[keep]
         return m
 
