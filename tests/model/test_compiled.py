@@ -3,6 +3,8 @@ choice, the eager fallback when compiling fails, and the ladder bounding the gra
 The compiled update's numbers against the eager one are tests/roles/test_trainer_compiled.py's."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -61,9 +63,26 @@ def test_cache_under_rlpost_unless_the_user_set_one(monkeypatch, tmp_path):
     monkeypatch.setenv("RLPOST_CACHE", str(tmp_path))
     monkeypatch.setattr(compiled, "_USER_CACHE", None)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what inductor's import leaves
-    assert compiled.cache_dir() == str(tmp_path / "inductor") == os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    ours = tmp_path / "inductor" / compiled.kernel_kind()
+    assert compiled.cache_dir() == str(ours) == os.environ["TORCHINDUCTOR_CACHE_DIR"]
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert compiled.cache_dir() == str(tmp_path / "mine")
+    # inductor imported before rlpost: the variable already held its default when compiled.py read it
+    monkeypatch.setattr(compiled, "_USER_CACHE", default_cache_dir())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert compiled.cache_dir() == str(ours)
+
+
+@pytest.mark.parametrize("capability", ["avx2", "default"])  # both at or below every kind
+def test_the_cache_keeps_each_cpu_kind_apart(capability):
+    # A graph cached at AVX-512 width and loaded by a process under ATEN_CPU_CAPABILITY=avx2 (how an AVX2-only
+    # machine is played on this one, and what a home shared by two kinds of machine does) segfaulted: each
+    # kind has its own folder. Run in a child, as the capability is read once a process.
+    code = "from rlpost.model import compiled; print(compiled.kernel_kind())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "ATEN_CPU_CAPABILITY": capability})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("-" + capability) and out.stdout.strip().startswith("torch")
 
 
 def _row_fn(x, w, spec):

@@ -18,8 +18,9 @@ a fifth of the rows (a fifth of 80 is 16, the step to 96) and about a tenth on a
 
 Cost and cache. Compiling is paid in the first update that meets a rung (the first step's update time
 includes it), timed here and said once in one line after that update (``Step.report``); inductor's
-FX graph cache lives under ``~/.cache/rlpost/inductor`` ($RLPOST_CACHE) unless TORCHINDUCTOR_CACHE_DIR
-is set, so a later run on this machine loads its graphs instead of compiling them. A compilation that
+FX graph cache lives under ``~/.cache/rlpost/inductor/<torch version>-<CPU capability>`` ($RLPOST_CACHE;
+``cache_dir``) unless TORCHINDUCTOR_CACHE_DIR is set, so a later run on this machine loads its graphs
+instead of compiling them, and never graphs made for another kind of CPU. A compilation that
 fails (no compiler, an op inductor cannot lower) is said in one line and the run goes on eagerly.
 
 Mode. On CUDA ``max-autotune-no-cudagraphs`` (tuned matmul and fused kernels; CUDA graphs would need
@@ -76,15 +77,28 @@ def signature(value) -> tuple | object:
 _USER_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
+def kernel_kind() -> str:
+    """What this process's compiled CPU kernels are made for: torch's version and ATen's CPU capability
+    (ATEN_CPU_CAPABILITY caps it), which inductor's C++ code generation follows. Inductor's FX graph cache
+    does not key on the capability: on an AVX-512 machine a graph cached by a run at full width and loaded
+    by one under the AVX2 cap loaded 32 bf16 into a 16-wide vector and crashed (a segfault); a cache
+    directory shared by machines of two kinds (a network home) would do the same."""
+    return f"torch{torch.__version__.split('+')[0]}-{torch.backends.cpu.get_cpu_capability().lower()}"
+
+
 def cache_dir() -> str:
-    """Inductor's cache: TORCHINDUCTOR_CACHE_DIR where the user set it, else ours, set for this process
-    before its first compile (inductor reads the variable each time it looks for its cache)."""
+    """Inductor's cache: TORCHINDUCTOR_CACHE_DIR where the user set it, else ours, one folder a kernel kind
+    (``kernel_kind``), set for this process before its first compile (inductor reads the variable each time
+    it looks for its cache). Inductor's own default (a folder under /tmp, which its import sets) is not the
+    user's: it is replaced too, as it mixes kinds."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
+    default = os.path.abspath(default_cache_dir())
+    user = _USER_CACHE if _USER_CACHE is not None and os.path.abspath(_USER_CACHE) != default else None
     now = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if _USER_CACHE is not None or (now is not None and os.path.abspath(now) != os.path.abspath(default_cache_dir())):
-        return now or _USER_CACHE
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(device.cache_dir() / "inductor")
+    if user is not None or (now is not None and os.path.abspath(now) != default):
+        return now or user
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(device.cache_dir() / "inductor" / kernel_kind())
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
