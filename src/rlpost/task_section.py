@@ -161,6 +161,9 @@ class TaskConfig:
     agent_timeout_s: float = knob(300.0, gt=0)
     """task.name=agent: seconds one episode (the whole fn call) may take; one past it is killed with its worker, and
     its episode ends with reward 0, counted in env/timeouts"""
+    agent_join: bool = True
+    """task.name=agent: a model call that arrives during a decode joins it rather than waiting for the next; false
+    pays on short, even turns (benchmarks/README.md)"""
     turn_credit: Literal["episode", "turn"] = "episode"
     """environment episodes, group algorithms: which tokens a turn's reward reaches: episode (the episode's return) or
     turn (the return from that turn on) (docs/options.md)"""

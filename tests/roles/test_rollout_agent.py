@@ -69,3 +69,19 @@ def test_a_transcript_is_scored_by_the_verifier_and_a_number_goes_to_the_last_ca
     assert [e["correct"] for e in batch.episodes] == [True, True, False, False]
     assert batch.turn_reward.sum(1).tolist() == [1.0, 1.0, 0.0, 0.0]
     assert batch.group_ids.tolist() == [0, 0, 1, 1] and not batch.truncated.any()
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_task_agent_join_decides_whether_calls_join_a_running_decode(tiny, join):
+    # task.agent_join=false: a decode at a time (short, even turns run faster so: benchmarks/README.md)
+    from rlpost import config
+    from rlpost.roles.rollout_agent import agent_rollout as from_task
+
+    task = config.load(None, ["task.name=agent", "task.agent=toy_agents:by_row", f"task.agent_join={join}",
+                              "task.env=guess", "task.env_workers=1"]).task
+    engine = FastRollout(tiny.model, tiny.tokenizer, torch.float32)
+    ro = from_task(engine, task, 256, None)
+    try:
+        assert ro.endpoint.admit is join and engine.admits
+    finally:
+        ro.close()

@@ -123,7 +123,9 @@ def agent_rollout(rollout, task, context: int, run_dir: Path | None) -> AgentRol
     try:
         limits = Limits(max_new_tokens=1, context=context, max_calls=task.max_turns,
                         max_episode_tokens=task.max_episode_tokens)
-        return AgentRollout(rollout, pool, Endpoint(rollout, limits))
+        endpoint = Endpoint(rollout, limits)
+        endpoint.admit = task.agent_join  # requests join a running decode (roles/endpoint.py: step)
+        return AgentRollout(rollout, pool, endpoint)
     except BaseException:
         pool.close()
         raise
