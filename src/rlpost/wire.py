@@ -143,18 +143,24 @@ def import_object(path: str, kind: str = "function"):
     return getattr(loaded, name)
 
 
+def processes() -> list[tuple[int, bytes, int, int]]:
+    """(pid, state, parent, process group) of every process, from /proc."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+            out.append((int(entry), fields[0], int(fields[1]), int(fields[2])))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (its children, theirs, ...), from /proc."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                ppid = int(f.read().rpartition(b")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
+    for child, _, ppid, _ in processes():
+        children.setdefault(ppid, []).append(child)
     found, todo = set(), [pid]
     while todo:
         for child in children.get(todo.pop(), ()):
@@ -263,19 +269,14 @@ def reap_orphans() -> int:
             STARTED.clear()
             return 0
         me, reaped, ours = os.getpid(), 0, set()
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    state, ppid = f.read().rpartition(b")")[2].split()[:2]
-            except (OSError, ValueError, IndexError):
+        for pid, state, ppid, _ in processes():
+            if ppid != me:
                 continue
-            if int(ppid) != me:
-                continue
-            if int(entry) in STARTED:
-                ours.add(int(entry))
+            if pid in STARTED:
+                ours.add(pid)
             elif state == b"Z":
                 try:
-                    reaped += os.waitpid(int(entry), os.WNOHANG)[0] == int(entry)
+                    reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
                 except ChildProcessError:  # reaped meanwhile by the user's own os.wait()
                     pass
         STARTED.intersection_update(ours)  # a pid already waited for is forgotten: it may be an orphan's next

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlpost.types.errors import ConfigError
-from rlpost.wire import FrameReader, ProtocolError, frame, kill_tree, write_all
+from rlpost.wire import FrameReader, ProtocolError, frame, kill_tree, processes, write_all
 
 # The worker's command. `python -c` puts '' (the current directory) first on sys.path; it is dropped
 # before anything is imported from there, so a module left in the folder the run starts in is
@@ -262,27 +262,14 @@ def reap_orphans(group: int, killed: set[int]) -> None:
     parent (it is a child subreaper). First every member of the group is waited out (killed, they
     die at once), so that no orphan is handed over after the look."""
     me, stop = os.getpid(), time.monotonic() + 2.0
-    while time.monotonic() < stop and any(state not in b"ZX" for _, state, _, pgrp in _processes() if pgrp == group):
+    while time.monotonic() < stop and any(state not in b"ZX" for _, state, _, pgrp in processes() if pgrp == group):
         time.sleep(0.002)
-    for pid, state, ppid, pgrp in _processes():
+    for pid, state, ppid, pgrp in processes():
         if ppid == me and state in b"ZX" and (pgrp == group or pid in killed):
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:  # reaped by someone else meanwhile
                 pass
-
-
-def _processes() -> list[tuple[int, bytes, int, int]]:
-    """(pid, state, parent, process group) of every process, from /proc."""
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-            out.append((int(entry), fields[0], int(fields[1]), int(fields[2])))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
 
 
 def default_memory_mb(workers: int) -> int:
