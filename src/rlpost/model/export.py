@@ -65,7 +65,7 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
     ckpt = checkpoint_to_export(run_dir, step)
     if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their adapter folder is final
         return copy_final(run_dir, out, "adapter")
-    out = Path(out) if out else run_dir / ("adapter" + ("" if step is None else f"_step_{step}"))
+    out = Path(out) if out else in_run(run_dir, "adapter", step)
     loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
     # The adapters on the run's base: the same wrap as the trainer's, then its saved adapter tensors.
     peft_model = lora.wrap(loaded.model, model, seed)
@@ -87,6 +87,11 @@ def checkpoint_to_export(run_dir: Path, step: int | None) -> Path | None:
     return ckpt
 
 
+def in_run(run_dir: Path, name: str, step: int | None) -> Path:
+    """The default folder inside the run: RUN/model, RUN/model_step_N, RUN/adapter, RUN/adapter_step_N."""
+    return run_dir / (name + ("" if step is None else f"_step_{step}"))
+
+
 def staged(run_dir: Path, model: config.ModelConfig, seed: int, step: int | None = None, out: Path | None = None):
     """A full export split in two, so that a caller can use the loaded model before (or while) it is written:
     (the folder, the merged model (load.Loaded; None for a run without checkpoints, whose final folder is
@@ -95,7 +100,7 @@ def staged(run_dir: Path, model: config.ModelConfig, seed: int, step: int | None
     ckpt = checkpoint_to_export(run_dir, step)
     if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model folder is final
         return Path(out) if out else run_dir / "model", None, lambda: copy_final(run_dir, out, "model")
-    out = Path(out) if out else run_dir / ("model" + ("" if step is None else f"_step_{step}"))
+    out = Path(out) if out else in_run(run_dir, "model", step)
     loaded = merged(ckpt, model, seed)
     return out, loaded, lambda: save_model(loaded.model, loaded.tokenizer, out)
 
