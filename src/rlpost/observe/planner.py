@@ -269,14 +269,15 @@ def fit(run_dir: str | Path, device: str, gpus: int = 1, path: dict | None = Non
         predicted = seconds(1.0)
         if not predicted or measured <= 0:
             continue  # a phase this workload does not have, or a run that did not time it
-        lo, hi = 1e-4, EFF_MAX / max(table_eff[n] for n in names)
+        k_max = EFF_MAX / max(table_eff[n] for n in names)
+        lo, hi = 1e-4, k_max
         for _ in range(60):  # geometric bisection: k to within 1e-9 of itself
             mid = math.sqrt(lo * hi)
             lo, hi = (lo, mid) if seconds(mid) < measured else (mid, hi)
         k = math.sqrt(lo * hi)
         eff |= {n: table_eff[n] * k for n in names}
         phases[phase] = {"measured": measured, "predicted": predicted, "k": k,
-                         "capped": not 1.001e-4 < k < 0.999 * EFF_MAX / max(table_eff[n] for n in names)}
+                         "capped": not 1.001e-4 < k < 0.999 * k_max}
     return {"run_dir": str(run_dir), "eff": eff, "phases": phases}
 
 
