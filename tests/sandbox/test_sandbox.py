@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.sandbox import hostdir, isolation, run, slots
+from rlpost.sandbox import hostdir, isolation, launch, run, slots
 from rlpost.sandbox import BACKENDS, Limits, SandboxUnavailable, guarantees, resolve_backend, run_python
 
 ROOT = os.geteuid() == 0
@@ -416,6 +416,29 @@ def test_cgroup_dirs_parsed_from_mountinfo(monkeypatch, tmp_path):
     assert isolation.own_cgroup_dirs() == {"": "/sys/fs/cgroup/job/worker", "memory": "/mnt/v1mem/job"}
 
 
+@pytest.mark.parametrize("opened", [True, False])
+def test_the_boot_shim_runs_the_program_only_once_its_gate_is_opened(tmp_path, opened):
+    """The rlimits boot shim waits at its gate until the parent has placed it in its cgroup. If the
+    parent dies first, the gate reads end of file: the shim exits and the program never runs
+    outside its cgroup's caps."""
+    (tmp_path / launch.MAIN).write_text("open('ran', 'w').write('yes')\n")
+    gate_r, gate_w = os.pipe()
+    started_r, started_w = os.pipe()
+    shim = subprocess.Popen([sys.executable, "-c", launch.BOOT, str(gate_r), str(started_w), "10", str(4 << 30),
+                             "4096", str(1 << 20), "-", launch.MAIN], cwd=tmp_path, pass_fds=(gate_r, started_w),
+                            stderr=subprocess.PIPE)
+    os.close(gate_r)
+    os.close(started_w)
+    if opened:
+        os.write(gate_w, b"\n")
+    os.close(gate_w)
+    err = shim.communicate(timeout=60)[1].decode()
+    began = os.read(started_r, 1)
+    os.close(started_r)
+    assert (shim.returncode == 0, began, (tmp_path / "ran").exists()) == (opened, b"1" if opened else b"", opened), err
+    assert opened or "parent died before opening the gate" in err
+
+
 @pytest.mark.skipif(not ROOT, reason="per-run uids need root")
 def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
     """A verifier worker SIGKILLed by the runner's timeout while its rlimits program runs: the
@@ -428,10 +451,12 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
                                "limits=Limits(wall_s=60), allow_root=True)"],
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     alive = lambda: [p for p, state, _, uid in isolation.list_processes() if uid == lo and state not in "ZX"]
+    # the program itself, past the boot shim's gate: a shim still held there when the worker dies exits
+    running = lambda: [p for p in alive() if argv(p)[-2:] == ["-B", launch.MAIN]]  # the shim's ends [bpf, MAIN]
     deadline = time.monotonic() + 90  # the worker waits for slot 0 and clears what an earlier holder left first
-    while not alive() and worker.poll() is None and time.monotonic() < deadline:
+    while not running() and worker.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    started, exited = bool(alive()), worker.poll()
+    started, exited = bool(running()), worker.poll()
     worker.kill()
     worker.wait()
     assert started, (f"the worker (exit status {exited}) never started its program under uid {lo} in 90 s; "
@@ -443,7 +468,15 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
     assert {e["kind"] for e in left} >= {"workdir"} and all(os.path.exists(e["path"]) for e in left)
     res = run_python("print('next')", backend="rlimits", parallel=1, limits=FAST)
     assert res.stdout == "next\n" and res.cleanup == "" and not alive()
-    assert not any(os.path.exists(e["path"]) for e in left)  # its cgroups and its working directory
+    assert not [e for e in left if os.path.exists(e["path"])], (left, res)  # its cgroups and its working directory
+
+
+def argv(pid: int) -> list[str]:
+    """A process's command line; [] once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
 
 
 def slot_lock_holders() -> list[str]:

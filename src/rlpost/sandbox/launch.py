@@ -33,8 +33,9 @@ INSIDE = "/sandbox"  # the working directory as the program sees it under bwrap
 MAIN = "main.py"
 
 # Boot shim: wait at the gate (rlimits backend: until the parent has put this process in its
-# cgroup; bwrap has --block-fd for that), set the rlimits on itself, install the seccomp filter
-# when asked (rlimits backend; bwrap installs it itself), say on the `started` pipe that the
+# cgroup; bwrap has --block-fd for that; end of file there means the parent died first: exit),
+# set the rlimits on itself, install the seccomp filter when asked (rlimits backend; bwrap
+# installs it itself), say on the `started` pipe that the
 # program is about to start (a run whose byte never came failed in the sandbox, not in the
 # program: bwrap that could not fork, say), then become the program (same pid, limits inherited).
 # CPU gets a 1 s gap between the soft limit (SIGXCPU, which kills Python)
@@ -42,7 +43,8 @@ MAIN = "main.py"
 BOOT = """import os, resource as r, sys
 gate, started, cpu, mem, nproc, fsize, bpf, main = sys.argv[1:9]
 if gate != "-":
-    os.read(int(gate), 1)
+    if os.read(int(gate), 1) != b"\\n":
+        sys.exit("rlpost boot: the parent died before opening the gate; not running the program")
     os.close(int(gate))
 for k, v in ((r.RLIMIT_CPU, (int(cpu), int(cpu) + 1)), (r.RLIMIT_AS, (int(mem), int(mem))),
              (r.RLIMIT_NPROC, (int(nproc), int(nproc))), (r.RLIMIT_FSIZE, (int(fsize), int(fsize))),
