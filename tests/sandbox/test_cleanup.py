@@ -262,8 +262,9 @@ def test_the_registry_lists_only_our_own_and_is_private(area):
     assert not os.lstat(root).st_mode & 0o022
     with pytest.raises(OSError, match="not a working directory of ours"):  # an entry naming anything else
         hostdir.remove({"kind": "workdir", "path": outside(area), "uid": OTHER_UID}, 1.0)
-    with pytest.raises(OSError, match="not a run cgroup of ours"):
-        isolation.remove_stale_cgroup("/sys/fs/cgroup")
+    for path in ("/sys/fs/cgroup", os.path.join(area, "rlpost-slot0-x"), "/sys/fs/cgroup/rlpost-x/../../../tmp"):
+        with pytest.raises(OSError, match="not a run cgroup"):
+            isolation.remove_stale_cgroup(path)
     assert untouched(os.path.join(area, "outside"))
     # a work root under another TMPDIR is ours only if no other uid can write it
     other_root = os.path.join(area, f"rlpost-work-{os.geteuid()}")
@@ -274,6 +275,30 @@ def test_the_registry_lists_only_our_own_and_is_private(area):
     os.chmod(other_root, 0o700)
     hostdir.remove({"kind": "workdir", "path": os.path.join(other_root, "0-x"), "uid": os.geteuid()}, 1.0)
     assert os.listdir(other_root) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making cgroups needs root")
+def test_a_cgroup_left_under_another_process_trees_cgroup_is_removed_and_a_gone_one_is_done():
+    """Slots are host-wide, so the last holder may have been a worker in another cgroup (another
+    service, another job's tree): its run cgroup sits under that cgroup, not ours. The next holder
+    still removes it, and an entry whose folder is already gone is done rather than listed forever
+    (every later run on the slot would stop to clear it)."""
+    host = isolation.cgroup_host()
+    if host is None:
+        pytest.skip("no cgroup to make run cgroups in")
+    ours = {host.memory, host.pids, host.kill, host.cpu}
+    points = [point for *_, point in isolation.cgroup_mounts() if point not in ours and os.access(point, os.W_OK)]
+    if not points:
+        pytest.skip("every cgroup mount here is one of our bases")
+    foreign = os.path.join(points[0], "rlpost-slot0-foreign")
+    os.mkdir(foreign)
+    try:
+        isolation.remove_stale_cgroup(foreign)
+        assert not os.path.exists(foreign)
+    finally:
+        if os.path.exists(foreign):
+            os.rmdir(foreign)
+    isolation.remove_stale_cgroup(os.path.join(points[0], "no-such-tree", "rlpost-slot0-gone"))
 
 
 def test_leftovers_of_a_dead_holder_are_removed_by_the_next_one():

@@ -221,20 +221,25 @@ class CgroupHost:
     # not per process, so a fork bomb's 30 spinning processes get no more CPU than one honest run
 
 
-def own_cgroup_dirs() -> dict[str, str]:
-    """Hierarchy ('memory', 'pids', or '' for v2) -> the folder of this process's cgroup in it."""
-    mounts = {}  # hierarchy -> (mount root, mount point)
+def cgroup_mounts() -> list[tuple[str, list[str], str, str]]:
+    """Every cgroup filesystem mounted here: (type, its options, mount root, mount point)."""
+    found = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             fstype, _, options = right.split()[:3]
-            root, point = left.split()[3:5]
-            if fstype == "cgroup2":
-                mounts.setdefault("", (root, point))
-            elif fstype == "cgroup":
-                for ctl in ("memory", "pids", "cpu"):
-                    if ctl in options.split(","):
-                        mounts.setdefault(ctl, (root, point))
+            if fstype in ("cgroup", "cgroup2"):
+                found.append((fstype, options.split(","), *left.split()[3:5]))
+    return found
+
+
+def own_cgroup_dirs() -> dict[str, str]:
+    """Hierarchy ('memory', 'pids', or '' for v2) -> the folder of this process's cgroup in it."""
+    mounts = {}  # hierarchy -> (mount root, mount point)
+    for fstype, options, root, point in cgroup_mounts():
+        for ctl in ("memory", "pids", "cpu") if fstype == "cgroup" else ("",):
+            if not ctl or ctl in options:
+                mounts.setdefault(ctl, (root, point))
     dirs = {}
     with open("/proc/self/cgroup") as f:
         for line in f:
@@ -379,6 +384,11 @@ def _kill_group(procs_dir: str, kill_dir: str | None, wait_s: float = KILL_WAIT_
         _write(f"{kill_dir}/cgroup.kill", "1")
     else:
         _write(f"{procs_dir}/pids.max", "0")
+    return _kill_listed(procs_dir, wait_s)
+
+
+def _kill_listed(procs_dir: str, wait_s: float = KILL_WAIT_S) -> bool:
+    """SIGKILL what a cgroup's cgroup.procs lists until the list is empty; True once it is."""
     stop = time.monotonic() + wait_s
     while True:
         left = [int(p) for p in _read(f"{procs_dir}/cgroup.procs").split()]
@@ -408,18 +418,21 @@ def _rmdir_when_empty(path: str, wait_s: float = KILL_WAIT_S) -> None:
 
 def remove_stale_cgroup(path: str) -> None:
     """Kill everything in a cgroup a slot's registry names (its maker died or failed to remove it)
-    and remove it. Only a folder named like ours directly under one of our cgroup bases is
-    touched; one already gone is done."""
-    host = cgroup_host()
-    bases = {b for b in (host.memory, host.pids, host.kill, host.cpu) if b} if host else set()
-    if os.path.dirname(path) not in bases or not os.path.basename(path).startswith("rlpost-"):
-        raise OSError(f"{path}: not a run cgroup of ours")
+    and remove it. Only a folder named like ours (rlpost-...) inside a cgroup filesystem is touched:
+    under one of our bases, or under the cgroup of another process tree on this host that held the
+    slot before (slots are host-wide). One already gone is done."""
+    points = [point for *_, point in cgroup_mounts()]
+    real = os.path.realpath(path)
+    if not os.path.basename(path).startswith("rlpost-") or not any(real.startswith(p + "/") for p in points):
+        raise OSError(f"{path}: not a run cgroup")
     if not os.path.isdir(path):
         return
     if os.path.exists(f"{path}/cgroup.kill"):
         _kill_group(path, path)
     elif os.path.exists(f"{path}/pids.max"):
         _kill_group(path, None)
+    else:  # a v1 memory or cpu folder: kill what it lists
+        _kill_listed(path)
     _rmdir_when_empty(path)
 
 
