@@ -9,6 +9,7 @@ while taking it loses no row."""
 import copy
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from helpers import digit_rows, tiny_cfg
 
 from rlpost import config
+from rlpost.roles.chunk_stream import ChunkStream
 from rlpost.roles.rollout_fast import FastRollout
 
 ROWS = [{"messages": [{"role": "user", "content": f"{i * 37}+{i}="}]} for i in range(3)]
@@ -82,6 +84,111 @@ def test_every_token_of_an_engine_that_never_switches_carries_its_version(tiny):
     assert bool((out.token_version[out.completion_mask] == 7).all()) and out.policy_version == 7
 
 
+# --- a worker's chunks as one stream (roles/chunk_stream.py) -----------------------------------------
+
+LONGER = [{"messages": [{"role": "user", "content": f"tell {i} a longer thing please"}]} for i in range(2)]
+STREAM_KW = dict(temperature=1.0, top_p=1.0, max_new_tokens=24)
+
+
+def alone(engine, rows, seed: int, **kw):
+    """The chunk decoded on its own, as a worker without a stream samples it (its seed, then generate)."""
+    torch.manual_seed(seed)
+    return engine.generate(rows, 2, **{**STREAM_KW, **kw})
+
+
+def side_by_side(stream, jobs: list[tuple], engine=None) -> list:
+    """Submit each (rows, seed, kw) from its own thread, as the actor's calls arrive. engine: its hook's first
+    call (in the first chunk's decode) waits until the others are queued, so that they join that decode."""
+    out = [None] * len(jobs)
+
+    def go(i, rows, seed, kw):
+        out[i] = stream.submit(rows, 2, {**STREAM_KW, **kw}, seed)[0]
+
+    if engine is not None:
+        def hook(e):
+            hook.calls += 1
+            deadline = time.monotonic() + 60
+            while hook.calls == 1 and len(stream.queue) < len(jobs) - 1 and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+        hook.calls = 0
+        engine.between_steps = hook
+    threads = [threading.Thread(target=go, args=(i, *job)) for i, job in enumerate(jobs)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(60)
+    return out
+
+
+@pytest.fixture
+def engine(tiny):
+    e = FastRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    e.between_steps = lambda e: None
+    return e
+
+
+def test_a_chunk_in_the_stream_samples_what_it_samples_alone(engine):
+    solo_a, solo_b = alone(engine, ROWS, 11), alone(engine, LONGER, 12)
+    stream = ChunkStream(engine)
+    first, _ = stream.submit(ROWS, 2, STREAM_KW, 11)  # alone in its decode: the same call, bit for bit
+    for name in ("completion_ids", "completion_mask", "sampler_logp", "prompt_ids", "group_ids"):
+        assert torch.equal(getattr(first, name), getattr(solo_a, name)), name
+    a, b = side_by_side(stream, [(ROWS, 11, {}), (LONGER, 12, {})], engine)
+    assert stream.decodes == 2  # the second chunk joined the first's decode
+    for got, want in ((a, solo_a), (b, solo_b)):  # each row draws with its own chunk's uniforms
+        assert torch.equal(got.completion_ids, want.completion_ids) and got.rows == want.rows
+        assert torch.allclose(got.sampler_logp, want.sampler_logp, atol=1e-4)
+        assert got.policy_version == 0 and not got.token_version.any()
+
+
+def test_a_chunk_sampling_otherwise_starts_the_next_decode(engine):
+    greedy = alone(engine, LONGER, 12, temperature=0.0)
+    stream = ChunkStream(engine)
+    a, b = side_by_side(stream, [(ROWS, 11, {}), (LONGER, 12, {"temperature": 0.0})], engine)
+    assert stream.decodes == 2 and engine.last_metrics["rollout/slots"] == 4  # the greedy chunk's own, its 4 rows
+    assert torch.equal(b.completion_ids, greedy.completion_ids) and len(a) == 6
+
+
+def test_weights_taken_in_the_stream_stamp_the_tokens_after_and_the_chunks_that_join(tiny, engine):
+    """The hook's 3rd call (in the first chunk's decode) loads version 1, then lets the second chunk come:
+    it joins at the next step, under version 1."""
+    new, out, stream = perturbed(tiny.model), {}, ChunkStream(engine)
+    second = threading.Thread(target=lambda: out.setdefault("b", stream.submit(LONGER, 2, STREAM_KW, 12)))
+
+    def hook(e):
+        hook.calls += 1
+        if hook.calls == 3:
+            e.load_weights(new, version=1)
+            second.start()
+            deadline = time.monotonic() + 60
+            while not stream.queue and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+    hook.calls = 0
+    engine.between_steps = hook
+    (a, loads_a), (b, loads_b) = stream.submit(ROWS, 2, STREAM_KW, 11), (second.join(60), out["b"])[1]
+    va, vb = a.token_version[a.completion_mask], b.token_version[b.completion_mask]
+    assert stream.decodes == 1 and a.policy_version == 0 and va.min() == 0 and va.max() == 1 and loads_a == 1
+    assert b.policy_version == 1 and bool((vb == 1).all()) and loads_b == 0
+    assert bool(((a.token_version[:, 1:] >= a.token_version[:, :-1]) | ~a.completion_mask[:, 1:]).all())
+
+
+def test_a_failed_decode_fails_each_of_its_chunks_and_the_next_decode_runs(engine):
+    def hook(e):
+        if hook.armed:
+            hook.armed = False
+            raise MemoryError("no room for the next step")
+
+    hook.armed = True
+    engine.between_steps = hook
+    stream = ChunkStream(engine)
+    with pytest.raises(RuntimeError, match="the decode this chunk ran in failed: MemoryError"):
+        stream.submit(ROWS, 2, STREAM_KW, 11)
+    assert len(stream.submit(ROWS, 2, STREAM_KW, 11)[0]) == 6
+
+
 @pytest.mark.parametrize("override,expected", [
     ("dist.partial_rollouts=true dist.topology=disaggregated", "dist.partial_rollouts: weights change mid-chunk"),
     ("dist.partial_rollouts=true dist.topology=async dist.weight_sync=broadcast",
@@ -110,9 +217,13 @@ ASYNC = ["dist.topology=async", "dist.partial_rollouts=true", "dist.rollout_work
 
 
 class SlowWorker(RolloutWorker):
-    """A worker whose decode steps take 0.1 s each, so a chunk is still running when weights are published."""
+    """A worker whose decode steps take 0.1 s each, so a chunk is still running when weights are published;
+    its first step writes the file STARTED names."""
+
+    STARTED = ""
 
     def _between_steps(self, engine):
+        Path(self.STARTED).touch()
         time.sleep(0.1)
         super()._between_steps(engine)  # private: the hook this subclass slows
 
@@ -123,6 +234,7 @@ class DyingWorker(SlowWorker):
     MARK = ""
 
     def _between_steps(self, engine):
+        Path(self.STARTED).touch()
         time.sleep(0.1)
         if self.offered is not None and not Path(self.MARK).exists():
             Path(self.MARK).write_text("died mid-update")
@@ -138,24 +250,37 @@ def local_ray():
     ray.shutdown()
 
 
-def second_batch(worker: type):
-    """The pool's second batch when weights (version 1) are published while it is being sampled, with its metrics."""
+def second_batch(worker: type, tmp_path: Path):
+    """The pool's second batch when weights (version 1) are published while it is being sampled, with its
+    metrics. The worker holds the first two batches' chunks at once (partial rollouts), decoded as one
+    stream; the weights go out 0.3 s into that decode."""
+    started = tmp_path / "started"
+    worker = type("Marked", (worker,), {"STARTED": str(started)})
     stream = PromptStream(DIGITS.train, 2, 0)
     roles = build_roles(tiny_cfg(*ASYNC), DIGITS, stream=stream, rollout_worker=worker)
+    weights = roles.trainer.weights()
+
+    def publish():
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # a few of the decode's steps
+        roles.rollout.load_weights(weights, version=1)
+
     try:
-        pool = roles.rollout
-        kw = dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=16)
-        pool.generate(stream.next(), **kw)  # returns the first batch; the second is queued and starts at once
-        time.sleep(0.5)  # a few of its decode steps
-        pool.load_weights(roles.trainer.weights(), version=1)
+        pool, kw = roles.rollout, dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=16)
+        loader = threading.Thread(target=publish)
+        loader.start()
+        pool.generate(stream.next(), **kw)  # returns the first batch; the second was sampled beside it
+        loader.join()
         return pool.generate(stream.next(), **kw), pool.last_metrics
     finally:
         roles.close()
 
 
 @pytest.mark.slow
-def test_a_running_chunk_takes_new_weights_between_decode_steps(local_ray):
-    batch, m = second_batch(SlowWorker)
+def test_a_running_chunk_takes_new_weights_between_decode_steps(local_ray, tmp_path):
+    batch, m = second_batch(SlowWorker, tmp_path)
     v = batch.token_version
     assert m["async/inflight_weight_loads"] == 1 and batch.policy_version == 0
     assert v[batch.completion_mask].min() == 0 and v[batch.completion_mask].max() == 1
@@ -168,7 +293,7 @@ def test_a_running_chunk_takes_new_weights_between_decode_steps(local_ray):
 @pytest.mark.slow
 def test_a_worker_that_dies_mid_update_loses_no_row(local_ray, tmp_path):
     worker = type("Dying", (DyingWorker,), {"MARK": str(tmp_path / "died")})
-    batch, m = second_batch(worker)
+    batch, m = second_batch(worker, tmp_path)
     assert (tmp_path / "died").exists() and m["async/worker_restarts"] == 1
     assert len(batch) == 4 and sorted(batch.group_ids.tolist()) == [0, 0, 1, 1]  # 2 prompts x 2, none lost
     # the chunk was sampled again from its start, on a new worker holding the newest weights

@@ -21,6 +21,7 @@ import torch
 
 from rlpost.distributed import sync
 from rlpost.model import device, heap, precision
+from rlpost.roles.chunk_stream import ChunkStream
 from rlpost.types.errors import RunError
 
 
@@ -48,6 +49,9 @@ class RolloutWorker:
         self.tied = sync.tied(model) if model is not None else []  # pushes send a tied head once: sync.untie
         self.seed, self.sync_s = seed, 0.0
         self.lock, self.offered, self.inflight = threading.Lock(), None, 0  # partial rollouts
+        self.turn = threading.Lock()  # chunks decoded one at a time (an engine that does not admit rows)
+        self.stream: ChunkStream | None = None  # partial rollouts on an engine that admits rows: the decode thread
+        self.reported = 0  # the stream's loads in flight counted in answers so far
 
     def offer_weights(self, box: list, version: int) -> None:
         """Partial rollouts: weights ``box[0]`` (an object reference, in a list so that Ray hands it over
@@ -63,7 +67,8 @@ class RolloutWorker:
             offered, self.offered = self.offered, None
         if offered is not None and offered[1] > engine.version:
             self.load_weights(ray.get(offered[0]), offered[1])
-            self.inflight += 1
+            with self.lock:
+                self.inflight += 1
 
     def load_weights(self, state: dict, version: int) -> None:
         t0 = time.perf_counter()
@@ -88,17 +93,38 @@ class RolloutWorker:
         """(the chunk's Rollouts, {seconds spent loading weights since the last chunk, metrics}).
         weights: partial rollouts only (None elsewhere): [object reference, version] to load before the
         chunk's prefill, or [] when the worker holds the newest; an actor's calls then run side by
-        side, so a separate load_weights call could land after the chunk began."""
+        side (the pool hands a worker its next chunk before the last is done), so a separate
+        load_weights call could land after the chunk began. On an engine that admits rows into a
+        running decode the chunk joins the one running (roles/chunk_stream.py); on another, chunks
+        take turns."""
+        seed = self.seed * 1_000_003 + chunk_id  # the same samples on any worker
         if weights is not None:
             self.rollout.between_steps = self._between_steps
             if weights:
                 self.offer_weights(weights[:1], weights[1])
-            self._between_steps(self.rollout)  # an offer that came after the last chunk ended, too
-            self.inflight = 0  # taken before the first token: not in flight
-        torch.manual_seed(self.seed * 1_000_003 + chunk_id)  # the same samples on any worker
-        batch = self.rollout.generate(rows, n, **kw)
-        info = {"sync_s": self.sync_s, "metrics": self.rollout.last_metrics, "inflight_loads": self.inflight}
-        self.sync_s, self.inflight = 0.0, 0
+            if getattr(self.rollout, "admits", False):
+                if self.stream is None:
+                    self.stream = ChunkStream(self.rollout, self._between_steps)
+                batch, _ = self.stream.submit(rows, n, kw, seed)
+                with self.lock:  # the loads the stream took in flight since the last answer, each counted once
+                    loads, self.reported = self.stream.loads - self.reported, self.stream.loads
+                return self._answer(batch, loads)
+        with self.turn:
+            if weights is not None:
+                self._between_steps(self.rollout)  # an offer that came after the last chunk ended, too
+                self.inflight = 0  # taken before the first token: not in flight
+            torch.manual_seed(seed)
+            batch = self.rollout.generate(rows, n, **kw)
+            with self.lock:
+                loads, self.inflight = self.inflight, 0
+            return self._answer(batch, loads)
+
+    def _answer(self, batch, inflight_loads: int):
+        """The chunk with what the pool counts: the weight loads taken while its rows ran, the seconds
+        spent loading weights since the last answer, the engine's metrics."""
+        with self.lock:
+            info = {"sync_s": self.sync_s, "metrics": self.rollout.last_metrics, "inflight_loads": inflight_loads}
+            self.sync_s = 0.0
         return batch, info
 
 

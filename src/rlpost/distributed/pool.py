@@ -2,10 +2,11 @@
 Ray actors, reading ahead of the loop under the async topology.
 
 Work. A batch of prompts is cut into chunks (a few prompts x n samples each). A pump thread keeps
-every worker busy with one chunk at a time. Before it hands a chunk to a worker whose weights are
-older than the newest published version, it queues ``load_weights`` on that worker first: an actor
-runs its calls in order, so weights change only between chunks and every chunk knows the policy
-version that sampled it (``Rollouts.policy_version``). Each chunk is sampled under its own seed
+every worker busy with one chunk at a time (two under partial rollouts, below). Before it hands a
+chunk to a worker whose weights are older than the newest published version, it queues
+``load_weights`` on that worker first: an actor runs its calls in order, so weights change only
+between chunks and every chunk knows the policy version that sampled it
+(``Rollouts.policy_version``). Each chunk is sampled under its own seed
 (run seed, chunk id), so which worker runs it, or a re-run after a crash, changes nothing.
 
 Staleness (async). The pool holds the run's prompt stream and keeps ``max_staleness + 1`` batches
@@ -28,7 +29,10 @@ it and its sampler log-prob (``Rollouts.token_version``, ``sampler_logp``), so t
 correction (TIS against pi_sampler) is per token already, the staleness metrics are counted per
 token, and the bound is checked against the oldest token of a chunk (``policy_version``): the
 admission control above keeps every token within it. A worker that dies mid-update, or anywhere
-in a chunk, loses no row: its chunk is sampled again from its start, as below.
+in a chunk, loses no row: its chunk is sampled again from its start, as below. A worker holds up to
+two chunks at once (``depth``): the next one's rows join the decode running the last one's
+(roles/chunk_stream.py), so its decode slots stay full while a chunk's long rows finish; its busy
+time runs from when it took a chunk holding none until it holds none again.
 
 Failure. A worker whose process dies (``RayActorError``) is replaced by a fresh one (at most
 ``MAX_RESTARTS`` times in a row for one worker before the run stops with the cause), which gets the
@@ -98,7 +102,11 @@ class RolloutPool:
         self.weights_ref, self.version, self.pushes = None, version, [version]
         self.chunk_prompts, self.max_staleness = chunk_prompts, max_staleness
         self.pending: deque[Chunk] = deque()  # chunks waiting for a worker
-        self.running: dict = {}  # ObjectRef -> (worker index, chunk, submit time)
+        self.running: dict = {}  # ObjectRef -> (worker index, chunk, the worker's actor)
+        # partial rollouts: a worker holds its next chunk too, to start its rows as the last one's end
+        self.depth = 2 if partial else 1
+        self.active = [0] * n_workers  # chunks each worker holds
+        self.since = [0.0] * n_workers  # when it last went from none to one
         self.stream = stream
         self.ahead: deque[Batch] = deque()  # async: batches for the coming steps, oldest first
         self.next_id = 0
@@ -146,7 +154,7 @@ class RolloutPool:
             self.weights_ref, self.initial = ref, None
             self._new_version(version)
             if self.partial:  # running chunks take them between decode steps
-                for i in {i for i, _, _ in self.running.values()}:
+                for i in {i for i, *_ in self.running.values()}:
                     self.workers[i].offer_weights.remote([ref], self.version)
                     self.held[i] = self.version
             self.cv.notify_all()
@@ -280,34 +288,42 @@ class RolloutPool:
                 self.cv.notify_all()
 
     def _dispatch(self) -> None:
-        """Give each idle worker the next chunk, after the newest weights if it lacks them."""
-        busy = {i for i, _, _ in self.running.values()}
-        for i in range(len(self.workers)):
-            if i in busy or not self.pending:
-                continue
+        """Give each worker holding fewer than ``depth`` chunks the next one (the least loaded first),
+        after the newest weights if it lacks them."""
+        while self.pending and min(self.active) < self.depth:
+            i = self.active.index(min(self.active))
             chunk = self.pending.popleft()
             if self.partial:  # the weights go with the chunk: the actor's calls may run side by side
                 new = self.held[i] != self.version and self.weights_ref is not None
                 ref = self.workers[i].generate.remote(chunk.id, chunk.rows, chunk.n, chunk.kw,
                                                       [self.weights_ref, self.version] if new else [])
                 self.held[i] = self.version if new else self.held[i]
-                self.running[ref] = (i, chunk, time.perf_counter())
-                continue
-            if self.held[i] != self.version and self.weights_ref is not None:
-                self.workers[i].load_weights.remote(self.weights_ref, self.version)
-                self.held[i] = self.version
-            ref = self.workers[i].generate.remote(chunk.id, chunk.rows, chunk.n, chunk.kw)
-            self.running[ref] = (i, chunk, time.perf_counter())
+            else:
+                if self.held[i] != self.version and self.weights_ref is not None:
+                    self.workers[i].load_weights.remote(self.weights_ref, self.version)
+                    self.held[i] = self.version
+                ref = self.workers[i].generate.remote(chunk.id, chunk.rows, chunk.n, chunk.kw)
+            self.running[ref] = (i, chunk, self.workers[i])
+            if not self.active[i]:
+                self.since[i] = time.perf_counter()
+            self.active[i] += 1
+
+    def _release(self, i: int) -> None:
+        """Called with the lock held: worker i is done with one chunk; its busy time counts once it holds none."""
+        self.active[i] -= 1
+        if not self.active[i]:
+            self.busy_s += time.perf_counter() - self.since[i]
 
     def _finish(self, ref) -> None:
-        i, chunk, t0 = self.running[ref]
+        i, chunk, actor = self.running[ref]
         try:
             result, info = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as e:
             # the process died (Ray's memory monitor kills one as OutOfMemoryError): a new worker, the same chunk
             with self.cv:
                 del self.running[ref]
-                self._restart(i, e)
+                if actor is self.workers[i]:  # its other chunk's call fails too: one restart (which counts)
+                    self._restart(i, e)
                 self.pending.appendleft(chunk)
                 self.cv.notify_all()
             return
@@ -318,8 +334,9 @@ class RolloutPool:
             result, info = None, {}
         with self.cv:
             del self.running[ref]
-            self.deaths[i] = 0
-            self.busy_s += time.perf_counter() - t0
+            if actor is self.workers[i]:  # not a call to the worker a restart replaced
+                self.deaths[i] = 0
+                self._release(i)
             if result is not None and not self.partial and result.policy_version < self.held[i]:
                 # the load queued before this chunk failed (its weights object was lost with a node): the
                 # chunk is labelled with the version the worker really held, and the next chunk sends again
@@ -352,5 +369,8 @@ class RolloutPool:
         except Exception:  # already gone
             pass
         self.workers[i] = self.spawn(i, self.initial)
+        if self.active[i]:  # the dead one's chunks: each is queued again as its call fails
+            self.busy_s += time.perf_counter() - self.since[i]
+        self.active[i] = 0
         self.held[i] = -1 if self.weights_ref is not None else self.version
         self.counts["async/worker_restarts"] += 1

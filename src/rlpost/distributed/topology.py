@@ -109,9 +109,9 @@ def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: 
     pool, is_async = None, dist.topology == "async"
     try:
         start_trainer(trainer, make_trainer, initial, sampler_dtype, wait_s)
-        partial = is_async and dist.partial_rollouts  # offers of weights arrive while a chunk runs: two calls at once
+        partial = is_async and dist.partial_rollouts  # two chunks and an offer of weights at once
         worker_cls = ray.remote(num_cpus=r_cpus, num_gpus=gpus, max_restarts=0,
-                                max_concurrency=2 if partial else 1)(rollout_worker or RolloutWorker)
+                                max_concurrency=3 if partial else 1)(rollout_worker or RolloutWorker)
         # A restarted worker goes back into its own bundle, which Ray moves to a node left if its own is lost;
         # a bundle held to a lost node cannot move, so that worker starts wherever Ray finds room.
         def spawn(i, w):

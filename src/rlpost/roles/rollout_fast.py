@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlpost.roles import sampling
-from rlpost.roles.slots import Admissions, Batch, Prefixes, left_padded
+from rlpost.roles.slots import Admissions, Batch, Prefixes, left_padded, row_uniforms
 from rlpost.roles.rollout_hf import HFRollout, continue_ids, top_p_truncate
 from rlpost.types.batch import Rollouts
 
@@ -197,11 +197,18 @@ class FastRollout:
         ids, mask = left_padded([r[0] for r in first], self.tok.pad_token_id)
         limits = [r[1] for r in first]
         admit = Admissions(self, feed, done, self.slots or max(len(first), FEED_SLOTS), limits)
+        return self.decode_admitting(admit, (ids, mask.bool()), 1, (temperature, top_p, max(limits)))
+
+    def decode_admitting(self, admit, prompt: tuple[Tensor, Tensor], n: int, sample: tuple[float, float, int]) -> int:
+        """Decode ``prompt`` (left-padded ids, boolean mask), ``n`` rows a prompt, while ``admit`` lets rows
+        join between steps: its ``first`` (the first rows' limits), ``poll``, ``slots`` and ``report``
+        (roles/slots.py: Admissions; a rollout worker's chunks: roles/chunk_stream.py). sample: (temperature,
+        top_p, max_new). Returns the rows decoded."""
         self._pack()
         self.admitting = admit
         try:
             with torch.no_grad():
-                return self._decode(ids, mask.bool(), 1, temperature, top_p, max(limits))
+                return self._decode(*prompt, n, *sample)
         finally:
             self.admitting = None
 
@@ -386,7 +393,7 @@ class FastRollout:
         uniform, and record it for the rows still running."""
         temperature, top_p, max_new = sample
         rows, t = st.slot[:b], st.t[:b]
-        tok, lp, floor = self.draw_tokens(logits, temperature, top_p, sampling.uniforms(st.key, rows, t))
+        tok, lp, floor = self.draw_tokens(logits, temperature, top_p, row_uniforms(st, rows, t))
         live = ~st.finished[:b]
         r, c = rows[live], t[live]
         st.out[r, c], st.logp[r, c], st.ver[r, c] = tok[live], lp[live], self.version
@@ -459,6 +466,7 @@ class _State:
         self.ver = torch.zeros(B, max_new, dtype=torch.long)  # the weight version that drew each token
         self.floor: Tensor | None = None
         self.key: Tensor | None = None
+        self.rkey: Tensor | None = None  # (B, 2) each row's own key, where rows joined with theirs (slots.row_uniforms)
 
     def compact(self, keep: Tensor) -> int:
         """Move the ``keep`` slots to the front; returns how many there are."""

@@ -112,7 +112,7 @@ class Batch:
                 logits += self._place(st, prefixes, n, mine, col)
                 limits += [lims[r] for _, r in mine] if lims is not None else []
         rows_d, idx = rows.to(dev), torch.tensor(slots, device=dev)
-        u = sampling.uniforms(st.key, rows_d, torch.zeros_like(rows_d))
+        u = row_uniforms(st, rows_d, torch.zeros_like(rows_d))
         tok, lp, floor = self.e.draw_tokens(torch.stack(logits), self.temperature, self.top_p, u)
         st.out[rows_d, 0], st.logp[rows_d, 0] = tok, lp
         if floor is not None:
@@ -145,6 +145,17 @@ class Batch:
             st.pos[idx] = prefixes.pos[g, -1] + 1
             logits += [lg] * len(idx)
         return logits
+
+
+def row_uniforms(st, rows: Tensor, t: Tensor) -> Tensor:
+    """The uniforms (sampling.uniforms) of output ``rows`` at token indices ``t``: of the decode's one key
+    and the row's number, or, where rows joined with keys of their own (``st.rkey`` (B, 2): each row's
+    key pair with its number within its own call folded in), of those alone. A chunk's rows then draw as
+    they would in a decode of their own, whichever decode they joined."""
+    rkey = getattr(st, "rkey", None)
+    if rkey is None:
+        return sampling.uniforms(st.key, rows, t)
+    return sampling.uniforms(rkey[rows].T, torch.zeros_like(rows), t)
 
 
 def segments(col: int, P: int, C: int) -> list[tuple[slice, slice]]:
