@@ -61,6 +61,9 @@ class ChunkStream:
         decode starts (the engine runs it between steps itself)."""
         self.e, self.hook = engine, hook
         self.cv = threading.Condition()
+        # the tokenizer, for the callers' threads one at a time (a fast tokenizer that pads can refuse a second
+        # thread with "Already borrowed"); the decode thread never uses it
+        self.tokenizing = threading.Lock()
         self.queue: deque[Job] = deque()  # chunks not yet in a decode
         self.jobs: list[Job] = []  # the running decode's, in the order they joined
         self.bases: list[int] = []  # their first output rows
@@ -77,7 +80,9 @@ class ChunkStream:
         loads taken while its rows ran (in flight)."""
         g = torch.Generator().manual_seed(seed)
         key = torch.randint(0, 1 << 32, (2,), dtype=torch.long, generator=g)
-        job = Job(rows, n, kw, self.e.hf.encode(rows), key)
+        with self.tokenizing:
+            enc = self.e.hf.encode(rows)
+        job = Job(rows, n, kw, enc, key)
         with self.cv:
             self.queue.append(job)
             if self.thread is None:
@@ -187,7 +192,8 @@ class ChunkStream:
             completion[r, : len(ids)], logp[r, : len(ids)], ver[r, : len(ids)] = ids.cpu(), lp.cpu(), v.cpu()
             if floor is not None:
                 floor[r, : len(ids)] = fl.cpu()
-        out = self.e.hf.assemble(job.enc, job.rows, job.n, completion, logp, floor)
+        with self.tokenizing:
+            out = self.e.hf.assemble(job.enc, job.rows, job.n, completion, logp, floor)
         out.token_version = ver * out.completion_mask
         out.policy_version = job.version
         return out
