@@ -97,8 +97,9 @@ def alone(engine, rows, seed: int, **kw):
 
 
 def side_by_side(stream, jobs: list[tuple], engine=None) -> list:
-    """Submit each (rows, seed, kw) from its own thread, as the actor's calls arrive. engine: its hook's first
-    call (in the first chunk's decode) waits until the others are queued, so that they join that decode."""
+    """Submit each (rows, seed, kw) from its own thread, each queued before the next starts, as the actor's
+    calls arrive. engine: its hook's first call (in the first chunk's decode) waits until the others are
+    queued, so that they join that decode."""
     out = [None] * len(jobs)
 
     def go(i, rows, seed, kw):
@@ -114,9 +115,12 @@ def side_by_side(stream, jobs: list[tuple], engine=None) -> list:
         hook.calls = 0
         engine.between_steps = hook
     threads = [threading.Thread(target=go, args=(i, *job)) for i, job in enumerate(jobs)]
-    for t in threads:
+    before = stream.submitted
+    for i, t in enumerate(threads):
         t.start()
-        time.sleep(0.02)
+        deadline = time.monotonic() + 60
+        while stream.submitted < before + i + 1 and time.monotonic() < deadline:  # queued in this order
+            time.sleep(0.001)
     for t in threads:
         t.join(60)
     return out
@@ -147,7 +151,7 @@ def test_a_chunk_sampling_otherwise_starts_the_next_decode(engine):
     greedy = alone(engine, LONGER, 12, temperature=0.0)
     stream = ChunkStream(engine)
     a, b = side_by_side(stream, [(ROWS, 11, {}), (LONGER, 12, {"temperature": 0.0})], engine)
-    assert stream.decodes == 2 and engine.last_metrics["rollout/slots"] == 4  # the greedy chunk's own, its 4 rows
+    assert stream.decodes == 2  # the first chunk's, then the greedy chunk's own
     assert torch.equal(b.completion_ids, greedy.completion_ids) and len(a) == 6
 
 

@@ -72,7 +72,7 @@ class ChunkStream:
         self.first: list[int] = []
         self.budget = 0
         self.loads, self.seen = 0, 0  # versions the decode thread has seen change, the last seen
-        self.decodes = 0  # decodes started
+        self.decodes = self.submitted = 0  # decodes started, chunks queued
 
     def submit(self, rows: list[dict], n: int, kw: dict, seed: int) -> tuple[Rollouts, int]:
         """Sample ``n`` completions of each row (kw: temperature, top_p, max_new_tokens) under ``seed``,
@@ -85,6 +85,7 @@ class ChunkStream:
         job = Job(rows, n, kw, enc, key)
         with self.cv:
             self.queue.append(job)
+            self.submitted += 1
             if self.thread is None:
                 self.thread = threading.Thread(target=self._serve, name="chunk-stream", daemon=True)
                 self.thread.start()
