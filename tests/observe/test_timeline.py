@@ -182,6 +182,32 @@ def test_rollout_on_slots_by_hand():
     assert slotted == pytest.approx(full * 2 / 6)
 
 
+def test_a_worker_streaming_its_chunks_pays_its_total_tokens_not_its_longest_row(tmp_path, capsys):
+    # the hand-worked batch above, lengths [1, 4, 1, 4, 1, 4], 9 row-steps: all at once 3 steps of 3 live rows;
+    # streamed (partial rollouts on the CPU engine), the next chunk's rows take the freed slots: 9 / 6 = 1.5 steps
+    # of all 6 rows, 6 x 400 + 4 x 4 x 4 x 6 = 2784 FLOPs a step
+    s = Shape(layers=1, hidden=4, intermediate=8, heads=1, kv_heads=1, vocab=10, tied=True)
+    w = Workload(prompts=2, group=3, prompt_len=2, new_tokens=5, response_len=4, sampler_bf16=False,
+                 mean_response_len=2.5, stream=True)
+    dev = planner.Device("test", 0, 2e3, 1e3, 1e3, 0, 0, cpu=True)
+    parts = planner.rollout_parts(s, w, dev, eff={"prefill": 0.5, "decode": 0.25, "decode_bw": 1.0})
+    assert (parts["steps"], parts["step_flops"]) == (1.5, 2784)
+    # a run's config says so on a CPU; the CUDA engine (on a GPU) decodes a worker's chunks in turn
+    cfg = config.load(None, ["model.name=tiny", "dist.topology=async", "dist.partial_rollouts=true"])
+    assert planner.workload_from_run(cfg, {}, CPU).stream
+    assert not planner.workload_from_run(cfg, {}, GPUS["h100"]).stream
+    assert not planner.workload_from_run(config.load(None, ["dist.topology=async"]), {}, CPU).stream
+    argv = ["--new-tokens", "64", "--mean-len", "16", "--min-len", "4", "--topology", "async", "--json"]
+    assert planner.main(argv) == 0
+    by_chunk = json.loads(capsys.readouterr().out)
+    assert planner.main([*argv, "--partial-rollouts"]) == 0
+    streamed = json.loads(capsys.readouterr().out)
+    # 32 rows of mean 16 and cap 64: 15 x 32 row-steps over 32 rows, 15 steps, against 63 (and a prefill)
+    assert streamed["workload"]["stream"] and streamed["time_s"]["gen"] < 0.6 * by_chunk["time_s"]["gen"]
+    assert planner.main(["--partial-rollouts"]) == 2
+    assert capsys.readouterr().err.startswith("rlpost: error: --partial-rollouts: weights change mid-chunk only")
+
+
 def test_a_runs_lengths_and_slots_and_topology_reach_the_plan(tmp_path):
     cfg = config.load(None, ["model.name=tiny", "rollout.slots=8", "dist.topology=disaggregated",
                              "dist.weight_sync=broadcast"])

@@ -154,11 +154,14 @@ def rollout_parts(s: Shape, w: Workload, dev: Device = CPU_AVX512, gpus: int = 1
     term: the steps and the live rows come from the batch's lengths (``row_lengths``) on its slots
     (``decode_schedule``): all rows at once decode until the longest row ends, T - 1 steps after the
     prefill's token, a finished row leaving the batch (the FLOPs are those of the mean live rows);
-    on rollout.slots = S about total tokens / S steps of S rows."""
+    on rollout.slots = S about total tokens / S steps of S rows. A worker streaming its chunks (partial
+    rollouts on the CPU engine) keeps its slots full with the next chunk's rows: total tokens / n steps."""
     bf16, rows = w.sampler_bf16, w.batch / gpus
     own = w.engine != "hf"  # `generate` runs every row to the end and prefills every row's prompt
     n = max(1, round(rows))
     steps, row_steps = decode_schedule(row_lengths(w, n) if own else [w.T] * n, w.slots if own else 0)
+    if own and w.stream:  # the next chunk's rows take the freed slots: steps of n rows, no tail of its own
+        steps = row_steps / n
     steps = max(steps, 1.0) if w.T > 1 else 0.0
     live = rows * row_steps / (n * steps) if steps and own else rows
     peak, nbytes = (dev.bf16_flops, 2) if bf16 else (dev.fp32_flops, 4)

@@ -186,7 +186,13 @@ def workload_from_run(cfg: Config, med: dict, dev: Device) -> Workload:
         share_prefix=trainer.share_prompt_prefix, prompts_once=trainer.prompts_once,
         grad_ckpt=cfg.model.gradient_checkpointing,
         packed=trainer.forward != "hf" and not cfg.model.lora_r, engine=engine_of(rollout.engine),
-        slots=rollout.slots, min_response_len=med.get("response_length/min", 0))
+        slots=rollout.slots, min_response_len=med.get("response_length/min", 0),
+        stream=streams(cfg.dist.topology, cfg.dist.partial_rollouts, dev, engine_of(rollout.engine)))
+
+
+def streams(topology: str, partial: bool, dev: Device, engine: str) -> bool:
+    """Whether a rollout worker decodes its chunks as one stream: partial rollouts, on the CPU's own engine."""
+    return topology == "async" and partial and dev.cpu and engine == "fast"
 
 
 def engine_of(setting: str) -> str:
@@ -370,6 +376,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--topology", choices=("colocated", "disaggregated", "async"),
                    help="dist.topology: the phases in turn, or (async) generation alongside the rest; "
                    "default colocated on one node, disaggregated on several")
+    c.add_argument("--partial-rollouts", action="store_true",
+                   help="dist.partial_rollouts (with --topology async): on a CPU a worker's chunks decode as one "
+                   "stream, a batch costing its total tokens, not its longest row; with --from, the run's config")
     c.add_argument("--weight-sync", choices=("object_store", "broadcast"), default="object_store",
                    help="dist.weight_sync: broadcast keeps the trainer sending while the link carries the weights "
                    "(async: its lane waits for the link too); with --from, the run's config")
@@ -395,13 +404,17 @@ def workload_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Workl
         if not (0 <= value <= max(a.response_len or a.new_tokens, 1) and math.isfinite(value)):
             raise ConfigError(f"--{name.replace('_', '-')}: expected 0 (unset) or a number of tokens up to the cap, "
                               f"{a.response_len or a.new_tokens}, got {value}")
+    if a.partial_rollouts and a.topology != "async":
+        raise ConfigError(f"--partial-rollouts: weights change mid-chunk only where workers sample ahead; expected "
+                          f"--topology async, got {a.topology or 'colocated'}")
     cfg = from_dict({"algo": {"name": a.algo, "kl_coef": a.kl_coef, "critic": a.critic}})
     reference, critic, early_old = algorithm_parts(cfg)
     return Workload(a.prompts, a.group, a.prompt_len, a.new_tokens, a.response_len, a.micro_batch, a.mini_batch,
                     a.epochs, bf16_on(a.precision, dev), bf16_on(a.sampler_dtype, dev), reference, critic, early_old,
                     not a.no_share_prefix, a.grad_ckpt, packed=a.forward != "hf", engine=engine_of(a.engine or "auto"),
                     logp_chunk=a.logp_chunk, micro_tokens=a.micro_batch_tokens, slots=a.slots,
-                    mean_response_len=a.mean_len, min_response_len=a.min_len)
+                    mean_response_len=a.mean_len, min_response_len=a.min_len,
+                    stream=streams(a.topology, a.partial_rollouts, dev, engine_of(a.engine or "auto")))
 
 
 def net_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Net:

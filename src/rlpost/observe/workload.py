@@ -200,6 +200,8 @@ class Workload:
     micro_tokens: int = 0
     slots: int = 0  # rollout.slots: the own engine's decode slots (continuous batching); 0 = every row at once
     min_response_len: float = 0  # the shortest completion (with the mean and T, the lengths' spread); 0 = 1 token
+    # dist.partial_rollouts on the CPU's own engine: a worker's next chunk joins its decode (roles/chunk_stream.py)
+    stream: bool = False
 
     @property
     def batch(self) -> int:
