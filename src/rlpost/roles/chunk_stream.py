@@ -157,9 +157,7 @@ class ChunkStream:
         slots = min(self.e.slots or self.budget, live + batch.waiting)
         return grow(st, slots, ids.shape[1] + max_new, batch.B, max_new, col)
 
-    def slots(self, st, b: int) -> list[int]:
-        """The slots a waiting row may enter: the finished ones of the first ``b``, then those after."""
-        return st.finished[:b].nonzero().squeeze(1).tolist() + list(range(b, st.mask.shape[0]))
+    slots = Admissions.slots  # the slots a waiting row may enter: the finished ones of the first b, then those after
 
     def report(self, st, slots: Tensor) -> None:
         """Each ended row's tokens to its chunk; a chunk whose last row ended is done."""
