@@ -197,13 +197,15 @@ def test_a_worker_streaming_its_chunks_pays_its_total_tokens_not_its_longest_row
     assert planner.workload_from_run(cfg, {}, CPU).stream
     assert not planner.workload_from_run(cfg, {}, GPUS["h100"]).stream
     assert not planner.workload_from_run(config.load(None, ["dist.topology=async"]), {}, CPU).stream
-    argv = ["--new-tokens", "64", "--mean-len", "16", "--min-len", "4", "--topology", "async", "--json"]
+    argv = ["--new-tokens", "64", "--mean-len", "16", "--min-len", "4", "--topology", "async", "--device", "cpu-avx512",
+            "--json"]  # the reference machine, not this one: the prefill's and a step's shares depend on the CPU kind
     assert planner.main(argv) == 0
     by_chunk = json.loads(capsys.readouterr().out)
     assert planner.main([*argv, "--partial-rollouts"]) == 0
     streamed = json.loads(capsys.readouterr().out)
-    # 32 rows of mean 16 and cap 64: 15 x 32 row-steps over 32 rows, 15 steps, against 63 (and a prefill)
-    assert streamed["workload"]["stream"] and streamed["time_s"]["gen"] < 0.6 * by_chunk["time_s"]["gen"]
+    # 32 rows of mean 16 and cap 64 (6 at the cap): 480 row-steps, 15 steps of 32 rows against 63 of 7.6 live rows
+    # on average; a step of 32 rows costs more FLOPs than one of 7.6 (the weights' bytes the same): 0.745x in all
+    assert streamed["workload"]["stream"] and streamed["time_s"]["gen"] < 0.8 * by_chunk["time_s"]["gen"]
     assert planner.main(["--partial-rollouts"]) == 2
     assert capsys.readouterr().err.startswith("rlpost: error: --partial-rollouts: weights change mid-chunk only")
 
