@@ -291,7 +291,10 @@ def test_a_cgroup_left_under_another_process_trees_cgroup_is_removed_and_a_gone_
     if not points:
         pytest.skip("every cgroup mount here is one of our bases")
     foreign = os.path.join(points[0], "rlpost-slot0-foreign")
-    os.mkdir(foreign)
+    try:
+        os.mkdir(foreign)
+    except OSError as e:  # a hierarchy's root a container may not write
+        pytest.skip(f"cannot make a cgroup under {points[0]}: {e}")
     try:
         isolation.remove_stale_cgroup(foreign)
         assert not os.path.exists(foreign)
