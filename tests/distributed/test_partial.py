@@ -246,6 +246,33 @@ class DyingWorker(SlowWorker):
         RolloutWorker._between_steps(self, engine)  # private: the hook, past SlowWorker's sleep
 
 
+def test_a_workers_first_two_chunks_arriving_together_share_one_stream(tiny, monkeypatch):
+    """The pool hands a fresh worker two chunks at once, on two of its actor's threads: both must go to
+    one stream (one decode thread on the engine), however the threads interleave. A stream that takes
+    its time to be made widens the window two unguarded threads would both fall into."""
+    from rlpost.distributed import actors
+
+    made = []
+
+    class SlowToMake(actors.ChunkStream):
+        def __init__(self, *a):
+            time.sleep(0.2)
+            super().__init__(*a)
+            made.append(self)
+
+    monkeypatch.setattr(actors, "ChunkStream", SlowToMake)
+    make = lambda w: FastRollout(copy.deepcopy(tiny.model), tiny.tokenizer, dtype=torch.float32)
+    worker = RolloutWorker(make, None, 1, 0)
+    got = [None, None]
+    calls = [threading.Thread(target=lambda i=i: got.__setitem__(i, worker.generate(i, ROWS, 2, STREAM_KW, [])))
+             for i in range(2)]
+    for t in calls:
+        t.start()
+    for t in calls:
+        t.join(60)
+    assert len(made) == 1 and all(len(g[0]) == 6 for g in got)
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,

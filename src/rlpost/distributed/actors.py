@@ -103,8 +103,9 @@ class RolloutWorker:
             if weights:
                 self.offer_weights(weights[:1], weights[1])
             if getattr(self.rollout, "admits", False):
-                if self.stream is None:
-                    self.stream = ChunkStream(self.rollout, self._between_steps)
+                with self.lock:  # the first two chunks arrive together: one stream, one decode thread
+                    if self.stream is None:
+                        self.stream = ChunkStream(self.rollout, self._between_steps)
                 batch, _ = self.stream.submit(rows, n, kw, seed)
                 with self.lock:  # the loads the stream took in flight since the last answer, each counted once
                     loads, self.reported = self.stream.loads - self.reported, self.stream.loads
