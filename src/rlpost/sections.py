@@ -382,8 +382,8 @@ class DistConfig:
     """the trainer ranks' Ray placement group: pack = all on one node, spread = on different nodes where they fit
     (docs/options.md)"""
     partial_rollouts: bool = False
-    """async: a rollout worker takes new weights between decode steps, not only between chunks; running rows go on
-    under them, each token recording its version (docs/distributed.md)"""
+    """async: a rollout worker takes new weights between decode steps, not only between chunks, and holds two
+    chunks, the next joining its decode; each token records its version (docs/distributed.md)"""
     rendezvous_timeout_s: float = knob(300.0, gt=0)
     """seconds the actors may take to be placed, and a process group's members to meet at its rank 0's address,
     before the run stops naming that address (docs/options.md)"""
