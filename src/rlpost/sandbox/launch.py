@@ -35,9 +35,9 @@ MAIN = "main.py"
 # Boot shim: wait at the gate (rlimits backend: until the parent has put this process in its
 # cgroup; bwrap has --block-fd for that; end of file there means the parent died first: exit),
 # set the rlimits on itself, install the seccomp filter when asked (rlimits backend; bwrap
-# installs it itself), say on the `started` pipe that the
-# program is about to start (a run whose byte never came failed in the sandbox, not in the
-# program: bwrap that could not fork, say), then become the program (same pid, limits inherited).
+# installs it itself), say on the `started` pipe that the program is about to start (a run
+# whose byte never came failed in the sandbox, not in the program: bwrap that could not fork,
+# say), then become the program (same pid, limits inherited).
 # CPU gets a 1 s gap between the soft limit (SIGXCPU, which kills Python)
 # and the hard one (SIGKILL), for programs that catch SIGXCPU.
 BOOT = """import os, resource as r, sys
