@@ -300,11 +300,11 @@ def makefile_targets() -> frozenset[str]:
 
 @cache
 def planner_options() -> dict[str, bool]:
-    """`rlpost plan` parses its own options (observe/planner.py; importing it loads torch):
-    option -> whether it takes a value."""
-    tree = parse(SRC / "observe" / "planner.py")
+    """`rlpost plan` parses its own options (observe/plan_inputs.py, run by observe/planner.py; importing
+    them loads torch): option -> whether it takes a value."""
+    trees = [parse(SRC / "observe" / name) for name in ("planner.py", "plan_inputs.py")]
     opts = {"--help": False, "-h": False}
-    for node in ast.walk(tree):
+    for node in (node for tree in trees for node in ast.walk(tree)):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args and \
                 isinstance(node.args[0], ast.Constant):
             flag = any(k.arg == "action" and getattr(k.value, "value", "") == "store_true" for k in node.keywords)

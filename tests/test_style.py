@@ -222,8 +222,8 @@ CPU_LITERAL_OK = {
     "observe/devices.py:resolve_device": "`rlpost plan --device cpu|cpu-avx512|<gpu>`: hardware names, not torch "
                                          "devices",
     "observe/planner.py:calibrate": "`rlpost plan calibrate --device cpu`: a hardware name for the planner",
-    "observe/planner.py:parse_eff": "the planner's efficiency phases, read from its 'cpu' table",
-    "observe/planner.py:add_arguments": "`rlpost plan --device` default and help: a hardware name for the planner",
+    "observe/plan_inputs.py:parse_eff": "the planner's efficiency phases, read from its 'cpu' table",
+    "observe/plan_inputs.py:add_arguments": "`rlpost plan --device` default and help: a hardware name for the planner",
     "cli.py:plan_arguments": "`rlpost plan --device cpu|cpu-avx512` (the default): hardware names for the planner",
     "model/cores.py:sample": "the /proc/stat lines of this process's cores ('cpu0', 'cpu1', ...), not a torch device",
     "sandbox/isolation.py:own_cgroup_dirs": "the cgroup v2 'cpu' controller of the code sandbox, not a torch device",
@@ -332,9 +332,9 @@ def test_a_line_of_121_columns_is_reported_and_one_of_120_is_not():
 
 
 # Below build.py a module takes plain values or its own config section (docs/design.md), except
-# these two, whose subject is a whole config file: the run folder writes config.yaml, the planner
-# plans from a finished run's.
-WHOLE_CONFIG_OK = {"observe/planner.py", "observe/runfolder.py"}
+# these, whose subject is a whole config file: the run folder writes config.yaml, the planner (and
+# its inputs, split from it) plans from a finished run's.
+WHOLE_CONFIG_OK = {"observe/planner.py", "observe/plan_inputs.py", "observe/runfolder.py"}
 
 
 # Below build.py, the modules that load a whole config (a run folder's, a file's), each with its reason: a config
@@ -342,6 +342,7 @@ WHOLE_CONFIG_OK = {"observe/planner.py", "observe/runfolder.py"}
 # reading of the run's config is recipes/export.py's, not model/export.py's).
 LOADS_CONFIG_OK = {
     "observe/planner.py": "rlpost plan --from RUN: plans from a finished run's config",
+    "observe/plan_inputs.py": "rlpost plan --algo/--kl-coef: the flags as an algo section, to read its traits",
     "observe/diagnostics.py": "rlpost doctor: whether a run folder's config still loads is one of its findings",
 }
 CONFIG_LOADERS = {"runconfig.load_run", "load_run", "config.load", "config.from_dict", "from_dict", "config_check.load"}
