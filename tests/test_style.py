@@ -22,7 +22,7 @@ LAYERS = [
     # typed config, loading and checks; other frameworks' names for its keys; what this machine accepts; a run's config
     # files; what loading fills in (defaults that follow the task, reward functions' file paths)
     ("config", "config_rules", "sections", "task_section", "names", "machine", "runconfig", "defaults", "env_config"),
-    ("sandbox",),  # runs model-written programs under limits and isolation; nothing else of rlpost, no torch
+    ("sandbox",),  # runs model-written programs under limits and isolation; of rlpost only wire, no torch
     ("envs",),  # task families, verifier functions, data rows; no torch
     ("algorithms", "search"),  # pure maths: advantages, losses, knobs as wrappers; pass@k, votes
     ("model",),  # loading, log-probs, LoRA, FSDP, checkpoints, encoding rows

@@ -6,6 +6,7 @@ environment and reward handlers keep only their own tests (tests/envs, tests/rew
 import ast
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -277,6 +278,13 @@ def test_under_a_child_subreaper_every_process_a_kill_orphans_is_reaped(tmp_path
     assert result == {"outcomes": ["died", "timeout", "timeout", "died", "ok"], "children": {}}
     started = [pid for name in "abcd" for pid in pids_in(tmp_path / name)]
     assert len(started) == 4 and not any(state(pid) not in (None, "Z") for pid in started)
+
+
+def test_one_place_lists_processes():
+    # wire.processes: the one scan of /proc (kill_tree, the reapers, the sandbox's kills all read it)
+    found = {f.relative_to(SRC).as_posix() for f in SRC.rglob("*.py")
+             if re.search(r"listdir\(\s*['\"]/proc['\"]", f.read_text())}
+    assert found == {"wire.py"}, found
 
 
 def test_one_place_starts_worker_processes():

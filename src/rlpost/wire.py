@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import NamedTuple
 
 MAGIC = b"RLPV"
 HEADER = struct.Struct("<4sI")
@@ -143,15 +144,40 @@ def import_object(path: str, kind: str = "function"):
     return getattr(loaded, name)
 
 
-def processes() -> list[tuple[int, bytes, int, int]]:
-    """(pid, state, parent, process group) of every process, from /proc."""
+class Proc(NamedTuple):
+    """One process as /proc/PID/stat shows it; uid (the real uid, from /proc/PID/status) only where asked for."""
+
+    pid: int
+    state: str  # R, S, D, Z (exited, not yet reaped), X, ...
+    ppid: int
+    pgrp: int
+    session: int
+    uid: int | None = None
+
+
+def stat(pid: int) -> Proc:
+    """/proc/PID/stat's fields (OSError if the process is gone, ValueError/IndexError if unreadable)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rpartition(b")")[2].split()  # after "pid (comm)": a comm may hold spaces and ")"
+    return Proc(pid, fields[0].decode("ascii"), int(fields[1]), int(fields[2]), int(fields[3]))
+
+
+def real_uid(pid: int) -> int:
+    """The real uid of `pid`, from its status file: not the /proc/PID owner, which shows a non-dumpable process as
+    root (OSError if it is gone, StopIteration/ValueError if unreadable)."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("Uid:")).split()[1])
+
+
+def processes(uids: bool = False) -> list[Proc]:
+    """Every process, from /proc (the one scan of it in rlpost); with uids=True each with its real uid. Those that
+    vanish during the scan are skipped."""
     out = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-            out.append((int(entry), fields[0], int(fields[1]), int(fields[2])))
-        except (OSError, ValueError, IndexError):
+            proc = stat(int(entry))
+            out.append(proc._replace(uid=real_uid(proc.pid)) if uids else proc)
+        except (OSError, ValueError, IndexError, StopIteration):
             continue
     return out
 
@@ -159,8 +185,8 @@ def processes() -> list[tuple[int, bytes, int, int]]:
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (its children, theirs, ...), from /proc."""
     children: dict[int, list[int]] = {}
-    for child, _, ppid, _ in processes():
-        children.setdefault(ppid, []).append(child)
+    for proc in processes():
+        children.setdefault(proc.ppid, []).append(proc.pid)
     found, todo = set(), [pid]
     while todo:
         for child in children.get(todo.pop(), ()):
@@ -269,14 +295,14 @@ def reap_orphans() -> int:
             STARTED.clear()
             return 0
         me, reaped, ours = os.getpid(), 0, set()
-        for pid, state, ppid, _ in processes():
-            if ppid != me:
+        for proc in processes():
+            if proc.ppid != me:
                 continue
-            if pid in STARTED:
-                ours.add(pid)
-            elif state == b"Z":
+            if proc.pid in STARTED:
+                ours.add(proc.pid)
+            elif proc.state == "Z":
                 try:
-                    reaped += os.waitpid(pid, os.WNOHANG)[0] == pid
+                    reaped += os.waitpid(proc.pid, os.WNOHANG)[0] == proc.pid
                 except ChildProcessError:  # reaped meanwhile by the user's own os.wait()
                     pass
         STARTED.intersection_update(ours)  # a pid already waited for is forgotten: it may be an orphan's next

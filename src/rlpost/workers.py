@@ -262,12 +262,12 @@ def reap_orphans(group: int, killed: set[int]) -> None:
     parent (it is a child subreaper). First every member of the group is waited out (killed, they
     die at once), so that no orphan is handed over after the look."""
     me, stop = os.getpid(), time.monotonic() + 2.0
-    while time.monotonic() < stop and any(state not in b"ZX" for _, state, _, pgrp in processes() if pgrp == group):
+    while time.monotonic() < stop and any(p.state not in "ZX" for p in processes() if p.pgrp == group):
         time.sleep(0.002)
-    for pid, state, ppid, pgrp in processes():
-        if ppid == me and state in b"ZX" and (pgrp == group or pid in killed):
+    for p in processes():
+        if p.ppid == me and p.state in "ZX" and (p.pgrp == group or p.pid in killed):
             try:
-                os.waitpid(pid, os.WNOHANG)
+                os.waitpid(p.pid, os.WNOHANG)
             except ChildProcessError:  # reaped by someone else meanwhile
                 pass
 

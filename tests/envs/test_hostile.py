@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpost import wire
 from rlpost.envs import grading
 from rlpost.envs.code import score
 from rlpost.rewards.runner import VerifierRunner
@@ -138,7 +139,7 @@ def marked_files(mark: str) -> list[str]:
 def slot_uid_processes() -> list[int]:
     """Processes still running under a sandbox slot's uid (root only: otherwise uids are shared)."""
     lo = slots.SLOT_UID_BASE
-    return [pid for pid, state, _, uid in isolation.list_processes() if lo <= uid < lo + 2048 and state not in "ZX"]
+    return [p.pid for p in wire.processes(uids=True) if lo <= p.uid < lo + 2048 and p.state not in "ZX"]
 
 
 def left_in_registries() -> list[dict]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpost import wire
 from rlpost.sandbox import hostdir, isolation, launch, run, slots
 from rlpost.sandbox import BACKENDS, Limits, SandboxUnavailable, guarantees, resolve_backend, run_python
 
@@ -450,7 +451,7 @@ def test_a_worker_killed_mid_run_leaves_nothing_to_the_next_run():
                                "run_python('import time; time.sleep(60)', backend='rlimits', parallel=1, "
                                "limits=Limits(wall_s=60), allow_root=True)"],
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    alive = lambda: [p for p, state, _, uid in isolation.list_processes() if uid == lo and state not in "ZX"]
+    alive = lambda: [p.pid for p in wire.processes(uids=True) if p.uid == lo and p.state not in "ZX"]
     # the program itself, past the boot shim's gate: a shim still held there when the worker dies exits
     running = lambda: [p for p in alive() if argv(p)[-2:] == ["-B", launch.MAIN]]  # the shim's ends [bpf, MAIN]
     deadline = time.monotonic() + 90  # the worker waits for slot 0 and clears what an earlier holder left first

@@ -33,35 +33,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+from rlpost import wire
 from rlpost.sandbox.slots import SLOT_UID_BASE
 
 KILL_WAIT_S = 2.0
 
 
 # --- finding and killing processes ----------------------------------------------------------
-
-
-def _stat(pid: str) -> list[str]:
-    """/proc/PID/stat's fields after "pid (comm)": state ppid pgrp session ... (OSError if it is gone)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rpartition(")")[2].split()
-
-
-def list_processes() -> list[tuple[int, str, int, int]]:
-    """(pid, state, session id, real uid) of every process; vanished ones are skipped."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fields = _stat(name)
-            with open(f"/proc/{name}/status") as f:
-                # the status file, not the /proc/PID owner: a non-dumpable process shows as root there
-                uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
-        except (OSError, ValueError, StopIteration, IndexError):
-            continue
-        out.append((int(name), fields[0], int(fields[3]), uid))
-    return out
 
 
 # A worker that runs programs is a child subreaper (wire.die_with): every process a run orphans becomes its child,
@@ -96,7 +74,7 @@ def sandbox_made(pid: int, uid: int) -> bool:
     if os.geteuid() == 0:
         return uid >= SLOT_UID_BASE
     try:
-        return int(_stat(str(pid))[3]) != os.getsid(0)
+        return wire.stat(pid).session != os.getsid(0)
     except (OSError, ValueError, IndexError):
         return False
 
@@ -113,18 +91,13 @@ def reap_adopted() -> int:
         if first is None:
             return 0
         me, reaped = os.getpid(), 0
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in LAUNCHED:
+        for proc in wire.processes():
+            if proc.pid in LAUNCHED or proc.state != "Z" or proc.ppid != me:
                 continue
             try:
-                state, ppid = _stat(name)[:2]
-                if state != "Z" or int(ppid) != me:
-                    continue
-                with open(f"/proc/{name}/status") as f:
-                    uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
-                if sandbox_made(int(name), uid):
-                    reaped += os.waitpid(int(name), os.WNOHANG)[0] == int(name)
-            except (OSError, ValueError, StopIteration, IndexError):
+                if sandbox_made(proc.pid, wire.real_uid(proc.pid)):
+                    reaped += os.waitpid(proc.pid, os.WNOHANG)[0] == proc.pid
+            except (OSError, ValueError, StopIteration):
                 continue
         return reaped
 
@@ -155,9 +128,9 @@ def kill_matching(uid: int | None = None, session: int | None = None, wait_s: fl
     me, now = os.getuid(), time.monotonic()
     stop, reap_stop = now + wait_s, now + wait_s + reap_wait_s
     while True:
-        mine = [(pid, state) for pid, state, sid, owner in list_processes() if pid != os.getpid()
-                and ((uid is not None and owner == uid) or (session is not None and sid == session and owner == me))]
-        alive = [pid for pid, state in mine if state not in "ZX"]
+        mine = [p for p in wire.processes(uids=True) if p.pid != os.getpid() and
+                ((uid is not None and p.uid == uid) or (session is not None and (p.session, p.uid) == (session, me)))]
+        alive = [p.pid for p in mine if p.state not in "ZX"]
         if alive and time.monotonic() > stop:
             return len(alive)
         if not alive and (not mine or time.monotonic() > reap_stop or not reap_wait_s):
@@ -197,15 +170,7 @@ def kill_process_group(proc: subprocess.Popen) -> None:
 
 def _group_alive(pgid: int) -> bool:
     """Does any process in group `pgid` still run? (killpg also "succeeds" on zombies.)"""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()  # after "pid (comm)": state ppid pgrp
-        except (OSError, ValueError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in "ZX":
-            return True
-    return False
+    return any(p.pgrp == pgid and p.state not in "ZX" for p in wire.processes())
 
 
 # --- cgroups --------------------------------------------------------------------------------
