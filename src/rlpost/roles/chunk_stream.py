@@ -49,7 +49,8 @@ class Job:
         self.keys = torch.stack([key[0].expand(self.B), (key[1] + torch.arange(self.B)) & sampling.M32], 1)
         self.out: list[tuple | None] = [None] * self.B  # each row's (ids, log-probs, versions, top-p floors)
         self.left, self.base, self.version = self.B, 0, 0
-        self.loads = 0  # weight loads taken while its rows ran (set from the stream's count when it joins, then done)
+        self.joined_at = 0  # the stream's count of loads when it joined the decode
+        self.loads = 0  # weight loads taken while its rows ran: the count's rise from joined_at to its last row's end
         self.done, self.error = threading.Event(), None
 
 
@@ -127,7 +128,7 @@ class ChunkStream:
     def _join(self, job: Job, st) -> None:
         job.base = self.bases[-1] + self.jobs[-1].B if self.jobs else 0
         job.version = self.seen = self.e.version
-        job.loads = self.loads
+        job.joined_at = self.loads
         self.jobs.append(job)
         self.bases.append(job.base)
         if st is not None:
@@ -170,7 +171,7 @@ class ChunkStream:
                                        floor)
             job.left -= 1
             if not job.left:
-                job.loads = self.loads - job.loads
+                job.loads = self.loads - job.joined_at
                 job.done.set()
 
     def _count_loads(self) -> None:
