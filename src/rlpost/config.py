@@ -208,26 +208,32 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read_yaml(path: str | Path) -> dict:
-    path = names.recipe_path(path)  # a file, or a recipe shipped in the package by name (`ppo_arith`)
+def read_yaml(path: str | Path, what: str = "recipe") -> dict:
+    """A YAML mapping from a file; `what` (a recipe, a suite) names it in the one-line errors. A recipe may also be
+    one shipped in the package, by name (`ppo_arith`)."""
+    if what == "recipe":
+        path = names.recipe_path(path)
+    elif not Path(path).exists():
+        raise ConfigError(f"{what} {path}: file not found")
+    path = Path(path)
     if path.is_dir():
-        raise ConfigError(f"recipe {path}: is a folder, expected a YAML file")
+        raise ConfigError(f"{what} {path}: is a folder, expected a YAML file")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise ConfigError(f"recipe {path} line {line}: not UTF-8 text (byte "
+        raise ConfigError(f"{what} {path} line {line}: not UTF-8 text (byte "
                           f"{path.read_bytes()[e.start]:#04x})") from None
     except OSError as e:
-        raise ConfigError(f"recipe {path}: cannot read it ({e.strerror})") from None
+        raise ConfigError(f"{what} {path}: cannot read it ({e.strerror})") from None
     try:
         tree = yaml.load(text, Loader=_StrictLoader) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"recipe {path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        raise ConfigError(f"{what} {path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     if not isinstance(tree, dict):
-        raise ConfigError(f"recipe {path}: expected a mapping of sections at the top level")
+        raise ConfigError(f"{what} {path}: expected a mapping{' of sections' if what == 'recipe' else ''} at the top level")
     return tree
 
 

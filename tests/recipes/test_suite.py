@@ -84,6 +84,19 @@ def test_bad_suites_are_one_line(tmp_path, monkeypatch, suite, args, line):
     assert r.returncode == 2 and line in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.parametrize("text, line", [
+    (None, "suite typo.yaml: file not found"),  # not "recipe: file not found" with the shipped recipes listed
+    ("sets: [", "suite typo.yaml line 1: not valid YAML"),
+    ("- a list", "suite typo.yaml: expected a mapping at the top level"),
+])
+def test_an_unreadable_suite_file_is_named_a_suite(tmp_path, monkeypatch, text, line):
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        (tmp_path / "typo.yaml").write_text(text)
+    r = cli("eval", "typo.yaml")
+    assert r.returncode == 2 and line in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_sampled_metrics_per_source_and_a_versioned_judge(tmp_path, monkeypatch):
     data = dataset_set(tmp_path, monkeypatch)
     write_suite(tmp_path, {"mine": data})

@@ -89,8 +89,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def read_suite(path: str) -> tuple[str, list[str], dict[str, list[str]]]:
     """(model, overrides for every set, set -> its overrides); one ConfigError naming the file and key."""
-    tree = config.read_yaml(path)
-    if not isinstance(tree, dict) or set(tree) - {"model", "overrides", "sets"}:
+    tree = config.read_yaml(path, what="suite")
+    if set(tree) - {"model", "overrides", "sets"}:
         raise ConfigError(f"{path}: a suite has 'model', 'overrides' and 'sets', got {sorted(tree or {})}")
     sets = tree.get("sets")
     if not isinstance(sets, dict) or not sets:
