@@ -1,7 +1,7 @@
 """Does training on `rlpost curate`'s output reach the uncurated run's final held-out accuracy in fewer steps?
 
     .venv/bin/python benchmarks/curate_demo.py [--seeds 1,2] [--steps 25] [--eval-every 5] [--k 8] [--rows 0]
-        [--eval-n 0] [--jobs 1] [--threads 0] [--out /tmp/curate_demo]
+        [--eval-n 0] [--ablations] [--jobs 1] [--threads 0] [--out /tmp/curate_demo]
 
 The demo task written out as data (its 4000 generated training rows, repeats included, and its 200
 held-out rows, as `prompt` / `answer` JSONL, scored by the demo's verifier `rlpost.envs.arithmetic:score`),
@@ -11,6 +11,10 @@ each file: the uncurated arm on all 4000 rows, the curated arm on curate's outpu
 --eval-every steps (on the first --eval-n held-out rows when set). Per seed: the uncurated run's final accuracy
 (the target), the first evaluated step at which each run reached it, and their ratio. Writes
 results/curate_demo.{json,md}.
+
+--ablations adds two arms built from curate's per-row pass rates (OUT/curated/rows.jsonl), to tell its two
+filters apart: `band-repeats`, the training rows whose prompt is in the band, repeats kept (the band alone), and
+`dedup-only`, each distinct prompt once, every pass rate kept (deduplication alone).
 
 --jobs 2 runs up to two processes at once (the uncurated arms need no curation, so they start beside it);
 --threads sets each run's torch threads. Each training run takes the demo's ~7 min on 2 idle cores of the
@@ -54,13 +58,31 @@ def reached(points: list[tuple[int, float]], target: float) -> int | None:
     return next((s for s, acc in points if acc >= target), None)
 
 
-def verdict(seeds: dict) -> dict:
-    """Per seed the uncurated arm's steps to its own final accuracy over the curated arm's (>= 1.3: the done-when)."""
+def verdict(seeds: dict, arm: str = "curated") -> dict:
+    """Per seed the uncurated arm's steps to its own final accuracy over `arm`'s (curated >= 1.3: the done-when)."""
     out = {}
     for seed, r in seeds.items():
-        u, c = r["steps_to_target"]["uncurated"], r["steps_to_target"]["curated"]
+        u, c = r["steps_to_target"]["uncurated"], r["steps_to_target"][arm]
         out[seed] = None if not c or u is None else round(u / c, 3)
     return out
+
+
+def ablation_data(out: Path, train: Path) -> dict[str, Path]:
+    """The two ablation arms' training files, from curate's per-row pass rates (a repeat's is its first row's)."""
+    rows = [json.loads(x) for x in train.read_text().splitlines()]
+    rates: dict[str, float] = {}
+    for row, info in zip(rows, (json.loads(x) for x in (out / "curated" / "rows.jsonl").read_text().splitlines())):
+        if info.get("pass_rate") is not None:
+            rates.setdefault(row["prompt"], info["pass_rate"])
+    lo, hi = json.loads((out / "curated" / "report.json").read_text())["keep"]
+    seen: set[str] = set()
+    arms = {"band-repeats": [r for r in rows if lo <= rates[r["prompt"]] <= hi],
+            "dedup-only": [r for r in rows if not (r["prompt"] in seen or seen.add(r["prompt"]))]}
+    paths = {}
+    for arm, kept in arms.items():
+        paths[arm] = out / f"{arm}.jsonl"
+        paths[arm].write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return paths
 
 
 def write_data(out: Path, rows_cap: int) -> tuple[Path, Path, Path]:
@@ -83,6 +105,7 @@ def main() -> None:
     p.add_argument("--eval-n", type=int, default=0, help="held-out rows evaluated (0 = all 200)")
     p.add_argument("--k", type=int, default=8, help="curate's samples a prompt")
     p.add_argument("--rows", type=int, default=0, help="curate the first ROWS training rows (0 = all 4000)")
+    p.add_argument("--ablations", action="store_true", help="also the band alone and deduplication alone")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default="/tmp/curate_demo")
@@ -97,7 +120,9 @@ def main() -> None:
               "run.checkpoint_every=0", f"run.out_dir={out / 'runs'}"]
     queue = [("curate", None)] if not (curated / "report.json").exists() else []
     seeds = args.seeds.split(",")
-    queue += [("uncurated", s) for s in seeds] + [("curated", s) for s in seeds]
+    arms = ["uncurated", "curated"] + (["band-repeats", "dedup-only"] if args.ablations else [])
+    queue += [(arm, s) for arm in arms for s in seeds]
+    ablations: dict[str, Path] = {}
     running: dict[str, subprocess.Popen] = {}
     clock: dict[str, float] = {}
     while queue or running:
@@ -111,7 +136,7 @@ def main() -> None:
                         other.wait()
                     sys.exit(f"{name}: exit {proc.returncode} (log: {out / 'logs' / name}.log)")
                 print(f"{name}: done in {clock[name] / 60:.1f} min", flush=True)
-        ready = [q for q in queue if q[0] != "curated" or "curate" not in running and "curate" not in dict(queue)]
+        ready = [q for q in queue if q[0] == "uncurated" or "curate" not in running and "curate" not in dict(queue)]
         while ready and len(running) < args.jobs:
             kind, seed = ready.pop(0)
             queue.remove((kind, seed))
@@ -122,7 +147,9 @@ def main() -> None:
             elif (out / "runs" / name / "summary.json").exists():
                 continue
             else:
-                data = train if kind == "uncurated" else curated / curate_in.name
+                if kind in ("band-repeats", "dedup-only") and not ablations:
+                    ablations = ablation_data(out, curate_in)
+                data = {"uncurated": train, "curated": curated / curate_in.name, **ablations}[kind]
                 cmd = ["train", *common, f"task.data={data}", f"run.seed={seed}", f"run.name={name}"]
             print(f"{name}: started", flush=True)
             running[name], clock[name] = rlpost(out / "logs" / f"{name}.log", *cmd), time.time()
@@ -133,17 +160,21 @@ def main() -> None:
               "process_minutes": {k: round(v / 60, 1) for k, v in clock.items()},
               "curate": json.loads((curated / "report.json").read_text()), "seeds": {}}
     for seed in seeds:
-        runs = {kind: curve(out / "runs" / f"{kind}-{seed}") for kind in ("uncurated", "curated")}
+        runs = {kind: curve(out / "runs" / f"{kind}-{seed}") for kind in arms}
         target = runs["uncurated"][-1][1]
         result["seeds"][seed] = {"target": target, "steps_to_target": {k: reached(c, target) for k, c in runs.items()},
                                  "final": {k: c[-1][1] for k, c in runs.items()}, "curves": runs}
     result["speedup"] = verdict(result["seeds"])
+    result["speedup_by_arm"] = {arm: verdict(result["seeds"], arm) for arm in arms[1:]}
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "curate_demo.json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = ["| seed | uncurated final (target) | curated final | uncurated reaches it at | curated reaches it at | "
-             "ratio |", "|---|---|---|---|---|---|"]
-    lines += [f"| {s} | {r['target']:.3f} | {r['final']['curated']:.3f} | {r['steps_to_target']['uncurated']} | "
-              f"{r['steps_to_target']['curated']} | {result['speedup'][s]} |" for s, r in result["seeds"].items()]
+    lines = ["| seed | arm | final held-out accuracy | first step at the target | speed-up vs uncurated |",
+             "|---|---|---|---|---|"]
+    for seed, r in result["seeds"].items():
+        lines.append(f"| {seed} | uncurated (target {r['target']:.3f}) | {r['target']:.3f} | "
+                     f"{r['steps_to_target']['uncurated']} | 1 |")
+        lines += [f"| {seed} | {arm} | {r['final'][arm]:.3f} | {r['steps_to_target'][arm] or 'never'} | "
+                  f"{result['speedup_by_arm'][arm][seed] or '-'} |" for arm in arms[1:]]
     (HERE / "results" / "curate_demo.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
