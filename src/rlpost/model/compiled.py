@@ -106,11 +106,10 @@ def pays(cuda: bool) -> tuple[bool, str]:
     """trainer.compile=auto's choice and its reason, from benchmarks/README.md ("compiled_update.py"):
     on CUDA the update is launch-bound (issue 54's profile: 19,623 kernels an update, the GPU busy
     0.49 s of 0.75) and fusing is what closes it (not yet measured on a GPU: the rule is the profile's).
-    On the CPU (2 cores, Intel AMX, 2026-12-06, a loaded machine) the matmuls dominate: the demo's
-    compiled update took 0.76x-1.09x the eager one's time, pair by pair, no clear gain within the
-    noise, and its first 20 graphs took 537 s to compile, more than the demo's 25 updates earn back.
-    The AVX2 kind (float32, still more matmul-bound) was not measured and is left off by the same
-    reasoning."""
+    On the CPU the matmuls dominate: on 2 cores of an Intel AMX machine (2026-12-07, 12 demo-shaped
+    updates) the compiled update took 0.93x the eager one's time in bf16 and 1.05x under the AVX2 cap in
+    float32 (about 1.0x pair by pair on both), once its 40 graphs were compiled (61-67 s, over the
+    first 8 updates, each slower then): more than the demo's 25 updates earn back."""
     if cuda:
         return True, "on CUDA the update is launch-bound; fused kernels pay"
     return False, "on the CPU the matmuls dominate the update and compiling its graphs costs more than it saves"
