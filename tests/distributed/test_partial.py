@@ -226,10 +226,11 @@ class SlowWorker(RolloutWorker):
 
     STARTED = ""
 
-    def _between_steps(self, engine):
+    def _load_offer(self, engine):
         Path(self.STARTED).touch()
         time.sleep(0.1)
-        super()._between_steps(engine)  # private: the hook this subclass slows
+        return super()._load_offer(engine)  # private: the hook this subclass slows (a stream's, or inside a lone
+        # chunk's _between_steps)
 
 
 class DyingWorker(SlowWorker):
@@ -237,13 +238,13 @@ class DyingWorker(SlowWorker):
 
     MARK = ""
 
-    def _between_steps(self, engine):
+    def _load_offer(self, engine):
         Path(self.STARTED).touch()
         time.sleep(0.1)
         if self.offered is not None and not Path(self.MARK).exists():
             Path(self.MARK).write_text("died mid-update")
             os._exit(1)
-        RolloutWorker._between_steps(self, engine)  # private: the hook, past SlowWorker's sleep
+        return RolloutWorker._load_offer(self, engine)  # private: the hook, past SlowWorker's sleep
 
 
 def test_a_workers_first_two_chunks_arriving_together_share_one_stream(tiny, monkeypatch):

@@ -61,12 +61,19 @@ class RolloutWorker:
             if self.offered is None or version > self.offered[1]:
                 self.offered = (box[0], version)
 
-    def _between_steps(self, engine) -> None:
-        """The decode loop's hook: load the offered weights, if newer than the engine's."""
+    def _load_offer(self, engine) -> bool:
+        """The stream's decode hook: load the offered weights, if newer than the engine's (the stream counts
+        the loads itself, from the engine's version). True if it loaded."""
         with self.lock:
             offered, self.offered = self.offered, None
         if offered is not None and offered[1] > engine.version:
             self.load_weights(ray.get(offered[0]), offered[1])
+            return True
+        return False
+
+    def _between_steps(self, engine) -> None:
+        """The decode loop's hook for a chunk decoded alone: ``_load_offer``, each load counted in flight."""
+        if self._load_offer(engine):
             with self.lock:
                 self.inflight += 1
 
@@ -99,13 +106,14 @@ class RolloutWorker:
         take turns."""
         seed = self.seed * 1_000_003 + chunk_id  # the same samples on any worker
         if weights is not None:
-            self.rollout.between_steps = self._between_steps
+            streams = getattr(self.rollout, "admits", False)
+            self.rollout.between_steps = self._load_offer if streams else self._between_steps
             if weights:
                 self.offer_weights(weights[:1], weights[1])
-            if getattr(self.rollout, "admits", False):
+            if streams:
                 with self.lock:  # the first two chunks arrive together: one stream, one decode thread
                     if self.stream is None:
-                        self.stream = ChunkStream(self.rollout, self._between_steps)
+                        self.stream = ChunkStream(self.rollout, self._load_offer)
                 batch, _ = self.stream.submit(rows, n, kw, seed)
                 with self.lock:  # the loads the stream took in flight since the last answer, each counted once
                     loads, self.reported = self.stream.loads - self.reported, self.stream.loads
