@@ -118,3 +118,21 @@ def test_paired_delta_by_hand():
     assert paired_delta(*dumps([1], [0]))["heldout_delta_se"] is None
     b, a = dumps([1, 0], [1, 0])
     assert paired_delta(b, a[::-1]) == {} and paired_delta(b, a[:1]) == {}
+
+
+def test_eval_counts_the_rows_it_skipped(tmp_path, capsys):
+    # task.on_bad_row=skip: the held-out set that was scored is smaller than the file; the result says by how much
+    from helpers import tiny_cfg
+
+    from rlpost.recipes.evaluate import heldout_accuracy
+
+    good = [json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(3)]
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    train.write_text("\n".join(good) + "\n")
+    held.write_text("\n".join([good[0], '{"prompt": "no answer"}', '{"prompt": 7, "answer": "1"}', good[1]]) + "\n")
+    base = ("task.name=dataset", f"task.data={train}", f"task.eval_data={held}", "task.max_contamination=1")
+    _, n, summary = heldout_accuracy(tiny_cfg(*base, "task.on_bad_row=skip"))
+    assert n == 2 and summary["skipped_rows"] == 2
+    assert "skipped 2 data rows" in capsys.readouterr().err
+    _, n, summary = heldout_accuracy(tiny_cfg(*base[:2], f"task.eval_data={train}", "task.max_contamination=1"))
+    assert n == 3 and "skipped_rows" not in summary

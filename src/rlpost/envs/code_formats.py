@@ -66,7 +66,7 @@ def convert(raw: dict, source: str) -> dict:
         name = raw.get("task_id") or raw.get("problem_id") or raw.get("id")
         label = f" ({name})" if name is not None else ""
         raise DataError(f"{where(raw, source)}{label}: {found} test refused: {e} (docs/environments.md, "
-                        "the public code formats)") from None
+                        "the public code formats; task.on_bad_row=skip drops such rows and counts them)") from None
     return raw
 
 

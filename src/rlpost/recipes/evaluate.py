@@ -214,6 +214,10 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
     roles = build.build_roles(cfg, task, weights, for_eval=True)
     rows = task.heldout[: n or None]
     found = {k: v for k, v in (task.contamination or {}).items() if k != "contamination_examples"}
+    if task.skipped_rows:  # never silently: a held-out set that lost rows is another set
+        found["skipped_rows"] = task.skipped_rows
+        say(f"skipped {task.skipped_rows} data rows it could not read or grade (task.on_bad_row=skip; training and "
+            "held-out files together); counted in the result as skipped_rows")
     try:
         scores = heldout_scores(roles, rows, cfg, dump if not samples or sample_dump else None)
         # a mix's, per family
