@@ -128,7 +128,8 @@ def main() -> None:
     med = {n: statistics.median(v) for n, v in results.items()}
     last = lengths["continuous"]
     lines = [f"{args.reps} reps, {engine} engine on {args.device}, {args.prompts} prompts x {GROUP} samples, "
-             f"T = {TEMPERATURE}, <= {args.long} new tokens, S = {args.slots} slots of KV for waves and continuous; completion tokens (up to EOS) per second, median. "
+             f"T = {TEMPERATURE}, <= {args.long} new tokens, S = {args.slots} slots of KV for waves and continuous; "
+             "completion tokens (up to EOS) per second, median. "
              f"Last rep's lengths: {sum(n >= args.long for n in last)} of {len(last)} rows at the cap, median "
              f"{statistics.median(last):.0f}, {sum(last)} tokens.", "",
              "| arm | tok/s | vs waves | decode steps (last rep) |", "|---|---|---|---|"]

@@ -233,7 +233,8 @@ def read_yaml(path: str | Path, what: str = "recipe") -> dict:
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{what} {path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     if not isinstance(tree, dict):
-        raise ConfigError(f"{what} {path}: expected a mapping{' of sections' if what == 'recipe' else ''} at the top level")
+        kind = " of sections" if what == "recipe" else ""
+        raise ConfigError(f"{what} {path}: expected a mapping{kind} at the top level")
     return tree
 
 

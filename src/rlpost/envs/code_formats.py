@@ -7,11 +7,14 @@ sandbox from values. The public sets ship their tests in other shapes:
   ``canonical_solution``): each statement of ``check`` must be an assert the grader accepts once
   ``candidate`` is read as the entry point (``assert candidate(1, 2) == 3`` becomes
   ``assert add(1, 2) == 3``); an assert's message is dropped, ``assert True`` and imports are
-  no-ops, and arithmetic on number literals is folded here (``2.0/3.0``), as Python would. Anything
-  else (a loop, a helper call, a random input) would have to run in the program's interpreter,
-  where the program decides what it sees, so the row is refused in one line naming it and the
-  statement. HumanEval's harness runs ``prompt + completion``, so the prompt (its imports and
-  helper functions) becomes ``program_prefix``, put before the model's program (envs/code.py).
+  no-ops, and arithmetic on number literals is folded here (``2.0/3.0``, ``str(7)``), as Python would.
+  A loop of asserts over constants is unrolled (``_statements``), ``tuple(candidate(x)) == tuple([...])``
+  is a sequence comparison (``_as_sequence``), and an assert of the candidate against itself, under the
+  entry point's name, is dropped (``_self_compare``). Anything else (a loop that assigns, a helper call, a
+  random input) would have to run in the program's interpreter, where the program decides what it sees, so
+  the row is refused in one line naming it and the statement. HumanEval's harness runs ``prompt +
+  completion``, so the prompt (its imports and helper functions) becomes ``program_prefix``, put before
+  the model's program (envs/code.py).
 * **APPS / TACO** (``question``, ``input_output`` as JSON ``{"inputs": [...], "outputs": [...],
   "fn_name": optional}``, ``starter_code``, ``solutions``): without ``fn_name`` each pair is a
   stdin/stdout test compared as whitespace tokens (APPS's comparison; a list of lines is joined
@@ -28,6 +31,7 @@ the row (``file:line``), which the data loader turns into a refusal or a skip (t
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import math
 import operator
@@ -41,6 +45,7 @@ FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 MAX_TEXT = 1 << 16  # a folded 'a' + 'b' longer than this is left unfolded (refused)
 MAX_POWER = 64  # a folded ** beyond this exponent is left unfolded (refused): the test text must not cost a hang
+MAX_UNROLL = 1000  # a loop of asserts over more constants than this is not unrolled (refused)
 
 
 def kind(raw: dict) -> str:
@@ -84,18 +89,19 @@ def from_humaneval(raw: dict) -> dict:
     if len(checks) != 1 or [a.arg for a in checks[0].args.args] != ["candidate"]:
         raise Refused("'test' must define one check(candidate)")
     tests = []
-    for stmt in checks[0].body:
-        if isinstance(stmt, (ast.Import, ast.ImportFrom)) or _no_op(stmt):
+    for stmt, line in _statements(checks[0]):
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)) or _no_op(stmt) or _self_compare(stmt, entry):
             continue  # an import serves only statements that would be refused; `assert True` tests nothing
         text = ast.unparse(stmt).splitlines()[0][:70]
         if not isinstance(stmt, ast.Assert):
-            raise Refused(f"check line {stmt.lineno - checks[0].lineno} ({text!r}) is not an assert on "
-                          "candidate(...): only those are graded outside the sandbox")
-        test = ast.unparse(ast.Assert(_Rewrite(entry).visit(stmt.test)))
+            raise Refused(f"check line {line} ({text!r}) is not an assert on candidate(...): only those are graded "
+                          "outside the sandbox")
+        rewritten = _Rewrite(entry).visit(stmt.test)
+        test = _as_sequence(rewritten) or ast.unparse(ast.Assert(rewritten))
         try:
             parse_test(test)
         except Refused as e:
-            raise Refused(f"check line {stmt.lineno - checks[0].lineno} ({text!r}): {e}") from None
+            raise Refused(f"check line {line} ({text!r}): {e}") from None
         tests.append(test)
     if not tests:
         raise Refused("check(candidate) has no assert to grade")
@@ -104,6 +110,93 @@ def from_humaneval(raw: dict) -> dict:
     answer = prompt + solution if isinstance(solution, str) else ""
     return {**row, "prompt": HUMANEVAL_ASK.format(entry, prompt), "tests": tests, "answer": answer,
             "program_prefix": prompt}
+
+
+def _statements(check: ast.FunctionDef):
+    """(statement, its line within check) of check's body, a loop over constants unrolled: ``for x in
+    range(2, 8): assert candidate(x, x + 1) == str(x)`` gives one assert per value, x written as the value
+    (then folded: ``_Rewrite``). Only a loop over ``range(...)`` of number literals or a literal list,
+    at most MAX_UNROLL values, whose body is asserts alone; any other loop is left as it is (and refused)."""
+    for stmt in check.body:
+        line = stmt.lineno - check.lineno
+        values = _loop_values(stmt)
+        if values is None:
+            yield stmt, line
+            continue
+        for value in values:
+            for inner in stmt.body:
+                yield _Bind(stmt.target.id, value).visit(copy.deepcopy(inner)), line
+
+
+def _loop_values(stmt) -> list | None:
+    """The values a `for NAME in CONSTANTS:` loop of asserts runs over, or None (not such a loop)."""
+    if not (isinstance(stmt, ast.For) and isinstance(stmt.target, ast.Name) and not stmt.orelse
+            and all(isinstance(s, ast.Assert) for s in stmt.body)):
+        return None
+    it = stmt.iter
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and not it.keywords:
+        bounds = [_number(a) for a in it.args]
+        if not 1 <= len(bounds) <= 3 or any(not isinstance(b, int) for b in bounds) or (len(bounds) == 3
+                                                                                         and bounds[2] == 0):
+            return None
+        values = range(*bounds)
+    else:
+        try:
+            values = ast.literal_eval(it)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+        if not isinstance(values, (list, tuple)):
+            return None
+    return list(values) if len(values) <= MAX_UNROLL else None
+
+
+class _Bind(ast.NodeTransformer):
+    """A loop variable -> its value, as a literal (``str(2)`` of a bound ``str(x)`` then folds in _Rewrite)."""
+
+    def __init__(self, name: str, value):
+        self.name, self.value = name, value
+
+    def visit_Name(self, node):
+        if node.id != self.name:
+            return node
+        literal = ast.parse(repr(self.value), mode="eval").body  # a negative number is a UnaryOp, as written
+        return ast.copy_location(literal, node)
+
+
+def _self_compare(stmt, entry: str) -> bool:
+    """``assert tuple(candidate(X)) == tuple(ENTRY(X))``: in HumanEval's harness the entry point's name is the
+    candidate itself (the completion defines it in check's namespace), so both sides are one call and the
+    assert tests nothing (HumanEval/33's first three)."""
+    if not (isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1
+            and isinstance(stmt.test.ops[0], ast.Eq)):
+        return False
+    left, right = (ast.dump(_Rewrite(entry).visit(copy.deepcopy(n))) for n in (stmt.test.left,
+                                                                                 stmt.test.comparators[0]))
+    return left == right and f"Name(id='{entry}'" in left
+
+
+def _as_sequence(test) -> dict | None:
+    """``tuple(f(ARGS)) == tuple(LITERAL)`` (or list(...)) as a call test expecting the literal's items as a list,
+    a returned tuple read as a list (``tuple_is_list``), which is what comparing the two as tuples asks of a
+    list or tuple result; None for any other assert. Only a flat literal (no tuple inside), since tuple() is
+    shallow and tuple_is_list is not."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return None
+    sides = [test.left, test.comparators[0]]
+    wrapped = [n.args[0] for n in sides if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+               and n.func.id in ("tuple", "list") and len(n.args) == 1 and not n.keywords]
+    if len(wrapped) != 2:
+        return None
+    call, literal = wrapped if isinstance(wrapped[0], ast.Call) else wrapped[::-1]
+    try:
+        expected = ast.literal_eval(literal)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(expected, (list, tuple)) or any(isinstance(v, (tuple, list, dict, set)) for v in expected):
+        return None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        return None
+    return {"call": ast.unparse(call), "expected": list(expected), "tuple_is_list": True}
 
 
 def _no_op(stmt) -> bool:
@@ -121,6 +214,14 @@ class _Rewrite(ast.NodeTransformer):
 
     def visit_Name(self, node):
         return ast.copy_location(ast.Name(self.entry, node.ctx), node) if node.id == "candidate" else node
+
+    def visit_Call(self, node):
+        """``str(NUMBER)`` of a number literal folded to the string Python makes (an unrolled loop's ``str(x)``)."""
+        node = self.generic_visit(node)
+        if (isinstance(node.func, ast.Name) and node.func.id == "str" and len(node.args) == 1 and not node.keywords
+                and (value := _number(node.args[0])) is not None):
+            return ast.copy_location(ast.Constant(str(value)), node)
+        return node
 
     def visit_BinOp(self, node):
         node = self.generic_visit(node)
