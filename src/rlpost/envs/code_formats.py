@@ -8,11 +8,12 @@ sandbox from values. The public sets ship their tests in other shapes:
   ``candidate`` is read as the entry point (``assert candidate(1, 2) == 3`` becomes
   ``assert add(1, 2) == 3``); an assert's message is dropped, ``assert True`` and imports are
   no-ops, and arithmetic on number literals is folded here (``2.0/3.0``, ``str(7)``), as Python would.
-  A loop of asserts over constants is unrolled (``_statements``), ``tuple(candidate(x)) == tuple([...])``
-  is a sequence comparison (``_as_sequence``), and an assert of the candidate against itself, under the
-  entry point's name, is dropped (``_self_compare``). Anything else (a loop that assigns, a helper call, a
-  random input) would have to run in the program's interpreter, where the program decides what it sees, so
-  the row is refused in one line naming it and the statement. HumanEval's harness runs ``prompt +
+  What check builds from constants before its asserts (names, loops, random draws) is computed here by
+  envs/consts.py and written into the asserts (``_statements``, ``_Fold``), ``tuple(candidate(x)) ==
+  tuple([...])`` is a sequence comparison (``_as_sequence``), and an assert of the candidate against itself,
+  under the entry point's name, is dropped (``_self_compare``). Anything else (a helper call, an attribute,
+  the candidate's output used to compute what is expected) would have to run in the program's interpreter,
+  where the program decides what it sees, so the row is refused in one line naming it and the statement. HumanEval's harness runs ``prompt +
   completion``, so the prompt (its imports and helper functions) becomes ``program_prefix``, put before
   the model's program (envs/code.py).
 * **APPS / TACO** (``question``, ``input_output`` as JSON ``{"inputs": [...], "outputs": [...],
@@ -35,7 +36,9 @@ import copy
 import json
 import math
 import operator
+import zlib
 
+from rlpost.envs.consts import Consts, NotConstant
 from rlpost.envs.data import DataError, where
 from rlpost.envs.grading import Refused, parse_test
 
@@ -89,7 +92,7 @@ def from_humaneval(raw: dict) -> dict:
     if len(checks) != 1 or [a.arg for a in checks[0].args.args] != ["candidate"]:
         raise Refused("'test' must define one check(candidate)")
     tests = []
-    for stmt, line in _statements(checks[0]):
+    for stmt, line in _statements(checks[0], zlib.crc32(raw["test"].encode())):
         if isinstance(stmt, (ast.Import, ast.ImportFrom)) or _no_op(stmt) or _self_compare(stmt, entry):
             continue  # an import serves only statements that would be refused; `assert True` tests nothing
         text = ast.unparse(stmt).splitlines()[0][:70]
@@ -103,6 +106,8 @@ def from_humaneval(raw: dict) -> dict:
         except Refused as e:
             raise Refused(f"check line {line} ({text!r}): {e}") from None
         tests.append(test)
+        if len(tests) > MAX_UNROLL:
+            raise Refused(f"check(candidate) makes more than {MAX_UNROLL} asserts")
     if not tests:
         raise Refused("check(candidate) has no assert to grade")
     row = {k: v for k, v in raw.items() if k not in ("prompt", "test")}
@@ -112,55 +117,55 @@ def from_humaneval(raw: dict) -> dict:
             "program_prefix": prompt}
 
 
-def _statements(check: ast.FunctionDef):
-    """(statement, its line within check) of check's body, a loop over constants unrolled: ``for x in
-    range(2, 8): assert candidate(x, x + 1) == str(x)`` gives one assert per value, x written as the value
-    (then folded: ``_Rewrite``). Only a loop over ``range(...)`` of number literals or a literal list,
-    at most MAX_UNROLL values, whose body is asserts alone; any other loop is left as it is (and refused)."""
-    for stmt in check.body:
-        line = stmt.lineno - check.lineno
-        values = _loop_values(stmt)
-        if values is None:
-            yield stmt, line
-            continue
-        for value in values:
-            for inner in stmt.body:
-                yield _Bind(stmt.target.id, value).visit(copy.deepcopy(inner)), line
+def _statements(check: ast.FunctionDef, seed: int):
+    """(statement, its line within check) of check's body, with what it builds computed here (envs/consts.py):
+    an assignment of a value computed from constants binds its names, a loop over such a value is unrolled, and
+    each assert gets the bound names written as their values (``for x in range(2, 8): assert candidate(x, x + 1)
+    == str(x)`` gives one assert a value; ``lst = list(range(3)); assert candidate(lst) == 3`` gives ``assert
+    candidate([0, 1, 2]) == 3``). Whatever is not computed here is yielded as it is (and refused)."""
+    yield from _run(check.body, Consts(seed), check.lineno)
 
 
-def _loop_values(stmt) -> list | None:
-    """The values a `for NAME in CONSTANTS:` loop of asserts runs over, or None (not such a loop)."""
-    if not (isinstance(stmt, ast.For) and isinstance(stmt.target, ast.Name) and not stmt.orelse
-            and all(isinstance(s, ast.Assert) for s in stmt.body)):
-        return None
-    it = stmt.iter
-    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and not it.keywords:
-        bounds = [_number(a) for a in it.args]
-        if not 1 <= len(bounds) <= 3 or any(not isinstance(b, int) for b in bounds) or (len(bounds) == 3
-                                                                                         and bounds[2] == 0):
-            return None
-        values = range(*bounds)
-    else:
+def _run(body: list, consts: Consts, base: int):
+    for stmt in body:
+        line = stmt.lineno - base
         try:
-            values = ast.literal_eval(it)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return None
-        if not isinstance(values, (list, tuple)):
-            return None
-    return list(values) if len(values) <= MAX_UNROLL else None
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                consts.imported(stmt)
+            elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                consts.bind(stmt.targets[0], consts.value(stmt.value))
+                continue
+            elif isinstance(stmt, ast.For) and not stmt.orelse:
+                values = consts.value(stmt.iter)
+                if not isinstance(values, (list, tuple, range, str)) or len(values) > MAX_UNROLL:
+                    raise NotConstant("a loop over too many values, or over no sequence")
+                for value in values:
+                    consts.bind(stmt.target, value)
+                    yield from _run(stmt.body, consts, base)
+                continue
+        except (NotConstant, RecursionError, MemoryError):
+            pass  # yielded as it is: refused below, naming it
+        yield (_Fold(consts).visit(copy.deepcopy(stmt)) if isinstance(stmt, ast.Assert) else stmt), line
 
 
-class _Bind(ast.NodeTransformer):
-    """A loop variable -> its value, as a literal (``str(2)`` of a bound ``str(x)`` then folds in _Rewrite)."""
+class _Fold(ast.NodeTransformer):
+    """In an assert, every part that does not call the candidate and is computed here (envs/consts.py: the names the
+    check bound, arithmetic, ``str(x)``, ``pairs[k]``, ``tuple([1, 2])``) -> its value as a literal; a part with
+    no literal form, or not computed here, stays as it is (and the assert is refused if it must be a literal)."""
 
-    def __init__(self, name: str, value):
-        self.name, self.value = name, value
+    def __init__(self, consts: Consts):
+        self.consts = consts
 
-    def visit_Name(self, node):
-        if node.id != self.name:
-            return node
-        literal = ast.parse(repr(self.value), mode="eval").body  # a negative number is a UnaryOp, as written
-        return ast.copy_location(literal, node)
+    def visit(self, node):
+        calls_candidate = any(isinstance(n, ast.Name) and n.id == "candidate" for n in ast.walk(node))
+        if isinstance(node, ast.expr) and not calls_candidate:
+            try:
+                literal = ast.parse(repr(self.consts.value(node)), mode="eval").body  # a negative number: a UnaryOp
+                ast.literal_eval(literal)
+                return ast.copy_location(literal, node)
+            except (NotConstant, ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                pass
+        return super().visit(node)
 
 
 def _self_compare(stmt, entry: str) -> bool:
@@ -176,27 +181,27 @@ def _self_compare(stmt, entry: str) -> bool:
 
 
 def _as_sequence(test) -> dict | None:
-    """``tuple(f(ARGS)) == tuple(LITERAL)`` (or list(...)) as a call test expecting the literal's items as a list,
-    a returned tuple read as a list (``tuple_is_list``), which is what comparing the two as tuples asks of a
-    list or tuple result; None for any other assert. Only a flat literal (no tuple inside), since tuple() is
-    shallow and tuple_is_list is not."""
+    """``tuple(f(ARGS)) == (LITERAL items)`` (``tuple([...])`` folded; or ``list(f(ARGS)) == [...]``) as a call test
+    expecting the items as a list, a returned tuple read as a list (``tuple_is_list``): what comparing the two
+    as tuples asks of a list or tuple result; None for any other assert. Only a flat literal (no tuple inside),
+    since tuple() is shallow and tuple_is_list is not."""
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
         return None
-    sides = [test.left, test.comparators[0]]
-    wrapped = [n.args[0] for n in sides if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-               and n.func.id in ("tuple", "list") and len(n.args) == 1 and not n.keywords]
-    if len(wrapped) != 2:
-        return None
-    call, literal = wrapped if isinstance(wrapped[0], ast.Call) else wrapped[::-1]
-    try:
-        expected = ast.literal_eval(literal)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return None
-    if not isinstance(expected, (list, tuple)) or any(isinstance(v, (tuple, list, dict, set)) for v in expected):
-        return None
-    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
-        return None
-    return {"call": ast.unparse(call), "expected": list(expected), "tuple_is_list": True}
+    for call, literal in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in ("tuple", "list")
+                and len(call.args) == 1 and not call.keywords and isinstance(call.args[0], ast.Call)
+                and isinstance(call.args[0].func, ast.Name)):
+            continue
+        try:
+            expected = ast.literal_eval(literal)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+        if type(expected) is not {"tuple": tuple, "list": list}[call.func.id]:
+            return None  # tuple(...) == [...] is never true: refused below as a test no value could pass
+        if any(isinstance(v, (tuple, list, dict, set)) for v in expected):
+            return None
+        return {"call": ast.unparse(call.args[0]), "expected": list(expected), "tuple_is_list": True}
+    return None
 
 
 def _no_op(stmt) -> bool:
