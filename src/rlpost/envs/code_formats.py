@@ -12,10 +12,10 @@ sandbox from values. The public sets ship their tests in other shapes:
   envs/consts.py and written into the asserts (``_statements``, ``_Fold``), ``tuple(candidate(x)) ==
   tuple([...])`` is a sequence comparison (``_as_sequence``), and an assert of the candidate against itself,
   under the entry point's name, is dropped (``_self_compare``). Anything else (a helper call, an attribute,
-  the candidate's output used to compute what is expected) would have to run in the program's interpreter,
-  where the program decides what it sees, so the row is refused in one line naming it and the statement. HumanEval's harness runs ``prompt +
-  completion``, so the prompt (its imports and helper functions) becomes ``program_prefix``, put before
-  the model's program (envs/code.py).
+  the candidate's output used to compute what is expected) would have to run in the program's
+  interpreter, where the program decides what it sees, so the row is refused in one line naming it and
+  the statement. HumanEval's harness runs ``prompt + completion``, so the prompt (its imports and helper
+  functions) becomes ``program_prefix``, put before the model's program (envs/code.py).
 * **APPS / TACO** (``question``, ``input_output`` as JSON ``{"inputs": [...], "outputs": [...],
   "fn_name": optional}``, ``starter_code``, ``solutions``): without ``fn_name`` each pair is a
   stdin/stdout test compared as whitespace tokens (APPS's comparison; a list of lines is joined
