@@ -140,6 +140,8 @@ def test_humaneval_check_shapes_that_unroll(check, tests):
     ("    x = list(range(10 ** 12))\n    assert candidate(1) == x\n", "('x = list(range(10 ** 12))')"),
     ("    x = [i for i in range(9999) for j in range(9999)]\n    assert candidate(1) == x\n", "('x = [i for i"),
     ("    x = {[1]}\n    assert candidate(1) == x\n", "('x = {[1]}')"),
+    ("    x = [[0] * 9000] * 9000\n    assert candidate(1) == x\n", "('x = [[0] * 9000] * 9000')"),  # 81M items
+    ("    x = ['ab' * 30000] * 9\n    assert candidate(1) == x\n", "x = ['ab' * 30000] * 9"),  # 540k characters
     ("    assert tuple(candidate(1)) == [1, 2]\n", "check line 1"),  # a tuple never equals a list
     ("    for i in range(1000):\n        for j in range(1000):\n            assert candidate(i) == j\n",
      "more than 1000 asserts"),

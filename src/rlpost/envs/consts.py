@@ -73,7 +73,28 @@ class Consts:
         method = getattr(self, f"_{type(node).__name__}", None)
         if method is None:
             raise NotConstant(type(node).__name__)
-        return _checked(method(node))
+        value = _checked(method(node))
+        if isinstance(value, (list, tuple, set, dict)):
+            self._measure(value)
+        return value
+
+    def _measure(self, value) -> None:
+        """A container's whole size, nested values and their characters included, within the bounds: ``[[0] *
+        9000] * 9000`` holds few objects but prints as 160 million characters. The walk is paid from STEPS."""
+        todo, leaves, chars = [value], 0, 0
+        while todo:
+            v = todo.pop()
+            self.steps += 1
+            if isinstance(v, dict):
+                todo.extend(v.keys())
+                todo.extend(v.values())
+            elif isinstance(v, (list, tuple, set)):
+                todo.extend(v)
+            else:
+                leaves += 1
+                chars += len(v) if isinstance(v, str) else 0
+            if leaves > MAX_ITEMS or chars > MAX_TEXT or self.steps > STEPS:
+                raise NotConstant("a value too large")
 
     # --- one method a node type ------------------------------------------------------------------
 
