@@ -143,12 +143,14 @@ def test_humaneval_check_shapes_that_unroll(check, tests):
     ("    x = [[0] * 9000] * 9000\n    assert candidate(1) == x\n", "('x = [[0] * 9000] * 9000')"),  # 81M items
     ("    x = ['ab' * 30000] * 9\n    assert candidate(1) == x\n", "x = ['ab' * 30000] * 9"),  # 540k characters
     ("    assert tuple(candidate(1)) == [1, 2]\n", "check line 1"),  # a tuple never equals a list
+    ("    assert candidate([1, 2]) == sum([1, 2])\n", "no assert to grade"),  # 'sum' is the candidate here
     ("    for i in range(1000):\n        for j in range(1000):\n            assert candidate(i) == j\n",
      "more than 1000 asserts"),
 ])
 def test_humaneval_check_shapes_that_stay_refused(check, why):
+    entry = "sum" if "sum([1, 2])" in check else "f"
     with pytest.raises(DataError, match=re.escape(why)):
-        code_formats.convert({"task_id": "t", "prompt": "def f(x):\n", "entry_point": "f",
+        code_formats.convert({"task_id": "t", "prompt": f"def {entry}(x):\n", "entry_point": entry,
                               "test": "def check(candidate):\n" + check}, "d.jsonl")
 
 

@@ -92,7 +92,7 @@ def from_humaneval(raw: dict) -> dict:
     if len(checks) != 1 or [a.arg for a in checks[0].args.args] != ["candidate"]:
         raise Refused("'test' must define one check(candidate)")
     tests = []
-    for stmt, line in _statements(checks[0], zlib.crc32(raw["test"].encode())):
+    for stmt, line in _statements(checks[0], zlib.crc32(raw["test"].encode()), entry):
         if isinstance(stmt, (ast.Import, ast.ImportFrom)) or _no_op(stmt) or _self_compare(stmt, entry):
             continue  # an import serves only statements that would be refused; `assert True` tests nothing
         text = ast.unparse(stmt).splitlines()[0][:70]
@@ -117,13 +117,14 @@ def from_humaneval(raw: dict) -> dict:
             "program_prefix": prompt}
 
 
-def _statements(check: ast.FunctionDef, seed: int):
+def _statements(check: ast.FunctionDef, seed: int, entry: str):
     """(statement, its line within check) of check's body, with what it builds computed here (envs/consts.py):
     an assignment of a value computed from constants binds its names, a loop over such a value is unrolled, and
     each assert gets the bound names written as their values (``for x in range(2, 8): assert candidate(x, x + 1)
     == str(x)`` gives one assert a value; ``lst = list(range(3)); assert candidate(lst) == 3`` gives ``assert
-    candidate([0, 1, 2]) == 3``). Whatever is not computed here is yielded as it is (and refused)."""
-    yield from _run(check.body, Consts(seed), check.lineno)
+    candidate([0, 1, 2]) == 3``). Whatever is not computed here is yielded as it is (and refused). The entry
+    point's name is the candidate in HumanEval's harness, never a builtin of that name."""
+    yield from _run(check.body, Consts(seed, hidden={"candidate", entry}), check.lineno)
 
 
 def _run(body: list, consts: Consts, base: int):
@@ -157,6 +158,8 @@ class _Fold(ast.NodeTransformer):
         self.consts = consts
 
     def visit(self, node):
+        if isinstance(node, ast.Constant):
+            return node  # a literal already
         calls_candidate = any(isinstance(n, ast.Name) and n.id == "candidate" for n in ast.walk(node))
         if isinstance(node, ast.expr) and not calls_candidate:
             try:

@@ -41,7 +41,10 @@ class NotConstant(Exception):
 class Consts:
     """Names a check has bound (``env``), the random module's names it imported, and the row's generator."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, hidden: set[str] = frozenset()):
+        """hidden: names that are never computed here, whatever SAFE or the check's own names say (the
+        candidate, and in HumanEval the entry point, which the completion defines)."""
+        self.hidden = set(hidden)
         self.env: dict[str, object] = {}
         self.random_module: set[str] = set()  # `import random` (as ...)
         self.random_names: dict[str, str] = {}  # `from random import randint as r`: r -> randint
@@ -57,7 +60,7 @@ class Consts:
 
     def bind(self, target, value) -> None:
         """``NAME = value`` or ``A, B = value`` (NotConstant for any other target, or a count that differs)."""
-        if isinstance(target, ast.Name) and target.id != "candidate":
+        if isinstance(target, ast.Name) and target.id != "candidate" and target.id not in self.hidden:
             self.env[target.id] = value
         elif isinstance(target, ast.Tuple) and isinstance(value, (tuple, list)) and len(value) == len(target.elts):
             for t, v in zip(target.elts, value):
@@ -104,7 +107,7 @@ class Consts:
         raise NotConstant("a constant of another type")
 
     def _Name(self, node):
-        if node.id not in self.env:
+        if node.id not in self.env or node.id in self.hidden:
             raise NotConstant(f"name {node.id!r}")
         return self.env[node.id]
 
@@ -186,7 +189,7 @@ class Consts:
             raise NotConstant("a call with keywords")
         draw = self._random_name(node.func)
         if draw is None and not (isinstance(node.func, ast.Name) and node.func.id in SAFE
-                                 and node.func.id not in self.env):
+                                 and not self._taken(node.func.id)):
             raise NotConstant(f"a call of {ast.unparse(node.func)}")
         args = [self.value(a) for a in node.args]
         try:
@@ -199,10 +202,15 @@ class Consts:
     def _random_name(self, func) -> str | None:
         """``random.randint`` (random imported) or ``randint`` (imported from random): the draw's name."""
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.attr in RANDOM:
-            return func.attr if func.value.id in self.random_module and func.value.id not in self.env else None
-        if isinstance(func, ast.Name) and func.id in self.random_names and func.id not in self.env:
+            name = func.value.id
+            return func.attr if name in self.random_module and not self._taken(name) else None
+        if isinstance(func, ast.Name) and func.id in self.random_names and not self._taken(func.id):
             return self.random_names[func.id]
         return None
+
+    def _taken(self, name: str) -> bool:
+        """Does `name` mean something else than an import's here (a name the check bound, or a hidden one)?"""
+        return name in self.env or name in self.hidden
 
     def _ListComp(self, node):
         return list(self._generate(node.elt, node.generators))
