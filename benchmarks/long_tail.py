@@ -85,14 +85,14 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--engine", choices=("fast", "static"), help="default: fast on the CPU, static on cuda")
     args = ap.parse_args()
-    per, engine = args.slots // GROUP, args.engine or ("static" if args.device == "cuda" else "fast")
+    on_cuda = args.device.startswith("cuda")
+    per, engine = args.slots // GROUP, args.engine or ("static" if on_cuda else "fast")
     if args.slots % GROUP or args.prompts % per:
         sys.exit(f"long_tail: --slots must be a multiple of {GROUP} and --prompts of --slots / {GROUP}")
     header = machine.Header()
     loaded = load_policy("embedded")
     batch = rows(args.prompts)
     model = copy.deepcopy(loaded.model).to(args.device)
-    on_cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if on_cuda else None  # None: the probe's choice, as a run on this CPU makes it
     fast = (StaticRollout if engine == "static" else FastRollout)(model, loaded.tokenizer, dtype=dtype)
     old_cls = before_engine() if engine == "fast" and not on_cuda else None

@@ -35,19 +35,14 @@ import ast
 import copy
 import json
 import math
-import operator
 import zlib
 
-from rlpost.envs.consts import Consts, NotConstant
+from rlpost.envs.consts import BINARY, MAX_POWER, MAX_TEXT, Consts, NotConstant
 from rlpost.envs.data import DataError, where
 from rlpost.envs.grading import Refused, parse_test
 
 HUMANEVAL_ASK = "Complete the Python function `{}` below. Reply with the code in a ```python block.\n\n```python\n{}```"
 APPS_ASK = "{}\n\nWrite a Python program that solves this{}. Reply with the code in a ```python block."
-FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-MAX_TEXT = 1 << 16  # a folded 'a' + 'b' longer than this is left unfolded (refused)
-MAX_POWER = 64  # a folded ** beyond this exponent is left unfolded (refused): the test text must not cost a hang
 MAX_UNROLL = 1000  # a loop of asserts over more constants than this is not unrolled (refused)
 
 
@@ -124,7 +119,7 @@ def _statements(check: ast.FunctionDef, seed: int, entry: str):
     == str(x)`` gives one assert a value; ``lst = list(range(3)); assert candidate(lst) == 3`` gives ``assert
     candidate([0, 1, 2]) == 3``). Whatever is not computed here is yielded as it is (and refused). The entry
     point's name is the candidate in HumanEval's harness, never a builtin of that name."""
-    yield from _run(check.body, Consts(seed, hidden={"candidate", entry}), check.lineno)
+    yield from _run(check.body, Consts(seed, hidden={entry}), check.lineno)
 
 
 def _run(body: list, consts: Consts, base: int):
@@ -215,7 +210,8 @@ def _no_op(stmt) -> bool:
 
 
 class _Rewrite(ast.NodeTransformer):
-    """candidate -> the entry point's name; arithmetic on number literals folded as Python computes it."""
+    """candidate -> the entry point's name; arithmetic on number literals folded as Python computes it, within
+    envs/consts.py's bounds on strings (MAX_TEXT) and exponents (MAX_POWER): the test text must not cost a hang."""
 
     def __init__(self, entry: str):
         self.entry = entry
@@ -237,12 +233,12 @@ class _Rewrite(ast.NodeTransformer):
         strings = [_string(n) for n in (node.left, node.right)]
         if isinstance(node.op, ast.Add) and None not in strings and sum(map(len, strings)) <= MAX_TEXT:
             return ast.copy_location(ast.Constant(strings[0] + strings[1]), node)
-        if left is None or right is None or type(node.op) not in FOLD:
+        if left is None or right is None or type(node.op) not in BINARY:
             return node
         if isinstance(node.op, ast.Pow) and abs(right) > MAX_POWER:
             return node
         try:
-            value = FOLD[type(node.op)](left, right)
+            value = BINARY[type(node.op)](left, right)
         except (ArithmeticError, ValueError):
             return node  # 1/0 stays unfolded, so the test is refused as not a literal
         if isinstance(value, complex) or (isinstance(value, float) and not math.isfinite(value)):

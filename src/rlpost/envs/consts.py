@@ -25,6 +25,7 @@ STEPS = 200_000  # nodes evaluated in one check, comprehension items included
 MAX_ITEMS = 10_000  # items in one list, tuple, set, dict or range
 MAX_TEXT = 1 << 16  # characters in one string
 MAX_DIGITS = 100  # digits in one integer
+MAX_POWER = 64  # the largest exponent of a ** computed here
 BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
@@ -42,9 +43,9 @@ class Consts:
     """Names a check has bound (``env``), the random module's names it imported, and the row's generator."""
 
     def __init__(self, seed: int, hidden: set[str] = frozenset()):
-        """hidden: names that are never computed here, whatever SAFE or the check's own names say (the
-        candidate, and in HumanEval the entry point, which the completion defines)."""
-        self.hidden = set(hidden)
+        """hidden: names that are never computed here, whatever SAFE or the check's own names say: ``candidate``
+        always, and these (in HumanEval the entry point, which the completion defines)."""
+        self.hidden = {"candidate", *hidden}
         self.env: dict[str, object] = {}
         self.random_module: set[str] = set()  # `import random` (as ...)
         self.random_names: dict[str, str] = {}  # `from random import randint as r`: r -> randint
@@ -60,7 +61,7 @@ class Consts:
 
     def bind(self, target, value) -> None:
         """``NAME = value`` or ``A, B = value`` (NotConstant for any other target, or a count that differs)."""
-        if isinstance(target, ast.Name) and target.id != "candidate" and target.id not in self.hidden:
+        if isinstance(target, ast.Name) and target.id not in self.hidden:
             self.env[target.id] = value
         elif isinstance(target, ast.Tuple) and isinstance(value, (tuple, list)) and len(value) == len(target.elts):
             for t, v in zip(target.elts, value):
@@ -107,7 +108,7 @@ class Consts:
         raise NotConstant("a constant of another type")
 
     def _Name(self, node):
-        if node.id not in self.env or node.id in self.hidden:
+        if node.id not in self.env:  # bind never binds a hidden name
             raise NotConstant(f"name {node.id!r}")
         return self.env[node.id]
 
@@ -129,8 +130,8 @@ class Consts:
         left, right, op = self.value(node.left), self.value(node.right), type(node.op)
         if op not in BINARY:
             raise NotConstant("an operator")
-        if op is ast.Pow and (not isinstance(right, (int, float)) or abs(right) > 64):
-            raise NotConstant("a power above 64")
+        if op is ast.Pow and (not isinstance(right, (int, float)) or abs(right) > MAX_POWER):
+            raise NotConstant(f"a power above {MAX_POWER}")
         if op is ast.Mult and isinstance(left, (str, list, tuple)) != isinstance(right, (str, list, tuple)):
             n, seq = (right, left) if isinstance(left, (str, list, tuple)) else (left, right)
             if not isinstance(n, int) or n * len(seq) > MAX_TEXT:

@@ -91,7 +91,7 @@ def read_suite(path: str) -> tuple[str, list[str], dict[str, list[str]]]:
     """(model, overrides for every set, set -> its overrides); one ConfigError naming the file and key."""
     tree = config.read_yaml(path, what="suite")
     if set(tree) - {"model", "overrides", "sets"}:
-        raise ConfigError(f"{path}: a suite has 'model', 'overrides' and 'sets', got {sorted(tree or {})}")
+        raise ConfigError(f"{path}: a suite has 'model', 'overrides' and 'sets', got {sorted(tree)}")
     sets = tree.get("sets")
     if not isinstance(sets, dict) or not sets:
         raise ConfigError(f"{path}: sets: expected a mapping of set names to lists of key=value overrides")
