@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlpost.recipes.evaluate import answer_key, by_task, by_task_summary, summarise
+from rlpost.recipes.evaluate import answer_key, by_task, by_task_summary, first_rows, summarise
 
 
 def rec(problem, sample, answer, correct):
@@ -136,3 +136,14 @@ def test_eval_counts_the_rows_it_skipped(tmp_path, capsys):
     assert "skipped 2 data rows" in capsys.readouterr().err
     _, n, summary = heldout_accuracy(tiny_cfg(*base[:2], f"task.eval_data={train}", "task.max_contamination=1"))
     assert n == 3 and "skipped_rows" not in summary
+
+
+def test_asking_for_more_rows_than_the_set_has_says_so(capsys):
+    """--n 400 on a 200-row held-out set (task.n_heldout's cap) uses the 200, and says it: a 200-problem
+    figure must not pass for a 400-problem one."""
+    rows = [{"i": i} for i in range(5)]
+    assert first_rows(rows, 3, "--n", "held-out") == rows[:3] and first_rows(rows, 0, "--n", "held-out") == rows
+    assert "task has" not in capsys.readouterr().err
+    assert first_rows(rows, 9, "--problems", "training") == rows
+    err = capsys.readouterr().err
+    assert "--problems 9: the task has 5 training rows" in err and "task.n_train" in err

@@ -201,6 +201,15 @@ def by_task_summary(samples: Path) -> dict:
     return out
 
 
+def first_rows(rows: list[dict], n: int, flag: str, split: str) -> list[dict]:
+    """The first ``n`` rows (0 = all), and one line when there are fewer than asked: a set capped by
+    task.n_heldout / task.n_train (or a short file) must not pass for the size asked."""
+    if n > len(rows):
+        key = "task.n_heldout" if split == "held-out" else "task.n_train"
+        say(f"{flag} {n}: the task has {len(rows)} {split} rows (the file's, capped by {key}); using those")
+    return rows[: n or None]
+
+
 def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0, samples: int = 0,
                      ks: list[int] = (), dump: Path | None = None,
                      sample_dump: Path | None = None) -> tuple[float, int, dict]:
@@ -212,7 +221,7 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
     summary has each family's greedy accuracy (heldout_accuracy/<family>)."""
     task = build_task(cfg.task, refuse_contaminated=False)  # evaluation reports contamination, training refuses it
     roles = build.build_roles(cfg, task, weights, for_eval=True)
-    rows = task.heldout[: n or None]
+    rows = first_rows(task.heldout, n, "--n", "held-out")
     found = {k: v for k, v in (task.contamination or {}).items() if k != "contamination_examples"}
     if task.skipped_rows:  # never silently: a held-out set that lost rows is another set
         found["skipped_rows"] = task.skipped_rows

@@ -30,7 +30,7 @@ from rlpost.model import device
 from rlpost.model.encode import unpadded
 from rlpost.model.load import load_policy_for, load_tokenizer
 from rlpost.recipes import search as methods
-from rlpost.recipes.evaluate import TextBatch, answer_key
+from rlpost.recipes.evaluate import TextBatch, answer_key, first_rows
 from rlpost.recipes.prm import Example, LabelledSolution, mc_step_labels, outcome_examples, process_examples, train_prm
 from rlpost.rewards.prm import ProcessRewardModel, agg_last, agg_min, agg_prod, step_ends, token_texts
 from rlpost.types import folders
@@ -71,7 +71,7 @@ def mc_examples(cfg: config.Config, args, outcome: bool) -> tuple[list[Example],
     """--n solutions of --problems training rows, each step labelled by --m continuations (recipes/prm.py);
     for an outcome model, each solution's verifier score alone."""
     task = build_task(cfg.task)
-    rows = task.train[: args.problems]
+    rows = first_rows(task.train, args.problems, "--problems", "training")
     roles = build.build_roles(cfg, task, for_eval=True)
     try:
         grade = lambda text, row: graded(roles.grader, [text], [row])[0]  # noqa: E731
@@ -144,7 +144,7 @@ def search(cfg: config.Config, chosen: list[str], args) -> dict:
     torch.manual_seed(cfg.run.seed)
     torch.set_num_threads(cfg.run.threads or torch.get_num_threads())
     task = build_task(cfg.task, refuse_contaminated=False)
-    rows = task.heldout[: args.problems or None]
+    rows = first_rows(task.heldout, args.problems, "--problems", "held-out")
     if not rows:
         raise config.ConfigError(f"task {cfg.task.name}: no held-out rows to search on")
     roles = build.build_roles(cfg, task, for_eval=True)
