@@ -17,12 +17,19 @@ re-reads it, and its prefill is most of the labelling cost on CPU. The rows go t
 OUT.data/{train,heldout}.jsonl (prompt = the chat messages, answer), read as `task.name=dataset`
 with the arithmetic verifier (the last integer), so the same run is one command line each
 (printed, and written to OUT.md).
+
+`--labels checker` trains both scorers on step-labelled data instead (`rlpost prm STEPS.jsonl`, the
+PRM800K route with an arithmetic line checker standing in for the human raters): `rlpost eval
+--samples N` draws the training problems' solutions (sampling only: no continuations, so ~10x
+cheaper a problem than Monte-Carlo labels, and many more problems fit an hour), `step_labels` below
+marks each line, and the ORM reads the same rows' last label (`--outcome`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -63,6 +70,48 @@ def overrides(args, data: Path) -> list[str]:
             f"run.threads={args.threads}", f"run.seed={args.seed}", "run.progress=false"]
 
 
+EQUATION = re.compile(r"^\s*(-?\d+(?:\s*[-+]\s*\d+)+)\s*=\s*(-?\d+)\s*\.?\s*$")
+
+
+def prefix_values(expr: str) -> set[int]:
+    """The values of the expression's prefixes of two terms or more ('5 + 3 - 2' -> {8, 6}): the
+    partial results a solution on the right path writes."""
+    terms = re.findall(r"[-+]?\s*\d+", expr.replace(" ", ""))
+    vals, acc = set(), int(terms[0])
+    for t in terms[1:]:
+        acc += int(t)
+        vals.add(acc)
+    return vals
+
+
+def step_labels(expr: str, lines: list[str], outcome: float) -> list[float]:
+    """Whether a solution is still on a path to the right answer after each line (PRM800K's first-error
+    labelling, by rule): an equation line keeps it on the path when it is true and its value is a partial
+    result of the problem (so '5 + 3 + 4 = 12' in one line counts); one that is false or off the chain ends
+    the path for good; other lines leave it as it was. The last line's label is the solution's own grade."""
+    good, partial, labels = True, prefix_values(expr), []
+    for line in lines:
+        m = EQUATION.match(line)
+        if m:
+            lhs, rhs = m.group(1).replace(" ", ""), int(m.group(2))
+            good = good and sum(int(t) for t in re.findall(r"[-+]?\d+", lhs)) == rhs and rhs in partial
+        labels.append(float(good))
+    return labels[:-1] + [float(outcome)] if labels else []
+
+
+def checker_rows(rows: list[dict], samples: Path) -> list[dict]:
+    """`rlpost prm` step rows from `rlpost eval`'s sample file: each completion's non-blank lines, labelled."""
+    out = []
+    for line in samples.read_text().splitlines():
+        rec = json.loads(line)
+        row = rows[rec["problem"]]
+        steps = [x.strip() for x in rec["completion"].splitlines() if x.strip()]
+        if steps:
+            out.append({"prompt": row["prompt"], "steps": steps,
+                        "labels": step_labels(row["expr"], steps, float(rec["correct"]))})
+    return out
+
+
 def rlpost(words: list[str], log: list[str]) -> None:
     log.append("rlpost " + " ".join(map(shlex.quote, words)))
     print(log[-1], flush=True)
@@ -87,6 +136,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "search")
+    ap.add_argument("--labels", choices=("mc", "checker"), default="mc",
+                    help="mc: Monte-Carlo step labels (rlpost prm from rollouts); checker: sampled solutions "
+                         "labelled line by line by an arithmetic checker (rlpost prm STEPS.jsonl)")
     ap.add_argument("--save-prm", type=Path, default=None,
                     help="only label, train the PRM and write it to this folder (for task.process_reward_model): no "
                          "ORM, no evaluation")
@@ -104,9 +156,18 @@ def main() -> None:
         rlpost(["prm", *common, *fit, "--out", str(args.save_prm)], log)
         return
     prm, orm = Path(f"{args.out}.prm"), Path(f"{args.out}.orm")
+    source = []
+    if args.labels == "checker":  # sampled solutions, each line labelled by rule: rlpost prm STEPS.jsonl
+        t, samples, steps = time.perf_counter(), data / "train_samples.jsonl", data / "train_steps.jsonl"
+        rlpost(["eval", "embedded", *common, f"task.eval_data={data / 'train.jsonl'}",
+                f"task.n_heldout={args.train}", "--n", str(args.train),
+                "--samples", str(args.n), "--k", "1", "--out", str(samples), "--overwrite", "--json"], log)
+        steps.write_text("".join(json.dumps(r) + "\n" for r in checker_rows(train, samples)))
+        source, fit = [str(steps)], fit[6:]  # --epochs, --lr, --head-lr: the data sets the rest
+        phases["sample_train"] = time.perf_counter() - t
     for folder, extra in ((prm, []), (orm, ["--outcome"])):  # one seed: the ORM's solutions are the PRM's
         t = time.perf_counter()
-        rlpost(["prm", *common, *fit, *extra, "--out", str(folder)], log)
+        rlpost(["prm", *source, *common, *fit, *extra, "--out", str(folder)], log)
         phases[f"train_{'orm' if extra else 'prm'}"] = time.perf_counter() - t
     t = time.perf_counter()
     rlpost(["search", *common, "--prm", str(prm), "--orm", str(orm), "--n", str(args.n), "--beam-width",
