@@ -31,6 +31,36 @@ def test_a_second_command_on_a_held_folder_is_refused_naming_the_holder(tmp_path
         pass
 
 
+@pytest.mark.parametrize("state", ["lock only", "marker being written", "marker of another kind"])
+def test_a_start_racing_a_claim_is_told_the_folder_is_in_use_not_what_it_half_holds(tmp_path, state):
+    # Two starts with one run.name (tests/test_faults.py races two processes): the loser may look while the
+    # winner holds .lock and has not yet written its marker, or has written half of it. It read those states
+    # as "a pipeline folder" (a .lock without config.yaml, an older rlpost's) or "a damaged marker"; the
+    # lock says what they are. The holder here is another open file description with a pid not ours.
+    import fcntl
+    import os
+
+    run = tmp_path / "same"
+    run.mkdir()
+    fd = os.open(run / folders.LEGACY_LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"999999\n")
+        if state != "lock only":
+            (run / folders.MARKER).write_text("" if state == "marker being written" else '{"kind": "pipeline"}\n')
+        for check in (lambda: runfolder.check_new(run, "pick another run.name", "run.name"),
+                      lambda: runfolder.claim(run, "new").__enter__()):
+            with pytest.raises(ConfigError, match=r"another rlpost command \(pid 999999\) is using this"):
+                check()
+    finally:
+        os.close(fd)
+    # the holder gone (a start killed right after creating .lock leaves just that): the folder is empty to a new run
+    (run / folders.MARKER).unlink(missing_ok=True)
+    with runfolder.claim(run, "new") as rf:
+        rf.write_config(tiny_cfg())
+    assert folders.kind_of(run) == "run"
+
+
 @pytest.mark.parametrize("made_it", [False, True])
 def test_a_start_refused_by_the_lock_removes_nothing_of_the_holders(tmp_path, monkeypatch, made_it):
     # The race of two starts with one name: the loser listed the folder (or made it) before the holder wrote

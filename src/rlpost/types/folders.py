@@ -7,6 +7,11 @@ A command that writes a folder (train, train --resume, sft/rsft/rm/dpo, pipeline
 - a folder it owns: one holding rlpost's marker file ``.rlpost`` of the same kind (``run``,
   ``pipeline``, ``export``). Run folders of an older rlpost, which hold a ``.lock``, count as owned.
 
+A folder holding only ``.lock`` counts as empty, and one whose ``.lock`` another process holds is
+refused as in use (naming its pid), whatever else is in it: a run claiming a folder creates and locks
+``.lock`` before it writes its marker, so a second start racing it for the same name sees one of
+those two states, never a folder of another kind (observe/runfolder.py lets the lock decide).
+
 A command that writes one file (``rlpost eval --out``, ``rlpost report --out``) writes a new file,
 or replaces one that the same command wrote (an eval's per-sample JSONL, an rlpost report).
 
@@ -17,6 +22,7 @@ anything is written.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
@@ -40,6 +46,25 @@ def kind_of(folder: Path) -> str | None:
     if (folder / LEGACY_LOCK).is_file():
         return "run" if (folder / "config.yaml").exists() else "pipeline"
     return None
+
+
+def held_by(folder: Path) -> str | None:
+    """The pid in ``folder``'s ``.lock`` when another process holds that lock now (``?`` before it wrote
+    its pid there); None when no one does, or this process does."""
+    try:
+        fd = os.open(folder / LEGACY_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            return None if pid == str(os.getpid()) else pid
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def marker_files(folder: Path) -> list[str]:
@@ -79,6 +104,12 @@ def check_folder(folder: Path, kind: str, key: str, parent_key: str = "") -> boo
         return False
     entries = os.listdir(folder)
     if not entries:
+        return True
+    holder = held_by(folder)
+    if holder is not None:
+        raise ConfigError(f"{key}: {folder}: another rlpost command (pid {holder}) is using this folder; wait "
+                          "for it to finish, or pick another")
+    if entries == [LEGACY_LOCK]:  # all a start killed between creating its lock and its marker left
         return True
     owner = kind_of(folder)
     if owner is None:
