@@ -40,6 +40,8 @@ def test_a_run_says_where_its_wall_time_went(tmp_path, capsys):
     assert len(lines) == 2 and steps > 0 and abs(wall["steps"] - steps) <= 0.05 + 1e-9
     assert sum(wall.values()) <= took + 0.5  # rounded to 0.1 s each; never more than the run itself
     # and most of it: outside these phases train() checks the config before the clock starts and writes
-    # report.html after summary.json (measured: 5.0 s of 8.0 on the tiny model, the report ~2 s of the rest)
-    assert sum(wall.values()) >= 0.4 * took
+    # report.html after summary.json (measured: 5.0 s of 8.0 on the tiny model, the report ~2 s of the rest).
+    # Those are about fixed seconds: on a quick run (1.5 s under make test's two workers, phases 0.5 s) they
+    # are most of it, so the gap is bounded by a share or by those seconds, whichever is larger.
+    assert took - sum(wall.values()) <= max(0.6 * took, 1.5)
     assert "wall time (s): start-up " in closing_table(summary)
