@@ -181,6 +181,21 @@ def test_disk_full_names_the_path_and_the_cause_and_keeps_the_old_checkpoint(tmp
         assert not list((run / "checkpoints").glob(".tmp*")) and loaded_step(run) == 1  # room freed, old one intact
 
 
+def test_a_disk_with_room_for_less_than_two_more_checkpoints_is_said_once(tmp_path, capfd):
+    big = checkpoint.Saved({"w": torch.ones(64, 1024)}, {}, {"step": 1})  # 256 kB of weights
+    with tmpfs(tmp_path / "roomy", "4m") as run:
+        checkpoint.save(run, 1, big, 1)
+        assert "disk:" not in capfd.readouterr().err  # 3.7 MB free: room for many more
+    with tmpfs(tmp_path / "tight", "640k") as run:
+        checkpoint.save(run, 1, big, 1)
+        err = capfd.readouterr().err
+        assert f"MB free under {run / 'checkpoints'}, and a checkpoint takes 0.3 MB" in err
+        assert "run.keep_checkpoints" in err and err.count("\n") == 1
+        checkpoint.save(run, 2, big._replace(state={"step": 2}), 1)  # still short, already said
+        assert "disk:" not in capfd.readouterr().err
+        assert [p.name for p in checkpoint.candidates(run)] == ["step_000002"]
+
+
 def test_a_read_only_folder_names_the_path_and_the_cause(tmp_path):
     with tmpfs(tmp_path / "disk", "1m") as run:
         write(run, 1)

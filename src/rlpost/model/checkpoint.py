@@ -25,6 +25,8 @@ rotation only runs after a successful write). A write that fails (disk full, rea
 removes its temporary folder and ends the run with one line naming the path and the cause. So does
 a second stop signal during the write (even one that torch.save's writer turned into its own
 RuntimeError), which then stops the run as that signal does: the checkpoint is whole or absent.
+Before that happens, the first checkpoint that leaves the disk less room than two more says so in
+one line (``warn_if_short``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from rlpost.console import say
+from rlpost.console import say, say_once
 from rlpost.model import device
 from rlpost.model.layout import EXTRA, FILES, MANIFEST, candidates, manifest_files, step_of
 from rlpost.types.errors import ConfigError, RunError, interrupt_in, write_cause, writing
@@ -126,6 +128,7 @@ def save(run_dir: Path, step: int, saved: Saved, keep: int, protect: int | None 
                 doomed = root / f".del_{old.name}"
                 os.replace(old, doomed)
                 shutil.rmtree(doomed)
+        warn_if_short(root, final)
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - disk full, read-only, quota, a second stop signal
         shutil.rmtree(tmp, ignore_errors=True)  # the checkpoint is whole (renamed into place) or absent
         stop = interrupt_in(e)  # a signal inside torch.save surfaces as its RuntimeError: the stop is what happened
@@ -136,6 +139,19 @@ def save(run_dir: Path, step: int, saved: Saved, keep: int, protect: int | None 
         cause = str(e).removeprefix("cannot write ") if isinstance(e, RunError) else write_cause(tmp, e)
         raise RunError(f"cannot write checkpoint step {step}: {cause}") from None  # the old checkpoints intact
     return final
+
+
+def warn_if_short(root: Path, ckpt: Path) -> None:
+    """One line, once a run, when the disk under ``root`` has less room than two more checkpoints
+    of ``ckpt``'s size: the next one is written whole before the oldest is deleted, and the run's
+    closing export writes the weights again. Said at the checkpoint that first sees it, hours before
+    a write would fail (which would still end the run cleanly, the older checkpoints intact)."""
+    size = sum(f.stat().st_size for f in ckpt.iterdir() if f.is_file())
+    free = shutil.disk_usage(root).free
+    if free < 2 * size:
+        say_once(f"disk: {free / 1e6:,.1f} MB free under {root}, and a checkpoint takes {size / 1e6:,.1f} MB: the "
+                 f"next one (written before the oldest is deleted) or the final export may not fit; free some "
+                 f"space, lower run.keep_checkpoints or point run.out_dir elsewhere", key=f"disk:{root}")
 
 
 def unshared(tensors: dict) -> dict:
