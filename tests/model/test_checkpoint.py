@@ -191,7 +191,7 @@ def test_a_disk_with_room_for_less_than_two_more_checkpoints_is_said_once(tmp_pa
         err = capfd.readouterr().err
         assert f"MB free under {run / 'checkpoints'}, and a checkpoint takes 0.3 MB" in err
         assert "run.keep_checkpoints" in err and err.count("\n") == 1
-        checkpoint.save(run, 2, big._replace(state={"step": 2}), 1)  # still short, already said
+        checkpoint.save(run, 2, checkpoint.Saved(big.model_state, {}, {"step": 2}), 1)  # still short, already said
         assert "disk:" not in capfd.readouterr().err
         assert [p.name for p in checkpoint.candidates(run)] == ["step_000002"]
 
