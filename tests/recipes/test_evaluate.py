@@ -124,7 +124,7 @@ def test_eval_counts_the_rows_it_skipped(tmp_path, capsys):
     # task.on_bad_row=skip: the held-out set that was scored is smaller than the file; the result says by how much
     from helpers import tiny_cfg
 
-    from rlpost.recipes.evaluate import heldout_accuracy
+    from rlpost.recipes.evaluate import heldout_accuracy, model_accuracy
 
     good = [json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) for i in range(3)]
     train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
@@ -136,6 +136,10 @@ def test_eval_counts_the_rows_it_skipped(tmp_path, capsys):
     assert "skipped 2 data rows" in capsys.readouterr().err
     _, n, summary = heldout_accuracy(tiny_cfg(*base[:2], f"task.eval_data={train}", "task.max_contamination=1"))
     assert n == 3 and "skipped_rows" not in summary
+    # a pipeline stage's accuracy (model_accuracy) over run.eval_n problems names that key when the set is smaller
+    capsys.readouterr()
+    model_accuracy(tiny_cfg(*base[:2], f"task.eval_data={train}", "task.max_contamination=1", "run.eval_n=5"), "tiny")
+    assert "run.eval_n 5: the task has 3 held-out rows" in capsys.readouterr().err
 
 
 def test_asking_for_more_rows_than_the_set_has_says_so(capsys):

@@ -212,16 +212,17 @@ def first_rows(rows: list[dict], n: int, flag: str, split: str) -> list[dict]:
 
 def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0, samples: int = 0,
                      ks: list[int] = (), dump: Path | None = None,
-                     sample_dump: Path | None = None) -> tuple[float, int, dict]:
+                     sample_dump: Path | None = None, n_key: str = "--n") -> tuple[float, int, dict]:
     """(greedy held-out accuracy, problems used, sampled summary) of cfg.model, with checkpoint
-    `weights` if given; n = 0 uses every held-out problem. With samples > 0 it also draws that many
+    `weights` if given; n = 0 uses every held-out problem (``n_key``: where n was set, for the line
+    that says the set is smaller). With samples > 0 it also draws that many
     completions per problem at rollout.temperature and reports pass@1, pass@k and maj@k for each
     k in ks; `dump` receives every record (the sampled ones when there are: `rlpost eval`'s file),
     or with `sample_dump` the greedy ones, the sampled going there (eval SUITE keeps both). A mix's
     summary has each family's greedy accuracy (heldout_accuracy/<family>)."""
     task = build_task(cfg.task, refuse_contaminated=False)  # evaluation reports contamination, training refuses it
     roles = build.build_roles(cfg, task, weights, for_eval=True)
-    rows = first_rows(task.heldout, n, "--n", "held-out")
+    rows = first_rows(task.heldout, n, n_key, "held-out")
     found = {k: v for k, v in (task.contamination or {}).items() if k != "contamination_examples"}
     if task.skipped_rows:  # never silently: a held-out set that lost rows is another set
         found["skipped_rows"] = task.skipped_rows
@@ -290,7 +291,8 @@ def answer_key(info: dict, completion: str) -> str | None:
 def model_accuracy(cfg: config.Config, model: str) -> float:
     """Greedy held-out accuracy of the model folder (or spec) `model` on cfg's task, over run.eval_n
     problems (0 = all): the number each pipeline stage and online-DPO round reports."""
-    return heldout_accuracy(config.with_overrides(cfg, [f"model.name={model}"]), n=cfg.run.eval_n)[0]
+    return heldout_accuracy(config.with_overrides(cfg, [f"model.name={model}"]), n=cfg.run.eval_n,
+                            n_key="run.eval_n")[0]
 
 
 def sample_records(roles, rows: list[dict], samples: int, temperature: float, top_p: float, max_new_tokens: int,
