@@ -10,7 +10,7 @@ from helpers import cli
 from rlpost import config
 from rlpost.envs import dataset
 from rlpost.envs.decontam import overlapping
-from rlpost.recipes.curate import duplicates, in_band, normalise, parse_band, shingles
+from rlpost.recipes.curate import duplicates, in_band, normalise, parse_band, shifted, shingles, strata_table
 
 LONG = "Write the full name of the capital city of the country that lies directly north of the one named here: {}"
 PRIME = "Name a prime number larger than one hundred and give its two nearest primes"
@@ -61,6 +61,29 @@ def test_training_rows_overlapping_a_held_out_prompt_are_found():
     assert overlapping(train, held, 0.6) == {3: 0}  # 7 / 13 = 0.54
 
 
+def test_strata_by_hand():
+    # rows 0-3 of stratum a, 4-5 of b, 6 of c; row 3 dropped before sampling, rows 0 and 1 by the band
+    strata = ["a", "a", "a", "a", "b", "b", "c"]
+    status = [{"row": 0, "pass_rate": 1.0, "dropped": "above the band"}, {"row": 1, "pass_rate": 0.0,
+              "dropped": "below the band"}, {"row": 2, "pass_rate": 0.5}, {"row": 3, "dropped": "exact duplicate"},
+              {"row": 4, "pass_rate": 0.25}, {"row": 5, "pass_rate": 0.75}, {"row": 6, "pass_rate": 0.5}]
+    table = strata_table(strata, status)
+    assert list(table) == ["a", "b", "c"]  # largest first
+    # a: 3 of the 6 sampled (50%), 1 of the 4 kept (25%); b: 2 of 6 -> 2 of 4; c: 1 of 6 -> 1 of 4
+    assert table["a"] == {"read": 4, "sampled": 3, "kept": 1, "mean_pass_rate": 0.5, "share_sampled": 0.5,
+                          "share_kept": 0.25}
+    assert table["b"]["mean_pass_rate"] == 0.5 and (table["b"]["share_sampled"], table["b"]["share_kept"]) == (
+        0.3333, 0.5)
+    # a halved (named), b and c x1.5 (the bar's edge: named); the largest move first
+    assert shifted(table) == ["'a' 50% -> 25%", "'c' 17% -> 25%", "'b' 33% -> 50%"]
+    # within the bar, or too small a stratum to tell: nothing
+    counts = lambda x, y: {"x": {"sampled": x[0], "kept": y[0]}, "rest": {"sampled": x[1], "kept": y[1]}}  # noqa: E731
+    assert shifted(counts((50, 50), (34, 66))) == []  # x 0.5 -> 0.34 (/1.47), rest 0.5 -> 0.66 (x1.32)
+    assert shifted(counts((50, 50), (33, 67))) == ["'x' 50% -> 33%"]  # 0.5 / 0.33 = 1.52: named
+    assert shifted(counts((4, 96), (0, 50))) == []  # x: 4% of the sampled, too small to tell
+    assert shifted(counts((30, 70), (0, 50))) == ["'x' 30% -> 0%"]
+
+
 def write(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -94,6 +117,26 @@ def test_curate_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
     assert (out / "d.jsonl").read_text() == ""
 
 
+def test_curate_counts_strata_and_says_when_the_band_moves_the_mix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = ([{"prompt": f"Say the word number {i} aloud", "answer": "pass", "level": "easy"} for i in range(3)]
+            + [{"prompt": f"Name the city number {i} here", "answer": "fail", "level": 5} for i in range(3)]
+            + [{"prompt": "A row with no level at all", "answer": "fail"}])
+    write(tmp_path / "d.jsonl", rows)
+    r = cli("curate", "d.jsonl", "--keep", "0-0.5", "--strata", "level", "--near", "1", *TINY_CURATE)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    by = report["strata"]["by"]
+    assert report["strata"]["column"] == "level" and list(by) == ["easy", "5", "(none)"]
+    assert [(t["read"], t["sampled"], t["kept"], t["mean_pass_rate"]) for t in by.values()] == [
+        (3, 3, 0, 1.0), (3, 3, 3, 0.0), (1, 1, 1, 0.0)]
+    line = [x for x in r.stderr.splitlines() if "moves the mix" in x]
+    assert len(line) == 1 and "by level: 'easy' 43% -> 0%, '5' 43% -> 75%, '(none)' 14% -> 25% of the rows" in line[0]
+    # without --strata: no such section, no such line
+    r = cli("curate", "d.jsonl", "--keep", "0-0.5", "--near", "1", "--out", "plain", *TINY_CURATE)
+    assert "strata" not in json.loads(r.stdout.strip().splitlines()[-1]) and "moves the mix" not in r.stderr
+
+
 def test_curate_writes_parquet_for_parquet(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     datasets.Dataset.from_list(ROWS[:3]).to_parquet(str(tmp_path / "d.parquet"))
@@ -109,6 +152,8 @@ def test_curate_writes_parquet_for_parquet(tmp_path, monkeypatch):
     (["d.jsonl", "--out", "theirs"], "--out: theirs holds files rlpost did not write (notes.txt)"),
     (["d.jsonl", "--k", "0"], "expected k >= 1"),
     (["d.jsonl", "trainer.lr=1e-5"], "trainer.lr: rlpost eval would ignore it"),
+    (["d.jsonl", "--strata", "level"], "--strata level: no row of d.jsonl has a column 'level' (its columns: answer, "
+                                       "prompt)"),
 ])
 def test_bad_input_is_one_line_naming_it(tmp_path, monkeypatch, args, line):
     monkeypatch.chdir(tmp_path)

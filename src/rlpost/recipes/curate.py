@@ -18,6 +18,12 @@ In order, each row dropped at the first rule it breaks (``OUT/rows.jsonl`` says 
    solves, or none does, gives a group algorithm no signal (all advantages 0: DAPO's dynamic
    sampling filters such groups out at training time, paying for their samples every step).
 
+With ``--strata COLUMN`` (a MATH set's ``level`` or ``type``, TACO's ``difficulty``, a mix's ``source``)
+the report also counts each stratum (read, sampled, kept, its mean pass rate, its share of the rows
+before and after the band), the histogram stacks them, and one line says when the band moves a
+stratum's share of the rows by half or more: a filter by pass rate also changes what the data is
+about (a family the base model fails at the start shrinks, though training may well teach it).
+
 The kept rows are written as they were read (the same columns, in the input's format: JSONL,
 parquet or a ``datasets`` folder), so ``task.data=OUT/NAME`` takes them; beside them ``OUT/rows.jsonl``
 (every input row: its pass rate, kept or why dropped), ``OUT/report.json`` (the counts, the band, the
@@ -46,6 +52,10 @@ NEAR = 0.8  # Jaccard similarity of word 3-grams from which two prompts are near
 SHINGLE = 3  # words per MinHash shingle
 PERMUTATIONS = 128  # MinHash permutations: a Jaccard estimate within ~0.09 (one s.d. at J = 0.5)
 FOLDER_KIND = "curate"
+SHIFT = 1.5  # a stratum whose share of the rows the band multiplies or divides by this much is named
+MIN_SHARE = 0.05  # of the sampled rows: a smaller stratum's share moves by chance
+STACKED = 8  # strata drawn in the histogram; the rest as one
+NONE = "(none)"  # the stratum of a row without the column
 
 
 def parse_band(text: str) -> tuple[float, float]:
@@ -133,8 +143,48 @@ def write_rows(raw: list[dict], source: Path, out: Path) -> None:
             out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in clean))
 
 
-def histogram(rates: list[float], k: int, band: tuple[float, float], path: Path) -> dict[str, int]:
-    """Prompts per pass rate (0/k .. k/k) as {"i/k": count}, and the plot of it with the band marked."""
+def strata_of(raw: list[dict], column: str, data: str) -> list[str]:
+    """Each row's value of ``column`` as text (``(none)`` where a row lacks it); one line naming
+    the column and the columns there are when no row has it."""
+    if not any(column in r for r in raw):
+        have = sorted({k for r in raw for k in r if k != "_line"})
+        raise ConfigError(f"--strata {column}: no row of {data} has a column {column!r} (its columns: "
+                          f"{', '.join(have)})")
+    return [NONE if r.get(column) is None else str(r[column]) for r in raw]
+
+
+def strata_table(strata: list[str], status: list[dict]) -> dict[str, dict]:
+    """Stratum -> read, sampled (what reached the band), kept, mean pass rate of the sampled, and the
+    stratum's share of the sampled rows and of the kept ones (largest first)."""
+    sampled = [s for s in status if "pass_rate" in s]
+    kept = [s for s in status if "dropped" not in s]
+    out = {}
+    for name, read in Counter(strata).most_common():
+        mine = [s for s in sampled if strata[s["row"]] == name]
+        n_kept = sum(strata[s["row"]] == name for s in kept)
+        out[name] = {"read": read, "sampled": len(mine), "kept": n_kept,
+                     "mean_pass_rate": round(sum(s["pass_rate"] for s in mine) / len(mine), 4) if mine else None,
+                     "share_sampled": round(len(mine) / len(sampled), 4) if sampled else 0.0,
+                     "share_kept": round(n_kept / len(kept), 4) if kept else 0.0}
+    return out
+
+
+def shifted(table: dict[str, dict]) -> list[str]:
+    """The strata (of at least MIN_SHARE of the sampled rows) whose share the band multiplied or divided
+    by SHIFT or more, as 'name' 31% -> 17%, the largest moves first."""
+    sampled, kept = (sum(t[key] for t in table.values()) for key in ("sampled", "kept"))
+    moved = []
+    for name, t in table.items():  # from the counts: the shares in the report are rounded
+        before, after = t["sampled"] / max(sampled, 1), t["kept"] / max(kept, 1)
+        if before >= MIN_SHARE and (after * SHIFT <= before or after >= before * SHIFT):
+            moved.append((abs(math.log(max(after, 1e-9) / before)), f"{name!r} {before:.0%} -> {after:.0%}"))
+    return [text for _, text in sorted(moved, reverse=True)]
+
+
+def histogram(rates: list[float], k: int, band: tuple[float, float], path: Path,
+              strata: list[str] | None = None) -> dict[str, int]:
+    """Prompts per pass rate (0/k .. k/k) as {"i/k": count}, and the plot of it with the band marked;
+    with ``strata`` (one a rate) the bars are stacked by stratum, the largest STACKED of them."""
     counts = Counter(round(p * k) for p in rates)
     table = {f"{i}/{k}": counts.get(i, 0) for i in range(k + 1)}
     import matplotlib
@@ -143,7 +193,19 @@ def histogram(rates: list[float], k: int, band: tuple[float, float], path: Path)
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3))
-    ax.bar([i / k for i in range(k + 1)], list(table.values()), width=0.8 / k, color="#4477aa")
+    xs = [i / k for i in range(k + 1)]
+    if strata:
+        top = [name for name, _ in Counter(strata).most_common(STACKED)]
+        groups = top + (["other"] if len(set(strata)) > len(top) else [])
+        name_of = lambda s: s if s in top else "other"  # noqa: E731
+        bottom = [0] * (k + 1)
+        for name in groups:
+            part = Counter(round(p * k) for p, s in zip(rates, strata) if name_of(s) == name)
+            heights = [part.get(i, 0) for i in range(k + 1)]
+            ax.bar(xs, heights, width=0.8 / k, bottom=bottom, label=name)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+    else:
+        ax.bar(xs, list(table.values()), width=0.8 / k, color="#4477aa")
     ax.axvspan(band[0], band[1], color="#88cc88", alpha=0.25, label=f"kept: {band[0]:g}-{band[1]:g}")
     ax.set_xlabel(f"pass rate ({k} samples a prompt)")
     ax.set_ylabel("prompts")
@@ -156,13 +218,15 @@ def histogram(rates: list[float], k: int, band: tuple[float, float], path: Path)
 
 
 def curate(cfg: config.Config, data: str, out: Path, k: int, band: tuple[float, float], near: float,
-           heldout: str, pass_rates) -> dict:
+           heldout: str, pass_rates, strata_column: str = "") -> dict:
     """Curate `data` into `out` (a new or empty folder, or one curate wrote); returns the report.
-    pass_rates(cfg, rows, k): each row's share of k samples its verifier marks correct (recipes/evaluate.py)."""
+    pass_rates(cfg, rows, k): each row's share of k samples its verifier marks correct (recipes/evaluate.py).
+    strata_column: the column whose values the report counts apart (module docstring)."""
     folders.check_folder(out, FOLDER_KIND, "--out")
     raw, rows, unreadable = load(data, cfg.task)
     if not rows:
         raise DataError(f"{data}: no rows to curate")
+    strata = strata_of(raw, strata_column, data) if strata_column else None  # before any sampling
     held = load(heldout, cfg.task)[1] if heldout else []
     status: list[dict] = [{"row": i, **({"line": r["_line"]} if "_line" in r else {})} for i, r in enumerate(raw)]
     for i, (j, how, sim) in duplicates([decontam.prompt_text(r) for r in rows], near, cfg.run.seed).items():
@@ -188,7 +252,14 @@ def curate(cfg: config.Config, data: str, out: Path, k: int, band: tuple[float, 
               "near": near, "heldout": heldout, "read": len(raw) + unreadable, "unreadable": unreadable,
               "sampled": len(live), "kept": len(kept),
               "dropped": dict(Counter(s["dropped"] for s in status if "dropped" in s)),
-              "pass_rate_histogram": histogram(rates, k, band, out / "pass_rate.svg")}
+              "pass_rate_histogram": histogram(rates, k, band, out / "pass_rate.svg",
+                                               [strata[i] for i in live] if strata else None)}
+    if strata:
+        report["strata"] = {"column": strata_column, "by": strata_table(strata, status)}
+        if moved := shifted(report["strata"]["by"]):
+            say(f"curate: the band moves the mix by {strata_column}: {', '.join(moved[:3])} of the rows"
+                f"{f' (and {len(moved) - 3} more)' if len(moved) > 3 else ''}; a stratum the model mostly fails or "
+                f"always solves shrinks, though training may teach it (report.json: strata)")
     with writing(out / "report.json"):
         (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
@@ -211,6 +282,8 @@ def add_parser(sub, options: str) -> None:
     c.add_argument("--heldout", default="", help="held-out rows to keep out of the training data (default "
                    "task.eval_data)")
     c.add_argument("--out", default="", help="a new or empty folder (default DATA's name + .curated, here)")
+    c.add_argument("--strata", default="", metavar="COLUMN", help="a column whose values the report counts apart "
+                   "(e.g. level, type, difficulty, source), saying when the band moves a stratum's share by half")
 
 
 def main(args, evaluation, refuse) -> int:
@@ -225,7 +298,7 @@ def main(args, evaluation, refuse) -> int:
                                            f"task.data={args.data}", *args.args]))
     out = Path(args.out or f"{Path(args.data).name}.curated")
     report = curate(cfg, args.data, out, args.k, band, args.near, args.heldout or cfg.task.eval_data,
-                    evaluation("pass_rates"))
+                    evaluation("pass_rates"), args.strata)
     print(json.dumps(report) if not sys.stdout.isatty() else table(report))
     return 0
 
@@ -238,4 +311,10 @@ def table(report: dict) -> str:
     lines += [f"{why:<15} {n}" for why, n in sorted(report["dropped"].items())]
     lines += [f"kept            {report['kept']}  (pass rate {report['keep'][0]:g}-{report['keep'][1]:g} of "
               f"{report['k']} samples) -> {report['out']}"]
+    if "strata" in report:
+        lines.append(f"by {report['strata']['column']}: read, sampled, kept, mean pass rate, share sampled -> kept")
+        for name, t in report["strata"]["by"].items():
+            rate = "-" if t["mean_pass_rate"] is None else f"{t['mean_pass_rate']:.2f}"
+            lines.append(f"  {name[:24]:<24} {t['read']:>6} {t['sampled']:>6} {t['kept']:>6}  {rate:>5}  "
+                         f"{t['share_sampled']:.0%} -> {t['share_kept']:.0%}")
     return "\n".join(lines)
