@@ -69,19 +69,20 @@ def test_strata_by_hand():
               {"row": 4, "pass_rate": 0.25}, {"row": 5, "pass_rate": 0.75}, {"row": 6, "pass_rate": 0.5}]
     table = strata_table(strata, status)
     assert list(table) == ["a", "b", "c"]  # largest first
-    # a: 3 of the 6 sampled (50%), 1 of the 4 kept (25%); b: 2 of 6 -> 2 of 4; c: 1 of 6 -> 1 of 4
-    assert table["a"] == {"read": 4, "sampled": 3, "kept": 1, "mean_pass_rate": 0.5, "share_sampled": 0.5,
-                          "share_kept": 0.25}
+    # a: 4 of the 7 read (57%), 3 of the 6 sampled (50%), 1 of the 4 kept (25%)
+    assert table["a"] == {"read": 4, "sampled": 3, "kept": 1, "mean_pass_rate": 0.5, "share_read": 0.5714,
+                          "share_sampled": 0.5, "share_kept": 0.25}
     assert table["b"]["mean_pass_rate"] == 0.5 and (table["b"]["share_sampled"], table["b"]["share_kept"]) == (
         0.3333, 0.5)
-    # a halved (named), b and c x1.5 (the bar's edge: named); the largest move first
-    assert shifted(table) == ["'a' 50% -> 25%", "'c' 17% -> 25%", "'b' 33% -> 50%"]
+    # read -> kept: a 4/7 -> 1/4 (/2.29), c 1/7 -> 1/4 (x1.75), b 2/7 -> 2/4 (x1.75, as c): the largest move first
+    assert shifted(table) == ["'a' 57% -> 50% -> 25%", "'c' 14% -> 17% -> 25%", "'b' 29% -> 33% -> 50%"]
     # within the bar, or too small a stratum to tell: nothing
-    counts = lambda x, y: {"x": {"sampled": x[0], "kept": y[0]}, "rest": {"sampled": x[1], "kept": y[1]}}  # noqa: E731
-    assert shifted(counts((50, 50), (34, 66))) == []  # x 0.5 -> 0.34 (/1.47), rest 0.5 -> 0.66 (x1.32)
-    assert shifted(counts((50, 50), (33, 67))) == ["'x' 50% -> 33%"]  # 0.5 / 0.33 = 1.52: named
-    assert shifted(counts((4, 96), (0, 50))) == []  # x: 4% of the sampled, too small to tell
-    assert shifted(counts((30, 70), (0, 50))) == ["'x' 30% -> 0%"]
+    counts = lambda x, y, z: {n: {"read": x[i], "sampled": y[i], "kept": z[i]}  # noqa: E731
+                              for i, n in enumerate(("x", "rest"))}
+    assert shifted(counts((50, 50), (50, 50), (34, 66))) == []  # x 0.5 -> 0.34 (/1.47), rest 0.5 -> 0.66 (x1.32)
+    assert shifted(counts((50, 50), (40, 60), (33, 67))) == ["'x' 50% -> 40% -> 33%"]  # 0.5 / 0.33 = 1.52
+    assert shifted(counts((4, 96), (4, 96), (0, 50))) == []  # x: 4% of the rows read, too small to tell
+    assert shifted(counts((30, 70), (10, 70), (10, 70))) == ["'x' 30% -> 12% -> 12%"]  # by deduplication alone
 
 
 def write(path, rows):
@@ -130,11 +131,12 @@ def test_curate_counts_strata_and_says_when_the_band_moves_the_mix(tmp_path, mon
     assert report["strata"]["column"] == "level" and list(by) == ["easy", "5", "(none)"]
     assert [(t["read"], t["sampled"], t["kept"], t["mean_pass_rate"]) for t in by.values()] == [
         (3, 3, 0, 1.0), (3, 3, 3, 0.0), (1, 1, 1, 0.0)]
-    line = [x for x in r.stderr.splitlines() if "moves the mix" in x]
-    assert len(line) == 1 and "by level: 'easy' 43% -> 0%, '5' 43% -> 75%, '(none)' 14% -> 25% of the rows" in line[0]
+    line = [x for x in r.stderr.splitlines() if "the mix" in x]
+    assert len(line) == 1 and ("by level moves: 'easy' 43% -> 43% -> 0%, '5' 43% -> 43% -> 75%, '(none)' 14% -> "
+                               "14% -> 25% of the rows") in line[0]
     # without --strata: no such section, no such line
     r = cli("curate", "d.jsonl", "--keep", "0-0.5", "--near", "1", "--out", "plain", *TINY_CURATE)
-    assert "strata" not in json.loads(r.stdout.strip().splitlines()[-1]) and "moves the mix" not in r.stderr
+    assert "strata" not in json.loads(r.stdout.strip().splitlines()[-1]) and "the mix" not in r.stderr
 
 
 def test_curate_writes_parquet_for_parquet(tmp_path, monkeypatch):

@@ -19,10 +19,11 @@ In order, each row dropped at the first rule it breaks (``OUT/rows.jsonl`` says 
    sampling filters such groups out at training time, paying for their samples every step).
 
 With ``--strata COLUMN`` (a MATH set's ``level`` or ``type``, TACO's ``difficulty``, a mix's ``source``)
-the report also counts each stratum (read, sampled, kept, its mean pass rate, its share of the rows
-before and after the band), the histogram stacks them, and one line says when the band moves a
-stratum's share of the rows by half or more: a filter by pass rate also changes what the data is
-about (a family the base model fails at the start shrinks, though training may well teach it).
+the report also counts each stratum (rows read, sampled, kept, its mean pass rate, its share of the
+rows at each of the three), the histogram stacks them, and one line says when curation moves a
+stratum's share of the rows by 1.5x or more, and at which step: filters by text and by pass rate
+also change what the data is about (a family with few distinct problems shrinks under deduplication,
+one the base model fails at the start under the band, though training may well teach it).
 
 The kept rows are written as they were read (the same columns, in the input's format: JSONL,
 parquet or a ``datasets`` folder), so ``task.data=OUT/NAME`` takes them; beside them ``OUT/rows.jsonl``
@@ -154,8 +155,9 @@ def strata_of(raw: list[dict], column: str, data: str) -> list[str]:
 
 
 def strata_table(strata: list[str], status: list[dict]) -> dict[str, dict]:
-    """Stratum -> read, sampled (what reached the band), kept, mean pass rate of the sampled, and the
-    stratum's share of the sampled rows and of the kept ones (largest first)."""
+    """Stratum -> rows read, sampled (what reached the band: after the duplicates and the held-out
+    overlap), kept, the mean pass rate of its sampled rows, and its share of the rows at each of the
+    three (largest first)."""
     sampled = [s for s in status if "pass_rate" in s]
     kept = [s for s in status if "dropped" not in s]
     out = {}
@@ -164,20 +166,22 @@ def strata_table(strata: list[str], status: list[dict]) -> dict[str, dict]:
         n_kept = sum(strata[s["row"]] == name for s in kept)
         out[name] = {"read": read, "sampled": len(mine), "kept": n_kept,
                      "mean_pass_rate": round(sum(s["pass_rate"] for s in mine) / len(mine), 4) if mine else None,
+                     "share_read": round(read / len(strata), 4),
                      "share_sampled": round(len(mine) / len(sampled), 4) if sampled else 0.0,
                      "share_kept": round(n_kept / len(kept), 4) if kept else 0.0}
     return out
 
 
 def shifted(table: dict[str, dict]) -> list[str]:
-    """The strata (of at least MIN_SHARE of the sampled rows) whose share the band multiplied or divided
-    by SHIFT or more, as 'name' 31% -> 17%, the largest moves first."""
-    sampled, kept = (sum(t[key] for t in table.values()) for key in ("sampled", "kept"))
+    """The strata (of at least MIN_SHARE of the rows read) whose share of the rows curation multiplied or
+    divided by SHIFT or more, as 'name' 26% -> 18% -> 17% (read -> sampled -> kept: the first arrow is the
+    duplicates' and the held-out overlap's doing, the second the band's), the largest moves first."""
+    totals = {key: max(sum(t[key] for t in table.values()), 1) for key in ("read", "sampled", "kept")}
     moved = []
     for name, t in table.items():  # from the counts: the shares in the report are rounded
-        before, after = t["sampled"] / max(sampled, 1), t["kept"] / max(kept, 1)
-        if before >= MIN_SHARE and (after * SHIFT <= before or after >= before * SHIFT):
-            moved.append((abs(math.log(max(after, 1e-9) / before)), f"{name!r} {before:.0%} -> {after:.0%}"))
+        read, sampled, kept = (t[key] / totals[key] for key in ("read", "sampled", "kept"))
+        if read >= MIN_SHARE and (kept * SHIFT <= read or kept >= read * SHIFT):
+            moved.append((abs(math.log(max(kept, 1e-9) / read)), f"{name!r} {read:.0%} -> {sampled:.0%} -> {kept:.0%}"))
     return [text for _, text in sorted(moved, reverse=True)]
 
 
@@ -257,9 +261,9 @@ def curate(cfg: config.Config, data: str, out: Path, k: int, band: tuple[float, 
     if strata:
         report["strata"] = {"column": strata_column, "by": strata_table(strata, status)}
         if moved := shifted(report["strata"]["by"]):
-            say(f"curate: the band moves the mix by {strata_column}: {', '.join(moved[:3])} of the rows"
-                f"{f' (and {len(moved) - 3} more)' if len(moved) > 3 else ''}; a stratum the model mostly fails or "
-                f"always solves shrinks, though training may teach it (report.json: strata)")
+            say(f"curate: the mix by {strata_column} moves: {', '.join(moved[:3])} of the rows"
+                f"{f' (and {len(moved) - 3} more)' if len(moved) > 3 else ''} (as read -> after the duplicates and "
+                f"the held-out overlap -> after the band; report.json: strata)")
     with writing(out / "report.json"):
         (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
@@ -312,9 +316,10 @@ def table(report: dict) -> str:
     lines += [f"kept            {report['kept']}  (pass rate {report['keep'][0]:g}-{report['keep'][1]:g} of "
               f"{report['k']} samples) -> {report['out']}"]
     if "strata" in report:
-        lines.append(f"by {report['strata']['column']}: read, sampled, kept, mean pass rate, share sampled -> kept")
+        lines.append(f"by {report['strata']['column']}: rows read, sampled, kept, mean pass rate, share of the "
+                     f"rows read -> sampled -> kept")
         for name, t in report["strata"]["by"].items():
             rate = "-" if t["mean_pass_rate"] is None else f"{t['mean_pass_rate']:.2f}"
             lines.append(f"  {name[:24]:<24} {t['read']:>6} {t['sampled']:>6} {t['kept']:>6}  {rate:>5}  "
-                         f"{t['share_sampled']:.0%} -> {t['share_kept']:.0%}")
+                         f"{t['share_read']:.0%} -> {t['share_sampled']:.0%} -> {t['share_kept']:.0%}")
     return "\n".join(lines)
