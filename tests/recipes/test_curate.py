@@ -10,7 +10,8 @@ from helpers import cli
 from rlpost import config
 from rlpost.envs import dataset
 from rlpost.envs.decontam import overlapping
-from rlpost.recipes.curate import duplicates, in_band, normalise, parse_band, shifted, shingles, strata_table
+from rlpost.recipes.curate import (duplicates, in_band, normalise, parse_band, shifted, shingles, strata_table,
+                                   table)
 
 LONG = "Write the full name of the capital city of the country that lies directly north of the one named here: {}"
 PRIME = "Name a prime number larger than one hundred and give its two nearest primes"
@@ -83,6 +84,20 @@ def test_strata_by_hand():
     assert shifted(counts((50, 50), (40, 60), (33, 67))) == ["'x' 50% -> 40% -> 33%"]  # 0.5 / 0.33 = 1.52
     assert shifted(counts((4, 96), (4, 96), (0, 50))) == []  # x: 4% of the rows read, too small to tell
     assert shifted(counts((30, 70), (10, 70), (10, 70))) == ["'x' 30% -> 12% -> 12%"]  # by deduplication alone
+
+
+def test_a_column_of_ids_as_strata_is_counted_in_one_pass_and_printed_short():
+    # 20,000 rows, each its own stratum (an id column): one pass over the rows, no line (no stratum holds 5%),
+    # and the console shows the 20 largest and says how many more the report holds
+    n = 20_000
+    strata = [f"id{i}" for i in range(n)]
+    status = [{"row": i, "pass_rate": 0.5} for i in range(n)]
+    by = strata_table(strata, status)
+    assert len(by) == n and by["id7"]["kept"] == 1 and shifted(by) == []
+    report = {"read": n, "unreadable": 0, "dropped": {}, "kept": n, "keep": [0.1, 0.9], "k": 8, "out": "o",
+              "strata": {"column": "id", "by": by}}
+    lines = table(report).splitlines()
+    assert len(lines) == 2 + 1 + 20 + 1 and lines[-1] == "  ... and 19980 smaller strata (report.json)"
 
 
 def write(path, rows):

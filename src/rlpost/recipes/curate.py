@@ -56,6 +56,7 @@ FOLDER_KIND = "curate"
 SHIFT = 1.5  # a stratum whose share of the rows the band multiplies or divides by this much is named
 MIN_SHARE = 0.05  # of the sampled rows: a smaller stratum's share moves by chance
 STACKED = 8  # strata drawn in the histogram; the rest as one
+SHOWN = 20  # strata in the console's table, the largest; report.json has them all
 NONE = "(none)"  # the stratum of a row without the column
 
 
@@ -158,18 +159,20 @@ def strata_table(strata: list[str], status: list[dict]) -> dict[str, dict]:
     """Stratum -> rows read, sampled (what reached the band: after the duplicates and the held-out
     overlap), kept, the mean pass rate of its sampled rows, and its share of the rows at each of the
     three (largest first)."""
-    sampled = [s for s in status if "pass_rate" in s]
-    kept = [s for s in status if "dropped" not in s]
-    out = {}
-    for name, read in Counter(strata).most_common():
-        mine = [s for s in sampled if strata[s["row"]] == name]
-        n_kept = sum(strata[s["row"]] == name for s in kept)
-        out[name] = {"read": read, "sampled": len(mine), "kept": n_kept,
-                     "mean_pass_rate": round(sum(s["pass_rate"] for s in mine) / len(mine), 4) if mine else None,
-                     "share_read": round(read / len(strata), 4),
-                     "share_sampled": round(len(mine) / len(sampled), 4) if sampled else 0.0,
-                     "share_kept": round(n_kept / len(kept), 4) if kept else 0.0}
-    return out
+    sampled, kept, rate_sum = Counter(), Counter(), Counter()  # one pass: a column of ids has a stratum a row
+    for s in status:
+        name = strata[s["row"]]
+        if "pass_rate" in s:
+            sampled[name] += 1
+            rate_sum[name] += s["pass_rate"]
+        kept[name] += "dropped" not in s
+    n_sampled, n_kept = sum(sampled.values()), sum(kept.values())
+    return {name: {"read": read, "sampled": sampled[name], "kept": kept[name],
+                   "mean_pass_rate": round(rate_sum[name] / sampled[name], 4) if sampled[name] else None,
+                   "share_read": round(read / len(strata), 4),
+                   "share_sampled": round(sampled[name] / n_sampled, 4) if n_sampled else 0.0,
+                   "share_kept": round(kept[name] / n_kept, 4) if n_kept else 0.0}
+            for name, read in Counter(strata).most_common()}
 
 
 def shifted(table: dict[str, dict]) -> list[str]:
@@ -318,8 +321,11 @@ def table(report: dict) -> str:
     if "strata" in report:
         lines.append(f"by {report['strata']['column']}: rows read, sampled, kept, mean pass rate, share of the "
                      f"rows read -> sampled -> kept")
-        for name, t in report["strata"]["by"].items():
+        by = report["strata"]["by"]
+        for name, t in list(by.items())[:SHOWN]:
             rate = "-" if t["mean_pass_rate"] is None else f"{t['mean_pass_rate']:.2f}"
             lines.append(f"  {name[:24]:<24} {t['read']:>6} {t['sampled']:>6} {t['kept']:>6}  {rate:>5}  "
                          f"{t['share_read']:.0%} -> {t['share_sampled']:.0%} -> {t['share_kept']:.0%}")
+        if len(by) > SHOWN:
+            lines.append(f"  ... and {len(by) - SHOWN} smaller strata (report.json)")
     return "\n".join(lines)
