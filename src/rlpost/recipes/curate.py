@@ -53,7 +53,7 @@ NEAR = 0.8  # Jaccard similarity of word 3-grams from which two prompts are near
 SHINGLE = 3  # words per MinHash shingle
 PERMUTATIONS = 128  # MinHash permutations: a Jaccard estimate within ~0.09 (one s.d. at J = 0.5)
 FOLDER_KIND = "curate"
-SHIFT = 1.5  # a stratum whose share of the rows the band multiplies or divides by this much is named
+SHIFT = 1.5  # a stratum whose share of the rows curation multiplies or divides by this much is named
 MIN_SHARE = 0.05  # of the rows read: a smaller stratum's share moves by chance
 STACKED = 8  # strata drawn in the histogram; the rest as one
 SHOWN = 20  # strata in the console's table, the largest; OUT/report.json has them all
