@@ -290,7 +290,8 @@ def add_parser(sub, options: str) -> None:
                    "task.eval_data)")
     c.add_argument("--out", default="", help="a new or empty folder (default DATA's name + .curated, here)")
     c.add_argument("--strata", default="", metavar="COLUMN", help="a column whose values the report counts apart "
-                   "(e.g. level, type, difficulty, source), saying when curation moves a stratum's share by 1.5x or more")
+                   "(e.g. level, type, difficulty, source), saying when curation moves a stratum's share by 1.5x "
+                   "or more")
 
 
 def main(args, evaluation, refuse) -> int:
