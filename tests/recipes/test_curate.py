@@ -10,8 +10,8 @@ from helpers import cli
 from rlpost import config
 from rlpost.envs import dataset
 from rlpost.envs.decontam import overlapping
-from rlpost.recipes.curate import (duplicates, in_band, normalise, parse_band, shifted, shingles, strata_table,
-                                   table)
+from rlpost.recipes.curate import (STACKED, duplicates, in_band, normalise, parse_band, shifted, shingles, stacked,
+                                   strata_table, table)
 
 LONG = "Write the full name of the capital city of the country that lies directly north of the one named here: {}"
 PRIME = "Name a prime number larger than one hundred and give its two nearest primes"
@@ -98,6 +98,24 @@ def test_a_column_of_ids_as_strata_is_counted_in_one_pass_and_printed_short():
               "strata": {"column": "id", "by": by}}
     lines = table(report).splitlines()
     assert len(lines) == 2 + 1 + 20 + 1 and lines[-1] == "  ... and 19980 smaller strata (report.json)"
+
+
+def test_the_stacked_histogram_by_hand():
+    # k = 2: bins 0/2, 1/2, 2/2. The STACKED largest strata get a bar each, bottom first; the rest share the
+    # last, labelled with how many strata it holds. A real stratum whose value is that label stays its own.
+    names = [f"s{i}" for i in range(STACKED - 1)] + ["2 others"]  # STACKED strata drawn, one named like the rest
+    rates, strata = [], []
+    for j, name in enumerate(names):
+        rates += [0.0] * (3 + j) + [1.0] * 2  # ordered by size: s0 the smallest of them, '2 others' the largest
+        strata += [name] * (5 + j)
+    rates += [0.5, 0.5, 1.0]
+    strata += ["x", "y", "y"]  # two small strata: the rest
+    bars = stacked(rates, 2, strata)
+    assert [name for name, _ in bars] == ["2 others", *reversed(names[:-1]), "2 others"]
+    assert bars[0][1] == [3 + STACKED - 1, 0, 2]  # the real stratum, its rows only
+    assert bars[-1][1] == [0, 2, 1]  # x and y
+    assert sum(map(sum, (h for _, h in bars))) == len(rates)
+    assert stacked([0.5], 2, ["a"]) == [("a", [0, 1, 0])]  # one stratum: no 'others' bar
 
 
 def write(path, rows):

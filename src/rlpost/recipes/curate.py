@@ -188,6 +188,18 @@ def shifted(table: dict[str, dict]) -> list[str]:
     return [text for _, text in sorted(moved, reverse=True)]
 
 
+def stacked(rates: list[float], k: int, strata: list[str]) -> list[tuple[str, list[int]]]:
+    """The stacked histogram's bars, bottom first: (label, prompts per pass rate 0/k .. k/k) for the STACKED
+    largest strata, then one bar, 'N others', for the rest. Counted in one pass, keyed by position, so a
+    stratum whose own value is 'N others' stays its own bar."""
+    top = [name for name, _ in Counter(strata).most_common(STACKED)]
+    rest = len(set(strata)) - len(top)
+    where = {name: i for i, name in enumerate(top)}
+    parts = Counter((where.get(s, len(top)), round(p * k)) for p, s in zip(rates, strata))
+    labels = top + ([f"{rest} other{'s' if rest > 1 else ''}"] if rest else [])
+    return [(name, [parts.get((j, i), 0) for i in range(k + 1)]) for j, name in enumerate(labels)]
+
+
 def histogram(rates: list[float], k: int, band: tuple[float, float], path: Path,
               strata: list[str] | None = None) -> dict[str, int]:
     """Prompts per pass rate (0/k .. k/k) as {"i/k": count}, and the plot of it with the band marked;
@@ -202,13 +214,8 @@ def histogram(rates: list[float], k: int, band: tuple[float, float], path: Path,
     fig, ax = plt.subplots(figsize=(6, 3))
     xs = [i / k for i in range(k + 1)]
     if strata:
-        top = [name for name, _ in Counter(strata).most_common(STACKED)]
-        groups = top + (["other"] if len(set(strata)) > len(top) else [])
-        name_of = lambda s: s if s in top else "other"  # noqa: E731
         bottom = [0] * (k + 1)
-        for name in groups:
-            part = Counter(round(p * k) for p, s in zip(rates, strata) if name_of(s) == name)
-            heights = [part.get(i, 0) for i in range(k + 1)]
+        for name, heights in stacked(rates, k, strata):
             ax.bar(xs, heights, width=0.8 / k, bottom=bottom, label=name)
             bottom = [b + h for b, h in zip(bottom, heights)]
     else:
