@@ -55,6 +55,17 @@ def test_base_model_without_chat_template_gets_a_plain_one_said_once(tmp_path, c
     assert a.tokenizer.chat_template == PLAIN_CHAT_TEMPLATE and text == "User: 2+3\nAssistant:"
 
 
+def test_a_folder_without_config_json_says_so(tmp_path):
+    # not transformers' guess ("install sentencepiece or tiktoken"): what the folder lacks, and what it holds
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="holds no config.json, so it is no model folder \\(it is empty\\)"):
+        load_tokenizer(str(tmp_path / "empty"))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("x")
+    with pytest.raises(ModelLoadError, match="it holds a.txt"):
+        load_policy(str(tmp_path / "notes"))
+
+
 def test_a_run_folder_without_model_says_how_to_get_one(tmp_path):
     (tmp_path / "config.yaml").write_text("{}\n")
     with pytest.raises(ModelLoadError, match=f"rlpost export {tmp_path}"):

@@ -2,8 +2,10 @@
 by hand, then end to end on the tiny model with a verifier whose verdict is fixed per row."""
 
 import json
+from pathlib import Path
 
 import datasets
+import pyarrow.parquet as pq
 import pytest
 from helpers import cli
 
@@ -178,6 +180,46 @@ def test_curate_writes_parquet_for_parquet(tmp_path, monkeypatch):
     r = cli("curate", "d.parquet", "--keep", "0-1", "--out", "c", *TINY_CURATE)
     assert r.returncode == 0, r.stderr[-2000:]
     assert [dict(x) for x in datasets.Dataset.from_parquet(str(tmp_path / "c" / "d.parquet"))] == [ROWS[0], ROWS[2]]
+    # nothing kept: an empty table with the input's columns, which curate (and task.data) read back as no rows
+    r = cli("curate", "d.parquet", "--keep", "0.5-0.5", "--out", "none", *TINY_CURATE)  # the rates are 0 or 1
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["kept"] == 0, r.stderr[-2000:]
+    empty = pq.read_table(str(tmp_path / "none" / "d.parquet"))
+    assert len(empty) == 0 and set(empty.column_names) == {"prompt", "answer"}
+    r = cli("curate", "none/d.parquet", *TINY_CURATE)
+    assert r.returncode == 2 and "none/d.parquet: no rows to curate" in r.stderr, r.stderr
+
+
+def test_curate_never_writes_over_its_data_and_holds_one_curation(tmp_path, monkeypatch):
+    # DATA named like curate's own files: the kept rows go beside them under another name, nothing is replaced
+    monkeypatch.chdir(tmp_path)
+    for name in ("rows.jsonl", "report.json"):
+        write(tmp_path / name, ROWS[:3])
+        r = cli("curate", name, "--keep", "0-1", "--out", "c", *TINY_CURATE)
+        assert r.returncode == 0, r.stderr[-2000:]
+        report = json.loads(r.stdout.strip().splitlines()[-1])
+        assert report["out"] == str(Path("c") / f"curated-{name}")
+        assert [json.loads(x) for x in (tmp_path / "c" / f"curated-{name}").read_text().splitlines()] == [ROWS[0],
+                                                                                                          ROWS[2]]
+        assert json.loads((tmp_path / "c" / "report.json").read_text())["kept"] == 2  # the report, not data
+        assert "pass_rate" in json.loads((tmp_path / "c" / "rows.jsonl").read_text().splitlines()[0])
+    # a second curation into the folder: the first one's data goes, so the folder holds what its report says
+    assert not (tmp_path / "c" / "curated-rows.jsonl").exists()
+    write(tmp_path / "d.jsonl", ROWS[:3])
+    assert cli("curate", "d.jsonl", "--keep", "0-1", "--out", "c", *TINY_CURATE).returncode == 0
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [".rlpost", "d.jsonl", "pass_rate.svg",
+                                                                 "report.json", "rows.jsonl"]
+
+
+def test_an_out_that_cannot_be_made_is_said_before_any_sampling(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "d.jsonl", ROWS[:3])
+    (tmp_path / "file").write_text("x")
+    r = cli("curate", "d.jsonl", "--out", "file/c", *TINY_CURATE)
+    assert r.returncode == 2 and "--out: " in r.stderr and "is a file" in r.stderr and "sampling" not in r.stderr
+    # /proc takes no new folder, root or not: the line comes before the sampling, not after it
+    r = cli("curate", "d.jsonl", "--out", "/proc/rlpost-no-such-folder", *TINY_CURATE)
+    assert r.returncode == 1 and "cannot write /proc/rlpost-no-such-folder" in r.stderr, r.stderr
+    assert "sampling" not in r.stderr
 
 
 @pytest.mark.parametrize("args, line", [
@@ -185,7 +227,12 @@ def test_curate_writes_parquet_for_parquet(tmp_path, monkeypatch):
     (["bad.jsonl"], "bad.jsonl:2: not valid JSON"),
     (["nothere.jsonl"], "data: file not found: nothere.jsonl"),
     (["d.jsonl", "--out", "theirs"], "--out: theirs holds files rlpost did not write (notes.txt)"),
-    (["d.jsonl", "--k", "0"], "expected k >= 1"),
+    (["d.jsonl", "--k", "0"], "--k 0: expected at least 1 sample a prompt"),
+    (["d.jsonl", "--k", "8", "--keep", "0.2-0.2"], "--keep 0.2-0.2: no pass rate of 8 samples"),
+    (["d.jsonl", "--heldout", "nope.jsonl"], "--heldout: file not found: nope.jsonl"),
+    (["d.jsonl", "--heldout", "empty.jsonl"], "--heldout: empty.jsonl holds no rows"),
+    (["deep.jsonl"], "deep.jsonl:1: JSON nested too deeply to read"),
+    (["d.jsonl", "--strata", "_line"], "--strata _line: no row of d.jsonl has a column '_line'"),
     (["d.jsonl", "trainer.lr=1e-5"], "trainer.lr: rlpost eval would ignore it"),
     (["d.jsonl", "--strata", "level"], "--strata level: no row of d.jsonl has a column 'level' (its columns: answer, "
                                        "prompt)"),
@@ -194,6 +241,8 @@ def test_bad_input_is_one_line_naming_it(tmp_path, monkeypatch, args, line):
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "d.jsonl", ROWS)
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "answer": "b"}\n{oops\n')
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "deep.jsonl").write_text('{"prompt": "a", "answer": "b", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     (tmp_path / "theirs").mkdir()
     (tmp_path / "theirs" / "notes.txt").write_text("mine")
     rest = [a for i, a in enumerate(TINY_CURATE) if "--k" not in args or i not in (2, 3)]  # the case's own --k

@@ -167,12 +167,42 @@ def test_prm_then_search_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
     (["prm", "--out", "full", "--model", "tiny"], "--out: full holds files rlpost did not write"),
     (["prm", "bad.jsonl", "--out", "o", "--model", "tiny", "rollout.dtype=float32"], "bad.jsonl:1: labels[0]"),
     (["search", "--out", "bad.jsonl", "--model", "tiny"], "--out: bad.jsonl exists and is not the results"),
+    (["search", "--out", "nowhere/s.json", "--model", "tiny"], "--out nowhere/s.json: nowhere does not exist"),
+    (["prm", "--out", "o", "--lr", "inf"], "--lr: expected a learning rate with 0 < lr <= 1, got inf"),
+    (["prm", "--out", "o", "--head-lr", "2"], "--head-lr: expected a learning rate with 0 < lr <= 1, got 2.0"),
+    (["search", "--prm", "orm", "--model", "tiny"], "--prm orm: an outcome reward model (prm.json: kind), which --orm "
+                                                    "takes; --prm takes a process one"),
+    (["prm", "--out", "orm", "--model", "tiny"], "--out orm: holds a scorer rlpost prm trained (prm.json)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, said):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "notes.txt").write_text("mine")
     write(tmp_path / "bad.jsonl", [{"prompt": "p", "steps": ["a"], "labels": [2]}])
+    scorer = tmp_path / "orm"  # what rlpost prm --outcome leaves, as far as the checks read it
+    scorer.mkdir()
+    (scorer / "prm.json").write_text(json.dumps({"kind": "outcome"}))
+    (scorer / "value_head.safetensors").write_text("")
+    (scorer / ".rlpost").write_text(json.dumps({"kind": "prm"}))
     r = cli(*args)
     assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("losses, weight, said", [
+    ([0.69, float("nan")], 0.0, "its loss was nan at optimizer step 2"),
+    ([0.69, 0.5], float("inf"), "its weights are not finite"),
+])
+def test_a_scorer_that_diverged_is_one_line_and_nothing_is_written(tmp_path, monkeypatch, losses, weight, said):
+    # what `--lr 1` can do: the loss or a weight not finite. A NaN scorer would then pass for a trained one
+    head = torch.nn.Linear(2, 1)
+    torch.nn.init.constant_(head.weight, weight)
+    fake = SimpleNamespace(lm=torch.nn.Linear(2, 2), head=head, save=lambda out: pytest.fail("saved"))
+    monkeypatch.setattr(test_time, "train_prm", lambda *a, **k: (fake, [{"prm/bce": x} for x in losses]))
+    monkeypatch.setattr(test_time, "load_policy_for", lambda *a: SimpleNamespace(model=None))
+    write(tmp_path / "s.jsonl", ROWS)
+    args = SimpleNamespace(outcome=False, epochs=1, batch_size=2, lr=1.0, head_lr=1.0)
+    with pytest.raises(test_time.RunError) as e:
+        test_time.train_scorer(tiny_cfg(), str(tmp_path / "s.jsonl"), tmp_path / "out", args)
+    assert said in str(e.value) and "nothing written" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out" / "prm.json").exists()

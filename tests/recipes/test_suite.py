@@ -170,3 +170,64 @@ def test_an_html_out_keeps_the_json_and_the_page_goes_beside_it(tmp_path):
     report(result, tmp_path / "s.results.json", "s", None)
     assert "0.500" in (tmp_path / "s.results.html").read_text()
     assert not (tmp_path / "suites").exists()  # "tiny" is no run's model: nothing kept
+
+
+GOOD = {"heldout_accuracy": 0.5, "n": 2, "by_source": {}, "problems": {"a": True, "b": False}}
+
+
+@pytest.mark.parametrize("before, line", [
+    ({"sets": [1]}, "--against: before.json: 'sets' is not a mapping of set names to results"),
+    ({"sets": {"x": 5}}, "--against: before.json: sets.x holds no 'heldout_accuracy' and 'problems'"),
+    ({"sets": {"x": {"heldout_accuracy": 0.5}}}, "sets.x holds no 'heldout_accuracy' and 'problems'"),
+    ({"sets": {"other": GOOD}}, "--against: before.json shares no set with this suite (its sets: other; this "
+                                "suite's: x)"),
+])
+def test_an_against_file_is_checked_before_anything_is_evaluated(tmp_path, monkeypatch, before, line):
+    # a malformed or foreign baseline is one line at once, not a traceback after every set was evaluated
+    monkeypatch.chdir(tmp_path)
+    write_suite(tmp_path, {"x": ["task.name=arithmetic"]})
+    (tmp_path / "before.json").write_text(json.dumps(before))
+    r = cli("eval", "suite.yaml", "--against", "before.json")
+    assert r.returncode == 2 and line in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_set_names_keys_and_data_are_checked_before_any_set_is_evaluated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "twice.yaml").write_text('model: tiny\nsets:\n  1: [task.name=arithmetic]\n  "1": [task.name=math]\n')
+    r = cli("eval", "twice.yaml")
+    assert r.returncode == 2 and "twice.yaml: sets: two sets named '1'" in r.stderr, r.stderr
+    write_suite(tmp_path, {"x": ["task.name=arithmetic", "trainer.lr=1"]})  # what eval would ignore, as rlpost eval
+    r = cli("eval", "suite.yaml")
+    assert r.returncode == 2 and "suite.yaml: sets.x: trainer.lr: rlpost eval would ignore it" in r.stderr, r.stderr
+    # a later set's bad row: named under its set before the first set is evaluated, so nothing is lost to it
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "answer": "b"}\n[1]\n')
+    write_suite(tmp_path, {"good": ["task.name=arithmetic"], "bad": ["task.name=dataset", "task.data=bad.jsonl"]})
+    r = cli("eval", "suite.yaml")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "suite.yaml: sets.bad: bad.jsonl:2: expected a JSON object per line" in r.stderr
+
+
+def test_a_baseline_is_never_written_over(tmp_path, monkeypatch):
+    data = dataset_set(tmp_path, monkeypatch)
+    write_suite(tmp_path, {"mine": data})
+    assert cli("eval", "suite.yaml").returncode == 0
+    first = (tmp_path / "suite.results.json").read_text()
+    # the docs' second command: the default out is numbered, the baseline stays as it was
+    r = cli("eval", "--n", "2", "suite.yaml", "--against", "suite.results.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "suite.results.json").read_text() == first
+    assert json.loads((tmp_path / "suite.results.2.json").read_text())["against"] == "suite.results.json"
+    r = cli("eval", "suite.yaml", "--against", "suite.results.json", "--out", "./suite.results.json")
+    assert r.returncode == 2 and "it is the --against file" in r.stderr, r.stderr
+    (tmp_path / "notes.json").write_text("{}")
+    r = cli("eval", "suite.yaml", "--out", "notes.json")
+    assert r.returncode == 2 and "--out notes.json: exists and is not a suite's results" in r.stderr, r.stderr
+
+
+def test_a_suite_file_is_known_anywhere_among_the_words(tmp_path, monkeypatch):
+    # after an option's value, and in capitals: not taken for a model folder
+    data = dataset_set(tmp_path, monkeypatch)
+    (tmp_path / "S.YAML").write_text(json.dumps({"model": "tiny", "overrides": EVAL, "sets": {"mine": data}}))
+    r = cli("eval", "--n", "1", "S.YAML")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "S.results.json").read_text())["sets"]["mine"]["n"] == 1

@@ -53,6 +53,13 @@ def test_majority_vote_tie_goes_to_first_seen():
     assert majority_vote([None, "a", "b"]) == "a"
 
 
+def test_a_weighted_vote_with_a_nan_weight_still_answers():
+    # a scorer gone NaN must not stop the search with StopIteration: an answer comes back (the scorer's own checks
+    # say it diverged); NaN compares false, so it neither wins nor loses a comparison
+    assert majority_vote(["x", "y"], weights=[float("nan"), float("nan")]) in ("x", "y")
+    assert majority_vote(["x", "y", "x"], weights=[0.5, float("nan"), 0.5]) in ("x", "y")
+
+
 def test_weighted_vote():
     # "x": 0.2 + 0.3 = 0.5, "y": 0.9  ->  "y" wins although "x" has more votes
     assert majority_vote(["x", "y", "x"], weights=[0.2, 0.9, 0.3]) == "y"

@@ -19,14 +19,15 @@ from rlpost.types.folders import regular_file
 from rlpost.types.schema import ListOf, MapOf, Where, check
 
 
-def read_rows(path: str | Path) -> list[dict]:
+def read_rows(path: str | Path, what: str = "data") -> list[dict]:
     """Rows of a .jsonl / .parquet file or a `datasets` folder saved to disk; a file that is not
-    what it claims (not UTF-8, a damaged parquet, a folder that is no dataset) is one DataError."""
+    what it claims (not UTF-8, a damaged parquet, a folder that is no dataset, JSON nested past
+    Python's recursion limit) is one DataError. ``what``: the option that named the file."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"data: file not found: {path}")
+        raise DataError(f"{what}: file not found: {path}")
     try:
-        regular_file(path, "data")  # a FIFO would block forever, /dev/zero fill the memory
+        regular_file(path, what)  # a FIFO would block forever, /dev/zero fill the memory
     except ConfigError as e:
         raise DataError(str(e)) from None
     if path.is_dir() or path.suffix == ".parquet":
@@ -47,6 +48,8 @@ def read_rows(path: str | Path) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        except RecursionError:  # json's decoder recurses per bracket: ~1000 deep ends it
+            raise DataError(f"{path}:{i}: JSON nested too deeply to read") from None
         if not isinstance(row, dict):
             raise DataError(f"{path}:{i}: expected a JSON object per line")
         row["_line"] = i
@@ -60,7 +63,9 @@ def _read_dataset(path: Path) -> list[dict]:
     try:
         if path.is_dir():
             return [dict(r) for r in datasets.load_from_disk(str(path))]
-        return [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
+        import pyarrow.parquet  # datasets' own reader refuses a table of no rows, and caches a copy of every file read
+
+        return pyarrow.parquet.read_table(str(path)).to_pylist()
     except Exception as e:  # noqa: BLE001 - arrow and datasets raise many types for a bad file
         what = ("a folder, but not one saved by `datasets` (save_to_disk)" if path.is_dir()
                 else "not a readable parquet file")

@@ -64,10 +64,13 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
         name = VERL_ANSWER  # a verl row: the reference answer sits in reward_model.ground_truth
     if name:
         answer = column(raw, name)
-        if answer in (None, ""):
+        if answer in (None, "") and tcfg.name == "code" and isinstance(raw.get("tests"), list):
+            pass  # a code row is graded by its tests; its reference solution is only shown beside the samples
+        elif answer in (None, ""):
             raise DataError(f"{where(raw, source)}: missing '{name}' (task.answer_column; set it to '' if the verifier "
                             "needs none)")
-        row["answer"] = answer if isinstance(answer, str) else str(answer)
+        else:
+            row["answer"] = answer if isinstance(answer, str) else str(answer)
     return row
 
 

@@ -257,6 +257,13 @@ def prepare_tokenizer(tok, source: str):
 
 
 def _from_pretrained(cls, source: str, **kwargs):
+    folder = Path(source)
+    if folder.is_dir() and not any((folder / f).is_file() for f in ("config.json", "adapter_config.json")):
+        # say what is missing, not the tokenizer's guess at it (a peft adapter folder loads through transformers)
+        held = sorted(p.name for p in folder.iterdir())[:5]
+        raise ModelLoadError(f"cannot load model {source!r}: the folder holds no config.json, so it is no model folder "
+                             f"({'it holds ' + ', '.join(held) if held else 'it is empty'}); expected a model "
+                             "folder, a run folder, a hub id, 'embedded' or 'tiny'")
     try:
         return cls.from_pretrained(source, **kwargs)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, safetensors' own error for a truncated file...

@@ -58,6 +58,7 @@ MIN_SHARE = 0.05  # of the rows read: a smaller stratum's share moves by chance
 STACKED = 8  # strata drawn in the histogram; the rest as one
 SHOWN = 20  # strata in the console's table, the largest; OUT/report.json has them all
 NONE = "(none)"  # the stratum of a row without the column
+OWN = ("rows.jsonl", "report.json", "pass_rate.svg", folders.MARKER)  # curate's own files in OUT
 
 
 def parse_band(text: str) -> tuple[float, float]:
@@ -119,11 +120,12 @@ def in_band(rate: float, band: tuple[float, float]) -> str:
     return "below the band" if rate < band[0] else "above the band" if rate > band[1] else ""
 
 
-def load(path: str, tcfg) -> tuple[list[dict], list[dict], int]:
-    """(the raw rows as read, their task rows, rows skipped as unreadable): each row read as training reads it."""
+def load(path: str, tcfg, what: str = "data") -> tuple[list[dict], list[dict], int]:
+    """(the raw rows as read, their task rows, rows skipped as unreadable): each row read as training reads it.
+    what: the option that named the file, for a file that is not there."""
     convert = code_formats.convert if tcfg.name == "code" else (lambda r, src: r)
     parse = lambda r, src: dataset.to_row(convert(r, src), tcfg, src)  # noqa: E731
-    raw, skipped = check_rows(read_rows(path), parse, path, tcfg.on_bad_row)
+    raw, skipped = check_rows(read_rows(path, what), parse, path, tcfg.on_bad_row)
     rows = [parse(r, path) for r in raw]
     if tcfg.name == "code":  # the sandbox settings every code row carries, and the grader's refusals, row by row
         pairs = [(r, code.prepare([t], [], tcfg)[0]) for r, t in zip(raw, rows)]
@@ -139,7 +141,12 @@ def write_rows(raw: list[dict], source: Path, out: Path) -> None:
         if source.suffix == ".parquet" or source.is_dir():
             import datasets
 
-            table = datasets.Dataset.from_list(clean)
+            if clean:
+                table = datasets.Dataset.from_list(clean)
+            else:  # no row kept: an empty table with DATA's columns, which task.data reads back as no rows
+                whole = (datasets.load_from_disk(str(source)) if source.is_dir()
+                         else datasets.Dataset.from_parquet(str(source)))
+                table = whole.select([])
             table.to_parquet(str(out)) if source.suffix == ".parquet" else table.save_to_disk(str(out))
         else:
             out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in clean))
@@ -148,11 +155,12 @@ def write_rows(raw: list[dict], source: Path, out: Path) -> None:
 def strata_of(raw: list[dict], column: str, data: str) -> list[str]:
     """Each row's value of ``column`` as text (``(none)`` where a row lacks it); one line naming
     the column and the columns there are when no row has it."""
-    if not any(column in r for r in raw):
+    if column == "_line" or not any(column in r for r in raw):  # _line: the line number read_rows adds
         have = sorted({k for r in raw for k in r if k != "_line"})
         raise ConfigError(f"--strata {column}: no row of {data} has a column {column!r} (its columns: "
                           f"{', '.join(have)})")
-    return [NONE if r.get(column) is None else str(r[column]) for r in raw]
+    return [NONE if r.get(column) is None else r[column] if isinstance(r[column], str)
+            else json.dumps(r[column], ensure_ascii=False, default=str) for r in raw]  # a list as JSON, true as true
 
 
 def strata_table(strata: list[str], status: list[dict]) -> dict[str, dict]:
@@ -232,16 +240,19 @@ def histogram(rates: list[float], k: int, band: tuple[float, float], path: Path,
 
 
 def curate(cfg: config.Config, data: str, out: Path, k: int, band: tuple[float, float], near: float,
-           heldout: str, pass_rates, strata_column: str = "") -> dict:
+           heldout: str, pass_rates, strata_column: str = "", heldout_key: str = "--heldout") -> dict:
     """Curate `data` into `out` (a new or empty folder, or one curate wrote); returns the report.
     pass_rates(cfg, rows, k): each row's share of k samples its verifier marks correct (recipes/evaluate.py).
-    strata_column: the column whose values the report counts apart (module docstring)."""
+    strata_column: the column whose values the report counts apart (module docstring). heldout_key: the option
+    that named ``heldout``, for the lines about it."""
     folders.check_folder(out, FOLDER_KIND, "--out")
     raw, rows, unreadable = load(data, cfg.task)
     if not rows:
         raise DataError(f"{data}: no rows to curate")
     strata = strata_of(raw, strata_column, data) if strata_column else None  # before any sampling
-    held = load(heldout, cfg.task)[1] if heldout else []
+    held = load(heldout, cfg.task, heldout_key)[1] if heldout else []
+    if heldout and not held:
+        raise DataError(f"{heldout_key}: {heldout} holds no rows, so nothing could be checked against it")
     status: list[dict] = [{"row": i, **({"line": r["_line"]} if "_line" in r else {})} for i, r in enumerate(raw)]
     for i, (j, how, sim) in duplicates([decontam.prompt_text(r) for r in rows], near, cfg.run.seed).items():
         status[i].update(dropped=f"{how} duplicate", duplicate_of=j, similarity=round(sim, 3))
@@ -249,16 +260,21 @@ def curate(cfg: config.Config, data: str, out: Path, k: int, band: tuple[float, 
     for pos, j in decontam.overlapping([rows[i] for i in live], held, cfg.task.contamination_overlap).items():
         status[live[pos]].update(dropped="overlaps a held-out row", heldout_row=j)
     live = [i for i, s in enumerate(status) if "dropped" not in s]
-    say(f"curate: sampling {len(live)} prompts x {k} with {cfg.model.name} (of {len(rows)} read)")
+    with writing(out):  # the folder made before the sampling, so a folder that cannot be written is said first
+        out.mkdir(parents=True, exist_ok=True)
+    folders.mark(out, FOLDER_KIND)
+    skipped = f", {unreadable} unreadable passed over" if unreadable else ""
+    say(f"curate: sampling {len(live)} prompts x {k} with {cfg.model.name} (of {len(rows)} read{skipped})")
     rates = pass_rates(cfg, [rows[i] for i in live], k) if live else []
     for i, p in zip(live, rates):
         status[i]["pass_rate"] = p
         if why := in_band(p, band):
             status[i]["dropped"] = why
     kept = [r for r, s in zip(raw, status) if "dropped" not in s]
-    out.mkdir(parents=True, exist_ok=True)
-    folders.mark(out, FOLDER_KIND)
     name = Path(data).name
+    if name in OWN:  # DATA named like one of curate's own files: the kept rows must not be written over
+        name = f"curated-{name}"
+    forget_earlier(out, out / name)
     write_rows(kept, Path(data), out / name)
     with writing(out / "rows.jsonl"):
         (out / "rows.jsonl").write_text("".join(json.dumps({**s, "kept": "dropped" not in s}) + "\n" for s in status))
@@ -277,6 +293,21 @@ def curate(cfg: config.Config, data: str, out: Path, k: int, band: tuple[float, 
     with writing(out / "report.json"):
         (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def forget_earlier(out: Path, now: Path) -> None:
+    """Remove the curated data an earlier curate left in ``out`` under another name (OUT/report.json names it),
+    so that the folder holds one curation, the one its report describes."""
+    try:
+        earlier = Path(json.loads((out / "report.json").read_text())["out"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if earlier.parent.resolve() != out.resolve() or earlier.name in OWN or earlier.name == now.name:
+        return  # only a file of this folder, never one of curate's own
+    import shutil
+
+    with writing(earlier):
+        shutil.rmtree(earlier) if earlier.is_dir() and not earlier.is_symlink() else earlier.unlink(missing_ok=True)
 
 
 def add_parser(sub, options: str) -> None:
@@ -305,15 +336,20 @@ def main(args, evaluation, refuse) -> int:
     """`rlpost curate`: the config and the band checked (refuse: cli.py's check of keys a command ignores), then the
     curation with evaluation("pass_rates") (recipes/evaluate.py's, through cli.py: it loads torch)."""
     refuse("eval", [a.split("=", 1)[0] for a in args.args])  # curate trains nothing, as eval
-    if args.k < 1 or not 0 < args.near <= 1:
-        raise ConfigError(f"--k {args.k} --near {args.near}: expected k >= 1 and 0 < near <= 1")
+    if args.k < 1:
+        raise ConfigError(f"--k {args.k}: expected at least 1 sample a prompt")
+    if not 0 < args.near <= 1:
+        raise ConfigError(f"--near {args.near}: expected a similarity with 0 < near <= 1")
     band = parse_band(args.keep)
+    if not any(not in_band(i / args.k, band) for i in range(args.k + 1)):
+        raise ConfigError(f"--keep {args.keep}: no pass rate of {args.k} samples (0/{args.k}, 1/{args.k}, ..., "
+                          f"{args.k}/{args.k}) lies in it, so no row could be kept; widen it or raise --k")
     named = any(a.startswith("task.name=") for a in args.args)
     cfg = machine.check(config.load(None, [f"model.name={args.model}", *([] if named else ["task.name=dataset"]),
                                            f"task.data={args.data}", *args.args]))
     out = Path(args.out or f"{Path(args.data).name}.curated")
-    report = curate(cfg, args.data, out, args.k, band, args.near, args.heldout or cfg.task.eval_data,
-                    evaluation("pass_rates"), args.strata)
+    heldout, key = (args.heldout, "--heldout") if args.heldout else (cfg.task.eval_data, "task.eval_data")
+    report = curate(cfg, args.data, out, args.k, band, args.near, heldout, evaluation("pass_rates"), args.strata, key)
     print(json.dumps(report) if not sys.stdout.isatty() else table(report))
     return 0
 

@@ -16,7 +16,11 @@ def add_parser(sub, options: str) -> None:
     """`rlpost eval`'s arguments (cli.py keeps the command; its options are here, as curate's are)."""
     e = sub.add_parser("eval", help="held-out accuracy of a model or a run", epilog=options,
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Greedy held-out accuracy on the task of the config (a run's own, or the defaults).")
+                       description="Greedy held-out accuracy on the task of the config (a run's own, or the defaults). "
+                                   "Given a suite file instead (SUITE.yaml: several held-out sets), `rlpost eval "
+                                   "SUITE.yaml` evaluates every set, with --model, --against RUN_OR_RESULTS.json "
+                                   "(a regression table) and --judge MODEL; `rlpost eval SUITE.yaml --help` lists them "
+                                   "(docs/data.md).")
     e.add_argument("target", metavar="MODEL_OR_RUN_DIR",
                    help="'embedded', 'tiny', a model folder, a hub id, or a run folder")
     e.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides")

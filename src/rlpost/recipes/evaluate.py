@@ -212,15 +212,16 @@ def first_rows(rows: list[dict], n: int, flag: str, split: str) -> list[dict]:
 
 def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0, samples: int = 0,
                      ks: list[int] = (), dump: Path | None = None,
-                     sample_dump: Path | None = None, n_key: str = "--n") -> tuple[float, int, dict]:
+                     sample_dump: Path | None = None, n_key: str = "--n", task=None) -> tuple[float, int, dict]:
     """(greedy held-out accuracy, problems used, sampled summary) of cfg.model, with checkpoint
     `weights` if given; n = 0 uses every held-out problem (``n_key``: where n was set, for the line
     that says the set is smaller). With samples > 0 it also draws that many
     completions per problem at rollout.temperature and reports pass@1, pass@k and maj@k for each
     k in ks; `dump` receives every record (the sampled ones when there are: `rlpost eval`'s file),
     or with `sample_dump` the greedy ones, the sampled going there (eval SUITE keeps both). A mix's
-    summary has each family's greedy accuracy (heldout_accuracy/<family>)."""
-    task = build_task(cfg.task, refuse_contaminated=False)  # evaluation reports contamination, training refuses it
+    summary has each family's greedy accuracy (heldout_accuracy/<family>). ``task``: cfg.task built already."""
+    if task is None:
+        task = build_task(cfg.task, refuse_contaminated=False)  # evaluation reports contamination, training refuses it
     roles = build.build_roles(cfg, task, weights, for_eval=True)
     rows = first_rows(task.heldout, n, n_key, "held-out")
     found = {k: v for k, v in (task.contamination or {}).items() if k != "contamination_examples"}

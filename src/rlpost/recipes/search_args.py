@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -105,11 +106,25 @@ def methods(args) -> list[str]:
     return list(dict.fromkeys(asked))
 
 
+KINDS = {"--prm": "process", "--orm": "outcome"}  # the scorer each flag takes, as prm.json's "kind" says
+
+
 def scorer_folder(flag: str, path: str) -> None:
-    """A folder rlpost prm wrote: its prm.json and value head are there."""
-    if path and not ((Path(path) / "prm.json").is_file() and (Path(path) / "value_head.safetensors").is_file()):
+    """A folder rlpost prm wrote, of the kind the flag takes: its prm.json and value head are there."""
+    if not path:
+        return
+    if not ((Path(path) / "prm.json").is_file() and (Path(path) / "value_head.safetensors").is_file()):
         raise ConfigError(f"{flag} {path}: not a scorer folder (no prm.json and value_head.safetensors there; "
                           "rlpost prm writes one)")
+    try:
+        kind = json.loads((Path(path) / "prm.json").read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        raise ConfigError(f"{flag} {path}: its prm.json does not read as rlpost prm's summary") from None
+    if kind in KINDS.values() and kind != KINDS[flag]:
+        other = next(f for f, k in KINDS.items() if k == kind)
+        a = {"process": "a process", "outcome": "an outcome"}
+        raise ConfigError(f"{flag} {path}: {a[kind]} reward model (prm.json: kind), which {other} takes; "
+                          f"{flag} takes {a[KINDS[flag]]} one")
 
 
 def load_config(command: str, model: str, overrides: list[str], refuse) -> config.Config:
@@ -124,12 +139,15 @@ def prm_main(args, run, refuse) -> int:
                                ("--epochs", args.epochs, 1), ("--batch-size", args.batch_size, 1)):
         whole(flag, value, least)
     for flag, value in (("--lr", args.lr), ("--head-lr", args.head_lr)):
-        if not value > 0:
-            raise ConfigError(f"{flag}: expected a learning rate > 0, got {value}")
+        if not 0 < value <= 1:  # as trainer.lr: inf or 10 trains the scorer to NaN
+            raise ConfigError(f"{flag}: expected a learning rate with 0 < lr <= 1, got {value}")
     if data and not Path(data).exists():
         raise ConfigError(f"DATA {data}: file not found")
     cfg = load_config("prm", args.model, overrides, refuse)
     folders.check_folder(Path(args.out), FOLDER_KIND, "--out")
+    if (Path(args.out) / "prm.json").exists():  # a trained scorer is hours of work: never replaced unasked
+        raise ConfigError(f"--out {args.out}: holds a scorer rlpost prm trained (prm.json); pick a new folder, or "
+                          "remove that one first")
     summary = run("prm")(cfg, data, Path(args.out), args)
     print(json.dumps(summary))
     return 0
@@ -159,8 +177,14 @@ def search_main(args, run, refuse) -> int:
 
 
 def check_out(out: Path) -> None:
-    """--out: a new file, or the results of an earlier rlpost search (replaced); nothing else is overwritten."""
+    """--out: a new file in a folder this process can write, or the results of an earlier rlpost search
+    (replaced); nothing else is overwritten. Said before the sampling, not after it."""
     if not out.exists():
+        parent = out.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            why = ("does not exist" if not parent.exists() else "is not a folder" if not parent.is_dir()
+                   else "is not writable")
+            raise ConfigError(f"--out {out}: {parent} {why}, so the results could not be written there")
         return
     try:
         earlier = json.loads(out.read_text()) if out.is_file() else None

@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 from rlpost import config, machine
+from rlpost.config_check import refuse_ignored
 from rlpost.console import say
 from rlpost.observe import suite_report
 from rlpost.recipes.eval_args import eval_ks
@@ -45,7 +46,8 @@ SUFFIXES = (".yaml", ".yml")
 
 def is_suite(argv: list[str]) -> bool:
     """`rlpost eval X ...` where X is a suite file (a YAML file, not a run or model folder)."""
-    return bool(argv) and argv[0].endswith(SUFFIXES) and not Path(argv[0]).is_dir()
+    return any(a.lower().endswith(SUFFIXES) and not a.startswith("-") and "=" not in a and not Path(a).is_dir()
+               for a in argv)  # anywhere among the words (after --n 1 too), .YAML as .yaml
 
 
 def eval_table(result: dict) -> str:
@@ -101,19 +103,23 @@ def read_suite(path: str) -> tuple[str, list[str], dict[str, list[str]]]:
     model = tree.get("model", "")
     if not isinstance(model, str):
         raise ConfigError(f"{path}: model: expected a model name, folder or hub id, got {model!r}")
+    names = [str(k) for k in sets]
+    if dup := next((n for n in names if names.count(n) > 1), None):  # YAML's 1 and "1" are two keys, one name
+        raise ConfigError(f"{path}: sets: two sets named {dup!r} (a number and a string); rename one")
     return model, tree.get("overrides", []), {str(k): v for k, v in sets.items()}
 
 
-def evaluate_suite(configs: dict, model: str, args, evaluation) -> dict:
+def evaluate_suite(configs: dict, tasks: dict, model: str, args, evaluation) -> dict:
     """Per set: accuracy, n, per-source accuracies and each problem's greedy verdict (by prompt); with
-    --samples, pass@k and maj@k per set and source; with --judge, the judge's mean score per set and source."""
+    --samples, pass@k and maj@k per set and source; with --judge, the judge's mean score per set and source.
+    tasks: each set's task, built (its rows read and checked) before any set was evaluated."""
     out = {}
     for name, cfg in configs.items():
         cfg = config.with_overrides(cfg, [f"model.name={model}"])
         dumps = [temp_file(), temp_file()]  # the greedy records, the sampled ones
         try:
             acc, used, summary = evaluation("heldout_accuracy")(cfg, n=args.n, samples=args.samples, ks=args.ks,
-                                                                dump=dumps[0], sample_dump=dumps[1])
+                                                                dump=dumps[0], sample_dump=dumps[1], task=tasks[name])
             records, sampled = ([json.loads(line) for line in d.read_text().splitlines()] for d in dumps)
         finally:
             for d in dumps:
@@ -190,19 +196,26 @@ def main(argv: list[str], evaluation) -> int:
     configs = {}
     for name, words in sets.items():
         try:
+            refuse_ignored("eval", [w.split("=", 1)[0] for w in [*common, *words, *args.args]])  # as rlpost eval
             configs[name] = machine.check(config.load(None, [f"model.name={model}", *common, *words, *args.args]))
         except ConfigError as e:
             raise ConfigError(f"{args.suite}: sets.{name}: {e}") from None
     against = args.against
-    if against.endswith(".json"):
+    if against.lower().endswith(".json"):
+        before = read_against(against, list(configs))
+    out = results_path(args)
+    if against and Path(against).resolve() == out.resolve():
+        raise ConfigError(f"--out {out}: it is the --against file, which these results would replace; pick another "
+                          "--out")
+    tasks = {}
+    for name, cfg in configs.items():  # every set's rows read and checked before any model loads
         try:
-            before = json.loads(Path(against).read_text())["sets"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"--against: {against} is not a suite's results JSON ({type(e).__name__}: {e})") from None
-    out = Path(args.out or Path(args.suite).with_suffix(".results.json"))
-    if against and not against.endswith(".json"):
-        before = evaluate_suite(configs, against, args, evaluation)
-    result = {"suite": args.suite, "model": model, "sets": evaluate_suite(configs, model, args, evaluation)}
+            tasks[name] = evaluation("build_task")(cfg.task, refuse_contaminated=False)
+        except ConfigError as e:  # a DataError too: the file and line, under the set's name
+            raise type(e)(f"{args.suite}: sets.{name}: {e}") from None
+    if against and not against.lower().endswith(".json"):
+        before = evaluate_suite(configs, tasks, against, args, evaluation)
+    result = {"suite": args.suite, "model": model, "sets": evaluate_suite(configs, tasks, model, args, evaluation)}
     if args.samples:
         result.update(samples=args.samples, ks=args.ks)
     if args.judge:
@@ -214,6 +227,50 @@ def main(argv: list[str], evaluation) -> int:
     report(result, out, Path(args.suite).stem, evaluation)
     print(json.dumps(result) if args.json or not sys.stdout.isatty() else tables(result))
     return 0
+
+
+def read_against(path: str, names: list[str]) -> dict:
+    """An earlier suite's results (``--against FILE.json``): set -> its results, checked for what the regression
+    table reads before anything is evaluated; a file sharing no set with this suite is refused, missing sets said."""
+    try:
+        sets = json.loads(Path(path).read_text())["sets"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--against: {path} is not a suite's results JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(sets, dict):
+        raise ConfigError(f"--against: {path}: 'sets' is not a mapping of set names to results")
+    for name, r in sets.items():
+        if not (isinstance(r, dict) and isinstance(r.get("problems"), dict)
+                and isinstance(r.get("heldout_accuracy"), (int, float))):
+            raise ConfigError(f"--against: {path}: sets.{name} holds no 'heldout_accuracy' and 'problems' as a "
+                              "suite's results do")
+    shared = [n for n in names if n in sets]
+    if not shared:
+        raise ConfigError(f"--against: {path} shares no set with this suite (its sets: {', '.join(sets) or 'none'}; "
+                          f"this suite's: {', '.join(names)})")
+    if missing := [n for n in names if n not in sets]:
+        say(f"--against {path} has no results for {', '.join(missing)}: no regression rows for them")
+    return sets
+
+
+def results_path(args) -> Path:
+    """--out, else SUITE.results.json, numbered (SUITE.results.2.json, ...) where an earlier run's results are: a
+    baseline is never replaced unasked. An --out that exists is replaced only when it holds a suite's results."""
+    if not args.out:
+        default = Path(args.suite).with_suffix(".results.json")
+        out, i = default, 1
+        while out.exists():
+            i += 1
+            out = default.with_name(f"{Path(args.suite).stem}.results.{i}.json")
+        return out
+    out = Path(args.out)
+    if out.exists():
+        try:
+            earlier = json.loads(out.read_text()) if out.is_file() else None
+        except (OSError, ValueError):
+            earlier = None
+        if not (isinstance(earlier, dict) and "sets" in earlier and "suite" in earlier):
+            raise ConfigError(f"--out {out}: exists and is not a suite's results; pick another path")
+    return out
 
 
 def report(result: dict, out: Path, name: str, evaluation) -> None:

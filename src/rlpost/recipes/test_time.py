@@ -35,7 +35,7 @@ from rlpost.recipes.prm import Example, LabelledSolution, mc_step_labels, outcom
 from rlpost.rewards.prm import ProcessRewardModel, agg_last, agg_min, agg_prod, step_ends, token_texts
 from rlpost.types import folders
 from rlpost.types.batch import Rollouts
-from rlpost.types.errors import DataError, writing
+from rlpost.types.errors import DataError, RunError, writing
 
 AGGREGATES = {"min": agg_min, "last": agg_last, "prod": agg_prod}
 SCORER_FORMAT = 1  # prm.json's version: what a scorer folder holds
@@ -95,6 +95,13 @@ def mc_examples(cfg: config.Config, args, outcome: bool) -> tuple[list[Example],
     return (outcome_examples if outcome else process_examples)(sols), stats
 
 
+def make(out: Path) -> None:
+    """The scorer's folder, made before the sampling and the training: a folder that cannot be written is said
+    first, not after them."""
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+
+
 def train_scorer(cfg: config.Config, data: str, out: Path, args) -> dict:
     """`rlpost prm`: the examples (from DATA or MC rollouts), the head and trunk trained, the folder written."""
     build.check(cfg)
@@ -103,7 +110,9 @@ def train_scorer(cfg: config.Config, data: str, out: Path, args) -> dict:
     if data:
         tok = load_tokenizer(cfg.model.name)
         examples, stats = data_examples(step_data.read(data), tok, args.outcome), {}
+        make(out)
     else:
+        make(out)
         examples, stats = mc_examples(cfg, args, args.outcome)
         tok = load_tokenizer(cfg.model.name)
     if not examples:
@@ -114,6 +123,12 @@ def train_scorer(cfg: config.Config, data: str, out: Path, args) -> dict:
     scorer, history = train_prm(lm, tok, examples, epochs=args.epochs, batch_size=args.batch_size,
                                 micro_batch_size=min(16, args.batch_size), lr=args.lr, head_lr=args.head_lr,
                                 autocast_bf16=bf16(cfg), seed=cfg.run.seed)
+    bad = next((i for i, h in enumerate(history) if not math.isfinite(h["prm/bce"])), None)
+    if bad is not None or not all(torch.isfinite(p).all() for m in (scorer.lm, scorer.head) for p in m.parameters()):
+        at = f"its loss was {history[bad]['prm/bce']} at optimizer step {bad + 1}" if bad is not None else \
+            "its weights are not finite"
+        raise RunError(f"prm: training diverged ({at}; --lr {args.lr}, --head-lr {args.head_lr}): nothing written "
+                       f"to {out}; lower the learning rates")
     summary = {"format": SCORER_FORMAT, "kind": "outcome" if args.outcome else "process", "model": cfg.model.name,
                "data": data or "monte-carlo", "task": cfg.task.name, "solutions": len(examples),
                "labels": sum(len(e.positions) for e in examples), "epochs": args.epochs,

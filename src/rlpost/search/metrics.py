@@ -54,8 +54,7 @@ def majority_vote(answers: Sequence[str | None], weights: Sequence[float] | None
             totals[answer] = totals.get(answer, 0.0) + (1.0 if weights is None else float(weights[i]))
     if not totals:
         return None
-    best = max(totals.values())
-    return next(a for a, t in totals.items() if t == best)
+    return max(totals, key=totals.__getitem__)  # max keeps the first of equal totals
 
 
 def maj_at_k(answers: Sequence[str | None], is_correct: Mapping[str, bool] | Callable[[str], bool], k: int,
