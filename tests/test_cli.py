@@ -122,12 +122,19 @@ def test_options_a_command_would_ignore_are_refused(tmp_path, capsys):
         (["eval", "tiny", "--k", "2"], "--k: pass@k and maj@k need --samples"),
         (["sft", "dist.topology=async"], "dist.topology: rlpost sft would ignore it"),
         (["rm", "pref.loss=ipo"], "pref.loss: rlpost rm would ignore it"),
+        (["rm", "algo.icepop_c=2"], "algo.icepop_c: rlpost rm would ignore it"),  # algo.critic_lr it reads
+        (["dpo", "algo.name=nonsense_algo"], "algo.name: rlpost dpo would ignore it"),
+        (["dpo", "algo.tis_cap=2"], "algo.tis_cap: rlpost dpo would ignore it"),
+        (["train", "dist.max_staleness=3"], "dist.max_staleness: samples lag the policy only where"),
     ]
     for argv, message in cases:
         assert cli.main([*argv, f"run.out_dir={tmp_path}"]) == 2, argv
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, (argv, err)
     assert not any(tmp_path.glob("*/config.yaml"))  # refused before any run folder was made
+    from rlpost.config_check import refuse_ignored
+
+    refuse_ignored("rm", ["algo.critic_lr", "pref.epochs"])  # the reward head's lr: rm reads it (the pipelines set it)
 
 
 def test_plan_answers_a_gpu_question_without_the_cpu_demos_defaults():

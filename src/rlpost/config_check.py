@@ -171,17 +171,19 @@ IGNORED = {
             "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef", "pref.rsft_"),
     "rsft": ("dist.", "algo.", "pref.data", "pref.eval_data", "pref.loss", "pref.beta", "pref.label_smoothing",
              "pref.simpo_gamma", "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef"),
-    "rm": ("dist.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
+    "rm": ("dist.", "algo.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
            "pref.orpo_lambda", "pref.nll_coef", "pref.rsft_"),
-    "dpo": ("dist.", "pref.rm_margin", "pref.rsft_"),
+    "dpo": ("dist.", "algo.", "pref.rm_margin", "pref.rsft_"),  # online DPO samples as GRPO would, algo.* unread
     "prm": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
     "search": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
 }
+READ = {"rm": ("algo.critic_lr",)}  # keys a command reads inside a section it otherwise ignores: the scalar head's lr
 WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",
        "sft": "supervised fine-tuning runs in one process, on fixed rows, with the NLL loss",
        "rsft": "rejection-sampling SFT samples its own rows and trains them with the NLL loss",
-       "rm": "the reward model trains in one process with the Bradley-Terry loss",
-       "dpo": "preference optimisation runs in one process",
+       "rm": "the reward model trains in one process with the Bradley-Terry loss; of algo.* it reads algo.critic_lr, "
+             "its head's lr",
+       "dpo": "preference optimisation runs in one process with its own loss, pref.loss and pref.beta",
        "prm": "the scorer trains in one process with its own options: --lr, --head-lr, --epochs, --batch-size",
        "search": "search trains nothing"}
 
@@ -189,5 +191,7 @@ WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation t
 def refuse_ignored(command: str, keys: list[str]) -> None:
     """One ConfigError for the first key `rlpost command` would not read (the CLI's check, before torch loads)."""
     for key in keys:
+        if key in READ.get(command, ()):
+            continue
         if any(key == p or key.startswith(p) for p in IGNORED.get(command, ())):
             raise config.ConfigError(f"{key}: rlpost {command} would ignore it ({WHY[command]}); drop it")

@@ -63,6 +63,15 @@ def check_dist(cfg: Config) -> None:
     if dist.trainer_ranks > 1 and cfg.trainer.micro_batch_tokens:
         raise ConfigError("trainer.micro_batch_tokens: each FSDP rank must run as many micro-batches as the others; "
                           "expected 0 (micro-batches by rows) with dist.trainer_ranks > 1")
+    if dist.max_staleness > 1 and dist.topology != "async":  # 0 and 1 are what a synchronous loop is anyway
+        raise ConfigError("dist.max_staleness: samples lag the policy only where workers sample ahead; expected "
+                          f"dist.topology=async, got {dist.topology}")
+    if dist.topology == "colocated":  # one process: no Ray actors for these to shape
+        default = type(dist)()
+        for key in ("chunk_prompts", "rollout_threads", "trainer_threads", "ray_address", "trainer_placement"):
+            if getattr(dist, key) != getattr(default, key):
+                raise ConfigError(f"dist.{key}: shapes the Ray actors of dist.topology=disaggregated or async; a "
+                                  f"colocated run has none and would ignore it (got {getattr(dist, key)!r})")
     if dist.partial_rollouts and dist.topology != "async":
         raise ConfigError("dist.partial_rollouts: weights change mid-chunk only where workers sample ahead; expected "
                           f"dist.topology=async, got {dist.topology}")

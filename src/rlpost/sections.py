@@ -356,9 +356,9 @@ class DistConfig:
     (workers sample ahead) (docs/options.md)"""
     rollout_workers: int = knob(1, ge=1)
     """disaggregated/async: Ray actors that sample (each holds a copy of the policy in rollout.dtype)"""
-    max_staleness: int = knob(1, ge=0)
-    """async: the most trainer steps a trained sample may lag the policy being trained (0 = synchronous); older ones are
-    dropped and regenerated"""
+    max_staleness: int = knob(1, ge=0, le=64)
+    """async: the most trainer steps a trained sample may lag the policy being trained (0 = synchronous, at most 64);
+    older ones are dropped and regenerated"""
     sync_every: int = knob(1, ge=1)
     """push the trainer's weights to the rollout every N updates (versioned; a sample's staleness counts the pushes made
     after its version)"""

@@ -199,11 +199,25 @@ def test_a_failed_decode_fails_each_of_its_chunks_and_the_next_decode_runs(engin
      "dist.partial_rollouts: a broadcast is a collective"),
     ("dist.partial_rollouts=true dist.topology=async rollout.engine=hf",
      "dist.partial_rollouts: new weights are taken in the own engine's decode loop"),
+    ("dist.max_staleness=3", "dist.max_staleness: samples lag the policy only where workers sample ahead; expected "
+                             "dist.topology=async, got colocated"),
+    ("dist.max_staleness=3 dist.topology=disaggregated", "dist.max_staleness: samples lag"),
+    ("dist.max_staleness=1000000000 dist.topology=async", "dist.max_staleness"),  # a bound: it samples that far ahead
+    ("dist.chunk_prompts=2", "dist.chunk_prompts: shapes the Ray actors"),
+    ("dist.rollout_threads=1", "dist.rollout_threads: shapes the Ray actors"),
+    ("dist.trainer_placement=spread", "dist.trainer_placement: shapes the Ray actors"),
 ])
 def test_partial_rollout_settings_are_checked(override, expected):
     with pytest.raises(config.ConfigError) as e:
         config.load(None, override.split())
     assert str(e.value).startswith(expected) and "\n" not in str(e.value)
+
+
+def test_what_a_synchronous_topology_reads_is_taken():
+    for words in (["dist.max_staleness=0"], ["dist.max_staleness=1", "dist.topology=disaggregated"],
+                  ["dist.topology=disaggregated", "dist.chunk_prompts=2", "dist.rollout_threads=1"],
+                  ["dist.topology=async", "dist.max_staleness=64"]):
+        config.load(None, words)
 
 
 # --- the pool, on real actors ------------------------------------------------------------------

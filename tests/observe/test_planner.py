@@ -287,12 +287,51 @@ def test_calibrate_returns_predicted_measured_and_ratio(tmp_path):
 
 
 def test_calibrate_ppo_run_has_old_and_critic_and_tolerates_missing_summary(tmp_path):
-    run = fake_run(tmp_path, ["model.name=tiny", "algo.name=ppo", "algo.kl_coef=0.05"], [{"timing_s/old": 0.5}])
+    run = fake_run(tmp_path, ["model.name=tiny", "algo.name=ppo", "algo.kl_coef=0.05"],
+                   [{"timing_s/gen": 1.0, "timing_s/old": 0.5}])
     cal = planner.calibrate(run)
     rows = {r["name"]: r for r in cal["rows"]}
     assert rows["timing_s/old"]["measured"] == 0.5 and rows["timing_s/ref"]["measured"] is None
     assert rows["peak memory"]["measured"] is None and rows["peak memory"]["ratio"] is None
     assert "critic" in cal["plan"]["memory_bytes"] and "reference" in cal["plan"]["memory_bytes"]
+
+
+def test_what_the_run_decides_is_not_taken_from_flags_beside_from(tmp_path, capsys):
+    # --from prices the run's own workload: a workload flag beside it would be ignored, so it is refused
+    run = fake_run(tmp_path / "rl", ["model.name=tiny"], [{"timing_s/gen": 1.0, "timing_s/update": 2.0}])
+    assert planner.main(["--from", str(run), "--engine", "fast", "--json"]) == 0  # the code path: --from reads it
+    capsys.readouterr()
+    for flags in (["--slots", "4"], ["--prompts", "5"], ["--model", "tiny"], ["--topology", "async"],
+                  ["--partial-rollouts"], ["--mean-len", "9"]):
+        assert planner.main(["--from", str(run), *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert f"{flags[0]}: rlpost plan --from prices the run's own workload" in err and err.count("\n") == 1, err
+    # a run that sampled nothing a step (sft, dpo, rm) has no RL step to price
+    dpo = fake_run(tmp_path / "dpo", ["model.name=tiny"], [{"timing_s/step": 1.0, "train/loss": 0.6}])
+    (dpo / "summary.json").write_text(json.dumps({"kind": "dpo", "loss": "dpo"}))
+    with pytest.raises(ConfigError, match="is an rlpost dpo run \\(summary.json: kind\\), not an RL run"):
+        planner.calibrate(dpo)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--min-len", "12", "--mean-len", "10"], "--min-len: the shortest completion cannot be longer than the mean"),
+    (["--slots", "4", "--engine", "vllm"], "--slots: decode slots are the own engine's"),
+    (["--slots", "4", "--engine", "hf"], "--slots: decode slots are the own engine's"),
+    (["--partial-rollouts", "--topology", "async", "--weight-sync", "broadcast"], "--partial-rollouts: a broadcast"),
+    (["--partial-rollouts", "--topology", "async", "--engine", "hf"], "--partial-rollouts: new weights are taken"),
+])
+def test_a_plan_refuses_what_train_refuses(argv, said):
+    with pytest.raises(ConfigError, match=f"^{said}"):
+        planner.run(args(*argv))
+
+
+def test_a_plan_piped_into_head_ends_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run(f"{sys.executable} -m rlpost plan --json | head -c 1", shell=True, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout == "{" and "Broken pipe" not in out.stderr and "error" not in out.stderr, out.stderr
 
 
 def test_the_fitted_efficiencies_still_reproduce_the_runs_they_were_fitted_to(tmp_path, monkeypatch):

@@ -134,8 +134,12 @@ class RolloutPool:
             return self._take(self._enqueue(rows, n, kw, front=True, bound=None))
         if not self.ahead:  # the first step: nothing queued yet
             self.ahead.append(self._enqueue(rows, n, kw, front=False, bound=self.max_staleness))
-        for j in range(len(self.ahead) - 1, self.max_staleness):  # the coming steps' prompts
-            self.ahead.append(self._enqueue(self.stream.peek(j), n, kw, front=False, bound=self.max_staleness))
+        if len(self.ahead) <= self.max_staleness:  # the coming steps' prompts, read by one probe of the stream
+            probe = self.stream.fork()
+            for _ in range(len(self.ahead) - 1):
+                probe.next()
+            for _ in range(len(self.ahead) - 1, self.max_staleness):
+                self.ahead.append(self._enqueue(probe.next(), n, kw, front=False, bound=self.max_staleness))
         batch = self._take(self.ahead[0])
         self.ahead.popleft()
         return batch

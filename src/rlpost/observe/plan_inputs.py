@@ -172,9 +172,22 @@ def workload_from_args(a: argparse.Namespace, dev: Device = CPU_AVX512) -> Workl
         if not (0 <= value <= max(a.response_len or a.new_tokens, 1) and math.isfinite(value)):
             raise ConfigError(f"--{name.replace('_', '-')}: expected 0 (unset) or a number of tokens up to the cap, "
                               f"{a.response_len or a.new_tokens}, got {value}")
+    if a.min_len and a.mean_len and a.min_len > a.mean_len:
+        raise ConfigError(f"--min-len: the shortest completion cannot be longer than the mean (--mean-len "
+                          f"{a.mean_len:g}), got {a.min_len:g}")
     if a.partial_rollouts and a.topology != "async":
         raise ConfigError(f"--partial-rollouts: weights change mid-chunk only where workers sample ahead; expected "
                           f"--topology async, got {a.topology or 'colocated'}")
+    # what rlpost train refuses (config_rules.py), refused here too rather than priced
+    if a.slots and a.engine in ("hf", "vllm"):
+        raise ConfigError(f"--slots: decode slots are the own engine's (--engine fast or auto); --engine {a.engine} "
+                          f"batches on its own, so expected 0, got {a.slots}")
+    if a.partial_rollouts and a.weight_sync == "broadcast":
+        raise ConfigError("--partial-rollouts: a broadcast is a collective every worker joins between chunks; expected "
+                          "--weight-sync object_store with it")
+    if a.partial_rollouts and a.engine in ("hf", "vllm"):
+        raise ConfigError(f"--partial-rollouts: new weights are taken in the own engine's decode loop; expected "
+                          f"--engine fast or auto, got {a.engine}")
     cfg = from_dict({"algo": {"name": a.algo, "kl_coef": a.kl_coef, "critic": a.critic}})
     reference, critic, early_old = algorithm_parts(cfg)
     return Workload(a.prompts, a.group, a.prompt_len, a.new_tokens, a.response_len, a.micro_batch, a.mini_batch,

@@ -157,6 +157,9 @@ def read_run(run_dir: str | Path) -> tuple[Config, dict, int, dict]:
     if not lines:
         raise ConfigError(f"--from: {d}/metrics.jsonl has no steps")
     keys = {k for line in lines for k, v in line.items() if isinstance(v, (int, float))}
+    if isinstance(summary, dict) and summary.get("kind"):  # rlpost sft, dpo, rm, rsft write theirs; an RL run none
+        raise ConfigError(f"--from: {d} is an rlpost {summary['kind']} run (summary.json: kind), not an RL run; the "
+                          "planner prices an RL step (the GRPO family, PPO)")
     med = {k: statistics.median(line[k] for line in lines if isinstance(line.get(k), (int, float))) for k in keys}
     return cfg, med, len(lines), summary
 
@@ -312,8 +315,22 @@ def format_fit(f: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print a plan (or a calibration with --from). Raises ConfigError on bad input."""
+# What --from takes from the run's own config.yaml, so a flag for it would be ignored: refused instead. (--from uses
+# --device/--gpu, --gpus, --nodes, --net-gbps, --eff, --fit and the code path: --engine, --forward, --logp-chunk.)
+FROM_RUN = ("model", "params", *(name for name, *_ in INT_ARGS), "mean_len", "min_len",
+            "algo", "critic", "kl_coef", "precision", "sampler_dtype", "no_share_prefix", "grad_ckpt", "topology",
+            "partial_rollouts", "weight_sync")
+
+
+def run(args: argparse.Namespace, defaults: argparse.Namespace | None = None) -> int:
+    """Print a plan (or a calibration with --from). Raises ConfigError on bad input. ``defaults``: the parser's
+    values for no arguments, to tell a workload flag given with --from (which reads the run's own) from its default."""
+    if args.run_dir and defaults is not None:
+        given = [name for name in FROM_RUN if getattr(args, name) != getattr(defaults, name)]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise ConfigError(f"{flag}: rlpost plan --from prices the run's own workload (its config.yaml), so it "
+                              f"would ignore {flag}; drop it, or plan without --from")
     dev = resolve_device(args.gpu, "--gpu") if args.gpu else resolve_device(args.device, "--device")
     if args.gpus < 1 or (dev.cpu and args.gpus != 1):
         raise ConfigError(f"--gpus: expected an integer >= 1 (exactly 1 on cpu), got {args.gpus}")
@@ -349,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         "(checkpointing, micro-batch, GPUs, bf16), as flags and config keys. docs/planner.md")
     add_arguments(parser)
     try:
-        return run(parser.parse_args(argv))
+        return run(parser.parse_args(argv), parser.parse_args([]))
     except ConfigError as e:
         print(f"rlpost: error: {e}", file=sys.stderr)
         return 2
