@@ -95,7 +95,7 @@ def check_prompts(spec: str, rows: list[dict], after: int, after_key: str, sourc
     budget = context - after
     if budget < 1:
         raise ConfigError(f"{after_key}: expected less than the context of {model_spec(spec)} ({context} tokens), got "
-                          f"{after}")
+                          f"{after}; set {after_key} lower for this model, leaving room for the prompt")
     tok = _tokenizer(spec)
     per_message = _prompt_tokens(tok, [{"role": "user", "content": ""}], budget) + 8  # the template's own tokens
     for i, row in enumerate(rows):

@@ -77,8 +77,16 @@ LINE_PLOTS = [
     ("Reward per turn", [("env/turn_reward/mean", "mean over turns"), ("env/turn_reward/first", "first turn"),
                          ("env/turn_reward/last", "last turn")], "reward"),
     # Ray topologies only (docs/distributed.md); a plot with no data is not drawn.
-    ("Staleness of trained samples", [("async/staleness_mean", "mean"), ("async/staleness_max", "max")],
-     "versions behind"),
+    ("Staleness of trained samples", [("async/staleness_mean", "mean"), ("async/staleness_max", "max"),
+                                      ("async/token_staleness_mean", "per token, mean"),
+                                      ("async/token_staleness_max", "per token, max")], "versions behind"),
+    # The off-policy stabilisers (algo.icepop_c, algo.offpolicy_mask_delta: docs/algorithms.md), a step's share masked.
+    ("Off-policy masking", [("actor/icepop_masked_frac", "tokens outside ICEPOP's band"),
+                            ("actor/offpolicy_masked_frac", "sequences masked (negative advantage, far off-policy)")],
+     "share"),
+    # Partial rollouts (dist.partial_rollouts): a batch's share of rows, and a count over the run so far.
+    ("Partial rollouts", [("async/mixed_version_rows", "rows sampled under two versions")], "share of a batch"),
+    ("Weight loads mid-decode (run total)", [("async/inflight_weight_loads", "loads so far")], "count"),
     ("Idle time", [("async/trainer_idle_frac", "trainer"), ("async/rollout_idle_frac", "rollout workers")], "share"),
     ("Rollout queue", [("async/queue_depth", "sampled sequences waiting")], "sequences"),
 ]
