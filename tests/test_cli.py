@@ -212,3 +212,18 @@ def test_ctrl_c_names_the_report_of_the_steps_so_far(tmp_path, monkeypatch):
     assert last.endswith("`rlpost train --resume RUN_DIR` continues from the last checkpoint); `rlpost report "
                          "RUN_DIR` writes the report of the steps so far")
     assert cli("report", str(tmp_path / "r")).returncode == 0
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["frobnicate"], "rlpost: error: argument command: invalid choice: 'frobnicate'"),
+    (["train", "--bogus"], "rlpost: error: unrecognized arguments: --bogus"),
+    (["curate", "x.jsonl", "--k", "abc"], "rlpost curate: error: argument --k: invalid int value: 'abc'"),
+    (["plan", "--slots", "abc"], "rlpost plan: error: argument --slots: invalid int value: 'abc'"),
+    (["eval", "s.yaml", "--n", "x"], "rlpost eval: error: argument --n: invalid int value: 'x'"),
+])
+def test_a_mistyped_option_is_one_line_not_the_usage_block(argv, said):
+    from helpers import cli
+
+    r = cli(*argv)
+    assert r.returncode == 2 and r.stderr.startswith(said) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--help` lists the options" in r.stderr

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from rlpost import config, config_check, machine, names, runconfig
 from rlpost.config_check import refuse_ignored
-from rlpost.console import say
+from rlpost.console import Parser, say
 from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
 from rlpost.recipes import curate, eval_args, search_args, serve, suite
@@ -84,7 +84,7 @@ def recipe_keys(recipe: str | None, overrides: list[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlpost", description="RL post-training of language models.")
+    p = Parser(prog="rlpost", description="RL post-training of language models.")
     p.add_argument("--version", action="version", version=f"rlpost {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     options = "options (section.key=value):\n" + config.help_text()

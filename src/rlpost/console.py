@@ -3,6 +3,7 @@ that stdout stays free for machine-readable output (``rlpost eval`` prints JSON 
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 
@@ -21,3 +22,11 @@ def say_once(message: str, key: str | None = None) -> None:
     if (key or message) not in _said:
         _said.add(key or message)
         say(message)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose mistakes are one line, as every other bad input is: the error and where the options
+    are listed, not the whole usage block before it (exit 2, as argparse's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")

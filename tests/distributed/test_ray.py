@@ -274,3 +274,37 @@ def test_a_resumed_run_samples_on_from_where_it_stopped(tmp_path, sync_run):
     train(tiny_cfg(*SYNC, "run.steps=1", "run.checkpoint_every=1"), tmp_path / "run", task=DIGITS)
     train(tiny_cfg(*SYNC, "run.checkpoint_every=1"), tmp_path / "run", resume=True, task=DIGITS)
     assert learning(lines(tmp_path / "run")) == learning(sync_run[0])
+
+
+def test_a_sigterm_to_the_whole_process_group_stops_an_async_run_gracefully(tmp_path):
+    # `timeout`, Slurm's scancel and `kill -TERM -PGID` signal every process of the group. Ray's local cluster
+    # starts in sessions of its own (topology.start_ray), so the GCS and the actors live on while the driver finishes
+    # its step and saves the checkpoint through the trainer actor; before, the GCS died with the signal and the stop
+    # hung for a minute, saving nothing.
+    import signal
+    import subprocess
+    import time
+
+    from helpers import TINY
+
+    run = tmp_path / "g"
+    proc = subprocess.Popen([sys.executable, "-m", "rlpost", "train", *TINY, "dist.topology=async", "run.steps=100000",
+                             f"run.out_dir={tmp_path}", "run.name=g"], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:  # a few steps in: the actors are up and working
+            metrics = run / "metrics.jsonl"
+            if metrics.exists() and metrics.read_text().count("\n") >= 3:
+                break
+            time.sleep(1)
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        os.killpg(proc.pid, signal.SIGTERM)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "whose checkpoint is saved" in err and "GCS" not in err, err[-2000:]
+    assert (run / "checkpoints" / "latest").exists()

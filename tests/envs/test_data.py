@@ -57,3 +57,24 @@ def test_the_curriculum_state_resumes_and_off_means_off():
     assert visit(again) == visit(s) and again.skipped == s.skipped > 0
     off = PromptStream(ROWS, 2, seed=0, curriculum=(0, 0.0, 1.0))
     assert off.observe(ROWS, [1.0] * 4) == {} and off.learnable(ROWS[0])
+
+
+def test_files_that_are_not_rows_are_one_line_naming_them(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+
+    from rlpost.envs.data import DataError, read_rows
+
+    (tmp_path / "d.csv").write_text("prompt,answer\n1+1,2\n")
+    with pytest.raises(DataError, match="d.csv: a CSV file; rlpost reads JSONL .* convert it"):
+        read_rows(tmp_path / "d.csv")
+    (tmp_path / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(DataError, match="deep.jsonl:1: JSON nested too deeply to read"):
+        read_rows(tmp_path / "deep.jsonl")
+    # a parquet table of no rows (what curate writes when it keeps nothing) reads as no rows, not an error
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), tmp_path / "empty.parquet")
+    assert read_rows(tmp_path / "empty.parquet") == []
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match="bad.parquet: not a readable parquet file"):
+        read_rows(tmp_path / "bad.parquet")

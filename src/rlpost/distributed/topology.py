@@ -47,9 +47,33 @@ def cpus(threads: int, share: float) -> float:
 
 
 def start_ray(address: str) -> None:
-    if not ray.is_initialized():
-        ray.init(address=address or None, include_dashboard=False, log_to_driver=True,
-                 configure_logging=False)
+    """Join the cluster at ``address``, or start a local one. A local one's processes (the GCS, the raylet, and the
+    actors the raylet starts) begin a session of their own (``start_new_session``): a SIGTERM sent to the whole
+    process group (`timeout`, Slurm's scancel, `kill -TERM -PGID`) then reaches this driver alone, which finishes
+    its step and saves a checkpoint through the actors, instead of finding the GCS gone and hanging until Ray ends
+    it. Nothing outlives the driver for it: ray.shutdown ends them, and Ray ties each to its parent's death
+    (PR_SET_PDEATHSIG). Ray starts them through ``services.ConsolePopen``; where a Ray version has none, they start
+    as before."""
+    if ray.is_initialized():
+        return
+    try:
+        from ray._private import services
+
+        popen = services.ConsolePopen
+    except (ImportError, AttributeError):
+        services = popen = None
+    if popen is not None:
+        class Apart(popen):
+            def __init__(self, *args, **kwargs):
+                kwargs.setdefault("start_new_session", True)
+                super().__init__(*args, **kwargs)
+
+        services.ConsolePopen = Apart
+    try:
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=True, configure_logging=False)
+    finally:
+        if popen is not None:
+            services.ConsolePopen = popen
 
 
 def node_cpus() -> list[float]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from rlpost.config import Config, ConfigError, from_dict, to_dict
+from rlpost.console import Parser
 from rlpost.observe.cost import (  # noqa: F401 - re-exported: planner.memory etc.
     GiB, activation_bytes, attn_flops, decode_latency, forward_flops, gpu_step, kv_cache_bytes, logits_bytes, memory,
     prompt_runs, prompts_once, rollout_parts, rollout_time, step_time, update_flops, update_latency)
@@ -359,7 +360,7 @@ def run(args: argparse.Namespace, defaults: argparse.Namespace | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="rlpost plan", description="Estimate memory and step time of an RL step.",
         epilog="A GPU question (--gpu, or --gpus N > 1: an H100) plans prompt 128 + 256 new tokens, each unless "
         "given, where the defaults above are the CPU demo's. A plan over the device's memory lists what would fit "

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from rlpost import config, machine
 from rlpost.config_check import refuse_ignored
-from rlpost.console import say
+from rlpost.console import Parser, say
 from rlpost.observe import suite_report
 from rlpost.recipes.eval_args import eval_ks
 from rlpost.types.errors import ConfigError, writing
@@ -58,7 +58,7 @@ def eval_table(result: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlpost eval", description="Evaluate a suite of held-out sets (a YAML file).")
+    p = Parser(prog="rlpost eval", description="Evaluate a suite of held-out sets (a YAML file).")
     p.add_argument("suite", metavar="SUITE.yaml")
     p.add_argument("args", nargs="*", metavar="key=value", help="dotted overrides joined to every set's")
     p.add_argument("--model", default="", help="the model evaluated (default: the suite's model, else embedded)")
