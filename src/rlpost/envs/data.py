@@ -33,8 +33,9 @@ def read_rows(path: str | Path, what: str = "data") -> list[dict]:
     if path.is_dir() or path.suffix == ".parquet":
         return _read_dataset(path)
     if path.suffix.lower() in (".csv", ".tsv"):  # read as JSON it would fail at line 1 with a JSON parser's message
-        raise DataError(f"{path}: a {path.suffix[1:].upper()} file; rlpost reads JSONL (a JSON object a line), parquet "
-                        "or a `datasets` folder: convert it, e.g. datasets.Dataset.from_csv(path).to_json('rows.jsonl')")
+        raise DataError(f"{path}: a {path.suffix[1:].upper()} file; rlpost reads JSONL (a JSON object a line), "
+                        "parquet or a `datasets` folder: convert it, e.g. "
+                        "datasets.Dataset.from_csv(path).to_json('rows.jsonl')")
     try:
         lines = path.read_bytes().split(b"\n")
     except OSError as e:
