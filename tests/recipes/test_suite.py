@@ -7,7 +7,7 @@ import re
 import pytest
 from helpers import TINY, TINY_EVAL, cli
 
-from rlpost.recipes.suite import flips, report
+from rlpost.recipes.suite import flips, is_suite, report
 
 EVAL = [o for o in TINY_EVAL if not o.startswith(("task.n_train", "task.n_heldout"))]
 HELD = [{"prompt": "first", "answer": "pass", "data_source": "a"}, {"prompt": "second", "answer": "fail",
@@ -231,3 +231,6 @@ def test_a_suite_file_is_known_anywhere_among_the_words(tmp_path, monkeypatch):
     r = cli("eval", "--n", "1", "S.YAML")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "S.results.json").read_text())["sets"]["mine"]["n"] == 1
+    # the first positional word decides, an option's value never does
+    assert is_suite(["s.yml", "--out", "x.json"]) and not is_suite(["RUN", "--out", "r.yaml"])
+    assert not is_suite(["tiny", "task.data=a.yaml"]) and not is_suite([])

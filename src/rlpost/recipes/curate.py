@@ -138,15 +138,15 @@ def write_rows(raw: list[dict], source: Path, out: Path) -> None:
     """The kept rows as they were read, in the input's format (JSONL, parquet, a `datasets` folder)."""
     clean = [{k: v for k, v in r.items() if k != "_line"} for r in raw]
     with writing(out):
-        if source.suffix == ".parquet" or source.is_dir():
+        if not clean and source.suffix == ".parquet":  # no row kept: DATA's columns, no rows (read back as none)
+            import pyarrow.parquet
+
+            pyarrow.parquet.write_table(pyarrow.parquet.read_schema(str(source)).empty_table(), str(out))
+        elif source.suffix == ".parquet" or source.is_dir():
             import datasets
 
-            if clean:
-                table = datasets.Dataset.from_list(clean)
-            else:  # no row kept: an empty table with DATA's columns, which task.data reads back as no rows
-                whole = (datasets.load_from_disk(str(source)) if source.is_dir()
-                         else datasets.Dataset.from_parquet(str(source)))
-                table = whole.select([])
+            table = (datasets.Dataset.from_list(clean) if clean
+                     else datasets.load_from_disk(str(source)).select([]))  # a datasets folder: its features kept
             table.to_parquet(str(out)) if source.suffix == ".parquet" else table.save_to_disk(str(out))
         else:
             out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in clean))

@@ -46,8 +46,10 @@ SUFFIXES = (".yaml", ".yml")
 
 def is_suite(argv: list[str]) -> bool:
     """`rlpost eval X ...` where X is a suite file (a YAML file, not a run or model folder)."""
-    return any(a.lower().endswith(SUFFIXES) and not a.startswith("-") and "=" not in a and not Path(a).is_dir()
-               for a in argv)  # anywhere among the words (after --n 1 too), .YAML as .yaml
+    values = {"--n", "--samples", "--k", "--out", "--against", "--judge", "--model"}  # options that take a word
+    words = [a for i, a in enumerate(argv) if not a.startswith("-") and "=" not in a
+             and not (i and argv[i - 1] in values)]  # the positional words: after --n 1 too
+    return bool(words) and words[0].lower().endswith(SUFFIXES) and not Path(words[0]).is_dir()  # .YAML as .yaml
 
 
 def eval_table(result: dict) -> str:
