@@ -105,8 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                        ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
                        ("rm", "Bradley-Terry reward model (a scalar head on the LM)")):
         k = sub.add_parser(kind, help=what, epilog=options, formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description=f"{what.capitalize()}, on pref.data (or rows built from the task). Writes "
-                                       "RUN_DIR/model.")
+                           description=f"{what[0].upper() + what[1:]}, " + (
+                               "of the task's prompts (pref.online_rounds rounds)"
+                               if kind == "rsft" else "on pref.data (or rows built from the task)"
+                               + (", or with pref.online_rounds on pairs of the policy's own samples"
+                                  if kind == "dpo" else ""))
+                           + ". Writes RUN_DIR/model (a trained run; one whose rounds trained nothing says so).")
         k.add_argument("args", nargs="*", metavar="RECIPE|key=value", help="a recipe YAML, then dotted overrides")
     pl = sub.add_parser("pipeline", help="SFT -> (RM) -> DPO -> RL from one recipe, with a stage table")
     pl.add_argument("recipe", metavar="PIPELINE.yaml")
@@ -464,6 +468,7 @@ def cmd_offline(args) -> int:
 
     preflight(cfg, args.command)  # its rows and the model's limits, before the folder exists
     with runfolder.claim(run_dir, "new") as rf:
+        folders.mark(run_dir, "run", command=args.command)  # `rlpost train --resume` refuses it (runfolder.made_by)
         rf.write_config(cfg)
         say(f"run folder {run_dir}")
         summary = train_stage(cfg, run_dir, args.command)

@@ -78,3 +78,18 @@ def test_files_that_are_not_rows_are_one_line_naming_them(tmp_path):
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(DataError, match="bad.parquet: not a readable parquet file"):
         read_rows(tmp_path / "bad.parquet")
+
+
+def test_a_bad_row_of_a_table_is_named_by_its_number(tmp_path):
+    import datasets
+    import pytest
+
+    from rlpost import config
+    from rlpost.envs.data import DataError
+    from rlpost.envs.dataset import load_rows
+
+    rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}, {"prompt": None, "answer": "3"}]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "d.parquet"))
+    cfg = config.load(None, ["task.name=dataset", f"task.data={tmp_path / 'd.parquet'}"])
+    with pytest.raises(DataError, match=r"d.parquet row 3: 'prompt' must be"):
+        load_rows(str(tmp_path / "d.parquet"), cfg.task)

@@ -134,7 +134,8 @@ def test_rows_from_jsonl_parquet_and_a_datasets_folder_agree(tmp_path):
     plain = [{k: r[k] for k in ("prompt", "chosen", "rejected")}
              for r in read_rows(write_jsonl(tmp_path / "d.jsonl", rows))]
     assert plain == rows
-    assert read_rows(tmp_path / "d.parquet") == rows and read_rows(tmp_path / "folder") == rows
+    assert read_rows(tmp_path / "d.parquet") == read_rows(tmp_path / "folder") == [
+        {**r, "_line": i} for i, r in enumerate(rows, 1)]  # a table's rows are counted, as a file's lines are
     with pytest.raises(ConfigError, match="file not found"):
         read_rows(tmp_path / "missing.jsonl")
 

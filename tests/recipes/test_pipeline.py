@@ -125,3 +125,57 @@ def test_a_finished_stage_is_not_reused_under_other_settings(tmp_path, monkeypat
     pipeline.run_pipeline(path)  # the same settings: reused
     with pytest.raises(ConfigError, match=r"^stage s: finished under other settings \(pref.epochs: 2 -> 5\); remove "):
         pipeline.run_pipeline(path, ["pref.epochs=5"])
+
+
+def test_a_failing_stage_keeps_the_finished_ones_and_out_dir_is_honoured(tmp_path, monkeypatch):
+    # the rm stage's data is bad: the sft stage before it finished, and must still be there to continue from
+    from rlpost import config
+    from rlpost.recipes import pipeline
+    from rlpost.types.errors import DataError
+
+    def fake_stage(cfg, sdir, kind):
+        if kind == "rm":
+            raise DataError("missing.jsonl:6: expected 'rejected'")
+        sdir.mkdir(parents=True, exist_ok=True)
+        config.save(cfg, sdir / "config.yaml")
+        summary = {"model": str(sdir), "heldout_before": {"sft/nll": 1.0}, "heldout_after": {"sft/nll": 0.5}}
+        (sdir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(pipeline, "model_accuracy", lambda cfg, model: 0.0)
+    monkeypatch.setattr(pipeline, "run_stage", fake_stage)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"name": "p", "base": ["model.name=tiny", f"run.out_dir={tmp_path / 'mine'}"],
+                                    "stages": [{"name": "s", "kind": "sft"}, {"name": "r", "kind": "rm"}]}))
+    with pytest.raises(DataError):
+        pipeline.run_pipeline(path)
+    assert (tmp_path / "mine" / "p" / "s" / "summary.json").exists()  # run.out_dir in the base, and kept
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_stage_override_its_command_would_ignore_is_refused_before_any_stage(tmp_path):
+    recipe = tmp_path / "p.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "p", "out_dir": str(tmp_path), "base": TINY, "stages": [
+        {"name": "s", "kind": "sft"}, {"name": "g", "kind": "rl", "overrides": ["pref.beta=0.5"]}]}))
+    r = cli("pipeline", str(recipe))
+    assert r.returncode == 2 and "stage g: pref.beta: rlpost train would ignore it" in r.stderr, r.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_train_resume_refuses_a_folder_sft_made(tmp_path):
+    # `--resume ... --start-over` would have written a GRPO run over the SFT model: refused, whatever the flags
+    from rlpost.observe import runfolder
+    from rlpost.types import folders
+
+    run = tmp_path / "s"
+    run.mkdir()
+    (run / "config.yaml").write_text("{}\n")
+    folders.mark(run, "run", command="sft")
+    for flags in ([], ["--start-over"]):
+        r = cli("train", "--resume", str(run), *flags)
+        assert r.returncode == 2 and "an rlpost sft run; rlpost train --resume continues RL runs only" in r.stderr
+    finished = tmp_path / "d"  # an older rlpost's finished dpo run: no command in its marker, its summary says
+    finished.mkdir()
+    (finished / "config.yaml").write_text("{}\n")
+    (finished / "summary.json").write_text(json.dumps({"kind": "dpo", "loss": "dpo"}))
+    assert runfolder.made_by(finished) == "dpo" and runfolder.made_by(tmp_path) is None

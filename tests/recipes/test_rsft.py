@@ -49,6 +49,10 @@ def test_rsft_rounds_sample_from_the_previous_round(tmp_path):
     import yaml
 
     assert yaml.safe_load((tmp_path / "round_2" / "config.yaml").read_text())["model"]["name"].endswith("round_1/model")
+    # RUN/model, as every run ends with: the last round's model, what export, serve and the next stage read
+    assert s["model"] == str(tmp_path / "model") and (tmp_path / "model").resolve() == (tmp_path / "round_2" /
+                                                                                          "model").resolve()
+    assert (tmp_path / "model" / "config.json").is_file()
 
 
 def test_rsft_command_and_pipeline_stage(tmp_path):
@@ -68,3 +72,13 @@ def test_rsft_command_and_pipeline_stage(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads((tmp_path / "p" / "pipeline.json").read_text())
     assert [x["stage"] for x in rows] == ["start", "rs"] and "rejection-sampling SFT: 1 rounds" in rows[1]["other"]
+
+
+def test_the_final_model_links_the_last_round_or_says_nothing_trained(tmp_path, capsys):
+    from rlpost.recipes.online import final_model
+
+    assert final_model(tmp_path, "tiny", "tiny") == "tiny" and not (tmp_path / "model").exists()
+    assert "no round trained" in capsys.readouterr().err
+    (tmp_path / "round_3" / "model").mkdir(parents=True)
+    assert final_model(tmp_path, str(tmp_path / "round_3" / "model"), "tiny") == str(tmp_path / "model")
+    assert (tmp_path / "model").is_symlink() and not (tmp_path / "model").readlink().is_absolute()

@@ -378,3 +378,30 @@ def test_rows_fed_into_a_running_decode_draw_what_they_draw_alone_and_come_back_
         alone = engine.sample_ids([ids], 0.0, 1.0, n, [])[0]
         assert ended[i][:2] == (alone[0], alone[2]) and len(alone[0]) == n  # greedy, no EOS: to its length
     assert ended[1][2] < ended[0][2] < ended[3][2]  # the 3-token row back while the first still decodes
+
+
+def test_the_text_returned_ends_before_its_stop_string_and_the_episode_keeps_every_token():
+    # OpenAI and vLLM return the text up to the stop string, not with it; training keeps the tokens as drawn
+    tok = load_tokenizer("tiny")
+    drawn = encode(tok, "cccj")
+
+    class Scripted:
+        eos_set = {tok.eos_token_id}
+
+        def __init__(self):
+            self.tok = tok
+
+        def sample_ids(self, seqs, temperature, top_p, max_new_tokens, stops):
+            assert stops == ["j"]
+            return [(list(drawn), [-0.5] * len(drawn), "stop") for _ in seqs]
+
+    ep = Endpoint(Scripted(), Limits(max_new_tokens=16, context=256, max_calls=4, max_episode_tokens=200))
+    ep.start()
+    key, url = ep.open({})
+    agent = lambda: client(url).completions.create(model="m", prompt="abc", max_tokens=8, stop=["j"])  # noqa: E731
+    try:
+        done = drive(ep, [agent])[0]
+    finally:
+        ep.stop()
+    assert done.choices[0].text == "ccc" and done.choices[0].finish_reason == "stop"
+    assert ep.close(key).episode.ids[-len(drawn):] == drawn

@@ -66,19 +66,28 @@ def _read_dataset(path: Path) -> list[dict]:
 
     try:
         if path.is_dir():
-            return [dict(r) for r in datasets.load_from_disk(str(path))]
-        import pyarrow.parquet  # datasets' own reader refuses a table of no rows, and caches a copy of every file read
+            rows = [dict(r) for r in datasets.load_from_disk(str(path))]
+        else:  # pyarrow: datasets' own reader refuses a table of no rows, and caches a copy of every file read
+            import pyarrow.parquet
 
-        return pyarrow.parquet.read_table(str(path)).to_pylist()
+            rows = pyarrow.parquet.read_table(str(path)).to_pylist()
     except Exception as e:  # noqa: BLE001 - arrow and datasets raise many types for a bad file
         what = ("a folder, but not one saved by `datasets` (save_to_disk)" if path.is_dir()
                 else "not a readable parquet file")
         first = str(e).splitlines()[0][:200] if str(e) else ""
         raise DataError(f"{path}: {what} ({type(e).__name__}: {first})") from None
+    for i, row in enumerate(rows, 1):  # a complaint names the row, as a JSONL row's names its line (``where``)
+        row["_line"] = i
+    return rows
 
 
 def where(row: dict, source: str) -> str:
-    return f"{source}:{row['_line']}" if "_line" in row else f"{source} row"
+    """Where a row came from, for a complaint about it: FILE:LINE for JSONL, FILE row N for a parquet file or a
+    `datasets` folder (a table's rows are counted from 1), SOURCE row for a row of no file."""
+    if "_line" not in row:
+        return f"{source} row"
+    table = str(source).endswith(".parquet") or Path(str(source)).is_dir()
+    return f"{source} row {row['_line']}" if table else f"{source}:{row['_line']}"
 
 
 def check_rows(rows: list[dict], parse, source: str, on_error: str = "refuse") -> tuple[list[dict], int]:

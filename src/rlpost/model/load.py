@@ -161,6 +161,9 @@ def resolve(spec: str) -> str:
     folder = Path(spec)
     if (folder / "config.yaml").is_file() and not (folder / "config.json").exists():  # a run folder
         if not (folder / "model" / "config.json").exists():
+            if (folder / "summary.json").is_file():  # it ended: an online run none of whose rounds trained
+                raise ModelLoadError(f"{spec} is a finished run folder that trained no model (its summary.json says "
+                                     "so); use the model it started from")
             raise ModelLoadError(f"{spec} is a run folder without a model/ folder yet (the run has not ended); "
                                  f"write one from its last checkpoint with: rlpost export {spec}")
         return str(folder / "model")

@@ -32,6 +32,7 @@ Every command that writes a run folder (train, train --resume, sft, rsft, rm, dp
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 from contextlib import contextmanager
@@ -157,12 +158,29 @@ def check_new(path: Path, refuse_hint: str, key: str, kind: str = "run") -> None
         raise ConfigError(f"{key}: {path} already holds a run; {refuse_hint}")
 
 
+def made_by(path: Path) -> str | None:
+    """The command that made a run folder where it was not `rlpost train`: its marker's ``command`` (sft, rsft, dpo,
+    rm; cmd_offline and a pipeline's stages write it), else a finished run's summary ``kind`` (which only those
+    write). None for an RL run."""
+    for name, key in ((folders.MARKER, "command"), ("summary.json", "kind")):
+        try:
+            found = json.loads((path / name).read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(found, str) and found:
+            return found
+    return None
+
+
 def check_resume(path: Path) -> None:
     if not path.is_dir():
         raise ConfigError(f"--resume {path}: {'no such folder' if not path.exists() else 'not a folder'}")
     owner = folders.kind_of(path)
     if owner not in (None, "run"):  # None: a run of an rlpost older than the marker and the lock
         raise ConfigError(f"--resume {path}: an rlpost {owner} folder, not a run folder")
+    if (command := made_by(path)) is not None:  # --start-over would write an RL run over its model
+        raise ConfigError(f"--resume {path}: an rlpost {command} run; rlpost train --resume continues RL runs only "
+                          f"(run rlpost {command} again, under another run.name)")
     if not (path / "config.yaml").is_file():
         raise ConfigError(f"--resume {path}: no config.yaml there; is it a run folder?")
 
@@ -233,7 +251,8 @@ def _undo_failed_start(rf: RunFolder, before: tuple) -> None:
             for path in rf.written:
                 path.unlink(missing_ok=True)
         return
-    if has_run_data(rf.path):
+    if has_run_data(rf.path) or (rf.kind == "pipeline" and any(  # a pipeline's work is in its stages' folders
+            has_run_data(stage) for stage in rf.path.iterdir() if stage.is_dir() and not stage.is_symlink())):
         return
     logs = {name for name in LOGS if name not in rf.before and (rf.path / name).is_file()
             and (rf.path / name).stat().st_size > 0}

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from rlpost import build, config
+from rlpost.console import say
 from rlpost.envs import build_task
 from rlpost.model.checkpoint import write_atomic
 from rlpost.model.cores import Cores
@@ -27,7 +28,7 @@ from rlpost.observe.runlog import RunLog
 from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.guard import RunGuard, check_reward_failures
 from rlpost.recipes.offline import train_offline
-from rlpost.types.errors import Interrupted
+from rlpost.types.errors import Interrupted, writing
 
 
 def onpolicy_pairs(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[list[dict], dict]:
@@ -73,6 +74,27 @@ class RoundSinks:
 
     def close(self) -> None:
         """Nothing stays open between lines."""
+
+
+def final_model(run_dir: Path, model: str, start: str) -> str:
+    """RUN/model, as every other run ends with: a link to the last trained round's model (round_N/model), which
+    export, serve and the next pipeline stage read. When no round trained, no link: one line says the model is
+    still the one it started from, and that is what the summary names."""
+    if model == start:
+        say(f"no round trained (each gave too few rows; the summary's rounds say why): {run_dir} holds no model, "
+            f"the policy is still {start}")
+        return model
+    link = run_dir / "model"
+    with writing(link):
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        target = Path(model).resolve()
+        try:
+            target = target.relative_to(run_dir.resolve())  # relative: the run folder moves whole
+        except ValueError:
+            pass
+        link.symlink_to(target, target_is_directory=True)
+    return str(link)
 
 
 def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, kind: str, summary_kind: str,
@@ -126,6 +148,7 @@ def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, ki
                 log.step(i, {k: v for k, v in rounds[-1].items() if isinstance(v, (int, float)) and k != "round"})
     finally:
         log.close()
+    model = final_model(run_dir, model, cfg.model.name)
     return log.write_summary({"kind": summary_kind, "rounds": rounds, "model": model,
                               "heldout_before": rounds[0]["heldout_accuracy"],
                               "heldout_after": rounds[-1].get("heldout_accuracy")})

@@ -31,6 +31,7 @@ import json
 from pathlib import Path
 
 from rlpost import config, machine
+from rlpost.config_check import refuse_ignored
 from rlpost.console import say
 from rlpost.model import checkpoint, export
 from rlpost.observe import runfolder
@@ -40,10 +41,12 @@ from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
 from rlpost.recipes.rsft import run_rsft
 from rlpost.runconfig import load_run
+from rlpost.types import folders
 from rlpost.types.errors import DataError, writing
 from rlpost.types.schema import ListOf, MapOf, Where, check
 
 KINDS = ("sft", "rsft", "rm", "dpo", "rl")
+COMMAND = {"sft": "sft", "rsft": "rsft", "rm": "rm", "dpo": "dpo", "rl": "train"}  # the command a stage's kind runs as
 
 
 def read_pipeline(path: str | Path) -> dict:
@@ -100,7 +103,9 @@ def run_pipeline(recipe: str | Path, overrides: list[str] = ()) -> list[dict]:
     the recipe's base and the stage's own overrides, so they win over both."""
     tree = read_pipeline(recipe)
     tree["command_line"] = list(overrides)
-    run_dir = Path(tree.get("out_dir", "runs")) / tree.get("name", Path(recipe).stem)
+    shared = [*tree.get("base", []), *tree["command_line"]]  # run.out_dir there wins over the recipe's out_dir
+    out_dir = next((o.split("=", 1)[1] for o in reversed(shared) if o.startswith("run.out_dir=")), None)
+    run_dir = Path(out_dir or tree.get("out_dir", "runs")) / tree.get("name", Path(recipe).stem)
     check_stages(tree, run_dir)
     with runfolder.claim(run_dir, "reuse", kind="pipeline", key="name"):
         return _run_stages(tree, run_dir)
@@ -113,7 +118,8 @@ def check_stages(tree: dict, run_dir: Path) -> None:
     base = next((o.split("=", 1)[1] for o in reversed(shared) if o.startswith("model.name=")), "embedded")
     outputs = {st["name"]: base for st in tree["stages"]}  # the earlier stages' models, not trained yet
     for st in tree["stages"]:
-        try:
+        try:  # a stage's own overrides as its command's (the shared base is each stage's to read in part)
+            refuse_ignored(COMMAND[st["kind"]], [o.split("=", 1)[0] for o in st.get("overrides", [])])
             machine.check(stage_config(tree, st, base, outputs, run_dir))
         except config.ConfigError as e:
             raise config.ConfigError(f"stage {st['name']}: {e}") from None
@@ -166,6 +172,8 @@ def changed_keys(sdir: Path, cfg: config.Config) -> list[str]:
 def run_stage(cfg: config.Config, sdir: Path, kind: str) -> dict:
     """One stage in its folder; an rl stage cut short earlier resumes from its newest intact checkpoint."""
     with runfolder.claim(sdir, "reuse", key=f"stage {sdir.name}") as rf:
+        if kind != "rl":
+            folders.mark(sdir, "run", command=kind)  # `rlpost train --resume` refuses it (runfolder.made_by)
         resume = kind == "rl" and checkpoint.newest_intact(sdir) is not None
         if not resume:
             rf.write_config(cfg)

@@ -12,7 +12,7 @@ from rlpost.types.errors import ConfigError
 
 def add_parser(sub, options: str) -> None:
     """`rlpost serve`'s arguments (cli.py keeps its own commands; this one's are here)."""
-    s = sub.add_parser("serve", help="serve a model on an OpenAI-compatible endpoint (127.0.0.1)", epilog=options,
+    s = sub.add_parser("serve", help="serve a model on an OpenAI-compatible endpoint (127.0.0.1)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="/v1/chat/completions and /v1/completions over rlpost's sampler, on 127.0.0.1; "
                                    "prints one line with the base URL; Ctrl-C stops it.")

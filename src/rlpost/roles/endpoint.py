@@ -430,6 +430,9 @@ class Endpoint:
     def _answer(self, job: _Job, ids: list[int], logps: list[float], how: str) -> dict:
         """The OpenAI response; the call recorded in its episode."""
         text = self.tok.decode(ids, skip_special_tokens=True)
+        found = [text.find(s) for s in job.sampling[2] if s in text]
+        if found:  # the text ends before the stop string, as OpenAI's and vLLM's do (the episode keeps the tokens)
+            text = text[:min(found)]
         message = assistant_message(text)
         calls = message.get("tool_calls", [])
         finish = "tool_calls" if calls else "length" if how == "length" else "stop"
