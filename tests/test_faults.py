@@ -179,6 +179,10 @@ def test_resume_validates_everything_before_writing_anything(tmp_path, capsys):
         code, err = main("train", "--resume", str(run), change, capsys=capsys)
         assert (code == 2 and err.strip().startswith(f"rlpost: error: {key}: cannot change on --resume")
                 and "\n" not in err.strip())
+    code, err = main("train", "--resume", str(run), "rollout.group_size=2", "rollout.temperature=0.5", capsys=capsys)
+    assert code == 2 and "(and rollout.temperature cannot either)" in err and len(err.strip().splitlines()) == 1, err
+    code, err = main("train", "--resume", str(run), "run.steps=2", capsys=capsys)  # fewer than it has taken
+    assert code == 2 and "run.steps=2: " in err and "is at step 3 already" in err and "run.steps=3" in err, err
     assert sorted(p.name for p in run.glob("config*")) == ["config.yaml"]
     # the newest checkpoint corrupt: a line, then the one before; a changed lr is applied and recorded
     (run / "checkpoints" / "step_000003" / "model.safetensors").write_bytes(b"torn")

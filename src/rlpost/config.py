@@ -400,19 +400,23 @@ RESUMABLE = {
 
 
 def resume_changes(old: Config, new: Config) -> list[str]:
-    """'key: old -> new' for each value a resume changes; ConfigError naming the first that may not."""
+    """'key: old -> new' for each value a resume changes; one ConfigError naming every key that may not (the
+    first with its values)."""
     a, b = to_dict(old), to_dict(new)
-    changed = []
+    changed, refused = [], []
     for section in a:
         for key in a[section]:
             if a[section][key] == b[section][key]:
                 continue
-            if key not in RESUMABLE.get(section, ()):
-                allowed = ", ".join(f"{s}.{k}" for s, ks in RESUMABLE.items() for k in ks)
-                raise ConfigError(f"{section}.{key}: cannot change on --resume (the run has {a[section][key]!r}, asked "
-                                  f"{b[section][key]!r}); start a new run for that. A resume may change: {allowed}")
-            changed.append(f"{section}.{key}: {a[section][key]!r} -> {b[section][key]!r}")
-    return changed
+            (changed if key in RESUMABLE.get(section, ()) else refused).append(
+                (f"{section}.{key}", a[section][key], b[section][key]))
+    if refused:
+        (name, was, asked), others = refused[0], [r[0] for r in refused[1:]]
+        allowed = ", ".join(f"{s}.{k}" for s, ks in RESUMABLE.items() for k in ks)
+        also = f" (and {', '.join(others)} cannot either)" if others else ""
+        raise ConfigError(f"{name}: cannot change on --resume (the run has {was!r}, asked {asked!r}){also}; start a "
+                          f"new run for that. A resume may change: {allowed}")
+    return [f"{name}: {was!r} -> {asked!r}" for name, was, asked in changed]
 
 
 def run_config_path(run_dir: str | Path) -> Path:

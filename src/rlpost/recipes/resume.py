@@ -40,6 +40,10 @@ def resume_run(run_dir: str | Path, overrides: list[str] = (), start_over: bool 
                                      "--start-over to train it again from step 0 (its metrics and samples are "
                                      "replaced)")
         if ckpt is not None:
+            done = checkpoint.step_of(ckpt)
+            if cfg.run.steps < done:  # the config would say fewer steps than the run has taken
+                raise config.ConfigError(f"run.steps={cfg.run.steps}: {run_dir} is at step {done} already (its "
+                                         f"newest checkpoint); to end the run there, resume with run.steps={done}")
             check_checkpoint(ckpt, cfg)
             # the first start's held-out dump, read at the end: damaged is said now
             by_task_summary(run_dir / "samples")
