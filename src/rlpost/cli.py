@@ -487,8 +487,12 @@ def cmd_pipeline(args) -> int:
 def cmd_export(args) -> int:
     from rlpost.recipes.export import export_run
 
+    final = Path(args.run_dir) / "model"
+    there = (final / "config.json").is_file()  # the run ended with it: asked for nothing else, nothing is written
     out = export_run(args.run_dir, args.step, args.out, args.merge_lora, args.dtype)
-    print(f"rlpost: wrote {out}; load it with model.name={out} or transformers' from_pretrained", file=sys.stderr)
+    kept = there and not args.out and args.step is None and Path(out).resolve() == final.resolve()
+    done = "is there already (the run ended with it)" if kept else "written"
+    print(f"rlpost: {out} {done}; load it with model.name={out} or transformers' from_pretrained", file=sys.stderr)
     print(json.dumps({"run_dir": args.run_dir, "out": str(out)}))
     return 0
 

@@ -55,6 +55,14 @@ def test_base_model_without_chat_template_gets_a_plain_one_said_once(tmp_path, c
     assert a.tokenizer.chat_template == PLAIN_CHAT_TEMPLATE and text == "User: 2+3\nAssistant:"
 
 
+def test_a_missing_folder_under_a_local_one_is_no_hub_id(tmp_path, monkeypatch):
+    # runs/typo has a hub id's shape, but runs/ is a folder here: no such folder, not the hub's offline error
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(ModelLoadError, match="cannot load model 'runs/typo': no such file or folder"):
+        load_tokenizer("runs/typo")
+
+
 def test_a_folder_without_config_json_says_so(tmp_path):
     # not transformers' guess ("install sentencepiece or tiktoken"): what the folder lacks, and what it holds
     (tmp_path / "empty").mkdir()

@@ -255,3 +255,16 @@ def test_report_on_sft_rm_and_dpo_runs(tmp_path, pairs):
         page = (tmp_path / kind / "report.html").read_text()
         assert f"{kind} training loss" in page and "<svg" in page and "heldout_after" in page, kind
     assert "bradley_terry" in (tmp_path / "rm" / "report.html").read_text()
+
+
+def test_pairs_whose_chosen_is_their_rejected_are_said(tmp_path, capsys):
+    from rlpost.console import _said
+    from rlpost.recipes.offline import load_rows
+
+    rows = [{"prompt": str(i), "chosen": "a", "rejected": "a" if i < 3 else "b"} for i in range(10)]
+    cfg = tiny_cfg(f"pref.data={write_jsonl(tmp_path / 'p.jsonl', rows)}", "pref.heldout_frac=0.2")
+    _said.clear()
+    load_rows(cfg, "dpo")
+    assert "pref.data: 3 of 8 training pairs have chosen == rejected: they teach nothing" in capsys.readouterr().err
+    load_rows(cfg, "rm")  # the same run reads them again: said once
+    assert capsys.readouterr().err == ""

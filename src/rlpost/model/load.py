@@ -168,7 +168,8 @@ def resolve(spec: str) -> str:
                                  f"write one from its last checkpoint with: rlpost export {spec}")
         return str(folder / "model")
     if not folder.exists() and spec != "tiny":
-        if not HUB_ID.fullmatch(spec):  # a path, and nothing is there
+        local = folder.parent != Path(".") and folder.parent.is_dir()  # runs/typo: 'org/name' shaped, but runs/ is here
+        if not HUB_ID.fullmatch(spec) or local:  # a path, and nothing is there
             raise ModelLoadError(f"cannot load model {spec!r}: no such file or folder (expected a local folder with "
                                  "config.json, a run folder, a hub id reachable from here, 'embedded' or 'tiny')")
         hub_reachable()  # not a local path: the hub is asked

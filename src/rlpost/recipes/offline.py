@@ -33,7 +33,7 @@ import torch
 
 from rlpost import build, config, machine
 from rlpost.algorithms.preference import REFERENCE_FREE, make_dpo_loss, make_rm_loss, sft_loss
-from rlpost.console import say
+from rlpost.console import say, say_once
 from rlpost.envs import build_task, data
 from rlpost.model import encode, fit, lora
 from rlpost.model.cores import Cores
@@ -80,6 +80,11 @@ def load_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict], in
         split = "pref.eval_data" if pref.eval_data else f"pref.heldout_frac={pref.heldout_frac:g}"
         raise DataError(f"pref.data: {pref.data} leaves {len(rows)} training and {len(heldout)} held-out rows "
                         f"({split}, {bad_train + bad_heldout} malformed rows skipped); both need at least one")
+    if kind != "sft":
+        same = sum(1 for r in rows if parse(r, pref.data)[1] == parse(r, pref.data)[2])
+        if same:  # a pair whose two answers are one text gives the loss no signal (DPO's margin, the RM's: 0)
+            say_once(f"pref.data: {same} of {len(rows)} training pairs have chosen == rejected: they teach nothing"
+                + (" (all of them: this run cannot learn)" if same == len(rows) else ""))
     return rows, heldout, bad_train + bad_heldout
 
 
