@@ -146,7 +146,14 @@ def check_task(cfg: Config) -> None:
         raise ConfigError(f"task.gym_config: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(gym_config, dict):
         raise ConfigError(f"task.gym_config: expected a YAML mapping like '{{min_terms: 2}}', got {task.gym_config!r}")
-    funcs = [f for f in task.reward_funcs.split(",") if f.strip()]
+    funcs = [f.strip() for f in task.reward_funcs.split(",") if f.strip()]
+    names = [f.rpartition(":")[2] or f for f in funcs]  # what the metrics and the failure counts go by (rewards/stack.py)
+    if dup := next((n for n in names if names.count(n) > 1), None):
+        twins = [f for f, n in zip(funcs, names) if n == dup]
+        raise ConfigError(f"task.reward_funcs: {' and '.join(twins)} share the name {dup!r}, under which each "
+                          "function's reward, calls and failures are counted; rename one")
+    if task.reward_weights and not funcs:
+        raise ConfigError(f"task.reward_weights: weighs task.reward_funcs, which is empty; got {task.reward_weights!r}")
     if task.reward_weights and len(task.reward_weights.split(",")) != len(funcs):
         raise ConfigError(f"task.reward_weights: expected {len(funcs)} comma-separated numbers (one per "
                           f"task.reward_funcs), got {task.reward_weights!r}")

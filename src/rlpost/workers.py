@@ -134,10 +134,20 @@ class WorkerPool:
         try:
             code = proc.popen.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            return f"the {self.what} closed its reply pipe; it was killed (its output is in {self.log_path})"
+            return f"the {self.what} closed its reply pipe; it was killed{self._output()}"
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         hint = " (over its CPU limit)" if code == -signal.SIGXCPU else ""
-        return f"the {self.what} {how}{hint} (its output is in {self.log_path})"
+        return f"the {self.what} {how}{hint}{self._output()}"
+
+    def _output(self) -> str:
+        """Where the worker's output is, when it wrote any (a worker killed at once wrote none)."""
+        if self.log_path == os.devnull:  # the caller keeps no log
+            return ""
+        try:
+            wrote = os.path.getsize(self.log_path) > 0
+        except OSError:
+            wrote = False
+        return f" (its output is in {self.log_path})" if wrote else " (it wrote no output)"
 
     def pids(self) -> list[int]:
         return [p.popen.pid for p in self.procs]

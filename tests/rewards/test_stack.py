@@ -56,6 +56,12 @@ def test_build_reward_from_config():
     verifier.close()
     with pytest.raises(config.ConfigError, match="task.reward_weights"):
         config.load(None, ["task.reward_funcs=a:b", "task.reward_weights=1,2"])
+    with pytest.raises(config.ConfigError, match="task.reward_weights: weighs task.reward_funcs, which is empty"):
+        config.load(None, ["task.reward_weights=1,2"])
+    # each function's reward, calls and failures go by its name: two of one name would share them (one failing on
+    # every completion would read as half)
+    with pytest.raises(config.ConfigError, match="task.reward_funcs: rw:raises and rw_c:raises share the name 'raises'"):
+        config.load(None, ["task.reward_funcs=rw:raises,rw_c:raises"])
 
 
 def cfg_with(**task):

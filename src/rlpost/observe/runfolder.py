@@ -71,9 +71,10 @@ WRITES = {
     ".summary.json.tmp": "file", "report.html": "file", ".report.html.tmp": "file", "verifier.log": "file",
     "samples": "folder", "model": "folder", "checkpoints": "folder", "checkpoints/latest": "file",
     "checkpoints/.latest.tmp": "file", "data": "folder", "pipeline.json": "file", "env.log": "file",
+    "agent.log": "file",
 }
 # The logs a failed start keeps when they hold its code's output: its error line names them (recipes/guard.py)
-LOGS = ("verifier.log", "env.log")
+LOGS = ("verifier.log", "env.log", "agent.log")
 # What else a start writes at the top of its folder: rlpost.Trainer's pickled functions and their loader
 # modules (recipes/api.py: Registry), the loggers' folders (observe/loggers.py)
 FUNCS_PREFIX = "rlpost_funcs_"
