@@ -103,6 +103,15 @@ def test_bad_inputs_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="trainer.lr: expected a number > 0"):
         rlpost.Trainer(model="tiny", config={"trainer": {"lr": -1}}, output_dir=tmp_path / "c")
     assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()  # refused before any folder
+    with pytest.raises(ConfigError, match=r"^dataset: a dict of columns \(prompt, answer\); pass rows"):
+        rlpost.Trainer(model="tiny", train_dataset={"prompt": ["a"], "answer": ["1"]}, output_dir=tmp_path / "d")
+
+    class Env:
+        def reset(self, row):
+            return "hi"
+
+    with pytest.raises(ConfigError, match=r"^environment: expected an environment class .*got Env \(an instance"):
+        rlpost.Trainer(model="tiny", environment=Env(), output_dir=tmp_path / "e")
 
 
 def test_config_as_a_dict_or_recipe_with_dotted_overrides(tmp_path):

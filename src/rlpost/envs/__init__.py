@@ -109,7 +109,10 @@ def build_task(task: TaskConfig, refuse_contaminated: bool = True) -> Task:
                           f"{found['contamination_examples'][0][:80]!r}. "
                           + ("Remove those prompts from task.data or task.eval_data" if task.eval_data else
                              "Separate the splits (task.eval_data names a held-out file of your own)")
-                          + ", or raise task.max_contamination to accept it")
+                          + ", or raise task.max_contamination to accept it"
+                          + (" (with fewer than 10 prompts on each side, text every prompt shares, such as a system "
+                             "prompt, cannot be told from the problems: 10 or more a side lets it)"
+                             if len(train) < 10 and sum(map(len, heldouts)) < 10 else ""))
     # The verifier is imported only in its worker processes (rewards/runner.py), whose first start
     # is the dry call that turns a bad path into one line before training.
     # env: its episodes carry their rewards

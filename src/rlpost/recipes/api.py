@@ -108,7 +108,7 @@ class Trainer:
         paths = [self.registry.add(f, f"reward_{i}") for i, f in enumerate(funcs)]
         task = []
         if environment is not None:  # multi-turn episodes: the rows (yours, or the environment's own) go to its reset
-            task += ["task.name=env", f"task.env={self.registry.add(environment, 'environment')}"]
+            task += ["task.name=env", f"task.env={self.registry.add(environment, 'environment', 'environment')}"]
             task += self._data_overrides()[1:] if self.rows is not None else []
         elif self.rows is not None:
             task += self._data_overrides()
@@ -124,7 +124,7 @@ class Trainer:
                         "(correct = reward >= 1); verifier= names the one that checks the answer")
                 verifier = paths[0] if verifier is None else verifier
         if verifier is not None:
-            task.append(f"task.verifier={self.registry.add(verifier, 'verifier')}")
+            task.append(f"task.verifier={self.registry.add(verifier, 'verifier', 'verifier')}")
         if paths:
             task.append(f"task.reward_funcs={','.join(paths)}")
         if reward_weights is not None:
@@ -302,6 +302,10 @@ def _text(value: Any) -> str:
 
 def _rows(dataset: Iterable[dict]) -> list[dict]:
     """Rows as plain dicts; ``messages`` (chat ending with the user turn) becomes the prompt."""
+    columns = isinstance(dataset, dict) and bool(dataset) and all(isinstance(v, list) for v in dataset.values())
+    if columns and len({len(v) for v in dataset.values()}) == 1:  # {"prompt": [...], "answer": [...]}: columns
+        raise ConfigError(f"dataset: a dict of columns ({', '.join(map(str, dataset))}); pass rows: "
+                          "datasets.Dataset.from_dict(d), or [dict(zip(d, row)) for row in zip(*d.values())]")
     if isinstance(dataset, dict) or isinstance(dataset, (str, Path)):  # a DatasetDict is a dict of splits
         splits = list(dataset) if isinstance(dataset, dict) else []
         raise ConfigError(f"dataset: a {type(dataset).__name__}" + (
@@ -343,11 +347,15 @@ class Registry:
         self.run_dir, self.funcs = run_dir, {}
         self.module = f"{self.PREFIX}{uuid.uuid4().hex[:12]}"
 
-    def add(self, fn: FuncSpec, fallback: str) -> str:
+    def add(self, fn: FuncSpec, fallback: str, key: str = "reward_funcs") -> str:
+        """``key``: the argument ``fn`` came in (its lines name it)."""
         if isinstance(fn, str):
             return fn
+        if key == "environment" and not isinstance(fn, type):
+            raise ConfigError(f"environment: expected an environment class or a 'module:Class' string, got "
+                              f"{type(fn).__name__}{' (an instance: pass the class)' if hasattr(fn, 'reset') else ''}")
         if not callable(fn):
-            raise ConfigError(f"reward_funcs: expected 'module:function' strings or callables, got {type(fn).__name__}")
+            raise ConfigError(f"{key}: expected 'module:function' strings or callables, got {type(fn).__name__}")
         if hasattr(fn, "config") and hasattr(fn, "forward"):  # TRL takes a reward model among its reward functions
             raise ConfigError(f"reward_funcs: a model object ({type(fn).__name__}); a reward model goes in "
                               "task.reward_model: save it with save_pretrained and pass "
