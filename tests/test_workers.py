@@ -311,8 +311,8 @@ def test_a_dead_worker_names_its_log_only_when_it_wrote_one(tmp_path):
 
     pool_ = WorkerPool.__new__(WorkerPool)
     pool_.log_path = str(tmp_path / "verifier.log")
-    assert pool_._output() == " (it wrote no output)"  # no file: the message names none
+    assert pool_.output_hint() == " (it wrote no output)"  # no file: the message names none
     (tmp_path / "verifier.log").write_text("Traceback ...\n")
-    assert pool_._output() == f" (its output is in {tmp_path / 'verifier.log'})"
+    assert pool_.output_hint() == f" (its output is in {tmp_path / 'verifier.log'})"
     pool_.log_path = "/dev/null"
-    assert pool_._output() == ""
+    assert pool_.output_hint() == ""

@@ -147,7 +147,7 @@ def check_task(cfg: Config) -> None:
     if not isinstance(gym_config, dict):
         raise ConfigError(f"task.gym_config: expected a YAML mapping like '{{min_terms: 2}}', got {task.gym_config!r}")
     funcs = [f.strip() for f in task.reward_funcs.split(",") if f.strip()]
-    names = [f.rpartition(":")[2] or f for f in funcs]  # what the metrics and the failure counts go by (rewards/stack.py)
+    names = [f.rpartition(":")[2] or f for f in funcs]  # what metrics and failure counts go by (rewards/stack.py)
     if dup := next((n for n in names if names.count(n) > 1), None):
         twins = [f for f, n in zip(funcs, names) if n == dup]
         raise ConfigError(f"task.reward_funcs: {' and '.join(twins)} share the name {dup!r}, under which each "

@@ -134,12 +134,12 @@ class WorkerPool:
         try:
             code = proc.popen.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            return f"the {self.what} closed its reply pipe; it was killed{self._output()}"
+            return f"the {self.what} closed its reply pipe; it was killed{self.output_hint()}"
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         hint = " (over its CPU limit)" if code == -signal.SIGXCPU else ""
-        return f"the {self.what} {how}{hint}{self._output()}"
+        return f"the {self.what} {how}{hint}{self.output_hint()}"
 
-    def _output(self) -> str:
+    def output_hint(self) -> str:
         """Where the worker's output is, when it wrote any (a worker killed at once wrote none)."""
         if self.log_path == os.devnull:  # the caller keeps no log
             return ""

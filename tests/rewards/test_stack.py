@@ -60,7 +60,8 @@ def test_build_reward_from_config():
         config.load(None, ["task.reward_weights=1,2"])
     # each function's reward, calls and failures go by its name: two of one name would share them (one failing on
     # every completion would read as half)
-    with pytest.raises(config.ConfigError, match="task.reward_funcs: rw:raises and rw_c:raises share the name 'raises'"):
+    with pytest.raises(config.ConfigError,
+                       match="task.reward_funcs: rw:raises and rw_c:raises share the name 'raises'"):
         config.load(None, ["task.reward_funcs=rw:raises,rw_c:raises"])
 
 

@@ -231,5 +231,4 @@ def stop_on_failures(counts: list[tuple], frac: float, where: str, first: bool, 
             why = (f"{failed / calls:.0%} > task.max_reward_error_frac={frac:g}" if failed / calls > frac
                    else f"every {unit[:-1]} of the first batch")
             raise RunError(f"{name} failed on {failed} of {calls} {unit} {where} ({why}); {what}. Its first failure is "
-                           f"printed above, and the tracebacks, where it raised, are in the run folder's {log} (a "
-                           "start that got nowhere keeps the log only when it holds output)")
+                           f"printed above, and the tracebacks, where it raised, are in the run folder's {log}")
