@@ -110,7 +110,8 @@ class RunGuard:
             raise Interrupted(signum, f"stopped by a second {name} during step {self.step}; that step was not saved")
         self.signum = signum
         say(f"{name}: finishing step {self.step} (at most run.stop_grace_s={self.cfg.run.stop_grace_s:g} s), then "
-            f"saving a checkpoint and stopping; {name} again stops at once")
+            f"saving {'a ' if self.saved == 'checkpoint' else 'the '}{self.saved} and stopping; {name} again stops "
+            "at once")
         signal.setitimer(signal.ITIMER_REAL, max(self.cfg.run.stop_grace_s, 1e-3))
 
     def _on_quit(self, signum: int, frame) -> None:
