@@ -34,7 +34,6 @@ import argparse
 import importlib.metadata
 import json
 import os
-import select
 import re
 import signal
 import sys
@@ -45,7 +44,7 @@ from pathlib import Path
 
 from rlpost import config, config_check, machine, names, runconfig
 from rlpost.config_check import refuse_ignored
-from rlpost.console import Parser, say
+from rlpost.console import Parser, say, stdout_gone
 from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
 from rlpost.recipes import curate, eval_args, search_args, serve, suite
@@ -183,22 +182,12 @@ def main(argv: list[str] | None = None) -> int:
                      "sequences of up to rollout.max_new_tokens tokens) or the model is too big for this machine; "
                      "lower them, or trainer.micro_batch_size", EXIT_BAD_INPUT)
     except BrokenPipeError as e:  # `rlpost plan | head -1`: the reader has what it wanted, as with any Unix filter
-        if _stdout_gone():
+        if stdout_gone():
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
             return 0
         return _fail(f"{type(e).__name__}: {e}", 1)  # another pipe (a worker's): not the reader's choice
     except OSError as e:  # a write or read the recipes did not expect to fail: name the path and the cause
         return _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {e}", 1)
-
-
-def _stdout_gone() -> bool:
-    """Whether stdout is a pipe whose reader has closed it (poll says POLLERR for such a write end)."""
-    try:
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def resume_hint(stop: KeyboardInterrupt) -> str:

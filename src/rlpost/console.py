@@ -4,6 +4,7 @@ that stdout stays free for machine-readable output (``rlpost eval`` prints JSON 
 from __future__ import annotations
 
 import argparse
+import select
 import sys
 
 
@@ -30,3 +31,14 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
+def stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll says POLLERR for such a write end): a command piped
+    into `head` ends quietly then (cli.py)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False

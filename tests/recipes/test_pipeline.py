@@ -102,21 +102,24 @@ def test_the_command_line_wins_over_a_stage_and_the_base(tmp_path):
     assert (cfg.pref.epochs, cfg.pref.max_len) == (3, 48)
 
 
+def finished_stage(cfg, sdir, kind):
+    """What a finished stage leaves, in place of pipeline.run_stage: its config and summary."""
+    from rlpost import config
+
+    sdir.mkdir(parents=True, exist_ok=True)
+    config.save(cfg, sdir / "config.yaml")
+    summary = {"model": str(sdir), "heldout_before": {"sft/nll": 1.0}, "heldout_after": {"sft/nll": 0.5}}
+    (sdir / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
 def test_a_finished_stage_is_not_reused_under_other_settings(tmp_path, monkeypatch):
     """A re-run that changes an override would have reused the finished stage as if trained with it."""
-    from rlpost import config
     from rlpost.recipes import pipeline
     from rlpost.types.errors import ConfigError
 
-    def fake_stage(cfg, sdir, kind):  # what a finished stage leaves: its config and summary
-        sdir.mkdir(parents=True, exist_ok=True)
-        config.save(cfg, sdir / "config.yaml")
-        summary = {"model": str(sdir), "heldout_before": {"sft/nll": 1.0}, "heldout_after": {"sft/nll": 0.5}}
-        (sdir / "summary.json").write_text(json.dumps(summary))
-        return summary
-
     monkeypatch.setattr(pipeline, "model_accuracy", lambda cfg, model: 0.0)
-    monkeypatch.setattr(pipeline, "run_stage", fake_stage)
+    monkeypatch.setattr(pipeline, "run_stage", finished_stage)
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump({"name": "p", "out_dir": str(tmp_path), "base": ["model.name=tiny"],
                                     "stages": [{"name": "s", "kind": "sft", "overrides": ["pref.epochs=2"]}]}))
@@ -129,18 +132,13 @@ def test_a_finished_stage_is_not_reused_under_other_settings(tmp_path, monkeypat
 
 def test_a_failing_stage_keeps_the_finished_ones_and_out_dir_is_honoured(tmp_path, monkeypatch):
     # the rm stage's data is bad: the sft stage before it finished, and must still be there to continue from
-    from rlpost import config
     from rlpost.recipes import pipeline
     from rlpost.types.errors import DataError
 
     def fake_stage(cfg, sdir, kind):
         if kind == "rm":
             raise DataError("missing.jsonl:6: expected 'rejected'")
-        sdir.mkdir(parents=True, exist_ok=True)
-        config.save(cfg, sdir / "config.yaml")
-        summary = {"model": str(sdir), "heldout_before": {"sft/nll": 1.0}, "heldout_after": {"sft/nll": 0.5}}
-        (sdir / "summary.json").write_text(json.dumps(summary))
-        return summary
+        return finished_stage(cfg, sdir, kind)
 
     monkeypatch.setattr(pipeline, "model_accuracy", lambda cfg, model: 0.0)
     monkeypatch.setattr(pipeline, "run_stage", fake_stage)

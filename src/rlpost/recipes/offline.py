@@ -81,7 +81,7 @@ def load_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict], in
         raise DataError(f"pref.data: {pref.data} leaves {len(rows)} training and {len(heldout)} held-out rows "
                         f"({split}, {bad_train + bad_heldout} malformed rows skipped); both need at least one")
     if kind != "sft":
-        same = sum(1 for r in rows if parse(r, pref.data)[1] == parse(r, pref.data)[2])
+        same = sum(1 for _, chosen, rejected in (parse(r, pref.data) for r in rows) if chosen == rejected)
         if same:  # a pair whose two answers are one text gives the loss no signal (DPO's margin, the RM's: 0)
             say_once(f"pref.data: {same} of {len(rows)} training pairs have chosen == rejected: they teach nothing"
                 + (" (all of them: this run cannot learn)" if same == len(rows) else ""))

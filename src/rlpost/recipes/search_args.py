@@ -186,12 +186,18 @@ def check_out(out: Path) -> None:
                    else "is not writable")
             raise ConfigError(f"--out {out}: {parent} {why}, so the results could not be written there")
         return
-    try:
-        earlier = json.loads(out.read_text()) if out.is_file() else None
-    except (OSError, ValueError, UnicodeDecodeError):
-        earlier = None
-    if not (isinstance(earlier, dict) and {"methods", "n", "problems"} <= set(earlier)):
+    if not holds_results(out, {"methods", "n", "problems"}):
         raise ConfigError(f"--out: {out} exists and is not the results of rlpost search; pick another path")
+
+
+def holds_results(path: Path, keys: set[str]) -> bool:
+    """Whether ``path`` is a JSON file of a command's results, told by their top-level ``keys`` (what an --out may
+    replace: rlpost search's, eval SUITE's)."""
+    try:
+        earlier = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return False
+    return isinstance(earlier, dict) and keys <= set(earlier)
 
 
 def next_free(path: Path) -> Path:

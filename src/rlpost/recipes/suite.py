@@ -39,6 +39,7 @@ from rlpost.config_check import refuse_ignored
 from rlpost.console import Parser, say
 from rlpost.observe import suite_report
 from rlpost.recipes.eval_args import eval_ks
+from rlpost.recipes.search_args import holds_results, next_free
 from rlpost.types.errors import ConfigError, writing
 
 SUFFIXES = (".yaml", ".yml")
@@ -258,20 +259,10 @@ def results_path(args) -> Path:
     """--out, else SUITE.results.json, numbered (SUITE.results.2.json, ...) where an earlier run's results are: a
     baseline is never replaced unasked. An --out that exists is replaced only when it holds a suite's results."""
     if not args.out:
-        default = Path(args.suite).with_suffix(".results.json")
-        out, i = default, 1
-        while out.exists():
-            i += 1
-            out = default.with_name(f"{Path(args.suite).stem}.results.{i}.json")
-        return out
+        return next_free(Path(args.suite).with_suffix(".results.json"))
     out = Path(args.out)
-    if out.exists():
-        try:
-            earlier = json.loads(out.read_text()) if out.is_file() else None
-        except (OSError, ValueError):
-            earlier = None
-        if not (isinstance(earlier, dict) and "sets" in earlier and "suite" in earlier):
-            raise ConfigError(f"--out {out}: exists and is not a suite's results; pick another path")
+    if out.exists() and not holds_results(out, {"sets", "suite"}):
+        raise ConfigError(f"--out {out}: exists and is not a suite's results; pick another path")
     return out
 
 
