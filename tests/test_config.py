@@ -1,11 +1,13 @@
 """Config: typed, validated, one-line errors naming the key, exit status 2 from the CLI."""
 
+import json
 import re
 
 import pytest
 from helpers import ROOT, cli, run_cli
 
-from rlpost import build, config, defaults
+from rlpost import build, config, config_check, defaults
+from rlpost.types.errors import ConfigError, ConfigProblems
 
 
 @pytest.mark.parametrize("override,expected", [
@@ -330,3 +332,86 @@ def test_every_cross_field_rule_broken_is_named_at_once():
     with pytest.raises(config.ConfigError) as one:  # one rule broken: its plain one line, as before
         config.load(None, ["algo.kl_target=0.1"])
     assert not isinstance(one.value, ConfigProblems) and str(one.value).startswith("algo.kl_target: adaptive KL")
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["task.name=gym", "task.ops=+"], "task.ops: applies to task.name=arithmetic, not task.name=gym"),
+    (["task.name=tools", "task.env=guess"], "task.env: applies to task.name=env or agent, not task.name=tools"),
+    (["task.mix=math:1,gym:1", "task.n_terms=3"], "task.n_terms: applies to task.name=arithmetic, not task.mix="),
+    (["task.name=math", "task.sandbox=rlimits"], "task.sandbox: applies to task.name=code, not task.name=math"),
+    (["task.max_turns=2"], "task.max_turns: applies to task.name=env, tools or agent, not task.name=arithmetic"),
+    (["task.judge_mode=pairwise"], "task.judge_mode: read only with task.judge_model set"),
+    (["task.length_penalty=ratio", "task.length_target=4"], "task.length_target: read only with "
+                                                            "task.length_penalty=linear"),
+    (["task.process_reward_coef=0.5"], "task.process_reward_coef: read only with task.process_reward_model set"),
+    (["task.answer_column=solution"], "task.answer_column: read only with task.data"),
+])
+def test_a_task_key_the_runs_families_do_not_read_is_refused(overrides, expected):
+    with pytest.raises(ConfigError) as e:
+        config.load(None, overrides)
+    assert str(e.value).startswith(expected) and str(e.value).endswith("remove it")
+
+
+def test_task_keys_the_run_reads_are_taken():
+    """The same keys where a family of the run reads them, or their feature is on."""
+    for overrides in (["task.name=arithmetic", "task.ops=+"], ["task.mix=arithmetic:1,gym:1", "task.n_terms=3"],
+                      ["task.name=tools", "task.max_turns=2", "task.env_args={}"],
+                      ["task.name=code", "task.sandboxes=1"],
+                      ["task.length_penalty=linear", "task.length_target=4", "task.length_coef=0.2"],
+                      ["task.judge_model=embedded", "task.judge_mode=pairwise", "task.judge_both_orders=false"]):
+        config.load(None, overrides)
+
+
+def test_every_task_key_refused_at_once_with_the_rest():
+    with pytest.raises(ConfigProblems) as e:
+        config_check.load(None, ["task.name=gym", "task.ops=+", "task.max_a=9", "trainer.lr=abc"],
+                          on_this_machine=False)
+    assert sorted(p.partition(":")[0] for p in e.value.problems) == ["task.max_a", "task.ops", "trainer.lr"]
+
+
+class Reads:
+    """A task section that records which of its keys were read."""
+
+    def __init__(self, task):
+        self.task, self.read = task, set()
+
+    def __getattr__(self, key):
+        self.read.add(key)
+        return getattr(self.task, key)
+
+
+@pytest.mark.parametrize("family", ["arithmetic", "math", "gym", "tools"])
+def test_the_table_of_task_keys_is_what_each_generated_familys_splits_read(family):
+    """task_section.READ_BY against the code: a generated family's split builder reads the keys the table gives it
+    and none of the keys the table gives only to other families."""
+    pytest.importorskip("reasoning_gym") if family == "gym" else None
+    from rlpost.envs import family_splits
+    from rlpost.task_section import READ_BY
+    task = Reads(config.load(None, [f"task.name={family}", "task.n_train=4", "task.n_heldout=2"]).task)
+    family_splits(task, family)
+    mine = {k for k, readers in READ_BY.items() if family in readers}
+    others = set(READ_BY) - mine
+    assert not task.read & others, f"{family} reads {sorted(task.read & others)}, which READ_BY gives other families"
+    generator_keys = {k for k in mine if k in ("ops", "min_a", "max_a", "min_b", "max_b", "n_terms", "min_terms",
+                                                 "prompt", "gym_name", "gym_config")}
+    assert generator_keys <= task.read, f"{family} does not read {sorted(generator_keys - task.read)}"
+
+
+def test_task_on_bad_row_skip_skips_a_prompt_longer_than_the_context(tmp_path, capsys):
+    from rlpost.envs import build_task
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    rows[3]["prompt"] = "7 " * 300  # past the tiny model's 256-token context
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["model.name=tiny", "task.name=dataset", f"task.data={data}", "task.n_heldout=4", "task.seed=1"]
+    with pytest.raises(ConfigError, match=r"rows.jsonl:4: the prompt is longer .* \(or task.on_bad_row=skip skips"):
+        cfg = config.load(None, common)
+        build.preflight(cfg, build_task(cfg.task))
+    cfg = config.load(None, [*common, "task.on_bad_row=skip"])
+    task = build_task(cfg.task)
+    build.preflight(cfg, task)
+    build.preflight(cfg, task)  # the CLI checks, then train() checks again: the row is counted once
+    assert task.skipped_rows == 1 and len(task.train) + len(task.heldout) == 19
+    assert not any(r["prompt"].startswith("7 7") for r in task.train + task.heldout)
+    assert "skipped 1 rows whose prompt is longer than the model's context" in capsys.readouterr().err

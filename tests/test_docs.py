@@ -443,9 +443,12 @@ def module_checks(text: str) -> list[str]:
     return problems
 
 
-def load_overrides(overrides: list[str], recipe: str | None = None, expect_error: bool = False) -> list[str]:
+def load_overrides(overrides: list[str], recipe: str | None = None, expect_error: bool = False,
+                   prose: bool = False) -> list[str]:
     """Check `section.key=value` items: every key exists; concrete values load (each alternative
-    of `a|b`); algo.name is a registered algorithm."""
+    of `a|b`); algo.name is a registered algorithm. ``prose``: a key named in a sentence, whose task
+    family or switch the sentence gives in words: loaded under the first family that reads it, and
+    a key read only with another set (task_section.SWITCHED) is not refused for that."""
     problems, concrete = [], []
     for item in overrides:
         m = OVERRIDE.match(item)
@@ -474,6 +477,13 @@ def load_overrides(overrides: list[str], recipe: str | None = None, expect_error
             variants = [v[:i] + [f"{key}={alt}"] + v[i + 1:] for v in variants for alt in values.split("|")]
     for variant in variants:
         error = load_error(recipe, tuple(variant))
+        if prose and (families := re.match(r"task\.\w+: applies to task\.name=([\w, ]+?),? not ", error)):
+            needs = {"env": ("task.env=guess",), "agent": ("task.agent=my_agent:play", "task.env=guess")}
+            tries = [load_error(recipe, (f"task.name={f}", *needs.get(f, ()), *variant))
+                     for f in re.split(r", | or ", families[1])]
+            error = "" if "" in tries else tries[0]
+        if prose and re.match(r"task\.\w+: read only with ", error):
+            continue
         if error:
             problems.append(f"{' '.join(variant)}: {error}")
     return problems
@@ -605,9 +615,13 @@ def override_checks(text: str) -> list[str]:
     for s in all_spans(text):
         if s.startswith(("rlpost ", "make ")):
             continue  # commands are checked whole
-        items = [t for t in s.split() if OVERRIDE.match(t) and not placeholder(t)]
+        try:
+            words = shlex.split(s)  # task.env_args='{key: value}' is one override
+        except ValueError:
+            words = s.split()
+        items = [t for t in words if OVERRIDE.match(t) and not placeholder(t)]
         if items:
-            problems += load_overrides(items)
+            problems += load_overrides(items, prose=True)
     return problems
 
 

@@ -74,8 +74,27 @@ def preflight(cfg: config.Config, task: Task | None = None) -> None:
     if cfg.model.lora_r > 0:
         fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
     if task is not None and cfg.task.name != "tools":  # an episode's prompt grows turn by turn: checked as it runs
-        fit.check_prompts(cfg.model.name, task.train + task.heldout, cfg.rollout.max_new_tokens,
-                          "rollout.max_new_tokens", cfg.task.data or f"task.name={cfg.task.name}")
+        long = fit.check_prompts(cfg.model.name, task.train + task.heldout, cfg.rollout.max_new_tokens,
+                                 "rollout.max_new_tokens", cfg.task.data or f"task.name={cfg.task.name}",
+                                 ("task.on_bad_row", cfg.task.on_bad_row))
+        if long:
+            drop_long_prompts(task, long)
+
+
+def drop_long_prompts(task: Task, long: set[int]) -> None:
+    """task.on_bad_row=skip: the rows whose prompt does not fit the context (``long``: indices into
+    task.train + task.heldout) leave the task, counted in task.skipped_rows, said in one line."""
+    n = len(task.train)
+    train = [r for i, r in enumerate(task.train) if i not in long]
+    heldout = [r for i, r in enumerate(task.heldout, n) if i not in long]
+    if not train or not heldout:
+        raise ConfigError(f"task.on_bad_row=skip: {len(long)} rows have a prompt longer than the model's context, "
+                          f"which leaves {len(train)} training and {len(heldout)} held-out rows; both need at least "
+                          "one (a shorter prompt, or a lower rollout.max_new_tokens)")
+    say(f"skipped {len(long)} rows whose prompt is longer than the model's context ({n - len(train)} training, "
+        f"{len(task.heldout) - len(heldout)} held-out; task.on_bad_row=skip)")
+    task.train[:], task.heldout[:] = train, heldout
+    task.skipped_rows += len(long)
 
 
 def check_algorithm(cfg: config.Config, refuse_ignored: bool = True) -> None:

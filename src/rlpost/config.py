@@ -31,6 +31,7 @@ from rlpost import defaults, names
 from rlpost.defaults import default_max_new_tokens  # noqa: F401 - re-exported (the report reads it)
 from rlpost.config_rules import check_dist, consistency_problems
 from rlpost.env_config import ENV_FAMILIES, check_env
+from rlpost.task_section import ignored_task_keys
 from rlpost.types.errors import ConfigProblems, writing
 from rlpost.sections import (  # noqa: F401 - re-exported: config.TaskConfig etc.
     AlgoConfig,
@@ -125,6 +126,8 @@ def check_task(cfg: Config) -> None:
     task = cfg.task
     mix = task_mix(task)
     families = list(mix) or [task.name]
+    if ignored := ignored_task_keys(task, families, f"task.mix={task.mix!r}" if mix else f"task.name={task.name}"):
+        raise ConfigError(ignored[0]) if len(ignored) == 1 else ConfigProblems(ignored)
     if mix:
         check_mix(task, mix)
     elif task.name == "dataset" and not task.data:

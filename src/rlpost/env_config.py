@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import yaml
 
+from rlpost.task_section import ENV_FAMILIES
 from rlpost.types.errors import ConfigError
-
-# multi-turn episodes: of an environment (roles/rollout_env.py), of an agent (roles/rollout_agent.py)
-ENV_FAMILIES = ("env", "tools", "agent")
 
 
 def check_env(cfg, families: list[str]) -> None:
     """What environment episodes need (task.name=env or tools)."""
     task = cfg.task
-    if task.agent and task.name != "agent":
-        raise ConfigError(f"task.agent: applies to task.name=agent, not task.name={task.name}")
-    if families[0] not in ENV_FAMILIES:
-        if task.turn_credit != "episode":
-            raise ConfigError("task.turn_credit: applies to environment episodes (task.name=env or tools), "
-                              f"not task.name={task.name}")
+    if families[0] not in ENV_FAMILIES:  # task.agent, task.turn_credit and the rest elsewhere: task_section.READ_BY
         return
     if cfg.rollout.top_p < 1:
         raise ConfigError(f"rollout.top_p: task.name={task.name} does not yet carry the top-p threshold across an "

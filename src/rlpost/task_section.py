@@ -9,7 +9,7 @@ in ``metadata``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 
@@ -169,3 +169,51 @@ class TaskConfig:
     turn (the return from that turn on) (docs/options.md)"""
     turn_discount: float = knob(1.0, ge=0, le=1)
     """discount per turn in an episode's return: G_k = r_k + turn_discount * G_(k+1)"""
+
+
+# Which task keys each family reads, for the keys some family does not: every key not named here is read by
+# every family. A key set away from its default that no family of the run reads would be ignored, so it is
+# refused (config.check_task: ``ignored_task_keys``), as an algo key its algorithm does not read is.
+# tests/test_config.py holds each entry to the code: it runs each family once with the key set and finds the
+# key read (or, for a family left out here, not).
+ENV_FAMILIES = ("env", "tools", "agent")  # multi-turn episodes: of an environment (roles/rollout_env.py), of an agent
+READ_BY = {
+    **dict.fromkeys(("ops", "min_a", "max_a", "min_b", "max_b", "n_terms", "min_terms", "prompt"), ("arithmetic",)),
+    "gym_name": ("gym",), "gym_config": ("gym",),
+    # the code task's sandbox; the tools' python and code_repair's attempts take theirs from their own arguments
+    "sandbox": ("code",), "sandbox_allow_root": ("code",), "sandboxes": ("code",),
+    "tools": ("tools",),
+    "env": ("env", "agent"),  # an agent may play task.env's rows; task.name=tools is its own environment
+    **dict.fromkeys(("env_args", "env_timeout_s", "env_workers", "max_turns", "max_episode_tokens", "turn_credit",
+                     "turn_discount"), ENV_FAMILIES),
+    "agent": ("agent",),
+    **dict.fromkeys(("agent_timeout_s", "agent_join"), ("agent", "env")),  # env: verifiers' episodes are agents
+}
+# Keys read only while another key turns their feature on: {key: (the switch, whether it is on, what it needs)}.
+SWITCHED = {
+    **{k: ("judge_model", lambda t: bool(t.judge_model), "task.judge_model set")
+       for k in ("judge_mode", "judge_rubric", "judge_both_orders", "judge_weight")},
+    **{k: ("process_reward_model", lambda t: bool(t.process_reward_model), "task.process_reward_model set")
+       for k in ("process_reward_coef", "process_reward_form")},
+    "length_coef": ("length_penalty", lambda t: t.length_penalty != "none", "task.length_penalty=linear or ratio"),
+    "length_target": ("length_penalty", lambda t: t.length_penalty == "linear", "task.length_penalty=linear"),
+    **{k: ("data", lambda t: bool(t.data), "task.data") for k in ("prompt_column", "answer_column")},
+}
+
+
+def ignored_task_keys(task: TaskConfig, families: list[str], what: str) -> list[str]:
+    """A line for each task key set away from its default that no family of the run reads (READ_BY) or
+    whose feature is off (SWITCHED); ``what`` names the run's families ('task.name=gym')."""
+    default, out = TaskConfig(), []
+    for key in (f.name for f in fields(TaskConfig)):
+        if getattr(task, key) == getattr(default, key):
+            continue
+        readers = READ_BY.get(key)
+        if readers and not set(readers) & set(families):
+            named = " or ".join(", ".join(readers).rsplit(", ", 1))
+            out.append(f"task.{key}: applies to task.name={named}, not {what}, which would ignore it; remove it")
+        elif key in SWITCHED and not SWITCHED[key][1](task):
+            switch, _, needs = SWITCHED[key]
+            out.append(f"task.{key}: read only with {needs} (task.{switch} is {getattr(task, switch)!r}), so it would "
+                       "be ignored; remove it")
+    return out

@@ -87,5 +87,5 @@ def test_turn_credit_is_refused_where_a_turn_cannot_get_its_own_advantage(algo):
 
 
 def test_turn_credit_is_refused_outside_environment_episodes():
-    with pytest.raises(ConfigError, match=r"^task.turn_credit: applies to environment episodes"):
+    with pytest.raises(ConfigError, match=r"^task.turn_credit: applies to task.name=env, tools or agent"):
         tiny_cfg("task.turn_credit=turn")

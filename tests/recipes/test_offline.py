@@ -268,3 +268,19 @@ def test_pairs_whose_chosen_is_their_rejected_are_said(tmp_path, capsys):
     assert "pref.data: 3 of 8 training pairs have chosen == rejected: they teach nothing" in capsys.readouterr().err
     load_rows(cfg, "rm")  # the same run reads them again: said once
     assert capsys.readouterr().err == ""
+
+
+def test_a_prompt_longer_than_max_len_is_named_or_skipped(tmp_path):
+    """pref.on_bad_row=skip skips a row whose prompt leaves nothing of pref.max_len, as it skips a malformed one."""
+    from rlpost.recipes.offline import preflight
+
+    lines = [json.dumps(r) for r in digit_pairs(20, 0)]
+    lines[4] = json.dumps({"prompt": "7 " * 300, "chosen": "7", "rejected": "8"})  # line 5
+    data = tmp_path / "long.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"long.jsonl:5: the prompt is longer .* \(or pref.on_bad_row=skip skips"):
+        preflight(tiny_cfg(f"pref.data={data}", "pref.max_len=64"), "dpo")
+    cfg = tiny_cfg(f"pref.data={data}", "pref.max_len=64", "pref.on_bad_row=skip")
+    preflight(cfg, "dpo")
+    s = train_offline(cfg, tmp_path / "skip", "dpo")
+    assert s["skipped_rows"] == 1 and s["rows"] + s["heldout_rows"] == 19

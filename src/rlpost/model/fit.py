@@ -86,30 +86,39 @@ def _prompt_tokens(tok, messages: list[dict], cap: int) -> int:
     return len(ids)
 
 
-def check_prompts(spec: str, rows: list[dict], after: int, after_key: str, source: str) -> None:
+def check_prompts(spec: str, rows: list[dict], after: int, after_key: str, source: str,
+                  on_bad_row: tuple[str, str] = ("", "refuse")) -> set[int]:
     """Every row's prompt (``messages``) plus ``after`` tokens (``after_key``: what is sampled or
-    trained after it) fits the model's context; ConfigError naming the first that does not."""
+    trained after it) fits the model's context; ConfigError naming the first that does not.
+    ``on_bad_row``: (the rows' on_bad_row key, its value); with skip nothing is raised: the indices
+    of the rows that do not fit are returned."""
+    skip_key, skip = on_bad_row[0], on_bad_row[1] == "skip"
     _, context = architecture(spec)
     if not context:
-        return
+        return set()
     budget = context - after
     if budget < 1:
         raise ConfigError(f"{after_key}: expected less than the context of {model_spec(spec)} ({context} tokens), got "
                           f"{after}; set {after_key} lower for this model, leaving room for the prompt")
     tok = _tokenizer(spec)
     per_message = _prompt_tokens(tok, [{"role": "user", "content": ""}], budget) + 8  # the template's own tokens
+    too_long = set()
     for i, row in enumerate(rows):
         messages = row.get("messages") or []
         size = sum(len(str(m.get("content", "")).encode()) for m in messages) + per_message * len(messages)
         if size <= budget:  # a token covers at least one byte: this prompt cannot exceed the budget
             continue
         n = _prompt_tokens(tok, messages, budget)
-        if n > budget:
+        if n > budget and skip:
+            too_long.add(i)
+        elif n > budget:
             at = where(row, source) if "_line" in row else f"{source} row {i + 1}"
             raise ConfigError(f"{at}: the prompt is longer than the model's context: "
                               f"{'at least ' if n > 16 * budget else ''}{n} tokens, and {model_spec(spec)} takes "
                               f"{context} tokens, {after} of them for {after_key}; "
-                              "shorten it or drop the row")
+                              "shorten it or drop the row" + (f" (or {skip_key}=skip skips such rows)" if skip_key
+                                                                else ""))
+    return too_long
 
 
 def model_spec(spec: str) -> str:

@@ -194,7 +194,7 @@ class Trainer:
             fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
         if self.rows is not None and cfg.task.name != "env":
             fit.check_prompts(cfg.model.name, self.prompts, cfg.rollout.max_new_tokens, "rollout.max_new_tokens",
-                              "train_dataset")
+                              "train_dataset", ("task.on_bad_row", cfg.task.on_bad_row))  # train() drops them
 
     def save_model(self, output_dir: str | Path | None = None) -> Path:
         """TRL's save_model: RUN/model (what train() ends with), or a copy of it in ``output_dir``, a new

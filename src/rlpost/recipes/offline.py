@@ -76,6 +76,17 @@ def load_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict], in
     parse = data.sft_pair if kind == "sft" else data.preference_triple
     rows, bad_train = data.check_rows(rows, parse, pref.data, pref.on_bad_row)
     heldout, bad_heldout = data.check_rows(heldout, parse, pref.eval_data or pref.data, pref.on_bad_row)
+    if pref.on_bad_row == "skip" and (fit.architecture(cfg.model.name)[1] or 0) > pref.max_len:
+        # and the rows whose prompt leaves no room for pref.max_len (a pref.max_len past the context: preflight's line)
+        long = fit.check_prompts(cfg.model.name, prompt_rows(rows + heldout, parse), pref.max_len, "pref.max_len",
+                                 pref.data, ("pref.on_bad_row", "skip"))
+        if long:
+            n = len(rows)
+            rows, heldout = ([r for i, r in enumerate(part, start) if i not in long]
+                             for part, start in ((rows, 0), (heldout, n)))
+            say(f"skipped {len(long)} rows whose prompt does not fit pref.max_len ({n - len(rows)} training; "
+                "pref.on_bad_row=skip)")
+            bad_train += len(long)
     if not rows or not heldout:
         split = "pref.eval_data" if pref.eval_data else f"pref.heldout_frac={pref.heldout_frac:g}"
         raise DataError(f"pref.data: {pref.data} leaves {len(rows)} training and {len(heldout)} held-out rows "
@@ -101,9 +112,14 @@ def preflight(cfg: config.Config, kind: str) -> None:
         return
     rows, heldout, _ = load_rows(cfg, kind)
     parse = data.sft_pair if kind == "sft" else data.preference_triple
-    prompts = [{"messages": parse(r, "")[0], **({"_line": r["_line"]} if "_line" in r else {})} for r in rows + heldout]
-    fit.check_prompts(cfg.model.name, prompts, cfg.pref.max_len, "pref.max_len",
-                      cfg.pref.data or f"task.name={cfg.task.name}")
+    fit.check_prompts(cfg.model.name, prompt_rows(rows + heldout, parse), cfg.pref.max_len, "pref.max_len",
+                      cfg.pref.data or f"task.name={cfg.task.name}",
+                      ("pref.on_bad_row" if cfg.pref.data else "", "refuse"))
+
+
+def prompt_rows(rows: list[dict], parse) -> list[dict]:
+    """Each row's prompt as fit.check_prompts reads it: its messages, and its line where it has one."""
+    return [{"messages": parse(r, "")[0], **({"_line": r["_line"]} if "_line" in r else {})} for r in rows]
 
 
 def batch_order(lengths: list[int], batch_size: int, by_length: bool, rng: random.Random) -> list[int]:

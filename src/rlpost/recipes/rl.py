@@ -286,7 +286,8 @@ def baseline(roles: Roles, rows: tuple[list[dict], int], cfg: config.Config, run
     if state.get("heldout_before") is not None:
         return state["heldout_before"], state.get("passk_before", {})
     if task.skipped_rows:
-        say(f"skipped {task.skipped_rows} malformed data rows (task.on_bad_row=skip); counted in summary.json")
+        say(f"skipped {task.skipped_rows} data rows, malformed or too long for the context (task.on_bad_row=skip); "
+            "counted in summary.json")
     say(f"held-out accuracy before training ({len(heldout)} problems, greedy) ...")
     dump = run_dir / "samples" / "eval_before.jsonl"
     with threads(eval_threads):
