@@ -13,7 +13,7 @@ from rlpost import config
 from rlpost.envs import dataset
 from rlpost.envs.decontam import overlapping
 from rlpost.recipes.curate import (STACKED, duplicates, in_band, normalise, parse_band, shifted, shingles, stacked,
-                                   strata_table, table)
+                                   strata_of, strata_table, table)
 
 LONG = "Write the full name of the capital city of the country that lies directly north of the one named here: {}"
 PRIME = "Name a prime number larger than one hundred and give its two nearest primes"
@@ -248,3 +248,9 @@ def test_bad_input_is_one_line_naming_it(tmp_path, monkeypatch, args, line):
     rest = [a for i, a in enumerate(TINY_CURATE) if "--k" not in args or i not in (2, 3)]  # the case's own --k
     r = cli("curate", *args, *rest)
     assert r.returncode == 2 and line in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_number_and_its_string_are_two_strata():
+    rows = [{"level": 1}, {"level": "1"}, {"level": "2"}, {"level": [1]}, {"level": True}, {}, {"level": None}]
+    assert strata_of(rows, "level", "d.jsonl") == ["1", '"1"', "2", "[1]", "true", "(none)", "(none)"]
+    assert strata_of([{"level": "1"}, {"level": "2"}], "level", "d.jsonl") == ["1", "2"]  # no clash: as they are

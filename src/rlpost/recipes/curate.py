@@ -159,8 +159,13 @@ def strata_of(raw: list[dict], column: str, data: str) -> list[str]:
         have = sorted({k for r in raw for k in r if k != "_line"})
         raise ConfigError(f"--strata {column}: no row of {data} has a column {column!r} (its columns: "
                           f"{', '.join(have)})")
-    return [NONE if r.get(column) is None else r[column] if isinstance(r[column], str)
-            else json.dumps(r[column], ensure_ascii=False, default=str) for r in raw]  # a list as JSON, true as true
+    def text(v):  # a list as JSON, true as true
+        return json.dumps(v, ensure_ascii=False, default=str)
+    values = [r.get(column) for r in raw]
+    # the string "1" beside the number 1 stays its own stratum: quoted, as JSON writes it
+    clash = {v for v in values if isinstance(v, str)} & {text(v) for v in values if v is not None
+                                                         and not isinstance(v, str)}
+    return [NONE if v is None else text(v) if not isinstance(v, str) or v in clash else v for v in values]
 
 
 def strata_table(strata: list[str], status: list[dict]) -> dict[str, dict]:
