@@ -62,3 +62,26 @@ def test_verl_extras_and_data_sources_reach_metrics_and_samples(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     n = summary["heldout_n/openai/gsm8k"] + summary["heldout_n/lighteval/MATH"]
     assert n == 8 and "heldout_accuracy_after/openai/gsm8k" in summary
+
+
+def test_a_list_of_right_answers_scores_any_of_them(tmp_path):
+    """TriviaQA's aliases, verl's list ground truths: each counts; a list of non-answers is refused naming its row."""
+    from rlpost.envs.dataset import exact_match
+    from rlpost.envs.math import score
+    from rlpost.types.errors import DataError
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"prompt": f"Name {i}", "answer": ["Paris", "paris, France"] if i % 2 else [1, 2.5]} for i in range(20)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = build_task(tiny_cfg("task.name=dataset", f"task.data={data}", "task.n_heldout=2").task)
+    row = next(r for r in task.train if r["answer"][0] == "Paris")
+    assert row["answer"] == ["Paris", "paris, France"]
+    assert [exact_match(c, row)[0] for c in ("Paris", "It is\nparis, France.", "Lyon", "")] == [1.0, 1.0, 0.0, 0.0]
+    numbers = next(r for r in task.train if r["answer"] == ["1", "2.5"])
+    assert [exact_match(c, numbers)[0] for c in ("it is 2.5", "1", "3")] == [1.0, 1.0, 0.0]
+    assert [score(c, {"answer": ["1/2", "3"]})[0] for c in ("\\boxed{0.5}", "\\boxed{3}", "\\boxed{4}")] == [1, 1, 0]
+    for bad in ([], [{"a": 1}], [True]):
+        data.write_text("".join(json.dumps({"prompt": "x", "answer": bad if i == 5 else "1"}) + "\n"
+                                for i in range(20)))
+        with pytest.raises(DataError, match=r"rows.jsonl:6: 'answer' is a list|rows.jsonl:6: missing 'answer'"):
+            build_task(tiny_cfg("task.name=dataset", f"task.data={data}", "task.n_heldout=2").task)

@@ -30,14 +30,14 @@ DEFAULT_HELDOUT = TaskConfig.__dataclass_fields__["n_heldout"].default  # a task
 
 def exact_match(completion: str, row: dict) -> tuple[float, dict]:
     """The default verifier of a dataset task: the completion's last line (or its last number, for
-    a numeric answer) equals the answer, ignoring case and surrounding whitespace."""
-    answer = str(row["answer"]).strip()
-    if NUMBER.fullmatch(answer.replace(",", "")):
-        found = NUMBER.findall(completion.replace(",", ""))
-        correct = bool(found) and float(found[-1]) == float(answer.replace(",", ""))
-    else:
-        lines = [s.strip() for s in completion.strip().splitlines() if s.strip()]
-        correct = bool(lines) and lines[-1].rstrip(".").lower() == answer.lower()
+    a numeric answer) equals the answer, ignoring case and surrounding whitespace; a list of answers:
+    any of them."""
+    found = NUMBER.findall(completion.replace(",", ""))
+    lines = [s.strip() for s in completion.strip().splitlines() if s.strip()]
+    correct = any(bool(found) and float(found[-1]) == float(answer.replace(",", ""))
+                  if NUMBER.fullmatch(answer.replace(",", "")) else
+                  bool(lines) and lines[-1].rstrip(".").lower() == answer.lower()
+                  for answer in (a.strip() for a in answers(row)))
     return float(correct), {"correct": correct}
 
 
@@ -69,9 +69,20 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
         elif answer in (None, ""):
             raise DataError(f"{where(raw, source)}: missing '{name}' (task.answer_column; set it to '' if the verifier "
                             "needs none)")
+        elif isinstance(answer, list):  # several right answers (TriviaQA's aliases, verl's lists): any of them counts
+            if not answer or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in answer):
+                raise DataError(f"{where(raw, source)}: '{name}' is a list; expected one answer, or a non-empty "
+                                f"list of right answers (strings or numbers), got {str(answer)[:80]}")
+            row["answer"] = [str(a) for a in answer]
         else:
             row["answer"] = answer if isinstance(answer, str) else str(answer)
     return row
+
+
+def answers(row: dict) -> list[str]:
+    """The row's right answers: its one answer, or each of a list (to_row)."""
+    gold = row["answer"]
+    return [str(a) for a in gold] if isinstance(gold, list) else [str(gold)]
 
 
 VERL_ANSWER = "reward_model.ground_truth"

@@ -32,6 +32,8 @@ from __future__ import annotations
 import functools
 import re
 
+from rlpost.envs.dataset import answers
+
 PARSE_TIMEOUT_S = 1  # seconds per math-verify parse() call (signal.alarm takes whole seconds)
 VERIFY_TIMEOUT_S = 1  # seconds per (gold, prediction) comparison inside verify()
 ACCURACY_WEIGHT = 1.0  # R1 stack: reward = 1.0 * accuracy + 0.2 * format
@@ -68,12 +70,16 @@ def score(completion: str, row: dict) -> tuple[float, dict]:
     was an operation left undone, e.g. the question restated (``_unevaluated``: scored 0)."""
     from math_verify import verify
 
-    gold = _parse_gold(str(row["answer"]))
     pred = _parse_prediction(completion)
-    # verify(gold, pred) is not symmetric (the gold decides e.g. how intervals are read):
-    # math-verify's README insists on this order.
-    correct = bool(gold and pred and verify(list(gold), pred, timeout_seconds=VERIFY_TIMEOUT_S))
-    unevaluated = correct and _unevaluated(pred[0], gold[0])
+    correct = unevaluated = False
+    for answer in answers(row):  # a list of right answers (envs/dataset.py: to_row): any of them
+        gold = _parse_gold(answer)
+        # verify(gold, pred) is not symmetric (the gold decides e.g. how intervals are read):
+        # math-verify's README insists on this order.
+        if gold and pred and verify(list(gold), pred, timeout_seconds=VERIFY_TIMEOUT_S):
+            correct, unevaluated = True, _unevaluated(pred[0], gold[0])
+            if not unevaluated:
+                break
     info = {"correct": correct and not unevaluated, "parsed": _as_text(pred)}
     return float(info["correct"]), {**info, "unevaluated": True} if unevaluated else info
 
