@@ -37,7 +37,9 @@ def test_serve_prints_its_url_answers_the_openai_client_and_stops_on_ctrl_c():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0 and err.strip() == "rlpost: stopped", err
+    assert proc.returncode == 0 and err.strip().splitlines() == [
+        "rlpost: a request asked for max_tokens=50; this endpoint draws at most 5 tokens a request (rlpost serve "
+        "--max-tokens), and such answers end with finish_reason 'length'", "rlpost: stopped"], err
     time.sleep(0.2)
     with pytest.raises(openai.APIConnectionError):  # nothing is left listening
         client.models.list()

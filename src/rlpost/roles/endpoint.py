@@ -53,8 +53,10 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from rlpost.console import say_once
 from rlpost.envs.transcript import TOOL_CALL, TemplateError, assistant_message, chat_delta, encode, for_template, render
-from rlpost.roles.openai_body import Refused, chat_messages, chunks, error_body, number, same, tool_schemas
+from rlpost.roles.openai_body import (Refused, chat_messages, chunks, error_body, logprobs_asked, logprobs_body, number,
+                                     same, tool_schemas)
 from rlpost.roles.rollout_env import Episode
 
 @dataclass
@@ -95,6 +97,7 @@ class _Job:
     kind: str  # chat | completion
     extend: tuple = ()  # (messages, tools) the call sent, for the record's ``last``
     stream: bool = False  # answered as server-sent events
+    logprobs: bool = False  # the drawn tokens' log-probs in the answer (openai_body.logprobs_asked)
     at: float = 0.0  # when it arrived (monotonic)
 
 
@@ -369,6 +372,7 @@ class Endpoint:
         job = _Job(future, record, ids, self._budget(record, ids, asked), (temperature, top_p, tuple(stops)), kind,
                    extend)
         job.stream = bool(request.get("stream"))
+        job.logprobs = logprobs_asked(request, kind)
         return job
 
     def _chat_ids(self, record: Record | None, messages: list[dict], tools: list[dict] | None) -> list[int]:
@@ -412,11 +416,18 @@ class Endpoint:
     def _budget(self, record: Record | None, ids: list[int], asked: int | None) -> int:
         """Tokens this call may draw: its max_tokens, the cap, the context and the episode's room."""
         lim = self.limits
-        budget = min(asked or lim.max_new_tokens, lim.max_new_tokens)
+        if record is None and asked is not None and asked > lim.max_new_tokens:  # served alone, not in an episode
+            say_once(f"a request asked for max_tokens={asked}; this endpoint draws at most {lim.max_new_tokens} "
+                     "tokens a request (rlpost serve --max-tokens), and such answers end with finish_reason "
+                     "'length'", key="endpoint max_tokens")
+        budget = min(asked or lim.max_new_tokens, lim.max_new_tokens)  # in an episode, the run's cap lowers it
         if lim.context:
             if len(ids) >= lim.context:
                 raise Refused(f"the prompt is {len(ids)} tokens, and the model's context is {lim.context}",
                               "context_length_exceeded")
+            if record is None and asked is not None and len(ids) + asked > lim.context:  # as vLLM and OpenAI refuse
+                raise Refused(f"max_tokens: the prompt's {len(ids)} tokens and {asked} more pass the model's context "
+                              f"of {lim.context}; ask for at most {lim.context - len(ids)}", "context_length_exceeded")
             budget = min(budget, lim.context - len(ids))
         if record is not None and lim.max_episode_tokens:
             first = len(record.episode.prompt) or len(ids)
@@ -442,14 +453,28 @@ class Endpoint:
                  "total_tokens": len(job.ids) + len(ids)}
         head = {"id": f"rlpost-{uuid.uuid4().hex[:16]}", "created": int(time.time()), "model": self.name,
                 "usage": usage}
+        logprobs = logprobs_body(job.kind, *self._pieces(ids, logps, len(text))) if job.logprobs else None
         if job.kind == "completion":
             return {**head, "object": "text_completion",
-                    "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+                    "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]}
         content = TOOL_CALL.sub("", text).strip() if calls else text
         reply = {"role": "assistant", "content": content or (None if calls else ""),
                  **({"tool_calls": calls} if calls else {})}
         return {**head, "object": "chat.completion",
-                "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}]}
+                "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": logprobs}]}
+
+    def _pieces(self, ids: list[int], logps: list[float], upto: int) -> tuple[list[str], list[float]]:
+        """Each drawn token's text (what it adds to the decoded text: a character split across tokens
+        lands on the one that completes it) and log-prob, for the tokens that start before ``upto``
+        characters: those of the text returned, which ends before a stop string."""
+        pieces, said = [], ""
+        for i in range(len(ids)):
+            if len(said) >= upto:
+                break
+            now = self.tok.decode(ids[: i + 1], skip_special_tokens=True)
+            pieces.append(now[len(said):])
+            said = now
+        return pieces, [float(x) for x in logps[: len(pieces)]]
 
     def _record(self, job: _Job, ids: list[int], logps: list[float], message: dict | None, how: str) -> None:
         record, e = job.record, job.record.episode

@@ -27,15 +27,49 @@ def chunks(response: dict) -> list[dict]:
     finish = {"index": 0, "finish_reason": choice["finish_reason"]}
     if response["object"] == "text_completion":
         return [{**head, "object": "text_completion", "choices": [{"index": 0, "text": choice["text"],
-                                                                    "finish_reason": None}]},
+                                                                    "finish_reason": None,
+                                                                    "logprobs": choice["logprobs"]}]},
                 {**head, "object": "text_completion", "choices": [{**finish, "text": ""}], "usage": response["usage"]}]
     message = choice["message"]
     delta = {"role": "assistant", "content": message["content"]}
     if "tool_calls" in message:
         delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
     head["object"] = "chat.completion.chunk"
-    return [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+    return [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": choice["logprobs"]}]},
             {**head, "choices": [{**finish, "delta": {}}], "usage": response["usage"]}]
+
+
+def logprobs_asked(request: dict, kind: str) -> bool:
+    """Whether the request asks for its tokens' log-probs: chat's ``logprobs: true``, the completions
+    API's ``logprobs: 0``. The top alternatives (chat's top_logprobs, a completions logprobs above 0)
+    are not kept by the sampler: refused in one line rather than sent empty."""
+    asked = request.get("logprobs")
+    if asked is None or asked is False:
+        if kind == "chat" and request.get("top_logprobs") not in (None, 0):
+            raise Refused("top_logprobs: needs logprobs: true")
+        return False
+    if kind == "chat":
+        if asked is not True:
+            raise Refused(f"logprobs: expected true or false, got {str(asked)[:40]!r}")
+        top = request.get("top_logprobs")
+        if top not in (None, 0):
+            raise Refused(f"top_logprobs: the sampler keeps the log-prob of the token it drew, not the top "
+                          f"alternatives; expected 0, got {str(top)[:40]!r}")
+        return True
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked != 0:
+        raise Refused(f"logprobs: the sampler keeps the log-prob of the token it drew, not the top alternatives; "
+                      f"expected 0 (the drawn tokens' log-probs) or null, got {str(asked)[:40]!r}")
+    return True
+
+
+def logprobs_body(kind: str, pieces: list[str], logps: list[float]) -> dict:
+    """A choice's ``logprobs``: each drawn token's text and log-prob, in chat's shape ({content: [{token,
+    logprob, bytes, top_logprobs}]}) or the completions API's (tokens, token_logprobs, text_offset)."""
+    if kind == "chat":
+        return {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+                            for p, lp in zip(pieces, logps)], "refusal": None}
+    offsets = [sum(map(len, pieces[:i])) for i in range(len(pieces))]
+    return {"tokens": pieces, "token_logprobs": logps, "top_logprobs": None, "text_offset": offsets}
 
 
 def error_body(message: str, code: str) -> dict:
