@@ -234,3 +234,10 @@ def test_a_suite_file_is_known_anywhere_among_the_words(tmp_path, monkeypatch):
     # the first positional word decides, an option's value never does
     assert is_suite(["s.yml", "--out", "x.json"]) and not is_suite(["RUN", "--out", "r.yaml"])
     assert not is_suite(["tiny", "task.data=a.yaml"]) and not is_suite([])
+    # which options take a value is read from the parsers: single `rlpost eval`'s are the suite's too
+    import argparse
+    from rlpost.recipes import eval_args
+    from rlpost.recipes.suite import parser, taking_a_word
+    sub = argparse.ArgumentParser().add_subparsers()
+    eval_args.add_parser(sub, "")
+    assert taking_a_word(sub.choices["eval"]) <= taking_a_word(parser()) and "--against" in taking_a_word(parser())

@@ -238,7 +238,7 @@ def _clear_leftovers(rf: RunFolder) -> None:
     if not stale:
         return
     say(f"run folder {rf.path}: removing what an earlier start that got nowhere left there ({folders.listing(stale)})")
-    _remove(rf.path, stale)
+    remove_entries(rf.path, stale)
     rf.before -= set(stale)
     rf.created = folders.MARKER in rf.before and rf.before <= {folders.MARKER, LOCK}
 
@@ -267,10 +267,11 @@ def _remove_new(rf: RunFolder, keep: set[str] = frozenset()) -> None:
     if rf.created and not keep:
         shutil.rmtree(rf.path, ignore_errors=True)
         return
-    _remove(rf.path, set(os.listdir(rf.path)) - (set() if rf.created else rf.before) - keep)
+    remove_entries(rf.path, set(os.listdir(rf.path)) - (set() if rf.created else rf.before) - keep)
 
 
-def _remove(folder: Path, names) -> None:
+def remove_entries(folder: Path, names) -> None:
+    """Remove each named entry of ``folder``: a folder with what is in it, a file or a link (never what it points to)."""
     for name in names:
         entry = folder / name
         if entry.is_dir() and not entry.is_symlink():

@@ -309,10 +309,10 @@ def forget_earlier(out: Path, now: Path) -> None:
         return
     if earlier.parent.resolve() != out.resolve() or earlier.name in OWN or earlier.name == now.name:
         return  # only a file of this folder, never one of curate's own
-    import shutil
+    from rlpost.observe.runfolder import remove_entries
 
     with writing(earlier):
-        shutil.rmtree(earlier) if earlier.is_dir() and not earlier.is_symlink() else earlier.unlink(missing_ok=True)
+        remove_entries(out, [earlier.name])
 
 
 def add_parser(sub, options: str) -> None:

@@ -47,10 +47,15 @@ SUFFIXES = (".yaml", ".yml")
 
 def is_suite(argv: list[str]) -> bool:
     """`rlpost eval X ...` where X is a suite file (a YAML file, not a run or model folder)."""
-    values = {"--n", "--samples", "--k", "--out", "--against", "--judge", "--model"}  # options that take a word
+    values = taking_a_word(parser())  # --n 1: its 1 is no positional word; eval's own options are the suite's too
     words = [a for i, a in enumerate(argv) if not a.startswith("-") and "=" not in a
              and not (i and argv[i - 1] in values)]  # the positional words: after --n 1 too
     return bool(words) and words[0].lower().endswith(SUFFIXES) and not Path(words[0]).is_dir()  # .YAML as .yaml
+
+
+def taking_a_word(p: argparse.ArgumentParser) -> set[str]:
+    """The option strings of ``p`` that take a value (``--out X``), read from the parser itself."""
+    return {o for a in p._actions if a.option_strings and a.nargs != 0 for o in a.option_strings}
 
 
 def eval_table(result: dict) -> str:
