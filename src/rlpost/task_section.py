@@ -174,8 +174,8 @@ class TaskConfig:
 # Which task keys each family reads, for the keys some family does not: every key not named here is read by
 # every family. A key set away from its default that no family of the run reads would be ignored, so it is
 # refused (config.check_task: ``ignored_task_keys``), as an algo key its algorithm does not read is.
-# tests/test_config.py holds each entry to the code: it runs each family once with the key set and finds the
-# key read (or, for a family left out here, not).
+# tests/test_config.py holds the generated families to it: each one's split builder reads its own generator keys
+# and no key the table gives only to other families.
 ENV_FAMILIES = ("env", "tools", "agent")  # multi-turn episodes: of an environment (roles/rollout_env.py), of an agent
 READ_BY = {
     **dict.fromkeys(("ops", "min_a", "max_a", "min_b", "max_b", "n_terms", "min_terms", "prompt"), ("arithmetic",)),
