@@ -85,3 +85,18 @@ def test_a_list_of_right_answers_scores_any_of_them(tmp_path):
                                 for i in range(20)))
         with pytest.raises(DataError, match=r"rows.jsonl:6: 'answer' is a list|rows.jsonl:6: missing 'answer'"):
             build_task(tiny_cfg("task.name=dataset", f"task.data={data}", "task.n_heldout=2").task)
+
+
+def test_a_mapping_answer_is_refused_naming_the_dotted_column_unless_a_verifier_of_yours_reads_it(tmp_path):
+    from rlpost.types.errors import DataError
+
+    data = tmp_path / "trivia.jsonl"
+    data.write_text("".join(json.dumps({"question": f"Q{i}", "answer": {"value": "Paris", "aliases": ["Paris"]}})
+                            + "\n" for i in range(20)))
+    common = ["task.name=dataset", f"task.data={data}", "task.n_heldout=2", "task.prompt_column=question"]
+    with pytest.raises(DataError, match=r"trivia.jsonl:1: 'answer' is a mapping \(value, aliases\); .* "
+                                        r"e.g. task.answer_column=answer.value$"):
+        build_task(tiny_cfg(*common).task)
+    assert build_task(tiny_cfg(*common, "task.answer_column=answer.aliases").task).train[0]["answer"] == ["Paris"]
+    mine = build_task(tiny_cfg(*common, "task.verifier=toy_verifiers:half").task)
+    assert mine.train[0]["answer"] == {"value": "Paris", "aliases": ["Paris"]}

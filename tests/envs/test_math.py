@@ -118,3 +118,33 @@ def test_r1_stack(completion, expected):
 
 def test_system_prompt_names_both_tags():
     assert "<think>" in R1_SYSTEM_PROMPT and "<answer>" in R1_SYSTEM_PROMPT
+
+
+@pytest.mark.parametrize("gold, right, wrong", [
+    ("\\$32,348", "\\boxed{32348}", "\\boxed{32349}"),  # MATH-500's dollar amounts: "\$" is a dollar sign
+    ("\\$18.90", "The total is \\boxed{\\$18.90}.", "\\boxed{18.09}"),
+    ("\\text{Evelyn}", "\\boxed{\\text{Evelyn}}", "\\boxed{\\text{Bob}}"),  # a word answer in \text{}
+    ("\\text{(C)}", "\\boxed{(C)}", "\\boxed{(D)}"),
+])
+def test_math_500s_own_answers_parse_and_grade(gold, right, wrong):
+    assert score(right, {"answer": gold})[0] == 1.0 and score(wrong, {"answer": gold})[0] == 0.0
+
+
+def test_answers_no_completion_can_match_are_said_when_the_task_is_built(tmp_path, capsys):
+    import json
+
+    from rlpost import config
+    from rlpost.envs import build_task
+
+    data = tmp_path / "rows.jsonl"
+    gsm = "48/2 = 24 in May.\nAltogether 48+24 = 72.\n#### 72"
+    data.write_text("".join(json.dumps({"question": f"Q{i}", "answer": gsm, "x": "not maths at all"}) + "\n"
+                            for i in range(12)))
+    common = [f"task.data={data}", "task.prompt_column=question", "task.max_contamination=1"]
+    build_task(config.load(None, ["task.name=math", *common]).task)  # GSM8K's '#### 72' parses: nothing said
+    assert "can never score 1" not in capsys.readouterr().err
+    build_task(config.load(None, ["task.name=dataset", *common]).task)
+    assert "task.data: 1 of the first 1 answers (answer) can never score 1: they span several lines" in \
+        capsys.readouterr().err
+    build_task(config.load(None, ["task.name=math", *common, "task.answer_column=x"]).task)
+    assert "answers (x) can never score 1: math-verify reads no answer in them" in capsys.readouterr().err

@@ -34,6 +34,7 @@ from rlpost import config
 from rlpost.config import TaskConfig
 from rlpost.envs import arithmetic, code, code_formats, dataset, decontam, gym, mathgen, tools
 from rlpost.envs.pool import EnvPool
+from rlpost.console import say
 from rlpost.types.errors import ConfigError
 
 DEFAULT_VERIFIER = {
@@ -140,7 +141,30 @@ def family_splits(t, family: str) -> tuple[list[dict], list[dict], int]:
     if family == "code":  # refuses to start without bubblewrap (unless task.sandbox=rlimits) or with ungradable tests
         train, heldout, dropped = code.prepare(train, heldout, t)
         skipped += dropped
+    if family in ("math", "dataset") and t.data and not t.verifier:
+        warn_ungradable(family, train + heldout, t)
     return train, heldout, skipped
+
+
+GOLD_SAMPLE = 200  # distinct answers looked at when a task is built: a few seconds of math-verify at most
+
+
+def warn_ungradable(family: str, rows: list[dict], t) -> None:
+    """One line when answers in task.data can never score 1 under the family's own verifier: math, a
+    gold math-verify cannot parse; dataset (exact match on the last line), a gold of several lines (GSM8K's
+    worked solution, MATH's). Looked at on the first GOLD_SAMPLE distinct answers."""
+    golds = list(dict.fromkeys(a for r in rows if "answer" in r for a in dataset.answers(r)))[:GOLD_SAMPLE]
+    if family == "math":
+        from rlpost.envs.math import _parse_gold
+        bad = [g for g in golds if not _parse_gold(g)]
+        why = "math-verify reads no answer in them"
+    else:
+        bad = [g for g in golds if "\n" in g.strip() and not dataset.NUMBER.fullmatch(g.strip().replace(",", ""))]
+        why = ("they span several lines, and exact match compares one line (GSM8K's or MATH's worked solutions: "
+               "task.name=math reads their final answer)")
+    if bad:
+        say(f"task.data: {len(bad)} of the first {len(golds)} answers ({t.answer_column}) can never score 1: {why}; "
+            f"e.g. {bad[0][:60]!r}. Check task.answer_column, or name a verifier of your own (task.verifier)")
 
 
 def interleave(groups: list[list[dict]]) -> list[dict]:

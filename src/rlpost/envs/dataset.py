@@ -69,6 +69,12 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
         elif answer in (None, ""):
             raise DataError(f"{where(raw, source)}: missing '{name}' (task.answer_column; set it to '' if the verifier "
                             "needs none)")
+        elif isinstance(answer, dict) and tcfg.verifier:  # a verifier of your own reads it as it is
+            row["answer"] = answer
+        elif isinstance(answer, dict):  # TriviaQA's {value, aliases, ...}: which field is the answer is the user's call
+            keys, first = ", ".join(list(answer)[:6]), next(iter(answer), "x")
+            raise DataError(f"{where(raw, source)}: '{name}' is a mapping ({keys}); name the field that holds "
+                            f"the answer with a dotted task.answer_column, e.g. task.answer_column={name}.{first}")
         elif isinstance(answer, list):  # several right answers (TriviaQA's aliases, verl's lists): any of them counts
             if not answer or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in answer):
                 raise DataError(f"{where(raw, source)}: '{name}' is a list; expected one answer, or a non-empty "

@@ -56,10 +56,11 @@ ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _NO_TAG = r"(?:(?!</?think>|</?answer>).)*"
 R1_FORMAT = re.compile(rf"\s*<think>{_NO_TAG}</think>\s*<answer>{_NO_TAG}</answer>\s*", re.DOTALL)
 # A maths environment math-verify's LaTeX extractor can see without help.
-_MATH_ENV = re.compile(r"\$|\\\(|\\\[|\\boxed|\\begin\{")
+_MATH_ENV = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed|\\begin\{")  # a "\$" is a dollar sign (MATH's "\$18.90")
 # A word of 2+ letters that is not a LaTeX command: prose ("The answer is 42") rather than a bare
 # answer. Bare answers get wrapped in \boxed{}; prose is searched for its last expression instead.
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}")
+_TEXT_ARG = re.compile(r"\\(?:text|textbf|mathrm)\{[^{}]*\}")  # \text{...}: a word that is the answer, not prose
 
 
 def score(completion: str, row: dict) -> tuple[float, dict]:
@@ -166,7 +167,9 @@ def _parse_bare(text: str) -> list:
         return []
     if _MATH_ENV.search(text):  # already "$...$" or "\boxed{...}": math-verify reads it as is
         return _parse(text, boxed_first=True)
-    if not _PROSE_WORD.search(text):  # a bare formula: make it LaTeX math so it parses whole
+    # a bare formula, or a bare \text{} answer (MATH-500's "\text{Evelyn}", "\text{(C)}"): make it LaTeX math so it
+    # parses whole
+    if not _PROSE_WORD.search(_TEXT_ARG.sub("", text)):
         found = _parse(f"\\boxed{{{text}}}", boxed_first=True)
         if found:
             return found
