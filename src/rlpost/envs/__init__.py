@@ -33,6 +33,7 @@ import yaml
 from rlpost import config
 from rlpost.config import TaskConfig
 from rlpost.envs import arithmetic, code, code_formats, dataset, decontam, gym, mathgen, tools
+from rlpost.envs import math as math_answers
 from rlpost.envs.pool import EnvPool
 from rlpost.console import say
 from rlpost.types.errors import ConfigError
@@ -155,8 +156,7 @@ def warn_ungradable(family: str, rows: list[dict], t) -> None:
     worked solution, MATH's). Looked at on the first GOLD_SAMPLE distinct answers."""
     golds = list(dict.fromkeys(a for r in rows if "answer" in r for a in dataset.answers(r)))[:GOLD_SAMPLE]
     if family == "math":
-        from rlpost.envs.math import _parse_gold
-        bad = [g for g in golds if not _parse_gold(g)]
+        bad = [g for g in golds if not math_answers.parse_gold(g)]
         why = "math-verify reads no answer in them"
     else:
         bad = [g for g in golds if "\n" in g.strip() and not dataset.NUMBER.fullmatch(g.strip().replace(",", ""))]

@@ -74,7 +74,7 @@ def score(completion: str, row: dict) -> tuple[float, dict]:
     pred = _parse_prediction(completion)
     correct = unevaluated = False
     for answer in answers(row):  # a list of right answers (envs/dataset.py: to_row): any of them
-        gold = _parse_gold(answer)
+        gold = parse_gold(answer)
         # verify(gold, pred) is not symmetric (the gold decides e.g. how intervals are read):
         # math-verify's README insists on this order.
         if gold and pred and verify(list(gold), pred, timeout_seconds=VERIFY_TIMEOUT_S):
@@ -154,7 +154,7 @@ def _parse(text: str, boxed_first: bool = False) -> list:
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse_gold(answer: str) -> tuple:
+def parse_gold(answer: str) -> tuple:
     """Parsed gold answer, cached: a group of G completions shares one gold string. A tuple, so
     the cached value cannot be mutated by a caller."""
     return tuple(_parse_bare(answer))

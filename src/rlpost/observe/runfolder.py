@@ -271,7 +271,8 @@ def _remove_new(rf: RunFolder, keep: set[str] = frozenset()) -> None:
 
 
 def remove_entries(folder: Path, names) -> None:
-    """Remove each named entry of ``folder``: a folder with what is in it, a file or a link (never what it points to)."""
+    """Remove each named entry of ``folder``: a folder with what is in it, a file, or a link (not what it
+    points to)."""
     for name in names:
         entry = folder / name
         if entry.is_dir() and not entry.is_symlink():

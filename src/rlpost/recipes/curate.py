@@ -45,6 +45,7 @@ from rlpost import config, machine
 from rlpost.console import say
 from rlpost.envs import code, code_formats, decontam, dataset
 from rlpost.envs.data import DataError, check_rows, read_rows
+from rlpost.observe.runfolder import remove_entries
 from rlpost.types import folders
 from rlpost.types.errors import ConfigError, writing
 
@@ -309,8 +310,6 @@ def forget_earlier(out: Path, now: Path) -> None:
         return
     if earlier.parent.resolve() != out.resolve() or earlier.name in OWN or earlier.name == now.name:
         return  # only a file of this folder, never one of curate's own
-    from rlpost.observe.runfolder import remove_entries
-
     with writing(earlier):
         remove_entries(out, [earlier.name])
 
