@@ -78,6 +78,18 @@ def test_files_that_are_not_rows_are_one_line_naming_them(tmp_path):
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(DataError, match="bad.parquet: not a readable parquet file"):
         read_rows(tmp_path / "bad.parquet")
+    # load_dataset(...).save_to_disk() writes a DatasetDict: its splits are named, not "not saved by datasets"
+    import datasets
+
+    rows = datasets.Dataset.from_list([{"prompt": "1+1", "answer": "2"}])
+    datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(str(tmp_path / "gsm"))
+    with pytest.raises(DataError, match=r"gsm: a DatasetDict folder \(splits test, train\); name one split's folder, "
+                                        r"e.g. .*gsm/test$"):
+        read_rows(tmp_path / "gsm")
+    assert read_rows(tmp_path / "gsm" / "train")[0]["answer"] == "2"
+    # a byte-order mark before the first row (Windows' editors write one) is no text; the rows read as without it
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "1+1", "answer": "2"}\n{"prompt": "x"}\n')
+    assert [r["prompt"] for r in read_rows(tmp_path / "bom.jsonl")] == ["1+1", "x"]
 
 
 def test_a_bad_row_of_a_table_is_named_by_its_number(tmp_path):

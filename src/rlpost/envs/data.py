@@ -43,7 +43,7 @@ def read_rows(path: str | Path, what: str = "data") -> list[dict]:
     rows = []
     for i, raw in enumerate(lines, 1):
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8-sig" if i == 1 else "utf-8")  # a byte-order mark first (Windows' editors) is no text
         except UnicodeDecodeError as e:
             raise DataError(f"{path}:{i}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
         if not line.strip():
@@ -64,6 +64,10 @@ def read_rows(path: str | Path, what: str = "data") -> list[dict]:
 def _read_dataset(path: Path) -> list[dict]:
     import datasets
 
+    if path.is_dir() and (path / "dataset_dict.json").is_file():  # load_dataset(...).save_to_disk(): its splits
+        splits = [p.name for p in sorted(path.iterdir()) if (p / "dataset_info.json").is_file()]
+        raise DataError(f"{path}: a DatasetDict folder (splits {', '.join(splits)}); name one split's folder, e.g. "
+                        f"{path / (splits[0] if splits else 'train')}")
     try:
         if path.is_dir():
             rows = [dict(r) for r in datasets.load_from_disk(str(path))]
