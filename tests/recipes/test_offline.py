@@ -210,7 +210,8 @@ def test_lora_in_rm_and_dpo_trains_only_adapters(tmp_path, pairs, kind):
         assert s["heldout_after"]["rewards/margin"] > s["heldout_before"]["rewards/margin"]
 
 
-@pytest.mark.parametrize("layout", ["explicit_conversational", "implicit_conversational", "implicit_standard"])
+@pytest.mark.parametrize("layout", ["explicit_conversational", "implicit_conversational", "implicit_standard",
+                                    "ultrafeedback"])
 def test_trl_preference_layouts_are_read_and_train(tmp_path, layout):
     from rlpost.envs.data import preference_triple
 
@@ -221,6 +222,9 @@ def test_trl_preference_layouts_are_read_and_train(tmp_path, layout):
         if layout == "explicit_conversational":
             return {"prompt": user, "chosen": [{"role": "assistant", "content": chosen}],
                     "rejected": [{"role": "assistant", "content": rejected}]}
+        if layout == "ultrafeedback":  # UltraFeedback-binarized: a string prompt, whole conversations
+            return {"prompt": r["prompt"], "prompt_id": "x", "chosen": [*user, {"role": "assistant", "content": chosen}],
+                    "rejected": [*user, {"role": "assistant", "content": rejected}], "score_chosen": 8.0}
         if layout == "implicit_conversational":
             return {"chosen": [*user, {"role": "assistant", "content": chosen}],
                     "rejected": [*user, {"role": "assistant", "content": rejected}]}

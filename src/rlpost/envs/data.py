@@ -169,6 +169,11 @@ def preference_triple(row: dict, source: str) -> tuple[list[dict], str, str]:
     for key, value in (("chosen", chosen), ("rejected", rejected)):
         if not isinstance(value, (str, list)):
             raise DataError(f"{where(row, source)}: expected '{key}' (a string or a list of chat messages)")
+    # UltraFeedback-binarized: a string prompt beside whole conversations, which hold it as their user turn; TRL's
+    # maybe_extract_prompt takes the prompt from the conversations' shared prefix then, and so does this
+    whole = isinstance(row.get("prompt"), str) and isinstance(chosen, list) and isinstance(rejected, list)
+    if whole and chosen and isinstance(chosen[0], dict) and chosen[0].get("role") != "assistant":
+        row = {k: v for k, v in row.items() if k != "prompt"}
     if "prompt" not in row:  # implicit prompt
         if type(chosen) is not type(rejected):
             raise DataError(f"{where(row, source)}: 'chosen' and 'rejected' must both be strings or both message lists")
