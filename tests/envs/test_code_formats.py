@@ -23,7 +23,7 @@ from rlpost.sandbox import run
 from rlpost.types.errors import ConfigError
 
 DATA = Path(__file__).parent / "data"
-HUMANEVAL, APPS = DATA / "humaneval_sample.jsonl", DATA / "apps_sample.jsonl"
+HUMANEVAL, APPS, MBPP = DATA / "humaneval_sample.jsonl", DATA / "apps_sample.jsonl", DATA / "mbpp_sample.jsonl"
 BOX = {"sandbox": {"backend": "bwrap", "parallel": 2, "allow_root": True},
        "limits": {"wall_s": 5.0, "cpu_s": 5, "memory_mb": 256}}
 needs_bwrap = pytest.mark.skipif(not run.bwrap_works(), reason="bubblewrap is missing or cannot run here")
@@ -279,6 +279,47 @@ def test_hostile_apps_programs_earn_only_what_they_compute():
         assert code.score(fenced(program), got[2][1])[0] == 0.0, program
     yes = "class Yes(list):\n    def __eq__(self, o):\n        return True\n"
     assert code.score(fenced(yes + "def count_vowels(s):\n    return Yes()\n"), got[3][1])[0] == 0.0
+
+
+# --- MBPP ------------------------------------------------------------------------------------
+
+WRONG_MBPP = {2: "def similar_elements(a, b):\n    return (4, 5)\n", 3: "def is_not_prime(n):\n    return n % 2 == 0\n",
+              4: "def heap_queue_largest(nums, n):\n    return sorted(nums)[:n]\n",
+              6: "def differ_At_One_Bit_Pos(a, b):\n    return a != b\n"}
+
+
+def test_mbpp_rows_grade_their_test_list_and_show_it_as_the_paper_prompts():
+    got = rows(MBPP)
+    assert sorted(got) == [2, 3, 4, 6]  # 7 compares set(f(x)): the claim would be turned into a set in here: refused
+    raw, row = got[3]
+    assert row["tests"] == ["assert is_not_prime(2) == False", "assert is_not_prime(10) == True",
+                            "assert is_not_prime(35) == True"]
+    assert row["prompt"].startswith(raw["text"] + "\nYour code should pass these tests:\n\nassert is_not_prime(2)")
+    assert row["answer"] == raw["code"].replace("\r\n", "\n") + "\n" and "text" not in row and "test_list" not in row
+    if run.bwrap_works():
+        for tid, (raw, row) in got.items():
+            assert code.score(fenced(row["answer"]), row)[0] == 1.0, tid
+            assert code.score(fenced(WRONG_MBPP[tid]), row)[0] < 1.0, tid
+        assert code.score(fenced(WRONG_MBPP[3]), got[3][1])[0] == pytest.approx(1 / 3)  # 10 right, 2 and 35 wrong
+    with pytest.raises(DataError, match=r"mbpp_sample.jsonl:5 \(7\): mbpp test refused: test_list line 1 .* is not "
+                                        r"a literal"):
+        code_formats.convert(read_rows(MBPP)[4], str(MBPP))
+
+
+def test_a_humaneval_row_short_of_a_field_is_named_as_one():
+    with pytest.raises(DataError, match=r"h.jsonl:1: humaneval test refused: a HumanEval row needs 'prompt', 'test' "
+                                        r"\(check\(candidate\)\) and 'entry_point' as text; 'entry_point' is missing"):
+        code_formats.convert({"prompt": "def f():\n", "test": "def check(candidate):\n    assert candidate() == 1\n",
+                              "canonical_solution": "    return 1\n", "_line": 1}, "h.jsonl")
+
+
+def test_the_block_that_defines_the_tested_function_is_graded_not_a_usage_example_after_it():
+    answer = "```python\ndef add(a, b):\n    return a + b\n```\nUse it:\n```python\nprint(add(1, 2))\n```\n"
+    assert code.extract_program(answer, code.called({"tests": ["assert add(1, 2) == 3"]})) == \
+        "def add(a, b):\n    return a + b\n"
+    assert code.extract_program(answer) == "print(add(1, 2))\n"  # no name known: the last block, as before
+    assert code.called({"entry_point": "add", "tests": ["assert other(1) == 2"]}) == ("add",)
+    assert code.called({"tests": ["assert not (is_odd(2))", {"stdin": "1", "stdout": "1"}]}) == ("is_odd",)
 
 
 # --- through the task -------------------------------------------------------------------------

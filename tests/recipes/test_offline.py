@@ -223,8 +223,9 @@ def test_trl_preference_layouts_are_read_and_train(tmp_path, layout):
             return {"prompt": user, "chosen": [{"role": "assistant", "content": chosen}],
                     "rejected": [{"role": "assistant", "content": rejected}]}
         if layout == "ultrafeedback":  # UltraFeedback-binarized: a string prompt, whole conversations
-            return {"prompt": r["prompt"], "prompt_id": "x", "chosen": [*user, {"role": "assistant", "content": chosen}],
-                    "rejected": [*user, {"role": "assistant", "content": rejected}], "score_chosen": 8.0}
+            return {"prompt": r["prompt"], "prompt_id": "x", "score_chosen": 8.0,
+                    "chosen": [*user, {"role": "assistant", "content": chosen}],
+                    "rejected": [*user, {"role": "assistant", "content": rejected}]}
         if layout == "implicit_conversational":
             return {"chosen": [*user, {"role": "assistant", "content": chosen}],
                     "rejected": [*user, {"role": "assistant", "content": rejected}]}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,10 +32,12 @@ from rlpost.sandbox.run import ROOT_REFUSAL
 from rlpost.types.errors import ConfigError
 
 
-def extract_program(completion: str) -> str:
+def extract_program(completion: str, names: tuple[str, ...] = ()) -> str:
     """The last ```python (or ```py / ```python3) block, else the last untagged ``` block, else
     the whole completion when it has no fence at all. An unclosed final fence (a generation cut
-    at max_new_tokens) counts as a block up to the end."""
+    at max_new_tokens) counts as a block up to the end. ``names``: the functions the tests call;
+    the last block that defines one of them is taken before a later one that does not (a usage
+    example after the solution, as evalplus's sanitizer does)."""
     blocks, tag, lines = [], None, []
     for line in completion.splitlines():
         if line.strip().startswith("```"):
@@ -49,9 +52,20 @@ def extract_program(completion: str) -> str:
         blocks.append((tag, "\n".join(lines)))
     for wanted in (("python", "py", "python3"), ("",)):
         found = [code for t, code in blocks if t in wanted]
+        defining = [code for code in found if any(re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(n)}\s*\(", code, re.M)
+                                                  for n in names)]
         if found:
-            return found[-1] + "\n"
+            return (defining or found)[-1] + "\n"
     return "" if blocks else completion
+
+
+def called(row: dict) -> tuple[str, ...]:
+    """The functions a code row's tests call: its entry point (HumanEval's), else each assert's outermost call."""
+    if row.get("entry_point"):
+        return (str(row["entry_point"]),)
+    found = (re.match(r"\s*assert\s+(?:not\s+)?\(*\s*([A-Za-z_]\w*)\s*\(", t) for t in row.get("tests") or []
+             if isinstance(t, str))
+    return tuple(dict.fromkeys(m.group(1) for m in found if m))
 
 
 def score(completion: str, row: dict) -> tuple[float, dict]:
@@ -65,7 +79,7 @@ def score(completion: str, row: dict) -> tuple[float, dict]:
     limits = Limits(**row.get("limits", {}))
     # HumanEval's harness runs prompt + completion: its imports and helpers come before the program
     # (a whole function written again after it replaces the prompt's stub)
-    program = str(row.get("program_prefix", "")) + extract_program(completion)
+    program = str(row.get("program_prefix", "")) + extract_program(completion, called(row))
     return grade(program, list(row["tests"]), limits, backend, int(box.get("parallel", 0)),
                  allow_root=box.get("allow_root") is True)
 

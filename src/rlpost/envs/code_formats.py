@@ -32,6 +32,7 @@ the row (``file:line``), which the data loader turns into a refusal or a skip (t
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import json
 import math
@@ -41,17 +42,22 @@ from rlpost.envs.consts import BINARY, MAX_POWER, MAX_TEXT, Consts, NotConstant
 from rlpost.envs.data import DataError, where
 from rlpost.envs.grading import Refused, parse_test
 
+MBPP_ASK = "{}\nYour code should pass these tests:\n\n{}\n\nReply with the code in a ```python block."
 HUMANEVAL_ASK = "Complete the Python function `{}` below. Reply with the code in a ```python block.\n\n```python\n{}```"
 APPS_ASK = "{}\n\nWrite a Python program that solves this{}. Reply with the code in a ```python block."
 MAX_UNROLL = 1000  # a loop of asserts over more constants than this is not unrolled (refused)
 
 
 def kind(raw: dict) -> str:
-    """'humaneval', 'apps' or '' (rlpost's own rows)."""
-    if isinstance(raw.get("test"), str) and "entry_point" in raw and "tests" not in raw:
-        return "humaneval"
-    if "input_output" in raw and "tests" not in raw:
+    """'humaneval', 'apps', 'mbpp' or '' (rlpost's own rows)."""
+    if "tests" in raw:
+        return ""
+    if "entry_point" in raw or "canonical_solution" in raw or "def check(candidate)" in str(raw.get("test", "")):
+        return "humaneval"  # a HumanEval row short of a field is refused naming it (from_humaneval)
+    if "input_output" in raw:
         return "apps"
+    if "test_list" in raw:
+        return "mbpp"
     return ""
 
 
@@ -65,6 +71,8 @@ def convert(raw: dict, source: str) -> dict:
             return from_humaneval(raw)
         if found == "apps":
             return from_apps(raw)
+        if found == "mbpp":
+            return from_mbpp(raw)
     except Refused as e:
         name = raw.get("task_id") or raw.get("problem_id") or raw.get("id")
         label = f" ({name})" if name is not None else ""
@@ -74,6 +82,10 @@ def convert(raw: dict, source: str) -> dict:
 
 
 def from_humaneval(raw: dict) -> dict:
+    missing = [k for k in ("prompt", "test", "entry_point") if not isinstance(raw.get(k), str) or not raw[k].strip()]
+    if missing:
+        raise Refused(f"a HumanEval row needs 'prompt', 'test' (check(candidate)) and 'entry_point' as text; "
+                      f"{', '.join(repr(k) for k in missing)} {'is' if len(missing) == 1 else 'are'} missing or empty")
     entry, prompt = raw["entry_point"], raw.get("prompt")
     if not isinstance(entry, str) or not entry.isidentifier():
         raise Refused(f"entry_point {entry!r} is not a function name")
@@ -86,30 +98,63 @@ def from_humaneval(raw: dict) -> dict:
     checks = [n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
     if len(checks) != 1 or [a.arg for a in checks[0].args.args] != ["candidate"]:
         raise Refused("'test' must define one check(candidate)")
+    tests = graded_asserts(checks[0], zlib.crc32(raw["test"].encode()), entry, "check")
+    row = {k: v for k, v in raw.items() if k not in ("prompt", "test")}
+    solution = raw.get("canonical_solution")
+    answer = prompt + solution if isinstance(solution, str) else ""
+    return {**row, "prompt": HUMANEVAL_ASK.format(entry, prompt), "tests": tests, "answer": answer,
+            "program_prefix": prompt}
+
+
+def from_mbpp(raw: dict) -> dict:
+    """MBPP (``text`` or, sanitized, ``prompt``; ``code``; ``test_list`` of asserts; ``test_setup_code``): the
+    asserts graded as HumanEval's are, the task shown with its tests as MBPP's paper prompts it (the tests name
+    the function to write)."""
+    text = raw.get("text", raw.get("prompt"))
+    if not isinstance(text, str) or not text.strip():
+        raise Refused("'text' (or 'prompt') must be the task's description")
+    asserts = raw["test_list"]
+    if not isinstance(asserts, list) or not asserts or not all(isinstance(t, str) for t in asserts):
+        raise Refused("'test_list' must be a non-empty list of assert strings")
+    try:
+        check = ast.parse("def check():\n" + "".join(f"    {t.strip()}\n" for t in asserts)).body[0]
+    except SyntaxError:
+        raise Refused("a 'test_list' entry is not valid Python") from None
+    names = [n.func.id for n in ast.walk(check) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    entry = next((n for n in names if not hasattr(builtins, n)), "")  # the function the tests call, not set()
+    tests = graded_asserts(check, zlib.crc32("\n".join(asserts).encode()), entry, "test_list")
+    setup = raw.get("test_setup_code") or ""
+    row = {k: v for k, v in raw.items() if k not in ("text", "prompt", "test_list")}
+    shown = "\n".join(t.strip() for t in asserts)
+    return {**row, "prompt": MBPP_ASK.format(text.strip(), shown), "tests": tests,
+            "answer": raw["code"].replace("\r\n", "\n").rstrip() + "\n" if isinstance(raw.get("code"), str) else "",
+            **({"program_prefix": setup + "\n"} if isinstance(setup, str) and setup.strip() else {})}
+
+
+def graded_asserts(check: ast.FunctionDef, seed: int, entry: str, where_: str) -> list:
+    """The asserts of a test function's body as tests the grader takes (envs/grading.py), with what the body
+    builds from constants written in (``_statements``); Refused naming the first line that cannot be graded
+    outside the sandbox. ``where_``: what the lines are counted in ('check', 'test_list')."""
     tests = []
-    for stmt, line in _statements(checks[0], zlib.crc32(raw["test"].encode()), entry):
+    for stmt, line in _statements(check, seed, entry):
         if isinstance(stmt, (ast.Import, ast.ImportFrom)) or _no_op(stmt) or _self_compare(stmt, entry):
             continue  # an import serves only statements that would be refused; `assert True` tests nothing
         text = ast.unparse(stmt).splitlines()[0][:70]
         if not isinstance(stmt, ast.Assert):
-            raise Refused(f"check line {line} ({text!r}) is not an assert on candidate(...): only those are graded "
+            raise Refused(f"{where_} line {line} ({text!r}) is not an assert on the function: only those are graded "
                           "outside the sandbox")
         rewritten = _Rewrite(entry).visit(stmt.test)
         test = _as_sequence(rewritten) or ast.unparse(ast.Assert(rewritten))
         try:
             parse_test(test)
         except Refused as e:
-            raise Refused(f"check line {line} ({text!r}): {e}") from None
+            raise Refused(f"{where_} line {line} ({text!r}): {e}") from None
         tests.append(test)
         if len(tests) > MAX_UNROLL:
-            raise Refused(f"check(candidate) makes more than {MAX_UNROLL} asserts")
+            raise Refused(f"{where_} makes more than {MAX_UNROLL} asserts")
     if not tests:
-        raise Refused("check(candidate) has no assert to grade")
-    row = {k: v for k, v in raw.items() if k not in ("prompt", "test")}
-    solution = raw.get("canonical_solution")
-    answer = prompt + solution if isinstance(solution, str) else ""
-    return {**row, "prompt": HUMANEVAL_ASK.format(entry, prompt), "tests": tests, "answer": answer,
-            "program_prefix": prompt}
+        raise Refused(f"{where_} has no assert to grade")
+    return tests
 
 
 def _statements(check: ast.FunctionDef, seed: int, entry: str):

@@ -43,7 +43,7 @@ def read_rows(path: str | Path, what: str = "data") -> list[dict]:
     rows = []
     for i, raw in enumerate(lines, 1):
         try:
-            line = raw.decode("utf-8-sig" if i == 1 else "utf-8")  # a byte-order mark first (Windows' editors) is no text
+            line = raw.decode("utf-8-sig" if i == 1 else "utf-8")  # a byte-order mark first (Windows') is no text
         except UnicodeDecodeError as e:
             raise DataError(f"{path}:{i}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
         if not line.strip():
