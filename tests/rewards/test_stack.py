@@ -153,3 +153,12 @@ def test_slow_importing_verifier_is_not_a_timeout():
     rewards, _, m = r.score(FakeBatch(["a", "b"], [{}, {}]))
     assert rewards.tolist() == [1.0, 1.0] and m["verifier/timeouts"] == 0
     r.close()
+
+
+def test_exact_match_normalises_as_squad_and_triviaqa_do():
+    row = {"answer": ["David Seville", "The Beatles"]}
+    for said in ("David Seville!", '"david seville"', "**David Seville**", "Beatles.", "the  beatles"):
+        assert dataset.exact_match(said, row)[0] == 1.0, said
+    for said in ("The answer is David Seville.", "Seville", "Beatle"):
+        assert dataset.exact_match(said, row)[0] == 0.0, said
+    assert dataset.exact_match("?", {"answer": "?"})[0] == 1.0 and dataset.exact_match("!", {"answer": "?"})[0] == 0.0

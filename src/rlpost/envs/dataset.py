@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import re
+import string
 
 from rlpost.console import say
 from rlpost.sections import TaskConfig
@@ -30,15 +31,27 @@ DEFAULT_HELDOUT = TaskConfig.__dataclass_fields__["n_heldout"].default  # a task
 
 def exact_match(completion: str, row: dict) -> tuple[float, dict]:
     """The default verifier of a dataset task: the completion's last line (or its last number, for
-    a numeric answer) equals the answer, ignoring case and surrounding whitespace; a list of answers:
-    any of them."""
+    a numeric answer) equals the answer, both normalised as SQuAD's and TriviaQA's exact match
+    normalises them (``normalise``); a list of answers: any of them."""
     found = NUMBER.findall(completion.replace(",", ""))
     lines = [s.strip() for s in completion.strip().splitlines() if s.strip()]
     correct = any(bool(found) and float(found[-1]) == float(answer.replace(",", ""))
                   if NUMBER.fullmatch(answer.replace(",", "")) else
-                  bool(lines) and lines[-1].rstrip(".").lower() == answer.lower()
+                  bool(lines) and normalise(lines[-1]) == normalise(answer)
                   for answer in (a.strip() for a in answers(row)))
     return float(correct), {"correct": correct}
+
+
+ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalise(text: str) -> str:
+    """SQuAD's normalize_answer (TriviaQA's evaluation uses it too): lower case, punctuation and the
+    articles a/an/the removed, runs of whitespace made one space. An answer that is all punctuation
+    ('?', '...') is compared as it is, lower-cased, rather than as nothing."""
+    lower = text.lower()
+    words = ARTICLES.sub(" ", "".join(c for c in lower if c not in string.punctuation))
+    return " ".join(words.split()) or lower.strip()
 
 
 def to_row(raw: dict, tcfg, source: str) -> dict:
