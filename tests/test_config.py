@@ -415,3 +415,23 @@ def test_task_on_bad_row_skip_skips_a_prompt_longer_than_the_context(tmp_path, c
     assert task.skipped_rows == 1 and len(task.train) + len(task.heldout) == 19
     assert not any(r["prompt"].startswith("7 7") for r in task.train + task.heldout)
     assert "skipped 1 rows whose prompt is longer than the model's context" in capsys.readouterr().err
+
+
+def test_task_eval_data_alone_is_a_whole_file_to_evaluate_and_nothing_to_train(tmp_path):
+    from rlpost.envs import build_task
+
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(250)))
+    cfg = config.load(None, ["model.name=tiny", "task.name=math", f"task.eval_data={data}",
+                             "task.prompt_column=question"])
+    task = build_task(cfg.task)
+    assert task.train == [] and len(task.heldout) == 250  # every row, not a tenth, not the default 200
+    capped = config.load(None, ["task.name=dataset", f"task.eval_data={data}", "task.prompt_column=question",
+                                "task.n_heldout=7"])
+    assert len(build_task(capped.task).heldout) == 7
+    with pytest.raises(ConfigError, match=r"^task.data: task.eval_data alone is held-out rows to evaluate"):
+        build.preflight(cfg, task)  # train, rsft, online dpo: nothing to train on
+    for family in (["task.name=arithmetic"], ["task.name=env", "task.env=guess"]):
+        with pytest.raises(ConfigError, match=r"^task.eval_data: (alone it is the held-out rows|task.name=arithmetic)"):
+            config.load(None, [*family, f"task.eval_data={data}"])

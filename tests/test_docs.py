@@ -57,7 +57,8 @@ NOT_IN_REPO = {
     "config.yaml", "metrics.jsonl", "summary.json", "report.html", "eval_before.jsonl", "eval_after.jsonl",
     "eval_samples.jsonl", "checkpoints", "samples", "verifier.log", "env.log", "config.resume-N.yaml",
     # example user files, and a model folder's own config
-    "my.jsonl", "gsm8k.jsonl", "math.jsonl", "config.json", "my_module.py", "my_rewards.py", "my_reward.py",
+    "my.jsonl", "gsm8k.jsonl", "math.jsonl",
+    "gsm8k_test.jsonl", "test.jsonl", "config.json", "my_module.py", "my_rewards.py", "my_reward.py",
     "my_algo.py",
     # what an exported model folder holds, and what the docs show users doing with it
     "model.safetensors", "value_head.safetensors", "generation_config.json", "adapter_config.json", "eval.jsonl",

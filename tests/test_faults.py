@@ -131,7 +131,7 @@ def test_reward_failures_are_counted_and_shown_by_doctor_and_the_report(tmp_path
     assert code == 0, err
     run = tmp_path / "d"
     assert (json.loads((run / "summary.json").read_text())["skipped_rows"] == 2
-            and "skipped 2 malformed data rows" in err)
+            and "skipped 2 data rows, malformed or too long for the context" in err)
     rows = jsonl.read_lines(run / "metrics.jsonl")
     errors = sum(r["verifier/fails_on_multiples_of_three/errors"] for r in rows)
     assert errors > 0 and all(r["verifier/fails_on_multiples_of_three/calls"] == 16 for r in rows)

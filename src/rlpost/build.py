@@ -66,11 +66,17 @@ def check(cfg: config.Config) -> config.Config:
     return cfg
 
 
+NOTHING_TO_TRAIN = ("task.data: task.eval_data alone is held-out rows to evaluate (rlpost eval), with nothing to train "
+                    "on; name the training rows in task.data")
+
+
 def preflight(cfg: config.Config, task: Task | None = None) -> None:
     """What the model can take, before any run folder exists: LoRA targets that name its modules,
     and every prompt of ``task`` (with rollout.max_new_tokens after it) within its context
     (model/fit.py). Cheap: the model's config and tokenizer, no weights."""
     check(cfg)
+    if task is not None and not task.train:
+        raise ConfigError(NOTHING_TO_TRAIN)
     if cfg.model.lora_r > 0:
         fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
     if task is not None and cfg.task.name != "tools":  # an episode's prompt grows turn by turn: checked as it runs

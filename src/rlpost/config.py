@@ -71,6 +71,8 @@ def check_consistency(cfg: Config) -> None:
 
 FAMILIES = typing.get_args(typing.get_type_hints(TaskConfig)["name"])  # task.name's choices
 DATA_FAMILIES = ("dataset", "math", "code", "env", "agent")  # the families that read task.data when it is set
+# the families whose held-out rows may come from task.eval_data alone: `rlpost eval` of a whole file (no training)
+EVAL_ONLY_FAMILIES = ("dataset", "math", "code")
 
 
 def task_mix(task: TaskConfig) -> dict[str, float]:
@@ -122,27 +124,34 @@ def check_mix(task: TaskConfig, mix: dict[str, float]) -> None:
                           "expected it empty (task.reward_funcs can add a reward that reads row['task_family'])")
 
 
-def check_task(cfg: Config) -> None:
-    task = cfg.task
-    mix = task_mix(task)
-    families = list(mix) or [task.name]
-    if ignored := ignored_task_keys(task, families, f"task.mix={task.mix!r}" if mix else f"task.name={task.name}"):
-        raise ConfigError(ignored[0]) if len(ignored) == 1 else ConfigProblems(ignored)
+def check_task_data(task: TaskConfig, mix: dict[str, float]) -> None:
+    """What task.data and task.eval_data must be for the run's families (a mix's: check_mix)."""
     if mix:
         check_mix(task, mix)
-    elif task.name == "dataset" and not task.data:
+    elif task.name == "dataset" and not task.data and not task.eval_data:
         raise ConfigError(f"task.data: task.name={task.name} needs a data file (.jsonl, .parquet or a `datasets` "
                           "folder)")
     elif (task.data or task.eval_data) and task.name not in DATA_FAMILIES:
         key = "task.data" if task.data else "task.eval_data"
         raise ConfigError(f"{key}: task.name={task.name} generates its own problems and would ignore it; use "
                           "task.name=dataset (or math, code)")
-    if task.eval_data and not task.data:
-        raise ConfigError(f"task.eval_data: used only next to task.data (task.name={task.name} generates its problems "
-                          "without it)")
-    if task.prompt_format == "raw" and (not task.data or task.system_prompt):
+    if task.eval_data and not task.data and (mix or task.name not in EVAL_ONLY_FAMILIES):
+        what = f"task.mix={task.mix!r}" if mix else f"task.name={task.name}"
+        raise ConfigError("task.eval_data: alone it is the held-out rows of task.name=dataset, math or code (what "
+                          f"`rlpost eval` of a file reads); {what} needs task.data beside it")
+    if task.prompt_format == "raw" and (not (task.data or task.eval_data) or task.system_prompt):
         raise ConfigError("task.prompt_format: raw feeds task.data's string prompts as they are: " + (
-            "expected task.system_prompt empty (no chat template to put it in)" if task.data else "it needs task.data"))
+            "expected task.system_prompt empty (no chat template to put it in)" if task.data or task.eval_data
+            else "it needs task.data"))
+
+
+def check_task(cfg: Config) -> None:
+    task = cfg.task
+    mix = task_mix(task)
+    families = list(mix) or [task.name]
+    if ignored := ignored_task_keys(task, families, f"task.mix={task.mix!r}" if mix else f"task.name={task.name}"):
+        raise ConfigError(ignored[0]) if len(ignored) == 1 else ConfigProblems(ignored)
+    check_task_data(task, mix)
     try:
         gym_config = yaml.safe_load(task.gym_config) if task.gym_config else {}
     except yaml.YAMLError as e:

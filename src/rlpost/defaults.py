@@ -35,7 +35,7 @@ def fill(cfg: Config) -> Config:
                                agent=function_path(task.agent, "task.agent"),
                                reward_funcs=",".join(function_path(f.strip(), "task.reward_funcs")
                                                      for f in task.reward_funcs.split(",") if f.strip()))
-    tokens = cfg.rollout.max_new_tokens or fitted_max_new_tokens(bool(task.data), cfg.model.name)
+    tokens = cfg.rollout.max_new_tokens or fitted_max_new_tokens(bool(task.data or task.eval_data), cfg.model.name)
     algo = cfg.algo
     if ":" in algo.name:  # your own algorithm, 'module:Class' or 'file.py:Class' (algorithms.resolve)
         algo = dataclasses.replace(algo, name=function_path(algo.name, "algo.name"))

@@ -99,7 +99,8 @@ class TaskConfig:
     data: str = ""
     """training rows (dataset/math/code tasks): a .jsonl or .parquet file or a `datasets` folder saved on disk"""
     eval_data: str = ""
-    """held-out rows, same format; empty = task.n_heldout rows of a seeded shuffle of task.data are held out"""
+    """held-out rows, same format; empty = task.n_heldout rows of a seeded shuffle of task.data; alone: all of it, to
+    evaluate (docs/options.md)"""
     prompt_column: str = "prompt"
     """data column holding the prompt: a string (becomes the user message) or a list of chat messages"""
     answer_column: str = "answer"
@@ -197,7 +198,8 @@ SWITCHED = {
        for k in ("process_reward_coef", "process_reward_form")},
     "length_coef": ("length_penalty", lambda t: t.length_penalty != "none", "task.length_penalty=linear or ratio"),
     "length_target": ("length_penalty", lambda t: t.length_penalty == "linear", "task.length_penalty=linear"),
-    **{k: ("data", lambda t: bool(t.data), "task.data") for k in ("prompt_column", "answer_column")},
+    **{k: ("data", lambda t: bool(t.data or t.eval_data), "task.data or task.eval_data")
+       for k in ("prompt_column", "answer_column")},
 }
 
 

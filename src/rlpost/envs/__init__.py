@@ -125,7 +125,7 @@ def build_task(task: TaskConfig, refuse_contaminated: bool = True) -> Task:
 def family_splits(t, family: str) -> tuple[list[dict], list[dict], int]:
     """(train rows, held-out rows, malformed rows skipped) of one family, built from the task section."""
     skipped = 0
-    if t.data and family in config.DATA_FAMILIES:
+    if (t.data or t.eval_data) and family in config.DATA_FAMILIES:  # eval_data alone: held-out rows only
         # an environment's reset reads its rows as they are; code rows may come in HumanEval's or APPS's format
         train, heldout, skipped = dataset.build_splits(t, raw=family in ("env", "agent"),
                                                        convert=code_formats.convert if family == "code" else None)
@@ -142,7 +142,7 @@ def family_splits(t, family: str) -> tuple[list[dict], list[dict], int]:
     if family == "code":  # refuses to start without bubblewrap (unless task.sandbox=rlimits) or with ungradable tests
         train, heldout, dropped = code.prepare(train, heldout, t)
         skipped += dropped
-    if family in ("math", "dataset") and t.data and not t.verifier:
+    if family in ("math", "dataset") and (t.data or t.eval_data) and not t.verifier:
         warn_ungradable(family, train + heldout, t)
     return train, heldout, skipped
 

@@ -132,6 +132,11 @@ def load_rows(path: str, tcfg, raw: bool = False, convert=None) -> tuple[list[di
 
 def build_splits(tcfg, raw: bool = False, convert=None) -> tuple[list[dict], list[dict], int]:
     """(train rows, held-out rows, rows skipped); raw, convert: as load_rows."""
+    if not tcfg.data:  # task.eval_data alone (`rlpost eval` of a whole file): held-out rows, nothing to train on
+        heldout, skipped = load_rows(tcfg.eval_data, tcfg, raw, convert)
+        if not heldout:
+            raise DataError(f"{tcfg.eval_data}: no usable rows")
+        return [], heldout[: tcfg.n_heldout] if tcfg.n_heldout != DEFAULT_HELDOUT else heldout, skipped
     rows, skipped = load_rows(tcfg.data, tcfg, raw, convert)
     if tcfg.eval_data:
         heldout, bad = load_rows(tcfg.eval_data, tcfg, raw, convert)

@@ -95,7 +95,10 @@ class Trainer:
                 raise ConfigError("model: expected a name or a folder ('embedded', a transformers folder, a hub id, "
                                   "a run folder); save a model object with save_pretrained first")
             items.append(f"model.name={model}")
-        cfg = _load(config, items)  # every mistake in the config at once, before torch loads (build.check: below)
+        # every mistake in the config at once, before torch loads (build.check: below). With an environment or rows
+        # of yours the task's family is set below, and task keys only it reads are checked there (the second load)
+        ours = environment is not None or train_dataset is not None
+        cfg = _load(config, [i for i in items if not (ours and i.startswith("task."))])
         self.rows = _rows(train_dataset) if train_dataset is not None else None
         self.eval_rows = _rows(eval_dataset) if eval_dataset is not None else None
         family = "env" if environment is not None else "dataset" if self.rows is not None else cfg.task.name

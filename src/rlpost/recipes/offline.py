@@ -107,6 +107,8 @@ def preflight(cfg: config.Config, kind: str) -> None:
         fit.check_lora_targets(cfg.model.name, cfg.model.lora_targets)
     if kind == "rsft" or (kind == "dpo" and cfg.pref.online_rounds > 0):  # sampled from the task's prompts
         task = build_task(cfg.task)
+        if not task.train:
+            raise config.ConfigError(build.NOTHING_TO_TRAIN)
         fit.check_prompts(cfg.model.name, task.train + task.heldout, cfg.rollout.max_new_tokens,
                           "rollout.max_new_tokens", f"task.name={cfg.task.name}")
         return

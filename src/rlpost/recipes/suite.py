@@ -7,7 +7,7 @@ A suite is a YAML file:
     overrides: [run.threads=2]           # optional, joined to every set's
     sets:
       arithmetic: [task.name=arithmetic]
-      gsm8k: [task.name=math, task.data=gsm8k.jsonl, task.prompt_column=question]
+      gsm8k: [task.name=math, task.eval_data=gsm8k_test.jsonl, task.prompt_column=question]
 
 Each set is the held-out split its overrides make (``rlpost eval``'s config, ``key=value`` words
 after the suite join every set), checked all before torch loads, then evaluated greedily as ``rlpost
