@@ -100,3 +100,32 @@ def test_a_mapping_answer_is_refused_naming_the_dotted_column_unless_a_verifier_
     assert build_task(tiny_cfg(*common, "task.answer_column=answer.aliases").task).train[0]["answer"] == ["Paris"]
     mine = build_task(tiny_cfg(*common, "task.verifier=toy_verifiers:half").task)
     assert mine.train[0]["answer"] == {"value": "Paris", "aliases": ["Paris"]}
+
+
+@pytest.mark.parametrize("prompt, answer, expected", [
+    ("What?", "   ", r"rows.jsonl:1: missing 'answer'"),
+    ("What?", float("nan"), r"rows.jsonl:1: 'answer' is nan; expected an answer"),
+    ([{"role": "user", "content": None}], "1", r"rows.jsonl:1: 'prompt'\[0\].content: expected text .*got null"),
+    ([{"role": "human", "content": "hi"}], "1", r"'prompt'\[0\]: role 'human'; expected one of system, user, "
+                                                r"assistant, tool \(ShareGPT's human and gpt are user and assistant\)"),
+    ([{"from": "human", "value": "hi"}], "1", r"'prompt'\[0\]: a ShareGPT message"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "1",
+     r"'prompt': must end with a user message .* got 'assistant' last"),
+])
+def test_prompts_and_answers_no_run_can_use_are_named(tmp_path, prompt, answer, expected):
+    from rlpost.types.errors import DataError
+
+    data = tmp_path / "rows.jsonl"
+    good = [json.dumps({"prompt": f"Q{i}", "answer": str(i)}) for i in range(20)]
+    data.write_text("\n".join([json.dumps({"prompt": prompt, "answer": answer}), *good]) + "\n")
+    with pytest.raises(DataError, match=expected):
+        build_task(tiny_cfg("task.name=dataset", f"task.data={data}", "task.n_heldout=2").task)
+
+
+def test_openai_content_parts_are_their_text(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    parts = [{"type": "text", "text": "What is "}, {"type": "text", "text": "2 + 2?"}]
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": parts}], "answer": "4", "i": i}) + "\n"
+                            for i in range(20)))
+    task = build_task(tiny_cfg("task.name=dataset", f"task.data={data}", "task.n_heldout=2").task)
+    assert task.train[0]["messages"] == [{"role": "user", "content": "What is 2 + 2?"}]

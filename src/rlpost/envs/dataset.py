@@ -16,6 +16,7 @@ before/after accuracy never sees training rows.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import string
@@ -54,16 +55,41 @@ def normalise(text: str) -> str:
     return " ".join(words.split()) or lower.strip()
 
 
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def chat(messages: list[dict], at: str) -> list[dict]:
+    """A prompt's chat messages, checked: each a role of ROLES with text content (OpenAI's list of text
+    parts joined), the last the user's; DataError naming the message (``at``: the row and column)."""
+    out = []
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content")
+        if role is None and "from" in m:  # ShareGPT
+            raise DataError(f"{at}[{i}]: a ShareGPT message ({{from, value}}); expected {{role, content}} with roles "
+                            "system, user, assistant (ShareGPT's human and gpt)")
+        if role not in ROLES:
+            hint = " (ShareGPT's human and gpt are user and assistant)" if role in ("human", "gpt") else ""
+            raise DataError(f"{at}[{i}]: role {str(role)[:20]!r}; expected one of {', '.join(ROLES)}{hint}")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                             and isinstance(p.get("text"), str) for p in content):
+            content = "".join(p["text"] for p in content)  # OpenAI's content parts, text only
+        if not isinstance(content, str):
+            raise DataError(f"{at}[{i}].content: expected text (or a list of text parts), got "
+                            f"{'null' if content is None else type(content).__name__}")
+        out.append({"role": role, "content": content})
+    if out[-1]["role"] != "user":
+        raise DataError(f"{at}: must end with a user message (the prompt the model answers), got "
+                        f"{out[-1]['role']!r} last")
+    return out
+
+
 def to_row(raw: dict, tcfg, source: str) -> dict:
     """One data row -> a task row: ``messages`` (ending with the user turn), ``answer``, the rest."""
     prompt = raw.get(tcfg.prompt_column)
     if isinstance(prompt, str) and prompt.strip():
         messages = [{"role": "user", "content": prompt}]
-    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and {"role", "content"} <= set(m)
-                                                     for m in prompt):
-        if prompt[-1]["role"] != "user":
-            raise DataError(f"{where(raw, source)}: '{tcfg.prompt_column}' must end with a user message")
-        messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        messages = chat(prompt, f"{where(raw, source)}: '{tcfg.prompt_column}'")
     else:
         raise DataError(f"{where(raw, source)}: '{tcfg.prompt_column}' must be a non-empty string or a list of chat "
                         f"messages (task.prompt_column; columns here: {', '.join(k for k in raw if k != '_line')})")
@@ -77,11 +103,14 @@ def to_row(raw: dict, tcfg, source: str) -> dict:
         name = VERL_ANSWER  # a verl row: the reference answer sits in reward_model.ground_truth
     if name:
         answer = column(raw, name)
-        if answer in (None, "") and tcfg.name == "code" and isinstance(raw.get("tests"), list):
+        blank = answer is None or (isinstance(answer, str) and not answer.strip())
+        if blank and tcfg.name == "code" and isinstance(raw.get("tests"), list):
             pass  # a code row is graded by its tests; its reference solution is only shown beside the samples
-        elif answer in (None, ""):
+        elif blank:
             raise DataError(f"{where(raw, source)}: missing '{name}' (task.answer_column; set it to '' if the verifier "
                             "needs none)")
+        elif isinstance(answer, float) and not math.isfinite(answer):
+            raise DataError(f"{where(raw, source)}: '{name}' is {answer}; expected an answer")
         elif isinstance(answer, dict) and tcfg.verifier:  # a verifier of your own reads it as it is
             row["answer"] = answer
         elif isinstance(answer, dict):  # TriviaQA's {value, aliases, ...}: which field is the answer is the user's call
