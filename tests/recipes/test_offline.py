@@ -289,3 +289,15 @@ def test_a_prompt_longer_than_max_len_is_named_or_skipped(tmp_path):
     preflight(cfg, "dpo")
     s = train_offline(cfg, tmp_path / "skip", "dpo")
     assert s["skipped_rows"] == 1 and s["rows"] + s["heldout_rows"] == 19
+
+
+def test_completions_longer_than_max_len_are_said_to_be_cut(tmp_path, capsys):
+    from rlpost.recipes.offline import preflight
+
+    rows = digit_pairs(20, 0)
+    rows[0] = {**rows[0], "chosen": "7 " * 30}  # past pref.max_len=16 tokens, within 128
+    data = write_jsonl(tmp_path / "long.jsonl", rows)
+    preflight(tiny_cfg(f"pref.data={data}", "pref.max_len=16"), "dpo")
+    assert "pref.max_len: 1 of 36 completions are longer than 16 tokens and are cut there" in capsys.readouterr().err
+    preflight(tiny_cfg(f"pref.data={data}", "pref.max_len=128"), "dpo")
+    assert "are cut there" not in capsys.readouterr().err

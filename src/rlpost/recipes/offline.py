@@ -37,7 +37,7 @@ from rlpost.console import say, say_once
 from rlpost.envs import build_task, data
 from rlpost.model import encode, fit, lora
 from rlpost.model.cores import Cores
-from rlpost.model.load import load_policy_for, save_model
+from rlpost.model.load import load_policy_for, load_tokenizer, save_model
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.runlog import RunLog
 from rlpost.recipes.guard import RunGuard
@@ -117,6 +117,23 @@ def preflight(cfg: config.Config, kind: str) -> None:
     fit.check_prompts(cfg.model.name, prompt_rows(rows + heldout, parse), cfg.pref.max_len, "pref.max_len",
                       cfg.pref.data or f"task.name={cfg.task.name}",
                       ("pref.on_bad_row" if cfg.pref.data else "", "refuse"))
+    if cfg.pref.data:
+        say_cut(cfg, rows, parse)
+
+
+CUT_SAMPLE = 1000  # training rows whose completions are tokenized to tell how many pref.max_len cuts
+
+
+def say_cut(cfg: config.Config, rows: list[dict], parse) -> None:
+    """One line when completions are longer than pref.max_len (cut to it, as TRL's max_completion_length cuts
+    them): their share among the first CUT_SAMPLE training rows."""
+    tok = load_tokenizer(cfg.model.name)
+    texts = [t for r in rows[:CUT_SAMPLE] for t in parse(r, "")[1:]]
+    cut = sum(len(tok.encode(t, add_special_tokens=False)) >= cfg.pref.max_len for t in texts)
+    if cut:
+        say(f"pref.max_len: {cut} of {len(texts)} completions{' in the first rows' if len(rows) > CUT_SAMPLE else ''} "
+            f"are longer than {cfg.pref.max_len} tokens and are cut there (the rest of each is not trained on); "
+            "raise pref.max_len to keep more")
 
 
 def prompt_rows(rows: list[dict], parse) -> list[dict]:
