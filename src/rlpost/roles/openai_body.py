@@ -28,14 +28,15 @@ def chunks(response: dict) -> list[dict]:
     if response["object"] == "text_completion":
         return [{**head, "object": "text_completion", "choices": [{"index": 0, "text": choice["text"],
                                                                     "finish_reason": None,
-                                                                    "logprobs": choice["logprobs"]}]},
+                                                                    "logprobs": choice.get("logprobs")}]},
                 {**head, "object": "text_completion", "choices": [{**finish, "text": ""}], "usage": response["usage"]}]
     message = choice["message"]
     delta = {"role": "assistant", "content": message["content"]}
     if "tool_calls" in message:
         delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
     head["object"] = "chat.completion.chunk"
-    return [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": choice["logprobs"]}]},
+    logprobs = choice.get("logprobs")  # a response of another server may have none
+    return [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": logprobs}]},
             {**head, "choices": [{**finish, "delta": {}}], "usage": response["usage"]}]
 
 
