@@ -169,8 +169,8 @@ IGNORED = {
     "eval": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
     "sft": ("dist.", "algo.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
             "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef", "pref.rsft_"),
-    "rsft": ("dist.", "algo.", "pref.data", "pref.eval_data", "pref.loss", "pref.beta", "pref.label_smoothing",
-             "pref.simpo_gamma", "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef"),
+    "rsft": ("dist.", "algo.", "pref.data", "pref.eval_data", "pref.prompt_format", "pref.loss", "pref.beta",
+             "pref.label_smoothing", "pref.simpo_gamma", "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef"),
     "rm": ("dist.", "algo.", "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing", "pref.simpo_gamma",
            "pref.orpo_lambda", "pref.nll_coef", "pref.rsft_"),
     "dpo": ("dist.", "algo.", "pref.rm_margin", "pref.rsft_"),  # online DPO samples as GRPO would, algo.* unread

@@ -29,6 +29,9 @@ def consistency_problems(cfg: Config) -> list[str]:
          "dist.topology=async"),
         (cfg.run.early_stop_patience > 0 and cfg.run.eval_every == 0,
          "run.early_stop_patience: needs held-out evaluations during the run; expected run.eval_every > 0"),
+        (cfg.pref.prompt_format == "raw" and not cfg.pref.data,
+         "pref.prompt_format: raw feeds pref.data's string prompts as they are; expected pref.data (rows built from "
+         "the task are chat messages)"),
         (cfg.pref.nll_coef > 0 and cfg.pref.loss == "orpo",
          "pref.nll_coef: ORPO already has its NLL term on the chosen completion; expected 0 with pref.loss=orpo"),
         (algo.kl_target > 0 and algo.kl_coef == 0,

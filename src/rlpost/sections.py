@@ -289,6 +289,9 @@ class PrefConfig:
     each prompt"""
     on_bad_row: Literal["refuse", "skip"] = "refuse"
     """a malformed data row stops the run naming its line (refuse), or is skipped and counted (skip)"""
+    prompt_format: Literal["chat", "raw"] = "chat"
+    """a string prompt (TRL's standard format): chat = the user message of the chat template; raw = its text as it is,
+    as TRL feeds it (Anthropic HH's transcripts) (docs/preference.md)"""
 
 
 @dataclass(frozen=True)

@@ -301,3 +301,27 @@ def test_completions_longer_than_max_len_are_said_to_be_cut(tmp_path, capsys):
     assert "pref.max_len: 1 of 36 completions are longer than 16 tokens and are cut there" in capsys.readouterr().err
     preflight(tiny_cfg(f"pref.data={data}", "pref.max_len=128"), "dpo")
     assert "are cut there" not in capsys.readouterr().err
+
+
+def test_raw_prompts_are_fed_as_they_are_as_trl_feeds_its_standard_format(tmp_path):
+    """Anthropic HH: two transcripts, the shared text the prompt. pref.prompt_format=raw tokenizes that text as it is
+    (no chat template around a transcript that has its own turns); conversational rows keep the template."""
+    from rlpost.model import encode
+    from rlpost.model.load import load_tokenizer
+
+    tok = load_tokenizer("tiny")
+    hh = {"chosen": "\n\nHuman: What is 2+2?\n\nAssistant: 4", "rejected": "\n\nHuman: What is 2+2?\n\nAssistant: 5"}
+    chat = {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": "4"}],
+            "rejected": [{"role": "assistant", "content": "5"}]}
+    raw, templated = (encode.encode_pairs(tok, [hh, chat], 16, raw=r) for r in (True, False))
+    prompts, _ = encode.unpadded(raw)
+    assert prompts[0] == tok.encode("\n\nHuman: What is 2+2?\n\nAssistant:", add_special_tokens=False)
+    assert prompts[0] != encode.unpadded(templated)[0][0]  # chat: the transcript inside the template's user turn
+    assert prompts[2] == encode.unpadded(templated)[0][2]  # a conversational row is templated either way
+    data = write_jsonl(tmp_path / "hh.jsonl", [{"chosen": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['chosen']}",
+                                                "rejected": f"\n\nHuman: {r['prompt']}\n\nAssistant: {r['rejected']}"}
+                                               for r in digit_pairs(40, 0)])
+    s = train_offline(tiny_cfg(f"pref.data={data}", "pref.prompt_format=raw"), tmp_path / "dpo", "dpo")
+    assert s["rows"] == 36
+    with pytest.raises(ConfigError, match="pref.prompt_format: raw feeds pref.data's string prompts"):
+        tiny_cfg("pref.prompt_format=raw")

@@ -161,6 +161,19 @@ def extract_prompt(chosen, rejected):
     return chosen[:idx], chosen[idx:], rejected[idx:]
 
 
+def standard_prompt(row: dict) -> str | None:
+    """The prompt text of a row in TRL's standard format (strings, not chat messages): its ``prompt``, or
+    (implicit) the shared prefix of ``chosen`` and ``rejected``; None for a conversational row."""
+    p = row.get("prompt")
+    if "messages" in row:
+        return None
+    if isinstance(p, str):
+        return p if all(isinstance(row[k], str) for k in ("completion", "chosen", "rejected") if k in row) else None
+    if p is None and isinstance(row.get("chosen"), str) and isinstance(row.get("rejected"), str):
+        return extract_prompt(row["chosen"], row["rejected"])[0] or None
+    return None
+
+
 def preference_triple(row: dict, source: str) -> tuple[list[dict], str, str]:
     """(prompt messages, chosen text, rejected text) of a preference row, in any of TRL's four
     layouts: explicit ``prompt`` or implicit (the shared prefix of chosen and rejected is the

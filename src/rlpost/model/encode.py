@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from rlpost.envs.data import preference_triple, sft_pair
+from rlpost.envs.data import preference_triple, sft_pair, standard_prompt
 from rlpost.types.batch import Rollouts
 
 
-def encode(tokenizer, prompts: list[list[dict]], completions: list[str], group_ids: list[int],
+def encode(tokenizer, prompts: list[list[dict] | str], completions: list[str], group_ids: list[int],
            max_len: int = 256) -> Rollouts:
-    """A Rollouts batch for teacher-forced completions (no sampler: sampler_logp is 0)."""
-    p_ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in prompts]
+    """A Rollouts batch for teacher-forced completions (no sampler: sampler_logp is 0). A prompt given as
+    text (pref.prompt_format=raw) is tokenized as it is, as the sampler feeds task.prompt_format=raw."""
+    p_ids = [tokenizer.encode(m, add_special_tokens=False) if isinstance(m, str) else
+             tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in prompts]
     p_ids = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in p_ids]
     eos = tokenizer.eos_token_id
     c_ids = [tokenizer.encode(c, add_special_tokens=False)[: max_len - 1] + [eos] for c in completions]
@@ -33,20 +35,29 @@ def encode(tokenizer, prompts: list[list[dict]], completions: list[str], group_i
         prompt_ids=prompt, prompt_mask=torch.tensor([[False] * (P - len(p)) + [True] * len(p) for p in p_ids]),
         completion_ids=completion, completion_mask=c_mask, sampler_logp=torch.zeros(B, T),
         truncated=torch.zeros(B, dtype=torch.bool), group_ids=torch.tensor(group_ids),
-        rows=[{"messages": m} for m in prompts], completions=list(completions),
+        rows=[{"messages": [{"role": "user", "content": m}] if isinstance(m, str) else m} for m in prompts],
+        completions=list(completions),
     )
 
 
-def encode_sft(tokenizer, rows: list[dict], max_len: int = 256) -> Rollouts:
+def as_given(row: dict, messages: list[dict], raw: bool) -> list[dict] | str:
+    """The prompt to encode: with ``raw`` (pref.prompt_format=raw) a standard-format row's text, else its messages."""
+    text = standard_prompt(row) if raw else None
+    return messages if text is None else text
+
+
+def encode_sft(tokenizer, rows: list[dict], max_len: int = 256, raw: bool = False) -> Rollouts:
     pairs = [sft_pair(r, "data") for r in rows]
-    return encode(tokenizer, [p for p, _ in pairs], [c for _, c in pairs], list(range(len(rows))), max_len)
+    return encode(tokenizer, [as_given(r, p, raw) for r, (p, _) in zip(rows, pairs)], [c for _, c in pairs],
+                  list(range(len(rows))), max_len)
 
 
-def encode_pairs(tokenizer, rows: list[dict], max_len: int = 256) -> Rollouts:
+def encode_pairs(tokenizer, rows: list[dict], max_len: int = 256, raw: bool = False) -> Rollouts:
     """Rows 2i (chosen) and 2i+1 (rejected) form group i."""
     prompts, completions, groups = [], [], []
     for i, r in enumerate(rows):
         m, chosen, rejected = preference_triple(r, "data")
+        m = as_given(r, m, raw)
         prompts += [m, m]
         completions += [chosen, rejected]
         groups += [i, i]

@@ -176,12 +176,13 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
         cfg = build.resolve_precision(cfg)  # after saving: a resumed or copied run probes its own machine
         rows, heldout, skipped = load_rows(cfg, kind)
         if skipped:
-            say(f"skipped {skipped} malformed rows (pref.on_bad_row=skip)")
+            say(f"skipped {skipped} rows, malformed or too long for the context (pref.on_bad_row=skip)")
         loaded = load_policy_for(cfg.model, cfg.run.seed)
         build.on_device(cfg, loaded.model)  # run.device (resolved above); the roles move each batch to it
         tok = loaded.tokenizer
-        enc = ((lambda rs: encode.encode_sft(tok, rs, pref.max_len)) if kind == "sft"
-               else (lambda rs: encode.encode_pairs(tok, rs, pref.max_len)))
+        raw = pref.prompt_format == "raw"
+        enc = ((lambda rs: encode.encode_sft(tok, rs, pref.max_len, raw)) if kind == "sft"
+               else (lambda rs: encode.encode_pairs(tok, rs, pref.max_len, raw)))
         rows_per_seq = 1 if kind == "sft" else 2  # sequences per row: a pair is two
         train_b, held_b = enc(rows), enc(heldout)
         mini = pref.batch_size * rows_per_seq
