@@ -91,8 +91,7 @@ def drop_long_prompts(task: Task, long: set[int]) -> None:
     """task.on_bad_row=skip: the rows whose prompt does not fit the context (``long``: indices into
     task.train + task.heldout) leave the task, counted in task.skipped_rows, said in one line."""
     n = len(task.train)
-    train = [r for i, r in enumerate(task.train) if i not in long]
-    heldout = [r for i, r in enumerate(task.heldout, n) if i not in long]
+    train, heldout = fit.without(task.train, task.heldout, long)
     if not train or not heldout:
         raise ConfigError(f"task.on_bad_row=skip: {len(long)} rows have a prompt longer than the model's context, "
                           f"which leaves {len(train)} training and {len(heldout)} held-out rows; both need at least "

@@ -121,5 +121,11 @@ def check_prompts(spec: str, rows: list[dict], after: int, after_key: str, sourc
     return too_long
 
 
+def without(train: list[dict], heldout: list[dict], long: set[int]) -> tuple[list[dict], list[dict]]:
+    """Both splits less the rows check_prompts found too long (``long``: indices into train + heldout)."""
+    return ([r for i, r in enumerate(train) if i not in long],
+            [r for i, r in enumerate(heldout, len(train)) if i not in long])
+
+
 def model_spec(spec: str) -> str:
     return f"model {clip(spec, 80)}"

@@ -82,8 +82,7 @@ def load_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict], in
                                  pref.data, ("pref.on_bad_row", "skip"))
         if long:
             n = len(rows)
-            rows, heldout = ([r for i, r in enumerate(part, start) if i not in long]
-                             for part, start in ((rows, 0), (heldout, n)))
+            rows, heldout = fit.without(rows, heldout, long)
             say(f"skipped {len(long)} rows whose prompt does not fit pref.max_len ({n - len(rows)} training; "
                 "pref.on_bad_row=skip)")
             bad_train += len(long)
