@@ -109,9 +109,18 @@ def check_rows(rows: list[dict], parse, source: str, on_error: str = "refuse") -
     return keep, skipped
 
 
+ROLES = ("system", "user", "assistant", "tool")  # a chat message's roles (OpenAI's), in data rows and requests alike
 # A chat message as SFT and preference rows hold them (OpenAI's and TRL's conversational format).
-MESSAGE = {"role": Where(lambda v: v in ("system", "user", "assistant", "tool"), "system, user, assistant or tool"),
-           "content": str}
+MESSAGE = {"role": Where(lambda v: v in ROLES, "system, user, assistant or tool"), "content": str}
+
+
+def joined_text(content):
+    """OpenAI's content as a list of text parts ([{"type": "text", "text": ...}]) as one string; any other
+    content as it is."""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    return content
 
 
 def prompt_messages(row: dict, source: str) -> list[dict]:

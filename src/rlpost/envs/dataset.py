@@ -23,7 +23,7 @@ import string
 
 from rlpost.console import say
 from rlpost.sections import TaskConfig
-from rlpost.envs.data import DataError, check_rows, read_rows, where
+from rlpost.envs.data import ROLES, DataError, check_rows, joined_text, read_rows, where
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 HELDOUT_SHARE = 10  # without task.eval_data, at most 1 / HELDOUT_SHARE of task.data is held out by default
@@ -55,9 +55,6 @@ def normalise(text: str) -> str:
     return " ".join(words.split()) or lower.strip()
 
 
-ROLES = ("system", "user", "assistant", "tool")
-
-
 def chat(messages: list[dict], at: str) -> list[dict]:
     """A prompt's chat messages, checked: each a role of ROLES with text content (OpenAI's list of text
     parts joined), the last the user's; DataError naming the message (``at``: the row and column)."""
@@ -70,9 +67,7 @@ def chat(messages: list[dict], at: str) -> list[dict]:
         if role not in ROLES:
             hint = " (ShareGPT's human and gpt are user and assistant)" if role in ("human", "gpt") else ""
             raise DataError(f"{at}[{i}]: role {str(role)[:20]!r}; expected one of {', '.join(ROLES)}{hint}")
-        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                             and isinstance(p.get("text"), str) for p in content):
-            content = "".join(p["text"] for p in content)  # OpenAI's content parts, text only
+        content = joined_text(content)  # OpenAI's content parts, text only
         if not isinstance(content, str):
             raise DataError(f"{at}[{i}].content: expected text (or a list of text parts), got "
                             f"{'null' if content is None else type(content).__name__}")

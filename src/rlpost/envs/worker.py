@@ -32,10 +32,10 @@ import traceback
 import cloudpickle
 
 from rlpost import wire
+from rlpost.envs.data import ROLES
 from rlpost.types.values import NotAFlag, NotAReward, checked_flags, reward_value
 from rlpost.wire import import_object, plain
 
-ROLES = ("system", "user", "assistant", "tool")
 STYLES = ("chat", "inline")
 
 

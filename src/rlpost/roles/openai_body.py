@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-ROLES = ("system", "user", "assistant", "tool")
+from rlpost.envs.data import ROLES, joined_text
+
 
 
 class Refused(ValueError):
@@ -95,12 +96,9 @@ def chat_messages(messages) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise Refused(f"messages[{i}]: expected an object with a role in {ROLES}, got {str(m)[:60]!r}")
-        content = m.get("content")
+        content = joined_text(m.get("content"))
         if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise Refused(f"messages[{i}].content: only text parts are served")
-            content = "".join(p["text"] for p in content)
+            raise Refused(f"messages[{i}].content: only text parts are served")
         if content is None and not m.get("tool_calls"):
             content = ""
         if content is not None and not isinstance(content, str):
