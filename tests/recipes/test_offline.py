@@ -275,7 +275,7 @@ def test_pairs_whose_chosen_is_their_rejected_are_said(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_a_prompt_longer_than_max_len_is_named_or_skipped(tmp_path):
+def test_a_prompt_longer_than_max_len_is_named_or_skipped(tmp_path, capsys):
     """pref.on_bad_row=skip skips a row whose prompt leaves nothing of pref.max_len, as it skips a malformed one."""
     from rlpost.recipes.offline import preflight
 
@@ -289,6 +289,7 @@ def test_a_prompt_longer_than_max_len_is_named_or_skipped(tmp_path):
     preflight(cfg, "dpo")
     s = train_offline(cfg, tmp_path / "skip", "dpo")
     assert s["skipped_rows"] == 1 and s["rows"] + s["heldout_rows"] == 19
+    assert capsys.readouterr().err.count("rows whose prompt does not fit pref.max_len") == 1  # read twice, said once
 
 
 def test_completions_longer_than_max_len_are_said_to_be_cut(tmp_path, capsys):

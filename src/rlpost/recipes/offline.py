@@ -83,8 +83,9 @@ def load_rows(cfg: config.Config, kind: str) -> tuple[list[dict], list[dict], in
         if long:
             n = len(rows)
             rows, heldout = fit.without(rows, heldout, long)
-            say(f"skipped {len(long)} rows whose prompt does not fit pref.max_len ({n - len(rows)} training; "
-                "pref.on_bad_row=skip)")
+            # once: preflight reads the rows, then the run reads them again
+            say_once(f"skipped {len(long)} rows whose prompt does not fit pref.max_len ({n - len(rows)} training; "
+                     "pref.on_bad_row=skip)")
             bad_train += len(long)
     if not rows or not heldout:
         split = "pref.eval_data" if pref.eval_data else f"pref.heldout_frac={pref.heldout_frac:g}"
