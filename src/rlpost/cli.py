@@ -47,7 +47,7 @@ from rlpost.config_check import refuse_ignored
 from rlpost.console import Parser, say, stdout_gone
 from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
-from rlpost.recipes import curate, eval_args, search_args, serve, suite
+from rlpost.recipes import curate, eval_args, offline_args, search_args, serve, suite
 from rlpost.recipes.guard import SIGNALS, startup_signals
 from rlpost.recipes.suite import eval_table
 from rlpost.types import folders
@@ -99,18 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     curate.add_parser(sub, options)
     serve.add_parser(sub, options)
     search_args.add_parsers(sub, options)
-    for kind, what in (("sft", "supervised fine-tuning, completion-only loss"),
-                       ("rsft", "rejection-sampling SFT: SFT on the policy's own samples the verifier accepts"),
-                       ("dpo", "preference optimisation: pref.loss = dpo | ipo | kto | orpo | simpo"),
-                       ("rm", "Bradley-Terry reward model (a scalar head on the LM)")):
-        k = sub.add_parser(kind, help=what, epilog=options, formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description=f"{what[0].upper() + what[1:]}, " + (
-                               "of the task's prompts (pref.online_rounds rounds)"
-                               if kind == "rsft" else "on pref.data (or rows built from the task)"
-                               + (", or with pref.online_rounds on pairs of the policy's own samples"
-                                  if kind == "dpo" else ""))
-                           + ". Writes RUN_DIR/model (a trained run; one whose rounds trained nothing says so).")
-        k.add_argument("args", nargs="*", metavar="RECIPE|key=value", help="a recipe YAML, then dotted overrides")
+    offline_args.add_parsers(sub, options)
     pl = sub.add_parser("pipeline", help="SFT -> (RM) -> DPO -> RL from one recipe, with a stage table")
     pl.add_argument("recipe", metavar="PIPELINE.yaml")
     pl.add_argument("args", nargs="*", metavar="key=value",
@@ -166,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, or another stop signal (Interrupted)
         signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
         what = e.message if isinstance(e, Interrupted) and e.message else f"stopped by {signal.Signals(signum).name}"
-        resume = resume_hint(e) if argv[:1] == ["train"] else ""
+        resume = resume_hint(e, argv[0]) if argv[:1] in (["train"], ["sft"], ["dpo"], ["rm"]) else ""
         if isinstance(e, Interrupted) and e.saved is not None:  # steps are logged: their plots can be read now
             resume += "; `rlpost report RUN_DIR` writes the report of the steps so far"
         if as_program and threading.current_thread() is threading.main_thread():
@@ -190,14 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {e}", 1)
 
 
-def resume_hint(stop: KeyboardInterrupt) -> str:
-    """What a stopped `rlpost train`'s line says of resuming: the command only where its run folder
-    (``_names_run``) holds a checkpoint; a start stopped before its first one left no folder."""
+def resume_hint(stop: KeyboardInterrupt, command: str = "train") -> str:
+    """What a stopped `rlpost train` (or sft, dpo, rm) says of resuming: the command only where its run
+    folder (``_names_run``) holds a checkpoint; a start stopped before its first one left no folder."""
     run_dir = getattr(stop, "run_dir", None)
     if run_dir is None:  # stopped before a run folder was named
         return ""
     if candidates(run_dir, quiet=True):
-        return " (`rlpost train --resume RUN_DIR` continues from the last checkpoint)"
+        return f" (`rlpost {command} --resume RUN_DIR` continues from the last checkpoint)"
     return ("; nothing was saved, and no run folder is left" if not run_dir.exists()
             else f"; {run_dir} holds no checkpoint yet to resume from")
 
@@ -448,21 +437,18 @@ def cmd_doctor(args) -> int:
 
 def cmd_offline(args) -> int:
     recipe, overrides = _split(args.args)
-    refuse_ignored(args.command, recipe_keys(recipe, overrides))
-    cfg = machine.check(config.load(recipe, overrides))
-    run_dir = folders.run_path(cfg.run.out_dir, cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
-    runfolder.check_new(run_dir, "pick another run.name", "run.name")
-    from rlpost.recipes.offline import preflight
-    from rlpost.recipes.pipeline import train_stage
+    keys = [o.split("=", 1)[0] for o in overrides] if args.resume else recipe_keys(recipe, overrides)
+    return offline_args.main(args, recipe, overrides, keys, _names_run, offline_training)
 
-    preflight(cfg, args.command)  # its rows and the model's limits, before the folder exists
-    with runfolder.claim(run_dir, "new") as rf:
-        folders.mark(run_dir, "run", command=args.command)  # `rlpost train --resume` refuses it (runfolder.made_by)
-        rf.write_config(cfg)
-        say(f"run folder {run_dir}")
-        summary = train_stage(cfg, run_dir, args.command)
-    print(json.dumps(summary))
-    return 0
+
+def offline_training(name: str):
+    """For offline_args (sft, rsft, dpo, rm): recipes/offline.py's ``preflight``, recipes/pipeline.py's
+    ``train_stage``, model/checkpoint.py's ``newest_intact``; torch loads once their configs passed."""
+    from rlpost.model import checkpoint
+    from rlpost.recipes import offline, pipeline
+
+    return {"preflight": offline.preflight, "train_stage": pipeline.train_stage,
+            "newest_intact": checkpoint.newest_intact}[name]
 
 
 def cmd_pipeline(args) -> int:

@@ -326,3 +326,56 @@ def test_raw_prompts_are_fed_as_they_are_as_trl_feeds_its_standard_format(tmp_pa
     assert s["rows"] == 36
     with pytest.raises(ConfigError, match="pref.prompt_format: raw feeds pref.data's string prompts"):
         tiny_cfg("pref.prompt_format=raw")
+
+
+@pytest.mark.parametrize("kind, extra", [("sft", ()), ("dpo", ("model.lora_r=4",)), ("rm", ())])
+def test_a_run_cut_short_resumes_with_the_batches_an_uninterrupted_one_takes(tmp_path, pairs, monkeypatch, kind,
+                                                                               extra):
+    """A crash during step 5 (checkpoints every 3 steps, 4 steps an epoch) and `rlpost KIND --resume`: the
+    run goes on from step 3, mid-epoch, with that epoch's row order, then draws the next epoch's order as
+    the uninterrupted run did, and ends with the same losses step for step and the same weights."""
+    from safetensors.torch import load_file
+
+    from rlpost.roles.trainer import Trainer
+
+    train, held = pairs
+    if kind == "sft":  # the chosen answers as completions
+        train, held = (write_jsonl(tmp_path / f"sft{i}.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"]}
+                                                               for r in digit_pairs(n, i)])
+                       for i, n in ((0, 256), (1, 64)))
+    tiny = [a for a in TINY if not a.startswith(("rollout.", "task.", "run.steps"))]  # what sft, dpo and rm read
+    args = [kind, *tiny, f"pref.data={train}", f"pref.eval_data={held}", "pref.epochs=2", "pref.batch_size=64",
+            "pref.max_len=64", "run.checkpoint_every=3", *(["algo.critic_lr=1e-3"] if kind == "rm" else []), *extra,
+            f"run.out_dir={tmp_path}"]
+    whole = cli(*args, "run.name=whole")
+    assert whole.returncode == 0, whole.stderr
+    real, calls = Trainer.train_step, []
+
+    def power_cut(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("power cut")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Trainer, "train_step", power_cut)
+    with pytest.raises(RuntimeError, match="power cut"):
+        cli(*args, "run.name=cut")
+    monkeypatch.undo()
+    cut = tmp_path / "cut"
+    assert sorted(p.name for p in (cut / "checkpoints").glob("step_*")) == ["step_000003"]
+    assert not (cut / "model").exists()
+    for other in ("train", "rsft", {"sft": "dpo", "dpo": "rm", "rm": "sft"}[kind]):  # its own command only
+        r = cli(other, "--resume", str(cut))
+        assert r.returncode == 2 and "--resume" in r.stderr and "model" not in {p.name for p in cut.iterdir()}, r.stderr
+    r = cli(kind, "--resume", str(cut), "pref.batch_size=32")
+    assert r.returncode == 2 and "pref.batch_size: cannot change on --resume" in r.stderr, r.stderr
+    r = cli(kind, "--resume", str(cut), "run.threads=1")
+    assert r.returncode == 0 and "resuming from step_000003" in r.stderr, r.stderr
+    lines = [[json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+             for name in ("whole", "cut")]
+    assert [x["step"] for x in lines[1]] == list(range(1, 9))
+    assert [x["actor/loss"] for x in lines[0]] == [x["actor/loss"] for x in lines[1]]
+    a, b = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("whole", "cut"))
+    assert a["heldout_before"] == b["heldout_before"] and a["heldout_after"] == b["heldout_after"], (a, b)
+    wa, wb = (load_file(tmp_path / name / "model" / "model.safetensors") for name in ("whole", "cut"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

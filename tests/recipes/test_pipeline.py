@@ -171,9 +171,44 @@ def test_train_resume_refuses_a_folder_sft_made(tmp_path):
     folders.mark(run, "run", command="sft")
     for flags in ([], ["--start-over"]):
         r = cli("train", "--resume", str(run), *flags)
-        assert r.returncode == 2 and "an rlpost sft run; rlpost train --resume continues RL runs only" in r.stderr
+        assert r.returncode == 2 and "an rlpost sft run, and rlpost train --resume continues RL runs only" in r.stderr
+        assert f"rlpost sft --resume {run} continues it" in r.stderr
     finished = tmp_path / "d"  # an older rlpost's finished dpo run: no command in its marker, its summary says
     finished.mkdir()
     (finished / "config.yaml").write_text("{}\n")
     (finished / "summary.json").write_text(json.dumps({"kind": "dpo", "loss": "dpo"}))
     assert runfolder.made_by(finished) == "dpo" and runfolder.made_by(tmp_path) is None
+
+
+def test_an_sft_stage_cut_short_resumes_from_its_checkpoint_under_the_same_settings(tmp_path, monkeypatch, capsys):
+    from rlpost.recipes import pipeline
+    from rlpost.roles.trainer import Trainer
+    from rlpost.types.errors import ConfigError
+
+    monkeypatch.setattr(pipeline, "model_accuracy", lambda cfg, model: 0.0)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"name": "p", "out_dir": str(tmp_path), "base": [
+        "model.name=tiny", "trainer.precision=fp32", "run.threads=1", "run.progress=false", "task.n_train=64",
+        "task.n_heldout=8", "pref.batch_size=16", "pref.max_len=64", "run.checkpoint_every=2"],
+        "stages": [{"name": "s", "kind": "sft"}]}))
+    real, calls = Trainer.train_step, []
+
+    def power_cut(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("power cut")
+        return real(self, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", power_cut)
+        with pytest.raises(RuntimeError, match="power cut"):
+            pipeline.run_pipeline(path)
+    stage = tmp_path / "p" / "s"
+    assert [p.name for p in (stage / "checkpoints").glob("step_*")] == ["step_000002"]
+    with pytest.raises(ConfigError, match=r"^stage s: cut short under other settings: pref.batch_size: cannot change"):
+        pipeline.run_pipeline(path, ["pref.batch_size=8"])
+    capsys.readouterr()
+    pipeline.run_pipeline(path)
+    assert "stage s: cut short before, resuming from step_000002" in capsys.readouterr().err
+    lines = [json.loads(x) for x in (stage / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4] and (stage / "model" / "model.safetensors").exists()

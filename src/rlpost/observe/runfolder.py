@@ -173,29 +173,35 @@ def made_by(path: Path) -> str | None:
     return None
 
 
-def check_resume(path: Path) -> None:
+def check_resume(path: Path, command: str = "train") -> None:
+    """That ``path`` is a run folder `rlpost COMMAND --resume` may go on with: one that command made
+    (train: an RL run; sft, dpo, rm: their own runs, by the folder's marker)."""
     if not path.is_dir():
         raise ConfigError(f"--resume {path}: {'no such folder' if not path.exists() else 'not a folder'}")
     owner = folders.kind_of(path)
     if owner not in (None, "run"):  # None: a run of an rlpost older than the marker and the lock
         raise ConfigError(f"--resume {path}: an rlpost {owner} folder, not a run folder")
-    if (command := made_by(path)) is not None:  # --start-over would write an RL run over its model
-        raise ConfigError(f"--resume {path}: an rlpost {command} run; rlpost train --resume continues RL runs only "
-                          f"(run rlpost {command} again, under another run.name)")
+    made = made_by(path) or "train"  # --start-over would write an RL run over an sft run's model, and so on
+    if made != command:
+        how = (f"rlpost {made} --resume {path} continues it" if made in ("train", "sft", "dpo", "rm")
+               else f"rlpost {made} keeps no checkpoints: run it again, under another run.name")
+        raise ConfigError(f"--resume {path}: an rlpost {made} run, and rlpost {command} --resume continues "
+                          f"{'RL' if command == 'train' else command} runs only ({how})")
     if not (path / "config.yaml").is_file():
         raise ConfigError(f"--resume {path}: no config.yaml there; is it a run folder?")
 
 
 @contextmanager
 def claim(path: str | Path, mode: str, refuse_hint: str = "pick another run.name", *, kind: str = "run",
-          key: str = "run.name") -> Iterator[RunFolder]:
+          key: str = "run.name", command: str = "train") -> Iterator[RunFolder]:
     """Hold ``path`` for the command's life. ``mode``: 'new' (a new run: refuses a folder holding
     a run, with ``refuse_hint``), 'resume' (an existing run folder), 'reuse' (create if needed,
     continue what is there: a pipeline's folder and its stages). ``kind``: the marker's kind
-    ('run', 'pipeline'); ``key``: what the user set that named the folder (error messages)."""
+    ('run', 'pipeline'); ``key``: what the user set that named the folder (error messages); ``command``:
+    the command resuming it (check_resume)."""
     rf = RunFolder(Path(path), mode, kind)
     if mode == "resume":
-        check_resume(rf.path)
+        check_resume(rf.path, command)
     else:
         rf.created = _make(rf.path, key, kind)
     rf.before = set() if rf.created else set(os.listdir(rf.path))

@@ -21,6 +21,14 @@ log-probs are taken before the adapters exist).
 The result is a transformers folder (``RUN_DIR/model``, adapters merged in) that
 ``model.name=RUN_DIR`` loads for the next stage; a LoRA run also keeps the adapters alone in
 ``RUN_DIR/adapter`` (peft's format).
+
+Checkpoints are the RL loop's (model/checkpoint.py: atomic, verified when read): every
+``run.checkpoint_every`` steps, after the last step, and when a stop signal comes. Beside the
+weights and the optimizer, ``state.pt`` keeps the data order (the epoch's shuffled row order and
+the shuffling RNG's state, under ``stream``), the held-out loss before training and ``algo_name``
+(``offline_name``: sft, rm, or dpo:LOSS), so ``rlpost sft|dpo|rm --resume RUN_DIR`` continues with
+the very batches an uninterrupted run would have taken, and a checkpoint of another kind of run is
+refused by name.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -35,7 +44,7 @@ from rlpost import build, config, machine
 from rlpost.algorithms.preference import REFERENCE_FREE, make_dpo_loss, make_rm_loss, sft_loss
 from rlpost.console import say, say_once
 from rlpost.envs import build_task, data
-from rlpost.model import encode, fit, lora
+from rlpost.model import checkpoint, encode, fit, lora
 from rlpost.model.cores import Cores
 from rlpost.model.load import load_policy_for, load_tokenizer, save_model
 from rlpost.observe.loggers import Loggers
@@ -159,17 +168,37 @@ def batch_order(lengths: list[int], batch_size: int, by_length: bool, rng: rando
 # --- the loop --------------------------------------------------------------------------------
 
 
-def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
+def offline_name(cfg: config.Config, kind: str) -> str:
+    """What an offline run's checkpoints record as ``algo_name``: its command, and for dpo the loss."""
+    return f"dpo:{cfg.pref.loss}" if kind == "dpo" else kind
+
+
+def resume_point(cfg: config.Config, run_dir: Path, kind: str) -> tuple[Path, tuple[dict, dict, dict]]:
+    """(folder, (weights, trainer state, run state)) of the newest intact checkpoint of ``run_dir``
+    (corrupt ones are passed over with a line each); one of another kind of run is refused by name."""
+    found = checkpoint.load_latest(run_dir)
+    if found is None:
+        raise config.ConfigError(f"--resume {run_dir}: no intact checkpoint to resume from")
+    checkpoint.check_fits(found[0], offline_name(cfg, kind), kind == "rm", cfg.model.lora_r > 0,
+                          cfg.trainer.param_dtype == "bfloat16")
+    return found
+
+
+def train_offline(cfg: config.Config, run_dir: Path, kind: str, resume: bool = False) -> dict:
     """SFT (kind='sft'), a DPO-family loss (kind='dpo') or a Bradley-Terry reward model (kind='rm')
     on fixed rows; returns the summary (also RUN_DIR/summary.json). Inside the RL loop's scaffold:
     torch's threads by free cores (model/cores.py), the run guard (a first SIGINT/SIGTERM finishes
-    the step and saves RUN/model so far; non-finite steps in a row stop the run: recipes/guard.py),
-    one metrics.jsonl line per step as it happens, to every run.loggers sink (observe/runlog.py)."""
+    the step and saves a checkpoint and RUN/model so far; non-finite steps in a row stop the run:
+    recipes/guard.py), one metrics.jsonl line per step as it happens, to every run.loggers sink
+    (observe/runlog.py). ``resume``: go on from the newest intact checkpoint (the CLI has checked
+    the folder and the config)."""
     cores = Cores(cfg.run.threads)  # torch's threads: every core, fewer while other processes keep some busy
     torch.manual_seed(cfg.run.seed)
     pref, t0 = cfg.pref, time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
-    config.save(cfg, run_dir / "config.yaml")
+    if not resume:  # a resume's config is the run's own (and any config.resume-N.yaml the CLI wrote)
+        config.save(cfg, run_dir / "config.yaml")
+    ckpt, (weights, trainer_state, state) = resume_point(cfg, run_dir, kind) if resume else (None, (None, None, {}))
     # a missing package stops us here, before any model loads
     sinks = Loggers(cfg.run.loggers, run_dir, config.to_dict(cfg))
     try:
@@ -191,15 +220,29 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
         if kind == "dpo" and pref.loss not in REFERENCE_FREE:  # ORPO and SimPO compare the policy with itself
             reference = build.make_pref_reference(cfg, loaded.model, micro)  # frozen: its numbers once, before training
             train_b.ref_logp, held_b.ref_logp = reference.logprobs(train_b), reference.logprobs(held_b)
+        if weights is not None and cfg.model.lora_r == 0:  # (with LoRA the base stays; the adapters are in trainer.pt)
+            checkpoint.load_into(loaded.model, weights, "the checkpoint's model.safetensors")
+        weights = None  # in the model now: not a second copy to the run's end
         trainer = build.make_pref_trainer(cfg, loaded.model, mini, micro, steps_per_epoch * pref.epochs,
                                           value_head=kind == "rm")
         loss_fn = {"sft": sft_loss, "dpo": make_dpo_loss(pref) if kind == "dpo" else None,
                    "rm": make_rm_loss(pref)}[kind]
-        before = trainer.evaluate(held_b, loss_fn)
-        log = RunLog(run_dir, steps_per_epoch * pref.epochs, 0, cfg.run.progress, sinks, desc=kind, rollouts=False,
+        start = 0
+        if resume:
+            start = load_state(trainer, trainer_state, state)
+            trainer_state = None
+        before = state["offline_before"] if resume else trainer.evaluate(held_b, loss_fn)
+        total = steps_per_epoch * pref.epochs
+        if start > total:
+            raise config.ConfigError(f"{run_dir} is at step {start} (its newest checkpoint), past the {total} steps of "
+                                     f"pref.epochs={pref.epochs}")
+        log = RunLog(run_dir, total, start, cfg.run.progress, sinks, ckpt, desc=kind, rollouts=False,
                      postfix=lambda m, history: {"loss": f"{m['actor/loss']:.4f}"})
+        minutes = state.get("minutes", 0.0)  # a resumed run's wall time counts its earlier starts
         steps = run_epochs(trainer, train_b, rows_per_seq, loss_fn, cfg, cores, log,
-                           save=lambda: save_trained(trainer, tok, run_dir))
+                           save=lambda: save_trained(trainer, tok, run_dir), start=start, stream=state.get("stream"),
+                           save_checkpoint=checkpointer(cfg, run_dir, kind, trainer, log, before,
+                                                        lambda: minutes + (time.perf_counter() - t0) / 60))
     finally:
         sinks.close()  # (again is a no-op: the log closes them too)
     after = trainer.evaluate(held_b, loss_fn)
@@ -208,22 +251,63 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str) -> dict:
                  "dpo": pref.loss}[kind]
     return log.write_summary({"kind": kind, "loss": loss_name, "heldout_before": before, "heldout_after": after,
                               "rows": len(rows), "heldout_rows": len(heldout), "skipped_rows": skipped, "steps": steps,
-                              "wall_minutes": (time.perf_counter() - t0) / 60, "model": str(out)})
+                              "wall_minutes": minutes + (time.perf_counter() - t0) / 60, "model": str(out)})
+
+
+def checkpointer(cfg: config.Config, run_dir: Path, kind: str, trainer: Trainer, log: RunLog, before: dict,
+                 minutes) -> Callable[[int, dict], None]:
+    """``save_checkpoint(step, stream)`` for run_epochs: the trainer's weights and state, the data order
+    (``stream``), the RNG, the held-out loss before training and ``minutes()``, the run's wall time."""
+    saved = {"algo_name": offline_name(cfg, kind), "heldout_before": None, "offline_before": before}
+
+    def save_checkpoint(step: int, stream: dict) -> None:
+        state = {**saved, "step": step, "stream": stream, "torch_rng": torch.get_rng_state(), "minutes": minutes()}
+        checkpoint.save(run_dir, step, checkpoint.Saved(trainer.checkpoint_weights(), trainer.state_dict(), state),
+                        cfg.run.keep_checkpoints, metrics=log.history)
+
+    return save_checkpoint
+
+
+def load_state(trainer: Trainer, trainer_state: dict, state: dict) -> int:
+    """Put a checkpoint's optimizer, schedule, adapters, head and RNG back; the step it was taken after.
+    State that fits its schema but not this run (an optimizer of other parameters) is one line."""
+    try:
+        trainer.load_state_dict(trainer_state)
+        torch.set_rng_state(state["torch_rng"])
+        order, rng = state["stream"]["order"], state["stream"]["rng"]
+        if not (isinstance(order, list) and all(isinstance(i, int) for i in order)):
+            raise ValueError("stream.order is not a list of row numbers")
+        random.Random().setstate(rng)
+        before = state["offline_before"]
+        if not isinstance(before, dict):
+            raise ValueError("offline_before is not the held-out loss's metrics")
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+        what = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise config.ConfigError(f"checkpoint step_{state['step']:06d}: its trainer.pt or state.pt does not fit this "
+                                 f"run ({what}); was it written by another kind of run?") from None
+    return state["step"]
 
 
 def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg: config.Config, cores: Cores,
-               log: RunLog, save) -> int:
+               log: RunLog, save, start: int = 0, stream: dict | None = None, save_checkpoint=None) -> int:
     """pref.epochs passes over ``data`` (pref.batch_size rows a step, shuffled per epoch: batch_order)
-    inside the run guard; ``save()`` writes what is trained so far when a stop signal comes. Returns
-    the steps taken."""
+    inside the run guard, from step ``start`` + 1; ``save()`` writes what is trained so far when a
+    stop signal comes. ``save_checkpoint(step, stream)`` is called every run.checkpoint_every steps,
+    after the last and on a stop signal; ``stream`` (a checkpoint's) is the data order to go on
+    with: the epoch's row order and the shuffling RNG's state. Returns the steps taken."""
     pref, n_rows = cfg.pref, len(data) // rows_per_seq
     steps_per_epoch = max(1, n_rows // pref.batch_size)
-    rng = random.Random(cfg.run.seed)
+    total = steps_per_epoch * pref.epochs
+    rng, order = random.Random(cfg.run.seed), None
+    if stream is not None:  # a resume: the order of the epoch it stopped in, and the RNG that draws the next
+        rng.setstate(stream["rng"])
+        order = stream["order"]
+    step = start
     log.begin()
     try:
-        with RunGuard(cfg, saved="model (RUN/model)",
+        with RunGuard(cfg, saved="checkpoint and the model so far (RUN/model)",
                       after_nonfinite="no model is written. Try a lower trainer.lr") as guard:
-            for step in guard.steps(1, steps_per_epoch * pref.epochs):
+            for step in guard.steps(start + 1, total):
                 epoch, s = divmod(step - 1, steps_per_epoch)
                 if s == 0:  # a new epoch: a new order
                     order = batch_order(data.completion_mask.view(n_rows, -1).sum(1).tolist(), pref.batch_size,
@@ -235,7 +319,11 @@ def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg
                                        loss_fn)
                 guard.check_update(m, step)  # skipped by the trainer (roles/trainer.py); N in a row stop the run
                 log.step(step, {"epoch": epoch, **m})
-                if guard.finish_step():  # a stop signal: the model so far is saved, then the guard stops the run
+                stop = guard.finish_step()  # a stop signal: saved, then the guard stops the run
+                every = cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0
+                if save_checkpoint is not None and (stop or every or step == total):
+                    save_checkpoint(step, {"order": order, "rng": rng.getstate()})
+                if stop:
                     save()
     finally:
         log.close()

@@ -37,6 +37,7 @@ from rlpost.model import checkpoint, export
 from rlpost.observe import runfolder
 from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.offline import train_offline
+from rlpost.recipes.offline_args import resumable
 from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
 from rlpost.recipes.rsft import run_rsft
@@ -88,14 +89,15 @@ def stage_config(tree: dict, st: dict, model: str, outputs: dict, run_dir: Path)
     return config.load(st.get("recipe"), overrides)
 
 
-def train_stage(cfg: config.Config, run_dir: Path, kind: str) -> dict:
+def train_stage(cfg: config.Config, run_dir: Path, kind: str, resume: bool = False) -> dict:
     """`rlpost sft|rsft|rm|dpo` and a pipeline stage: rejection-sampling SFT (recipes/rsft.py); online
-    DPO when kind='dpo' and pref.online_rounds > 0 (recipes/online.py); else training on fixed rows."""
+    DPO when kind='dpo' and pref.online_rounds > 0 (recipes/online.py); else training on fixed rows
+    (``resume``: from the newest intact checkpoint)."""
     if kind == "rsft":
         return run_rsft(cfg, run_dir)
     if kind == "dpo" and cfg.pref.online_rounds > 0:
         return run_online_dpo(cfg, run_dir)
-    return train_offline(cfg, run_dir, kind)
+    return train_offline(cfg, run_dir, kind, resume=resume)
 
 
 def run_pipeline(recipe: str | Path, overrides: list[str] = ()) -> list[dict]:
@@ -170,14 +172,23 @@ def changed_keys(sdir: Path, cfg: config.Config) -> list[str]:
 
 
 def run_stage(cfg: config.Config, sdir: Path, kind: str) -> dict:
-    """One stage in its folder; an rl stage cut short earlier resumes from its newest intact checkpoint."""
+    """One stage in its folder; a stage cut short earlier resumes from its newest intact checkpoint
+    (rl, sft, rm, offline dpo: ``resumable``) when the pipeline asks for what a resume may change."""
     with runfolder.claim(sdir, "reuse", key=f"stage {sdir.name}") as rf:
         if kind != "rl":
             folders.mark(sdir, "run", command=kind)  # `rlpost train --resume` refuses it (runfolder.made_by)
-        resume = kind == "rl" and checkpoint.newest_intact(sdir) is not None
-        if not resume:
+        ckpt = checkpoint.newest_intact(sdir) if resumable(cfg, kind) else None
+        resume = ckpt is not None
+        if resume:  # the settings it stopped under, but for what a resume may change (one line naming the key)
+            try:
+                config.resume_changes(load_run(sdir)[0], cfg)
+            except config.ConfigError as e:
+                raise config.ConfigError(f"stage {sdir.name}: cut short under other settings: {e}; or remove "
+                                         f"{sdir} to train it again") from None
+            say(f"stage {sdir.name}: cut short before, resuming from {ckpt.name}")
+        else:
             rf.write_config(cfg)
-        return train(cfg, sdir, resume=resume) if kind == "rl" else train_stage(cfg, sdir, kind)
+        return train(cfg, sdir, resume=resume) if kind == "rl" else train_stage(cfg, sdir, kind, resume)
 
 
 NUMBERS = MapOf((float, type(None)))
