@@ -42,10 +42,10 @@ def sigint_at_step_2(monkeypatch):
 def test_ctrl_c_in_an_offline_recipe_saves_the_model_so_far(tmp_path, sigint_at_step_2, kind):
     with pytest.raises(Interrupted) as e:
         offline.train_offline(tiny_cfg(*OFFLINE), tmp_path, kind)
-    assert e.value.saved == 2 and "after step 2, whose model (RUN/model) is saved" in e.value.message
-    assert ((tmp_path / "model" / "config.json").exists()
+    assert e.value.saved == 2 and "after step 2, whose checkpoint (and RUN/model so far) is saved" in e.value.message
+    assert ((tmp_path / "model" / "config.json").exists() and (tmp_path / "checkpoints" / "step_000002").is_dir()
             and [m["step"] for m in lines(tmp_path / "metrics.jsonl")] == [1, 2])
-    assert not (tmp_path / "summary.json").exists()  # not finished: a pipeline runs the stage again
+    assert not (tmp_path / "summary.json").exists()  # not finished: a pipeline resumes the stage
 
 
 @pytest.mark.parametrize("recipe", [run_online_dpo, run_rsft])

@@ -305,7 +305,7 @@ def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg
     step = start
     log.begin()
     try:
-        with RunGuard(cfg, saved="checkpoint and the model so far (RUN/model)",
+        with RunGuard(cfg, saved="checkpoint (and RUN/model so far)",
                       after_nonfinite="no model is written. Try a lower trainer.lr") as guard:
             for step in guard.steps(start + 1, total):
                 epoch, s = divmod(step - 1, steps_per_epoch)
