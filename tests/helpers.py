@@ -28,6 +28,11 @@ TINY = [
     "run.passk_eval=0",  # the pass@k curve's 64 samples a problem: tests/recipes/test_passk.py turns it on
 ]
 
+# The same for sft, rm and dpo on fixed rows, which sample nothing and count pref.epochs, not run.steps (they refuse
+# the keys they would ignore), and for rsft and online DPO, which sample but count pref.online_rounds.
+TINY_ROWS = [o for o in TINY if not o.startswith(("rollout.", "run.steps", "run.passk_eval"))]
+TINY_ROUNDS = [o for o in TINY if not o.startswith(("run.steps", "run.passk_eval"))]
+
 # The same for `rlpost eval tiny`: no model.name (the target names it), no trainer keys (eval trains nothing,
 # so it refuses them).
 TINY_EVAL = [o for o in TINY if not o.startswith(("model.name", "trainer."))]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, TINY, remount_read_only, tmpfs, verifier_workers
+from helpers import ROOT, TINY, TINY_ROWS, remount_read_only, tmpfs, verifier_workers
 from safetensors.torch import load_file
 
 from rlpost import cli, config
@@ -309,14 +309,14 @@ def test_every_bad_input_is_one_line_naming_it_exit_2_and_no_folder(tmp_path, ca
 
 
 def test_sft_refuses_an_existing_run_and_a_failed_start_leaves_nothing(tmp_path, capsys):
-    code, err = main("sft", *TINY, "pref.data=/no/such.jsonl", f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
+    code, err = main("sft", *TINY_ROWS, "pref.data=/no/such.jsonl", f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
     assert code == 2 and "data: file not found: /no/such.jsonl" in err and not (tmp_path / "s").exists()
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "summary.json").write_text("{}")
-    code, err = main("sft", *TINY, f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)  # not rlpost's folder
+    code, err = main("sft", *TINY_ROWS, f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)  # not rlpost's folder
     assert code == 2 and "holds files rlpost did not write (summary.json)" in err
     folders.mark(tmp_path / "s", "run")  # rlpost's, and a finished run
-    code, err = main("sft", *TINY, f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
+    code, err = main("sft", *TINY_ROWS, f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
     assert code == 2 and "already holds a run" in err and (tmp_path / "s" / "summary.json").read_text() == "{}"
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from helpers import TINY, cli, run_cli, tiny_cfg
+from helpers import TINY_ROUNDS, TINY_ROWS, cli, run_cli, tiny_cfg
 
 from rlpost.config import ConfigError
 from rlpost.model.load import load_policy
@@ -74,7 +74,7 @@ def test_bad_rows_are_named_or_skipped(tmp_path):
         train_offline(tiny_cfg(f"pref.data={data}"), tmp_path / "refuse", "dpo")
     s = train_offline(tiny_cfg(f"pref.data={data}", "pref.on_bad_row=skip"), tmp_path / "skip", "dpo")
     assert s["skipped_rows"] == 1 and s["rows"] + s["heldout_rows"] == 19
-    r = cli("dpo", *TINY, f"pref.data={data}", f"run.out_dir={tmp_path}")
+    r = cli("dpo", *TINY_ROWS, f"pref.data={data}", f"run.out_dir={tmp_path}")
     assert r.returncode == 2 and "bad.jsonl:7" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -105,7 +105,7 @@ def test_rows_that_do_not_fit_are_one_line_before_any_folder(tmp_path, case):
     kind, text, said = BAD_ROWS[case]
     data = tmp_path / "rows.jsonl"
     os.mkfifo(data) if text is None else data.write_text(text)
-    r = cli(kind, *TINY, f"pref.data={data}", f"run.out_dir={tmp_path}", "run.name=x")
+    r = cli(kind, *TINY_ROWS, f"pref.data={data}", f"run.out_dir={tmp_path}", "run.name=x")
     last = r.stderr.strip().splitlines()[-1]
     assert (r.returncode == 2 and "Traceback" not in r.stderr and last.startswith("rlpost: error:")
             and said in last), last
@@ -113,7 +113,7 @@ def test_rows_that_do_not_fit_are_one_line_before_any_folder(tmp_path, case):
 
 
 def test_online_dpo_stops_when_the_reward_function_returns_text(tmp_path):
-    r = cli("dpo", *TINY, "pref.online_rounds=1", "pref.online_prompts=4", "task.verifier=toy_verifiers:returns_text",
+    r = cli("dpo", *TINY_ROUNDS, "pref.online_rounds=1", "pref.online_prompts=4", "task.verifier=toy_verifiers:returns_text",
             f"run.out_dir={tmp_path}", "run.name=o")
     # a value check is not a crash: the first failure is its one line ("returned 'yes', expected a finite number")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -343,8 +343,7 @@ def test_a_run_cut_short_resumes_with_the_batches_an_uninterrupted_one_takes(tmp
         train, held = (write_jsonl(tmp_path / f"sft{i}.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"]}
                                                                for r in digit_pairs(n, i)])
                        for i, n in ((0, 256), (1, 64)))
-    tiny = [a for a in TINY if not a.startswith(("rollout.", "task.", "run.steps"))]  # what sft, dpo and rm read
-    args = [kind, *tiny, f"pref.data={train}", f"pref.eval_data={held}", "pref.epochs=2", "pref.batch_size=64",
+    args = [kind, *TINY_ROWS, f"pref.data={train}", f"pref.eval_data={held}", "pref.epochs=2", "pref.batch_size=64",
             "pref.max_len=64", "run.checkpoint_every=3", *(["algo.critic_lr=1e-3"] if kind == "rm" else []), *extra,
             f"run.out_dir={tmp_path}"]
     whole = cli(*args, "run.name=whole")

@@ -57,8 +57,8 @@ def test_rsft_rounds_sample_from_the_previous_round(tmp_path):
 
 def test_rsft_command_and_pipeline_stage(tmp_path):
     # `rlpost rsft` and a pipeline stage of kind rsft run the same rounds; a key rsft would ignore is refused
-    from helpers import TINY, cli
-    common = [*TINY, "pref.online_prompts=8", "task.verifier=toy_verifiers:odd_length", "pref.batch_size=4"]
+    from helpers import TINY_ROUNDS, cli
+    common = [*TINY_ROUNDS, "pref.online_prompts=8", "task.verifier=toy_verifiers:odd_length", "pref.batch_size=4"]
     r = cli("rsft", *common, f"run.out_dir={tmp_path}", "run.name=one")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "one" / "summary.json").read_text())["kind"] == "rsft"

@@ -6,7 +6,7 @@ import os
 import signal
 
 import pytest
-from helpers import TINY, cli, tiny_cfg
+from helpers import TINY_ROWS, cli, tiny_cfg
 
 from rlpost.recipes import offline, online, rl
 from rlpost.recipes.online import run_online_dpo
@@ -72,7 +72,7 @@ def tensorboard_scalars(folder):
 
 @pytest.mark.parametrize("kind", ["sft", "rm", "dpo"])
 def test_run_loggers_reach_every_sink_from_an_offline_recipe(tmp_path, kind):
-    r = cli(kind, *TINY, *OFFLINE, f"run.out_dir={tmp_path}", "run.name=r", "run.loggers=console,tensorboard")
+    r = cli(kind, *TINY_ROWS, *OFFLINE, f"run.out_dir={tmp_path}", "run.name=r", "run.loggers=console,tensorboard")
     assert r.returncode == 0, r.stderr
     jsonl = lines(tmp_path / "r" / "metrics.jsonl")
     assert [m["step"] for m in jsonl] == [1, 2, 3, 4]

@@ -46,6 +46,8 @@ def main(args, recipe: str | None, overrides: list[str], keys: list[str], names_
         return resume(args, recipe, overrides, keys, names_run, training)
     refuse_ignored(args.command, keys)
     cfg = machine.check(config.load(recipe, overrides))
+    if args.command == "dpo" and cfg.pref.online_rounds == 0:  # on fixed rows: it samples nothing
+        refuse_ignored("dpo_rows", keys)
     run_dir = folders.run_path(cfg.run.out_dir, cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
     runfolder.check_new(run_dir, "pick another run.name", "run.name")
     training("preflight")(cfg, args.command)  # its rows and the model's limits, before the folder exists
