@@ -9,9 +9,9 @@ setup:
 demo: setup      ## GRPO on the embedded SmolLM2-135M-Instruct, held-out accuracy before/after
 	$(VENV)/bin/rlpost train
 
-test: setup      ## the whole test suite, as CI runs it: the fast selection on two pytest-xdist workers, then the slow tests in one process (the Ray, sandbox and wall-clock tests keep both cores to themselves)
-	$(VENV)/bin/python -m pytest -q -m "not slow" -n 2 --dist loadscope
-	$(VENV)/bin/python -m pytest -q -m slow
+test: setup      ## the whole test suite, as CI runs it: all but the slow serial tests on two pytest-xdist workers, then those in one process (the Ray, sandbox and wall-clock tests keep both cores to themselves: tests/conftest.py, SERIAL)
+	$(VENV)/bin/python -m pytest -q -m "not (slow and serial)" -n 2 --dist loadscope
+	$(VENV)/bin/python -m pytest -q -m "slow and serial"
 
 test-fast: setup ## skip tests marked slow; two pytest-xdist workers, one per core (each test runs on one torch thread: tests/conftest.py)
 	$(VENV)/bin/python -m pytest -q -m "not slow" -n 2 --dist loadscope

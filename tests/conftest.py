@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,7 +89,36 @@ def pytest_configure(config):
     settings.load_profile("rlpost-mutate" if mutating else "rlpost")
 
 
+# The slow tests that keep the machine to themselves (`make test` runs them alone, after the rest): what they check
+# rests on both cores, on a wall clock or on counting processes, so a test beside them could fail them.
+SERIAL = {
+    "distributed/": "Ray with num_cpus=2, two hosts in network namespaces",
+    "envs/test_hostile.py": "hostile programs run to their wall-clock limits",
+    "sandbox/test_sandbox.py": "wall-clock limits and slots",
+    "model/test_precision.py": "it measures the matmuls' speed",
+    "model/test_fsdp.py": "two gloo ranks and their rendezvous timeout",
+    "test_kill_campaign.py": "SIGKILLs at moments drawn from the run's progress",
+    "test_faults.py": "signals, grace periods and out-of-memory runs",
+    "recipes/test_serve.py": "a server and a Ctrl-C, with timeouts",
+    "roles/test_rollout_agent.py": "agents killed at their deadline",
+    "test_workers.py": "a child subreaper counting what a kill orphans",
+}
+
+
+def serial(item) -> bool:
+    """Whether a test is one of SERIAL's (marked `serial`: the slow ones run alone, `make test`)."""
+    path = item.path.relative_to(Path(__file__).parent).as_posix()
+    return any(path == p or (p.endswith("/") and path.startswith(p)) for p in SERIAL)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if serial(item):
+            item.add_marker(pytest.mark.serial)
+    mutate(config, items)
+
+
+def mutate(config, items):
     """Under `make mutate` (scripts/mutate.py; mutmut names the mutant in MUTANT_UNDER_TEST), a
     mutant of the pure maths (algorithms/, search/) is judged by the maths tests alone: the tests
     that run the tiny model are left to the mutants of model/ and roles/, whose cost they are. And
