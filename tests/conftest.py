@@ -115,6 +115,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if serial(item):
             item.add_marker(pytest.mark.serial)
+    # The modules holding slow tests first, each whole and in its own order: two xdist workers (--dist loadscope
+    # hands out whole modules, in this order) then share the long ones from the start, instead of one worker
+    # taking the last long module alone while the other waits.
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable
     mutate(config, items)
 
 

@@ -309,7 +309,8 @@ def test_every_bad_input_is_one_line_naming_it_exit_2_and_no_folder(tmp_path, ca
 
 
 def test_sft_refuses_an_existing_run_and_a_failed_start_leaves_nothing(tmp_path, capsys):
-    code, err = main("sft", *TINY_ROWS, "pref.data=/no/such.jsonl", f"run.out_dir={tmp_path}", "run.name=s", capsys=capsys)
+    code, err = main("sft", *TINY_ROWS, "pref.data=/no/such.jsonl", f"run.out_dir={tmp_path}", "run.name=s",
+                     capsys=capsys)
     assert code == 2 and "data: file not found: /no/such.jsonl" in err and not (tmp_path / "s").exists()
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "summary.json").write_text("{}")

@@ -188,7 +188,8 @@ READ = {"rm": ("algo.critic_lr",)}  # keys a command reads inside a section it o
 STEPS = "pref.epochs sets its length, and its held-out loss is taken before and after training"
 ROUNDS = "pref.online_rounds sets its length, and its held-out loss is taken before and after each round"
 WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",
-       "sft": f"supervised fine-tuning runs in one process, on fixed rows, with the NLL loss; it samples nothing, {STEPS}",
+       "sft": "supervised fine-tuning runs in one process, on fixed rows, with the NLL loss; it samples nothing, "
+              f"{STEPS}",
        "rsft": f"rejection-sampling SFT samples its own rows and trains them with the NLL loss; {ROUNDS}",
        "rm": "the reward model trains in one process with the Bradley-Terry loss; of algo.* it reads algo.critic_lr, "
              f"its head's lr; it samples nothing, {STEPS}",

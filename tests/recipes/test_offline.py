@@ -113,7 +113,8 @@ def test_rows_that_do_not_fit_are_one_line_before_any_folder(tmp_path, case):
 
 
 def test_online_dpo_stops_when_the_reward_function_returns_text(tmp_path):
-    r = cli("dpo", *TINY_ROUNDS, "pref.online_rounds=1", "pref.online_prompts=4", "task.verifier=toy_verifiers:returns_text",
+    r = cli("dpo", *TINY_ROUNDS, "pref.online_rounds=1", "pref.online_prompts=4",
+            "task.verifier=toy_verifiers:returns_text",
             f"run.out_dir={tmp_path}", "run.name=o")
     # a value check is not a crash: the first failure is its one line ("returned 'yes', expected a finite number")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]

@@ -132,7 +132,6 @@ def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: 
     trainer = RemoteTrainer([in_group(trainer_cls, t_pg, r).remote(t_threads) for r in range(ranks)], (t_pg, w_pg))
     pool, is_async = None, dist.topology == "async"
     try:
-        start_trainer(trainer, make_trainer, initial, sampler_dtype, wait_s)
         partial = is_async and dist.partial_rollouts  # two chunks and an offer of weights at once
         worker_cls = ray.remote(num_cpus=r_cpus, num_gpus=gpus, max_restarts=0,
                                 max_concurrency=3 if partial else 1)(rollout_worker or RolloutWorker)
@@ -142,8 +141,11 @@ def place(dist: DistConfig, cores: int, on_gpu: bool, seed: int, sampler_dtype: 
             if apart and apart[i] not in {x["ip"] for x in placement.alive(ray.nodes())}:
                 return worker_cls.remote(make_sampler, w, r_threads, seed)
             return in_group(worker_cls, w_pg, i).remote(make_sampler, w, r_threads, seed)
+        # The workers' processes start (Ray creates actors in the background) while the trainer's ranks build:
+        # each start imports torch and builds a model, seconds that overlap instead of adding up.
         pool = RolloutPool(spawn, workers, dist.chunk_prompts, dist.max_staleness if is_async else 0,
                            initial_weights=initial, say=say, stream=stream if is_async else None, partial=partial)
+        start_trainer(trainer, make_trainer, initial, sampler_dtype, wait_s)
         if dist.weight_sync == "broadcast":
             join_broadcast(trainer, pool, gpus > 0, wait_s)
     except BaseException:
