@@ -379,3 +379,23 @@ def test_a_run_cut_short_resumes_with_the_batches_an_uninterrupted_one_takes(tmp
     assert a["heldout_before"] == b["heldout_before"] and a["heldout_after"] == b["heldout_after"], (a, b)
     wa, wb = (load_file(tmp_path / name / "model" / "model.safetensors") for name in ("whole", "cut"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_reward_models_export_carries_its_scalar_head(tmp_path, pairs):
+    """rlpost export writes an rm run's checkpoint with its value_head.safetensors (trainer.pt's critic head), as
+    RUN/model has it: without it the folder would load as a policy, not as task.reward_model."""
+    from safetensors.torch import load_file
+
+    train, held = pairs
+    r = cli("rm", *TINY_ROWS, f"pref.data={train}", f"pref.eval_data={held}", "pref.batch_size=64", "pref.max_len=64",
+            "run.checkpoint_every=2", "run.keep_checkpoints=3", "algo.critic_lr=1e-2", f"run.out_dir={tmp_path}",
+            "run.name=rm")
+    assert r.returncode == 0, r.stderr
+    run = tmp_path / "rm"
+    for step, out in ((None, tmp_path / "last"), (2, tmp_path / "two")):
+        e = cli("export", str(run), "--out", str(out), *(["--step", str(step)] if step else []))
+        assert e.returncode == 0, e.stderr
+    final, last, two = (load_file(p / "value_head.safetensors") for p in (run / "model", tmp_path / "last",
+                                                                            tmp_path / "two"))
+    assert all(torch.equal(final[k], last[k]) for k in final) and final["weight"].abs().sum() > 0
+    assert not torch.equal(final["weight"], two["weight"])  # step 2's head, not the last one's

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlpost import config
-from rlpost.model import checkpoint, lora
+from rlpost.model import checkpoint, device, lora
 from rlpost.model.load import load_policy, save_model
 from rlpost.types import folders
 from rlpost.types.errors import ConfigError, RunError, writing
@@ -63,7 +63,7 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
         return staged(run_dir, model, seed, step, out)[2]()
     run_dir = Path(run_dir)
     ckpt = checkpoint_to_export(run_dir, step)
-    if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their adapter folder is final
+    if ckpt is None:  # a run that keeps no checkpoints (rsft, online DPO): its adapter folder is final
         return copy_final(run_dir, out, "adapter")
     out = Path(out) if out else in_run(run_dir, "adapter", step)
     loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
@@ -92,17 +92,32 @@ def in_run(run_dir: Path, name: str, step: int | None) -> Path:
     return run_dir / (name + ("" if step is None else f"_step_{step}"))
 
 
-def staged(run_dir: Path, model: config.ModelConfig, seed: int, step: int | None = None, out: Path | None = None):
+def staged(run_dir: Path, model: config.ModelConfig, seed: int, step: int | None = None, out: Path | None = None,
+           head: bool = False):
     """A full export split in two, so that a caller can use the loaded model before (or while) it is written:
     (the folder, the merged model (load.Loaded; None for a run without checkpoints, whose final folder is
-    copied), a function that writes the folder and returns it)."""
+    copied), a function that writes the folder and returns it). ``head``: a reward model's run (rlpost rm),
+    whose folder carries its scalar head (``value_head``)."""
     run_dir = Path(run_dir)
     ckpt = checkpoint_to_export(run_dir, step)
-    if ckpt is None:  # rlpost sft|rm|dpo: no checkpoints; their model folder is final
+    if ckpt is None:  # a run that keeps no checkpoints (rsft, online DPO): its model folder is final
         return Path(out) if out else run_dir / "model", None, lambda: copy_final(run_dir, out, "model")
     out = Path(out) if out else in_run(run_dir, "model", step)
     loaded = merged(ckpt, model, seed)
-    return out, loaded, lambda: save_model(loaded.model, loaded.tokenizer, out)
+    return out, loaded, lambda: save_model(loaded.model, loaded.tokenizer, out, value_head(ckpt) if head else None)
+
+
+def value_head(ckpt: Path) -> torch.nn.Linear:
+    """A reward model's scalar head (Linear(hidden, 1)) from checkpoint ``ckpt``: trainer.pt's critic, whose
+    trunk is the policy (read memory-mapped: the optimizer's moments beside it are not loaded)."""
+    critic = torch.load(ckpt / "trainer.pt", map_location=device.CPU, weights_only=False, mmap=True).get("critic") or {}
+    weight, bias = critic.get("head.weight"), critic.get("head.bias")
+    if weight is None or bias is None:
+        raise ConfigError(f"{ckpt}/trainer.pt: critic: no scalar head (head.weight, head.bias); was it written by "
+                          "rlpost rm?")
+    head = torch.nn.Linear(weight.shape[1], 1)
+    head.load_state_dict({"weight": weight.float(), "bias": bias.float()})
+    return head
 
 
 def merged(ckpt: Path, model: config.ModelConfig, seed: int):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from rlpost import runconfig
 from rlpost.model import checkpoint
-from rlpost.model.export import copy_final, cast_folder, default_out, publish, write_model
+from rlpost.observe import runfolder
+from rlpost.model.export import cast_folder, copy_final, default_out, publish, staged, write_model
 from rlpost.types import folders
 from rlpost.types.errors import ConfigError
 
@@ -30,11 +31,17 @@ def export_run(run_dir: str | Path, step: int | None = None, out: str | Path | N
                           "merge")
     merge = merge_lora or cfg.model.lora_r == 0
     if out is None and step is None and dtype == "float32" and not checkpoint.candidates(run_dir, quiet=True):
-        return copy_final(run_dir, None, "model" if merge else "adapter")  # sft|rm|dpo: their final folder, as it is
+        return copy_final(run_dir, None, "model" if merge else "adapter")  # rsft, online DPO: their final folder
     out = Path(out) if out is not None else default_out(run_dir, step, merge)
     if folders.inside(out, run_dir) or folders.inside(run_dir, out):
         raise ConfigError(f"--out {out}: {'inside' if folders.inside(out, run_dir) else 'holds'} the run folder it "
                           f"exports from ({run_dir}); rlpost export never writes there: pick a folder outside it")
     folders.check_folder(out, "export", "--out")
-    return publish(out, lambda tmp: cast_folder(write_model(run_dir, cfg.model, cfg.run.seed, step, tmp,
-                                                            merge_lora=merge), dtype))
+    head = runfolder.made_by(run_dir) == "rm"  # a reward model: its folder carries the scalar head
+
+    def write(tmp: Path) -> Path:
+        if merge:
+            return staged(run_dir, cfg.model, cfg.run.seed, step, tmp, head)[2]()
+        return write_model(run_dir, cfg.model, cfg.run.seed, step, tmp, merge_lora=False)
+
+    return publish(out, lambda tmp: cast_folder(write(tmp), dtype))
