@@ -209,8 +209,9 @@ def test_ctrl_c_names_the_report_of_the_steps_so_far(tmp_path, monkeypatch):
     r = cli("train", *TINY, "run.steps=3", f"run.out_dir={tmp_path}", "run.name=r")
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 130 and "after step 1" in last, r.stderr
-    assert last.endswith("`rlpost train --resume RUN_DIR` continues from the last checkpoint); `rlpost report "
-                         "RUN_DIR` writes the report of the steps so far")
+    run = tmp_path / "r"  # named: the line is a command to copy
+    assert last.endswith(f"`rlpost train --resume {run}` continues from the last checkpoint); `rlpost report "
+                         f"{run}` writes the report of the steps so far")
     assert cli("report", str(tmp_path / "r")).returncode == 0
 
 

@@ -486,7 +486,7 @@ def test_a_second_sigterm_inside_a_checkpoint_write_stops_at_once_leaving_no_hal
     last = err.strip().splitlines()[-1]
     assert code == 128 + signal.SIGTERM and "Traceback" not in err and "RuntimeError" not in err, err[-2000:]
     assert last.startswith("rlpost: stopped by a second SIGTERM during step 2; that step was not saved")
-    assert "(`rlpost train --resume RUN_DIR` continues from the last checkpoint)" in last  # step 1's is kept
+    assert f"(`rlpost train --resume {tmp_path / 't'}` continues from the last checkpoint)" in last  # step 1's is kept
     assert sorted(p.name for p in (tmp_path / "t" / "checkpoints").iterdir()) == ["latest", "step_000001"]
     assert checkpoint.newest_intact(tmp_path / "t").name == "step_000001"
 

@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         what = e.message if isinstance(e, Interrupted) and e.message else f"stopped by {signal.Signals(signum).name}"
         resume = resume_hint(e, argv[0]) if argv[:1] in (["train"], ["sft"], ["dpo"], ["rm"]) else ""
         if isinstance(e, Interrupted) and e.saved is not None:  # steps are logged: their plots can be read now
-            resume += "; `rlpost report RUN_DIR` writes the report of the steps so far"
+            run_dir = getattr(e, "run_dir", None) or "RUN_DIR"
+            resume += f"; `rlpost report {run_dir}` writes the report of the steps so far"
         if as_program and threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:  # stopped and saved: a second Ctrl-C while Python exits changes nothing
                 signal.signal(sig, signal.SIG_IGN)
@@ -186,7 +187,7 @@ def resume_hint(stop: KeyboardInterrupt, command: str = "train") -> str:
     if run_dir is None:  # stopped before a run folder was named
         return ""
     if candidates(run_dir, quiet=True):
-        return f" (`rlpost {command} --resume RUN_DIR` continues from the last checkpoint)"
+        return f" (`rlpost {command} --resume {run_dir}` continues from the last checkpoint)"
     return ("; nothing was saved, and no run folder is left" if not run_dir.exists()
             else f"; {run_dir} holds no checkpoint yet to resume from")
 

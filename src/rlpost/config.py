@@ -418,9 +418,10 @@ RESUMABLE = {
 }
 
 
-def resume_changes(old: Config, new: Config) -> list[str]:
+def resume_changes(old: Config, new: Config, unread: tuple[str, ...] = ()) -> list[str]:
     """'key: old -> new' for each value a resume changes; one ConfigError naming every key that may not (the
-    first with its values)."""
+    first with its values). ``unread``: key prefixes the resuming command does not read, left out of the
+    list of what a resume may change (`rlpost sft --resume` refuses run.steps)."""
     a, b = to_dict(old), to_dict(new)
     changed, refused = [], []
     for section in a:
@@ -431,7 +432,8 @@ def resume_changes(old: Config, new: Config) -> list[str]:
                 (f"{section}.{key}", a[section][key], b[section][key]))
     if refused:
         (name, was, asked), others = refused[0], [r[0] for r in refused[1:]]
-        allowed = ", ".join(f"{s}.{k}" for s, ks in RESUMABLE.items() for k in ks)
+        allowed = ", ".join(f"{s}.{k}" for s, ks in RESUMABLE.items() for k in ks
+                            if not f"{s}.{k}".startswith(unread))
         also = f" (and {', '.join(others)} cannot either)" if others else ""
         raise ConfigError(f"{name}: cannot change on --resume (the run has {was!r}, asked {asked!r}){also}; start a "
                           f"new run for that. A resume may change: {allowed}")

@@ -168,34 +168,37 @@ def findable(top: str) -> bool:
 # their length, and they take their held-out measure once before training and once after.
 NO_STEPS = ("run.steps", "run.eval_every", "run.eval_n", "run.eval_batch_size", "run.passk_eval", "run.full_eval",
             "run.early_stop_patience")
+# ... and what the runs on fixed rows (sft, rm, dpo without pref.online_rounds) do not read either: they grade
+# nothing, and keep no reference, critic or reward model to offload
+NO_GRADING = ("rollout.", "task.verifier_", "task.max_reward_error_frac", "task.sandbox", "offload.")
 IGNORED = {
     "train": ("pref.",),
     "eval": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
-    "sft": ("dist.", "algo.", "rollout.", *NO_STEPS, "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing",
+    "sft": ("dist.", "algo.", *NO_GRADING, *NO_STEPS, "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing",
             "pref.simpo_gamma", "pref.orpo_lambda", "pref.rm_margin", "pref.nll_coef", "pref.rsft_"),
     "rsft": ("dist.", "algo.", *NO_STEPS, "pref.data", "pref.eval_data", "pref.prompt_format", "pref.loss",
              "pref.beta", "pref.label_smoothing", "pref.simpo_gamma", "pref.orpo_lambda", "pref.rm_margin",
              "pref.nll_coef"),
-    "rm": ("dist.", "algo.", "rollout.", *NO_STEPS, "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing",
+    "rm": ("dist.", "algo.", *NO_GRADING, *NO_STEPS, "pref.online_", "pref.loss", "pref.beta", "pref.label_smoothing",
            "pref.simpo_gamma", "pref.orpo_lambda", "pref.nll_coef", "pref.rsft_"),
     # online DPO samples as GRPO would, algo.* unread; on fixed rows (pref.online_rounds=0) rollout.* too: dpo_rows
     "dpo": ("dist.", "algo.", *NO_STEPS, "pref.rm_margin", "pref.rsft_"),
-    "dpo_rows": ("dist.", "algo.", "rollout.", *NO_STEPS, "pref.rm_margin", "pref.rsft_"),
+    "dpo_rows": ("dist.", "algo.", *NO_GRADING, *NO_STEPS, "pref.rm_margin", "pref.rsft_"),
     "prm": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
     "search": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
 }
 READ = {"rm": ("algo.critic_lr",)}  # keys a command reads inside a section it otherwise ignores: the scalar head's lr
-STEPS = "pref.epochs sets its length, and its held-out loss is taken before and after training"
+STEPS = ("it samples, grades and offloads nothing; pref.epochs sets its length, and its held-out loss is taken before "
+         "and after training")
 ROUNDS = "pref.online_rounds sets its length, and its held-out loss is taken before and after each round"
 WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",
-       "sft": "supervised fine-tuning runs in one process, on fixed rows, with the NLL loss; it samples nothing, "
-              f"{STEPS}",
+       "sft": f"supervised fine-tuning runs in one process, on fixed rows, with the NLL loss; {STEPS}",
        "rsft": f"rejection-sampling SFT samples its own rows and trains them with the NLL loss; {ROUNDS}",
        "rm": "the reward model trains in one process with the Bradley-Terry loss; of algo.* it reads algo.critic_lr, "
-             f"its head's lr; it samples nothing, {STEPS}",
+             f"its head's lr; {STEPS}",
        "dpo": f"preference optimisation runs in one process with its own loss, pref.loss and pref.beta; {ROUNDS}",
        "dpo_rows": "preference optimisation on fixed rows (pref.online_rounds=0) runs in one process with its own "
-                   f"loss, pref.loss and pref.beta; it samples nothing, {STEPS}",
+                   f"loss, pref.loss and pref.beta; {STEPS}",
        "prm": "the scorer trains in one process with its own options: --lr, --head-lr, --epochs, --batch-size",
        "search": "search trains nothing"}
 

@@ -24,7 +24,7 @@ def test_a_signal_lets_the_step_finish_then_stops_after_it_is_saved():
     assert "after step 2" in e.value.message
 
 
-def test_a_signal_after_the_save_decision_stops_after_the_next_step():
+def test_a_signal_after_the_save_decision_stops_after_the_next_step(capsys):
     steps = []
     with pytest.raises(Interrupted) as e, RunGuard(tiny_cfg("run.steps=5")) as guard:
         for step in guard.steps(1, 5):
@@ -33,6 +33,18 @@ def test_a_signal_after_the_save_decision_stops_after_the_next_step():
             if step == 1:
                 os.kill(os.getpid(), signal.SIGINT)  # like the loop's on_step_end: after the checkpoint
     assert steps == [1, 2] and e.value.saved == 2 and e.value.signum == signal.SIGINT
+    # the line says which step it finishes: the next one, not the one done (it said "finishing step 1")
+    assert "SIGINT: step 1 is done; finishing step 2 " in capsys.readouterr().err
+
+
+def test_a_grace_that_runs_out_while_a_trained_step_is_saved_says_so():
+    with pytest.raises(Interrupted) as e, RunGuard(tiny_cfg("run.stop_grace_s=0.05")) as guard:
+        for step in guard.steps(1, 3):
+            guard.finish_step()  # trained, its checkpoint decided: now it is being written
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the alarm interrupts this
+    assert e.value.saved is None and "step 1 was trained, but run.stop_grace_s=0.05 s ran out while its checkpoint " \
+        "was written" in e.value.message
 
 
 def test_a_step_that_outlasts_the_grace_is_abandoned_unsaved():

@@ -399,3 +399,36 @@ def test_a_reward_models_export_carries_its_scalar_head(tmp_path, pairs):
                                                                             tmp_path / "two"))
     assert all(torch.equal(final[k], last[k]) for k in final) and final["weight"].abs().sum() > 0
     assert not torch.equal(final["weight"], two["weight"])  # step 2's head, not the last one's
+
+
+def test_resume_names_the_way_on_when_there_is_nothing_to_resume(tmp_path):
+    """A run stopped before its first checkpoint: --resume refuses, naming --start-over, which trains it again from
+    step 0 in its own folder; a finished run, a checkpoint folder and a folder rlpost did not make are each one
+    line naming what to do instead."""
+    import shutil
+
+    rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in digit_pairs(64, 0)]
+    args = ["sft", *TINY_ROWS, f"pref.data={write_jsonl(tmp_path / 'sft.jsonl', rows)}", "pref.batch_size=16",
+            "pref.max_len=64", "run.checkpoint_every=3", f"run.out_dir={tmp_path}", "run.name=s"]
+    assert cli(*args).returncode == 0
+    run = tmp_path / "s"  # as a SIGKILL during step 3 leaves it: steps 1-2 logged, no checkpoint, no model
+    for gone in ("checkpoints", "model"):
+        shutil.rmtree(run / gone)
+    (run / "summary.json").unlink()
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("".join(x + "\n" for x in lines[:2]))
+    r = cli("sft", "--resume", str(run))
+    assert r.returncode == 2 and "no intact checkpoint to resume from" in r.stderr and "--start-over" in r.stderr
+    assert cli(*args).returncode == 2  # the same command again: the folder holds a run
+    r = cli("sft", "--resume", str(run), "--start-over")
+    assert r.returncode == 0 and "resuming from step 0 (--start-over)" in r.stderr, r.stderr
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    for where, said in ((run, "the run is finished (its summary.json is written)"),
+                        (run / "checkpoints" / "step_000003", f"a checkpoint, not a run folder; resume its run, {run}"),
+                        (tmp_path, "no config.yaml there; is it a run folder?")):
+        r = cli("sft", "--resume", str(where))
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+    r = cli("sft", "--resume", str(run), "pref.batch_size=8")  # the list of what may change: what sft reads
+    assert r.returncode == 2 and "trainer.lr" in r.stderr and "run.steps" not in r.stderr, r.stderr
+    r = cli(*args[:-1], "run.name=t", "task.verifier_workers=2")
+    assert r.returncode == 2 and "task.verifier_workers: rlpost sft would ignore it" in r.stderr, r.stderr

@@ -181,14 +181,17 @@ def check_resume(path: Path, command: str = "train") -> None:
     owner = folders.kind_of(path)
     if owner not in (None, "run"):  # None: a run of an rlpost older than the marker and the lock
         raise ConfigError(f"--resume {path}: an rlpost {owner} folder, not a run folder")
+    if not (path / "config.yaml").is_file():
+        if path.parent.name == "checkpoints":  # a checkpoint's folder: the run is two up
+            raise ConfigError(f"--resume {path}: a checkpoint, not a run folder; resume its run, {path.parent.parent} "
+                              "(it goes on from its newest intact checkpoint)")
+        raise ConfigError(f"--resume {path}: no config.yaml there; is it a run folder?")
     made = made_by(path) or "train"  # --start-over would write an RL run over an sft run's model, and so on
     if made != command:
         how = (f"rlpost {made} --resume {path} continues it" if made in ("train", "sft", "dpo", "rm")
                else f"rlpost {made} keeps no checkpoints: run it again, under another run.name")
         raise ConfigError(f"--resume {path}: an rlpost {made} run, and rlpost {command} --resume continues "
                           f"{'RL' if command == 'train' else command} runs only ({how})")
-    if not (path / "config.yaml").is_file():
-        raise ConfigError(f"--resume {path}: no config.yaml there; is it a run folder?")
 
 
 @contextmanager

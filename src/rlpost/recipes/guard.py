@@ -77,6 +77,7 @@ class RunGuard:
         self.cfg = cfg
         self.saved, self.after_nonfinite = saved, after_nonfinite
         self.step, self.step_done = 0, False  # step_done: its checkpoint decided (finish_step)
+        self.last = cfg.run.steps  # the run's last step (steps() sets it: sft, rm and dpo count pref.epochs)
         # early stopping: the best evaluation (step, accuracy) and evaluations since; a resumed run's from its
         # checkpoint
         self.best: tuple[int, float] | None = (early_stop or {}).get("best")
@@ -109,7 +110,11 @@ class RunGuard:
         if self.signum is not None:
             raise Interrupted(signum, f"stopped by a second {name} during step {self.step}; that step was not saved")
         self.signum = signum
-        say(f"{name}: finishing step {self.step} (at most run.stop_grace_s={self.cfg.run.stop_grace_s:g} s), then "
+        # a signal after the step's checkpoint was decided (while it is written, say) lets the next step run
+        doing = (f"finishing step {self.step}" if not self.step_done else
+                 f"step {self.step} is done; finishing step {self.step + 1}" if self.step < self.last else
+                 f"step {self.step}, the last, is done; finishing the run")
+        say(f"{name}: {doing} (at most run.stop_grace_s={self.cfg.run.stop_grace_s:g} s), then "
             f"saving {'a ' if self.saved == 'checkpoint' else 'the '}{self.saved} and stopping; {name} again stops "
             "at once")
         signal.setitimer(signal.ITIMER_REAL, max(self.cfg.run.stop_grace_s, 1e-3))
@@ -120,17 +125,23 @@ class RunGuard:
 
     def _on_status(self, signum: int, frame) -> None:
         stopping = f"; stopping after it ({signal.Signals(self.signum).name})" if self.signum is not None else ""
-        say(f"SIGUSR1: step {self.step} of {self.cfg.run.steps} running, {(time.monotonic() - self.started) / 60:.1f} "
+        say(f"SIGUSR1: step {self.step} of {self.last} running, {(time.monotonic() - self.started) / 60:.1f} "
             f"min into this start{stopping}. SIGINT, SIGTERM or SIGHUP stop after the step (saved), SIGQUIT at once")
 
     def _on_alarm(self, signum: int, frame) -> None:
-        raise Interrupted(self.signum or signal.SIGTERM, f"step {self.step} did not finish within run.stop_grace_s="
-                          f"{self.cfg.run.stop_grace_s:g} s and was abandoned; it was not saved")
+        grace = f"run.stop_grace_s={self.cfg.run.stop_grace_s:g} s"
+        if self.step_done:  # trained, and its checkpoint being written when the grace ran out
+            raise Interrupted(self.signum or signal.SIGTERM, f"step {self.step} was trained, but {grace} ran out while "
+                              "its checkpoint was written; that checkpoint was abandoned, and the newest whole one is "
+                              "where a resume starts")
+        raise Interrupted(self.signum or signal.SIGTERM, f"step {self.step} did not finish within {grace} and was "
+                          "abandoned; it was not saved")
 
     def steps(self, first: int, last: int):
         """range(first, last + 1), stopping with ``Interrupted`` after the step during which a
         signal came in, once the loop has saved it (``finish_step`` told it to). A signal that
         comes after that point (the step's checkpoint already decided) lets the next step run."""
+        self.last = last
         for step in range(first, last + 1):
             self.step, self.step_done = step, False
             yield step

@@ -196,7 +196,7 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str, resume: bool = F
     torch.manual_seed(cfg.run.seed)
     pref, t0 = cfg.pref, time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:  # a resume's config is the run's own (and any config.resume-N.yaml the CLI wrote)
+    if not (run_dir / "config.yaml").exists():  # the CLI wrote it (a resume's, or --start-over's, is the run's own)
         config.save(cfg, run_dir / "config.yaml")
     ckpt, (weights, trainer_state, state) = resume_point(cfg, run_dir, kind) if resume else (None, (None, None, {}))
     # a missing package stops us here, before any model loads

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from rlpost import config, machine, runconfig
-from rlpost.config_check import refuse_ignored
+from rlpost.config_check import IGNORED, READ, refuse_ignored
 from rlpost.console import say
 from rlpost.observe import runfolder
 from rlpost.types import folders
@@ -35,6 +35,10 @@ def add_parsers(sub, options: str) -> None:
                        f"continue an rlpost {kind} run from its newest intact checkpoint; overrides may change only "
                        "what a resume can (run.threads, trainer.lr, ...: an error lists them)"
                        + ("; not online DPO (pref.online_rounds), which keeps no checkpoints" if kind == "dpo" else ""))
+        if kind != "rsft":
+            k.add_argument("--start-over", action="store_true",
+                           help="with --resume: a run folder with no intact checkpoint (stopped before its first) "
+                                "trains again from step 0, its metrics replaced, instead of refusing")
 
 
 def main(args, recipe: str | None, overrides: list[str], keys: list[str], names_run, training) -> int:
@@ -44,6 +48,8 @@ def main(args, recipe: str | None, overrides: list[str], keys: list[str], names_
     ``newest_intact``), imported once the config has passed."""
     if args.resume:
         return resume(args, recipe, overrides, keys, names_run, training)
+    if getattr(args, "start_over", False):
+        raise config.ConfigError("--start-over: only with --resume RUN_DIR")
     refuse_ignored(args.command, keys)
     cfg = machine.check(config.load(recipe, overrides))
     if args.command == "dpo" and cfg.pref.online_rounds == 0:  # on fixed rows: it samples nothing
@@ -78,18 +84,26 @@ def resume(args, recipe: str | None, overrides: list[str], keys: list[str], name
     refuse_ignored(args.command, keys)
     runfolder.check_resume(run_dir, args.command)
     old, cfg = runconfig.load_run(run_dir, overrides)
-    changes = config.resume_changes(old, cfg)
+    unread = IGNORED["dpo_rows" if args.command == "dpo" and old.pref.online_rounds == 0 else args.command]
+    read = READ.get(args.command, ())  # (rm reads algo.critic_lr of the algo section it otherwise ignores)
+    changes = config.resume_changes(old, cfg, tuple(p for p in unread if not any(k.startswith(p) for k in read)))
     machine.check(cfg)
     if not resumable(cfg, args.command):
         raise config.ConfigError(f"--resume {run_dir}: online DPO (pref.online_rounds={cfg.pref.online_rounds}) "
                                  "keeps no checkpoints; run it again under another run.name")
+    if (run_dir / "summary.json").is_file():  # the last thing a run writes: nothing is left to do
+        raise config.ConfigError(f"--resume {run_dir}: the run is finished (its summary.json is written); its model "
+                                 f"is {run_dir / 'model'}. To train more, start a new run from it: "
+                                 f"model.name={run_dir / 'model'}")
     with names_run(run_dir), runfolder.claim(run_dir, "resume", command=args.command) as rf:
         ckpt = training("newest_intact")(run_dir)
-        if ckpt is None:
-            raise config.ConfigError(f"--resume {run_dir}: no intact checkpoint to resume from")
-        say(f"run folder {run_dir}: resuming from {ckpt.name}")
+        if ckpt is None and not args.start_over:
+            raise config.ConfigError(f"--resume {run_dir}: no intact checkpoint to resume from (it stopped before its "
+                                     "first); add --start-over to train it again from step 0 (its metrics are "
+                                     "replaced)")
+        say(f"run folder {run_dir}: resuming from {ckpt.name if ckpt else 'step 0 (--start-over)'}")
         if changes:
             say(f"resuming with {'; '.join(changes)} (recorded in {rf.write_config(cfg).name})")
-        summary = training("train_stage")(cfg, run_dir, args.command, resume=True)
+        summary = training("train_stage")(cfg, run_dir, args.command, resume=ckpt is not None)
     print(json.dumps(summary))
     return 0
