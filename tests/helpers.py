@@ -106,6 +106,26 @@ def run_cli_killed_after(step: int, *args: str, timeout: float = 300) -> subproc
                           env=env, timeout=timeout, cwd=ROOT)
 
 
+def at_train_step(n: int, act):
+    """A Trainer.train_step (to monkeypatch in) that calls ``act()`` at its n-th call, before that step: a crash
+    (``power_cut``) or a signal at a chosen step of an offline run."""
+    from rlpost.roles.trainer import Trainer
+
+    real, calls = Trainer.train_step, []
+
+    def train_step(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            act()
+        return real(self, *a, **kw)
+
+    return train_step
+
+
+def power_cut() -> None:
+    raise RuntimeError("power cut")
+
+
 def digit_rows(n: int, seed: int) -> list[dict]:
     """Rows whose prompt is one digit; the toy verifier first_char_digit wants it copied back."""
     rng = random.Random(seed)

@@ -252,3 +252,14 @@ def test_a_second_signal_inside_the_rotation_leaves_no_half_deleted_checkpoint(t
     monkeypatch.setattr(shutil, "rmtree", real)
     checkpoint.save(tmp_path, 4, checkpoint.Saved({"w": torch.ones(2)}, {}, {"step": 4}), 2)
     assert sorted(p.name for p in root.iterdir() if p.name != "latest") == ["step_000003", "step_000004"]
+
+
+def test_state_that_does_not_fit_the_run_is_one_line_naming_the_checkpoint():
+    # checkpoint.fitting, around the RL loop's and the offline runs' putting state back
+    with pytest.raises(ConfigError, match=r"^checkpoint step_000007: its trainer.pt or state.pt does not fit this run "
+                                      r"\(KeyError: 'stream'\); was it written by another kind of run\?$"):
+        with checkpoint.fitting(7):
+            {}["stream"]
+    with pytest.raises(ConfigError, match="^stream.epoch: named by its schema$"):  # named already: passed as it is
+        with checkpoint.fitting(7):
+            raise ConfigError("stream.epoch: named by its schema")

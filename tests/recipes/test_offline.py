@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from helpers import TINY_ROUNDS, TINY_ROWS, cli, run_cli, tiny_cfg
+from helpers import TINY_ROUNDS, TINY_ROWS, at_train_step, cli, power_cut, run_cli, tiny_cfg
 
 from rlpost.config import ConfigError
 from rlpost.model.load import load_policy
@@ -349,15 +349,7 @@ def test_a_run_cut_short_resumes_with_the_batches_an_uninterrupted_one_takes(tmp
             f"run.out_dir={tmp_path}"]
     whole = cli(*args, "run.name=whole")
     assert whole.returncode == 0, whole.stderr
-    real, calls = Trainer.train_step, []
-
-    def power_cut(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 5:
-            raise RuntimeError("power cut")
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(Trainer, "train_step", power_cut)
+    monkeypatch.setattr(Trainer, "train_step", at_train_step(5, power_cut))
     with pytest.raises(RuntimeError, match="power cut"):
         cli(*args, "run.name=cut")
     monkeypatch.undo()

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import yaml
-from helpers import TINY, cli
+from helpers import TINY, at_train_step, cli, power_cut
 
 
 @pytest.mark.slow
@@ -191,16 +191,8 @@ def test_an_sft_stage_cut_short_resumes_from_its_checkpoint_under_the_same_setti
         "model.name=tiny", "trainer.precision=fp32", "run.threads=1", "run.progress=false", "task.n_train=64",
         "task.n_heldout=8", "pref.batch_size=16", "pref.max_len=64", "run.checkpoint_every=2"],
         "stages": [{"name": "s", "kind": "sft"}]}))
-    real, calls = Trainer.train_step, []
-
-    def power_cut(self, *a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("power cut")
-        return real(self, *a, **k)
-
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "train_step", power_cut)
+        m.setattr(Trainer, "train_step", at_train_step(3, power_cut))
         with pytest.raises(RuntimeError, match="power cut"):
             pipeline.run_pipeline(path)
     stage = tmp_path / "p" / "s"

@@ -6,7 +6,7 @@ import os
 import signal
 
 import pytest
-from helpers import TINY_ROWS, cli, tiny_cfg
+from helpers import TINY_ROWS, at_train_step, cli, tiny_cfg
 
 from rlpost.recipes import offline, online, rl
 from rlpost.recipes.online import run_online_dpo
@@ -27,15 +27,7 @@ def lines(path):
 @pytest.fixture
 def sigint_at_step_2(monkeypatch):
     """SIGINT to this process during the offline trainer's second optimizer step (arrives mid-step)."""
-    calls, step = [], Trainer.train_step
-
-    def train_step(self, *a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return step(self, *a, **kw)
-
-    monkeypatch.setattr(Trainer, "train_step", train_step)
+    monkeypatch.setattr(Trainer, "train_step", at_train_step(2, lambda: os.kill(os.getpid(), signal.SIGINT)))
 
 
 @pytest.mark.parametrize("kind", ["sft", "rm", "dpo"])

@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -328,6 +329,21 @@ def _trainer_keys(ckpt: Path) -> set[str]:
         trainer = torch.load(ckpt / "trainer.pt", map_location=device.CPU, weights_only=False)
     check(trainer, TRAINER, f"{ckpt.name}/trainer.pt")
     return set(trainer)
+
+
+@contextmanager
+def fitting(step: int):
+    """Around putting a checkpoint's state back into a run (the RL loop's, an offline run's): state that fits
+    its schema but not this run (an optimizer of other parameters, another task mix) is one ConfigError
+    naming the checkpoint; a field its schema refused is named already and passes as it is."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+        what = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"checkpoint step_{step:06d}: its trainer.pt or state.pt does not fit this run "
+                          f"({type(e).__name__}: {what}); was it written by another kind of run?") from None
 
 
 def load_into(model: torch.nn.Module, weights: dict, source: str) -> None:

@@ -270,21 +270,17 @@ def checkpointer(cfg: config.Config, run_dir: Path, kind: str, trainer: Trainer,
 
 def load_state(trainer: Trainer, trainer_state: dict, state: dict) -> int:
     """Put a checkpoint's optimizer, schedule, adapters, head and RNG back; the step it was taken after.
-    State that fits its schema but not this run (an optimizer of other parameters) is one line."""
-    try:
+    State that fits its schema but not this run (an optimizer of other parameters) is one line
+    (checkpoint.fitting); the data order and the loss before training are checked here, used later."""
+    with checkpoint.fitting(state["step"]):
         trainer.load_state_dict(trainer_state)
         torch.set_rng_state(state["torch_rng"])
         order, rng = state["stream"]["order"], state["stream"]["rng"]
         if not (isinstance(order, list) and all(isinstance(i, int) for i in order)):
             raise ValueError("stream.order is not a list of row numbers")
         random.Random().setstate(rng)
-        before = state["offline_before"]
-        if not isinstance(before, dict):
+        if not isinstance(state["offline_before"], dict):
             raise ValueError("offline_before is not the held-out loss's metrics")
-    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
-        what = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise config.ConfigError(f"checkpoint step_{state['step']:06d}: its trainer.pt or state.pt does not fit this "
-                                 f"run ({what}); was it written by another kind of run?") from None
     return state["step"]
 
 

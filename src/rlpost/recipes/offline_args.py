@@ -52,8 +52,8 @@ def main(args, recipe: str | None, overrides: list[str], keys: list[str], names_
         raise config.ConfigError("--start-over: only with --resume RUN_DIR")
     refuse_ignored(args.command, keys)
     cfg = machine.check(config.load(recipe, overrides))
-    if args.command == "dpo" and cfg.pref.online_rounds == 0:  # on fixed rows: it samples nothing
-        refuse_ignored("dpo_rows", keys)
+    if (reads := reads_as(cfg, args.command)) != args.command:  # dpo on fixed rows samples nothing
+        refuse_ignored(reads, keys)
     run_dir = folders.run_path(cfg.run.out_dir, cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
     runfolder.check_new(run_dir, "pick another run.name", "run.name")
     training("preflight")(cfg, args.command)  # its rows and the model's limits, before the folder exists
@@ -66,10 +66,16 @@ def main(args, recipe: str | None, overrides: list[str], keys: list[str], names_
     return 0
 
 
+def reads_as(cfg: config.Config, command: str) -> str:
+    """The entry of config_check.IGNORED that says what `rlpost COMMAND` reads under ``cfg``: dpo on fixed rows
+    (pref.online_rounds=0) reads less than online DPO, ``dpo_rows``."""
+    return "dpo_rows" if command == "dpo" and cfg.pref.online_rounds == 0 else command
+
+
 def resumable(cfg: config.Config, kind: str) -> bool:
     """Whether `rlpost KIND` keeps checkpoints a resume goes on from: RL and the runs on fixed rows (sft,
     rm, offline dpo); rsft and online DPO run in rounds, each sampling from the last, and keep none."""
-    return kind in ("rl", "train", "sft", "rm") or (kind == "dpo" and cfg.pref.online_rounds == 0)
+    return kind in ("rl", "train", "sft", "rm") or reads_as(cfg, kind) == "dpo_rows"
 
 
 def resume(args, recipe: str | None, overrides: list[str], keys: list[str], names_run, training) -> int:
@@ -84,7 +90,7 @@ def resume(args, recipe: str | None, overrides: list[str], keys: list[str], name
     refuse_ignored(args.command, keys)
     runfolder.check_resume(run_dir, args.command)
     old, cfg = runconfig.load_run(run_dir, overrides)
-    unread = IGNORED["dpo_rows" if args.command == "dpo" and old.pref.online_rounds == 0 else args.command]
+    unread = IGNORED[reads_as(old, args.command)]
     read = READ.get(args.command, ())  # (rm reads algo.critic_lr of the algo section it otherwise ignores)
     changes = config.resume_changes(old, cfg, tuple(p for p in unread if not any(k.startswith(p) for k in read)))
     machine.check(cfg)

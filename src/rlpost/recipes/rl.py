@@ -356,19 +356,13 @@ def resume_state(roles: Roles, stream: PromptStream | MixedStream, trainer_state
     """Put a checkpoint's run state back (optimizer, stream position, RNG, algorithm state), give
     the sampler the trainer's weights, then call ``on_resumed``; returns the step it was taken after.
     State that fits its schema but not this run (an optimizer of other parameters, another task
-    mix) is one line."""
-    try:
+    mix) is one line (checkpoint.fitting; a field its schema refused, the stream's position, is named already)."""
+    with checkpoint.fitting(state["step"]):
         roles.trainer.load_state_dict(trainer_state)
         stream.load_state_dict(state["stream"])
         torch.set_rng_state(state["torch_rng"])
         roles.algo.load_state_dict(state)
         roles.load_sampling_state(state)  # a Ray pool's chunk seeds go on from there
-    except ConfigError:  # a field its schema refused (the stream's position): named already
-        raise
-    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
-        what = str(e).splitlines()[0] if str(e) else ""
-        raise ConfigError(f"checkpoint step_{state['step']:06d}: its trainer.pt or state.pt does not fit this run "
-                          f"({type(e).__name__}: {what}); was it written by another kind of run?") from None
     # The sampler holds the checkpoint's weights (with LoRA: only the base): give it the trainer's, versioned.
     roles.rollout.load_weights(roles.trainer.weights(), version=state["step"])
     if on_resumed is not None:
