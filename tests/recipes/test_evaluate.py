@@ -82,6 +82,21 @@ def test_eval_cli_reports_pass_at_k_and_saves_every_sample(tmp_path):
     assert bad.returncode == 2 and "--k" in bad.stderr
 
 
+def test_eval_samples_are_drawn_from_run_seed_whatever_was_drawn_before(tmp_path):
+    # in one process (a notebook, rlpost.Trainer then eval) the torch RNG carries what earlier work drew
+    import torch
+    from helpers import TINY_EVAL, cli
+
+    texts = []
+    for name, before in (("a", 1), ("b", 2), ("c", 2)):
+        torch.manual_seed(before)
+        seed = ["run.seed=7"] if name == "c" else []
+        p = cli("eval", "tiny", *TINY_EVAL, *seed, "--samples", "4", "--out", str(tmp_path / f"{name}.jsonl"))
+        assert p.returncode == 0, p.stderr
+        texts.append([json.loads(x)["completion"] for x in (tmp_path / f"{name}.jsonl").read_text().splitlines()])
+    assert texts[0] == texts[1] and texts[1] != texts[2]
+
+
 def test_eval_keeps_a_source_name_with_eval_in_it(tmp_path):
     from helpers import tiny_cfg
 

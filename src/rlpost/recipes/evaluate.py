@@ -216,7 +216,7 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
     """(greedy held-out accuracy, problems used, sampled summary) of cfg.model, with checkpoint
     `weights` if given; n = 0 uses every held-out problem (``n_key``: where n was set, for the line
     that says the set is smaller). With samples > 0 it also draws that many
-    completions per problem at rollout.temperature and reports pass@1, pass@k and maj@k for each
+    completions per problem at rollout.temperature, drawn from run.seed, and reports pass@1, pass@k and maj@k for each
     k in ks; `dump` receives every record (the sampled ones when there are: `rlpost eval`'s file),
     or with `sample_dump` the greedy ones, the sampled going there (eval SUITE keeps both). A mix's
     summary has each family's greedy accuracy (heldout_accuracy/<family>). ``task``: cfg.task built already."""
@@ -237,6 +237,7 @@ def heldout_accuracy(cfg: config.Config, weights: dict | None = None, n: int = 0
         if not samples:
             return acc, len(rows), {**per_task, **found}
         rollout = cfg.rollout
+        torch.manual_seed(cfg.run.seed)  # as curate's pass rates and the pass@k curve: the same samples each time
         records = sample_records(roles, rows, samples, rollout.temperature, rollout.top_p, rollout.max_new_tokens,
                                  cfg.run.eval_batch_size, f"{samples} samples", cfg.run.progress)
         if (sample_dump or dump) is not None:
