@@ -125,6 +125,9 @@ def test_options_a_command_would_ignore_are_refused(tmp_path, capsys):
         (["rm", "algo.icepop_c=2"], "algo.icepop_c: rlpost rm would ignore it"),  # algo.critic_lr it reads
         (["dpo", "algo.name=nonsense_algo"], "algo.name: rlpost dpo would ignore it"),
         (["dpo", "algo.tis_cap=2"], "algo.tis_cap: rlpost dpo would ignore it"),
+        # pref.batch_size rows make an offline step, one pass over them: RL's step sizes were taken and dropped
+        (["sft", "trainer.epochs=2"], "trainer.epochs: rlpost sft would ignore it (supervised fine-tuning runs in"),
+        (["rsft", "trainer.mini_batch_size=8"], "pref.batch_size rows make one optimizer step"),
         (["train", "dist.max_staleness=3"], "dist.max_staleness: samples lag the policy only where"),
     ]
     for argv, message in cases:

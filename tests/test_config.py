@@ -32,7 +32,7 @@ from rlpost.types.errors import ConfigError, ConfigProblems
     ("nosuch.key=1", "nosuch.key: unknown section nosuch"),
     ("task.prompt_format=raw",
      "task.prompt_format: raw feeds task.data's string prompts as they are: it needs task.data"),
-    ("trainer.micro_batch_size=7", "trainer.micro_batch_size: expected a divisor of the mini-batch (128), got 7"),
+    ("trainer.mini_batch_size=48", "trainer.mini_batch_size: expected a divisor of the rollout batch (128), got 48"),
     ("rollout.group_size=1", "rollout.group_size: expected >= 2 for GRPO"),
     ("algo.kl_target=0.01", "algo.kl_target: adaptive KL starts from kl_coef"),
     ("algo.overlong_buffer=17", "algo.overlong_buffer: expected <= rollout.max_new_tokens (16), got 17"),
@@ -319,15 +319,23 @@ def test_the_python_trainer_names_every_bad_key_at_once():
     assert [line.split(":")[0] for line in str(e.value).splitlines()] == ["task.bad", "algo.x", "run.steps"]
 
 
+def test_micro_batch_size_is_a_cap_not_a_divisor():
+    # the trainer cuts a mini-batch into ceil(mini / micro) micro-batches, the last smaller, and accumulates the
+    # whole mini-batch's gradient either way (tests/roles/test_trainer.py's uneven cuts); so 7 of 128 loads, and
+    # sft's pref.batch_size=8 with 3 is not refused by RL's mini-batch of 128, which it does not use
+    assert config.load(None, ["trainer.micro_batch_size=7"]).derived.micro_batch_size == 7
+    assert config.load(None, ["trainer.micro_batch_size=3", "pref.batch_size=8"]).trainer.micro_batch_size == 3
+
+
 def test_every_cross_field_rule_broken_is_named_at_once():
     # three rules of the sizes, the KL schedule and the topology, each broken: three lines, not the first alone
     from rlpost import config_check
     from rlpost.types.errors import ConfigProblems
 
     with pytest.raises(ConfigProblems) as e:
-        config_check.load(None, ["trainer.micro_batch_size=3", "algo.kl_target=0.1", "dist.trainer_ranks=2"],
+        config_check.load(None, ["trainer.mini_batch_size=48", "algo.kl_target=0.1", "dist.trainer_ranks=2"],
                           on_this_machine=False)
-    assert [p.split(":")[0] for p in e.value.problems] == ["trainer.micro_batch_size", "algo.kl_target",
+    assert [p.split(":")[0] for p in e.value.problems] == ["trainer.mini_batch_size", "algo.kl_target",
                                                             "dist.topology"], e.value.problems
     with pytest.raises(config.ConfigError) as one:  # one rule broken: its plain one line, as before
         config.load(None, ["algo.kl_target=0.1"])

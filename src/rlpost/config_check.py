@@ -165,9 +165,10 @@ def findable(top: str) -> bool:
 # so nothing the user asked for is silently dropped. Shared override sets (a pipeline's `base`)
 # are not checked here: each stage reads its own part of them.
 # What the runs on fixed rows and in rounds (sft, rsft, dpo, rm) do not read: pref.epochs or pref.online_rounds set
-# their length, and they take their held-out measure once before training and once after.
+# their length, pref.batch_size rows make each optimizer step (one pass over them: no trainer.epochs or
+# trainer.mini_batch_size), and they take their held-out measure once before training and once after.
 NO_STEPS = ("run.steps", "run.eval_every", "run.eval_n", "run.eval_batch_size", "run.passk_eval", "run.full_eval",
-            "run.early_stop_patience")
+            "run.early_stop_patience", "trainer.epochs", "trainer.mini_batch_size")
 # ... and what the runs on fixed rows (sft, rm, dpo without pref.online_rounds) do not read either: they grade
 # nothing, and keep no reference, critic or reward model to offload
 NO_GRADING = ("rollout.", "task.verifier_", "task.max_reward_error_frac", "task.sandbox", "offload.")
@@ -188,9 +189,10 @@ IGNORED = {
     "search": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
 }
 READ = {"rm": ("algo.critic_lr",)}  # keys a command reads inside a section it otherwise ignores: the scalar head's lr
-STEPS = ("it samples, grades and offloads nothing; pref.epochs sets its length, and its held-out loss is taken before "
-         "and after training")
-ROUNDS = "pref.online_rounds sets its length, and its held-out loss is taken before and after each round"
+STEPS = ("it samples, grades and offloads nothing; pref.epochs sets its length, pref.batch_size rows make one optimizer "
+         "step, and its held-out loss is taken before and after training")
+ROUNDS = ("pref.online_rounds sets its length, pref.batch_size rows make one optimizer step, and its held-out loss is "
+          "taken before and after each round")
 WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",
        "sft": f"supervised fine-tuning runs in one process, on fixed rows, with the NLL loss; {STEPS}",
        "rsft": f"rejection-sampling SFT samples its own rows and trains them with the NLL loss; {ROUNDS}",

@@ -15,9 +15,6 @@ def consistency_problems(cfg: Config) -> list[str]:
         (sizes.batch_size % sizes.mini_batch_size,
          f"trainer.mini_batch_size: expected a divisor of the rollout batch ({sizes.batch_size}), got "
          f"{sizes.mini_batch_size}"),
-        (sizes.mini_batch_size % sizes.micro_batch_size,
-         f"trainer.micro_batch_size: expected a divisor of the mini-batch ({sizes.mini_batch_size}), got "
-         f"{sizes.micro_batch_size}"),
         (rollout.filter_min_pass_rate > rollout.filter_max_pass_rate,
          f"rollout.filter_min_pass_rate: expected <= rollout.filter_max_pass_rate ({rollout.filter_max_pass_rate}), "
          f"got {rollout.filter_min_pass_rate}"),
