@@ -171,15 +171,18 @@ def test_bwraps_own_init_is_out_of_the_programs_reach():
 
 
 @needs_cgroup
-def test_run_cgroup_has_the_caps_and_is_gone_after(backend):
-    """While the program runs, the parent reads its cgroup's caps; afterwards it is removed."""
+def test_run_cgroup_has_the_caps_and_is_gone_after(backend, monkeypatch):
+    """While the program runs, the parent reads its cgroup's caps; afterwards it is removed. The cgroup watched is
+    the one this run made (its name taken as it is made): another test's sandbox run on the machine at the same
+    time (an xdist worker beside this one) makes its own rlpost-slot cgroups, with other caps."""
     host = isolation.cgroup_host()
-    seen = {}
+    seen, ours, real = {}, [], isolation.RunCgroup
+    monkeypatch.setattr(isolation, "RunCgroup", lambda h, name, *a, **kw: ours.append(name) or real(h, name, *a, **kw))
 
     def watch():
         while not done.is_set() and not seen:
             for name in os.listdir(host.pids):
-                if name.startswith("rlpost-slot") and name not in before:
+                if name in ours:
                     mem = "memory.max" if host.version == 2 else "memory.limit_in_bytes"
                     try:
                         pids = open(f"{host.pids}/{name}/pids.max").read().strip()
@@ -190,7 +193,6 @@ def test_run_cgroup_has_the_caps_and_is_gone_after(backend):
                         pass
             time.sleep(0.01)
 
-    before = set(os.listdir(host.pids))  # other processes' runs on this machine
     done = threading.Event()
     t = threading.Thread(target=watch)
     t.start()
