@@ -55,7 +55,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_IN_REPO = {
     # what a run writes into runs/<name>/ (the docs name them to say where to look)
     "config.yaml", "metrics.jsonl", "summary.json", "report.html", "eval_before.jsonl", "eval_after.jsonl",
-    "eval_samples.jsonl", "checkpoints", "samples", "verifier.log", "env.log", "config.resume-N.yaml",
+    "eval_samples.jsonl", "checkpoints", "samples", "verifier.log", "env.log", "config.resume-N.yaml", "rounds.json",
     # example user files, and a model folder's own config
     "my.jsonl", "gsm8k.jsonl", "math.jsonl",
     "gsm8k_test.jsonl", "test.jsonl", "config.json", "my_module.py", "my_rewards.py", "my_reward.py",

@@ -47,7 +47,7 @@ from rlpost.config_check import refuse_ignored
 from rlpost.console import Parser, say, stdout_gone
 from rlpost.model.layout import candidates
 from rlpost.observe import runfolder
-from rlpost.recipes import curate, eval_args, offline_args, search_args, serve, suite
+from rlpost.recipes import curate, eval_args, offline_args, round_state, search_args, serve, suite
 from rlpost.recipes.guard import SIGNALS, startup_signals
 from rlpost.recipes.suite import eval_table
 from rlpost.types import folders
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C, or another stop signal (Interrupted)
         signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
         what = e.message if isinstance(e, Interrupted) and e.message else f"stopped by {signal.Signals(signum).name}"
-        resume = resume_hint(e, argv[0]) if argv[:1] in (["train"], ["sft"], ["dpo"], ["rm"]) else ""
+        resume = resume_hint(e, argv[0]) if argv[:1] in (["train"], ["sft"], ["rsft"], ["dpo"], ["rm"]) else ""
         if isinstance(e, Interrupted) and e.saved is not None:  # steps are logged: their plots can be read now
             run_dir = getattr(e, "run_dir", None) or "RUN_DIR"
             resume += f"; `rlpost report {run_dir}` writes the report of the steps so far"
@@ -181,12 +181,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def resume_hint(stop: KeyboardInterrupt, command: str = "train") -> str:
-    """What a stopped `rlpost train` (or sft, dpo, rm) says of resuming: the command only where its run
-    folder (``_names_run``) holds a checkpoint; a start stopped before its first one left no folder."""
+    """What a stopped `rlpost train` (or sft, rsft, dpo, rm) says of resuming: the command only where its run
+    folder (``_names_run``) holds a checkpoint, or for a run in rounds its rounds.json (recipes/round_state.py);
+    a start stopped before its first one left no folder."""
     run_dir = getattr(stop, "run_dir", None)
     if run_dir is None:  # stopped before a run folder was named
         return ""
-    if candidates(run_dir, quiet=True):
+    if candidates(run_dir, quiet=True) or (run_dir / round_state.STATE).is_file():
         return f" (`rlpost {command} --resume {run_dir}` continues from the last checkpoint)"
     return ("; nothing was saved, and no run folder is left" if not run_dir.exists()
             else f"; {run_dir} holds no checkpoint yet to resume from")
@@ -444,12 +445,11 @@ def cmd_offline(args) -> int:
 
 def offline_training(name: str):
     """For offline_args (sft, rsft, dpo, rm): recipes/offline.py's ``preflight``, recipes/pipeline.py's
-    ``train_stage``, model/checkpoint.py's ``newest_intact``; torch loads once their configs passed."""
-    from rlpost.model import checkpoint
+    ``train_stage`` and ``resume_point``; torch loads once their configs passed."""
     from rlpost.recipes import offline, pipeline
 
     return {"preflight": offline.preflight, "train_stage": pipeline.train_stage,
-            "newest_intact": checkpoint.newest_intact}[name]
+            "resume_point": pipeline.resume_point}[name]
 
 
 def cmd_pipeline(args) -> int:

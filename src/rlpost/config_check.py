@@ -189,8 +189,8 @@ IGNORED = {
     "search": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
 }
 READ = {"rm": ("algo.critic_lr",)}  # keys a command reads inside a section it otherwise ignores: the scalar head's lr
-STEPS = ("it samples, grades and offloads nothing; pref.epochs sets its length, pref.batch_size rows make one optimizer "
-         "step, and its held-out loss is taken before and after training")
+STEPS = ("it samples, grades and offloads nothing; pref.epochs sets its length, pref.batch_size rows make one "
+         "optimizer step, and its held-out loss is taken before and after training")
 ROUNDS = ("pref.online_rounds sets its length, pref.batch_size rows make one optimizer step, and its held-out loss is "
           "taken before and after each round")
 WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation trains nothing",

@@ -204,3 +204,31 @@ def test_an_sft_stage_cut_short_resumes_from_its_checkpoint_under_the_same_setti
     assert "stage s: cut short before, resuming from step_000002" in capsys.readouterr().err
     lines = [json.loads(x) for x in (stage / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3, 4] and (stage / "model" / "model.safetensors").exists()
+
+
+def test_an_rsft_stage_cut_short_goes_on_from_its_last_round(tmp_path, monkeypatch, capsys):
+    """A stage in rounds (rsft here; online DPO is the same code) keeps RUN/rounds.json: a crash during round 2's
+    training and the pipeline again go on with round 2's rows, not from round 1."""
+    from rlpost.recipes import pipeline, rsft
+
+    monkeypatch.setattr(pipeline, "model_accuracy", lambda cfg, model: 0.0)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"name": "p", "out_dir": str(tmp_path), "base": [
+        *[o for o in TINY if not o.startswith(("run.steps", "run.passk_eval"))], "pref.online_rounds=2",
+        "pref.online_prompts=8", "pref.batch_size=2", "task.verifier=toy_verifiers:odd_length"],
+        "stages": [{"name": "r", "kind": "rsft"}]}))
+    real, calls = rsft.accepted_rows, []
+    monkeypatch.setattr(rsft, "accepted_rows", lambda *a: calls.append(1) or real(*a))
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "train_offline", lambda cfg, rdir, kind, resume=False: power_cut())
+        m.setattr("rlpost.recipes.online.train_offline", lambda cfg, rdir, kind, resume=False: power_cut())
+        with pytest.raises(RuntimeError, match="power cut"):
+            pipeline.run_pipeline(path)
+    assert len(calls) == 1  # round 1 sampled, then its training was cut
+    capsys.readouterr()
+    pipeline.run_pipeline(path)
+    assert "stage r: cut short before, resuming from round 1 (the base model measured) (round 1's samples kept)" \
+        in capsys.readouterr().err
+    assert len(calls) == 2  # round 2's sampling only: round 1's rows were on disk
+    summary = json.loads((tmp_path / "p" / "r" / "summary.json").read_text())
+    assert [r["round"] for r in summary["rounds"]] == [0, 1, 2]

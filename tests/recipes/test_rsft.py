@@ -82,3 +82,83 @@ def test_the_final_model_links_the_last_round_or_says_nothing_trained(tmp_path, 
     (tmp_path / "round_3" / "model").mkdir(parents=True)
     assert final_model(tmp_path, str(tmp_path / "round_3" / "model"), "tiny") == str(tmp_path / "model")
     assert (tmp_path / "model").is_symlink() and not (tmp_path / "model").readlink().is_absolute()
+
+
+@pytest.mark.parametrize("command", ["rsft", "dpo"])
+def test_a_run_in_rounds_cut_short_goes_on_as_the_uninterrupted_one(tmp_path, monkeypatch, command):
+    """rsft and online DPO keep RUN/rounds.json (recipes/round_state.py). Three crashes, each followed by
+    `--resume`: during round 2's training (its rows are on disk and its folder checkpoints every step: it trains
+    on from there), after round 2 trained but before its held-out measure (it is measured, not trained again),
+    and while round 3 samples (it samples again, drawing the prompts and samples the uninterrupted run drew).
+    The rounds' records, the metric lines and the final weights equal the uninterrupted run's."""
+    from safetensors.torch import load_file
+
+    from helpers import TINY_ROUNDS, at_train_step, cli, power_cut
+    from rlpost.recipes import online, rsft
+
+    args = [command, *TINY_ROUNDS, "pref.online_rounds=3", "pref.online_prompts=8", "pref.batch_size=2",
+            "task.verifier=toy_verifiers:odd_length", "run.checkpoint_every=1", f"run.out_dir={tmp_path}",
+            *(["pref.rsft_keep=all"] if command == "rsft" else [])]
+    assert cli(*args, "run.name=whole").returncode == 0
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    first = len((whole / "round_1" / "metrics.jsonl").read_text().splitlines())  # round 1's optimizer steps
+
+    def crash_at(n, real):
+        calls = []
+
+        def wrapper(*a, **kw):
+            calls.append(1)
+            if len(calls) == n:
+                power_cut()
+            return real(*a, **kw)
+        return wrapper
+
+    from rlpost.roles.trainer import Trainer
+
+    collect = "accepted_rows" if command == "rsft" else "onpolicy_pairs"
+    module = rsft if command == "rsft" else online
+    cuts = [(Trainer, "train_step", at_train_step(first + 2, power_cut)),  # round 2's second step
+            (online, "model_accuracy", crash_at(1, online.model_accuracy)),  # the resume's first: round 2's
+            (module, collect, crash_at(1, getattr(module, collect)))]  # the next resume's first: round 3's
+    for i, (where, name, patched) in enumerate(cuts):
+        monkeypatch.setattr(where, name, patched)
+        with pytest.raises(RuntimeError, match="power cut"):
+            cli(*args, "run.name=cut") if i == 0 else cli(command, "--resume", str(cut))
+        monkeypatch.undo()
+        state = json.loads((cut / "rounds.json").read_text())
+        assert (state["done"], state.get("pending", {}).get("round")) == [(1, 2), (1, 2), (2, None)][i], state
+    r = cli(command, "--resume", str(cut))
+    assert r.returncode == 0 and "resuming from the end of round 2" in r.stderr, r.stderr
+    a, b = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("whole", "cut"))
+    assert a["rounds"] == b["rounds"] and len(a["rounds"]) == 4
+    assert all(r.get("skipped") is None for r in a["rounds"])  # every round trained: the test covers training
+    lines = [[json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+             for name in ("whole", "cut")]
+    assert [x["step"] for x in lines[1]] == [1, 2, 3] and lines[0] == lines[1]
+    wa, wb = (load_file(tmp_path / name / "model" / "model.safetensors") for name in ("whole", "cut"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert cli(command, "--resume", str(cut)).returncode == 2  # finished: refused
+
+
+def test_a_run_in_rounds_with_nothing_to_go_on_from_names_start_over(tmp_path):
+    """No rounds.json (stopped while measuring its base model) or a damaged one: --resume refuses in one line naming
+    --start-over, which trains the run again from round 1, the earlier round folders replaced."""
+    from helpers import TINY_ROUNDS, cli
+
+    args = ["rsft", *TINY_ROUNDS, "pref.online_prompts=8", "pref.batch_size=4",
+            "task.verifier=toy_verifiers:odd_length", f"run.out_dir={tmp_path}", "run.name=r"]
+    assert cli(*args).returncode == 0
+    run = tmp_path / "r"
+    before = (run / "round_1" / "accepted.jsonl").read_text()
+    (run / "summary.json").unlink()
+    for damage, said in ((lambda p: p.unlink(), "nothing to go on from (it stopped while measuring its base model"),
+                         (lambda p: p.write_text("{"), "rounds.json: not readable JSON")):
+        damage(run / "rounds.json")
+        r = cli("rsft", "--resume", str(run))
+        assert r.returncode == 2 and said in r.stderr and "--start-over" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    (run / "round_1" / "stale").write_text("from the earlier start")
+    r = cli("rsft", "--resume", str(run), "--start-over")
+    assert r.returncode == 0 and "resuming from round 1 (--start-over)" in r.stderr, r.stderr
+    assert not (run / "round_1" / "stale").exists() and (run / "round_1" / "accepted.jsonl").read_text() == before
+    assert json.loads((run / "rounds.json").read_text())["done"] == 1

@@ -63,7 +63,7 @@ def write_model(run_dir: Path, model: config.ModelConfig, seed: int, step: int |
         return staged(run_dir, model, seed, step, out)[2]()
     run_dir = Path(run_dir)
     ckpt = checkpoint_to_export(run_dir, step)
-    if ckpt is None:  # a run that keeps no checkpoints (rsft, online DPO): its adapter folder is final
+    if ckpt is None:  # no checkpoints of its own (rsft, online DPO: its rounds' are in round_N/): its adapter is final
         return copy_final(run_dir, out, "adapter")
     out = Path(out) if out else in_run(run_dir, "adapter", step)
     loaded = load_policy(model.name, dtype=torch.float32, seed=seed)
@@ -100,7 +100,7 @@ def staged(run_dir: Path, model: config.ModelConfig, seed: int, step: int | None
     whose folder carries its scalar head (``value_head``)."""
     run_dir = Path(run_dir)
     ckpt = checkpoint_to_export(run_dir, step)
-    if ckpt is None:  # a run that keeps no checkpoints (rsft, online DPO): its model folder is final
+    if ckpt is None:  # no checkpoints of its own (rsft, online DPO: its rounds' are in round_N/): its model is final
         return Path(out) if out else run_dir / "model", None, lambda: copy_final(run_dir, out, "model")
     out = Path(out) if out else in_run(run_dir, "model", step)
     loaded = merged(ckpt, model, seed)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +47,7 @@ from rlpost.types import folders
 from rlpost.types.errors import ConfigError
 
 LOCK = folders.LEGACY_LOCK
+ROUNDS = "rounds.json"  # where a run in rounds (rsft, online DPO) stands: recipes/round_state.py
 
 
 class HeldElsewhere(ConfigError):
@@ -57,12 +59,14 @@ def has_run_data(run_dir: Path) -> bool:
     metrics = run_dir / "metrics.jsonl"
     return (bool(candidates(run_dir, quiet=True)) or (run_dir / "summary.json").exists()
             or (run_dir / "model").exists() or (metrics.is_file() and metrics.stat().st_size > 0)
-            or (run_dir / "pipeline.json").exists())
+            or (run_dir / "pipeline.json").exists() or (run_dir / ROUNDS).exists())
 
 
 def progress(run_dir: Path) -> tuple:
-    """What a resume adds to: its newest checkpoint, its summary."""
-    return [p.name for p in candidates(run_dir, quiet=True)][:1], (run_dir / "summary.json").exists()
+    """What a resume adds to: its newest checkpoint, its summary, a run in rounds' record of where it stands."""
+    rounds = run_dir / ROUNDS
+    return ([p.name for p in candidates(run_dir, quiet=True)][:1], (run_dir / "summary.json").exists(),
+            rounds.read_bytes() if rounds.is_file() else None)
 
 
 # The paths a run writes, and what each must be if it is already there (checked before any write).
@@ -71,7 +75,7 @@ WRITES = {
     ".summary.json.tmp": "file", "report.html": "file", ".report.html.tmp": "file", "verifier.log": "file",
     "samples": "folder", "model": "folder", "checkpoints": "folder", "checkpoints/latest": "file",
     "checkpoints/.latest.tmp": "file", "data": "folder", "pipeline.json": "file", "env.log": "file",
-    "agent.log": "file",
+    "agent.log": "file", ROUNDS: "file", f".{ROUNDS}.tmp": "file",
 }
 # The logs a failed start keeps when they hold its code's output: its error line names them (recipes/guard.py)
 LOGS = ("verifier.log", "env.log", "agent.log")
@@ -84,7 +88,8 @@ LOGGER_FOLDERS = ("tensorboard", "mlruns", "wandb")
 def leftover(name: str) -> bool:
     """Whether a top-level entry of a run folder is one a start writes (what a start that got nowhere left)."""
     return (name in {rel.partition("/")[0] for rel in WRITES} or name in LOGGER_FOLDERS
-            or name.startswith(FUNCS_PREFIX) or (name.startswith("config.resume-") and name.endswith(".yaml")))
+            or name.startswith(FUNCS_PREFIX) or (name.startswith("config.resume-") and name.endswith(".yaml"))
+            or re.fullmatch(r"round_\d+", name) is not None)  # a run in rounds' round folders
 
 
 def check_writes(run_dir: Path) -> None:
@@ -175,7 +180,7 @@ def made_by(path: Path) -> str | None:
 
 def check_resume(path: Path, command: str = "train") -> None:
     """That ``path`` is a run folder `rlpost COMMAND --resume` may go on with: one that command made
-    (train: an RL run; sft, dpo, rm: their own runs, by the folder's marker)."""
+    (train: an RL run; sft, rsft, dpo, rm: their own runs, by the folder's marker)."""
     if not path.is_dir():
         raise ConfigError(f"--resume {path}: {'no such folder' if not path.exists() else 'not a folder'}")
     owner = folders.kind_of(path)
@@ -188,10 +193,9 @@ def check_resume(path: Path, command: str = "train") -> None:
         raise ConfigError(f"--resume {path}: no config.yaml there; is it a run folder?")
     made = made_by(path) or "train"  # --start-over would write an RL run over an sft run's model, and so on
     if made != command:
-        how = (f"rlpost {made} --resume {path} continues it" if made in ("train", "sft", "dpo", "rm")
-               else f"rlpost {made} keeps no checkpoints: run it again, under another run.name")
         raise ConfigError(f"--resume {path}: an rlpost {made} run, and rlpost {command} --resume continues "
-                          f"{'RL' if command == 'train' else command} runs only ({how})")
+                          f"{'RL' if command == 'train' else command} runs only (rlpost {made} --resume {path} "
+                          "continues it)")
 
 
 @contextmanager

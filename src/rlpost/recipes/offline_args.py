@@ -14,6 +14,7 @@ from rlpost.config_check import IGNORED, READ, refuse_ignored
 from rlpost.console import say
 from rlpost.observe import runfolder
 from rlpost.types import folders
+from rlpost.types.errors import DataError
 
 
 def add_parsers(sub, options: str) -> None:
@@ -31,14 +32,17 @@ def add_parsers(sub, options: str) -> None:
                            + ". Writes RUN_DIR/model (a trained run; one whose rounds trained nothing says so).")
         k.add_argument("args", nargs="*", metavar="RECIPE|key=value", help="a recipe YAML, then dotted overrides")
         k.add_argument("--resume", metavar="RUN_DIR",
-                       help="rsft runs in rounds and keeps no checkpoints: refused" if kind == "rsft" else
-                       f"continue an rlpost {kind} run from its newest intact checkpoint; overrides may change only "
-                       "what a resume can (run.threads, trainer.lr, ...: an error lists them)"
-                       + ("; not online DPO (pref.online_rounds), which keeps no checkpoints" if kind == "dpo" else ""))
-        if kind != "rsft":
-            k.add_argument("--start-over", action="store_true",
-                           help="with --resume: a run folder with no intact checkpoint (stopped before its first) "
-                                "trains again from step 0, its metrics replaced, instead of refusing")
+                       help=f"continue an rlpost {kind} run from "
+                       + ("the end of its last round (a round sampled but not trained trains its rows, from its "
+                          "newest intact checkpoint)" if kind == "rsft" else "its newest intact checkpoint")
+                       + ("; online DPO (pref.online_rounds) from the end of its last round, as rsft"
+                          if kind == "dpo" else "")
+                       + "; overrides may change only what a resume can (run.threads, trainer.lr, ...: an error "
+                       "lists them)")
+        k.add_argument("--start-over", action="store_true",
+                       help="with --resume: a run folder with nothing to go on from (stopped before its first "
+                            "checkpoint, or its base model's measure) trains again from the start, its metrics "
+                            "replaced, instead of refusing")
 
 
 def main(args, recipe: str | None, overrides: list[str], keys: list[str], names_run, training) -> int:
@@ -72,10 +76,10 @@ def reads_as(cfg: config.Config, command: str) -> str:
     return "dpo_rows" if command == "dpo" and cfg.pref.online_rounds == 0 else command
 
 
-def resumable(cfg: config.Config, kind: str) -> bool:
-    """Whether `rlpost KIND` keeps checkpoints a resume goes on from: RL and the runs on fixed rows (sft,
-    rm, offline dpo); rsft and online DPO run in rounds, each sampling from the last, and keep none."""
-    return kind in ("rl", "train", "sft", "rm") or reads_as(cfg, kind) == "dpo_rows"
+def in_rounds(cfg: config.Config, kind: str) -> bool:
+    """Whether `rlpost KIND` runs in rounds, each sampling from the last (rsft, online DPO), and so goes on
+    from RUN/rounds.json (recipes/round_state.py) rather than from checkpoints of its own."""
+    return kind == "rsft" or (kind == "dpo" and reads_as(cfg, kind) == "dpo")
 
 
 def resume(args, recipe: str | None, overrides: list[str], keys: list[str], names_run, training) -> int:
@@ -84,9 +88,6 @@ def resume(args, recipe: str | None, overrides: list[str], keys: list[str], name
     if recipe is not None:
         raise config.ConfigError(f"--resume takes overrides only, not a recipe ({recipe})")
     run_dir = Path(args.resume)
-    if args.command == "rsft":
-        raise config.ConfigError(f"--resume {run_dir}: rlpost rsft runs in rounds, each sampling from the last, and "
-                                 "keeps no checkpoints; run it again under another run.name")
     refuse_ignored(args.command, keys)
     runfolder.check_resume(run_dir, args.command)
     old, cfg = runconfig.load_run(run_dir, overrides)
@@ -94,22 +95,28 @@ def resume(args, recipe: str | None, overrides: list[str], keys: list[str], name
     read = READ.get(args.command, ())  # (rm reads algo.critic_lr of the algo section it otherwise ignores)
     changes = config.resume_changes(old, cfg, tuple(p for p in unread if not any(k.startswith(p) for k in read)))
     machine.check(cfg)
-    if not resumable(cfg, args.command):
-        raise config.ConfigError(f"--resume {run_dir}: online DPO (pref.online_rounds={cfg.pref.online_rounds}) "
-                                 "keeps no checkpoints; run it again under another run.name")
     if (run_dir / "summary.json").is_file():  # the last thing a run writes: nothing is left to do
         raise config.ConfigError(f"--resume {run_dir}: the run is finished (its summary.json is written); its model "
                                  f"is {run_dir / 'model'}. To train more, start a new run from it: "
                                  f"model.name={run_dir / 'model'}")
     with names_run(run_dir), runfolder.claim(run_dir, "resume", command=args.command) as rf:
-        ckpt = training("newest_intact")(run_dir)
-        if ckpt is None and not args.start_over:
-            raise config.ConfigError(f"--resume {run_dir}: no intact checkpoint to resume from (it stopped before its "
-                                     "first); add --start-over to train it again from step 0 (its metrics are "
-                                     "replaced)")
-        say(f"run folder {run_dir}: resuming from {ckpt.name if ckpt else 'step 0 (--start-over)'}")
+        rounds = in_rounds(cfg, args.command)
+        try:
+            point = training("resume_point")(cfg, run_dir, args.command)
+        except DataError:  # a damaged rounds.json: its line names --start-over, which goes on without it
+            if not args.start_over:
+                raise
+            point = None
+        if point is None and not args.start_over:
+            raise config.ConfigError(
+                f"--resume {run_dir}: " + ("nothing to go on from (it stopped while measuring its base model, before "
+                                           "round 1)" if rounds else "no intact checkpoint to resume from (it stopped "
+                                           "before its first)")
+                + "; add --start-over to train it again from the start (its metrics are replaced)")
+        start = "round 1 (--start-over)" if rounds else "step 0 (--start-over)"
+        say(f"run folder {run_dir}: resuming from {point or start}")
         if changes:
             say(f"resuming with {'; '.join(changes)} (recorded in {rf.write_config(cfg).name})")
-        summary = training("train_stage")(cfg, run_dir, args.command, resume=ckpt is not None)
+        summary = training("train_stage")(cfg, run_dir, args.command, resume=point is not None)
     print(json.dumps(summary))
     return 0

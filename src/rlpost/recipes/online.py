@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 from pathlib import Path
 
@@ -21,14 +22,17 @@ import torch
 from rlpost import build, config
 from rlpost.console import say
 from rlpost.envs import build_task
+from rlpost.model import checkpoint
 from rlpost.model.checkpoint import write_atomic
 from rlpost.model.cores import Cores
 from rlpost.observe.loggers import Loggers
 from rlpost.observe.runlog import RunLog
 from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.guard import RunGuard, check_reward_failures
+from rlpost.recipes import round_state
 from rlpost.recipes.offline import train_offline
-from rlpost.types.errors import Interrupted, writing
+from rlpost.types.errors import DataError, Interrupted, writing
+from rlpost.types.schema import check
 
 
 def onpolicy_pairs(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[list[dict], dict]:
@@ -50,11 +54,12 @@ def onpolicy_pairs(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple
                    "online/prompts_without_pair": len(rows) - len(pairs)}
 
 
-def run_online_dpo(cfg: config.Config, run_dir: Path) -> dict:
-    """pref.online_rounds rounds of (sample -> pairs -> one DPO pass); returns the summary."""
+def run_online_dpo(cfg: config.Config, run_dir: Path, resume: bool = False) -> dict:
+    """pref.online_rounds rounds of (sample -> pairs -> one DPO pass); returns the summary. ``resume``: go on
+    from RUN/rounds.json (sampled_rounds)."""
     return sampled_rounds(cfg, run_dir, cfg.pref.online_rounds, onpolicy_pairs, "dpo", "online_dpo",
                           "pairs.jsonl", "fewer than 2 prompts gave a pair",
-                          ("pair_accuracy_after", "rewards/accuracy"))
+                          ("pair_accuracy_after", "rewards/accuracy"), resume)
 
 
 class RoundSinks:
@@ -98,7 +103,7 @@ def final_model(run_dir: Path, model: str, start: str) -> str:
 
 
 def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, kind: str, summary_kind: str,
-                   data_name: str, skip_reason: str, after: tuple[str, str]) -> dict:
+                   data_name: str, skip_reason: str, after: tuple[str, str], resume: bool = False) -> dict:
     """``n_rounds`` rounds of: K samples of ``pref.online_prompts`` training prompts from the current
     policy -> rows (``collect(roles, prompts, K, cfg) -> (rows, metrics)``) -> one ``kind`` pass of
     train_offline on them; the next round samples from the result (online DPO here, rejection-
@@ -106,49 +111,100 @@ def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, ki
     The rounds run in the scaffold every recipe runs in: each round's line goes to every run.loggers
     sink, and the sampling runs inside the run guard (a stop signal while a round samples stops the run
     before that round trains, the rounds before it saved); each round's training has train_offline's own
-    (its folder, signals, sinks). Returns the summary, also written to run_dir/summary.json."""
-    pref = cfg.pref
+    (its folder, checkpoints, signals, sinks). ``RUN/rounds.json`` records where the run stands
+    (recipes/round_state.py); ``resume`` goes on from it: a round whose rows are on disk trains them
+    without sampling again, from its folder's newest intact checkpoint where it has one, and a round
+    that trained but was not yet measured is measured. Returns the summary, also RUN/summary.json."""
     cores = Cores(cfg.run.threads)  # torch's threads while sampling, as the RL loop's (model/cores.py)
     task = build_task(cfg.task)
     rng = random.Random(cfg.run.seed)
-    model = cfg.model.name
-    rounds = [{"round": 0, "heldout_accuracy": model_accuracy(cfg, model)}]
+    state = round_state.read(run_dir, summary_kind) if resume else None
+    if state is None:
+        model, pending = cfg.model.name, None
+        rounds = [{"round": 0, "heldout_accuracy": model_accuracy(cfg, model)}]
+    else:
+        model, rounds, pending = state["model"], state["rounds"], state.get("pending")
+        rng.setstate(state["rng"])
+
+    def record(done: int, sampled: dict | None = None) -> None:
+        write_atomic(run_dir / round_state.STATE, round_state.text(summary_kind, done, model, rounds, rng.getstate(),
+                                                                   run_dir, sampled))
+
+    done = rounds[-1]["round"]
+    if state is None:
+        record(0)  # round 0, the base measured: a resume starts here
     sinks = RoundSinks(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us before round 1
-    log = RunLog(run_dir, n_rounds, 0, False, sinks, desc=summary_kind, rollouts=False, postfix=lambda m, history: {})
+    log = RunLog(run_dir, n_rounds, done, False, sinks, desc=summary_kind, rollouts=False,
+                 postfix=lambda m, history: {})
     log.begin()
     try:
         with RunGuard(cfg, saved="round's model") as guard:
-            for i in guard.steps(1, n_rounds):
-                sample_cfg = config.with_overrides(cfg, [f"model.name={model}", "algo.kl_coef=0", "algo.name=grpo"])
-                roles = build.build_roles(sample_cfg, task)
-                torch.manual_seed(cfg.run.seed + i)
-                try:
-                    cores.adjust()
-                    rows, metrics = collect(roles, rng.sample(task.train, min(pref.online_prompts, len(task.train))),
-                                            cfg.rollout.group_size, cfg)
-                finally:
-                    roles.close()
-                if guard.finish_step():  # a stop signal while sampling: this round does not train
-                    raise Interrupted(guard.signum, f"stopped by {signal.Signals(guard.signum).name} while round {i} "
-                                      f"sampled; the rounds before it are saved", saved=i - 1)
-                if len(rows) < 2:  # a training row and a held-out one at least
-                    rounds.append({"round": i, "skipped": skip_reason, **metrics})
-                    log.step(i, metrics)
-                    continue
+            for i in guard.steps(done + 1, n_rounds):
                 rdir = run_dir / f"round_{i}"
-                rdir.mkdir(parents=True, exist_ok=True)
                 data = rdir / data_name
-                write_atomic(data, "".join(json.dumps(x) + "\n" for x in rows))
-                round_cfg = config.with_overrides(cfg, [f"model.name={model}", f"pref.data={data}",
-                                                        "pref.online_rounds=0"])
-                summary = train_offline(round_cfg, rdir, kind)
+                if pending is not None and pending["round"] == i and data.is_file():  # sampled before the stop
+                    metrics = pending["metrics"]
+                else:
+                    if pending is not None and pending["round"] == i:
+                        say(f"{data}: missing, though {round_state.STATE} says round {i} sampled; it samples again")
+                    rows, metrics = sample_round(cfg, task, model, rng, collect, cores, i)
+                    if guard.finish_step():  # a stop signal while sampling: this round does not train
+                        raise Interrupted(guard.signum, f"stopped by {signal.Signals(guard.signum).name} while round "
+                                          f"{i} sampled; the rounds before it are saved", saved=i - 1)
+                    if len(rows) < 2:  # a training row and a held-out one at least
+                        rounds.append({"round": i, "skipped": skip_reason, **metrics})
+                        log.step(i, metrics)
+                        record(i)
+                        continue
+                    if rdir.exists():  # what a start of this round that rounds.json does not record left
+                        shutil.rmtree(rdir)
+                    rdir.mkdir(parents=True)
+                    write_atomic(data, "".join(json.dumps(x) + "\n" for x in rows))
+                    record(i - 1, {"round": i, "metrics": metrics})
+                summary = train_round(config.with_overrides(cfg, [f"model.name={model}", f"pref.data={data}",
+                                                                  "pref.online_rounds=0"]), rdir, kind)
                 model = summary["model"]
                 rounds.append({"round": i, **metrics, "heldout_accuracy": model_accuracy(cfg, model),
                                after[0]: summary["heldout_after"].get(after[1])})
                 log.step(i, {k: v for k, v in rounds[-1].items() if isinstance(v, (int, float)) and k != "round"})
+                record(i)
     finally:
         log.close()
     model = final_model(run_dir, model, cfg.model.name)
     return log.write_summary({"kind": summary_kind, "rounds": rounds, "model": model,
                               "heldout_before": rounds[0]["heldout_accuracy"],
                               "heldout_after": rounds[-1].get("heldout_accuracy")})
+
+
+def train_round(round_cfg: config.Config, rdir: Path, kind: str) -> dict:
+    """One pass of train_offline on the round's rows in ``rdir``; its summary. A pending round (its rows on disk
+    before a stop) goes on from its newest intact checkpoint, or, trained but not yet measured, is not trained
+    again: its summary.json is read."""
+    if (rdir / "summary.json").is_file():
+        return round_summary(rdir / "summary.json")
+    return train_offline(round_cfg, rdir, kind, resume=checkpoint.newest_intact(rdir) is not None)
+
+
+def round_summary(path: Path) -> dict:
+    """A round's summary.json (train_offline's), checked: one line naming the file and the field."""
+    try:
+        summary = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        raise DataError(f"{path}: not readable JSON ({type(e).__name__}); remove {path.parent} to train the round "
+                        "again") from None
+    return check(summary, {"model": str, "heldout_after": dict}, str(path))
+
+
+def sample_round(cfg: config.Config, task, model: str, rng: random.Random, collect, cores: Cores,
+                 i: int) -> tuple[list[dict], dict]:
+    """Round ``i``'s rows and metrics: ``pref.online_prompts`` training prompts drawn by ``rng``, K samples
+    each from ``model`` under torch seed run.seed + i (so a resumed run samples as the uninterrupted one)."""
+    sample_cfg = config.with_overrides(cfg, [f"model.name={model}", "algo.kl_coef=0", "algo.name=grpo"])
+    roles = build.build_roles(sample_cfg, task)
+    torch.manual_seed(cfg.run.seed + i)
+    try:
+        cores.adjust()
+        return collect(roles, rng.sample(task.train, min(cfg.pref.online_prompts, len(task.train))),
+                       cfg.rollout.group_size, cfg)
+    finally:
+        roles.close()

@@ -37,7 +37,8 @@ from rlpost.model import checkpoint, export
 from rlpost.observe import runfolder
 from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.offline import train_offline
-from rlpost.recipes.offline_args import resumable
+from rlpost.recipes import round_state
+from rlpost.recipes.offline_args import in_rounds
 from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
 from rlpost.recipes.rsft import run_rsft
@@ -94,10 +95,21 @@ def train_stage(cfg: config.Config, run_dir: Path, kind: str, resume: bool = Fal
     DPO when kind='dpo' and pref.online_rounds > 0 (recipes/online.py); else training on fixed rows
     (``resume``: from the newest intact checkpoint)."""
     if kind == "rsft":
-        return run_rsft(cfg, run_dir)
+        return run_rsft(cfg, run_dir, resume)
     if kind == "dpo" and cfg.pref.online_rounds > 0:
-        return run_online_dpo(cfg, run_dir)
+        return run_online_dpo(cfg, run_dir, resume)
     return train_offline(cfg, run_dir, kind, resume=resume)
+
+
+def resume_point(cfg: config.Config, folder: Path, kind: str) -> str | None:
+    """Where a run cut short in ``folder`` goes on from, in words: its newest intact checkpoint (rl, sft, rm,
+    offline dpo), or what RUN/rounds.json records (rsft, online DPO: recipes/round_state.py); None when
+    it has nothing to go on from."""
+    if in_rounds(cfg, kind):
+        state = round_state.read(folder)
+        return None if state is None else round_state.point(state)
+    ckpt = checkpoint.newest_intact(folder)
+    return None if ckpt is None else ckpt.name
 
 
 def run_pipeline(recipe: str | Path, overrides: list[str] = ()) -> list[dict]:
@@ -172,20 +184,20 @@ def changed_keys(sdir: Path, cfg: config.Config) -> list[str]:
 
 
 def run_stage(cfg: config.Config, sdir: Path, kind: str) -> dict:
-    """One stage in its folder; a stage cut short earlier resumes from its newest intact checkpoint
-    (rl, sft, rm, offline dpo: ``resumable``) when the pipeline asks for what a resume may change."""
+    """One stage in its folder; a stage cut short earlier resumes (``resume_point``: its newest intact
+    checkpoint, or a run in rounds from its last round) when the pipeline asks for what a resume may change."""
     with runfolder.claim(sdir, "reuse", key=f"stage {sdir.name}") as rf:
         if kind != "rl":
             folders.mark(sdir, "run", command=kind)  # `rlpost train --resume` refuses it (runfolder.made_by)
-        ckpt = checkpoint.newest_intact(sdir) if resumable(cfg, kind) else None
-        resume = ckpt is not None
+        point = resume_point(cfg, sdir, kind)
+        resume = point is not None
         if resume:  # the settings it stopped under, but for what a resume may change (one line naming the key)
             try:
                 config.resume_changes(load_run(sdir)[0], cfg)
             except config.ConfigError as e:
                 raise config.ConfigError(f"stage {sdir.name}: cut short under other settings: {e}; or remove "
                                          f"{sdir} to train it again") from None
-            say(f"stage {sdir.name}: cut short before, resuming from {ckpt.name}")
+            say(f"stage {sdir.name}: cut short before, resuming from {point}")
         else:
             rf.write_config(cfg)
         return train(cfg, sdir, resume=resume) if kind == "rl" else train_stage(cfg, sdir, kind, resume)

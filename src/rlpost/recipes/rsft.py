@@ -49,7 +49,8 @@ def accepted_rows(roles, rows: list[dict], k: int, cfg: config.Config) -> tuple[
                  "rsft/rows": len(out), "rsft/reward_mean": reward.mean().item()}
 
 
-def run_rsft(cfg: config.Config, run_dir: Path) -> dict:
-    """max(1, pref.online_rounds) rounds of (sample -> accepted rows -> one SFT pass); returns the summary."""
+def run_rsft(cfg: config.Config, run_dir: Path, resume: bool = False) -> dict:
+    """max(1, pref.online_rounds) rounds of (sample -> accepted rows -> one SFT pass); returns the summary.
+    ``resume``: go on from RUN/rounds.json (online.sampled_rounds)."""
     return sampled_rounds(cfg, run_dir, max(1, cfg.pref.online_rounds), accepted_rows, "sft", "rsft",
-                          "accepted.jsonl", "fewer than 2 accepted samples", ("sft_nll_after", "sft/nll"))
+                          "accepted.jsonl", "fewer than 2 accepted samples", ("sft_nll_after", "sft/nll"), resume)
