@@ -386,14 +386,15 @@ def make_pref_reference(cfg: config.Config, model: torch.nn.Module, micro_batch_
 
 
 def make_pref_trainer(cfg: config.Config, model: torch.nn.Module, mini_batch_size: int, micro_batch_size: int,
-                      optimizer_steps: int, value_head: bool = False) -> Trainer:
+                      optimizer_steps: int, value_head: bool = False, pairs: bool = False) -> Trainer:
     """The offline recipes' trainer (sft, rm, dpo) over ``model`` at temperature 1: LoRA adapters on it
     when model.lora_r > 0, and for a reward model (value_head) a scalar head on its trunk, trained
-    as the critic is (algo.critic_lr)."""
+    as the critic is (algo.critic_lr). ``pairs``: its loss reads rows 2i, 2i + 1 together (rm, dpo), so
+    no micro-batch parts a pair (row_plan.LocalPlan's whole_groups)."""
     policy = lora.wrap(model, cfg.model, cfg.run.seed) if cfg.model.lora_r > 0 else model
     head = Critic(model, "shared", cfg.algo.critic_lr) if value_head else None
     return trainer_over(policy, cfg.trainer, 1.0, mini_batch_size, micro_batch_size, optimizer_steps,
-                        cfg.model.gradient_checkpointing, critic=head)
+                        cfg.model.gradient_checkpointing, critic=head, plan=LocalPlan(whole_groups=pairs))
 
 
 def make_head_trainer(lm: torch.nn.Module, head: Critic, trainer: TrainerConfig, mini_batch_size: int,

@@ -18,7 +18,7 @@ from rlpost.model.logprobs import CACHE_KW, Scoring, completion_logprobs
 from rlpost.model.lora import wrap as lora_wrap
 from rlpost.roles.critic import Critic
 from rlpost.model.optim import lr_lambda
-from rlpost.roles.row_plan import ShardedPlan
+from rlpost.roles.row_plan import ShardedPlan, at_group_starts
 from rlpost.build import trainer_over
 from rlpost.roles.forward_plan import SamplerDiffs
 
@@ -50,6 +50,14 @@ def test_micro_batch_times_accumulation_equals_full_batch(tiny, agg):
     for g in grads[1:]:
         assert all(torch.allclose(a, c, atol=1e-6, rtol=1e-5) for a, c in zip(grads[0], g))
     assert any(g.abs().sum() > 0 for g in grads[0])
+
+
+def test_cuts_move_onto_group_starts_by_hand():
+    # pairs: a cut inside a pair moves back to its start; a group longer than the cut is a micro-batch of its own
+    assert at_group_starts([0, 3, 5, 8], torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])) == [0, 2, 4, 8]
+    assert at_group_starts([0, 2, 4, 6], torch.tensor([0, 0, 0, 1, 1, 1])) == [0, 3, 6]
+    assert at_group_starts([0, 1, 2, 3], torch.tensor([5, 6, 7])) == [0, 1, 2, 3]  # one row a group: as cut
+    assert at_group_starts([0], torch.tensor([], dtype=torch.long)) == [0]
 
 
 @pytest.mark.parametrize("share", [0, 1.5])

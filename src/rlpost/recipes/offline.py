@@ -224,7 +224,7 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str, resume: bool = F
             checkpoint.load_into(loaded.model, weights, "the checkpoint's model.safetensors")
         weights = None  # in the model now: not a second copy to the run's end
         trainer = build.make_pref_trainer(cfg, loaded.model, mini, micro, steps_per_epoch * pref.epochs,
-                                          value_head=kind == "rm")
+                                          value_head=kind == "rm", pairs=rows_per_seq == 2)
         loss_fn = {"sft": sft_loss, "dpo": make_dpo_loss(pref) if kind == "dpo" else None,
                    "rm": make_rm_loss(pref)}[kind]
         start = 0

@@ -83,9 +83,33 @@ def token_bounds(lengths: list[int], prompt: int, tokens: int) -> list[int]:
     return bounds + [len(lengths)] if lengths else bounds
 
 
+def at_group_starts(bounds: list[int], group_ids: Tensor) -> list[int]:
+    """``bounds`` moved onto group boundaries of rows whose groups are contiguous (``group_ids`` in the
+    order cut): each inner bound back to the last group start after the previous bound, or, where a
+    group is longer than the cut, on to the next one; so no group is split and each micro-batch takes
+    one group at least (a group larger than the budget makes a micro-batch of its own)."""
+    n = len(group_ids)
+    starts = [0, *(torch.nonzero(group_ids[1:] != group_ids[:-1]).flatten() + 1).tolist()]
+    out = [0]
+    for b in bounds[1:-1]:
+        inside = [s for s in starts if out[-1] < s <= b]
+        moved = inside[-1] if inside else next((s for s in starts if s > b), n)
+        if out[-1] < moved < n:
+            out.append(moved)
+    return out + [n] if n else out
+
+
 class LocalPlan:
+    """Every row in this process. ``whole_groups``: a loss reads a group's rows together (DPO and the reward
+    model's Bradley-Terry pairs: rows 2i, 2i + 1), so micro-batches keep each group whole, in the
+    groups' order, whatever the order asked for and wherever micro_batch_size or micro_batch_tokens
+    would have cut."""
+
     sharded = False
     cast_cache = True  # one bf16 cast of each weight serves every micro-batch of a mini-batch
+
+    def __init__(self, whole_groups: bool = False):
+        self.whole_groups = whole_groups
 
     def prepare(self, model: torch.nn.Module,
                 critic: torch.nn.Module | None) -> tuple[Callable, torch.nn.Parameter | None]:
@@ -96,6 +120,8 @@ class LocalPlan:
         """``micro`` rows a micro-batch, or with ``tokens`` (trainer.micro_batch_tokens) as many as
         fit that many tokens (``token_bounds``). Sums, not means, cross micro-batch boundaries, so the
         order does not change the accumulated gradient."""
+        if self.whole_groups and order == "own_length":
+            order = "groups"  # rows by their own length would part a pair
         if not tokens:
             idx = ordered(rows, micro, order)
             bounds = [*range(0, len(rows), micro), len(rows)]
@@ -107,6 +133,8 @@ class LocalPlan:
             one = len(rows) * (P + int(lengths.max())) <= tokens if len(rows) else True
             idx = ordered(rows, len(rows) if one else 0, order)
             bounds = token_bounds(lengths[idx].tolist(), P, tokens)
+        if self.whole_groups:
+            bounds = at_group_starts(bounds, rows.group_ids[idx])
         return [(rows.select(idx[a:b]), idx[a:b]) for a, b in zip(bounds, bounds[1:])]
 
     def sync_gradients(self, model: torch.nn.Module, last: bool) -> None:
