@@ -151,7 +151,11 @@ def test_a_run_in_rounds_with_nothing_to_go_on_from_names_start_over(tmp_path):
     run = tmp_path / "r"
     before = (run / "round_1" / "accepted.jsonl").read_text()
     (run / "summary.json").unlink()
-    for damage, said in ((lambda p: p.unlink(), "nothing to go on from (it stopped while measuring its base model"),
+    state = json.loads((run / "rounds.json").read_text())
+    for damage, said in ((lambda p: p.write_text(json.dumps({**state, "kind": "online_dpo"})),
+                          "kind: the state of an online_dpo run, not of rsft"),
+                         (lambda p: p.write_text("{}"), "rounds.json: kind: missing"),
+                         (lambda p: p.unlink(), "nothing to go on from (it stopped while measuring its base model"),
                          (lambda p: p.write_text("{"), "rounds.json: not readable JSON")):
         damage(run / "rounds.json")
         r = cli("rsft", "--resume", str(run))
@@ -162,3 +166,23 @@ def test_a_run_in_rounds_with_nothing_to_go_on_from_names_start_over(tmp_path):
     assert r.returncode == 0 and "resuming from round 1 (--start-over)" in r.stderr, r.stderr
     assert not (run / "round_1" / "stale").exists() and (run / "round_1" / "accepted.jsonl").read_text() == before
     assert json.loads((run / "rounds.json").read_text())["done"] == 1
+
+
+def test_a_pending_rounds_missing_rows_are_drawn_again_as_they_were(tmp_path, monkeypatch):
+    """rounds.json says round 1 sampled, but its rows are gone: the resume samples it again from the RNG state before
+    that draw, so the run ends as the uninterrupted one did (it drew other prompts when the state was the one after)."""
+    from helpers import TINY_ROUNDS, cli, power_cut
+    from rlpost.recipes import online
+
+    args = ["rsft", *TINY_ROUNDS, "pref.online_rounds=2", "pref.online_prompts=8", "pref.batch_size=4",
+            "task.verifier=toy_verifiers:odd_length", "pref.rsft_keep=all", f"run.out_dir={tmp_path}"]
+    assert cli(*args, "run.name=whole").returncode == 0
+    with monkeypatch.context() as m:
+        m.setattr(online, "train_offline", lambda *a, **kw: power_cut())  # round 1's training
+        with pytest.raises(RuntimeError, match="power cut"):
+            cli(*args, "run.name=cut")
+    (tmp_path / "cut" / "round_1" / "accepted.jsonl").unlink()
+    r = cli("rsft", "--resume", str(tmp_path / "cut"))
+    assert r.returncode == 0 and "accepted.jsonl: missing, though rounds.json says round 1 sampled" in r.stderr
+    a, b = (json.loads((tmp_path / name / "summary.json").read_text())["rounds"] for name in ("whole", "cut"))
+    assert a == b

@@ -85,19 +85,49 @@ def test_run_loggers_reach_every_sink_from_the_rounds(tmp_path):
     assert outer and all(v == pytest.approx([rounds[0][k]]) for k, v in outer.items()), outer
 
 
-def test_ctrl_c_while_a_round_samples_stops_before_it_trains(tmp_path, monkeypatch):
-    real = online.onpolicy_pairs
+def test_ctrl_c_while_a_round_samples_stops_before_it_trains(tmp_path, monkeypatch, capsys):
+    """The signal's line says the sampling finishes and its samples are saved; the run stops before the round
+    trains, and a resume trains those samples without drawing again."""
+    real, calls = online.onpolicy_pairs, []
 
     def sample_then_signal(*args):
         out = real(*args)
-        os.kill(os.getpid(), signal.SIGINT)  # arrives while the round samples, in the run guard
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives while the round samples, in the run guard
         return out
 
     monkeypatch.setattr(online, "onpolicy_pairs", sample_then_signal)
+    cfg = tiny_cfg(*ROUNDS, "task.n_train=32", "pref.online_rounds=2")
     with pytest.raises(Interrupted) as e:
-        run_online_dpo(tiny_cfg(*ROUNDS, "task.n_train=32", "pref.online_rounds=2"), tmp_path)
-    assert e.value.saved == 0 and "while round 1 sampled" in e.value.message
-    assert not (tmp_path / "round_1").exists()  # no training began on the round's pairs
+        run_online_dpo(cfg, tmp_path)
+    assert e.value.saved == 0 and "after round 1 sampled; its samples are saved" in e.value.message
+    assert "SIGINT: finishing round 1's sampling" in capsys.readouterr().err
+    assert (tmp_path / "round_1" / "pairs.jsonl").is_file() and not (tmp_path / "round_1" / "metrics.jsonl").exists()
+    s = run_online_dpo(cfg, tmp_path, resume=True)
+    assert [r["round"] for r in s["rounds"]] == [0, 1, 2] and len(calls) == 2  # round 2's sampling only
+
+
+@pytest.mark.parametrize("where", ["training", "measure"])
+def test_a_stop_in_a_round_names_the_round(tmp_path, monkeypatch, capsys, where):
+    """A run in rounds counts rounds, and a round's training counts that round's steps: a SIGTERM during round 1's
+    training stops after its step 1 (round_1's checkpoint); one while round 1 is measured stops after round 1."""
+    term = lambda *a, **kw: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
+    if where == "training":
+        monkeypatch.setattr(Trainer, "train_step", at_train_step(1, term))
+    else:
+        real = online.model_accuracy
+        monkeypatch.setattr(online, "model_accuracy", lambda cfg, m: real(cfg, m) if m == "tiny" else term() or 0.0)
+    with pytest.raises(Interrupted) as e:
+        run_rsft(tiny_cfg(*ROUNDS, "pref.online_rounds=2", "pref.batch_size=2"), tmp_path)
+    err = capsys.readouterr().err
+    if where == "training":
+        assert "SIGTERM: finishing round 1's step 1 (" in err and "then saving a checkpoint" not in err, err
+        assert e.value.message == ("stopped by SIGTERM after round 1's step 1, whose checkpoint (and round_1/model so "
+                                   "far) is saved")
+    else:
+        assert "SIGTERM: finishing round 1 (" in err and "then saving the model and stopping" in err, err
+        assert e.value.message == "stopped by SIGTERM after round 1, whose model is saved"
 
 
 @pytest.mark.slow  # W&B and MLflow start-up: ~10 s

@@ -72,10 +72,14 @@ def _startup_handler(signum: int, frame) -> None:
 class RunGuard:
     def __init__(self, cfg: config.Config, early_stop: dict | None = None, *, saved: str = "checkpoint",
                  after_nonfinite: str = "the last checkpoint holds the last finite weights. Try a lower trainer.lr, "
-                                        "and check the rewards (rlpost doctor)"):
-        """saved: what a stop saves, for its line; after_nonfinite: what the non-finite stop's line says next."""
+                                        "and check the rewards (rlpost doctor)", unit: str = "step"):
+        """saved: what a stop saves, for its line; after_nonfinite: what the non-finite stop's line says next;
+        unit: what the loop's steps are, for the lines ('round' for a run in rounds, "round 2's step" for a
+        round's training). ``phase`` (set by the loop while it lasts: (what, what a stop then saves)) names
+        a part of a step that a stop ends early, for the signal's line."""
         self.cfg = cfg
-        self.saved, self.after_nonfinite = saved, after_nonfinite
+        self.saved, self.after_nonfinite, self.unit = saved, after_nonfinite, unit
+        self.phase: tuple[str, str] | None = None
         self.step, self.step_done = 0, False  # step_done: its checkpoint decided (finish_step)
         self.last = cfg.run.steps  # the run's last step (steps() sets it: sft, rm and dpo count pref.epochs)
         # early stopping: the best evaluation (step, accuracy) and evaluations since; a resumed run's from its
@@ -107,35 +111,39 @@ class RunGuard:
 
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
+        unit = self.unit
         if self.signum is not None:
-            raise Interrupted(signum, f"stopped by a second {name} during step {self.step}; that step was not saved")
+            raise Interrupted(signum, f"stopped by a second {name} during {unit} {self.step}; that {unit} was not "
+                              "saved")
         self.signum = signum
         # a signal after the step's checkpoint was decided (while it is written, say) lets the next step run
-        doing = (f"finishing step {self.step}" if not self.step_done else
-                 f"step {self.step} is done; finishing step {self.step + 1}" if self.step < self.last else
-                 f"step {self.step}, the last, is done; finishing the run")
-        say(f"{name}: {doing} (at most run.stop_grace_s={self.cfg.run.stop_grace_s:g} s), then "
-            f"saving {'a ' if self.saved == 'checkpoint' else 'the '}{self.saved} and stopping; {name} again stops "
-            "at once")
+        doing = (f"finishing {self.phase[0]}" if self.phase else f"finishing {unit} {self.step}" if not self.step_done
+                 else f"{unit} {self.step} is done; finishing {unit} {self.step + 1}" if self.step < self.last else
+                 f"{unit} {self.step}, the last, is done; finishing the run")
+        saving = self.phase[1] if self.phase else f"{'a ' if self.saved == 'checkpoint' else 'the '}{self.saved}"
+        say(f"{name}: {doing} (at most run.stop_grace_s={self.cfg.run.stop_grace_s:g} s), then saving {saving} and "
+            f"stopping; {name} again stops at once")
         signal.setitimer(signal.ITIMER_REAL, max(self.cfg.run.stop_grace_s, 1e-3))
 
     def _on_quit(self, signum: int, frame) -> None:
-        where = f"after step {self.step}" if self.step_done else f"during step {self.step}, which was not saved"
+        where = (f"after {self.unit} {self.step}" if self.step_done else
+                 f"during {self.unit} {self.step}, which was not saved")
         raise Interrupted(signum, f"stopped at once by SIGQUIT {where}; the newest checkpoint is where a resume starts")
 
     def _on_status(self, signum: int, frame) -> None:
         stopping = f"; stopping after it ({signal.Signals(self.signum).name})" if self.signum is not None else ""
-        say(f"SIGUSR1: step {self.step} of {self.last} running, {(time.monotonic() - self.started) / 60:.1f} "
-            f"min into this start{stopping}. SIGINT, SIGTERM or SIGHUP stop after the step (saved), SIGQUIT at once")
+        say(f"SIGUSR1: {self.unit} {self.step} of {self.last} running, {(time.monotonic() - self.started) / 60:.1f} "
+            f"min into this start{stopping}. SIGINT, SIGTERM or SIGHUP stop after the {self.unit} (saved), SIGQUIT "
+            "at once")
 
     def _on_alarm(self, signum: int, frame) -> None:
         grace = f"run.stop_grace_s={self.cfg.run.stop_grace_s:g} s"
         if self.step_done:  # trained, and its checkpoint being written when the grace ran out
-            raise Interrupted(self.signum or signal.SIGTERM, f"step {self.step} was trained, but {grace} ran out while "
-                              "its checkpoint was written; that checkpoint was abandoned, and the newest whole one is "
-                              "where a resume starts")
-        raise Interrupted(self.signum or signal.SIGTERM, f"step {self.step} did not finish within {grace} and was "
-                          "abandoned; it was not saved")
+            raise Interrupted(self.signum or signal.SIGTERM, f"{self.unit} {self.step} was trained, but {grace} ran "
+                              "out while its checkpoint was written; that checkpoint was abandoned, and the newest "
+                              "whole one is where a resume starts")
+        raise Interrupted(self.signum or signal.SIGTERM, f"{self.unit} {self.step} did not finish within {grace} and "
+                          "was abandoned; it was not saved")
 
     def steps(self, first: int, last: int):
         """range(first, last + 1), stopping with ``Interrupted`` after the step during which a
@@ -148,8 +156,15 @@ class RunGuard:
             if self.early_stopped:
                 return
             if self.stopping:
-                raise Interrupted(self.signum, f"stopped by {signal.Signals(self.signum).name} after step {step}, "
-                                  f"whose {self.saved} is saved", saved=step)
+                raise Interrupted(self.signum, f"stopped by {signal.Signals(self.signum).name} after {self.unit} "
+                                  f"{step}, whose {self.saved} is saved", saved=step)
+
+    def stop_asked(self) -> bool:
+        """Whether a stop signal came in (the grace timer then cancelled): for a loop that ends a step early
+        at a point of its own (a round stops after its sampling, its samples saved: recipes/online.py)."""
+        if self.signum is not None and self.saved_handlers:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        return self.signum is not None
 
     def finish_step(self, metrics: dict | None = None) -> bool:
         """The step's work is done: cancel the grace timer, read its held-out evaluation (if any) for

@@ -184,14 +184,15 @@ def resume_point(cfg: config.Config, run_dir: Path, kind: str) -> tuple[Path, tu
     return found
 
 
-def train_offline(cfg: config.Config, run_dir: Path, kind: str, resume: bool = False) -> dict:
+def train_offline(cfg: config.Config, run_dir: Path, kind: str, resume: bool = False, unit: str = "step") -> dict:
     """SFT (kind='sft'), a DPO-family loss (kind='dpo') or a Bradley-Terry reward model (kind='rm')
     on fixed rows; returns the summary (also RUN_DIR/summary.json). Inside the RL loop's scaffold:
     torch's threads by free cores (model/cores.py), the run guard (a first SIGINT/SIGTERM finishes
     the step and saves a checkpoint and RUN/model so far; non-finite steps in a row stop the run:
     recipes/guard.py), one metrics.jsonl line per step as it happens, to every run.loggers sink
     (observe/runlog.py). ``resume``: go on from the newest intact checkpoint (the CLI has checked
-    the folder and the config)."""
+    the folder and the config). ``unit``: what its steps are called in the stop lines ("round 2's step"
+    for a round of rsft or online DPO, whose model is then RUN/round_2/model)."""
     cores = Cores(cfg.run.threads)  # torch's threads: every core, fewer while other processes keep some busy
     torch.manual_seed(cfg.run.seed)
     pref, t0 = cfg.pref, time.perf_counter()
@@ -241,6 +242,7 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str, resume: bool = F
         minutes = state.get("minutes", 0.0)  # a resumed run's wall time counts its earlier starts
         steps = run_epochs(trainer, train_b, rows_per_seq, loss_fn, cfg, cores, log,
                            save=lambda: save_trained(trainer, tok, run_dir), start=start, stream=state.get("stream"),
+                           unit=unit, model_dir="RUN" if unit == "step" else run_dir.name,
                            save_checkpoint=checkpointer(cfg, run_dir, kind, trainer, log, before,
                                                         lambda: minutes + (time.perf_counter() - t0) / 60))
     finally:
@@ -285,12 +287,14 @@ def load_state(trainer: Trainer, trainer_state: dict, state: dict) -> int:
 
 
 def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg: config.Config, cores: Cores,
-               log: RunLog, save, start: int = 0, stream: dict | None = None, save_checkpoint=None) -> int:
+               log: RunLog, save, start: int = 0, stream: dict | None = None, save_checkpoint=None,
+               unit: str = "step", model_dir: str = "RUN") -> int:
     """pref.epochs passes over ``data`` (pref.batch_size rows a step, shuffled per epoch: batch_order)
     inside the run guard, from step ``start`` + 1; ``save()`` writes what is trained so far when a
     stop signal comes. ``save_checkpoint(step, stream)`` is called every run.checkpoint_every steps,
     after the last and on a stop signal; ``stream`` (a checkpoint's) is the data order to go on
-    with: the epoch's row order and the shuffling RNG's state. Returns the steps taken."""
+    with: the epoch's row order and the shuffling RNG's state. ``unit``, ``model_dir``: the stop lines' words
+    (train_offline's). Returns the steps taken."""
     pref, n_rows = cfg.pref, len(data) // rows_per_seq
     steps_per_epoch = max(1, n_rows // pref.batch_size)
     total = steps_per_epoch * pref.epochs
@@ -301,7 +305,7 @@ def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg
     step = start
     log.begin()
     try:
-        with RunGuard(cfg, saved="checkpoint (and RUN/model so far)",
+        with RunGuard(cfg, saved=f"checkpoint (and {model_dir}/model so far)", unit=unit,
                       after_nonfinite="no model is written. Try a lower trainer.lr") as guard:
             for step in guard.steps(start + 1, total):
                 epoch, s = divmod(step - 1, steps_per_epoch)

@@ -109,65 +109,66 @@ def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, ki
     train_offline on them; the next round samples from the result (online DPO here, rejection-
     sampling SFT in rsft.py). ``after`` = (round key, held-out metric of the pass) to report.
     The rounds run in the scaffold every recipe runs in: each round's line goes to every run.loggers
-    sink, and the sampling runs inside the run guard (a stop signal while a round samples stops the run
-    before that round trains, the rounds before it saved); each round's training has train_offline's own
-    (its folder, checkpoints, signals, sinks). ``RUN/rounds.json`` records where the run stands
-    (recipes/round_state.py); ``resume`` goes on from it: a round whose rows are on disk trains them
-    without sampling again, from its folder's newest intact checkpoint where it has one, and a round
-    that trained but was not yet measured is measured. Returns the summary, also RUN/summary.json."""
+    sink, and the rounds run inside the run guard, its unit a round: a stop signal while a round samples
+    stops the run once the sampling ends, its samples saved; one during the round's training is that
+    training's (train_offline's own guard: its folder's checkpoint); one while the round is measured
+    stops the run after it. ``RUN/rounds.json`` records where the run stands (recipes/round_state.py);
+    ``resume`` goes on from it: a round whose rows are on disk trains them without sampling again, from
+    its folder's newest intact checkpoint where it has one, and a round that trained but was not yet
+    measured is measured. Returns the summary, also RUN/summary.json."""
     cores = Cores(cfg.run.threads)  # torch's threads while sampling, as the RL loop's (model/cores.py)
     task = build_task(cfg.task)
     rng = random.Random(cfg.run.seed)
-    state = round_state.read(run_dir, summary_kind) if resume else None
-    if state is None:
-        model, pending = cfg.model.name, None
-        rounds = [{"round": 0, "heldout_accuracy": model_accuracy(cfg, model)}]
-    else:
-        model, rounds, pending = state["model"], state["rounds"], state.get("pending")
-        rng.setstate(state["rng"])
+    model, rounds, pending, fresh = begin(cfg, run_dir, summary_kind, resume, rng)
 
-    def record(done: int, sampled: dict | None = None) -> None:
-        write_atomic(run_dir / round_state.STATE, round_state.text(summary_kind, done, model, rounds, rng.getstate(),
-                                                                   run_dir, sampled))
+    def record(done: int, sampled: dict | None = None, rng_state: tuple | None = None) -> None:
+        write_atomic(run_dir / round_state.STATE, round_state.text(
+            summary_kind, done, model, rounds, rng_state or rng.getstate(), run_dir, sampled))
 
     done = rounds[-1]["round"]
-    if state is None:
+    if fresh:
         record(0)  # round 0, the base measured: a resume starts here
     sinks = RoundSinks(cfg.run.loggers, run_dir, config.to_dict(cfg))  # a missing package stops us before round 1
     log = RunLog(run_dir, n_rounds, done, False, sinks, desc=summary_kind, rollouts=False,
                  postfix=lambda m, history: {})
     log.begin()
     try:
-        with RunGuard(cfg, saved="round's model") as guard:
+        with RunGuard(cfg, saved="model", unit="round") as guard:
             for i in guard.steps(done + 1, n_rounds):
                 rdir = run_dir / f"round_{i}"
                 data = rdir / data_name
                 if pending is not None and pending["round"] == i and data.is_file():  # sampled before the stop
+                    draw(rng, task, cfg)  # the prompts it drew: the RNG as the uninterrupted run left it
                     metrics = pending["metrics"]
                 else:
                     if pending is not None and pending["round"] == i:
                         say(f"{data}: missing, though {round_state.STATE} says round {i} sampled; it samples again")
+                    before = rng.getstate()
+                    guard.phase = (f"round {i}'s sampling", "its samples")
                     rows, metrics = sample_round(cfg, task, model, rng, collect, cores, i)
-                    if guard.finish_step():  # a stop signal while sampling: this round does not train
-                        raise Interrupted(guard.signum, f"stopped by {signal.Signals(guard.signum).name} while round "
-                                          f"{i} sampled; the rounds before it are saved", saved=i - 1)
+                    guard.phase = None
                     if len(rows) < 2:  # a training row and a held-out one at least
                         rounds.append({"round": i, "skipped": skip_reason, **metrics})
                         log.step(i, metrics)
                         record(i)
+                        guard.finish_step()  # (a stop signal: the run stops here, the round recorded)
                         continue
                     if rdir.exists():  # what a start of this round that rounds.json does not record left
                         shutil.rmtree(rdir)
                     rdir.mkdir(parents=True)
                     write_atomic(data, "".join(json.dumps(x) + "\n" for x in rows))
-                    record(i - 1, {"round": i, "metrics": metrics})
+                    record(i - 1, {"round": i, "metrics": metrics}, before)
+                    if guard.stop_asked():  # a stop signal while sampling: stop here, the samples saved
+                        raise Interrupted(guard.signum, f"stopped by {signal.Signals(guard.signum).name} after round "
+                                          f"{i} sampled; its samples are saved, and a resume trains them", saved=i - 1)
                 summary = train_round(config.with_overrides(cfg, [f"model.name={model}", f"pref.data={data}",
-                                                                  "pref.online_rounds=0"]), rdir, kind)
+                                                                  "pref.online_rounds=0"]), rdir, kind, i)
                 model = summary["model"]
                 rounds.append({"round": i, **metrics, "heldout_accuracy": model_accuracy(cfg, model),
                                after[0]: summary["heldout_after"].get(after[1])})
                 log.step(i, {k: v for k, v in rounds[-1].items() if isinstance(v, (int, float)) and k != "round"})
                 record(i)
+                guard.finish_step()  # a stop signal while it was measured: the run stops after it (steps())
     finally:
         log.close()
     model = final_model(run_dir, model, cfg.model.name)
@@ -176,13 +177,26 @@ def sampled_rounds(cfg: config.Config, run_dir: Path, n_rounds: int, collect, ki
                               "heldout_after": rounds[-1].get("heldout_accuracy")})
 
 
-def train_round(round_cfg: config.Config, rdir: Path, kind: str) -> dict:
-    """One pass of train_offline on the round's rows in ``rdir``; its summary. A pending round (its rows on disk
-    before a stop) goes on from its newest intact checkpoint, or, trained but not yet measured, is not trained
-    again: its summary.json is read."""
+def begin(cfg: config.Config, run_dir: Path, summary_kind: str, resume: bool,
+          rng: random.Random) -> tuple[str, list[dict], dict | None, bool]:
+    """(the policy to sample from, the rounds' records, the pending round or None, whether the run is new): a
+    new run measures its base model (round 0); a resume reads RUN/rounds.json and puts ``rng`` as it was before
+    the next round's prompts were drawn."""
+    state = round_state.read(run_dir, summary_kind) if resume else None
+    if state is None:
+        return cfg.model.name, [{"round": 0, "heldout_accuracy": model_accuracy(cfg, cfg.model.name)}], None, True
+    rng.setstate(state["rng"])
+    return state["model"], state["rounds"], state.get("pending"), False
+
+
+def train_round(round_cfg: config.Config, rdir: Path, kind: str, i: int) -> dict:
+    """One pass of train_offline on round ``i``'s rows in ``rdir``; its summary. A pending round (its rows on
+    disk before a stop) goes on from its newest intact checkpoint, or, trained but not yet measured, is not
+    trained again: its summary.json is read."""
     if (rdir / "summary.json").is_file():
         return round_summary(rdir / "summary.json")
-    return train_offline(round_cfg, rdir, kind, resume=checkpoint.newest_intact(rdir) is not None)
+    return train_offline(round_cfg, rdir, kind, resume=checkpoint.newest_intact(rdir) is not None,
+                         unit=f"round {i}'s step")
 
 
 def round_summary(path: Path) -> dict:
@@ -204,7 +218,11 @@ def sample_round(cfg: config.Config, task, model: str, rng: random.Random, colle
     torch.manual_seed(cfg.run.seed + i)
     try:
         cores.adjust()
-        return collect(roles, rng.sample(task.train, min(cfg.pref.online_prompts, len(task.train))),
-                       cfg.rollout.group_size, cfg)
+        return collect(roles, draw(rng, task, cfg), cfg.rollout.group_size, cfg)
     finally:
         roles.close()
+
+
+def draw(rng: random.Random, task, cfg: config.Config) -> list[dict]:
+    """A round's prompts: ``pref.online_prompts`` training rows (all of them where there are fewer)."""
+    return rng.sample(task.train, min(cfg.pref.online_prompts, len(task.train)))

@@ -106,7 +106,7 @@ def resume_point(cfg: config.Config, folder: Path, kind: str) -> str | None:
     offline dpo), or what RUN/rounds.json records (rsft, online DPO: recipes/round_state.py); None when
     it has nothing to go on from."""
     if in_rounds(cfg, kind):
-        state = round_state.read(folder)
+        state = round_state.read(folder, "rsft" if kind == "rsft" else "online_dpo")
         return None if state is None else round_state.point(state)
     ckpt = checkpoint.newest_intact(folder)
     return None if ckpt is None else ckpt.name

@@ -7,8 +7,9 @@ accuracy. ``RUN/rounds.json`` is written whole or not at all, twice a round:
   after its samples   ``pending``: the round whose rows are on disk, with the sampling's metrics
   after the round     ``done``: its number, the rounds' records, the policy it left
 
-Each time with the prompt-drawing RNG's state (``rng``, Python's ``random.Random.getstate()`` as
-JSON), and ``model``, the policy the next round samples from (relative to RUN when inside it: the run
+Each time with the prompt-drawing RNG's state before the next round's draw (``rng``, Python's
+``random.Random.getstate()`` as JSON: a pending round's rows that went missing are drawn again as they
+were), and ``model``, the policy the next round samples from (relative to RUN when inside it: the run
 folder moves whole). The torch seed of round N's sampling is ``run.seed + N`` whatever came before, so
 a resume samples what the uninterrupted run would have. What a resume does with each point is
 ``sampled_rounds``'s; this module reads and checks the file without torch, for the CLI.
@@ -57,12 +58,16 @@ def read(run_dir: Path, kind: str | None = None) -> dict | None:
     except (ValueError, OSError) as e:
         raise DataError(f"{path}: not readable JSON ({type(e).__name__}); --start-over trains the run again from "
                         "its first round") from None
-    check(state, SCHEMA, str(path))
+    again = "; --start-over trains the run again from its first round"
+    try:
+        check(state, SCHEMA, str(path))
+    except DataError as e:
+        raise DataError(f"{e}{again}") from None
     if kind is not None and state["kind"] != kind:
-        raise DataError(f"{path}: the state of an {state['kind']} run, not of {kind}")
+        raise DataError(f"{path}: kind: the state of an {state['kind']} run, not of {kind}{again}")
     if state["rounds"][-1:] and state["rounds"][-1].get("round") != state["done"]:
         raise DataError(f"{path}: done: {state['done']}, but its last round record is of round "
-                        f"{state['rounds'][-1].get('round')}")
+                        f"{state['rounds'][-1].get('round')}{again}")
     model = Path(state["model"])
     if not model.is_absolute() and (Path(run_dir) / model).exists():
         state["model"] = str(Path(run_dir) / model)
