@@ -31,6 +31,7 @@ TINY = [
 # The same for sft, rm and dpo on fixed rows, which sample nothing and count pref.epochs, not run.steps (they refuse
 # the keys they would ignore), and for rsft and online DPO, which sample but count pref.online_rounds.
 TINY_ROWS = [o for o in TINY if not o.startswith(("rollout.", "run.steps", "run.passk_eval"))]
+TINY_DATA = [o for o in TINY_ROWS if not o.startswith("task.")]  # beside pref.data: the task builds no rows
 TINY_ROUNDS = [o for o in TINY if not o.startswith(("run.steps", "run.passk_eval"))]
 
 # The same for `rlpost eval tiny`: no model.name (the target names it), no trainer keys (eval trains nothing,

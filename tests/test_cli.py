@@ -128,6 +128,9 @@ def test_options_a_command_would_ignore_are_refused(tmp_path, capsys):
         # pref.batch_size rows make an offline step, one pass over them: RL's step sizes were taken and dropped
         (["sft", "trainer.epochs=2"], "trainer.epochs: rlpost sft would ignore it (supervised fine-tuning runs in"),
         (["rsft", "trainer.mini_batch_size=8"], "pref.batch_size rows make one optimizer step"),
+        # the rows' source it does not read: the task beside pref.data, pref.data's split without it
+        (["sft", f"pref.data={data}", "task.n_train=8"], "task.n_train: rlpost sft trains on pref.data's rows"),
+        (["dpo", "pref.heldout_frac=0.2"], "pref.heldout_frac: applies to pref.data's rows, and pref.data is empty"),
         (["train", "dist.max_staleness=3"], "dist.max_staleness: samples lag the policy only where"),
     ]
     for argv, message in cases:

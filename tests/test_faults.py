@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, TINY, TINY_ROWS, remount_read_only, tmpfs, verifier_workers
+from helpers import ROOT, TINY, TINY_DATA, TINY_ROWS, remount_read_only, tmpfs, verifier_workers
 from safetensors.torch import load_file
 
 from rlpost import cli, config
@@ -309,7 +309,7 @@ def test_every_bad_input_is_one_line_naming_it_exit_2_and_no_folder(tmp_path, ca
 
 
 def test_sft_refuses_an_existing_run_and_a_failed_start_leaves_nothing(tmp_path, capsys):
-    code, err = main("sft", *TINY_ROWS, "pref.data=/no/such.jsonl", f"run.out_dir={tmp_path}", "run.name=s",
+    code, err = main("sft", *TINY_DATA, "pref.data=/no/such.jsonl", f"run.out_dir={tmp_path}", "run.name=s",
                      capsys=capsys)
     assert code == 2 and "data: file not found: /no/such.jsonl" in err and not (tmp_path / "s").exists()
     (tmp_path / "s").mkdir()

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from helpers import TINY_ROUNDS, TINY_ROWS, at_train_step, cli, power_cut, run_cli, tiny_cfg
+from helpers import TINY_DATA, TINY_ROUNDS, at_train_step, cli, power_cut, run_cli, tiny_cfg
 
 from rlpost.config import ConfigError
 from rlpost.model.load import load_policy
@@ -74,7 +74,7 @@ def test_bad_rows_are_named_or_skipped(tmp_path):
         train_offline(tiny_cfg(f"pref.data={data}"), tmp_path / "refuse", "dpo")
     s = train_offline(tiny_cfg(f"pref.data={data}", "pref.on_bad_row=skip"), tmp_path / "skip", "dpo")
     assert s["skipped_rows"] == 1 and s["rows"] + s["heldout_rows"] == 19
-    r = cli("dpo", *TINY_ROWS, f"pref.data={data}", f"run.out_dir={tmp_path}")
+    r = cli("dpo", *TINY_DATA, f"pref.data={data}", f"run.out_dir={tmp_path}")
     assert r.returncode == 2 and "bad.jsonl:7" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -105,7 +105,7 @@ def test_rows_that_do_not_fit_are_one_line_before_any_folder(tmp_path, case):
     kind, text, said = BAD_ROWS[case]
     data = tmp_path / "rows.jsonl"
     os.mkfifo(data) if text is None else data.write_text(text)
-    r = cli(kind, *TINY_ROWS, f"pref.data={data}", f"run.out_dir={tmp_path}", "run.name=x")
+    r = cli(kind, *TINY_DATA, f"pref.data={data}", f"run.out_dir={tmp_path}", "run.name=x")
     last = r.stderr.strip().splitlines()[-1]
     assert (r.returncode == 2 and "Traceback" not in r.stderr and last.startswith("rlpost: error:")
             and said in last), last
@@ -369,7 +369,7 @@ def test_a_run_cut_short_resumes_with_the_batches_an_uninterrupted_one_takes(tmp
         train, held = (write_jsonl(tmp_path / f"sft{i}.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"]}
                                                                for r in digit_pairs(n, i)])
                        for i, n in ((0, 256), (1, 64)))
-    args = [kind, *TINY_ROWS, f"pref.data={train}", f"pref.eval_data={held}", "pref.epochs=2", "pref.batch_size=64",
+    args = [kind, *TINY_DATA, f"pref.data={train}", f"pref.eval_data={held}", "pref.epochs=2", "pref.batch_size=64",
             "pref.max_len=64", "run.checkpoint_every=3", *(["algo.critic_lr=1e-3"] if kind == "rm" else []), *extra,
             f"run.out_dir={tmp_path}"]
     whole = cli(*args, "run.name=whole")
@@ -404,7 +404,7 @@ def test_a_reward_models_export_carries_its_scalar_head(tmp_path, pairs):
     from safetensors.torch import load_file
 
     train, held = pairs
-    r = cli("rm", *TINY_ROWS, f"pref.data={train}", f"pref.eval_data={held}", "pref.batch_size=64", "pref.max_len=64",
+    r = cli("rm", *TINY_DATA, f"pref.data={train}", f"pref.eval_data={held}", "pref.batch_size=64", "pref.max_len=64",
             "run.checkpoint_every=2", "run.keep_checkpoints=3", "algo.critic_lr=1e-2", f"run.out_dir={tmp_path}",
             "run.name=rm")
     assert r.returncode == 0, r.stderr
@@ -425,7 +425,7 @@ def test_resume_names_the_way_on_when_there_is_nothing_to_resume(tmp_path):
     import shutil
 
     rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in digit_pairs(64, 0)]
-    args = ["sft", *TINY_ROWS, f"pref.data={write_jsonl(tmp_path / 'sft.jsonl', rows)}", "pref.batch_size=16",
+    args = ["sft", *TINY_DATA, f"pref.data={write_jsonl(tmp_path / 'sft.jsonl', rows)}", "pref.batch_size=16",
             "pref.max_len=64", "run.checkpoint_every=3", f"run.out_dir={tmp_path}", "run.name=s"]
     assert cli(*args).returncode == 0
     run = tmp_path / "s"  # as a SIGKILL during step 3 leaves it: steps 1-2 logged, no checkpoint, no model

@@ -58,6 +58,7 @@ def main(args, recipe: str | None, overrides: list[str], keys: list[str], names_
     cfg = machine.check(config.load(recipe, overrides))
     if (reads := reads_as(cfg, args.command)) != args.command:  # dpo on fixed rows samples nothing
         refuse_ignored(reads, keys)
+    refuse_unread_rows(cfg, args.command, keys)
     run_dir = folders.run_path(cfg.run.out_dir, cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
     runfolder.check_new(run_dir, "pick another run.name", "run.name")
     training("preflight")(cfg, args.command)  # its rows and the model's limits, before the folder exists
@@ -74,6 +75,23 @@ def reads_as(cfg: config.Config, command: str) -> str:
     """The entry of config_check.IGNORED that says what `rlpost COMMAND` reads under ``cfg``: dpo on fixed rows
     (pref.online_rounds=0) reads less than online DPO, ``dpo_rows``."""
     return "dpo_rows" if command == "dpo" and cfg.pref.online_rounds == 0 else command
+
+
+def refuse_unread_rows(cfg: config.Config, command: str, keys: list[str]) -> None:
+    """sft, rm and dpo on fixed rows train on pref.data's rows, or without it on rows built from the task: one
+    line for a key typed for the source they do not read (task.* beside pref.data; pref.eval_data,
+    pref.heldout_frac, pref.on_bad_row without it), which was taken and dropped."""
+    if command not in ("sft", "rm") and reads_as(cfg, command) != "dpo_rows":
+        return
+    pref = cfg.pref
+    for key in keys:
+        if pref.data and key.startswith("task."):
+            raise config.ConfigError(f"{key}: rlpost {command} trains on pref.data's rows ({pref.data}); the task "
+                                     "builds rows only without pref.data; drop it")
+        if not pref.data and key in ("pref.eval_data", "pref.heldout_frac", "pref.on_bad_row"):
+            raise config.ConfigError(f"{key}: applies to pref.data's rows, and pref.data is empty (rlpost {command} "
+                                     f"builds its rows, held-out ones too, from task.name={cfg.task.name}); set "
+                                     "pref.data or drop it")
 
 
 def in_rounds(cfg: config.Config, kind: str) -> bool:

@@ -38,7 +38,7 @@ from rlpost.observe import runfolder
 from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.offline import train_offline
 from rlpost.recipes import round_state
-from rlpost.recipes.offline_args import in_rounds
+from rlpost.recipes.offline_args import in_rounds, refuse_unread_rows
 from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
 from rlpost.recipes.rsft import run_rsft
@@ -133,8 +133,10 @@ def check_stages(tree: dict, run_dir: Path) -> None:
     outputs = {st["name"]: base for st in tree["stages"]}  # the earlier stages' models, not trained yet
     for st in tree["stages"]:
         try:  # a stage's own overrides as its command's (the shared base is each stage's to read in part)
-            refuse_ignored(COMMAND[st["kind"]], [o.split("=", 1)[0] for o in st.get("overrides", [])])
-            machine.check(stage_config(tree, st, base, outputs, run_dir))
+            own = [o.split("=", 1)[0] for o in st.get("overrides", [])]
+            refuse_ignored(COMMAND[st["kind"]], own)
+            cfg = machine.check(stage_config(tree, st, base, outputs, run_dir))
+            refuse_unread_rows(cfg, st["kind"], own)
         except config.ConfigError as e:
             raise config.ConfigError(f"stage {st['name']}: {e}") from None
 
