@@ -131,6 +131,7 @@ def test_options_a_command_would_ignore_are_refused(tmp_path, capsys):
         # the rows' source it does not read: the task beside pref.data, pref.data's split without it
         (["sft", f"pref.data={data}", "task.n_train=8"], "task.n_train: rlpost sft trains on pref.data's rows"),
         (["dpo", "pref.heldout_frac=0.2"], "pref.heldout_frac: applies to pref.data's rows, and pref.data is empty"),
+        (["dpo", "pref.online_rounds=2", f"pref.data={data}"], "pref.data: online DPO (pref.online_rounds=2) samples"),
         (["train", "dist.max_staleness=3"], "dist.max_staleness: samples lag the policy only where"),
     ]
     for argv, message in cases:

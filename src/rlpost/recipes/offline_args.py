@@ -80,10 +80,18 @@ def reads_as(cfg: config.Config, command: str) -> str:
 def refuse_unread_rows(cfg: config.Config, command: str, keys: list[str]) -> None:
     """sft, rm and dpo on fixed rows train on pref.data's rows, or without it on rows built from the task: one
     line for a key typed for the source they do not read (task.* beside pref.data; pref.eval_data,
-    pref.heldout_frac, pref.on_bad_row without it), which was taken and dropped."""
+    pref.heldout_frac, pref.on_bad_row without it), which was taken and dropped. Online DPO samples from the
+    task's prompts: pref.data and its keys are refused there (rsft's are, by config_check.IGNORED)."""
+    pref = cfg.pref
+    if command == "dpo" and in_rounds(cfg, command):
+        for key in keys:
+            if key in ("pref.data", "pref.eval_data", "pref.prompt_format"):
+                raise config.ConfigError(f"{key}: online DPO (pref.online_rounds={pref.online_rounds}) samples its "
+                                         f"pairs from task.name={cfg.task.name}'s prompts; drop it, or "
+                                         "pref.online_rounds=0 to train on pref.data's pairs")
+        return
     if command not in ("sft", "rm") and reads_as(cfg, command) != "dpo_rows":
         return
-    pref = cfg.pref
     for key in keys:
         if pref.data and key.startswith("task."):
             raise config.ConfigError(f"{key}: rlpost {command} trains on pref.data's rows ({pref.data}); the task "
