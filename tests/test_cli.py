@@ -132,6 +132,15 @@ def test_options_a_command_would_ignore_are_refused(tmp_path, capsys):
         (["sft", f"pref.data={data}", "task.n_train=8"], "task.n_train: rlpost sft trains on pref.data's rows"),
         (["dpo", "pref.heldout_frac=0.2"], "pref.heldout_frac: applies to pref.data's rows, and pref.data is empty"),
         (["dpo", "pref.online_rounds=2", f"pref.data={data}"], "pref.data: online DPO (pref.online_rounds=2) samples"),
+        (["dpo", f"pref.data={data}", "pref.online_prompts=4"], "pref.online_prompts: rlpost dpo would ignore it"),
+        # TRL's DPOConfig names: the preference key, not RL's
+        (["dpo", "beta=0.1"], "beta: expected section.field, e.g. pref.beta; did you mean pref.beta=0.1? (TRL's beta"),
+        (["sft", "num_train_epochs=2"], "did you mean pref.epochs=2?"),
+        (["dpo", "loss_type=ipo"], "did you mean pref.loss=ipo?"),
+        # a loss knob the chosen loss does not read
+        (["dpo", "pref.loss=ipo", "pref.label_smoothing=0.1"], "pref.label_smoothing: pref.loss=ipo does not read it"),
+        (["dpo", "pref.loss=orpo", "pref.beta=0.5"], "ORPO's weight, TRL's ORPOConfig beta, is pref.orpo_lambda"),
+        (["dpo", "pref.simpo_gamma=1"], "pref.simpo_gamma: pref.loss=dpo does not read it"),
         (["train", "dist.max_staleness=3"], "dist.max_staleness: samples lag the policy only where"),
     ]
     for argv, message in cases:

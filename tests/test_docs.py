@@ -855,6 +855,13 @@ def test_coming_from_tables_are_the_map_behind_did_you_mean():
     mapped = {(framework, n.theirs, n.ours) for framework, table in names.FOREIGN.items() for n in table}
     assert rows == mapped, (rows - mapped, mapped - rows)
     assert all(len([n for n in table]) >= 20 for table in names.FOREIGN.values())
+    # and the preference commands' own table (names.PREFERENCE: TRL's DPO, SFT and reward trainers' names)
+    text = (ROOT / "docs" / "coming-from.md").read_text()
+    section = text.split(f"## {names.PREFERENCE_TRAINERS}\n", 1)[1].split("\n## ", 1)[0]
+    rows = {(c[0].strip("`"), c[1].strip("`") if c[1] != "none" else "")
+            for c in ([x.strip() for x in line.strip().strip("|").split("|")] for line in section.splitlines()
+                      if line.startswith("| `"))}
+    assert rows == {(n.theirs, n.ours) for n in names.PREFERENCE}
 
 
 # ---------------------------------------------------------------------------------------------

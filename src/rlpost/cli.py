@@ -468,7 +468,12 @@ def cmd_export(args) -> int:
     out = export_run(args.run_dir, args.step, args.out, args.merge_lora, args.dtype)
     kept = there and not args.out and args.step is None and Path(out).resolve() == final.resolve()
     done = "is there already (the run ended with it)" if kept else "written"
-    print(f"rlpost: {out} {done}; load it with model.name={out} or transformers' from_pretrained", file=sys.stderr)
+    if (Path(out) / "adapter_config.json").is_file() and not (Path(out) / "config.json").is_file():
+        how = ("peft's adapters alone: load them onto their base with peft's PeftModel.from_pretrained(base, "
+               f"'{out}'); --merge-lora writes a model folder that model.name= and from_pretrained load")
+    else:
+        how = f"load it with model.name={out} or transformers' from_pretrained"
+    print(f"rlpost: {out} {done}; {how}", file=sys.stderr)
     print(json.dumps({"run_dir": args.run_dir, "out": str(out)}))
     return 0
 

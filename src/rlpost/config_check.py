@@ -184,7 +184,7 @@ IGNORED = {
            "pref.simpo_gamma", "pref.orpo_lambda", "pref.nll_coef", "pref.rsft_"),
     # online DPO samples as GRPO would, algo.* unread; on fixed rows (pref.online_rounds=0) rollout.* too: dpo_rows
     "dpo": ("dist.", "algo.", *NO_STEPS, "pref.rm_margin", "pref.rsft_"),
-    "dpo_rows": ("dist.", "algo.", *NO_GRADING, *NO_STEPS, "pref.rm_margin", "pref.rsft_"),
+    "dpo_rows": ("dist.", "algo.", *NO_GRADING, *NO_STEPS, "pref.rm_margin", "pref.rsft_", "pref.online_prompts"),
     "prm": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
     "search": ("pref.", "trainer.", "algo.", "dist.", "model.lora_", "model.gradient_checkpointing"),
 }
@@ -198,7 +198,9 @@ WHY = {"train": "RL reads no pref.* (sft, rm and dpo do)", "eval": "evaluation t
        "rsft": f"rejection-sampling SFT samples its own rows and trains them with the NLL loss; {ROUNDS}",
        "rm": "the reward model trains in one process with the Bradley-Terry loss; of algo.* it reads algo.critic_lr, "
              f"its head's lr; {STEPS}",
-       "dpo": f"preference optimisation runs in one process with its own loss, pref.loss and pref.beta; {ROUNDS}",
+       "dpo": "preference optimisation runs in one process with its own loss, pref.loss and pref.beta; pref.epochs "
+              "sets its length (pref.online_rounds online), pref.batch_size rows make one optimizer step, and its "
+              "held-out loss is taken before and after training (each round online)",
        "dpo_rows": "preference optimisation on fixed rows (pref.online_rounds=0) runs in one process with its own "
                    f"loss, pref.loss and pref.beta; {STEPS}",
        "prm": "the scorer trains in one process with its own options: --lr, --head-lr, --epochs, --batch-size",

@@ -187,6 +187,48 @@ FOREIGN: dict[str, tuple[Name, ...]] = {
 }
 
 
+# TRL's DPOConfig, SFTConfig and RewardConfig names, where they mean another key under `rlpost sft`, `rsft`, `dpo`
+# and `rm` than FOREIGN's TRL table (its GRPOConfig's) gives: those commands look here first (``pref_hint``)
+PREFERENCE_TRAINERS = "TRL's DPOTrainer, SFTTrainer and RewardTrainer"
+PREFERENCE: tuple[Name, ...] = (
+    Name("beta", "pref.beta", "DPO's temperature; ORPOConfig's beta is ORPO's weight, pref.orpo_lambda"),
+    Name("loss_type", "pref.loss", "", {"sigmoid": "pref.loss=dpo", "ipo": "pref.loss=ipo",
+                                        "kto_pair": "pref.loss=kto"}),
+    Name("label_smoothing", "pref.label_smoothing"),
+    Name("rpo_alpha", "pref.nll_coef"),
+    Name("simpo_gamma", "pref.simpo_gamma"),
+    Name("max_length", "pref.max_len", "rlpost's counts the completion alone; a prompt is never cut"),
+    Name("max_seq_length", "pref.max_len", "rlpost's counts the completion alone; a prompt is never cut"),
+    Name("max_completion_length", "pref.max_len"),
+    Name("max_prompt_length", "", "rlpost never cuts a prompt"),
+    Name("per_device_train_batch_size", "pref.batch_size", "TRL counts the rows of one device's forward (x devices x "
+         "gradient_accumulation_steps a step); rlpost counts the rows (pairs for dpo and rm) of one optimizer step",
+         same_value=False),
+    Name("gradient_accumulation_steps", "trainer.micro_batch_size", "rlpost sets the sequences per forward/backward "
+         "(a pair is two) and accumulates up to pref.batch_size; the gradient is the same", same_value=False),
+    Name("num_train_epochs", "pref.epochs"),
+    Name("max_steps", "", "pref.epochs sets the length"),
+    Name("learning_rate", "trainer.lr", "TRL's DPO default is 1e-6 and SFT's 2e-5, rlpost's 1e-5"),
+    Name("completion_only_loss", "", "rlpost's SFT loss is on the completion alone, always"),
+    Name("packing", "", "rows are padded per batch, grouped by length with pref.group_by_length"),
+    Name("dataset_text_field", "", "rlpost sft takes prompt + completion, or messages, rows"),
+)
+
+
+def pref_hint(key: str, value: object = None) -> str:
+    """hint's line for ``key`` under `rlpost sft`, `rsft`, `dpo` or `rm`: PREFERENCE's name first, else ``hint``'s."""
+    name = next((n for n in PREFERENCE if n.theirs == key.lstrip("-").replace("-", "_")), None)
+    if name is None:
+        return hint(key, value)
+    theirs = f"TRL's {name.theirs} (its DPO, SFT and reward trainers)"
+    if not name.ours:
+        return f"; {theirs} has no rlpost counterpart ({name.note}): drop it"
+    ours = name.values.get(str(value).lower(), name.ours) if value is not None else name.ours
+    if value is not None and "=" not in ours and str(value) and name.same_value:
+        ours = f"{ours}={value}"
+    return f"; did you mean {ours}? ({theirs}{f': {name.note}' if name.note else ''}; docs/coming-from.md)"
+
+
 def find(key: str) -> tuple[str, Name] | None:
     """(framework, entry) for another framework's name: the whole dotted key first, then (a flat
     name, or the field of an rlpost section: `trainer.learning_rate`) its last part."""

@@ -63,7 +63,7 @@ def test_train_export_reload_in_transformers_and_train_again(tmp_path, capsys):
     assert any(not torch.equal(again[k], a[k]) for k in a)
 
 
-def test_lora_run_exports_merged_model_and_peft_adapters(tmp_path):
+def test_lora_run_exports_merged_model_and_peft_adapters(tmp_path, capsys):
     from peft import PeftModel
 
     task = Task(*[[{"messages": [{"role": "user", "content": str(d)}], "answer": str(d)} for d in range(10)]] * 2,
@@ -93,6 +93,12 @@ def test_lora_run_exports_merged_model_and_peft_adapters(tmp_path):
     assert {v.dtype for v in weights.values()} == {torch.bfloat16}
     assert all(torch.equal(weights[k], merged[k].to(torch.bfloat16)) for k in weights)
     assert AutoModelForCausalLM.from_pretrained(half).dtype == torch.bfloat16
+    # the command's line says how each loads: the adapters onto their base (model.name= cannot take them)
+    capsys.readouterr()
+    assert cli.main(["export", str(run), "--out", str(tmp_path / "a2")]) == 0
+    assert "peft's adapters alone: load them onto their base" in capsys.readouterr().err
+    assert cli.main(["export", str(run), "--merge-lora", "--out", str(tmp_path / "m2")]) == 0
+    assert f"load it with model.name={tmp_path / 'm2'}" in capsys.readouterr().err
 
 
 def test_export_in_float16_refuses_a_weight_past_its_range_and_writes_nothing(tmp_path, capsys, monkeypatch):

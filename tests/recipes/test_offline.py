@@ -170,6 +170,28 @@ def test_length_grouped_batches_are_a_permutation_with_less_padding():
     assert pad(grouped) < 0.2 * pad(plain)
 
 
+def test_every_row_trains_each_epoch_the_last_batch_smaller(tmp_path, monkeypatch):
+    """21 training rows at pref.batch_size=8: 3 steps an epoch of 8, 8 and 5 rows, every row once (the steps were
+    21 // 8 = 2, and 5 rows sat out each epoch unsaid); with length grouping the smaller batch stays last, so the
+    cut never mixes two batches."""
+    from rlpost.recipes.offline import batch_order
+    from rlpost.roles.trainer import Trainer
+
+    lengths = [random.Random(2).randint(1, 50) for _ in range(21)]
+    for by_length in (True, False):
+        order = batch_order(lengths, 8, by_length, random.Random(1))
+        assert sorted(order) == list(range(21))
+    grouped = batch_order(list(range(21)), 8, True, random.Random(1))
+    assert sorted(grouped[16:]) == [16, 17, 18, 19, 20]  # the 5 longest make the smaller batch, last
+    seen, real = [], Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda self, batch, loss: seen.append(len(batch)) or real(self, batch,
+                                                                                                          loss))
+    rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in digit_pairs(24, 0)]  # 21 train, 3 held out
+    s = train_offline(tiny_cfg(f"pref.data={write_jsonl(tmp_path / 'sft.jsonl', rows)}", "pref.batch_size=8",
+                               "pref.epochs=2", "pref.heldout_frac=0.125"), tmp_path / "r", "sft")
+    assert s["rows"] == 21 and s["steps"] == 6 and seen == [8, 8, 5, 8, 8, 5]
+
+
 def test_lora_in_sft_changes_the_result_and_trains_only_adapters(tmp_path):
     from safetensors.torch import load_file
 
@@ -244,6 +266,18 @@ def test_trl_preference_layouts_are_read_and_train(tmp_path, layout):
     for kind in ("dpo", "rm"):
         s = train_offline(tiny_cfg(f"pref.data={data}", "pref.batch_size=32"), tmp_path / kind, kind)
         assert s["rows"] == 57 and s["skipped_rows"] == 0  # 64 minus the 10% held out, none refused
+
+
+def test_trl_formats_rlpost_does_not_train_say_so_by_name():
+    """TRL's language-modelling rows ({"text"}) and KTOTrainer's unpaired rows (prompt, completion, label): one line
+    naming the row and saying what rlpost takes instead, not only which key is missing."""
+    from rlpost.envs.data import preference_triple, sft_pair
+    from rlpost.types.errors import DataError
+
+    with pytest.raises(DataError, match=r"^x row: expected 'completion' .*\(a plain 'text' row, TRL's language-"):
+        sft_pair({"text": "Once upon a time"}, "x")
+    with pytest.raises(DataError, match=r"^x row: an unpaired row \(prompt, completion, label: KTOTrainer's format\)"):
+        preference_triple({"prompt": "2+2?", "completion": "4", "label": True}, "x")
 
 
 @pytest.mark.plots  # the loss curves are drawn: the page holds a real <svg>
@@ -349,7 +383,7 @@ def test_micro_batches_never_part_a_pair(tmp_path, kind):
         lines = [json.loads(x) for x in (tmp_path / cut.replace("=", "_") / "metrics.jsonl").read_text().splitlines()]
         runs[cut] = ([x["actor/loss"] for x in lines], s["heldout_after"])
     one, _ = runs.pop("trainer.micro_batch_size=0")
-    assert len(one) == 5
+    assert len(one) == 6  # 43 training pairs: 5 steps of 8, the last of 3
     for cut, (losses, _) in runs.items():
         assert losses == pytest.approx(one, abs=1e-5), cut
 
@@ -439,9 +473,9 @@ def test_resume_names_the_way_on_when_there_is_nothing_to_resume(tmp_path):
     assert cli(*args).returncode == 2  # the same command again: the folder holds a run
     r = cli("sft", "--resume", str(run), "--start-over")
     assert r.returncode == 0 and "resuming from step 0 (--start-over)" in r.stderr, r.stderr
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
     for where, said in ((run, "the run is finished (its summary.json is written)"),
-                        (run / "checkpoints" / "step_000003", f"a checkpoint, not a run folder; resume its run, {run}"),
+                        (run / "checkpoints" / "step_000004", f"a checkpoint, not a run folder; resume its run, {run}"),
                         (tmp_path, "no config.yaml there; is it a run folder?")):
         r = cli("sft", "--resume", str(where))
         assert r.returncode == 2 and said in r.stderr, r.stderr

@@ -154,7 +154,9 @@ def sft_pair(row: dict, source: str) -> tuple[list[dict], str]:
             raise DataError(f"{where(row, source)}: 'messages' needs a user turn before the assistant's (the prompt)")
         return msgs[:-1], msgs[-1]["content"]
     if "completion" not in row:
-        raise DataError(f"{where(row, source)}: expected 'completion' (a string) or 'messages'")
+        plain = (" (a plain 'text' row, TRL's language-modelling format, has no prompt: rlpost sft trains a completion "
+                 "after a prompt, so split each text into 'prompt' and 'completion')" if "text" in row else "")
+        raise DataError(f"{where(row, source)}: expected 'completion' (a string) or 'messages'{plain}")
     return prompt_messages(row, source), completion_text(row["completion"], "completion", row, source)
 
 
@@ -188,6 +190,10 @@ def preference_triple(row: dict, source: str) -> tuple[list[dict], str, str]:
     layouts: explicit ``prompt`` or implicit (the shared prefix of chosen and rejected is the
     prompt), each as plain strings or as chat messages."""
     chosen, rejected = row.get("chosen"), row.get("rejected")
+    if chosen is None and rejected is None and "completion" in row and "label" in row:
+        raise DataError(f"{where(row, source)}: an unpaired row (prompt, completion, label: KTOTrainer's format); "
+                        "rlpost's losses, kto too, train on pairs: 'chosen' (desirable) and 'rejected' (undesirable) "
+                        "for one prompt")
     for key, value in (("chosen", chosen), ("rejected", rejected)):
         if not isinstance(value, (str, list)):
             raise DataError(f"{where(row, source)}: expected '{key}' (a string or a list of chat messages)")

@@ -150,10 +150,17 @@ def prompt_rows(rows: list[dict], parse) -> list[dict]:
     return [{"messages": parse(r, "")[0], **({"_line": r["_line"]} if "_line" in r else {})} for r in rows]
 
 
+def epoch_steps(rows: int, batch_size: int) -> int:
+    """Optimizer steps an epoch: every row trains once, the last batch smaller where batch_size does not divide
+    the rows (as HF's Trainer with its default dataloader_drop_last=False)."""
+    return max(1, -(-rows // batch_size))
+
+
 def batch_order(lengths: list[int], batch_size: int, by_length: bool, rng: random.Random) -> list[int]:
-    """A shuffled row order. With by_length, rows are sorted by length inside windows of 50
-    batches and the batches are shuffled: rows of similar length share a batch, so less padding
-    is computed, while batch order stays random (length-grouped sampling, as TRL/HF Trainer do)."""
+    """A shuffled row order, cut into batches of batch_size in turn (the last one smaller where it does not
+    divide). With by_length, rows are sorted by length inside windows of 50 batches and the full batches
+    are shuffled, the smaller one kept last: rows of similar length share a batch, so less padding is
+    computed, while batch order stays random (length-grouped sampling, as TRL/HF Trainer do)."""
     order = list(range(len(lengths)))
     rng.shuffle(order)
     if not by_length:
@@ -161,8 +168,9 @@ def batch_order(lengths: list[int], batch_size: int, by_length: bool, rng: rando
     window = 50 * batch_size
     order = [i for w in range(0, len(order), window) for i in sorted(order[w:w + window], key=lengths.__getitem__)]
     batches = [order[b:b + batch_size] for b in range(0, len(order), batch_size)]
+    last = [batches.pop()] if batches and len(batches[-1]) < batch_size else []
     rng.shuffle(batches)
-    return [i for b in batches for i in b]
+    return [i for b in batches + last for i in b]
 
 
 # --- the loop --------------------------------------------------------------------------------
@@ -217,7 +225,7 @@ def train_offline(cfg: config.Config, run_dir: Path, kind: str, resume: bool = F
         train_b, held_b = enc(rows), enc(heldout)
         mini = pref.batch_size * rows_per_seq
         micro = max(rows_per_seq, min(cfg.trainer.micro_batch_size or mini, mini) // rows_per_seq * rows_per_seq)
-        steps_per_epoch = max(1, len(rows) // pref.batch_size)
+        steps_per_epoch = epoch_steps(len(rows), pref.batch_size)
         if kind == "dpo" and pref.loss not in REFERENCE_FREE:  # ORPO and SimPO compare the policy with itself
             reference = build.make_pref_reference(cfg, loaded.model, micro)  # frozen: its numbers once, before training
             train_b.ref_logp, held_b.ref_logp = reference.logprobs(train_b), reference.logprobs(held_b)
@@ -296,7 +304,7 @@ def run_epochs(trainer: Trainer, data: Rollouts, rows_per_seq: int, loss_fn, cfg
     with: the epoch's row order and the shuffling RNG's state. ``unit``, ``model_dir``: the stop lines' words
     (train_offline's). Returns the steps taken."""
     pref, n_rows = cfg.pref, len(data) // rows_per_seq
-    steps_per_epoch = max(1, n_rows // pref.batch_size)
+    steps_per_epoch = epoch_steps(n_rows, pref.batch_size)
     total = steps_per_epoch * pref.epochs
     rng, order = random.Random(cfg.run.seed), None
     if stream is not None:  # a resume: the order of the epoch it stopped in, and the RNG that draws the next

@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from rlpost import config, machine, runconfig
+from rlpost import config, machine, names, runconfig
 from rlpost.config_check import IGNORED, READ, refuse_ignored
 from rlpost.console import say
 from rlpost.observe import runfolder
@@ -54,11 +54,13 @@ def main(args, recipe: str | None, overrides: list[str], keys: list[str], names_
         return resume(args, recipe, overrides, keys, names_run, training)
     if getattr(args, "start_over", False):
         raise config.ConfigError("--start-over: only with --resume RUN_DIR")
+    refuse_trl_names(overrides)
     refuse_ignored(args.command, keys)
     cfg = machine.check(config.load(recipe, overrides))
     if (reads := reads_as(cfg, args.command)) != args.command:  # dpo on fixed rows samples nothing
         refuse_ignored(reads, keys)
     refuse_unread_rows(cfg, args.command, keys)
+    refuse_unread_loss_knobs(cfg, args.command, keys)
     run_dir = folders.run_path(cfg.run.out_dir, cfg.run.name or f"{args.command}-{time.strftime('%Y%m%d-%H%M%S')}")
     runfolder.check_new(run_dir, "pick another run.name", "run.name")
     training("preflight")(cfg, args.command)  # its rows and the model's limits, before the folder exists
@@ -69,6 +71,15 @@ def main(args, recipe: str | None, overrides: list[str], keys: list[str], names_
         summary = training("train_stage")(cfg, run_dir, args.command)
     print(json.dumps(summary))
     return 0
+
+
+def refuse_trl_names(overrides: list[str]) -> None:
+    """A bare key from TRL's DPOConfig, SFTConfig or RewardConfig (``beta=0.1``, ``num_train_epochs=2``): the line
+    names its key under these commands (names.PREFERENCE), where config.load would name RL's."""
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if "=" in item and "." not in key and key.strip():
+            raise config.ConfigError(f"{key}: expected section.field, e.g. pref.beta{names.pref_hint(key, value)}")
 
 
 def reads_as(cfg: config.Config, command: str) -> str:
@@ -102,6 +113,25 @@ def refuse_unread_rows(cfg: config.Config, command: str, keys: list[str]) -> Non
                                      "pref.data or drop it")
 
 
+# What each pref.loss reads of the loss knobs (algorithms/preference.py: make_dpo_loss); TRL's ORPOConfig calls
+# ORPO's weight beta, which here is pref.orpo_lambda
+LOSS_KNOBS = {"dpo": ("pref.beta", "pref.label_smoothing"), "ipo": ("pref.beta",), "kto": ("pref.beta",),
+              "simpo": ("pref.beta", "pref.simpo_gamma"), "orpo": ("pref.orpo_lambda",)}
+
+
+def refuse_unread_loss_knobs(cfg: config.Config, command: str, keys: list[str]) -> None:
+    """dpo: one line for a loss knob typed that pref.loss does not read (pref.label_smoothing with ipo, pref.beta
+    with orpo, ...), which was taken and dropped."""
+    if command != "dpo":
+        return
+    reads = LOSS_KNOBS[cfg.pref.loss]
+    for key in keys:
+        if key in ("pref.beta", "pref.label_smoothing", "pref.simpo_gamma", "pref.orpo_lambda") and key not in reads:
+            orpo = " (ORPO's weight, TRL's ORPOConfig beta, is pref.orpo_lambda)" if cfg.pref.loss == "orpo" else ""
+            raise config.ConfigError(f"{key}: pref.loss={cfg.pref.loss} does not read it; it reads "
+                                     f"{', '.join(reads)}{orpo}; drop it")
+
+
 def in_rounds(cfg: config.Config, kind: str) -> bool:
     """Whether `rlpost KIND` runs in rounds, each sampling from the last (rsft, online DPO), and so goes on
     from RUN/rounds.json (recipes/round_state.py) rather than from checkpoints of its own."""
@@ -114,6 +144,7 @@ def resume(args, recipe: str | None, overrides: list[str], keys: list[str], name
     if recipe is not None:
         raise config.ConfigError(f"--resume takes overrides only, not a recipe ({recipe})")
     run_dir = Path(args.resume)
+    refuse_trl_names(overrides)
     refuse_ignored(args.command, keys)
     runfolder.check_resume(run_dir, args.command)
     old, cfg = runconfig.load_run(run_dir, overrides)

@@ -38,7 +38,7 @@ from rlpost.observe import runfolder
 from rlpost.recipes.evaluate import model_accuracy
 from rlpost.recipes.offline import train_offline
 from rlpost.recipes import round_state
-from rlpost.recipes.offline_args import in_rounds, refuse_unread_rows
+from rlpost.recipes.offline_args import in_rounds, refuse_unread_loss_knobs, refuse_unread_rows
 from rlpost.recipes.online import run_online_dpo
 from rlpost.recipes.rl import train
 from rlpost.recipes.rsft import run_rsft
@@ -137,6 +137,7 @@ def check_stages(tree: dict, run_dir: Path) -> None:
             refuse_ignored(COMMAND[st["kind"]], own)
             cfg = machine.check(stage_config(tree, st, base, outputs, run_dir))
             refuse_unread_rows(cfg, st["kind"], own)
+            refuse_unread_loss_knobs(cfg, st["kind"], own)
         except config.ConfigError as e:
             raise config.ConfigError(f"stage {st['name']}: {e}") from None
 
