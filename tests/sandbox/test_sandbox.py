@@ -245,11 +245,16 @@ def test_concurrent_runs_get_their_own_uid():
     holding slot 0 of the machine-wide pool) could run them one after the other on the same slot."""
     meet = tempfile.mkdtemp(prefix="rlpost-meet-", dir="/dev/shm")
     os.chmod(meet, 0o777)
+    # each uid written whole under a temporary name, then renamed: read as the file was being written, the other
+    # run's uid came back '' (seen once in CI under load)
     program = (f"import json, os, time\n"
-               f"open(os.path.join({meet!r}, os.urandom(8).hex()), 'w').write(str(os.getuid()))\n"
-               f"stop = time.monotonic() + 40\nwhile len(os.listdir({meet!r})) < 2 and time.monotonic() < stop:\n"
+               f"name = os.path.join({meet!r}, os.urandom(8).hex())\n"
+               f"with open(name + '.tmp', 'w') as f:\n    f.write(str(os.getuid()))\n"
+               f"os.rename(name + '.tmp', name)\n"
+               f"done = lambda: [n for n in os.listdir({meet!r}) if not n.endswith('.tmp')]\n"
+               f"stop = time.monotonic() + 40\nwhile len(done()) < 2 and time.monotonic() < stop:\n"
                f"    time.sleep(0.01)\nprint(json.dumps(sorted(open(os.path.join({meet!r}, n)).read() "
-               f"for n in os.listdir({meet!r}))))")
+               f"for n in done())))")
     out = []
     threads = [threading.Thread(target=lambda: out.append(run_python(
         program, backend="rlimits", parallel=2, limits=Limits(wall_s=60.0, cpu_s=2, memory_mb=128, max_processes=16))))
