@@ -107,20 +107,26 @@ def run_cli_killed_after(step: int, *args: str, timeout: float = 300) -> subproc
                           env=env, timeout=timeout, cwd=ROOT)
 
 
+def at_call(n: int, real, act):
+    """``real`` (to monkeypatch in) calling ``act()`` first at its n-th call: a crash (``power_cut``) or a signal at
+    a chosen call (a round's sampling, its held-out measure)."""
+    calls = []
+
+    def wrapper(*a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            act()
+        return real(*a, **kw)
+
+    return wrapper
+
+
 def at_train_step(n: int, act):
     """A Trainer.train_step (to monkeypatch in) that calls ``act()`` at its n-th call, before that step: a crash
     (``power_cut``) or a signal at a chosen step of an offline run."""
     from rlpost.roles.trainer import Trainer
 
-    real, calls = Trainer.train_step, []
-
-    def train_step(self, *a, **kw):
-        calls.append(1)
-        if len(calls) == n:
-            act()
-        return real(self, *a, **kw)
-
-    return train_step
+    return at_call(n, Trainer.train_step, act)
 
 
 def power_cut() -> None:

@@ -220,13 +220,7 @@ def pref_hint(key: str, value: object = None) -> str:
     name = next((n for n in PREFERENCE if n.theirs == key.lstrip("-").replace("-", "_")), None)
     if name is None:
         return hint(key, value)
-    theirs = f"TRL's {name.theirs} (its DPO, SFT and reward trainers)"
-    if not name.ours:
-        return f"; {theirs} has no rlpost counterpart ({name.note}): drop it"
-    ours = name.values.get(str(value).lower(), name.ours) if value is not None else name.ours
-    if value is not None and "=" not in ours and str(value) and name.same_value:
-        ours = f"{ours}={value}"
-    return f"; did you mean {ours}? ({theirs}{f': {name.note}' if name.note else ''}; docs/coming-from.md)"
+    return suggestion(name, f"TRL's {name.theirs} (its DPO, SFT and reward trainers)", value)
 
 
 def find(key: str) -> tuple[str, Name] | None:
@@ -250,16 +244,21 @@ def hint(key: str, value: object = None) -> str:
     found = find(key)
     if found is not None:
         framework, name = found
-        theirs = f"{framework}'s {name.theirs}"
-        if not name.ours:
-            return f"; {theirs} has no rlpost counterpart ({name.note}): drop it"
-        ours = name.values.get(str(value).lower(), name.ours) if value is not None else name.ours
-        if value is not None and "=" not in ours and str(value) and name.same_value:
-            ours = f"{ours}={name.template.format(value) if name.template else value}"
-        note = f": {name.note}" if name.note else ""
-        return f"; did you mean {ours}? ({theirs}{note}; docs/coming-from.md)"
+        return suggestion(name, f"{framework}'s {name.theirs}", value)
     close = difflib.get_close_matches(key, rlpost_keys(), n=1, cutoff=0.75)
     return f"; did you mean {close[0]}?" if close else ""
+
+
+def suggestion(name: Name, theirs: str, value: object = None) -> str:
+    """'; did you mean X? (THEIRS: note; ...)' for another framework's ``name`` (``theirs``: how the line calls
+    it), with the value where it means the same here; '; THEIRS has no rlpost counterpart ...' where none."""
+    if not name.ours:
+        return f"; {theirs} has no rlpost counterpart ({name.note}): drop it"
+    ours = name.values.get(str(value).lower(), name.ours) if value is not None else name.ours
+    if value is not None and "=" not in ours and str(value) and name.same_value:
+        ours = f"{ours}={name.template.format(value) if name.template else value}"
+    note = f": {name.note}" if name.note else ""
+    return f"; did you mean {ours}? ({theirs}{note}; docs/coming-from.md)"
 
 
 def first_leaf(value: Any, key: str) -> tuple[str, Any]:

@@ -93,7 +93,7 @@ def test_a_run_in_rounds_cut_short_goes_on_as_the_uninterrupted_one(tmp_path, mo
     The rounds' records, the metric lines and the final weights equal the uninterrupted run's."""
     from safetensors.torch import load_file
 
-    from helpers import TINY_ROUNDS, at_train_step, cli, power_cut
+    from helpers import TINY_ROUNDS, at_call, at_train_step, cli, power_cut
     from rlpost.recipes import online, rsft
 
     args = [command, *TINY_ROUNDS, "pref.online_rounds=3", "pref.online_prompts=8", "pref.batch_size=2",
@@ -103,23 +103,13 @@ def test_a_run_in_rounds_cut_short_goes_on_as_the_uninterrupted_one(tmp_path, mo
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     first = len((whole / "round_1" / "metrics.jsonl").read_text().splitlines())  # round 1's optimizer steps
 
-    def crash_at(n, real):
-        calls = []
-
-        def wrapper(*a, **kw):
-            calls.append(1)
-            if len(calls) == n:
-                power_cut()
-            return real(*a, **kw)
-        return wrapper
-
     from rlpost.roles.trainer import Trainer
 
     collect = "accepted_rows" if command == "rsft" else "onpolicy_pairs"
     module = rsft if command == "rsft" else online
     cuts = [(Trainer, "train_step", at_train_step(first + 2, power_cut)),  # round 2's second step
-            (online, "model_accuracy", crash_at(1, online.model_accuracy)),  # the resume's first: round 2's
-            (module, collect, crash_at(1, getattr(module, collect)))]  # the next resume's first: round 3's
+            (online, "model_accuracy", at_call(1, online.model_accuracy, power_cut)),  # the resume's first: round 2
+            (module, collect, at_call(1, getattr(module, collect), power_cut))]  # the next resume's first: round 3
     for i, (where, name, patched) in enumerate(cuts):
         monkeypatch.setattr(where, name, patched)
         with pytest.raises(RuntimeError, match="power cut"):

@@ -171,9 +171,7 @@ class RunGuard:
         early stopping; True when the step must be saved (a stop was asked for, a new best, an early stop)."""
         if metrics is not None and "eval/heldout_accuracy" in metrics:
             self.check_eval(metrics["eval/heldout_accuracy"], self.step)
-        if self.signum is not None and self.saved_handlers:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        self.stopping, self.step_done = self.signum is not None, True
+        self.stopping, self.step_done = self.stop_asked(), True
         save, self.new_best = self.stopping or self.new_best or self.early_stopped, False
         return save
 
